@@ -1,0 +1,5 @@
+"""`python -m kvlab` runs the same CLI as the `kvlab` console script."""
+
+from kvlab.cli import main
+
+main()

