@@ -16,6 +16,7 @@ from kvlab.cli import (
     demo_cmd,
     engines_cmd,
     predict_cmd,
+    reuse_cmd,
     serve_cmd,
     settings_cmd,
 )
@@ -33,7 +34,7 @@ def cli(ctx: click.Context, env_file: str | None) -> None:
     ctx.obj = GlobalOptions(env_file=env_file)
 
 
-for module in (settings_cmd, predict_cmd, serve_cmd, engines_cmd, demo_cmd):
+for module in (settings_cmd, predict_cmd, serve_cmd, engines_cmd, demo_cmd, reuse_cmd):
     for command in module.COMMANDS:
         cli.add_command(command)
 

@@ -35,6 +35,18 @@ TOKENS_PREDICTED = "llamacpp:tokens_predicted_total"
 REQUESTS_PROCESSING = "llamacpp:requests_processing"
 REQUESTS_DEFERRED = "llamacpp:requests_deferred"
 
+# evidence key -> (counter family, label filter); llama-server has no prefix-hit counter,
+# cached prompt tokens are the nearest (and per-response timings.cache_n the best) evidence
+EVIDENCE_COUNTERS: dict[str, tuple[str, dict[str, str]]] = {
+    "prompt_tokens_total": (PROMPT_TOKENS, {}),
+    "prompt_tokens_cached_total": (PROMPT_TOKENS_CACHED, {}),
+    "tokens_predicted_total": (TOKENS_PREDICTED, {}),
+}
+EVIDENCE_GAUGES: dict[str, tuple[str, ...]] = {
+    "requests_processing": (REQUESTS_PROCESSING,),
+    "requests_deferred": (REQUESTS_DEFERRED,),
+}
+
 QUANTISED_KV_TYPES = frozenset({"q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"})
 SLOT_ACTIONS = ("save", "restore", "erase")
 _BARE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
@@ -166,3 +178,94 @@ def slot_url(base_url: str, slot: int, action: str) -> str:
     if slot < 0:
         raise RefusedError(f"slot id {slot} must be 0 or more")
     return f"{base_url}/slots/{slot}?action={action}"
+
+
+# ---- slots API answers, server identity, failures and KV labels ---------------------------
+# (facts for the slot store, `kvlab llama` and the disk/interference experiments)
+
+# POST /slots/{id}?action=...: the answer's (token count, byte count, server ms) keys
+SLOT_RESULT_KEYS: dict[str, tuple[str, str | None, str | None]] = {
+    "save": ("n_saved", "n_written", "save_ms"),        # timings.save_ms
+    "restore": ("n_restored", "n_read", "restore_ms"),  # timings.restore_ms
+    "erase": ("n_erased", None, None),
+}
+PROPS_PATH = "/props"
+SLOTS_PATH = "/slots"
+TOKENIZE_PATH = "/tokenize"      # {"content": str} -> {"tokens": [int]}
+DETOKENIZE_PATH = "/detokenize"  # {"tokens": [int]} -> {"content": str}
+# /props keys: slots of the running server (= --parallel), the GGUF it loaded, its build
+PROPS_SLOTS = "total_slots"
+PROPS_MODEL_PATH = "model_path"
+PROPS_BUILD = "build_info"  # e.g. "b1-0c1e570"; slot files do not carry across builds
+# /slots entries: per-slot context (CTX / --parallel)
+SLOT_N_CTX = "n_ctx"
+
+FLASH_ATTN_FLAGS = ("-fa", "--flash-attn")
+FLASH_ATTN_DEFAULT = "auto"
+CACHE_RAM_DEFAULT_MIB = 8192  # --cache-ram: an in-RAM prompt cache that can fake a restore
+# every failed save/restore answers HTTP 400 with this text; the reason is only in the log
+GENERIC_SLOT_ERROR = "No available space in KV cache or invalid slot save file"
+# log lines look like "0.14.119.644 E llama_state_seq_load_file: error ...: n_stream mismatch"
+_LOG_ERROR = re.compile(r"^\s*[\d.]+\s+E\s+(.+)$")
+
+
+def check_plan_flags(plan: EnginePlan, accepted: frozenset[str]) -> None:
+    """Refuse a plan that passes a long flag this binary's --help does not list, naming it."""
+    missing = [f.name for f in plan.flags if f.name.startswith("--") and f.name not in accepted]
+    if missing:
+        raise EngineError(
+            f"this llama-server does not accept {', '.join(missing)} (flags change between "
+            "llama.cpp versions); use a build from 2026-10 or later, or kvlab engines install"
+        )
+
+
+def flash_attn_mode(plan: EnginePlan) -> str:
+    """The flash-attention mode a plan runs with: -fa/--flash-attn in its args, else auto."""
+    args = [*(a for f in plan.flags for a in f.render()), *plan.extra_args]
+    for i, arg in enumerate(args):
+        if arg in FLASH_ATTN_FLAGS and i + 1 < len(args):
+            return args[i + 1]
+        for flag in FLASH_ATTN_FLAGS:
+            if arg.startswith(flag + "="):
+                return arg.split("=", 1)[1]
+    return FLASH_ATTN_DEFAULT
+
+
+def kv_types(plan: EnginePlan) -> tuple[str, str]:
+    """(K type, V type) of a plan; extra args given after `--` win, as on the command line."""
+    k = plan.flag_value("--cache-type-k") or "f16"
+    v = plan.flag_value("--cache-type-v") or "f16"
+    args = list(plan.extra_args)
+    for i, arg in enumerate(args[:-1]):
+        if arg in ("-ctk", "--cache-type-k"):
+            k = args[i + 1]
+        elif arg in ("-ctv", "--cache-type-v"):
+            v = args[i + 1]
+    return k, v
+
+
+def kv_label(kv_type_k: str, kv_type_v: str | None = None) -> dict[str, object]:
+    """Record fields that say whether a run's KV cache was quantised (outputs then change)."""
+    v = kv_type_v or kv_type_k
+    quantised = kv_type_k in QUANTISED_KV_TYPES or v in QUANTISED_KV_TYPES
+    label: dict[str, object] = {
+        "kv_cache_type": kv_type_k if kv_type_k == v else f"K {kv_type_k} / V {v}",
+        "kv_quantised": quantised,
+    }
+    if quantised:
+        label["kv_note"] = ("quantised KV rounds the stored keys and values, so outputs change: "
+                            "do not pair this run with an f16 one")
+    return label
+
+
+def slot_failure_reason(log_text: str) -> str | None:
+    """The most specific error llama-server logged (the HTTP answer only says 400)."""
+    errors = [m.group(1).strip() for ln in log_text.splitlines() if (m := _LOG_ERROR.match(ln))]
+    specific = [e for e in errors if GENERIC_SLOT_ERROR not in e and "send_error" not in e]
+    if specific:
+        return specific[-1]
+    return errors[-1] if errors else None
+
+
+SLOT_FILE_MAGIC = b"qsgg"  # a slot file's first 4 bytes (LLAMA_STATE_SEQ_MAGIC, little-endian)
+APPLY_TEMPLATE_PATH = "/apply-template"  # {"messages": [...]} -> {"prompt": templated text}

@@ -54,6 +54,28 @@ CACHE_CONFIG_INFO = "vllm:cache_config_info"  # labels: block_size, cache_dtype,
 NIXL_BYTES = "vllm:nixl_bytes_transferred"  # histogram (_sum, _count), decode side
 KV_OFFLOAD_PREFIX = "vllm:kv_offload"
 
+# evidence key (as the notebook names it) -> (counter family, label filter). The first four
+# keys are the seed's measure-reuse.py names; the rest are kvlab's additions.
+EVIDENCE_COUNTERS: dict[str, tuple[str, dict[str, str]]] = {
+    "prefix_cache_hits": (PREFIX_HITS, {}),
+    "prefix_cache_queries": (PREFIX_QUERIES, {}),
+    "external_prefix_cache_hits": (EXTERNAL_HITS, {}),
+    "external_prefix_cache_queries": (EXTERNAL_QUERIES, {}),
+    "prompt_tokens_local_compute": (PROMPT_TOKENS_BY_SOURCE, {"source": "local_compute"}),
+    "prompt_tokens_local_cache_hit": (PROMPT_TOKENS_BY_SOURCE, {"source": "local_cache_hit"}),
+    "prompt_tokens_external_kv_transfer": (PROMPT_TOKENS_BY_SOURCE,
+                                           {"source": "external_kv_transfer"}),
+    "prompt_tokens": (PROMPT_TOKENS, {}),
+    "generation_tokens": (GENERATION_TOKENS, {}),
+    "preemptions": (PREEMPTIONS, {}),
+    "requests_succeeded": (REQUEST_SUCCESS, {}),
+}
+EVIDENCE_GAUGES: dict[str, tuple[str, ...]] = {
+    "kv_cache_usage_perc": (KV_USAGE, KV_USAGE_LEGACY),
+    "requests_running": (RUNNING,),
+    "requests_waiting": (WAITING,),
+}
+
 # --- startup log formats (vllm/v1/core/kv_cache_utils.py) ---------------------------------
 # newer, one line:  "GPU KV cache size: 34,952 tokens, Maximum concurrency for 8,192 tokens
 #                    per request: 4.27x"   (CPU builds say "CPU KV cache size")

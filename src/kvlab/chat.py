@@ -1,0 +1,134 @@
+"""One streamed chat request, timed, with the server's own reuse evidence.
+
+TTFT is measured from just before the request is sent to the first streamed chunk carrying
+content (the seed's definition), with `time.perf_counter`. The last chunk's `usage`
+(`stream_options.include_usage`) gives prompt, completion and cached tokens
+(`prompt_tokens_details.cached_tokens`, which vLLM fills only with
+`--enable-prompt-tokens-details`); llama-server adds `timings` (`cache_n` reused, `prompt_n`
+computed). This module is for measuring single requests precisely, not for load: the load
+generator has its own client.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+from kvlab.errors import EngineError, UnreachableError
+
+
+def api_base(url: str) -> str:
+    """The OpenAI base URL (ending in /v1) for a server root or a /v1 URL."""
+    root = url.rstrip("/")
+    return root if root.endswith("/v1") else root + "/v1"
+
+
+def server_root(url: str) -> str:
+    return api_base(url).removesuffix("/v1")
+
+
+@dataclass
+class ChatResult:
+    """What one streamed request showed, in canonical units (seconds, tokens)."""
+
+    endpoint: str
+    ttft_s: float | None
+    total_s: float
+    chunks: int
+    text: str
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    timings: dict[str, Any] | None = None
+    first_logprobs: list[tuple[str, float]] = field(default_factory=list)
+
+    @property
+    def reused_tokens(self) -> int | None:
+        """Prompt tokens the server says it did not compute (llama: cache_n)."""
+        if self.timings and "cache_n" in self.timings:
+            return int(self.timings["cache_n"])
+        return self.cached_tokens
+
+    def row(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("text")
+        out.pop("first_logprobs")
+        out["ttft_s"] = round(self.ttft_s, 4) if self.ttft_s is not None else None
+        out["total_s"] = round(self.total_s, 4)
+        return {k: v for k, v in out.items() if v is not None}
+
+
+def chat_body(model: str, messages: list[dict[str, str]], max_tokens: int,
+              temperature: float = 0.0, **extra: Any) -> dict[str, Any]:
+    """A streamed chat request that asks for usage in the last chunk."""
+    return {"model": model, "messages": messages, "max_tokens": max_tokens,
+            "temperature": temperature, "stream": True,
+            "stream_options": {"include_usage": True}, **extra}
+
+
+async def stream_chat(client: httpx.AsyncClient, url: str, body: dict[str, Any],
+                      api_key: str = "") -> ChatResult:
+    """Send one streamed chat completion and time it; user-facing errors are KvlabErrors."""
+    endpoint = api_base(url)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    started = time.perf_counter()
+    result = ChatResult(endpoint=endpoint, ttft_s=None, total_s=0.0, chunks=0, text="")
+    pieces: list[str] = []
+    try:
+        async with client.stream("POST", endpoint + "/chat/completions", json=body,
+                                 headers=headers) as response:
+            if response.status_code >= 400:
+                detail = (await response.aread()).decode("utf-8", "replace")[:300]
+                raise EngineError(f"{endpoint} answered HTTP {response.status_code}: "
+                                  f"{' '.join(detail.split())}")
+            async for line in response.aiter_lines():
+                _absorb(line, result, pieces, started)
+    except httpx.TimeoutException:
+        raise UnreachableError(f"{endpoint} did not answer within the timeout") from None
+    except httpx.HTTPError as exc:
+        raise UnreachableError(f"{endpoint} did not answer: {exc}") from None
+    result.total_s = time.perf_counter() - started
+    result.text = "".join(pieces)
+    return result
+
+
+def _absorb(line: str, result: ChatResult, pieces: list[str], started: float) -> None:
+    if not line.startswith("data:"):
+        return
+    payload = line[5:].strip()
+    if payload == "[DONE]":
+        return
+    try:
+        chunk = json.loads(payload)
+    except json.JSONDecodeError:
+        return
+    usage = chunk.get("usage")
+    if usage:
+        result.prompt_tokens = usage.get("prompt_tokens")
+        result.completion_tokens = usage.get("completion_tokens")
+        details = usage.get("prompt_tokens_details") or {}
+        if details.get("cached_tokens") is not None:
+            result.cached_tokens = int(details["cached_tokens"])
+    if chunk.get("timings"):
+        result.timings = chunk["timings"]
+    for choice in chunk.get("choices") or []:
+        piece = (choice.get("delta") or {}).get("content")
+        if piece:
+            if result.ttft_s is None:
+                result.ttft_s = time.perf_counter() - started
+            result.chunks += 1
+            pieces.append(piece)
+        if not result.first_logprobs:
+            result.first_logprobs = _top_logprobs(choice)
+
+
+def _top_logprobs(choice: dict[str, Any]) -> list[tuple[str, float]]:
+    content = (choice.get("logprobs") or {}).get("content") or []
+    if not content:
+        return []
+    top = content[0].get("top_logprobs") or []
+    return [(str(t.get("token")), float(t.get("logprob"))) for t in top]

@@ -1,0 +1,1 @@
+"""Evidence read from outside the workload: engine /metrics, interface byte counters."""

@@ -1,0 +1,219 @@
+"""`kvlab prove`: reuse proven rather than assumed, with controls.
+
+One endpoint: a warm-up on unrelated text (model residency, recorded apart), a cold request,
+an identical repeat, and a changed-prefix control. Two endpoints sharing a store: cold on A,
+the identical prompt on B, a changed-prefix control on B, and a growing conversation moving
+from A to B (the case ExampleConnector can never serve, explained rather than flagged).
+`--salt` adds vLLM's isolation pair: a different `cache_salt` must not reuse and the same one
+must (either alone proves nothing: "no reuse" also passes when caching is off).
+
+Every prompt opens with a nonce unique to the run, so "cold" is really cold.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from kvlab import notebook
+from kvlab.chat import ChatResult, api_base, chat_body
+from kvlab.compat import InstanceFacts, check, probe
+from kvlab.conversation import Conversation, preamble
+from kvlab.reuse import (
+    EXACT_PROMPT_TRAP,
+    WARM_UP,
+    Probe,
+    Say,
+    counter_hits,
+    source_hits,
+    store_expectation,
+)
+from kvlab.verdict import Evidence, Judgement, judge, reusable_tokens
+
+UNRELATED = WARM_UP[0]["content"]
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+@dataclass
+class ProveOptions:
+    urls: list[str]
+    model: str
+    preamble_words: int = 600
+    max_tokens: int = 8
+    timeout_s: float = 300.0
+    api_key: str = ""
+    connector: str = "shared"
+    salt: bool = False
+    ignore: tuple[str, ...] = ()
+
+
+@dataclass
+class Case:
+    name: str
+    endpoint: str
+    judgement: Judgement | None
+    result: ChatResult
+    deltas: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"case": self.name, "endpoint": self.endpoint,
+                               "ttft_s": self.result.row().get("ttft_s"),
+                               "prompt_tokens": self.result.prompt_tokens,
+                               "cached_tokens": self.result.reused_tokens,
+                               "counter_deltas": self.deltas}
+        if self.judgement is not None:
+            out |= {"verdict": self.judgement.verdict, "reasons": self.judgement.reasons,
+                    "evidence": self.judgement.evidence}
+        else:
+            out |= {"verdict": None, "reasons": ["model residency only: not a reuse case"]}
+        return out
+
+
+@dataclass
+class ProofRun:
+    options: ProveOptions
+    nonce: str
+    cases: list[Case] = field(default_factory=list)
+    instances: dict[str, InstanceFacts] = field(default_factory=dict)
+    explanations: list[str] = field(default_factory=list)
+
+    def verdicts(self) -> dict[str, str | None]:
+        return {c.name: c.judgement.verdict if c.judgement else None for c in self.cases}
+
+
+class _Prover:
+    """Runs the cases against live endpoints; keeps the cold TTFT for the ratios."""
+
+    def __init__(self, opts: ProveOptions, client: httpx.AsyncClient, run: ProofRun,
+                 say: Say) -> None:
+        self.opts, self.run, self.say = opts, run, say
+        self.probe = Probe(client, opts.api_key)
+        self.cold_ttft: float | None = None
+
+    def block(self, url: str) -> int:
+        return self.run.instances[api_base(url)].block_size or 1
+
+    async def case(self, name: str, url: str, messages: list[dict[str, str]],
+                   expected: int | None, why: str = "", stored: list[int] | None = None,
+                   **extra: Any) -> Case:
+        body = chat_body(self.opts.model, messages, self.opts.max_tokens, **extra)
+        result, deltas = await self.probe.send(url, body)
+        judgement = None
+        if expected is not None:
+            want = expected
+            if expected == REUSABLE:
+                want = reusable_tokens(result.prompt_tokens or 0, self.block(url))
+            elif expected == STORE_EXPECTATION:
+                want, why = store_expectation(self.opts.connector, result.prompt_tokens,
+                                              stored or [], self.block(url))
+            judgement = judge(Evidence(want, result.reused_tokens, counter_hits(deltas),
+                                       result.ttft_s, self.cold_ttft, result.prompt_tokens,
+                                       source_hits(deltas)),
+                              context=why)
+        case = Case(name, api_base(url), judgement, result, deltas)
+        self.run.cases.append(case)
+        verdict = judgement.verdict if judgement else "(residency)"
+        self.say(f"    {name:<24} {api_base(url):<30} TTFT {result.ttft_s or 0:.3f} s  "
+                 f"reused {result.reused_tokens}  {verdict}")
+        return case
+
+    def messages(self, nonce: str) -> list[dict[str, str]]:
+        return [{"role": "system", "content": preamble(self.opts.preamble_words, nonce)},
+                {"role": "user", "content": "In one sentence, what is reused here?"}]
+
+
+REUSABLE = -1  # expected = every reusable token of this prompt
+STORE_EXPECTATION = -2  # expected = what the store linking the instances can serve
+
+
+async def prove(opts: ProveOptions, say: Say = _quiet) -> ProofRun:
+    """Run the proof against one endpoint or two (then the shared-store cases)."""
+    run = ProofRun(opts, nonce=secrets.token_hex(4))
+    timeout = httpx.Timeout(opts.timeout_s, connect=10.0)
+    async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
+        if len(opts.urls) > 1:
+            facts = await check(opts.urls, ignore=opts.ignore)
+            run.instances = {f.url: f for f in facts}
+        else:
+            run.instances = {api_base(opts.urls[0]): await probe(client, opts.urls[0])}
+        prover = _Prover(opts, client, run, say)
+        for url in opts.urls:
+            await prover.case("warm-up", url, [{"role": "user", "content": UNRELATED}], None)
+        if len(opts.urls) == 1:
+            await _one_endpoint(prover, opts.urls[0])
+        else:
+            await _two_endpoints(prover, opts.urls[0], opts.urls[1])
+        if opts.salt:
+            await _salt_pair(prover, opts.urls[-1])
+    return run
+
+
+async def _one_endpoint(p: _Prover, url: str) -> None:
+    nonce = p.run.nonce
+    cold = await p.case("cold", url, p.messages(nonce), 0,
+                        "first time this prompt was sent (its opening is unique to this run)")
+    p.cold_ttft = cold.result.ttft_s
+    await p.case("identical-repeat", url, p.messages(nonce), REUSABLE)
+    await p.case("changed-prefix-control", url, p.messages(nonce + "x"), 0,
+                 "the first words differ, so no cached block can match")
+
+
+async def _two_endpoints(p: _Prover, a: str, b: str) -> None:
+    nonce = p.run.nonce
+    cold = await p.case("cold-on-a", a, p.messages(nonce), 0,
+                        "first time this prompt was sent (its opening is unique to this run)")
+    p.cold_ttft = cold.result.ttft_s
+    await p.case("identical-on-b", b, p.messages(nonce), REUSABLE)
+    await p.case("changed-prefix-on-b", b, p.messages(nonce + "x"), 0,
+                 "the first words differ, so nothing in the store can match")
+    chat = Conversation(preamble(p.opts.preamble_words, nonce + "t"))
+    first = await p.case("growing-turn-1-on-a", a, chat.ask(0), 0, "a new conversation")
+    chat.answer(first.result.text)
+    # the second turn adds at least a block of context (one word is at least one token), the
+    # way a real conversation soon does, so the whole-block prefix changes
+    grow = p.block(b)
+    cross = await p.case("growing-turn-2-on-b", b, chat.ask(1, context_words=grow),
+                         STORE_EXPECTATION, stored=[first.result.prompt_tokens or 0])
+    chat.answer(cross.result.text)
+    own_turn = reusable_tokens(first.result.prompt_tokens or 0, p.block(a))
+    await p.case("growing-turn-3-on-a", a, chat.ask(2), own_turn)
+    if p.opts.connector == "shared" and cross.judgement:
+        p.run.explanations.append(
+            f"identical prompt on B: {p.run.verdicts().get('identical-on-b')}; growing "
+            f"conversation on B: {cross.judgement.verdict}. " + EXACT_PROMPT_TRAP)
+
+
+async def _salt_pair(p: _Prover, url: str) -> None:
+    nonce = p.run.nonce + "s"
+    salt_a, salt_b = secrets.token_hex(8), secrets.token_hex(8)
+    await p.case("salt-a-cold", url, p.messages(nonce), 0, "first request with salt A",
+                 cache_salt=salt_a)
+    await p.case("salt-b-same-prompt", url, p.messages(nonce), 0,
+                 "a different cache_salt must isolate the cache", cache_salt=salt_b)
+    await p.case("salt-a-repeat", url, p.messages(nonce), REUSABLE, cache_salt=salt_a)
+    verdicts = p.run.verdicts()
+    holds = (verdicts.get("salt-b-same-prompt") == "no-reuse-expected"
+             and verdicts.get("salt-a-repeat") == "reused")
+    p.run.explanations.append(
+        "cache_salt isolation holds: a different salt did not reuse and the same salt did"
+        if holds else
+        "cache_salt isolation NOT shown: the pair needs no reuse across salts AND reuse "
+        "within one salt")
+
+
+def proof_record(run: ProofRun, label: str, lab: str, note: str) -> dict[str, Any]:
+    o = run.options
+    return notebook.envelope(
+        "proof", label, lab, model=o.model, endpoints=[api_base(u) for u in o.urls],
+        preamble_words=o.preamble_words, max_tokens=o.max_tokens,
+        connector=o.connector if len(o.urls) > 1 else None, salt=o.salt,
+        cases=[c.as_dict() for c in run.cases], verdicts=run.verdicts(),
+        explanations=run.explanations, note=note,
+        instances={u: f.as_dict() for u, f in run.instances.items()},
+    )

@@ -1,0 +1,202 @@
+"""Reuse across the turns of a conversation, on one endpoint or alternating between several.
+
+The seed's measure-reuse.py as a library: a growing conversation, TTFT per turn, and the
+engines' counters either side of the run, plus what it lacked: counters read with a real
+Prometheus parser (so `vllm:prefix_cache_hits_total` is found), per-turn cached tokens from
+the response, per-turn counter deltas, and a verdict per turn against what that turn could
+have reused. `Probe` is shared with `prove.py`: one timed request with evidence either side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from kvlab import notebook
+from kvlab.chat import ChatResult, api_base, chat_body, server_root, stream_chat
+from kvlab.compat import InstanceFacts, probe
+from kvlab.conversation import Conversation, preamble
+from kvlab.observe import metrics
+from kvlab.verdict import Evidence, Judgement, judge, reusable_tokens, whole_block_key
+
+EXACT_PROMPT_TRAP = (
+    "ExampleConnector (CONNECTOR=shared) keys each stored entry on the hash of the prompt's "
+    "whole-block prefix, so it serves only a prompt with exactly the same whole blocks: an "
+    "identical prompt, or a conversation that grew by less than one block since it was "
+    "stored. A conversation that grows past a block boundary (every turn, with vLLM's 16-token "
+    "GPU blocks) never hits what the other instance stored. The identical-prompt case is the "
+    "test of the store; for growing conversations use a connector that matches prefixes "
+    "(LMCache)"
+)
+EXACT_PROMPT_COINCIDENCE = (
+    "ExampleConnector served this growing prompt only because it still had the same whole "
+    "blocks as a stored one (it grew by less than a block); one more block of growth and it "
+    "misses"
+)
+PREFIX_CONNECTORS = frozenset({"lmcache"})
+WARM_UP = [{"role": "user", "content": "Name three colours of the sea at dawn."}]
+Say = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+@dataclass
+class Probe:
+    """One request to one endpoint, with the engine's counters scraped either side."""
+
+    client: httpx.AsyncClient
+    api_key: str = ""
+
+    async def send(self, url: str, body: dict[str, Any]) -> tuple[ChatResult, dict[str, Any]]:
+        murl = metrics.metrics_url(url)
+        before = await metrics.scrape(self.client, murl)
+        result = await stream_chat(self.client, url, body, self.api_key)
+        after = await metrics.scrape(self.client, murl)
+        return result, metrics.evidence_deltas(before, after)
+
+
+def source_hits(deltas: dict[str, Any]) -> float | None:
+    """Prompt tokens vLLM's by-source counter attributes to a cache hit or a KV transfer."""
+    keys = ("prompt_tokens_local_cache_hit", "prompt_tokens_external_kv_transfer")
+    found = [float(deltas[k]) for k in keys if k in deltas]
+    return sum(found) if found else None
+
+
+def counter_hits(deltas: dict[str, Any]) -> float | None:
+    """Prompt tokens the engine's counters say came from cache (local + external)."""
+    keys = ("prefix_cache_hits", "external_prefix_cache_hits", "prompt_tokens_cached_total")
+    found = [float(deltas[k]) for k in keys if k in deltas]
+    return sum(found) if found else None
+
+
+@dataclass
+class ReuseOptions:
+    urls: list[str]
+    model: str
+    turns: int = 6
+    preamble_words: int = 1500
+    max_tokens: int = 48
+    temperature: float = 0.0
+    timeout_s: float = 300.0
+    api_key: str = ""
+    connector: str = "shared"  # what links the endpoints, when there are several
+    nonce: str = ""
+
+
+@dataclass
+class ReuseRun:
+    options: ReuseOptions
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    judgements: list[Judgement] = field(default_factory=list)
+    metric_deltas: dict[str, dict[str, Any]] = field(default_factory=dict)
+    instances: dict[str, InstanceFacts] = field(default_factory=dict)
+    warm_up_ttft_s: dict[str, float | None] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        first = self.rows[0]["ttft_s"] if self.rows else None
+        later = [r["ttft_s"] for r in self.rows[1:] if r.get("ttft_s") is not None]
+        verdicts = [j.verdict for j in self.judgements[1:]]
+        return {
+            "turn1_ttft_s": first,
+            "best_later_ttft_s": min(later) if later else None,
+            "best_later_ratio": round(min(later) / first, 3) if later and first else None,
+            "later_turn_verdicts": verdicts,
+            "reused_turns": verdicts.count("reused"),
+            "hit_rate": {url: metrics.hit_rate(d) for url, d in self.metric_deltas.items()},
+        }
+
+
+async def run_reuse(opts: ReuseOptions, say: Say = _quiet) -> ReuseRun:
+    """Send the growing conversation, turn by turn, alternating over `opts.urls`."""
+    run = ReuseRun(opts)
+    timeout = httpx.Timeout(opts.timeout_s, connect=10.0)
+    async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
+        for url in opts.urls:
+            run.instances[api_base(url)] = await probe(client, url)
+        roots = {server_root(u) for u in opts.urls}
+        start = {r: await metrics.scrape(client, r + "/metrics") for r in roots}
+        tester = Probe(client, opts.api_key)
+        for url in opts.urls:  # model residency first, recorded apart from the turns
+            warm, _ = await tester.send(url, chat_body(opts.model, WARM_UP, 4))
+            run.warm_up_ttft_s[api_base(url)] = warm.ttft_s
+        chat = Conversation(preamble(opts.preamble_words, opts.nonce))
+        last_prompt: dict[str, int] = {}
+        for turn in range(opts.turns):
+            url = api_base(opts.urls[turn % len(opts.urls)])
+            body = chat_body(opts.model, chat.ask(turn), opts.max_tokens, opts.temperature)
+            result, deltas = await tester.send(url, body)
+            chat.answer(result.text)
+            expected, why = _expected(run, url, last_prompt, result.prompt_tokens)
+            cold = run.rows[0]["ttft_s"] if run.rows else None
+            judgement = judge(Evidence(expected, result.reused_tokens, counter_hits(deltas),
+                                       result.ttft_s, cold, result.prompt_tokens,
+                                       source_hits(deltas)),
+                              context=why)
+            run.judgements.append(judgement)
+            run.rows.append({"turn": turn + 1, "endpoint": url, **result.row(),
+                             "counter_deltas": deltas, "expected_tokens": expected,
+                             "verdict": judgement.verdict})
+            if result.prompt_tokens is not None:
+                last_prompt[url] = result.prompt_tokens
+            say(_turn_line(run.rows[-1]))
+        end = {r: await metrics.scrape(client, r + "/metrics") for r in roots}
+    for url in opts.urls:
+        root = server_root(url)
+        deltas = metrics.evidence_deltas(start[root], end[root])
+        if deltas:
+            run.metric_deltas[api_base(url)] = deltas
+    return run
+
+
+def _expected(run: ReuseRun, url: str, last_prompt: dict[str, int],
+              now: int | None) -> tuple[int, str]:
+    """Tokens this turn could reuse: this endpoint's own last prompt, plus a shared store's."""
+    block = run.instances[url].block_size or 1
+    if not last_prompt:
+        return 0, "first turn: nothing cached yet"
+    local = reusable_tokens(last_prompt[url], block) if url in last_prompt else 0
+    others = [n for u, n in last_prompt.items() if u != url]
+    if not others or len(run.options.urls) < 2:
+        return local, ""
+    external, why = store_expectation(run.options.connector, now, others, block)
+    return max(local, external), why if external >= local else ""
+
+
+def store_expectation(connector: str, prompt_tokens: int | None, stored: list[int],
+                      block: int) -> tuple[int, str]:
+    """Tokens a store linking the instances could serve a prompt that extends `stored` ones."""
+    if connector in PREFIX_CONNECTORS:
+        return max(reusable_tokens(n, block) for n in stored), ""
+    if connector != "shared":
+        return 0, "the other instance computed this prefix, and nothing shares it with this one"
+    key = whole_block_key(prompt_tokens or 0, block)
+    if key and any(whole_block_key(n, block) == key for n in stored):
+        return key, EXACT_PROMPT_COINCIDENCE
+    return 0, EXACT_PROMPT_TRAP
+
+
+def _turn_line(row: dict[str, Any]) -> str:
+    ttft = f"{row['ttft_s']:.3f}" if row.get("ttft_s") is not None else "  none"
+    cached = row.get("cached_tokens")
+    cached_text = f"cached {cached:>6}" if cached is not None else "cached    n/a"
+    return (f"    turn {row['turn']:>2}  {row['endpoint']:<34}  TTFT {ttft} s  total "
+            f"{row['total_s']:6.2f} s  prompt {row.get('prompt_tokens', '?'):>6}  "
+            f"{cached_text}  {row['verdict']}")
+
+
+def reuse_record(run: ReuseRun, label: str, lab: str, note: str) -> dict[str, Any]:
+    """The seed's `reuse` record, with kvlab's evidence added."""
+    o = run.options
+    return notebook.envelope(
+        "reuse", label, lab, model=o.model, endpoints=[api_base(u) for u in o.urls],
+        turns=o.turns, preamble_words=o.preamble_words, max_tokens=o.max_tokens,
+        temperature=o.temperature, rows=run.rows, metric_deltas=run.metric_deltas, note=note,
+        connector=o.connector if len(o.urls) > 1 else None, summary=run.summary(),
+        instances={u: f.as_dict() for u, f in run.instances.items()},
+        turn_reasons=[j.reasons for j in run.judgements], warm_up_ttft_s=run.warm_up_ttft_s,
+    )
