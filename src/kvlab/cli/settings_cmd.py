@@ -30,6 +30,8 @@ def settings_command(ctx: click.Context, as_json: bool) -> None:
 
     def human(console: Console) -> None:
         table = Table("setting", "value", "source", box=None, pad_edge=False)
+        for column in table.columns:
+            column.overflow = "fold"
         for key, value, source in rows:
             table.add_row(key, value, source)
         console.print(table)
@@ -54,7 +56,7 @@ _GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("llama.cpp", ("llama_model", "llama_bin", "llama_port", "llama_parallel",
                    "llama_slot_save_path", "llama_cache_type")),
     ("the load generator", ("load_test", "concurrency", "requests", "max_tokens", "prompt_set",
-                            "labbook")),
+                            "preamble_tokens", "labbook")),
     ("secrets: export them in your shell instead of writing them here",
      ("hf_token", "loadtest_api_key_env")),
     ("switches the seed scripts read from the shell", ("single_machine", "monolithic",

@@ -1,0 +1,337 @@
+"""`kvlab load`, `kvlab run-load LABEL URL`, `kvlab compare`: the P/D lab's measurement chain.
+
+`load` takes exactly what the seed's run-load.sh passes to Part 9's load-test.py (plus kvlab's
+own options) and writes one notebook row per concurrency level; `run-load` is run-load.sh
+(byte counters around a load run, one `link` line); `compare` is compare-disagg.py plus
+kvlab's checks. Each parses, makes one library call, renders. Ctrl-C during a load stops it
+cleanly: in-flight requests are recorded as cancelled, measured levels are kept, exit 130.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+
+from kvlab.cli.common import Output, json_option, settings_from
+from kvlab.errors import InputError
+
+T = TypeVar("T")
+ENGINES = ("vllm", "llamacpp")
+
+
+def run_interruptible(out: Output, body: Callable[[asyncio.Event], Awaitable[T]]) -> T:
+    """Run `body(stop)` on uvloop; the first Ctrl-C sets `stop`, a second one cancels."""
+    import uvloop
+
+    async def main() -> T:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+
+        def on_sigint() -> None:
+            if stop.is_set() and task is not None:
+                task.cancel()
+                return
+            stop.set()
+            out.err.print("kvlab: stopping; in-flight requests are recorded as cancelled "
+                          "(Ctrl-C again to abandon)")
+
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+        try:
+            return await body(stop)
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
+
+    return uvloop.run(main())
+
+
+@contextmanager
+def level_progress(out: Output, enabled: bool) -> Iterator[Any]:
+    """A rich progress bar per level on stderr (hook for the sweep), or None."""
+    if not enabled:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn())
+    with Progress(*columns, console=out.err, transient=False) as bar:
+        def hook(level: int, total: int) -> Callable[[Any], None]:
+            task = bar.add_task(f"concurrency {level}", total=total, failed=0)
+            failed = [0]
+
+            def tick(record: Any) -> None:
+                # records are decoded after the level: count what is known now
+                failed[0] += int(record.error is not None or record.status != 200)
+                bar.update(task, advance=1, failed=failed[0])
+            return tick
+        yield hook
+
+
+def _ms(summary: dict[str, float] | None, key: str = "p50") -> str:
+    return f"{summary[key] * 1000:.1f}" if summary else "-"
+
+
+def render_rows(console: Console, rows: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
+    table = Table("conc", "ok", "fail", "TTFT p50", "TTFT p99", "TPOT p50", "ITL p50",
+                  "tok/s", "req/s", "hits", "lag p99", title="times in ms")
+    for r in rows:
+        hits = r.get("prefix_hit_rate")
+        table.add_row(str(r["concurrency"]), str(r["ok"]), str(r["failed"] + r["cancelled"]),
+                      _ms(r.get("ttft_s")), _ms(r.get("ttft_s"), "p99"), _ms(r.get("tpot_s")),
+                      _ms(r.get("itl_s")), f"{r['output_tokens_per_s']:.0f}",
+                      f"{r['requests_per_s']:.1f}",
+                      f"{hits:.0%}" if hits is not None else "-",
+                      _ms(r.get("schedule_lag_s"), "p99"))
+    console.print(table)
+    for r in rows:
+        if r.get("errors"):
+            console.print(f"    concurrency {r['concurrency']}: failures {r['errors']}; first: "
+                          f"{(r.get('failures') or [{}])[0].get('detail', '')[:160]}")
+        if r.get("goodput"):
+            g = r["goodput"]
+            console.print(f"    concurrency {r['concurrency']}: goodput "
+                          f"{g['requests_per_s']} req/s ({g['requests']} met {g['slo']})")
+
+
+def load_spec(settings: Any, *, base_url: str, label: str, engine: str, slo: str | None,
+              timeout: float, rate: float | None, arrivals: str, preamble_tokens: int | None,
+              seed: int, endpoint: str, ignore_eos: bool, kv_cache_type: str | None,
+              scrape: bool, lab: str, metrics_url: str = "") -> Any:
+    """A LoadSpec from settings (SERVED_NAME, CONCURRENCY, ...) and the command's options."""
+    from kvlab.loadgen.stats import Slo
+    from kvlab.loadgen.sweep import LoadSpec
+
+    extra: dict[str, Any] = {"context_length": settings.ctx,
+                             "mem_fraction": settings.mem_fraction}
+    if kv_cache_type:
+        extra["kv_cache_type"] = kv_cache_type
+    return LoadSpec(
+        base_url=base_url, model=settings.served_name, levels=tuple(settings.concurrency),
+        requests=settings.requests, max_tokens=settings.max_tokens,
+        prompt_set=settings.prompt_set, label=label, engine=engine,  # type: ignore[arg-type]
+        endpoint=endpoint, timeout_s=timeout, rate=rate,  # type: ignore[arg-type]
+        poisson=arrivals == "poisson", slo=Slo.parse(slo) if slo else None,
+        preamble_tokens=preamble_tokens or settings.preamble_tokens, seed=seed,
+        ignore_eos=ignore_eos, scrape_metrics=scrape, metrics_url=metrics_url, lab=lab,
+        extra=extra)
+
+
+def generator_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """kvlab's own load options, shared by `load` and `run-load`."""
+    options = [
+        click.option("--slo", help="Goodput bounds, e.g. ttft_ms=500,tpot_ms=50 (e2e_ms too)."),
+        click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0,
+                     show_default=True, help="Seconds one request may take; then it failed."),
+        click.option("--rate", type=click.FloatRange(min=0, min_open=True),
+                     help="Open loop: requests per second, capped at the concurrency."),
+        click.option("--arrivals", type=click.Choice(["poisson", "even"]), default="poisson",
+                     show_default=True, help="Open-loop arrival gaps."),
+        click.option("--preamble-tokens", type=click.IntRange(min=1),
+                     help="Preamble size, approximate tokens (default: PREAMBLE_TOKENS)."),
+        click.option("--seed", type=int, default=0, show_default=True, help="Workload seed."),
+        click.option("--endpoint", type=click.Choice(["chat", "completions"]), default="chat",
+                     show_default=True, help="/v1/chat/completions or /v1/completions."),
+        click.option("--ignore-eos", is_flag=True, help="Ask for exactly --max-tokens tokens."),
+        click.option("--kv-cache-type", help="Record the server's KV type (f16, q8_0, ...)."),
+        click.option("--no-metrics", is_flag=True, help="Do not scrape the server's /metrics."),
+        click.option("--no-progress", is_flag=True, help="No progress bars."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+@click.command("load")
+@click.option("--base-url", help="The server's OpenAI base URL, e.g. http://127.0.0.1:8200/v1.")
+@click.option("--model", help='Name sent in "model" (default: SERVED_NAME).')
+@click.option("--concurrency", help="Levels, e.g. 1,4,8 (default: CONCURRENCY).")
+@click.option("--requests", type=int, help="Requests per level (default: REQUESTS).")
+@click.option("--max-tokens", type=int, help="Output tokens per request (default: MAX_TOKENS).")
+@click.option("--prompt-set", help="shared-prefix, mixed or multi-turn (default: PROMPT_SET).")
+@click.option("--label", default="load", show_default=True, help="Label of the rows.")
+@click.option("--engine", type=click.Choice(ENGINES), default="vllm", show_default=True)
+@click.option("--labbook", help="Notebook file (default: LABBOOK).")
+@click.option("--lab", type=click.Choice(["pd", "offload"]), default="pd", show_default=True,
+              help="Which lab the rows belong to.")
+@click.option("--metrics-url", default="",
+              help="The engine's /metrics for the counter deltas (default: the URL's server; "
+                   "behind a proxy, give the decode engine's).")
+@generator_options
+@click.option("--print-load-test-path", is_flag=True,
+              help="Print a file that works as LOAD_TEST for the seed's run-load.sh, and exit.")
+@json_option
+@click.pass_context
+def load_command(ctx: click.Context, base_url: str | None, model: str | None,
+                 concurrency: str | None, requests: int | None, max_tokens: int | None,
+                 prompt_set: str | None, label: str, engine: str, labbook: str | None, lab: str,
+                 metrics_url: str, slo: str | None, timeout: float, rate: float | None,
+                 arrivals: str, preamble_tokens: int | None, seed: int, endpoint: str,
+                 ignore_eos: bool, kv_cache_type: str | None, no_metrics: bool,
+                 no_progress: bool, print_load_test_path: bool, as_json: bool) -> None:
+    """Stream requests at each concurrency level; one notebook row per level."""
+    from kvlab import notebook
+    from kvlab.load_test_entry import write_launcher
+    from kvlab.loadgen.sweep import run_sweep
+
+    out = Output(as_json)
+    loaded = settings_from(ctx, served_name=model, concurrency=concurrency, requests=requests,
+                           max_tokens=max_tokens, prompt_set=prompt_set, labbook=labbook)
+    settings = loaded.values
+    if print_load_test_path:
+        path = write_launcher(settings.home(), sys.executable)
+        out.result({"load_test": str(path)}, lambda c: c.print(str(path)))
+        return
+    if not base_url:
+        raise InputError("--base-url is required, e.g. --base-url http://127.0.0.1:8200/v1")
+    spec = load_spec(settings, base_url=base_url, label=label, engine=engine, slo=slo,
+                     timeout=timeout, rate=rate, arrivals=arrivals,
+                     preamble_tokens=preamble_tokens, seed=seed, endpoint=endpoint,
+                     ignore_eos=ignore_eos, kv_cache_type=kv_cache_type, scrape=not no_metrics,
+                     lab=notebook.LAB_PD if lab == "pd" else notebook.LAB_OFFLOAD,
+                     metrics_url=metrics_url)
+    with level_progress(out, not no_progress) as hook:
+        result = run_interruptible(out, lambda stop: run_sweep(
+            spec, api_key=settings.api_key(), stop=stop, progress=hook,
+            on_row=lambda row: notebook.append(settings.labbook, row)))
+
+    def human(console: Console) -> None:
+        render_rows(console, result.rows)
+        console.print(f"    Appended {len(result.rows)} load line(s) to {settings.labbook}")
+
+    out.result({"rows": result.rows, "labbook": settings.labbook,
+                "interrupted": result.interrupted}, human)
+    if result.interrupted:
+        sys.exit(130)
+
+
+def _link_lines(console: Console, record: dict[str, Any], labbook: str) -> None:
+    if record.get("rx_bytes") is not None:
+        console.print(f"==> Link during this run, on {record['iface']}")
+        console.print(f"    received     {record['rx_bytes']} bytes")
+        console.print(f"    transmitted  {record['tx_bytes']} bytes")
+    else:
+        console.print("==> No byte counters recorded. Set CLUSTER_IFACE to measure the link.")
+    rdma = record.get("rdma") or {}
+    if rdma:
+        console.print(f"    RDMA ports   received {rdma['rx_bytes']}, transmitted "
+                      f"{rdma['tx_bytes']} bytes" + (" (a counter saturated)"
+                                                     if rdma.get("saturated") else ""))
+    for url, nixl in (record.get("nixl") or {}).items():
+        console.print(f"    NIXL         {nixl['nixl_bytes']:.0f} bytes in "
+                      f"{nixl['nixl_transfers']:.0f} transfers ({url})")
+    console.print("    Per request, compare the larger figure with one request's KV cache "
+                  "(kvlab predict); a thousand times smaller means no cache crossed.")
+    console.print(f"    Appended one link line to {labbook}")
+
+
+@click.command("run-load")
+@click.argument("label")
+@click.argument("base_url")
+@click.option("--metrics-url", "metrics_urls", multiple=True,
+              help="An engine's /metrics to read around the run (repeatable; default: the "
+                   "URL's own server). Give the decode engine's to see NIXL bytes.")
+@generator_options
+@json_option
+@click.pass_context
+def run_load_command(ctx: click.Context, label: str, base_url: str,
+                     metrics_urls: tuple[str, ...], slo: str | None, timeout: float,
+                     rate: float | None, arrivals: str, preamble_tokens: int | None, seed: int,
+                     endpoint: str, ignore_eos: bool, kv_cache_type: str | None,
+                     no_metrics: bool, no_progress: bool, as_json: bool) -> None:
+    """The seed's run-load.sh: a load run with the link's byte counters around it."""
+    from kvlab import notebook
+    from kvlab.loadgen.linkrun import LinkSpec, check_load_test, run_load
+
+    out = Output(as_json)
+    settings = settings_from(ctx).values
+    spec = load_spec(settings, base_url=base_url, label=label, engine="vllm", slo=slo,
+                     timeout=timeout, rate=rate, arrivals=arrivals,
+                     preamble_tokens=preamble_tokens, seed=seed, endpoint=endpoint,
+                     ignore_eos=ignore_eos, kv_cache_type=kv_cache_type, scrape=not no_metrics,
+                     lab=notebook.LAB_PD, metrics_url=metrics_urls[0] if metrics_urls else "")
+    if settings.load_test:
+        check_load_test(settings.load_test)
+    link = LinkSpec(connector=settings.connector, context_length=settings.ctx,
+                    iface=settings.cluster_iface, load_test=settings.load_test,
+                    metrics_urls=metrics_urls)
+    out.note(f"==> {label} against {base_url}")
+    out.note(f"    reading byte counters on {settings.cluster_iface}" if settings.cluster_iface
+             else "    no interface counters (CLUSTER_IFACE unset)")
+    with level_progress(out, not no_progress and not settings.load_test) as hook:
+        record, sweep = run_interruptible(out, lambda stop: run_load(
+            spec, link, settings.labbook, api_key=settings.api_key(), stop=stop, progress=hook))
+
+    def human(console: Console) -> None:
+        if sweep is not None:
+            render_rows(console, sweep.rows)
+        _link_lines(console, record, settings.labbook)
+
+    out.result({"link": record, "rows": sweep.rows if sweep else [],
+                "labbook": settings.labbook}, human)
+    if sweep is not None and sweep.interrupted:
+        sys.exit(130)
+
+
+@click.command("compare")
+@click.option("--labbook", help="Notebook to read and append to (default: LABBOOK).")
+@click.option("--disagg", help="Label of the disaggregated run [default: disagg].")
+@click.option("--baseline", help="Label of the single-machine run [default: baseline].")
+@click.option("--kv-bytes-per-token", type=click.IntRange(min=0), default=0,
+              help="KV bytes per token, e.g. 147456 for Qwen3-8B at bf16.")
+@click.option("--model-config", type=click.Path(path_type=Path),
+              help="config.json, model directory or .gguf to compute bytes per token from.")
+@click.option("--kv-dtype", help="KV dtype for --model-config (default: the model's).")
+@click.option("--prompt-tokens", type=click.IntRange(min=0), default=0,
+              help="Prompt length for the prediction (default: the server's usage counts).")
+@click.option("--note", default="", help="Free text: topology, connector, link.")
+@click.option("--lab", help="Lab name written in the record.")
+@click.option("--offload", is_flag=True,
+              help="Pair offload-on-load against offload-off-load and state the pressure.")
+@click.option("--print-only", is_flag=True, help="Print the comparison, write nothing.")
+@json_option
+@click.pass_context
+def compare_command(ctx: click.Context, labbook: str | None, disagg: str | None,
+                    baseline: str | None, kv_bytes_per_token: int, model_config: Path | None,
+                    kv_dtype: str | None, prompt_tokens: int, note: str, lab: str | None,
+                    offload: bool, print_only: bool, as_json: bool) -> None:
+    """The seed's compare-disagg.py, plus same-experiment checks and bytes three ways."""
+    from kvlab import compare, kvmath, notebook
+
+    out = Output(as_json)
+    settings = settings_from(ctx, labbook=labbook).values
+    if kv_bytes_per_token and model_config:
+        raise InputError("give --kv-bytes-per-token or --model-config, not both")
+    per_token = float(kv_bytes_per_token) or (
+        kvmath.load_shape(model_config).bytes_per_token(kv_dtype) if model_config else None)
+    records = compare.read_records(settings.labbook)
+    result = compare.compare(
+        records, settings.labbook,
+        disagg or (compare.OFFLOAD_ON if offload else "disagg"),
+        baseline or (compare.OFFLOAD_OFF if offload else "baseline"),
+        kv_bytes_per_token=per_token, prompt_tokens=float(prompt_tokens) or None, note=note,
+        lab=lab or (notebook.LAB_OFFLOAD if offload else notebook.LAB_PD), offload=offload)
+    if not print_only:
+        notebook.append(settings.labbook, result.record)
+
+    def human(console: Console) -> None:
+        for line in result.lines:
+            console.print(line)
+        console.print("\n    --print-only: nothing written." if print_only
+                      else f"\n    Appended one comparison line to {settings.labbook}")
+
+    out.result({"comparison": result.record, "lines": result.lines, "written": not print_only},
+               human)
+
+
+COMMANDS: list[click.Command] = [load_command, run_load_command, compare_command]

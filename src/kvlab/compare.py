@@ -1,0 +1,346 @@
+"""Pair two load runs from the notebook: the seed's compare-disagg.py, plus kvlab's checks.
+
+Reads only the notebook. Same pairing as the seed: the most recent load row per concurrency
+level for each label, compared at the levels both share (TTFT p50, TPOT p50, output tokens/s,
+as a ratio and a signed percentage), and the most recent `link` record of the disaggregated
+label for the bytes that crossed the link. The `comparison` record keeps the seed's fields.
+
+kvlab adds: same-experiment checks over everything the two labels recorded (model, prompt set,
+max tokens, concurrency levels, context length, memory fraction, workload, KV cache type; a
+quantised KV cache is never paired with an unquantised one), bytes per request three ways
+(interface or RDMA counters, NIXL's own byte histogram, against the arithmetic prediction) with
+a verdict, and for the offload lab (`offload=True`) the pressure each side ran under, since a
+tier measured without pressure shows nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvlab import notebook
+from kvlab.errors import InputError, RefusedError
+from kvlab.sizes import human_bytes
+
+Row = dict[str, Any]
+CROSSED = "the cache crossed the link"
+NOT_CROSSED = "it did not: decode is prefilling by itself"
+UNCLEAR = "unclear: the link carried between 1% and 10% of the predicted cache"
+QUANTISED = frozenset({"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"})
+# facts beyond the seed's three that make two runs the same experiment (first found wins)
+_FACTS = ("context_length", "mem_fraction", "preamble_tokens", "workload_seed", "endpoint",
+          "engine", "block_size", "kv_cache_type")
+OFFLOAD_ON, OFFLOAD_OFF = "offload-on-load", "offload-off-load"
+
+
+def load_rows(records: list[Row], label: str) -> dict[int, Row]:
+    """The most recent load-generator row per concurrency level, for one label."""
+    rows: dict[int, Row] = {}
+    for obj in records:
+        if obj.get("label") != label or obj.get("record") == "link":
+            continue
+        if "concurrency" not in obj or "ttft_s" not in obj:
+            continue
+        try:
+            rows[int(obj["concurrency"])] = obj
+        except (TypeError, ValueError):
+            continue
+    return rows
+
+
+def link_line(records: list[Row], label: str) -> Row | None:
+    """The most recent `link` record of one label."""
+    found = None
+    for obj in records:
+        if obj.get("record") == "link" and obj.get("label") == label:
+            found = obj
+    return found
+
+
+def ratio(new: float, old: float) -> str:
+    return f"{new / old:.2f}x" if old else "n/a"
+
+
+def signed_pct(new: float, old: float) -> str:
+    return f"{(new - old) / old * 100:+.1f}%" if old else "n/a"
+
+
+def label_facts(records: list[Row], label: str) -> dict[str, Any]:
+    """Facts any record of `label` states (load rows, link, startup), the latest winning."""
+    out: dict[str, Any] = {}
+    for obj in records:
+        if obj.get("label") not in (label, label.removesuffix("-load")):
+            continue
+        for key in _FACTS:
+            if obj.get(key) is not None:
+                out[key] = obj[key]
+    return out
+
+
+def check_kv_types(a: str, b: str, facts_a: dict[str, Any], facts_b: dict[str, Any]) -> None:
+    """Refuse to pair a quantised KV cache (q8_0, q4_0, ...) with an unquantised one."""
+    ta, tb = facts_a.get("kv_cache_type"), facts_b.get("kv_cache_type")
+    if ta is None or tb is None or ta == tb:
+        return
+    if (str(ta) in QUANTISED) != (str(tb) in QUANTISED):
+        raise RefusedError(
+            f"{a} ran with kv_cache_type {ta} and {b} with {tb}: a quantised KV cache against an "
+            "unquantised one measures the quantisation, not the tier; run both with the same "
+            "LLAMA_CACHE_TYPE")
+
+
+def experiment_warnings(a: str, b: str, rows_a: dict[int, Row], rows_b: dict[int, Row],
+                        facts_a: dict[str, Any], facts_b: dict[str, Any]) -> list[str]:
+    """Every way the two runs differ; empty when they are the same experiment."""
+    out = []
+    for level in sorted(set(rows_a) & set(rows_b)):
+        d, base = rows_a[level], rows_b[level]
+        for key in ("model", "prompt_set", "max_tokens"):
+            if d.get(key) != base.get(key):
+                out.append(f"  concurrency {level}: {key} differs "
+                           f"({d.get(key)!r} against {base.get(key)!r})")
+    if set(rows_a) != set(rows_b):
+        out.append(f"  concurrency levels differ ({sorted(rows_a)} against {sorted(rows_b)})")
+    for key in _FACTS:
+        if key in facts_a and key in facts_b and facts_a[key] != facts_b[key]:
+            out.append(f"  {key} differs ({facts_a[key]!r} against {facts_b[key]!r})")
+    return out
+
+
+@dataclass
+class Bytes:
+    """Bytes per request: predicted, and observed as each source saw it."""
+
+    predicted: float | None = None
+    prompt_tokens: float | None = None
+    prompt_tokens_from: str | None = None
+    observed: dict[str, float] = field(default_factory=dict)  # source -> bytes/request
+    verdict: str | None = None
+    verdict_source: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"predicted_bytes_per_request": self.predicted,
+                "prompt_tokens": self.prompt_tokens, "prompt_tokens_from": self.prompt_tokens_from,
+                "observed_bytes_per_request_by_source": {k: round(v, 1)
+                                                          for k, v in self.observed.items()},
+                "verdict": self.verdict, "verdict_source": self.verdict_source}
+
+
+def _mean_prompt_tokens(rows: dict[int, Row], levels: list[int]) -> float | None:
+    pairs: list[tuple[float, int]] = []
+    for level in levels:
+        mean, ok = rows[level].get("prompt_tokens_mean"), int(rows[level].get("ok") or 0)
+        if mean is not None and ok > 0:
+            pairs.append((float(mean), ok))
+    total = sum(n for _, n in pairs)
+    return sum(m * n for m, n in pairs) / total if total else None
+
+
+def _nixl_total(link: Row) -> float | None:
+    per_url = link.get("nixl") or {}
+    values = [float(v["nixl_bytes"]) for v in per_url.values()
+              if isinstance(v, dict) and v.get("nixl_bytes") is not None]
+    return sum(values) if values else None
+
+
+def bytes_three_ways(link: Row | None, rows: dict[int, Row], levels: list[int],
+                     kv_bytes_per_token: float | None, prompt_tokens: float | None) -> Bytes:
+    """Arithmetic prediction against interface, RDMA and NIXL bytes, per request."""
+    out = Bytes()
+    if prompt_tokens:
+        out.prompt_tokens, out.prompt_tokens_from = prompt_tokens, "flag"
+    else:
+        out.prompt_tokens = _mean_prompt_tokens(rows, levels)
+        out.prompt_tokens_from = "server usage" if out.prompt_tokens else None
+    if kv_bytes_per_token and out.prompt_tokens:
+        out.predicted = kv_bytes_per_token * out.prompt_tokens
+    requests = sum(int(rows[lv].get("requests", 0)) for lv in levels)
+    if link is None or not requests:
+        return out
+    if link.get("rx_bytes") is not None:
+        out.observed["iface"] = max(int(link["rx_bytes"]), int(link["tx_bytes"])) / requests
+    rdma = link.get("rdma") or {}
+    if rdma.get("rx_bytes") is not None:
+        out.observed["rdma"] = max(int(rdma["rx_bytes"]), int(rdma["tx_bytes"])) / requests
+    nixl = _nixl_total(link)
+    if nixl is not None:
+        out.observed["nixl"] = nixl / requests
+    if link.get("store_bytes") is not None:
+        out.observed["store"] = int(link["store_bytes"]) / requests
+    # a shared-directory store moves KV through files: on loopback, the interface counters
+    # are only the HTTP around it (and every other local conversation)
+    _verdict(out, iface_blind=link.get("connector") == "shared"
+             and str(link.get("iface", "")).startswith("lo"))
+    return out
+
+
+def _verdict(out: Bytes, iface_blind: bool = False) -> None:
+    # NIXL's own count is the most specific; RDMA next; a shared store's growth next; the whole
+    # interface last
+    sources = [s for s in ("nixl", "rdma", "store", "iface") if s in out.observed
+               and not (s == "iface" and iface_blind)]
+    if out.predicted is None or not sources:
+        return
+    source = sources[0]
+    share = out.observed[source] / out.predicted if out.predicted else 0.0
+    out.verdict_source = source
+    out.verdict = CROSSED if share >= 0.1 else NOT_CROSSED if share < 0.01 else UNCLEAR
+
+
+def pressure(records: list[Row], label: str, rows: dict[int, Row]) -> dict[str, Any]:
+    """What the engine said about pressure on its KV cache while `label` ran."""
+    capacity: dict[str, Any] = {}
+    for obj in records:
+        if obj.get("record") == "startup" and obj.get("label") in (label,
+                                                                    label.removesuffix("-load")):
+            capacity = obj.get("capacity") or {}
+    levels: dict[int, dict[str, Any]] = {}
+    for level, row in sorted(rows.items()):
+        deltas = row.get("metric_deltas") or {}
+        in_flight = round(level * float(row.get("prompt_tokens_mean") or 0))
+        levels[level] = {"preemptions": deltas.get("preemptions"),
+                         "kv_cache_usage_end": deltas.get("kv_cache_usage_perc_end"),
+                         "prompt_tokens_in_flight": in_flight or None}
+    cache = capacity.get("kv_cache_tokens")
+    preempted = sum(float(v["preemptions"] or 0) for v in levels.values())
+    peak = max((int(v["prompt_tokens_in_flight"] or 0) for v in levels.values()), default=0)
+    pressed = preempted > 0 or bool(cache and peak > int(cache))
+    return {"kv_cache_tokens": cache, "max_concurrency": capacity.get("max_concurrency"),
+            "levels": levels, "under_pressure": pressed if (cache or levels) else None}
+
+
+def pressure_line(name: str, p: dict[str, Any]) -> str:
+    cache = p.get("kv_cache_tokens")
+    peak = max((int(v["prompt_tokens_in_flight"] or 0) for v in p["levels"].values()),
+               default=0)
+    pre = sum(float(v["preemptions"] or 0) for v in p["levels"].values())
+    size = f"a cache of {cache:,} tokens" if cache else "an unknown cache size (no startup line)"
+    state = "under pressure" if p.get("under_pressure") else "without pressure: the tier had " \
+        "nothing to do, so this pair cannot show what it is worth"
+    return (f"    {name}: {size}, up to {peak:,} prompt tokens in flight, {pre:g} preemptions "
+            f"-> {state}")
+
+
+def read_records(path: Path | str) -> list[Row]:
+    """Every JSON object in the notebook; an empty notebook is the seed's exit-2 error."""
+    records = notebook.read(path).records
+    if not records:
+        raise InputError(f"No JSON lines found in {path}. Run the load generator first.")
+    return records
+
+
+@dataclass
+class Comparison:
+    """The printed report (the seed's lines first) and the `comparison` record."""
+
+    lines: list[str]
+    record: Row
+    warnings: list[str]
+
+
+def _level_lines(disagg: dict[int, Row], base: dict[int, Row],
+                 shared: list[int]) -> tuple[list[str], list[Row]]:
+    lines = [f"    {'conc':>4}  {'TTFT p50':>18}  {'TPOT p50':>18}  {'out tok/s':>18}"]
+    levels = []
+    for level in shared:
+        d, b = disagg[level], base[level]
+        d_ttft, b_ttft = float(d["ttft_s"]["p50"]), float(b["ttft_s"]["p50"])
+        d_tpot, b_tpot = float(d["tpot_s"]["p50"]), float(b["tpot_s"]["p50"])
+        d_thru, b_thru = float(d["output_tokens_per_s"]), float(b["output_tokens_per_s"])
+        lines.append(
+            f"    {level:>4}  {ratio(d_ttft, b_ttft):>8} {signed_pct(d_ttft, b_ttft):>9}  "
+            f"{ratio(d_tpot, b_tpot):>8} {signed_pct(d_tpot, b_tpot):>9}  "
+            f"{ratio(d_thru, b_thru):>8} {signed_pct(d_thru, b_thru):>9}")
+        levels.append({"concurrency": level,
+                       "ttft_p50_disagg_s": round(d_ttft, 4),
+                       "ttft_p50_baseline_s": round(b_ttft, 4),
+                       "tpot_p50_disagg_s": round(d_tpot, 5),
+                       "tpot_p50_baseline_s": round(b_tpot, 5),
+                       "output_tokens_per_s_disagg": round(d_thru, 2),
+                       "output_tokens_per_s_baseline": round(b_thru, 2),
+                       "failed_disagg": d.get("failed"), "failed_baseline": b.get("failed")})
+    return lines, levels
+
+
+def _pick(records: list[Row], disagg: str,
+          baseline: str) -> tuple[dict[int, Row], dict[int, Row]]:
+    rows_d, rows_b = load_rows(records, disagg), load_rows(records, baseline)
+    missing = [name for name, rows in ((disagg, rows_d), (baseline, rows_b)) if not rows]
+    if missing:
+        present = ", ".join(sorted({str(r["label"]) for r in records if r.get("label")}))
+        raise InputError(f"No load-generator rows for label(s): {', '.join(missing)}. "
+                         f"Labels present: {present}")
+    if not set(rows_d) & set(rows_b):
+        raise InputError(f"The two runs share no concurrency level, so nothing is comparable: "
+                         f"{disagg} {sorted(rows_d)}, {baseline} {sorted(rows_b)}")
+    return rows_d, rows_b
+
+
+def _link_lines(name: str, link: Row | None, seen: Bytes) -> list[str]:
+    if link is None:
+        return [f"==> No link line for label {name}. "
+                "Run it through kvlab run-load (or run-load.sh)."]
+    if not seen.observed:
+        return [f"==> The {name} run recorded no byte counters. Set CLUSTER_IFACE."]
+    lines = [f"==> Link during the {name} run (iface {link.get('iface') or '-'})"]
+    names = {"iface": "interface counters", "rdma": "RDMA port counters",
+             "nixl": "NIXL's own count", "store": "shared store growth"}
+    for source, value in seen.observed.items():
+        lines.append(f"    bytes moved per request, {names[source]:<20} {human_bytes(value)}")
+    if seen.predicted is not None:
+        lines.append(f"    one request's cache, from arithmetic          "
+                     f"{human_bytes(seen.predicted)}  "
+                     f"({seen.prompt_tokens or 0:,.0f} prompt tokens, {seen.prompt_tokens_from})")
+    if seen.verdict:
+        lines.append(f"    verdict ({seen.verdict_source}): {seen.verdict}")
+    else:
+        lines.append("    no verdict: give --kv-bytes-per-token or --model-config "
+                     "to predict the cache")
+    return lines
+
+
+def compare(records: list[Row], book: str, disagg: str, baseline: str, *,
+            kv_bytes_per_token: float | None = None, prompt_tokens: float | None = None,
+            note: str = "", lab: str = notebook.LAB_PD, offload: bool = False) -> Comparison:
+    """Pair two labels' load rows; the lines to print and the record to append."""
+    rows_d, rows_b = _pick(records, disagg, baseline)
+    facts_d, facts_b = label_facts(records, disagg), label_facts(records, baseline)
+    check_kv_types(disagg, baseline, facts_d, facts_b)
+    shared = sorted(set(rows_d) & set(rows_b))
+    warnings = experiment_warnings(disagg, baseline, rows_d, rows_b, facts_d, facts_b)
+    lines: list[str] = []
+    if warnings:
+        lines += ["These two runs are not the same experiment:", *warnings,
+                  "  Fix the settings and run both again; the comparison below is not valid.", ""]
+    lines.append(f"==> {disagg} against {baseline}, from {book}")
+    table, levels = _level_lines(rows_d, rows_b, shared)
+    lines += table
+    lines += ["", "    Below 1.00x on time to first token, the first run was faster; above it,",
+              "    slower. For a prefill/decode split on ordinary Ethernet, slower is the usual",
+              "    and honest result."]
+    link = link_line(records, disagg)
+    seen = bytes_three_ways(link, rows_d, shared, kv_bytes_per_token, prompt_tokens)
+    extra: dict[str, Any] = {}
+    if offload:
+        p_on, p_off = pressure(records, disagg, rows_d), pressure(records, baseline, rows_b)
+        lines += ["", "==> Pressure on the KV cache", pressure_line(disagg, p_on),
+                  pressure_line(baseline, p_off)]
+        extra["pressure"] = {disagg: p_on, baseline: p_off}
+    else:
+        lines += ["", *_link_lines(disagg, link, seen)]
+    observed = seen.observed.get("iface")
+    record = notebook.envelope(
+        "comparison", f"{disagg}-vs-{baseline}", lab,
+        disagg_label=disagg, baseline_label=baseline,
+        model=rows_d[shared[0]].get("model"), prompt_set=rows_d[shared[0]].get("prompt_set"),
+        connector=(link or {}).get("connector"), iface=(link or {}).get("iface"),
+        kv_bytes_per_token=kv_bytes_per_token or None, prompt_tokens=prompt_tokens or None,
+        predicted_bytes_per_request=seen.predicted,
+        observed_bytes_per_request=round(observed, 1) if observed is not None else None,
+        levels=levels, same_experiment=not warnings, note=note,
+        differences=[w.strip() for w in warnings], bytes=seen.as_dict(),
+        kv_cache_type={disagg: facts_d.get("kv_cache_type"),
+                       baseline: facts_b.get("kv_cache_type")},
+        offload=offload, **extra)
+    return Comparison(lines, record, warnings)

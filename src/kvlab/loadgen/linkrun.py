@@ -1,0 +1,165 @@
+"""The seed's run-load.sh as a library call: a load run with the link's byte counters around it.
+
+Around one sweep: CLUSTER_IFACE's byte counters (psutil), every RDMA port's counters (sysfs;
+RDMA never shows in an interface's counters), and the engines' /metrics (prefix and external
+hits, `vllm:nixl_bytes_transferred` when the decode side exports it). The sweep is the file
+LOAD_TEST names when that setting is set (run as the seed runs it, `python3 FILE ...`), and
+kvlab's own generator in-process otherwise. The result is one `link` record with the seed's
+fields (lab, record, label, base_url, connector, context_length, prompt_set, concurrency as
+the seed's comma string, requests, iface, wall_s, rx_bytes, tx_bytes, recorded_at) and
+kvlab's additions. What the bytes mean is `compare`'s business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from kvlab import notebook
+from kvlab.engines import vllm
+from kvlab.errors import InputError
+from kvlab.loadgen.sweep import LoadSpec, ProgressHook, Row, SweepResult, run_sweep
+from kvlab.observe import metrics, netdev
+from kvlab.sizes import tree_bytes
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """What a link record states beyond the load spec (from settings, as the seed's .env)."""
+
+    connector: str
+    context_length: int
+    iface: str
+    load_test: str = ""  # a file run as LOAD_TEST; empty = kvlab's generator in-process
+    metrics_urls: tuple[str, ...] = ()  # engines to scrape; empty = the base URL's server
+    store_path: str = ""  # a shared-directory connector's store: its growth is the transfer
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Readings:
+    iface: netdev.IfaceCounters | None
+    rdma: dict[str, netdev.RdmaPort]
+    snapshots: dict[str, metrics.Snapshot | None]
+    store_bytes: int | None = None
+
+
+def store_size(path: str) -> int | None:
+    """Bytes under a store directory (ExampleConnector writes one file per layer and prompt)."""
+    root = Path(path).expanduser() if path else None
+    if root is None or not root.is_dir():
+        return None
+    return tree_bytes(root)
+
+
+async def _read(spec: LinkSpec, urls: tuple[str, ...], client: httpx.AsyncClient) -> Readings:
+    snaps = {url: await metrics.scrape(client, url) for url in urls}
+    size = await asyncio.to_thread(store_size, spec.store_path)
+    return Readings(netdev.read_iface(spec.iface), netdev.read_rdma(), snaps, size)
+
+
+def load_test_argv(load_test: str, load: LoadSpec, labbook: str) -> list[str]:
+    """The seed's exact command line for LOAD_TEST (run-load.sh passes these and only these)."""
+    python = shutil.which("python3")
+    if python is None:
+        raise InputError("python3 is not on PATH; LOAD_TEST is run with python3")
+    return [python, load_test, "--base-url", load.base_url, "--model", load.model,
+            "--concurrency", ",".join(str(c) for c in load.levels),
+            "--requests", str(load.requests), "--max-tokens", str(load.max_tokens),
+            "--prompt-set", load.prompt_set, "--label", load.label, "--engine", "vllm",
+            "--labbook", labbook]
+
+
+def check_load_test(load_test: str) -> Path:
+    """The LOAD_TEST file, or a one-line error naming the setting."""
+    path = Path(load_test).expanduser()
+    if not path.is_file():
+        raise InputError(f"LOAD_TEST={load_test!r} does not point at a file; set it to Part 9's "
+                         "load-test.py, or leave it empty to use kvlab's generator")
+    return path
+
+
+async def _run_load_test(load_test: str, load: LoadSpec, labbook: str) -> None:
+    path = check_load_test(load_test)
+    proc = await asyncio.create_subprocess_exec(*load_test_argv(str(path), load, labbook))
+    try:
+        code = await proc.wait()
+    except asyncio.CancelledError:
+        proc.terminate()
+        await proc.wait()
+        raise
+    if code != 0:
+        raise InputError(f"LOAD_TEST {path} exited with status {code}; no link line written")
+
+
+def nixl_deltas(before: metrics.Snapshot | None,
+                after: metrics.Snapshot | None) -> dict[str, float]:
+    """Bytes and transfers from the NIXL histogram, when the engine exports it."""
+    if before is None or after is None:
+        return {}
+    total = metrics.counter_delta(before, after, vllm.NIXL_BYTES + "_sum")
+    count = metrics.counter_delta(before, after, vllm.NIXL_BYTES + "_count")
+    if total is None:
+        return {}
+    return {"nixl_bytes": total, "nixl_transfers": count or 0.0}
+
+
+def link_record(load: LoadSpec, spec: LinkSpec, before: Readings, after: Readings,
+                wall_s: float, sweep: SweepResult | None) -> Row:
+    """The `link` record: the seed's fields first, then kvlab's."""
+    counters = netdev.iface_delta(before.iface, after.iface)
+    deltas = {url: metrics.evidence_deltas(before.snapshots[url], after.snapshots[url])
+              for url in after.snapshots}
+    nixl = {url: nixl_deltas(before.snapshots[url], after.snapshots[url])
+            for url in after.snapshots}
+    fields: dict[str, Any] = {
+        "base_url": load.base_url, "connector": spec.connector,
+        "context_length": spec.context_length, "prompt_set": load.prompt_set,
+        "concurrency": ",".join(str(c) for c in load.levels), "requests": load.requests,
+        "iface": spec.iface, "wall_s": round(wall_s, 3), **counters,
+        "rdma": netdev.rdma_delta(before.rdma, after.rdma) or None,
+        "metric_deltas": deltas,
+        "nixl": {url: v for url, v in nixl.items() if v} or None,
+        "store_bytes": (after.store_bytes - before.store_bytes
+                        if after.store_bytes is not None and before.store_bytes is not None
+                        else None),
+        "model": load.model, "max_tokens": load.max_tokens,
+        "load_generator": spec.load_test or "kvlab",
+        **spec.extra,
+    }
+    if sweep is not None:
+        fields["requests_sent"] = sum(int(r.get("requests", 0)) for r in sweep.rows)
+        fields["requests_ok"] = sum(int(r.get("ok", 0)) for r in sweep.rows)
+        fields["requests_failed"] = sum(int(r.get("failed", 0)) for r in sweep.rows)
+        if sweep.interrupted:
+            fields["interrupted"] = True
+    return notebook.envelope("link", load.label, notebook.LAB_PD, **fields)
+
+
+async def run_load(load: LoadSpec, spec: LinkSpec, labbook: str, *, api_key: str = "",
+                   stop: asyncio.Event | None = None, progress: ProgressHook | None = None,
+                   ) -> tuple[Row, SweepResult | None]:
+    """Counters, sweep, counters; appends the rows and the link record to `labbook`."""
+    netdev.require_iface(spec.iface)
+    urls = spec.metrics_urls or (metrics.metrics_url(load.base_url),)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(timeout=10.0, trust_env=False, headers=headers) as client:
+        before = await _read(spec, urls, client)
+        started = time.monotonic()
+        sweep: SweepResult | None = None
+        if spec.load_test:
+            await _run_load_test(spec.load_test, load, labbook)
+        else:
+            sweep = await run_sweep(load, api_key=api_key, stop=stop, progress=progress,
+                                    on_row=lambda row: notebook.append(labbook, row))
+        wall = time.monotonic() - started
+        after = await _read(spec, urls, client)
+    record = link_record(load, spec, before, after, wall, sweep)
+    notebook.append(labbook, record)
+    return record, sweep

@@ -1,0 +1,125 @@
+"""One request as it was measured: raw monotonic stamps, the server's usage, and its fate.
+
+A record is filled in two steps. While the response streams, the client only stamps bytes
+(`time.perf_counter_ns`, CLOCK_MONOTONIC on Linux) and keeps each server-sent event raw, so
+the event loop does as little as possible between a byte arriving and its stamp. After the
+level ends, `decode_events` turns the raw events into token stamps and the server's usage
+counts. A failure or a cancellation is kept as data on the record, never dropped.
+
+This module computes no statistic (see `stats`) and knows no engine: it reads the OpenAI
+streaming shapes (`choices[].text`, `choices[].delta.content`, `usage`) plus the per-response
+cache fields both engines use (`usage.prompt_tokens_details.cached_tokens`, and llama-server's
+`timings.cache_n`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One request. Times are `perf_counter_ns` stamps; 0 means "did not happen"."""
+
+    index: int
+    prompt_index: int
+    scheduled_ns: int = 0  # when the schedule wanted it sent (lag = sent_ns - scheduled_ns)
+    sent_ns: int = 0  # just before the request's bytes were handed to the socket
+    headers_ns: int = 0  # the response's status line and headers had arrived
+    end_ns: int = 0  # the response ended, failed or was cancelled
+    status: int | None = None
+    error: str | None = None  # failure kind, e.g. "http 500", "timeout", "connection closed"
+    error_detail: str = ""
+    cancelled: bool = False
+    events: list[tuple[int, bytes]] = field(default_factory=list)  # (arrival ns, raw event)
+    token_ns: list[int] = field(default_factory=list)  # arrival of each chunk carrying output
+    chunks: int = 0  # server-sent events that carried output
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None  # from the server's usage, not counted chunks
+    cached_tokens: int | None = None
+    done_marker: bool = False  # the stream ended with `data: [DONE]`
+    first_payload: bytes = b""  # the first output-carrying event's JSON, for server stamps
+
+    @property
+    def ok(self) -> bool:
+        """A success: HTTP 200, no error, not cancelled, and at least one output chunk."""
+        return (self.status == 200 and self.error is None and not self.cancelled
+                and bool(self.token_ns))
+
+    @property
+    def failed(self) -> bool:
+        return not self.cancelled and not self.ok
+
+    @property
+    def output_tokens(self) -> int:
+        """Output tokens: the server's usage count, or the chunk count when usage is absent."""
+        if self.completion_tokens is not None:
+            return self.completion_tokens
+        return self.chunks
+
+
+def _has_output(choice: dict[str, Any]) -> bool:
+    if choice.get("text"):
+        return True
+    delta = choice.get("delta") or {}
+    return bool(delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"))
+
+
+def _take_usage(record: RequestRecord, obj: dict[str, Any]) -> None:
+    usage = obj.get("usage")
+    if isinstance(usage, dict):
+        if isinstance(usage.get("completion_tokens"), int):
+            record.completion_tokens = usage["completion_tokens"]
+        if isinstance(usage.get("prompt_tokens"), int):
+            record.prompt_tokens = usage["prompt_tokens"]
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+            record.cached_tokens = details["cached_tokens"]
+    timings = obj.get("timings")
+    if isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
+        record.cached_tokens = timings["cache_n"]
+
+
+def _payloads(event: bytes) -> list[bytes]:
+    return [line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:")]
+
+
+def decode_events(record: RequestRecord) -> None:
+    """Fill token stamps, chunk count and usage from the raw events; a bad event is an error.
+
+    Only a 200 response is decoded; an error body was kept in `error_detail` by the client.
+    The raw events are released afterwards (they can be large across thousands of requests).
+    """
+    if record.status != 200 or not record.events:
+        record.events = []
+        return
+    for stamp, event in record.events:
+        for payload in _payloads(event):
+            if payload == b"[DONE]":
+                record.done_marker = True
+                continue
+            try:
+                obj = json.loads(payload)
+            except ValueError:
+                record.error = record.error or "malformed event"
+                shown = payload[:200].decode("utf-8", "replace")
+                record.error_detail = record.error_detail or shown
+                continue
+            if not isinstance(obj, dict):
+                continue
+            if obj.get("error") is not None:
+                record.error = record.error or "error event"
+                record.error_detail = json.dumps(obj["error"])[:300]
+                continue
+            choices = obj.get("choices") or []
+            if any(isinstance(c, dict) and _has_output(c) for c in choices):
+                if not record.token_ns:
+                    record.first_payload = payload
+                record.token_ns.append(stamp)
+                record.chunks += 1
+            _take_usage(record, obj)
+    record.events = []
+    if record.error is None and not record.cancelled and not record.token_ns:
+        record.error = "no output"

@@ -1,0 +1,290 @@
+"""One level of load: N requests at a concurrency, closed-loop or on an open-loop schedule.
+
+Closed loop (no rate): `concurrency` requests start together and each completion releases the
+next one at once, the way the seed's generator works. Open loop (`rate` requests per second):
+arrivals follow a seeded schedule (Poisson or evenly spaced) whatever the server does, capped
+at `concurrency` in flight; a request that arrives while the cap is reached waits, and that wait
+shows as scheduling lag. Lag (send stamp minus scheduled stamp) is recorded for every request,
+so a client that cannot keep up is visible in the data instead of hiding in the server's times.
+
+Everything runs from loop callbacks (no task per request). A stop event (Ctrl-C) cancels what
+is in flight, records those requests as cancelled and drops the ones never sent; the records
+measured so far are returned. Statistics live in `stats`; this module only produces records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kvlab.errors import UnreachableError
+from kvlab.loadgen.client import Connection, Target, open_connection
+from kvlab.loadgen.record import RequestRecord
+
+Progress = Callable[[RequestRecord], None]
+_TIMER_RESOLUTION_S = 0.001
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How requests are released: closed loop when `rate` is None."""
+
+    concurrency: int
+    rate: float | None = None  # requests per second, open loop
+    poisson: bool = True  # open loop: exponential gaps (True) or even spacing
+    seed: int = 0
+
+    def offsets_ns(self, count: int) -> list[int]:
+        """Arrival offsets from the level start, seeded so a run can be repeated exactly."""
+        if self.rate is None:
+            return [0] * count
+        if not self.poisson:
+            return [round(i * 1e9 / self.rate) for i in range(count)]
+        rng = random.Random(self.seed)
+        out, t = [], 0.0
+        for _ in range(count):
+            out.append(round(t * 1e9))
+            t += rng.expovariate(self.rate)
+        return out
+
+
+@dataclass
+class LevelResult:
+    """The records of one level (request order), its wall-clock span, and whether it was cut."""
+
+    records: list[RequestRecord]
+    start_ns: int
+    end_ns: int
+    interrupted: bool = False
+    unsent: int = 0
+    connections_opened: int = 0
+    retried: list[int] = field(default_factory=list)
+
+
+class LevelRun:
+    """Drive one level; `await run()` once."""
+
+    def __init__(self, target: Target, payloads: Sequence[tuple[int, bytes]], schedule: Schedule,
+                 *, timeout_s: float, connect_timeout_s: float = 10.0,
+                 progress: Progress | None = None) -> None:
+        self._target = target
+        self._payloads = payloads
+        self._schedule = schedule
+        self._timeout_s = timeout_s
+        self._connect_timeout_s = connect_timeout_s
+        self._progress = progress
+        self._loop = asyncio.get_running_loop()
+        self._records: list[RequestRecord] = []
+        self._queue: deque[RequestRecord] = deque()
+        self._idle: list[Connection] = []
+        self._busy: set[Connection] = set()
+        self._connecting: set[asyncio.Task[None]] = set()
+        self._in_flight = 0
+        self._next = 0
+        self._done = 0
+        self._opened = 0
+        self._retried: list[int] = []
+        self._stopping = False
+        self._offsets: list[int] = []
+        self._start_ns = 0
+        self._ticker: asyncio.TimerHandle | None = None
+        self._finished: asyncio.Future[None] = self._loop.create_future()
+
+    async def run(self, stop: asyncio.Event | None = None) -> LevelResult:
+        count = len(self._payloads)
+        await self._warm(min(self._schedule.concurrency, count))
+        # A full cyclic-GC pass over tens of thousands of live records stalls the loop for
+        # milliseconds, which would show as timing error; nothing here makes cycles, so the
+        # collector waits until the level is over.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        self._offsets = self._schedule.offsets_ns(count)
+        self._start_ns = time.perf_counter_ns()
+        stopper = asyncio.ensure_future(stop.wait()) if stop is not None else None
+        try:
+            if count == 0:
+                self._finished.set_result(None)
+            elif self._schedule.rate is None:
+                for _ in range(min(self._schedule.concurrency, count)):
+                    self._release(self._start_ns)
+                self._pump()
+            else:
+                self._tick()
+            waiters: set[asyncio.Future[object]] = {self._finished}  # type: ignore[arg-type]
+            if stopper is not None:
+                waiters.add(stopper)  # type: ignore[arg-type]
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            if not self._finished.done():
+                self._interrupt()
+                if self._connecting:
+                    await asyncio.wait(set(self._connecting))
+        except asyncio.CancelledError:
+            self._interrupt()
+            raise
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+            if stopper is not None:
+                stopper.cancel()
+            self._close_all()
+        return self._result()
+
+    # --- release and send -------------------------------------------------------------
+    def _release(self, scheduled_ns: int) -> None:
+        prompt_index, _ = self._payloads[self._next]
+        record = RequestRecord(index=self._next, prompt_index=prompt_index,
+                               scheduled_ns=scheduled_ns)
+        self._records.append(record)
+        self._queue.append(record)
+        self._next += 1
+
+    def _tick(self) -> None:
+        self._ticker = None
+        if self._stopping:
+            return
+        now = time.perf_counter_ns()
+        count = len(self._payloads)
+        while self._next < count and self._start_ns + self._offsets[self._next] <= now:
+            self._release(self._start_ns + self._offsets[self._next])
+        self._pump()
+        if self._next < count:
+            delay = (self._start_ns + self._offsets[self._next] - time.perf_counter_ns()) / 1e9
+            # uvloop's timers tick in whole milliseconds: a shorter delay fires on the next
+            # loop pass and would spin; arriving up to 1 ms late shows as scheduling lag
+            self._ticker = self._loop.call_later(max(delay, _TIMER_RESOLUTION_S), self._tick)
+
+    def _pump(self) -> None:
+        while self._queue and self._in_flight < self._schedule.concurrency and not self._stopping:
+            record = self._queue.popleft()
+            self._in_flight += 1
+            self._send(record)
+
+    def _send(self, record: RequestRecord) -> None:
+        payload = self._payloads[record.index][1]
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.idle:
+                self._busy.add(conn)
+                conn.start(record, payload, self._timeout_s, self._loop)
+                return
+        task = self._loop.create_task(self._connect_and_send(record, payload))
+        self._connecting.add(task)
+        task.add_done_callback(self._connected)
+
+    def _connected(self, task: asyncio.Task[None]) -> None:
+        self._connecting.discard(task)
+        error = None if task.cancelled() else task.exception()
+        if error is not None and not self._finished.done():
+            self._finished.set_exception(error)  # a bug: surface it, never hang
+
+    async def _connect_and_send(self, record: RequestRecord, payload: bytes) -> None:
+        try:
+            conn = await open_connection(self._loop, self._target, self._on_done,
+                                         self._connect_timeout_s)
+        except (OSError, TimeoutError) as exc:
+            record.sent_ns = record.end_ns = time.perf_counter_ns()
+            record.error, record.error_detail = "connect failed", str(exc) or type(exc).__name__
+            self._on_done(None, record)
+            return
+        except asyncio.CancelledError:
+            record.cancelled = True
+            record.end_ns = time.perf_counter_ns()
+            self._on_done(None, record)
+            raise
+        self._opened += 1
+        if self._stopping:
+            conn.close()
+            record.cancelled = True
+            record.end_ns = time.perf_counter_ns()
+            self._on_done(None, record)
+            return
+        self._busy.add(conn)
+        conn.start(record, payload, self._timeout_s, self._loop)
+
+    # --- completion ---------------------------------------------------------------------
+    def _on_done(self, conn: Connection | None, record: RequestRecord) -> None:
+        if conn is not None:
+            self._busy.discard(conn)
+            if conn.usable and not self._stopping:
+                self._idle.append(conn)
+            else:
+                conn.close()
+            if self._stale_keepalive(conn, record):
+                return
+        self._in_flight -= 1
+        self._done += 1
+        if self._progress is not None:
+            self._progress(record)
+        if self._stopping:
+            return
+        if self._schedule.rate is None and self._next < len(self._payloads):
+            self._release(time.perf_counter_ns())
+        self._pump()
+        if self._done == len(self._payloads) and not self._finished.done():
+            self._finished.set_result(None)
+
+    def _stale_keepalive(self, conn: Connection, record: RequestRecord) -> bool:
+        """A reused connection the server had already closed: resend once on a fresh one."""
+        if (record.error != "connection closed" or record.headers_ns or conn.uses < 2
+                or record.index in self._retried or self._stopping):
+            return False
+        self._retried.append(record.index)
+        scheduled = record.scheduled_ns
+        fresh = RequestRecord(index=record.index, prompt_index=record.prompt_index,
+                              scheduled_ns=scheduled)
+        self._records[self._records.index(record)] = fresh
+        self._in_flight -= 1
+        self._queue.appendleft(fresh)
+        self._pump()
+        return True
+
+    # --- stop ----------------------------------------------------------------------------
+    async def _warm(self, count: int) -> None:
+        """Open the first connections before the clock starts; an unreachable server stops here."""
+        if count == 0:
+            return
+        try:
+            conns = await asyncio.gather(*(
+                open_connection(self._loop, self._target, self._on_done, self._connect_timeout_s)
+                for _ in range(count)))
+        except (OSError, TimeoutError) as exc:
+            raise UnreachableError(
+                f"cannot connect to {self._target.host}:{self._target.port} ({exc or 'timeout'}); "
+                "is the server running at --base-url?") from None
+        self._opened += len(conns)
+        self._idle.extend(conns)
+
+    def _interrupt(self) -> None:
+        self._stopping = True
+        if self._ticker is not None:
+            self._ticker.cancel()
+        for conn in list(self._busy):
+            conn.cancel()
+        for task in list(self._connecting):
+            task.cancel()
+        unsent = {id(r) for r in self._queue}
+        self._records = [r for r in self._records if id(r) not in unsent]
+        self._queue.clear()
+
+    def _close_all(self) -> None:
+        for conn in [*self._idle, *self._busy]:
+            conn.close()
+        self._idle.clear()
+
+    def _result(self) -> LevelResult:
+        ends = [r.end_ns for r in self._records if r.end_ns]
+        sent = len(self._records)
+        return LevelResult(
+            records=sorted(self._records, key=lambda r: r.index),
+            start_ns=self._start_ns,
+            end_ns=max(ends) if ends else self._start_ns,
+            interrupted=self._stopping,
+            unsent=len(self._payloads) - sent,
+            connections_opened=self._opened,
+            retried=list(self._retried),
+        )

@@ -1,0 +1,180 @@
+"""Statistics over request records: pure functions, successes only, failures counted apart.
+
+Definitions (all stamps are `perf_counter_ns` on the client):
+- TTFT   = first output chunk's arrival - request sent.
+- TPOT   = (last output chunk's arrival - first output chunk's arrival) / (output tokens - 1),
+           output tokens from the server's `usage`; undefined for a one-token response.
+- ITL    = gaps between consecutive output chunks' arrivals (a chunk may carry several tokens).
+- E2E    = response end - request sent.
+- lag    = request sent - the moment the schedule released it (client-side delay).
+- output tokens/s = sum of successes' output tokens / level wall time, where the wall time runs
+           from the level's start to the last response's end; requests/s likewise.
+- goodput = successes meeting every SLO bound / level wall time.
+Percentiles interpolate linearly between closest ranks (numpy's default, "linear"):
+rank = q/100 x (n - 1), value = v[floor] + (v[ceil] - v[floor]) x (rank - floor).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any
+
+from kvlab.errors import InputError
+from kvlab.loadgen.record import RequestRecord
+from kvlab.loadgen.runner import LevelResult
+
+NS = 1e9
+QUANTILES = (50, 90, 99)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100) by linear interpolation between closest ranks."""
+    if not values:
+        raise ValueError("percentile of no values")
+    ordered = sorted(values)
+    rank = q / 100 * (len(ordered) - 1)
+    lo, hi = math.floor(rank), math.ceil(rank)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
+
+
+def summary(values: Sequence[float]) -> dict[str, float] | None:
+    """p50/p90/p99/mean/min/max of `values` (seconds), or None when there are none."""
+    if not values:
+        return None
+    out = {f"p{q}": percentile(values, q) for q in QUANTILES}
+    out.update(mean=sum(values) / len(values), min=min(values), max=max(values))
+    return {k: round(v, 6) for k, v in out.items()}
+
+
+def ttft_s(r: RequestRecord) -> float:
+    return (r.token_ns[0] - r.sent_ns) / NS
+
+
+def tpot_s(r: RequestRecord) -> float | None:
+    tokens = r.output_tokens
+    if tokens < 2 or len(r.token_ns) < 2:
+        return None
+    return (r.token_ns[-1] - r.token_ns[0]) / NS / (tokens - 1)
+
+
+def itl_s(r: RequestRecord) -> list[float]:
+    return [(b - a) / NS for a, b in pairwise(r.token_ns)]
+
+
+def e2e_s(r: RequestRecord) -> float:
+    return (r.end_ns - r.sent_ns) / NS
+
+
+def lag_s(r: RequestRecord) -> float | None:
+    return (r.sent_ns - r.scheduled_ns) / NS if r.sent_ns else None
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Bounds a request must meet to count towards goodput (None = no bound)."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Slo:
+        """`ttft_ms=500,tpot_ms=50` (any of ttft_ms, tpot_ms, e2e_ms)."""
+        values: dict[str, float] = {}
+        for part in (p.strip() for p in text.split(",") if p.strip()):
+            key, sep, raw = part.partition("=")
+            key = key.strip()
+            if not sep or key not in ("ttft_ms", "tpot_ms", "e2e_ms"):
+                raise InputError(f"--slo {text!r}: use ttft_ms=N,tpot_ms=N,e2e_ms=N")
+            try:
+                value = float(raw)
+            except ValueError:
+                raise InputError(f"--slo {key}={raw!r}: not a number of milliseconds") from None
+            if not value > 0:
+                raise InputError(f"--slo {key}={raw}: must be above 0")
+            values[key] = value
+        if not values:
+            raise InputError(f"--slo {text!r}: give at least one bound, e.g. ttft_ms=500")
+        return cls(**values)
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: v for k, v in (("ttft_ms", self.ttft_ms), ("tpot_ms", self.tpot_ms),
+                                  ("e2e_ms", self.e2e_ms)) if v is not None}
+
+    def met(self, r: RequestRecord) -> bool:
+        if self.ttft_ms is not None and ttft_s(r) * 1000 > self.ttft_ms:
+            return False
+        tpot = tpot_s(r)
+        if self.tpot_ms is not None and tpot is not None and tpot * 1000 > self.tpot_ms:
+            return False
+        return not (self.e2e_ms is not None and e2e_s(r) * 1000 > self.e2e_ms)
+
+
+def _flat(groups: Iterable[list[float]]) -> list[float]:
+    return [v for group in groups for v in group]
+
+
+def _tokens_source(ok: list[RequestRecord]) -> str | None:
+    with_usage = sum(1 for r in ok if r.completion_tokens is not None)
+    if not ok:
+        return None
+    return "usage" if with_usage == len(ok) else "chunks" if with_usage == 0 else "mixed"
+
+
+def level_stats(result: LevelResult, slo: Slo | None = None) -> dict[str, Any]:
+    """A level's statistics: timings over successes only; failures and cancellations counted."""
+    records = result.records
+    ok = [r for r in records if r.ok]
+    failed = [r for r in records if r.failed]
+    duration = max((result.end_ns - result.start_ns) / NS, 1e-9)
+    out_tokens = sum(r.output_tokens for r in ok)
+    lags = [x for x in (lag_s(r) for r in records) if x is not None]
+    out: dict[str, Any] = {
+        "ok": len(ok), "failed": len(failed), "cancelled": sum(r.cancelled for r in records),
+        "unsent": result.unsent,
+        "errors": dict(Counter(str(r.error) for r in failed)),
+        "duration_s": round(duration, 4),
+        "output_tokens": out_tokens,
+        "output_tokens_per_s": round(out_tokens / duration, 3),
+        "requests_per_s": round(len(ok) / duration, 4),
+        "tokens_from": _tokens_source(ok),
+        "schedule_lag_s": summary(lags),
+    }
+    stats = {
+        "ttft_s": summary([ttft_s(r) for r in ok]),
+        "tpot_s": summary([x for x in (tpot_s(r) for r in ok) if x is not None]),
+        "itl_s": summary(_flat(itl_s(r) for r in ok)),
+        "e2e_s": summary([e2e_s(r) for r in ok]),
+    }
+    # a missing timing is left out rather than written as null: the seed's compare-disagg.py
+    # skips rows without ttft_s, and would crash on a null
+    out.update({k: v for k, v in stats.items() if v is not None})
+    out.update(_token_counts(ok))
+    if slo is not None:
+        good = sum(1 for r in ok if slo.met(r))
+        out["goodput"] = {"slo": slo.as_dict(), "requests": good,
+                          "requests_per_s": round(good / duration, 4),
+                          "fraction": round(good / len(records), 4) if records else None}
+    return out
+
+
+def _token_counts(ok: list[RequestRecord]) -> dict[str, Any]:
+    prompts = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
+    cached = [r.cached_tokens for r in ok if r.cached_tokens is not None]
+    out: dict[str, Any] = {
+        "prompt_tokens_mean": round(sum(prompts) / len(prompts), 1) if prompts else None,
+    }
+    if cached:
+        out["cached_tokens_per_response"] = {"responses": len(cached), "total": sum(cached),
+                                             "mean": round(sum(cached) / len(cached), 1)}
+    return out
+
+
+def failures(records: Sequence[RequestRecord], limit: int = 5) -> list[dict[str, Any]]:
+    """The first few failures as data: index, kind, status and a short detail."""
+    return [{"index": r.index, "error": r.error, "status": r.status,
+             "detail": r.error_detail[:200]} for r in records if r.failed][:limit]

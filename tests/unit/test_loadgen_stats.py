@@ -1,0 +1,95 @@
+"""Statistics against hand-computed values; failures and cancellations kept apart."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvlab.errors import InputError
+from kvlab.loadgen import stats
+from kvlab.loadgen.record import RequestRecord
+from kvlab.loadgen.runner import LevelResult
+
+MS = 1_000_000
+
+
+def ok(index: int, sent_ms: int, token_ms: list[int], end_ms: int, tokens: int) -> RequestRecord:
+    return RequestRecord(index=index, prompt_index=index, scheduled_ns=0, sent_ns=sent_ms * MS,
+                         token_ns=[t * MS for t in token_ms], end_ns=end_ms * MS, status=200,
+                         chunks=len(token_ms), completion_tokens=tokens, prompt_tokens=50)
+
+
+def level() -> LevelResult:
+    a = ok(0, 0, [100, 110, 130, 160], 170, 4)
+    b = ok(1, 10, [60, 70, 80], 90, 3)
+    c = RequestRecord(index=2, prompt_index=2, sent_ns=20 * MS, end_ns=25 * MS, status=500,
+                      error="http 500", error_detail="injected")
+    d = RequestRecord(index=3, prompt_index=3, sent_ns=30 * MS, end_ns=150 * MS, status=200,
+                      token_ns=[40 * MS], chunks=1, cancelled=True)
+    return LevelResult(records=[a, b, c, d], start_ns=0, end_ns=170 * MS)
+
+
+def test_percentile_interpolates_linearly() -> None:
+    assert stats.percentile([4, 1, 3, 2], 50) == 2.5
+    assert stats.percentile([1, 2, 3, 4], 90) == pytest.approx(3.7)
+    assert stats.percentile([7.0], 99) == 7.0
+    with pytest.raises(ValueError):
+        stats.percentile([], 50)
+
+
+def test_per_request_formulas() -> None:
+    a = level().records[0]
+    assert stats.ttft_s(a) == pytest.approx(0.100)
+    assert stats.tpot_s(a) == pytest.approx(0.060 / 3)
+    assert stats.itl_s(a) == pytest.approx([0.010, 0.020, 0.030])
+    assert stats.e2e_s(a) == pytest.approx(0.170)
+    one = ok(9, 0, [5], 6, 1)
+    assert stats.tpot_s(one) is None
+
+
+def test_level_stats_over_successes_only() -> None:
+    out = stats.level_stats(level(), stats.Slo(ttft_ms=80))
+    assert (out["ok"], out["failed"], out["cancelled"]) == (2, 1, 1)
+    assert out["errors"] == {"http 500": 1}
+    assert out["ttft_s"]["p50"] == pytest.approx(0.075)
+    assert out["ttft_s"]["p90"] == pytest.approx(0.095)
+    assert out["ttft_s"]["p99"] == pytest.approx(0.0995)
+    assert out["ttft_s"]["mean"] == pytest.approx(0.075)
+    assert out["tpot_s"]["p50"] == pytest.approx((0.020 + 0.010) / 2)
+    assert out["itl_s"]["p50"] == pytest.approx(0.010)
+    assert out["itl_s"]["p90"] == pytest.approx(0.026)
+    assert out["itl_s"]["mean"] == pytest.approx(0.016)
+    assert out["e2e_s"]["max"] == pytest.approx(0.170)
+    assert out["output_tokens"] == 7
+    assert out["output_tokens_per_s"] == pytest.approx(7 / 0.170, rel=1e-4)
+    assert out["requests_per_s"] == pytest.approx(2 / 0.170, rel=1e-4)
+    assert out["goodput"] == {"slo": {"ttft_ms": 80}, "requests": 1,
+                              "requests_per_s": pytest.approx(1 / 0.170, rel=1e-3),
+                              "fraction": 0.25}
+    assert out["schedule_lag_s"]["max"] == pytest.approx(0.030)
+    assert out["tokens_from"] == "usage"
+    assert out["prompt_tokens_mean"] == 50
+
+
+def test_no_success_leaves_timings_out() -> None:
+    bad = RequestRecord(index=0, prompt_index=0, sent_ns=1, end_ns=2, status=503,
+                        error="http 503")
+    out = stats.level_stats(LevelResult([bad], 0, 2))
+    assert out["ok"] == 0 and out["failed"] == 1
+    assert "ttft_s" not in out and "tpot_s" not in out
+
+
+def test_tokens_fall_back_to_chunks_and_say_so() -> None:
+    r = ok(0, 0, [10, 20, 30], 40, 3)
+    r.completion_tokens = None
+    out = stats.level_stats(LevelResult([r], 0, 40 * MS))
+    assert out["tokens_from"] == "chunks" and out["output_tokens"] == 3
+
+
+def test_slo_parsing() -> None:
+    slo = stats.Slo.parse("ttft_ms=500, tpot_ms=50")
+    assert slo.as_dict() == {"ttft_ms": 500.0, "tpot_ms": 50.0}
+    for bad in ("ttft=5", "ttft_ms=abc", "tpot_ms=0", "", "e2e_ms"):
+        with pytest.raises(InputError):
+            stats.Slo.parse(bad)
+    # a one-token response has no TPOT: only the bounds that exist are checked
+    assert stats.Slo(tpot_ms=1).met(ok(0, 0, [5], 6, 1))
