@@ -18,7 +18,7 @@ from kvlab.engines import llamacpp, vllm
 from kvlab.engines.plan import EnginePlan
 from kvlab.settings import LoadedSettings
 
-ALL_ROLES = (*vllm.ROLES, "llama")
+ALL_ROLES = (*vllm.ROLES, "llama", "proxy")
 
 
 def build_plan(loaded: LoadedSettings, role: str, model: str | None, port: int | None,
@@ -69,9 +69,18 @@ def serve_command(ctx: click.Context, role: str, engine_args: tuple[str, ...], m
                   as_json: bool) -> None:
     """Start one engine in a lab ROLE in the foreground (Ctrl-C stops it).
 
-    Roles: baseline, offload, shared-a, shared-b, prefill, decode (vLLM) and llama
-    (llama-server). Put engine arguments after `--`.
+    Roles: baseline, offload, shared-a, shared-b, prefill, decode (vLLM), llama
+    (llama-server), and proxy (kvlab's prefill/decode proxy in front of PREFILL_HOST:PORT and
+    DECODE_HOST:PORT). Put engine arguments after `--`.
     """
+    if role == "proxy":  # the seed's run-proxy.sh: both legs checked first, then serve
+        from kvlab.cli.proxy_cmd import proxy_command
+
+        if dry_run or engine_args:
+            raise click.UsageError("serve proxy takes no --dry-run and no engine arguments; "
+                                   "see `kvlab proxy --help`")
+        ctx.invoke(proxy_command, port=port, connector=connector, as_json=as_json)
+        return
     loaded = settings_from(ctx, connector=connector, offload=offload)
     plan = build_plan(loaded, role, model, port, tuple(engine_args), probe=not dry_run)
     out = Output(as_json)

@@ -1,0 +1,505 @@
+#!/usr/bin/env python3
+"""Proxy overhead: kvlab's P/D proxy against the anchors, in one run, as ratios.
+
+Setup (all on loopback): two synthetic upstreams (`synthetic_upstream.py`: first token after
+--ttft-ms, then one every --itl-ms, every chunk stamped with the server's monotonic send
+time), one as prefill and one as decode. Targets, each measured at every concurrency level:
+  direct   the client straight to decode (the baseline; no prefill leg)
+  kvlab    `kvlab proxy` (its own process, uvloop)
+  router   vllm-router from PyPI (Rust), if found (--router-bin; its own venv, not kvlab's)
+  demo     vLLM's examples/.../disagg_proxy_demo.py, if given (--demo FILE, --demo-python)
+
+Per request through a proxy (definitions in shared/BENCHMARKS.md):
+  overhead = client TTFT - decode's own time to first chunk (server stamps)
+             - prefill's own service time (server stamps, matched by X-Request-Id when the
+               proxy forwards it, else that level's median) - the direct run's median
+             client-side residual at the same concurrency
+so the upstreams' own lateness under load is not charged to the proxy. Also: streamed
+chunks per second (client side), proxy CPU per request (psutil, process + children), and
+failures (status != 200 or fewer chunks than asked). The client is a raw asyncio.Protocol +
+httptools one on uvloop, callback-driven, so it is not the bottleneck it measures.
+
+  .venv/bin/python benchmarks/proxy_overhead.py --quick
+  .venv/bin/python benchmarks/proxy_overhead.py --json-out /tmp/proxy.json
+The machine's load average is printed with the figures: on a busy machine they are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import httptools
+import psutil
+
+HERE = Path(__file__).resolve().parent
+now_ns = time.perf_counter_ns
+_ARR = re.compile(rb'"srv_arr_ns":(\d+)')
+_SRV = re.compile(rb'"srv_ns":(\d+)')
+# where the anchors live by default: their own venv and the demo file, outside the repository
+ANCHORS = str(Path(os.environ.get("TMPDIR") or "/tmp") / "kvlab-anchors")  # noqa: S108
+PROMPT = " ".join(["the quick brown fox jumps over the lazy dog"] * 6)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --- the load client ----------------------------------------------------------------------
+@dataclass
+class Record:
+    rid: str
+    sent: int
+    first: int = 0
+    end: int = 0
+    status: int = 0
+    chunks: int = 0
+    srv_arr: int = 0
+    srv_first: int = 0
+
+
+class Worker(asyncio.Protocol):
+    """One keep-alive connection sending requests back to back, driven by callbacks."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.rec: Record | None = None
+        self.body: list[bytes] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed_data(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.rec is not None:
+            self.rec.end = now_ns()
+            self.run.finish(self, self.rec, ok=False)
+            self.rec = None
+        self.transport = None
+
+    def on_body(self, body: bytes) -> None:
+        if self.rec is not None and not self.rec.first:
+            self.rec.first = now_ns()
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        rec, self.rec = self.rec, None
+        if rec is None:
+            return
+        rec.end = now_ns()
+        rec.status = self.parser.get_status_code()
+        raw = b"".join(self.body)
+        self.body = []
+        rec.chunks = raw.count(b'"srv_i"')
+        head = raw[:800]
+        if (a := _ARR.search(head)) and (s := _SRV.search(head)):
+            rec.srv_arr, rec.srv_first = int(a.group(1)), int(s.group(1))
+        self.run.finish(self, rec, ok=rec.status == 200)
+
+    def send(self, rid: str, data: bytes) -> None:
+        assert self.transport is not None
+        self.rec = Record(rid, now_ns())
+        self.transport.write(data)
+
+
+class Run:
+    """N requests over C connections; `wait()` returns the records."""
+
+    def __init__(self, path: str, tokens: int, label: str) -> None:
+        self.path, self.tokens, self.label = path, tokens, label
+        self.left = 0
+        self.n = 0
+        self.records: list[Record] = []
+        self.done: asyncio.Future[None] | None = None
+        self.workers: list[Worker] = []
+        self.active = 0
+
+    def request(self, rid: str) -> bytes:
+        body = json.dumps({"model": "fake-model", "prompt": PROMPT, "max_tokens": self.tokens,
+                           "stream": True}).encode()
+        return (b"POST %s HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\nx-request-id: %s\r\n\r\n%s" % (
+                    self.path.encode(), len(body), rid.encode(), body))
+
+    async def connect(self, port: int, c: int) -> None:
+        loop = asyncio.get_running_loop()
+        for _ in range(c):
+            _, worker = await loop.create_connection(lambda: Worker(self), "127.0.0.1", port)
+            self.workers.append(worker)
+
+    async def go(self, n: int) -> list[Record]:
+        self.records, self.left = [], n
+        self.done = asyncio.get_running_loop().create_future()
+        self.active = 0
+        for w in self.workers:
+            if self.left:
+                self.active += 1
+                self._next(w)
+        await self.done
+        return self.records
+
+    def _next(self, w: Worker) -> None:
+        self.left -= 1
+        self.n += 1
+        rid = f"{self.label}-{self.n}"
+        w.send(rid, self.request(rid))
+
+    def finish(self, w: Worker, rec: Record, ok: bool) -> None:
+        if not ok or rec.chunks < self.tokens:
+            rec.status = rec.status if rec.status != 200 else 599
+        self.records.append(rec)
+        if self.left and w.transport is not None:
+            self._next(w)
+            return
+        self.active -= 1
+        if self.active == 0 and self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+    def close(self) -> None:
+        for w in self.workers:
+            if w.transport is not None:
+                w.transport.close()
+
+
+# --- processes ----------------------------------------------------------------------------
+def start(argv: list[str], name: str, logdir: Path, env: dict[str, str] | None = None
+          ) -> subprocess.Popen[bytes]:
+    log = open(logdir / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the child
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, **(env or {})})
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    from kvlab.engines.process import stop_group
+
+    stop_group(proc.pid, 5.0, proc.poll)
+
+
+def http(method: str, url: str, body: dict[str, Any] | None = None, timeout: float = 5
+         ) -> tuple[int, bytes]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method,  # noqa: S310 - loopback
+                                 headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310
+            return resp.status, resp.read()
+    except OSError:
+        return 0, b""
+
+
+def wait_serving(port: int, proc: subprocess.Popen[bytes], name: str, timeout: float = 90
+                 ) -> None:
+    deadline = time.monotonic() + timeout
+    body = {"model": "fake-model", "prompt": "warm", "max_tokens": 2}
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{name} exited with {proc.returncode} during start")
+        if http("POST", f"http://127.0.0.1:{port}/v1/completions", body)[0] == 200:
+            return
+        time.sleep(0.3)
+    raise SystemExit(f"{name} did not serve within {timeout:.0f} s")
+
+
+# --- measurement --------------------------------------------------------------------------
+@dataclass
+class Level:
+    c: int
+    n: int = 0
+    failures: int = 0
+    wall_s: float = 0.0
+    chunks_per_s: float = 0.0
+    cpu_ms_per_req: float | None = None
+    ttft_ms: dict[str, float] = field(default_factory=dict)
+    residual_ms: list[float] = field(default_factory=list)
+    overhead_ms: dict[str, float] = field(default_factory=dict)
+    self_added: dict[str, float] = field(default_factory=dict)  # kvlab's own /metrics
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def prefill_service(prefill_port: int) -> dict[str, float]:
+    status, raw = http("GET", f"http://127.0.0.1:{prefill_port}/stats", timeout=30)
+    out: dict[str, float] = {}
+    for r in json.loads(raw)["records"] if status == 200 else []:
+        if r["first_ns"]:
+            out[r["xrid"] or f"sid{r['sid']}"] = (r["first_ns"] - r["arr_ns"]) / 1e6
+    return out
+
+
+async def measure(target: str, port: int, pid: int | None, c: int, n: int, tokens: int,
+                  prefill_port: int) -> tuple[Level, list[Record]]:
+    run = Run("/v1/completions", tokens, f"{target}{c}")
+    await run.connect(port, c)
+    await run.go(c)  # warm-up: one request per connection, not recorded
+    for p in (prefill_port,):
+        http("POST", f"http://127.0.0.1:{p}/reset")
+    proc = psutil.Process(pid) if pid else None
+    own0 = _self_added(port) if target == "kvlab" else None
+    cpu0 = _cpu(proc)
+    t0 = time.perf_counter()
+    records = await run.go(n)
+    wall = time.perf_counter() - t0
+    cpu1 = _cpu(proc)
+    run.close()
+    level = Level(c, n=len(records), wall_s=wall)
+    own1 = _self_added(port) if target == "kvlab" else None
+    if own0 is not None and own1 is not None and own1[0] > own0[0]:
+        n_own = own1[0] - own0[0]
+        level.self_added = {"mean_ms": (own1[1] - own0[1]) / n_own * 1000,
+                            "share_under_1ms": (own1[2] - own0[2]) / n_own}
+    ok = [r for r in records if r.status == 200]
+    level.failures = len(records) - len(ok)
+    level.chunks_per_s = sum(r.chunks for r in ok) / wall
+    # cpu_times() ticks in 10 ms steps: below a few ticks the figure would be noise
+    if proc is not None and cpu1 - cpu0 >= 0.05:
+        level.cpu_ms_per_req = (cpu1 - cpu0) * 1000 / max(1, len(records))
+    ttft = [(r.first - r.sent) / 1e6 for r in ok]
+    level.ttft_ms = {"p50": pct(ttft, 50), "p99": pct(ttft, 99)}
+    level.residual_ms = [(r.first - r.sent - (r.srv_first - r.srv_arr)) / 1e6 for r in ok]
+    return level, ok
+
+
+def _self_added(port: int) -> tuple[float, float, float] | None:
+    """kvlab's own view of its added time: (count, sum s, count <= 1 ms), from /metrics."""
+    from kvlab.observe.metrics import parse
+
+    status, raw = http("GET", f"http://127.0.0.1:{port}/metrics")
+    if status != 200:
+        return None
+    snap = parse(raw.decode())
+    count = snap.total("kvlab_proxy_added_seconds_count")
+    total = snap.total("kvlab_proxy_added_seconds_sum")
+    under = snap.total("kvlab_proxy_added_seconds_bucket", {"le": "0.001"})
+    if count is None or total is None or under is None:
+        return None
+    return count, total, under
+
+
+def _cpu(proc: psutil.Process | None) -> float:
+    if proc is None:
+        return 0.0
+    total = 0.0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def overheads(level: Level, ok: list[Record], direct: Level, service: dict[str, float]
+              ) -> None:
+    base = pct(direct.residual_ms, 50)
+    fallback = statistics.median(service.values()) if service else 0.0
+    values = [res - service.get(r.rid, fallback) - base
+              for r, res in zip(ok, level.residual_ms, strict=True)]
+    level.overhead_ms = {"p50": pct(values, 50), "p99": pct(values, 99)}
+
+
+# --- targets ------------------------------------------------------------------------------
+def target_argv(name: str, args: argparse.Namespace, port: int, pf: int, dc: int
+                ) -> list[str] | None:
+    if name == "kvlab":
+        return [sys.executable, "-m", "kvlab", "proxy", "--prefill", f"127.0.0.1:{pf}",
+                "--decode", f"127.0.0.1:{dc}", "--port", str(port),
+                "--connector", args.kvlab_connector]
+    if name == "router":
+        if not args.router_bin or not Path(args.router_bin).exists():
+            return None
+        return [args.router_bin, "--vllm-pd-disaggregation", "--host", "127.0.0.1", "--port",
+                str(port), "--prefill", f"http://127.0.0.1:{pf}", "--decode",
+                f"http://127.0.0.1:{dc}", "--policy", "round_robin"]
+    if name == "demo":
+        if not args.demo or not Path(args.demo).exists():
+            return None
+        return [args.demo_python, args.demo, "--model", "fake-model", "--prefill",
+                f"127.0.0.1:{pf}", "--decode", f"127.0.0.1:{dc}", "--port", str(port)]
+    raise ValueError(name)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n", 2)[2])
+    ap.add_argument("--quick", action="store_true", help="fewer requests per level")
+    ap.add_argument("--levels", default="1,16,64,256", help="concurrency levels")
+    ap.add_argument("--per-level", type=int, default=0,
+                    help="requests per level per connection (default 25, quick 6)")
+    ap.add_argument("--targets", default="kvlab,router,demo",
+                    help="proxies to measure besides direct")
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--ttft-ms", type=float, default=20.0)
+    ap.add_argument("--itl-ms", type=float, default=5.0)
+    ap.add_argument("--kvlab-connector", default="nixl", help="protocol kvlab speaks")
+    ap.add_argument("--router-bin", default=_first_existing(
+        f"{ANCHORS}/bin/vllm-router", "vllm-router"))
+    ap.add_argument("--demo", default=_first_existing(f"{ANCHORS}-src/disagg_proxy_demo.py"))
+    ap.add_argument("--demo-python", default=f"{ANCHORS}/bin/python")
+    ap.add_argument("--json-out", help="write every figure to this JSON file")
+    return ap.parse_args(argv)
+
+
+def _first_existing(*candidates: str) -> str | None:
+    import shutil
+
+    for c in candidates:
+        if Path(c).exists():
+            return c
+        if "/" not in c and (found := shutil.which(c)):
+            return found
+    return None
+
+
+async def bench(args: argparse.Namespace, logdir: Path) -> dict[str, Any]:
+    levels = [int(x) for x in args.levels.split(",")]
+    per = args.per_level or (6 if args.quick else 25)
+    pf, dc = free_port(), free_port()
+    up = [sys.executable, str(HERE / "synthetic_upstream.py"), "--ttft-ms", str(args.ttft_ms),
+          "--itl-ms", str(args.itl_ms), "--tokens", str(args.tokens)]
+    ups = [start([*up, "--port", str(pf), "--name", "prefill"], "prefill", logdir),
+           start([*up, "--port", str(dc), "--name", "decode"], "decode", logdir)]
+    results: dict[str, Any] = {"load_before": os.getloadavg(), "levels": levels,
+                               "targets": {}, "skipped": []}
+    try:
+        for proc, port in zip(ups, (pf, dc), strict=True):
+            wait_serving(port, proc, "upstream")
+        direct: dict[int, Level] = {}
+        for c in levels:
+            direct[c], _ = await measure("direct", dc, None, c, c * per, args.tokens, pf)
+            _say("direct", direct[c])
+        results["targets"]["direct"] = {c: vars(lv) | {"residual_ms": None}
+                                        for c, lv in direct.items()}
+        for name in args.targets.split(","):
+            port = free_port()
+            argv = target_argv(name, args, port, pf, dc)
+            if argv is None:
+                results["skipped"].append(name)
+                print(f"[{name}] not found; skipped", file=sys.stderr)
+                continue
+            proc = start(argv, name, logdir)
+            try:
+                wait_serving(port, proc, name)
+                out = {}
+                for c in levels:
+                    level, ok = await measure(name, port, proc.pid, c, c * per, args.tokens,
+                                              pf)
+                    overheads(level, ok, direct[c], prefill_service(pf))
+                    _say(name, level)
+                    out[c] = vars(level) | {"residual_ms": None}
+                results["targets"][name] = out
+            finally:
+                stop(proc)
+    finally:
+        for proc in ups:
+            stop(proc)
+    results["load_after"] = os.getloadavg()
+    return results
+
+
+def _say(name: str, lv: Level) -> None:
+    over = (f"overhead p50 {lv.overhead_ms['p50']:7.2f} p99 {lv.overhead_ms['p99']:8.2f} ms"
+            if lv.overhead_ms else "")
+    cpu = f" cpu {lv.cpu_ms_per_req:5.2f} ms/req" if lv.cpu_ms_per_req is not None else ""
+    if lv.self_added:
+        cpu += (f" (own view: added mean {lv.self_added['mean_ms']:.2f} ms, "
+                f"{lv.self_added['share_under_1ms']:.0%} under 1 ms)")
+    print(f"[{name:>6}] c={lv.c:<4} n={lv.n:<5} fail={lv.failures:<3} ttft p50 "
+          f"{lv.ttft_ms['p50']:7.2f} ms  {lv.chunks_per_s:8.0f} chunks/s  {over}{cpu}",
+          file=sys.stderr, flush=True)
+
+
+def report(results: dict[str, Any]) -> None:
+    t = results["targets"]
+    print(f"\nload average before {results['load_before'][0]:.2f}, after "
+          f"{results['load_after'][0]:.2f} ({os.cpu_count()} cpus)")
+    print(f"{'target':<8}{'c':>5}{'fail':>6}{'ovh p50':>10}{'ovh p99':>10}{'chunks/s':>10}"
+          f"{'cpu ms/req':>12}")
+    for name, levels in t.items():
+        for c, lv in levels.items():
+            o = lv["overhead_ms"] or {"p50": float("nan"), "p99": float("nan")}
+            cpu = lv["cpu_ms_per_req"]
+            print(f"{name:<8}{c:>5}{lv['failures']:>6}{o['p50']:>10.2f}{o['p99']:>10.2f}"
+                  f"{lv['chunks_per_s']:>10.0f}{(cpu if cpu is not None else float('nan')):>12.2f}")
+    k = t.get("kvlab")
+    if not k:
+        return
+    for anchor in ("router", "demo"):
+        if anchor not in t:
+            continue
+        print(f"\nkvlab / {anchor} (same run; < 1 is better for overhead and CPU, > 1 for "
+              "chunks/s)")
+        for c in k:
+            a, b = k[c], t[anchor][c]
+            oa, ob = a["overhead_ms"], b["overhead_ms"]
+            print(f"  c={c:<4} overhead p50 {_ratio(oa['p50'], ob['p50'])}"
+                  f"  p99 {_ratio(oa['p99'], ob['p99'])}"
+                  f"  chunks/s {_ratio(a['chunks_per_s'], b['chunks_per_s'])}"
+                  f"  cpu/req {_ratio(a['cpu_ms_per_req'], b['cpu_ms_per_req'])}")
+    _targets(k)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    if a is None or b is None or b == 0 or a != a or b != b:
+        return "  n/a"
+    return f"{a / b:5.2f}x"
+
+
+def _targets(k: dict[int, Any]) -> None:
+    print("\ntargets (BENCHMARKS.md):")
+    if 64 in k:
+        lv = k[64]
+        _verdict("overhead p50 <= 1 ms at c64", lv["overhead_ms"]["p50"] <= 1.0)
+        _verdict("overhead p99 <= 5 ms at c64", lv["overhead_ms"]["p99"] <= 5.0)
+        _verdict("CPU <= 1.5 ms per request at c64", (lv["cpu_ms_per_req"] or 99) <= 1.5)
+    if 256 in k:
+        lv = k[256]
+        _verdict(">= 22k chunks/s at c256, 0 failures",
+                 lv["chunks_per_s"] >= 22000 and lv["failures"] == 0)
+
+
+def _verdict(text: str, ok: bool) -> None:
+    print(f"  {'met    ' if ok else 'NOT met'}  {text}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logdir = Path(ANCHORS).parent / f"proxy-bench-{os.getpid()}"
+    logdir.mkdir(parents=True, exist_ok=True)
+    try:
+        import uvloop
+
+        results = uvloop.run(bench(args, logdir))
+    except ImportError:  # pragma: no cover
+        results = asyncio.run(bench(args, logdir))
+    report(results)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(results, indent=2, default=str))
+    print(f"(process logs in {logdir})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""`kvlab proxy`: kvlab's prefill/decode proxy in the foreground, or `--check` one crossing.
+
+Like the seed's `run-proxy.sh` it first checks that every engine answers (and, unlike it,
+that they agree on the model and context length), prints where everything is, then serves
+until Ctrl-C (exit 130) or SIGTERM (exit 0). `--check` instead sends one request and shows
+the engines' evidence that it crossed both legs; `--check --url URL` does that for a proxy
+already running (any proxy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from typing import Any
+
+import click
+from rich.console import Console
+
+from kvlab.cli.common import Output, json_option, settings_from
+from kvlab.errors import RefusedError
+from kvlab.proxy.legs import BALANCES
+from kvlab.proxy.pd import CONNECTORS
+
+
+@click.command("proxy")
+@click.option("--prefill", multiple=True, metavar="URL",
+              help="A prefill engine, host:port or http://host:port; repeat for several "
+                   "(default PREFILL_HOST:PREFILL_PORT).")
+@click.option("--decode", multiple=True, metavar="URL",
+              help="A decode engine; repeat for several (default DECODE_HOST:DECODE_PORT).")
+@click.option("--port", type=click.IntRange(0, 65535), help="Port to listen on (PROXY_PORT).")
+@click.option("--host", help="Address to bind (SERVE_HOST, 127.0.0.1 by default).")
+@click.option("--connector", type=click.Choice(CONNECTORS), help="Override CONNECTOR.")
+@click.option("--balance", type=click.Choice(BALANCES), default="round-robin",
+              show_default=True, help="How a repeated leg is chosen per request.")
+@click.option("--check", is_flag=True,
+              help="Send one request and show the evidence it crossed both legs, then stop.")
+@click.option("--url", help="With --check: a proxy already running there, instead of ours.")
+@json_option
+@click.pass_context
+def proxy_command(ctx: click.Context, prefill: tuple[str, ...], decode: tuple[str, ...],
+                  port: int | None, host: str | None, connector: str | None, balance: str,
+                  check: bool, url: str | None, as_json: bool) -> None:
+    """Run kvlab's prefill/decode proxy (OpenAI-compatible) in the foreground."""
+    from kvlab.proxy.config import ProxyConfig
+
+    loaded = settings_from(ctx, connector=connector)
+    out = Output(as_json)
+    config = ProxyConfig.from_settings(loaded.values, prefill, decode, host=host, port=port,
+                                       balance=balance)
+    if url and not check:
+        raise click.UsageError("--url only goes with --check")
+    runner = _runner()
+    if check:
+        result = runner.run(_check(config, loaded.values.served_name, url))
+        out.result(result, lambda console: _render_check(console, result))
+        if not result["crossed"]:
+            raise RefusedError("the request did not cross both legs: "
+                               + "; ".join(result["reasons"]))
+        return
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    runner.run(_serve(config, out))
+
+
+def _runner() -> asyncio.Runner:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return asyncio.Runner()
+    return asyncio.Runner(loop_factory=uvloop.new_event_loop)
+
+
+async def _serve(config: Any, out: Output) -> None:
+    from kvlab.proxy import ProxyApp, serve
+
+    console = out.err if out.as_json else out.console
+    console.print("==> Checking the engines")
+
+    def ready(app: ProxyApp) -> None:
+        # whatever the start-up check returned: LegFacts, or another check's facts
+        for fact in app.agreement if isinstance(app.agreement, list) else []:
+            role = getattr(fact, "role", "engine")
+            console.print(f"    OK: the {role} instance answers on {getattr(fact, 'url', '?')} "
+                          f"(model {getattr(fact, 'model_id', '?')}, max_model_len "
+                          f"{getattr(fact, 'max_model_len', '?')})")
+        summary = {**config.summary(), "listen": app.url}
+        _render_summary(console, summary)
+        if out.as_json:
+            out.result({"proxy": summary, "ready": True}, lambda c: None)
+            sys.stdout.flush()
+
+    # SIGTERM (a service manager's stop) ends serving as cleanly as Ctrl-C does
+    stop = asyncio.Event()
+    with contextlib.suppress(NotImplementedError):
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await serve(config, ready, stop)
+    console.print("==> stopped")
+
+
+def _render_summary(console: Console, summary: dict[str, Any]) -> None:
+    console.print("\n==> Proxy")
+    console.print(f"    connector  {summary['connector']} ({summary['balance']})")
+    console.print(f"    prefill    {', '.join(summary['prefill'])}")
+    console.print(f"    decode     {', '.join(summary['decode'])}")
+    console.print(f"    client key {summary['client_key']}")
+    console.print(f"    listening  {summary['listen']}\n")
+    console.print("    Send every measured request to the proxy and nothing to the engines "
+                  "directly.\n    `kvlab proxy --check` proves a request crosses both legs. "
+                  "Ctrl-C stops the proxy.")
+    console.print(f"==> ready: {summary['listen']}")
+
+
+async def _check(config: Any, model: str, url: str | None) -> dict[str, Any]:
+    from dataclasses import replace
+
+    from kvlab.proxy import running
+    from kvlab.proxy.check import crossing_check
+
+    urls = config.urls
+    if url:
+        crossing = await crossing_check(url.rstrip("/"), urls["prefill"], urls["decode"],
+                                        model, api_key=config.api_key)
+        return crossing.as_dict()
+    async with running(replace(config, host="127.0.0.1", port=0)) as app:
+        crossing = await crossing_check(app.url, urls["prefill"], urls["decode"], model,
+                                        api_key=config.api_key)
+    return crossing.as_dict()
+
+
+def _render_check(console: Console, result: dict[str, Any]) -> None:
+    console.print(f"==> One request through {result['proxy']}: HTTP {result['status']}, "
+                  f"{result['seconds']:.3f} s, request id {result['request_id']}")
+    console.print(f"    prompt tokens {result['prompt_tokens']}, block size "
+                  f"{result['block_size']}, expected external hits on decode about "
+                  f"{result['expected_external_hits']}")
+    for role in ("prefill", "decode"):
+        for leg, deltas in result[role].items():
+            shown = ", ".join(f"{k} +{v:g}" for k, v in deltas.items()
+                              if k in ("requests_succeeded", "external_prefix_cache_hits",
+                                       "prompt_tokens", "prompt_tokens_external_kv_transfer"))
+            console.print(f"    {role:<8} {leg}: {shown or 'no counters moved'}")
+    if result["kv_transfer_header"]:
+        console.print(f"    the proxy marked the response: x-kvlab-kv-transfer: "
+                      f"{result['kv_transfer_header']}")
+    console.print("    verdict: " + ("crossed both legs" if result["crossed"]
+                                      else "NOT proven: " + "; ".join(result["reasons"])))
+
+
+COMMANDS = (proxy_command,)

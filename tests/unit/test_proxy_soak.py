@@ -1,0 +1,142 @@
+"""A 10,000-request soak through `kvlab proxy` at concurrency 64: 0 lost, 0 hung.
+
+The proxy runs as the command a person would run (its own process, uvloop); the engines are
+the fast synthetic upstream of the benchmarks (4 tokens, 1 ms apart) so the soak exercises
+the proxy, not the fakes. Every request must come back 200 with all its chunks and the end
+marker, within a per-request deadline; both engines must have seen every request, and the
+proxy's own counters must agree. Ctrl-C then stops the proxy cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import httpx
+import pytest
+
+from kvlab.engines.process import free_port, stop_group
+
+BENCH = Path(__file__).parents[2] / "benchmarks" / "synthetic_upstream.py"
+REQUESTS = 10_000
+CONCURRENCY = 64
+TOKENS = 4
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"{proc.args} exited with {proc.returncode}"
+        try:
+            if httpx.get(url, timeout=1, trust_env=False).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url} did not answer within {timeout} s")
+
+
+@pytest.fixture
+def engines() -> Iterator[tuple[int, int]]:
+    ports = free_port(), free_port()
+    procs = [subprocess.Popen([sys.executable, str(BENCH), "--port", str(p), "--ttft-ms", "1",
+                               "--itl-ms", "1", "--tokens", str(TOKENS), "--name", name],
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+             for p, name in zip(ports, ("prefill", "decode"), strict=True)]
+    try:
+        for port, proc in zip(ports, procs, strict=True):
+            _wait(f"http://127.0.0.1:{port}/health", proc)
+        yield ports
+    finally:
+        for proc in procs:
+            stop_group(proc.pid, 5.0, proc.poll)
+
+
+async def _one(session: aiohttp.ClientSession, url: str, i: int) -> str:
+    body = {"model": "fake-model", "prompt": f"soak {i}", "max_tokens": TOKENS, "stream": True}
+    try:
+        async with session.post(url, json=body) as reply:
+            raw = await reply.read()
+    except TimeoutError:
+        return "hung"
+    except aiohttp.ClientError as exc:
+        return f"lost: {exc!r}"
+    if reply.status != 200:
+        return f"lost: status {reply.status}"
+    if raw.count(b'"srv_i"') != TOKENS or not raw.endswith(b"data: [DONE]\n\n"):
+        return f"lost: incomplete body {raw[-80:]!r}"
+    return "ok"
+
+
+async def _soak(url: str) -> dict[str, int]:
+    results: dict[str, int] = {}
+    queue = iter(range(REQUESTS))
+    timeout = aiohttp.ClientTimeout(total=30)
+    connector = aiohttp.TCPConnector(limit=CONCURRENCY)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        async def worker() -> None:
+            for i in queue:
+                outcome = await _one(session, url, i)
+                key = outcome if outcome in ("ok", "hung") else "lost"
+                results[key] = results.get(key, 0) + 1
+                if key == "lost" and results[key] == 1:
+                    results["first_loss: " + outcome] = 1
+
+        await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+    return results
+
+
+def test_ten_thousand_requests_at_concurrency_64(engines: tuple[int, int],
+                                                 tmp_path: Path) -> None:
+    prefill, decode = engines
+    port = free_port()
+    log = (tmp_path / "proxy.log").open("wb")
+    proxy = subprocess.Popen([sys.executable, "-m", "kvlab", "proxy", "--prefill",
+                              f"127.0.0.1:{prefill}", "--decode", f"127.0.0.1:{decode}",
+                              "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait(f"http://127.0.0.1:{port}/health", proxy)
+        started = time.monotonic()
+        results = asyncio.run(_soak(f"http://127.0.0.1:{port}/v1/completions"))
+        took = time.monotonic() - started
+        exposition = httpx.get(f"http://127.0.0.1:{port}/metrics", trust_env=False).text
+    finally:
+        proxy.send_signal(signal.SIGINT)
+        code = proxy.wait(timeout=30)
+        log.close()
+    assert results == {"ok": REQUESTS}, results
+    assert 'kvlab_proxy_requests_total{leg="",outcome="ok"} 10000.0' in exposition
+    for port_ in (prefill, decode):
+        stats = json.loads(httpx.get(f"http://127.0.0.1:{port_}/stats", timeout=30,
+                                     trust_env=False).text)
+        assert stats["requests"] == REQUESTS
+        assert all(r["done"] for r in stats["records"])
+    assert code == 130, (tmp_path / "proxy.log").read_text()[-2000:]
+    print(f"soak: {REQUESTS} requests at concurrency {CONCURRENCY} in {took:.1f} s")
+
+
+def test_sigterm_stops_the_proxy_cleanly(engines: tuple[int, int], tmp_path: Path) -> None:
+    prefill, decode = engines
+    port = free_port()
+    proxy = subprocess.Popen([sys.executable, "-m", "kvlab", "proxy", "--prefill",
+                              f"127.0.0.1:{prefill}", "--decode", f"127.0.0.1:{decode}",
+                              "--port", str(port)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        _wait(f"http://127.0.0.1:{port}/health", proxy)
+        body = {"model": "fake-model", "prompt": "x", "max_tokens": 2}
+        reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body,
+                           trust_env=False)
+    finally:
+        proxy.send_signal(signal.SIGTERM)
+        out, err = proxy.communicate(timeout=30)
+    assert reply.status_code == 200
+    assert proxy.returncode == 0, err
+    assert "==> ready: http://127.0.0.1:" in out and out.rstrip().endswith("==> stopped")
