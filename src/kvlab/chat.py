@@ -1,8 +1,10 @@
 """One streamed chat request, timed, with the server's own reuse evidence.
 
 TTFT is measured from just before the request is sent to the first streamed chunk carrying
-content (the seed's definition), with `time.perf_counter`. The last chunk's `usage`
-(`stream_options.include_usage`) gives prompt, completion and cached tokens
+content (the seed's definition), with `time.perf_counter`. When the first token ends the
+answer (random weights sometimes emit end-of-text at once) there is no content: TTFT then
+falls back to the first chunk that carries a choice, flagged in `ttft_from`. The last
+chunk's `usage` (`stream_options.include_usage`) gives prompt, completion and cached tokens
 (`prompt_tokens_details.cached_tokens`, which vLLM fills only with
 `--enable-prompt-tokens-details`); llama-server adds `timings` (`cache_n` reused, `prompt_n`
 computed). This module is for measuring single requests precisely, not for load: the load
@@ -45,6 +47,8 @@ class ChatResult:
     cached_tokens: int | None = None
     timings: dict[str, Any] | None = None
     first_logprobs: list[tuple[str, float]] = field(default_factory=list)
+    first_choice_s: float | None = None
+    ttft_from: str = "first content"
 
     @property
     def reused_tokens(self) -> int | None:
@@ -57,6 +61,9 @@ class ChatResult:
         out = asdict(self)
         out.pop("text")
         out.pop("first_logprobs")
+        out.pop("first_choice_s")
+        if self.ttft_from == "first content":
+            out.pop("ttft_from")
         out["ttft_s"] = round(self.ttft_s, 4) if self.ttft_s is not None else None
         out["total_s"] = round(self.total_s, 4)
         return {k: v for k, v in out.items() if v is not None}
@@ -93,6 +100,8 @@ async def stream_chat(client: httpx.AsyncClient, url: str, body: dict[str, Any],
         raise UnreachableError(f"{endpoint} did not answer: {exc}") from None
     result.total_s = time.perf_counter() - started
     result.text = "".join(pieces)
+    if result.ttft_s is None and result.first_choice_s is not None:
+        result.ttft_s, result.ttft_from = result.first_choice_s, "first chunk (no content)"
     return result
 
 
@@ -116,6 +125,8 @@ def _absorb(line: str, result: ChatResult, pieces: list[str], started: float) ->
     if chunk.get("timings"):
         result.timings = chunk["timings"]
     for choice in chunk.get("choices") or []:
+        if result.first_choice_s is None:
+            result.first_choice_s = time.perf_counter() - started
         piece = (choice.get("delta") or {}).get("content")
         if piece:
             if result.ttft_s is None:

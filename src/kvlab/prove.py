@@ -31,6 +31,7 @@ from kvlab.reuse import (
     source_hits,
     store_expectation,
 )
+from kvlab.settings import Settings
 from kvlab.verdict import Evidence, Judgement, judge, reusable_tokens
 
 UNRELATED = WARM_UP[0]["content"]
@@ -51,6 +52,7 @@ class ProveOptions:
     connector: str = "shared"
     salt: bool = False
     ignore: tuple[str, ...] = ()
+    settings: Settings | None = None  # llama pairs: where the slot files live
 
 
 @dataclass
@@ -102,7 +104,9 @@ class _Prover:
     async def case(self, name: str, url: str, messages: list[dict[str, str]],
                    expected: int | None, why: str = "", stored: list[int] | None = None,
                    **extra: Any) -> Case:
-        body = chat_body(self.opts.model, messages, self.opts.max_tokens, **extra)
+        # ignore_eos: a random-weight model may end at once, leaving no token to time
+        body = chat_body(self.opts.model, messages, self.opts.max_tokens, ignore_eos=True,
+                         **extra)
         result, deltas = await self.probe.send(url, body)
         judgement = None
         if expected is not None:
@@ -145,8 +149,14 @@ async def prove(opts: ProveOptions, say: Say = _quiet) -> ProofRun:
         prover = _Prover(opts, client, run, say)
         for url in opts.urls:
             await prover.case("warm-up", url, [{"role": "user", "content": UNRELATED}], None)
+        engines = {f.engine for f in run.instances.values()}
         if len(opts.urls) == 1:
             await _one_endpoint(prover, opts.urls[0])
+        elif engines == {"llama.cpp"}:
+            from kvlab.prove_llama import two_llama_endpoints
+
+            await two_llama_endpoints(prover, opts.urls[0], opts.urls[1],
+                                      opts.settings or Settings())
         else:
             await _two_endpoints(prover, opts.urls[0], opts.urls[1])
         if opts.salt:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-from itertools import pairwise
 import sys
 from collections.abc import AsyncIterator
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -175,3 +175,21 @@ def test_the_seeds_measure_reuse_runs_and_kvlab_reads_its_line(one_vllm: str,
     line = read.by_label("seed-run")[0]
     assert line["record"] == "reuse" and len(line["rows"]) == 3
     assert read.broken_lines == 0
+
+
+async def test_prove_two_llama_servers_through_a_slot_file(tmp_path: Path,
+                                                           tiny_models: TinyModels,
+                                                           llama_binary: Path) -> None:
+    slots = tmp_path / "slots"
+    settings = cpu_settings(llama_slot_save_path=str(slots), ctx=8192)
+    plans = [llamacpp.plan(settings, llama_binary, llamacpp.LlamaOptions(
+        port=free_port(), role=f"llama-{n}", cache_ram_mib=0)) for n in "ab"]
+    async with EngineProcess(plans[0], tmp_path / "a.log"), \
+            EngineProcess(plans[1], tmp_path / "b.log"):
+        run = await prove(ProveOptions([p.base_url for p in plans], "local-chat",
+                                       preamble_words=400, settings=settings))
+    verdicts = run.verdicts()
+    assert verdicts["cold-on-a"] == "no-reuse-expected"
+    assert verdicts["identical-on-b"] == "reused"
+    assert verdicts["changed-prefix-on-b"] == "no-reuse-expected"
+    assert not list(slots.glob("kvlab-prove-*"))  # the slot file holds the prompt: removed

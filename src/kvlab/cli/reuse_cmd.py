@@ -145,7 +145,7 @@ def prove_command(ctx: click.Context, urls: tuple[str, ...], model: str | None,
         urls=targets, model=model or settings.served_name, preamble_words=preamble_words,
         max_tokens=max_tokens, timeout_s=timeout, salt=salt, ignore=ignore,
         api_key=_api_key(api_key_env or settings.loadtest_api_key_env),
-        connector=connector or settings.connector,
+        connector=connector or settings.connector, settings=settings,
     )
     out.note(f"==> proving reuse on {', '.join(targets)}")
     run = asyncio.run(prove(opts, say=out.note))

@@ -1,0 +1,1 @@
+"""Orchestrated experiments: start engines, run a workload, collect evidence, write lines."""

@@ -1,0 +1,180 @@
+"""`kvlab run interference`: the P/D lab's Track M reduced path, on llama-server.
+
+Prefill interference, measured on hardware that cannot remove it: the same load (concurrency
+4, the settings' prompt set, requests and max tokens) against llama-server started with
+`--parallel 4` and then `--parallel 1`, every other flag the same. With four slots the four
+conversations share each batch; with one they queue behind each other's prefill. Each run is
+one load row (label `LABEL-parallel-N`, the seed's load-row shape plus the server settings);
+a `comparison` line pairs them.
+
+CTX is the same for both runs, so at `--parallel 4` a slot holds CTX/4 tokens: the prompt
+set's preamble is sized with the server's own chat template and tokenizer to fit that.
+The load comes from a `LoadFn`; the default is kvlab's load generator, one level per run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvlab import notebook, workloads
+from kvlab.engines import llamacpp, startup
+from kvlab.experiments import llama_common
+from kvlab.experiments.llama_common import Say
+from kvlab.llama_client import LlamaClient, LlamaTarget
+from kvlab.settings import Settings
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What every request of both runs looks like."""
+
+    model: str
+    prompt_set: str
+    preamble_tokens: int
+    max_tokens: int
+    seed: int = 0
+
+
+# (base_url with /v1, concurrency, requests, workload, label, extra row fields, api key) -> row
+LoadFn = Callable[[str, int, int, Workload, str, dict[str, Any], str], Awaitable[Row]]
+
+
+async def loadgen_level(base_url: str, concurrency: int, requests: int, workload: Workload,
+                        label: str, extra: dict[str, Any], api_key: str) -> Row:
+    """One level of kvlab's load generator; its row, not yet appended."""
+    from kvlab.loadgen.sweep import LoadSpec, run_sweep
+
+    spec = LoadSpec(base_url=base_url, model=workload.model, levels=(concurrency,),
+                    requests=requests, max_tokens=workload.max_tokens,
+                    prompt_set=workload.prompt_set, label=label, engine="llamacpp",
+                    preamble_tokens=workload.preamble_tokens, seed=workload.seed, extra=extra)
+    return (await run_sweep(spec, api_key=api_key)).rows[0]
+
+
+@dataclass(frozen=True)
+class InterferenceSpec:
+    """The one variable (`parallels`) and everything held fixed."""
+
+    concurrency: int = 4
+    parallels: tuple[int, ...] = (4, 1)
+    requests: int = 8
+    max_tokens: int = 16
+    prompt_set: str = "shared-prefix"
+    ctx: int = 4096
+    label: str = "interference"
+    seed: int = 0
+
+    def budget(self) -> int:
+        """Most prompt tokens one request may carry at the largest --parallel."""
+        budget = self.ctx // max(self.parallels) - self.max_tokens - llama_common.TEMPLATE_MARGIN
+        if budget < 64:
+            llama_common.check_fits(64, self.max_tokens, self.ctx, max(self.parallels))
+        return budget
+
+    def label_for(self, parallel: int) -> str:
+        return f"{self.label}-parallel-{parallel}"
+
+
+async def fit_preamble(client: LlamaClient, spec: InterferenceSpec) -> int:
+    """The largest preamble size whose longest prompt fits a slot, in this server's tokens."""
+    budget = spec.budget()
+    size = budget
+    for _ in range(6):
+        prompts = workloads.build(spec.prompt_set, spec.requests, seed=spec.seed,
+                                  preamble_tokens=size)
+        longest = max([await client.chat_tokens(p.as_messages()) for p in prompts])
+        if longest <= budget:
+            return size
+        size = max(16, int(size * budget / longest * 0.97))
+    llama_common.check_fits(longest, spec.max_tokens, spec.ctx, max(spec.parallels))
+    return size
+
+
+async def run_interference(settings: Settings, binary: Path, spec: InterferenceSpec,
+                           load: LoadFn = loadgen_level,
+                           say: Say = llama_common.quiet) -> tuple[list[Row], Row]:
+    """Both runs in order; (load rows, comparison record), none appended yet."""
+    accepted = llamacpp.help_flags(binary)
+    slot_dir = settings.home() / "run" / "interference-slots"
+    workload: Workload | None = None
+    rows = []
+    for parallel in spec.parallels:
+        plan = llama_common.server_plan(settings, binary, role=f"interference-{parallel}",
+                                        ctx=spec.ctx, parallel=parallel, slot_dir=slot_dir,
+                                        accepted=accepted)
+        async with llama_common.engine(settings, plan) as proc:
+            version = await startup.server_version(plan)
+            async with LlamaClient(LlamaTarget.from_plan(plan), settings.api_key()) as client:
+                if workload is None:
+                    workload = Workload(settings.served_name, spec.prompt_set,
+                                        await fit_preamble(client, spec), spec.max_tokens,
+                                        spec.seed)
+                # model residency is not what is measured: one short request first
+                await client.chat("Warm up.", max_tokens=2, model=settings.served_name)
+            say(f"--parallel {parallel}: {spec.requests} requests at concurrency "
+                f"{spec.concurrency} ({spec.prompt_set}, preamble {workload.preamble_tokens})")
+            extra = {"engine_version": version, "llama_parallel": parallel,
+                     "varied": "llama_parallel",
+                     "server": {**llama_common.server_fields(plan, spec.ctx, parallel, None),
+                                "capacity": startup.capacity(plan, proc.log_text())},
+                     **llamacpp.kv_label(*llamacpp.kv_types(plan))}
+            rows.append(await load(plan.base_url + "/v1", spec.concurrency, spec.requests,
+                                   workload, spec.label_for(parallel), extra, settings.api_key()))
+    return rows, comparison(spec, rows)
+
+
+def _p50(row: Row, key: str) -> float | None:
+    value = (row.get(key) or {}).get("p50")
+    return float(value) if value is not None else None
+
+
+def _cached_mean(row: Row) -> float | None:
+    """Prompt tokens the server reused per response: reuse, not interference, if high."""
+    value = (row.get("cached_tokens_per_response") or {}).get("mean")
+    return float(value) if value is not None else None
+
+
+def _ratio(new: float | None, old: float | None) -> float | None:
+    return round(new / old, 3) if new is not None and old else None
+
+
+HELD_FIXED = ("model", "prompt_set", "preamble_tokens", "max_tokens", "concurrency",
+              "requests", "kv_cache_type")
+
+
+def comparison(spec: InterferenceSpec, rows: list[Row]) -> Row:
+    """The runs paired against the first (most slots): TTFT, TPOT and throughput ratios."""
+    base = rows[0]
+    differs = sorted({f for row in rows[1:] for f in HELD_FIXED if row.get(f) != base.get(f)})
+    levels = []
+    for row in rows[1:]:
+        b_ttft, c_ttft = _p50(base, "ttft_s"), _p50(row, "ttft_s")
+        b_tpot, c_tpot = _p50(base, "tpot_s"), _p50(row, "tpot_s")
+        b_out, c_out = base.get("output_tokens_per_s"), row.get("output_tokens_per_s")
+        levels.append({
+            "concurrency": row.get("concurrency"), "candidate_label": row.get("label"),
+            "llama_parallel": row.get("llama_parallel"),
+            "ttft_p50_candidate_s": c_ttft, "ttft_p50_baseline_s": b_ttft,
+            "ttft_p50_ratio": _ratio(c_ttft, b_ttft),
+            "tpot_p50_candidate_s": c_tpot, "tpot_p50_baseline_s": b_tpot,
+            "tpot_p50_ratio": _ratio(c_tpot, b_tpot),
+            "output_tokens_per_s_candidate": c_out, "output_tokens_per_s_baseline": b_out,
+            "output_tokens_per_s_ratio": _ratio(c_out, b_out),
+            "failed": row.get("failed"), "failed_baseline": base.get("failed"),
+            "cached_tokens_mean_candidate": _cached_mean(row),
+            "cached_tokens_mean_baseline": _cached_mean(base),
+        })
+    return notebook.envelope(
+        "comparison", spec.label, notebook.LAB_PD, experiment="interference",
+        baseline_label=base.get("label"), candidate_labels=[r.get("label") for r in rows[1:]],
+        varied={"llama_parallel": list(spec.parallels)}, held_fixed=list(HELD_FIXED),
+        same_experiment=not differs, differs=differs, model=base.get("model"),
+        prompt_set=base.get("prompt_set"), ctx=spec.ctx, levels=levels,
+        note=("ratios are candidate / baseline (the run with the most slots); a TTFT ratio "
+              "above 1 is the prefill interference that fewer slots cannot hide"),
+    )

@@ -1,0 +1,89 @@
+"""What the llama-server experiments share: their own server plans, logs and long prompts.
+
+An experiment chooses its own server settings (context, slots, the RAM prompt cache) so a slot
+can hold its prompt, and records them; it always binds a free loopback port, so it never
+collides with a server the user runs on LLAMA_PORT. Prompts are deterministic text cut to an
+exact token count with the server's own tokenizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kvlab.engines import llamacpp
+from kvlab.engines.plan import EnginePlan
+from kvlab.engines.process import EngineProcess, free_port
+from kvlab.errors import SettingError
+from kvlab.llama_client import LlamaClient
+from kvlab.models import corpus
+from kvlab.settings import Settings
+
+Say = Callable[[str], None]
+TEMPLATE_MARGIN = 32  # chat-template tokens around a user message, with room to spare
+
+
+def quiet(_: str) -> None:
+    return None
+
+
+def check_fits(prompt_tokens: int, max_tokens: int, ctx: int, parallel: int) -> None:
+    """Refuse settings where one slot (CTX / parallel tokens) cannot hold the conversation."""
+    per_slot = ctx // parallel
+    needed = prompt_tokens + max_tokens + TEMPLATE_MARGIN
+    if needed > per_slot:
+        raise SettingError(
+            f"a slot holds CTX/parallel = {ctx}/{parallel} = {per_slot} tokens, but the prompt "
+            f"needs {needed} ({prompt_tokens} + {max_tokens} generated + template); raise --ctx "
+            "or lower --parallel or --prompt-tokens"
+        )
+
+
+def server_plan(settings: Settings, binary: Path, *, role: str, ctx: int, parallel: int,
+                slot_dir: Path, cache_ram_mib: int | None = None,
+                accepted: frozenset[str] | None = None) -> EnginePlan:
+    """A llama-server plan on a free port with these settings, its flags checked."""
+    chosen = settings.model_copy(update={"ctx": ctx})
+    opts = llamacpp.LlamaOptions(port=free_port(), parallel=parallel, role=role,
+                                 slot_save_path=str(slot_dir), cache_ram_mib=cache_ram_mib)
+    plan = llamacpp.plan(chosen, binary, opts)
+    llamacpp.check_plan_flags(plan, accepted if accepted is not None
+                              else llamacpp.help_flags(binary))
+    return plan
+
+
+def engine(settings: Settings, plan: EnginePlan) -> EngineProcess:
+    """The process for a plan, logging under KVLAB_HOME/run/logs."""
+    run_dir = settings.home() / "run"
+    log = run_dir / "logs" / f"{plan.role}-{plan.port}.log"
+    log.unlink(missing_ok=True)
+    return EngineProcess(plan, log, run_dir=run_dir, ready_timeout_s=120)
+
+
+def server_fields(plan: EnginePlan, ctx: int, parallel: int,
+                  cache_ram_mib: int | None) -> dict[str, Any]:
+    """The server settings an experiment chose, for its notebook line."""
+    k, v = llamacpp.kv_types(plan)
+    return {
+        "ctx": ctx, "parallel": parallel, "tokens_per_slot": ctx // parallel,
+        "cache_ram_mib": (cache_ram_mib if cache_ram_mib is not None
+                          else llamacpp.CACHE_RAM_DEFAULT_MIB),
+        "flash_attn": llamacpp.flash_attn_mode(plan), "kv_type_k": k, "kv_type_v": v,
+        "argv": plan.argv(),
+    }
+
+
+def _text(lines: int, seed: int) -> str:
+    # the corpus has chat-control markers in some lines; a prompt must not carry them
+    return " ".join(line for line in corpus(lines, seed) if "<|" not in line)
+
+
+async def prompt_of(client: LlamaClient, tokens: int, seed: int = 7) -> str:
+    """Deterministic text that is `tokens` tokens long in this server's tokenizer."""
+    lines = max(64, tokens // 4)
+    ids = await client.tokenize(_text(lines, seed))
+    while len(ids) < tokens:
+        lines *= 2
+        ids = await client.tokenize(_text(lines, seed))
+    return await client.detokenize(ids[:tokens])

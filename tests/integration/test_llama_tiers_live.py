@@ -1,0 +1,305 @@
+"""llama.cpp's tiers on real llama-servers with the tiny GGUFs.
+
+One module of servers sharing one slot store: A and B (same model and flags), C (another tiny
+model, same shapes), D (`--parallel 4`), E (f16 KV instead of q8_0); all with `--cache-ram 0`
+so the RAM prompt cache cannot stand in for a restore. Then the CLI and the experiments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+import seeds
+from integration.conftest import cpu_settings
+from kvlab import notebook, slotstore
+from kvlab.engines import llamacpp
+from kvlab.errors import EngineError, InputError, RefusedError
+from kvlab.experiments import llama_common
+from kvlab.llama_client import LlamaClient, LlamaTarget, logprob_gap
+from kvlab.models import TinyModels
+
+pytestmark = pytest.mark.llama
+
+PROMPT_TOKENS = 800
+TOLERANCE = 1e-3
+
+
+@dataclass
+class Lab:
+    store: slotstore.SlotStore
+    hashes: Path
+    a: LlamaClient
+    b: LlamaClient
+    c: LlamaClient
+    d: LlamaClient
+    e: LlamaClient
+    prompt: str
+
+
+@pytest.fixture(scope="module")
+async def lab(tmp_path_factory: pytest.TempPathFactory, tiny_models: TinyModels,
+              other_tiny_models: TinyModels, llama_binary: Path) -> AsyncIterator[Lab]:
+    root = tmp_path_factory.mktemp("tiers")
+    store = slotstore.SlotStore(root / "slots")
+    accepted = llamacpp.help_flags(llama_binary)
+    shapes = {"a": (tiny_models.gguf, 2, "q8_0"), "b": (tiny_models.gguf, 2, "q8_0"),
+              "c": (other_tiny_models.gguf, 2, "q8_0"), "d": (tiny_models.gguf, 4, "q8_0"),
+              "e": (tiny_models.gguf, 2, "f16")}
+    async with contextlib.AsyncExitStack() as stack:
+        clients = {}
+        for name, (model, parallel, kv) in shapes.items():
+            settings = cpu_settings(llama_model=model, llama_cache_type=kv)
+            plan = llama_common.server_plan(
+                settings, llama_binary, role=f"test-tiers-{name}", ctx=4096, parallel=parallel,
+                slot_dir=store.directory, cache_ram_mib=0, accepted=accepted)
+            proc = await stack.enter_async_context(llama_common.engine(settings, plan))
+            clients[name] = await stack.enter_async_context(
+                LlamaClient(LlamaTarget.from_plan(plan, proc.log_path)))
+        prompt = await llama_common.prompt_of(clients["a"], PROMPT_TOKENS)
+        yield Lab(store, root / "sha.json", prompt=prompt, **clients)
+
+
+async def test_save_erase_restore_round_trip(lab: Lab) -> None:
+    a = lab.a
+    cold = await a.chat(lab.prompt, slot=0)
+    total = cold.timings["prompt_n"] + cold.timings["cache_n"]  # type: ignore[index]
+    op, manifest = await slotstore.save(a, lab.store, 0, "round.bin", lab.hashes)
+    path = lab.store.directory / "round.bin"
+    assert op.n_tokens >= total and op.n_bytes == path.stat().st_size == manifest.file_bytes
+    assert op.server_ms is not None and op.wall_ms > 0
+    assert manifest.parallel == 2 and manifest.kv_type_k == "q8_0"
+    assert manifest.server_build == "b1-0c1e570" and manifest.n_tokens == op.n_tokens
+    # the store is private: directory 0700, slot file and manifest 0600
+    assert lab.store.directory.stat().st_mode & 0o777 == 0o700
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert lab.store.manifest_path("round.bin").stat().st_mode & 0o777 == 0o600
+
+    assert (await a.erase(0)).n_tokens == op.n_tokens
+    control = await a.chat(lab.prompt, slot=0)
+    assert control.timings["cache_n"] == 0  # type: ignore[index]  # erased, and no RAM cache
+    await a.erase(0)
+    restored_op, _ = await slotstore.restore(a, lab.store, 0, "round.bin", lab.hashes)
+    assert restored_op.n_tokens == op.n_tokens and restored_op.server_ms is not None
+    again = await a.chat(lab.prompt, slot=0)
+    assert again.timings["cache_n"] >= 0.95 * total  # type: ignore[index]
+    gap = logprob_gap(cold.first_logprobs, again.first_logprobs)
+    assert gap is not None and gap <= TOLERANCE
+
+
+async def test_second_server_restores_and_reuses_with_equal_logprobs(lab: Lab) -> None:
+    cold_a = await lab.a.chat(lab.prompt, slot=1)
+    total = cold_a.timings["prompt_n"] + cold_a.timings["cache_n"]  # type: ignore[index]
+    await slotstore.save(lab.a, lab.store, 1, "shared.bin", lab.hashes)
+    await slotstore.restore(lab.b, lab.store, 0, "shared.bin", lab.hashes)
+    on_b = await lab.b.chat(lab.prompt, slot=0)
+    assert on_b.timings["cache_n"] >= 0.95 * total  # type: ignore[index]
+    assert on_b.timings["prompt_n"] <= 0.05 * total  # type: ignore[index]
+    gap = logprob_gap(cold_a.first_logprobs, on_b.first_logprobs)
+    assert gap is not None and gap <= TOLERANCE
+    await lab.b.erase(1)
+    cold_b = await lab.b.chat(lab.prompt, slot=1)  # the control: B computing it itself
+    assert cold_b.timings["cache_n"] == 0  # type: ignore[index]
+    assert logprob_gap(cold_a.first_logprobs, cold_b.first_logprobs) <= TOLERANCE  # type: ignore[operator]
+
+
+async def test_file_from_another_model_is_refused_by_the_manifest(lab: Lab) -> None:
+    await lab.a.chat(lab.prompt, slot=0)
+    await slotstore.save(lab.a, lab.store, 0, "model-a.bin", lab.hashes)
+    with pytest.raises(RefusedError, match="model_sha256 differs") as err:
+        await slotstore.restore(lab.c, lab.store, 0, "model-a.bin", lab.hashes)
+    assert "wrong logits" in str(err.value)
+    # why: llama-server itself takes the foreign file (same shapes) without a word
+    raw = await lab.c.restore(0, "model-a.bin")
+    assert raw.n_tokens > 0
+
+
+async def test_parallel_mismatch_is_refused_and_the_log_reason_is_read(lab: Lab) -> None:
+    await lab.a.chat(lab.prompt, slot=0)
+    await slotstore.save(lab.a, lab.store, 0, "par2.bin", lab.hashes)
+    with pytest.raises(RefusedError, match=r"parallel differs.*--parallel"):
+        await slotstore.restore(lab.d, lab.store, 0, "par2.bin", lab.hashes)
+    # bypassing the manifest: the server's generic 400 becomes the reason from its log
+    with pytest.raises(EngineError, match="n_stream mismatch") as err:
+        await lab.d.restore(0, "par2.bin")
+    assert "\n" not in str(err.value)
+
+
+async def test_bad_names_missing_files_and_slot_ids(lab: Lab) -> None:
+    await lab.a.chat(lab.prompt, slot=0)
+    held = (await lab.a.slots())[0]["n_prompt_tokens"]
+    with pytest.raises(InputError, match=r"slot file missing\.bin is not in"):
+        await slotstore.restore(lab.a, lab.store, 0, "missing.bin", lab.hashes)
+    # refused before the server saw it: a failed restore would have emptied the slot
+    assert (await lab.a.slots())[0]["n_prompt_tokens"] == held > 0
+    for call in (slotstore.restore, slotstore.save):
+        with pytest.raises(RefusedError, match="bare name"):
+            await call(lab.a, lab.store, 0, "../x.bin", lab.hashes)
+    assert not (lab.store.directory.parent / "x.bin").exists()
+    with pytest.raises(RefusedError, match=r"slot 2 does not exist.*ids 0-1"):
+        await slotstore.save(lab.a, lab.store, 2, "wrap.bin", lab.hashes)
+    await lab.a.save(0, "unrecorded.bin")  # saved behind kvlab's back: no manifest
+    with pytest.raises(RefusedError, match="no kvlab manifest"):
+        await slotstore.restore(lab.a, lab.store, 0, "unrecorded.bin", lab.hashes)
+
+
+async def test_quantised_kv_changes_outputs(lab: Lab) -> None:
+    q8_a = await lab.a.chat(lab.prompt, slot=1)
+    q8_b = await lab.b.chat(lab.prompt, slot=1)
+    f16 = await lab.e.chat(lab.prompt, slot=1)
+    same = logprob_gap(q8_a.first_logprobs, q8_b.first_logprobs)
+    changed = logprob_gap(q8_a.first_logprobs, f16.first_logprobs)
+    assert same is not None and changed is not None
+    assert same <= 1e-6 < changed
+
+
+def kvlab(*args: str, env: dict[str, str] | None = None,
+          timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvlab", *args], capture_output=True,
+                          text=True, check=False, env={**os.environ, **(env or {})},
+                          timeout=timeout)
+
+
+def test_llama_cli_save_erase_restore_slots(lab: Lab) -> None:
+    port = lab.a.target.base_url.rsplit(":", 1)[1]
+    env = {"LLAMA_SLOT_SAVE_PATH": str(lab.store.directory)}
+    save = kvlab("llama", "save", "0", "cli.bin", "--port", port, "--json", env=env)
+    assert save.returncode == 0, save.stderr
+    saved = json.loads(save.stdout)
+    assert saved["action"] == "save" and saved["server_ms"] > 0 and saved["wall_ms"] > 0
+    assert saved["manifest"]["model_sha256"] and saved["config_source"] == "settings"
+    erase = json.loads(kvlab("llama", "erase", "0", "--port", port, "--json", env=env).stdout)
+    assert erase["n_tokens"] == saved["n_tokens"]
+    restore = kvlab("llama", "restore", "0", "cli.bin", "--port", port, "--json", env=env)
+    assert restore.returncode == 0, restore.stderr
+    assert json.loads(restore.stdout)["n_tokens"] == saved["n_tokens"]
+    slots = json.loads(kvlab("llama", "slots", "--port", port, "--json", env=env).stdout)
+    assert len(slots["slots"]) == 2
+    assert any(f["filename"] == "cli.bin" and f["manifest"] for f in slots["files"])
+    for args, words in ((("restore", "5", "cli.bin"), "slot 5 does not exist"),
+                        (("restore", "0", "../x.bin"), "bare name"),
+                        (("restore", "0", "gone.bin"), "gone.bin is not in")):
+        bad = kvlab("llama", *args, "--port", port, env=env)
+        assert bad.returncode == 2 and words in bad.stderr
+        assert len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
+
+
+def test_run_disk_done_criterion(tmp_path: Path, tiny_models: TinyModels,
+                                 llama_binary: Path) -> None:
+    book, store = tmp_path / "book.md", tmp_path / "slots"
+    env = {"LLAMA_MODEL": tiny_models.gguf, "LABBOOK": str(book),
+           "LLAMA_SLOT_SAVE_PATH": str(store)}
+    result = kvlab("run", "disk", "--prompt-tokens", "3000", "--json", env=env, timeout=600)
+    assert result.returncode == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert record["verdict"] == "reuse proven", record["reasons"]
+    assert record["prompt_tokens"] >= 3000
+    assert record["evidence"]["control"]["cache_n"] == 0
+    assert record["post_restore_cached_tokens"] >= 0.95 * record["prompt_tokens"]
+    assert record["restore_cold_ratio"] < 0.05
+    assert record["server"]["cache_ram_mib"] == 0 and record["server"]["tokens_per_slot"] >= 3000
+    assert record["kv_cache_type"] == "q8_0" and record["kv_quantised"] is True
+    lines = notebook.read(book).by_record("disk")
+    assert len(lines) == 1 and lines[0]["file_bytes"] == record["file_bytes"] > 0
+    assert list(store.iterdir()) == []  # the experiment's slot file does not linger
+
+
+def test_run_shared_slots_writes_a_reuse_line(tmp_path: Path, tiny_models: TinyModels,
+                                              llama_binary: Path) -> None:
+    book = tmp_path / "book.md"
+    env = {"LLAMA_MODEL": tiny_models.gguf, "LABBOOK": str(book),
+           "LLAMA_SLOT_SAVE_PATH": str(tmp_path / "slots"), "LLAMA_CACHE_TYPE": "f16"}
+    result = kvlab("run", "shared-slots", "--prompt-tokens", "600", "--ctx", "4096", "--json",
+                   env=env)
+    assert result.returncode == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert record["record"] == "reuse" and record["verdict"] == "reuse proven"
+    assert len(set(record["endpoints"])) == 2 and [r["turn"] for r in record["rows"]] == [1, 2]
+    assert record["kv_quantised"] is False
+    assert notebook.read(book).by_label("shared-store")[0]["evidence"]["logprob_max_abs_diff"] \
+        <= TOLERANCE
+
+
+def test_run_interference_writes_two_rows_and_a_comparison(
+        tmp_path: Path, tiny_models: TinyModels, llama_binary: Path) -> None:
+    book = tmp_path / "book.md"
+    env = {"LLAMA_MODEL": tiny_models.gguf, "LABBOOK": str(book), "MAX_TOKENS": "4",
+           "CTX": "2048"}
+    result = kvlab("run", "interference", "--requests", "4", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    records = notebook.read(book).records
+    rows = [r for r in records if r["record"] == "load"]
+    assert [r["label"] for r in rows] == ["interference-parallel-4", "interference-parallel-1"]
+    assert [r["llama_parallel"] for r in rows] == [4, 1]
+    for r in rows:
+        assert r["concurrency"] == 4 and r["failed"] == 0 and r["ok"] == 4
+        assert r["ttft_s"]["p50"] > 0 and r["prompt_set"] == "mixed"
+        assert r["server"]["tokens_per_slot"] == 2048 // r["llama_parallel"]
+    comparison = [r for r in records if r["record"] == "comparison"]
+    assert len(comparison) == 1 and comparison[0]["same_experiment"] is True
+    assert comparison[0]["levels"][0]["ttft_p50_ratio"] > 0
+    if seeds.SEEDS.is_dir():  # the seed's own compare-disagg.py reads the rows unchanged
+        script = seeds.extract("compare-disagg.py", tmp_path)
+        seed = subprocess.run([sys.executable, str(script), "--labbook", str(book), "--disagg",
+                               "interference-parallel-1", "--baseline",
+                               "interference-parallel-4", "--print-only"],
+                              capture_output=True, text=True, check=False)
+        assert seed.returncode == 0, seed.stderr
+        assert "interference-parallel-1 against interference-parallel-4" in seed.stdout
+
+
+def test_llama_serve_checks_flags_against_help(tmp_path: Path, tiny_models: TinyModels) -> None:
+    fake = tmp_path / "bin" / "llama-server"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho '--model --alias --host --port --ctx-size --parallel "
+                    "--n-gpu-layers --cache-prompt --cache-type-k --cache-type-v --metrics'\n")
+    fake.chmod(0o755)
+    result = kvlab("llama", "serve", env={"LLAMA_BIN": str(fake.parent),
+                                          "LLAMA_MODEL": tiny_models.gguf})
+    assert result.returncode == 2
+    assert "does not accept --slot-save-path, --slots" in result.stderr
+
+
+def test_llama_serve_foreground_leaves_a_record_for_save(tmp_path: Path, tiny_models: TinyModels,
+                                                         llama_binary: Path) -> None:
+    from kvlab.engines.process import free_port
+
+    port = str(free_port())
+    env = {**os.environ, "LLAMA_MODEL": tiny_models.gguf, "LLAMA_BIN": str(llama_binary),
+           "LLAMA_SLOT_SAVE_PATH": str(tmp_path / "slots"), "LABBOOK": str(tmp_path / "b.md"),
+           "KVLAB_HOME": str(tmp_path / "home"), "LLAMA_CACHE_TYPE": "q4_0"}
+    child = subprocess.Popen([sys.executable, "-m", "kvlab", "llama", "serve", "--port", port,
+                              "--parallel", "1", "--", "-fa", "on"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "b.md").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60, json={
+            "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 2})
+        saved = subprocess.run([sys.executable, "-m", "kvlab", "llama", "save", "0", "s.bin",
+                                "--port", port, "--json"], env={**env, "LLAMA_CACHE_TYPE": "f16"},
+                               capture_output=True, text=True, check=False)
+        assert saved.returncode == 0, saved.stderr
+        manifest = json.loads(saved.stdout)["manifest"]
+        # taken from what serve started, not from this shell's LLAMA_CACHE_TYPE
+        assert (manifest["kv_type_k"], manifest["flash_attn"], manifest["parallel"]) == \
+            ("q4_0", "on", 1)
+        assert (tmp_path / "home" / "run" / "llama" / f"{port}.json").is_file()
+    finally:
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=60)
+    assert child.returncode == 130, err
+    assert "-ctk / -ctv" in out and "slot save path" in out
+    assert not (tmp_path / "home" / "run" / "llama" / f"{port}.json").exists()
