@@ -68,6 +68,7 @@ def test_shared_instances_use_kv_both_on_one_store(tmp_path: Path) -> None:
         assert config == {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
                           "kv_connector_extra_config": {"shared_storage_path": store}}
         assert plan.private_dirs == (store,)
+        assert plan.flag_value("--max-num-batched-tokens") == "8192"  # no chunked prefill
 
 
 def test_shared_without_a_store_is_refused() -> None:
@@ -124,7 +125,8 @@ def test_single_machine_uses_the_small_model_and_split_fraction(tmp_path: Path) 
     assert plan.model == "Qwen/Qwen3-1.7B"
     assert plan.flag_value("--gpu-memory-utilization") == "0.4"
     assert any("loopback" in n for n in plan.notes)
-    assert vllm.plan(s, "baseline", GPU).model == "Qwen/Qwen3-8B"
+    assert vllm.plan(s, "baseline", GPU).model == "Qwen/Qwen3-1.7B"  # as serve-decode.sh
+    assert vllm.plan(s, "offload", GPU).model == "Qwen/Qwen3-8B"  # serve-offload.sh ignores it
 
 
 def test_cpu_platform_environment() -> None:

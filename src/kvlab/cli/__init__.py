@@ -13,10 +13,17 @@ import click
 
 from kvlab import __version__
 from kvlab.cli import (
+    clean_cmd,
     demo_cmd,
     engines_cmd,
+    llama_cmd,
+    load_cmd,
     predict_cmd,
+    proxy_cmd,
+    report_cmd,
     reuse_cmd,
+    run_cmd,
+    run_lab_cmd,
     serve_cmd,
     settings_cmd,
 )
@@ -34,7 +41,9 @@ def cli(ctx: click.Context, env_file: str | None) -> None:
     ctx.obj = GlobalOptions(env_file=env_file)
 
 
-for module in (settings_cmd, predict_cmd, serve_cmd, engines_cmd, demo_cmd, reuse_cmd):
+for module in (settings_cmd, predict_cmd, serve_cmd, engines_cmd, demo_cmd, reuse_cmd,
+               llama_cmd, run_cmd, run_lab_cmd, proxy_cmd, load_cmd, report_cmd,
+               clean_cmd):
     for command in module.COMMANDS:
         cli.add_command(command)
 

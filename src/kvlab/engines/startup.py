@@ -14,7 +14,7 @@ from kvlab.engines import vllm
 from kvlab.engines.plan import EnginePlan
 
 _LLAMA_SLOTS = re.compile(r"n_slots = (\d+), n_ctx_slot = (\d+)")
-_PD_ROLES = ("baseline", "prefill", "decode")
+_PD_ROLES = ("baseline", "prefill", "decode", "proxy")
 
 
 def capacity(plan: EnginePlan, log_text: str) -> dict[str, Any]:

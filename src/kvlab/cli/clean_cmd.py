@@ -1,0 +1,36 @@
+"""`kvlab clean`: stop the engines kvlab started and remove the KV it left on disk."""
+
+from __future__ import annotations
+
+import click
+from rich.console import Console
+
+from kvlab.cli.common import Output, json_option, settings_from
+
+
+@click.command("clean")
+@click.option("--dry-run", is_flag=True, help="List what would be stopped and removed.")
+@json_option
+@click.pass_context
+def clean_command(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
+    """Stop stray engines (by recorded PID); remove KV stores and slot files (users' prompts)."""
+    from kvlab.cleanup import clean
+
+    report = clean(settings_from(ctx).values, dry_run=dry_run)
+    stop, remove = ("would stop", "would remove") if dry_run else ("stopped", "removed")
+
+    def human(console: Console) -> None:
+        for record in report.stopped:
+            console.print(f"{stop} {record.get('engine')} {record.get('role')} "
+                          f"(pid {record.get('pid')}, port {record.get('port')})")
+        for path in report.removed:
+            console.print(f"{remove} {path}")
+        for path in report.kept:
+            console.print(f"kept (not kvlab's): {path}")
+        console.print(f"{len(report.stopped)} engines, {len(report.removed)} paths, "
+                      f"{report.bytes_freed:,} bytes" + (" (dry run)" if dry_run else ""))
+
+    Output(as_json).result({**report.as_dict(), "dry_run": dry_run}, human)
+
+
+COMMANDS = (clean_command,)

@@ -1,0 +1,34 @@
+"""`kvlab report`: both labs' tables (markdown) and plots (PNG) from the notebook alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from kvlab.cli.common import Output, json_option, settings_from
+
+
+@click.command("report")
+@click.option("--labbook", help="Notebook to read (default: LABBOOK).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("kvlab-report"), show_default=True,
+              help="Directory for report.md and the plots.")
+@click.option("--no-plots", is_flag=True, help="Tables only.")
+@json_option
+@click.pass_context
+def report_command(ctx: click.Context, labbook: str | None, out_dir: Path, no_plots: bool,
+                   as_json: bool) -> None:
+    """Fill the labs' "Expected outcome" tables from the notebook, with evidence."""
+    from kvlab.report import build
+
+    settings = settings_from(ctx, labbook=labbook).values
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = build(settings.labbook, None if no_plots else out_dir)
+    text = report.markdown()
+    (out_dir / "report.md").write_text(text + "\n", encoding="utf-8")
+    data = {**report.as_dict(), "written": str(out_dir / "report.md")}
+    Output(as_json).result(data, lambda c: c.print(text + f"\n(written to {out_dir}/report.md)"))
+
+
+COMMANDS = (report_command,)

@@ -1,0 +1,74 @@
+"""Finding the pressure point: a KV cache too small for the workload's working set.
+
+A host-memory tier does nothing until blocks are evicted and wanted again. The workload that
+wants them again is many conversations revisited in turn (the load generator's `multi-turn`
+set sends turn t of every conversation before turn t+1 of any), so this module sizes the
+device cache to hold the concurrent requests comfortably but only a fraction of all the
+conversations: each revisit then finds its blocks evicted (recomputed without a tier, recalled
+with one). Pure arithmetic; the run records the pressure actually reached beside it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from kvlab import workloads
+
+TURNS = workloads.DEFAULT_TURNS
+HEADROOM = 1.5  # the cache holds this many times the concurrent requests' tokens
+OVERSUBSCRIPTION = 3.0  # the working set is at least this many times the cache
+
+
+@dataclass(frozen=True)
+class PressurePlan:
+    concurrency: int
+    requests: int
+    conversations: int
+    conversation_tokens: int
+    working_set_tokens: int
+    cache_tokens: int
+    kv_cache_bytes: int
+    bytes_per_token: float
+    reusable_fraction: float  # of prompt tokens, were nothing evicted
+
+    @property
+    def oversubscription(self) -> float:
+        return self.working_set_tokens / self.cache_tokens
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "oversubscription": round(self.oversubscription, 2)}
+
+
+def count_tokens(model: str, text: str) -> int:
+    """Tokens of `text` with the model's own tokenizer when it is local, else an estimate."""
+    tokenizer = Path(model) / "tokenizer.json"
+    if tokenizer.is_file():
+        from tokenizers import Tokenizer
+
+        return len(Tokenizer.from_file(str(tokenizer)).encode(text).ids)
+    return math.ceil(len(text.split()) * workloads.TOKENS_PER_WORD)
+
+
+def plan_pressure(model: str, concurrency: int, preamble_tokens: int, max_tokens: int,
+                  bytes_per_token: float, *, ctx: int, block_size: int = 16,
+                  min_requests: int = 0) -> PressurePlan:
+    """Requests and a KV cache size that put the multi-turn workload under pressure.
+
+    The cache also holds at least one full-context sequence: vLLM refuses to start otherwise.
+    """
+    # one conversation's turns: each resends the previous turn's prompt, which a cache that
+    # never evicted would serve
+    turns = [count_tokens(model, p.as_text()) for p in workloads.build(
+        "multi-turn", TURNS, preamble_tokens=preamble_tokens, start=0, turns=TURNS)]
+    reusable = sum(turns[:-1]) / sum(turns)
+    conv = turns[-1] + TURNS * max_tokens
+    cache = math.ceil(max(concurrency * conv * HEADROOM, ctx) / block_size) * block_size
+    conversations = max(concurrency, math.ceil(OVERSUBSCRIPTION * cache / conv))
+    requests = max(min_requests, conversations * TURNS)
+    conversations = math.ceil(requests / TURNS)
+    return PressurePlan(concurrency, requests, conversations, conv, conversations * conv, cache,
+                        math.ceil(cache * bytes_per_token), bytes_per_token,
+                        round(reusable, 3))

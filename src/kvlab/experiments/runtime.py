@@ -1,0 +1,106 @@
+"""What every orchestrated experiment shares: one run's context, engines, stores, records.
+
+- `Lab`: the settings, a run id, where logs go, the notebook lines written so far, and the
+  temporary KV stores (created private, always removed at the end: they hold prompts);
+- `engines(...)`: start several plans at once, wait until all are ready, write each one's
+  `startup` line, and stop them all however the block ends (error, Ctrl-C);
+- `not_run(...)`: the line that says why a lab row cannot run on this machine, so the report
+  (which reads only the notebook) can say so too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvlab import notebook
+from kvlab.engines import startup, vllm
+from kvlab.engines.plan import EnginePlan
+from kvlab.engines.process import EngineProcess, make_private_dir
+from kvlab.settings import Settings
+
+Say = Callable[[str], None]
+
+
+def quiet(_: str) -> None:
+    return None
+
+
+@dataclass
+class Lab:
+    """One `kvlab run` invocation."""
+
+    settings: Settings
+    say: Say = quiet
+    run_id: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S"))
+    written: list[dict[str, Any]] = field(default_factory=list)
+    stores: list[Path] = field(default_factory=list)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.settings.home() / "run" / self.run_id
+
+    @property
+    def vllm(self) -> vllm.VllmInstall:
+        return vllm.find_vllm(self.settings)
+
+    def record(self, line: dict[str, Any]) -> dict[str, Any]:
+        """Append one line to the notebook and keep it for the run's summary."""
+        line = {**line, "run_id": self.run_id}
+        notebook.append(self.settings.labbook, line)
+        self.written.append(line)
+        return line
+
+    def not_run(self, lab: str, label: str, row: str, reason: str) -> dict[str, Any]:
+        """Record that a lab row cannot be measured here, and why."""
+        self.say(f"    {row}: not run here: {reason}")
+        return self.record(notebook.envelope("not-run", label, lab, row=row, reason=reason))
+
+    def store(self, name: str) -> Path:
+        """A fresh private KV store directory for this run, removed by `cleanup()`."""
+        path = self.settings.home() / "stores" / self.run_id / name
+        if path.exists():
+            shutil.rmtree(path)
+        make_private_dir(path)
+        self.stores.append(path)
+        return path
+
+    def cleanup(self) -> None:
+        """Remove the run's stores (they hold users' prompts)."""
+        for path in self.stores:
+            shutil.rmtree(path, ignore_errors=True)
+        parent = self.settings.home() / "stores" / self.run_id
+        with contextlib.suppress(OSError):
+            parent.rmdir()
+        self.stores.clear()
+
+
+@contextlib.asynccontextmanager
+async def engines(lab: Lab, plans: list[EnginePlan], *, labels: list[str] | None = None,
+                  ready_timeout_s: float = 900.0) -> AsyncIterator[list[EngineProcess]]:
+    """Start `plans` together, write their startup lines, always stop them all."""
+    procs = [EngineProcess(p, lab.run_dir / "logs" / f"{p.role}-{p.port}.log",
+                           run_dir=lab.settings.home() / "run", ready_timeout_s=ready_timeout_s)
+             for p in plans]
+    try:
+        for proc in procs:
+            proc.start()
+        names = ", ".join(f"{p.role}:{p.port}" for p in plans)
+        lab.say(f"    starting {names}")
+        await asyncio.gather(*(p.wait_ready() for p in procs))
+        for proc, label in zip(procs, labels or [p.label_hint for p in plans], strict=True):
+            version = await startup.server_version(proc.plan)
+            line = startup.record(proc.plan, proc.log_text(), ready_s=proc.ready_s,
+                                  engine_version=version, label=label)
+            lab.record(line)
+            lab.say(f"    {proc.plan.role} ready in {proc.ready_s or 0:.0f} s: "
+                    + "; ".join(line["capacity"].get("lines", [])))
+        yield procs
+    finally:
+        await asyncio.shield(asyncio.gather(*(p.stop() for p in procs)))

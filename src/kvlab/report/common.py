@@ -1,0 +1,103 @@
+"""What both labs' tables share: picking records from the notebook, formatting cells, and
+the "measured on" column (engine, version, model, context, memory fraction, KV capacity,
+from the same run's `startup` line). The newest line of each label wins."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvlab.notebook import Notebook
+
+Record = dict[str, Any]
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+
+    def markdown(self) -> str:
+        head = "| " + " | ".join(self.columns) + " |"
+        rule = "|" + "|".join("---" for _ in self.columns) + "|"
+        body = ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |"
+                for row in self.rows]
+        return "\n".join([f"### {self.title}", "", head, rule, *body])
+
+
+def latest(book: Notebook, record: str, label: str) -> Record | None:
+    found = [r for r in book.records if r.get("record") == record and r.get("label") == label]
+    return found[-1] if found else None
+
+
+def load_rows(book: Notebook, label: str) -> list[Record]:
+    """The newest load row per concurrency level of one label, by concurrency."""
+    rows: dict[int, Record] = {}
+    for r in book.records:
+        if r.get("label") == label and r.get("record") != "link" and "ttft_s" in r \
+                and isinstance(r.get("ttft_s"), dict) and r.get("concurrency") is not None:
+            rows[int(r["concurrency"])] = r
+    return [rows[c] for c in sorted(rows)]
+
+
+def not_run(book: Notebook, label: str) -> Record | None:
+    return latest(book, "not-run", label)
+
+
+def num(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def pct(value: Any) -> str:
+    return "n/a" if value is None else f"{float(value) * 100:.1f}%"
+
+
+def measured_on(book: Notebook, record: Record) -> str:
+    """Engine, version, model, context and memory fraction from the run's startup line."""
+    run_id, label = record.get("run_id"), str(record.get("label", ""))
+    same_run = [r for r in book.records if r.get("record") == "startup"
+                and (run_id is None or r.get("run_id") == run_id)]
+    starts = [r for r in same_run if r.get("label") == label] or \
+        [r for r in same_run if str(r.get("label", "")).startswith(label + "-")]
+    parts = []
+    model = record.get("model")
+    if starts:
+        s = starts[-1]
+        model = s.get("model") or model
+        argv = s.get("argv") or []
+        parts.append(f"{s.get('engine')} {s.get('engine_version')}")
+        parts.append(f"ctx {_flag(argv, '--max-model-len') or _flag(argv, '--ctx-size')}")
+        fraction = _flag(argv, "--gpu-memory-utilization")
+        if fraction:
+            parts.append(f"mem fraction {fraction}")
+        cap = s.get("capacity") or {}
+        if cap.get("kv_cache_tokens"):
+            parts.append(f"KV cache {cap['kv_cache_tokens']:,} tokens")
+    elif record.get("engine"):
+        parts.append(f"{record.get('engine')} {record.get('engine_version', '')}".strip())
+    if model:
+        parts.append(f"model {'/'.join(str(model).rstrip('/').split('/')[-2:])}")
+    return ", ".join(parts) or "n/a"
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv and argv.index(name) + 1 < len(argv) \
+        else None
+
+
+
+
+def missing(row_name: str, how: str, book: Notebook, label: str, width: int) -> list[str]:
+    """A row that has no measurement: the recorded reason it cannot run here, or how to get it."""
+    skipped = not_run(book, label)
+    if skipped:
+        first, rest = f"not run here: {skipped['reason']}", "not run here (see the reason)"
+    else:
+        first = f"not measured yet: no `{label}` line in the notebook (kvlab run all)"
+        rest = "not measured yet"
+    return [row_name, how, first, *([rest] * (width - 1))]

@@ -1,0 +1,128 @@
+"""The P/D lab's five-row table: the baseline, the split on two machines (shared and NIXL),
+the split on one device (loopback), and llama-server's slot interference."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvlab.notebook import Notebook
+from kvlab.report.common import (
+    Record,
+    Table,
+    latest,
+    load_rows,
+    measured_on,
+    missing,
+    num,
+)
+
+PD_COLUMNS = ["Configuration", "Link", "TTFT p50 (s)", "TPOT p50 (s)", "Output tokens/s",
+              "Bytes per request", "Evidence", "Measured on"]
+
+
+def pd_table(book: Notebook) -> Table:
+    table = Table("P/D lab: the split against one machine", PD_COLUMNS)
+    table.rows.append(_load_row(book, "One machine, no split (baseline)", "none", "baseline",
+                                bytes_cell="none"))
+    table.rows.append(_load_row(book, "Two machines, shared-directory connector",
+                                "house Ethernet", "disagg", topology="two machines",
+                                skip_label="disagg-two-machines"))
+    table.rows.append(_load_row(book, "Two machines, NixlConnector", "direct RDMA cable",
+                                "disagg-nixl"))
+    table.rows.append(_load_row(book, "Two processes on one device", "loopback", "disagg",
+                                topology="loopback", skip_label="disagg-loopback"))
+    table.rows.append(_interference_row(book))
+    return table
+
+
+def by_level(rows: list[Record], key: str, field: str | None = "p50") -> str:
+    """One cell for a sweep: each level's value, then the levels, e.g. `0.21 / 0.35 (c=1/4)`."""
+    values = []
+    for r in rows:
+        value = r.get(key)
+        values.append(num(value.get(field) if isinstance(value, dict) and field else value))
+    levels = "/".join(str(r.get("concurrency")) for r in rows)
+    return f"{' / '.join(values)} (c={levels})"
+
+
+def _load_row(book: Notebook, name: str, link: str, label: str, *, topology: str | None = None,
+              skip_label: str | None = None, bytes_cell: str | None = None) -> list[str]:
+    rows = [r for r in load_rows(book, label)
+            if topology is None or r.get("topology", "two machines") == topology]
+    if not rows:
+        return missing(name, link, book, skip_label or label, 6)
+    comparison = latest(book, "comparison", f"{label}-vs-baseline") if label != "baseline" \
+        else None
+    evidence = [f"{sum(int(r.get('ok', 0)) for r in rows)} ok / "
+                f"{sum(int(r.get('failed', 0)) for r in rows)} failed",
+                f"prompt set {rows[0].get('prompt_set')}, max_tokens {rows[0].get('max_tokens')}"]
+    hit = [r.get("prefix_hit_rate") for r in rows]
+    if any(h is not None for h in hit):
+        evidence.append("prefix hit rate " + " / ".join(num(h, 2) for h in hit))
+    evidence += _split_evidence(latest(book, "link", label), comparison)
+    return [name, link, by_level(rows, "ttft_s"), by_level(rows, "tpot_s"),
+            by_level(rows, "output_tokens_per_s", None),
+            bytes_cell or _bytes_cell(comparison, rows), "; ".join(evidence),
+            measured_on(book, rows[-1])]
+
+
+def _split_evidence(link: Record | None, comparison: Record | None) -> list[str]:
+    out = []
+    deltas = (link or {}).get("metric_deltas") or {}
+    legs = (link or {}).get("legs") or {}
+    if legs.get("prefill") in deltas and legs.get("decode") in deltas:
+        prefill, decode = deltas[legs["prefill"]], deltas[legs["decode"]]
+        out.append(f"both legs ran: prefill served {num(prefill.get('requests_succeeded'), 0)} "
+                   f"requests, decode took {num(decode.get('external_prefix_cache_hits'), 0)} "
+                   "prompt tokens from the store")
+    if comparison:
+        verdict = (comparison.get("bytes") or {}).get("verdict")
+        if verdict:
+            out.append(str(verdict))
+        ratios = [f"c={lv.get('concurrency')} TTFT x{num(_ratio(lv), 2)}"
+                  for lv in comparison.get("levels", [])]
+        if ratios:
+            out.append("against the baseline: " + ", ".join(ratios))
+    return out
+
+
+def _ratio(level: dict[str, Any]) -> float | None:
+    d, b = level.get("ttft_p50_disagg_s"), level.get("ttft_p50_baseline_s")
+    return d / b if d and b else None
+
+
+def _bytes_cell(comparison: Record | None, rows: list[Record]) -> str:
+    if comparison is None:
+        return "n/a: no comparison line yet (kvlab compare)"
+    seen = comparison.get("bytes") or {}
+    observed = seen.get("observed_bytes_per_request_by_source") or {}
+    parts = [f"{source} {float(v):,.0f}" for source, v in observed.items() if v is not None]
+    predicted = seen.get("predicted_bytes_per_request")
+    if predicted:
+        parts.append(f"predicted {float(predicted):,.0f}")
+    if seen.get("verdict"):
+        parts.append(f"({seen['verdict_source']}: {seen['verdict']})")
+    return "; ".join(parts) or "n/a"
+
+
+def _interference_row(book: Notebook) -> list[str]:
+    name, link = "llama-server, 4 slots against 1 slot", "none"
+    four = load_rows(book, "interference-parallel-4")
+    one = load_rows(book, "interference-parallel-1")
+    if not four or not one:
+        return missing(name, link, book, "interference", 6)
+    a, b = four[-1], one[-1]
+
+    def pair(key: str, field: str | None = "p50") -> str:
+        va = a.get(key, {}).get(field) if field else a.get(key)
+        vb = b.get(key, {}).get(field) if field else b.get(key)
+        return f"{num(va)} vs {num(vb)}"
+
+    comparison = latest(book, "comparison", "interference")
+    evidence = [f"concurrency {a.get('concurrency')}, {a.get('requests')} requests each, "
+                f"prompt set {a.get('prompt_set')}",
+                "4 slots first, 1 slot second: the one variable changed"]
+    if comparison and not comparison.get("same_experiment", True):
+        evidence.append("NOT the same experiment: " + ", ".join(comparison.get("differs", [])))
+    return [name, link, pair("ttft_s"), pair("tpot_s"), pair("output_tokens_per_s", None),
+            "none", "; ".join(evidence), measured_on(book, a)]
