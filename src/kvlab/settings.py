@@ -89,6 +89,9 @@ class Settings(BaseSettings):
     requests: int = Field(24, gt=0, description="Requests per concurrency level.")
     max_tokens: int = Field(128, gt=0, description="Output tokens per request.")
     prompt_set: PromptSet = Field("shared-prefix", description="shared-prefix, mixed, multi-turn.")
+    preamble_words: int = Field(
+        1500, gt=0, description="Words of the conversation preamble in reuse runs (turns)."
+    )
     preamble_tokens: int = Field(
         4096, gt=0, description="Shared-prefix preamble size (approximate tokens)."
     )

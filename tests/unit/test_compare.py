@@ -174,8 +174,32 @@ def test_a_shared_store_on_loopback_is_judged_by_its_growth() -> None:
     seen = compare.bytes_three_ways(link, rows, [1], 2048.0, None)
     assert seen.observed["store"] == 2_000_000 and seen.verdict_source == "store"
     assert seen.verdict == compare.CROSSED
+    # written once, read by every request: what decode loaded is the transfer
+    read = {**link, "store_bytes": 2_000_000, "metric_deltas": {
+        "prefill": {"prompt_tokens_external_kv_transfer": 0.0},
+        "decode": {"prompt_tokens_external_kv_transfer": 8_960.0}}}
+    seen = compare.bytes_three_ways(read, rows, [1], 2048.0, None)
+    assert seen.observed["store_read"] == 8_960 * 2048 / 10
+    assert seen.verdict_source == "store_read" and seen.verdict == compare.CROSSED
     lines = compare._link_lines("disagg", link, seen)
     assert any("shared store growth" in line for line in lines)
     no_store = {**link, "store_bytes": None}
     blind = compare.bytes_three_ways(no_store, rows, [1], 2048.0, None)
     assert blind.verdict is None  # loopback counters are not evidence for a file store
+
+
+def test_decode_that_did_not_prefill_is_the_verdict_for_a_shared_store() -> None:
+    rows = {1: {"requests": 16, "ok": 16, "prompt_tokens_mean": 1000.0}}
+    link = {"iface": "lo", "connector": "shared", "rx_bytes": 1, "tx_bytes": 1,
+            "store_bytes": 114_710, "legs": {"prefill": "P", "decode": "D"},
+            "metric_deltas": {"P": {"prompt_tokens": 16_000.0},
+                              "D": {"prompt_tokens": 16_000.0,
+                                    "prompt_tokens_local_compute": 1_648.0,
+                                    "prompt_tokens_external_kv_transfer": 896.0}}}
+    seen = compare.bytes_three_ways(link, rows, [1], 2048.0, None)
+    assert seen.decode_computed_share == 0.103
+    assert seen.verdict is not None and seen.verdict.startswith("the cache crossed the store")
+    recomputing = {**link, "metric_deltas": {"D": {"prompt_tokens": 16_000.0,
+                                                   "prompt_tokens_local_compute": 15_900.0}}}
+    assert compare.bytes_three_ways(recomputing, rows, [1], 2048.0, None).verdict == (
+        compare.NOT_CROSSED)

@@ -26,7 +26,7 @@ def _lab(settings: Settings, out: Output) -> Any:
 
 @run_group.command("offload")
 @click.option("--turns", type=click.IntRange(2), default=6, show_default=True)
-@click.option("--preamble-words", type=click.IntRange(1), default=1500, show_default=True)
+@click.option("--preamble-words", type=click.IntRange(1), help="Default: PREAMBLE_WORDS.")
 @click.option("--concurrency", type=click.IntRange(1), default=8, show_default=True,
               help="Concurrency of the pressure runs (the lab uses 8).")
 @click.option("--min-requests", type=click.IntRange(0), default=0,
@@ -34,14 +34,15 @@ def _lab(settings: Settings, out: Output) -> Any:
 @click.option("--dry-run", is_flag=True, help="Print the plans and start nothing.")
 @json_option
 @click.pass_context
-def offload(ctx: click.Context, turns: int, preamble_words: int, concurrency: int,
+def offload(ctx: click.Context, turns: int, preamble_words: int | None, concurrency: int,
             min_requests: int, dry_run: bool, as_json: bool) -> None:
     """The host-memory tier: off and on, quiet and under found pressure."""
     from kvlab.experiments import offload as experiment
 
     out = Output(as_json)
     settings = settings_from(ctx).values
-    spec = experiment.OffloadSpec(turns=turns, preamble_words=preamble_words,
+    spec = experiment.OffloadSpec(turns=turns,
+                                  preamble_words=preamble_words or settings.preamble_words,
                                   concurrency=concurrency, min_requests=min_requests,
                                   load_max_tokens=settings.max_tokens,
                                   preamble_tokens=settings.preamble_tokens)
@@ -56,18 +57,19 @@ def offload(ctx: click.Context, turns: int, preamble_words: int, concurrency: in
 
 @run_group.command("shared")
 @click.option("--turns", type=click.IntRange(2), default=6, show_default=True)
-@click.option("--preamble-words", type=click.IntRange(1), default=1500, show_default=True)
+@click.option("--preamble-words", type=click.IntRange(1), help="Default: PREAMBLE_WORDS.")
 @click.option("--dry-run", is_flag=True, help="Print the plans and start nothing.")
 @json_option
 @click.pass_context
-def shared(ctx: click.Context, turns: int, preamble_words: int, dry_run: bool,
+def shared(ctx: click.Context, turns: int, preamble_words: int | None, dry_run: bool,
            as_json: bool) -> None:
     """Two instances, one KV store: alternating turns, a single-instance control, the proof."""
     from kvlab.experiments import shared as experiment
 
     out = Output(as_json)
     settings = settings_from(ctx).values
-    spec = experiment.SharedSpec(turns=turns, preamble_words=preamble_words)
+    spec = experiment.SharedSpec(turns=turns,
+                                 preamble_words=preamble_words or settings.preamble_words)
     lab = _lab(settings, out)
     if dry_run:
         plans = experiment.dry_run(lab)
@@ -125,7 +127,7 @@ def run_all_command(ctx: click.Context, quick: bool, only: tuple[str, ...], repo
     s = loaded.values
     ensure_cpu_prerequisites(loaded, out.err)
     sizes = Sizes.quick() if quick else Sizes.lab(s.concurrency, s.requests, s.max_tokens,
-                                                  s.preamble_tokens)
+                                                  s.preamble_tokens, s.preamble_words)
     lab = _lab(s, out)
     out.note(f"==> kvlab run all (run {lab.run_id}, profile {loaded.profile}, notebook "
              f"{s.labbook})")

@@ -56,7 +56,7 @@ _GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("llama.cpp", ("llama_model", "llama_bin", "llama_port", "llama_parallel",
                    "llama_slot_save_path", "llama_cache_type")),
     ("the load generator", ("load_test", "concurrency", "requests", "max_tokens", "prompt_set",
-                            "preamble_tokens", "labbook")),
+                            "preamble_tokens", "preamble_words", "labbook")),
     ("secrets: export them in your shell instead of writing them here",
      ("hf_token", "loadtest_api_key_env")),
     ("switches the seed scripts read from the shell", ("single_machine", "monolithic",

@@ -145,6 +145,16 @@ class EngineProcess:
         self._forget_pid()
         return code
 
+    async def healthy(self) -> bool:
+        """Alive and answering its health URL with 200 right now."""
+        if self._proc is None or self._proc.poll() is not None:
+            return False
+        try:
+            async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
+                return (await client.get(self.plan.health_url)).status_code == 200
+        except httpx.HTTPError:
+            return False
+
     async def wait_exit(self) -> int:
         """Wait for the process to exit by itself (it runs in the foreground)."""
         assert self._proc is not None, "start() first"

@@ -46,8 +46,8 @@ class Sizes:
 
     @classmethod
     def lab(cls, levels: tuple[int, ...], requests: int, max_tokens: int,
-            preamble_tokens: int) -> Sizes:
-        return cls(6, 1500, 8, levels, requests, max_tokens, preamble_tokens, 3500)
+            preamble_tokens: int, preamble_words: int) -> Sizes:
+        return cls(6, preamble_words, 8, levels, requests, max_tokens, preamble_tokens, 3500)
 
     @classmethod
     def quick(cls) -> Sizes:

@@ -23,6 +23,7 @@ from kvlab import notebook
 from kvlab.engines import startup, vllm
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import EngineProcess, make_private_dir
+from kvlab.errors import EngineError
 from kvlab.settings import Settings
 
 Say = Callable[[str], None]
@@ -101,6 +102,21 @@ async def engines(lab: Lab, plans: list[EnginePlan], *, labels: list[str] | None
             lab.record(line)
             lab.say(f"    {proc.plan.role} ready in {proc.ready_s or 0:.0f} s: "
                     + "; ".join(line["capacity"].get("lines", [])))
-        yield procs
+        try:
+            yield procs
+        except Exception as exc:
+            for p in procs:  # say which engine died and why, rather than what its client saw
+                if not await p.healthy():
+                    raise EngineError(
+                        f"{p.plan.engine} ({p.plan.role}) stopped serving during the run "
+                        f"(exit {p.returncode}); {p.log_path}: {_error_tail(p)}") from exc
+            raise
     finally:
         await asyncio.shield(asyncio.gather(*(p.stop() for p in procs)))
+
+
+def _error_tail(proc: EngineProcess) -> str:
+    """The engine log's last error line (the root cause), else its last lines."""
+    lines = [ln.strip() for ln in proc.log_text().splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "Error" in ln and "Traceback" not in ln]
+    return errors[0][-300:] if errors else proc.log_tail(2)

@@ -49,6 +49,8 @@ def num(value: Any, digits: int = 3) -> str:
     if value is None:
         return "n/a"
     if isinstance(value, float):
+        if value and abs(value) < 10 ** -digits * 10:  # keep small figures readable
+            return f"{value:.3g}"
         return f"{value:.{digits}f}"
     return str(value)
 
@@ -63,7 +65,8 @@ def measured_on(book: Notebook, record: Record) -> str:
     same_run = [r for r in book.records if r.get("record") == "startup"
                 and (run_id is None or r.get("run_id") == run_id)]
     starts = [r for r in same_run if r.get("label") == label] or \
-        [r for r in same_run if str(r.get("label", "")).startswith(label + "-")]
+        [r for r in same_run if str(r.get("label", "")).startswith(label + "-")
+         and r.get("engine") in ("vllm", "llama.cpp")]
     parts = []
     model = record.get("model")
     if starts:
