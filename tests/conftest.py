@@ -43,3 +43,12 @@ def other_tiny_models() -> TinyModels:
 
 def pytest_report_header() -> list[str]:
     return [f"kvlab home: {kvlab_home()}", f"cpus: {os.cpu_count()}"]
+
+
+@pytest.fixture(autouse=True)
+def collect_garbage() -> Iterator[None]:
+    """Collect after each test, so an unclosed socket is blamed on the test that leaked it."""
+    yield
+    import gc
+
+    gc.collect()

@@ -317,9 +317,11 @@ def write_shaped_config(out: Path, shape_name: str, *, seed: int = 0) -> Path:
             f"unknown shape {shape_name!r}; known: {', '.join(sorted(KNOWN_SHAPES))}"
         ) from None
     out.mkdir(parents=True, exist_ok=True)
-    tok = train_tokenizer(4096, seed)
+    tok = train_tokenizer(shape.vocab, seed)
     ids = _write_tokenizer(tok, out)
-    _dump(out / "config.json", hf_config(shape, shape.vocab, ids))
+    # the embedding is as wide as the tokenizer, so every id the model emits decodes (the
+    # real vocabulary's width changes nothing about the KV cache)
+    _dump(out / "config.json", hf_config(shape, tok.get_vocab_size(), ids))
     return out
 
 

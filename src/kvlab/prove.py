@@ -28,6 +28,7 @@ from kvlab.reuse import (
     Probe,
     Say,
     counter_hits,
+    off_by_one,
     source_hits,
     store_expectation,
 )
@@ -113,6 +114,8 @@ class _Prover:
             want = expected
             if expected == REUSABLE:
                 want = reusable_tokens(result.prompt_tokens or 0, self.block(url))
+                why = why or (off_by_one(self.opts.connector, result.prompt_tokens,
+                                         self.block(url)) if name.endswith("-on-b") else "")
             elif expected == STORE_EXPECTATION:
                 want, why = store_expectation(self.opts.connector, result.prompt_tokens,
                                               stored or [], self.block(url))

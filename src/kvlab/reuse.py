@@ -20,7 +20,7 @@ from kvlab.chat import ChatResult, api_base, chat_body, server_root, stream_chat
 from kvlab.compat import InstanceFacts, probe
 from kvlab.conversation import Conversation, preamble
 from kvlab.observe import metrics
-from kvlab.verdict import Evidence, Judgement, judge, reusable_tokens, whole_block_key
+from kvlab.verdict import Evidence, Judgement, judge, lookup_key, reusable_tokens, store_key
 
 EXACT_PROMPT_TRAP = (
     "ExampleConnector (CONNECTOR=shared) keys each stored entry on the hash of the prompt's "
@@ -174,10 +174,21 @@ def store_expectation(connector: str, prompt_tokens: int | None, stored: list[in
         return max(reusable_tokens(n, block) for n in stored), ""
     if connector != "shared":
         return 0, "the other instance computed this prefix, and nothing shares it with this one"
-    key = whole_block_key(prompt_tokens or 0, block)
-    if key and any(whole_block_key(n, block) == key for n in stored):
+    key = lookup_key(prompt_tokens or 0, block)
+    if key and any(store_key(n, block) == key for n in stored):
         return key, EXACT_PROMPT_COINCIDENCE
     return 0, EXACT_PROMPT_TRAP
+
+
+def off_by_one(connector: str, prompt_tokens: int | None, block: int) -> str:
+    """Why ExampleConnector cannot serve even an identical prompt of this length, if so."""
+    n = prompt_tokens or 0
+    if connector != "shared" or n < 2 or lookup_key(n, block) == store_key(n, block):
+        return ""
+    return (f"ExampleConnector stores a {n}-token prompt under its first {store_key(n, block)} "
+            f"tokens but looks it up under its first {lookup_key(n, block)}: when n - 1 is a "
+            f"whole number of {block}-token blocks, even the identical prompt is never served "
+            "(an off-by-one in vLLM's example connector), and this prompt is one")
 
 
 def _turn_line(row: dict[str, Any]) -> str:

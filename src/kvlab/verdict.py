@@ -30,16 +30,22 @@ def reusable_tokens(prompt_tokens: int, block_size: int) -> int:
     return ((prompt_tokens - 1) // block_size) * block_size
 
 
-def whole_block_key(prompt_tokens: int, block_size: int) -> int:
-    """Length of the prefix vLLM's ExampleConnector hashes to look a prompt up in its store.
-
-    It hashes the first ((n - 2) // block) * block tokens (vllm 0.32 example_connector.py), so
-    a stored entry serves a later prompt only when both have exactly that many whole blocks
-    in common: an identical prompt, or one that grew by less than a block boundary.
-    """
+def lookup_key(prompt_tokens: int, block_size: int) -> int:
+    """Tokens vLLM's ExampleConnector hashes to look a prompt of n tokens up: the whole
+    blocks of its first n - 1 tokens, ((n - 2) // block) * block (example_connector.py)."""
     if prompt_tokens < 2 or block_size <= 0:
         return 0
     return ((prompt_tokens - 2) // block_size) * block_size
+
+
+def store_key(prompt_tokens: int, block_size: int) -> int:
+    """Tokens it hashes to store a prompt of m tokens: the whole blocks of all m tokens,
+    ((m - 1) // block) * block. One less token than the lookup, so a prompt of k blocks + 1
+    tokens is stored under k blocks and looked up under k - 1: it is never served, not even
+    to an identical prompt (seen in vLLM 0.26 and 0.32)."""
+    if prompt_tokens < 1 or block_size <= 0:
+        return 0
+    return ((prompt_tokens - 1) // block_size) * block_size
 
 
 @dataclass

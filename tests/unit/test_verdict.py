@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kvlab.reuse import EXACT_PROMPT_TRAP, store_expectation
-from kvlab.verdict import Evidence, judge, reusable_tokens, whole_block_key
+from kvlab.reuse import EXACT_PROMPT_TRAP, off_by_one, store_expectation
+from kvlab.verdict import Evidence, judge, lookup_key, reusable_tokens, store_key
 
 
 def test_reusable_tokens_whole_blocks_of_n_minus_one() -> None:
@@ -14,11 +14,13 @@ def test_reusable_tokens_whole_blocks_of_n_minus_one() -> None:
     assert reusable_tokens(1998, 1) == 1997  # llama-server: cache_n = n - 1
 
 
-def test_whole_block_key_matches_example_connector() -> None:
-    assert whole_block_key(1332, 128) == 1280
-    assert whole_block_key(1371, 128) == 1280  # same key: the store serves it
-    assert whole_block_key(1409, 128) == 1280
-    assert whole_block_key(1410, 128) == 1408
+def test_example_connector_keys() -> None:
+    assert store_key(1332, 128) == 1280 and lookup_key(1371, 128) == 1280  # grew < a block
+    assert lookup_key(1409, 128) == 1280 and lookup_key(1410, 128) == 1408
+    # the off-by-one seen on the H200: 1,553 tokens stored under 1,552, looked up under 1,536
+    assert store_key(1553, 16) == 1552 and lookup_key(1553, 16) == 1536
+    assert "off-by-one" in off_by_one("shared", 1553, 16)
+    assert off_by_one("shared", 1554, 16) == "" and off_by_one("lmcache", 1553, 16) == ""
 
 
 def test_store_expectation_exact_vs_prefix() -> None:

@@ -24,6 +24,15 @@ def _lab(settings: Settings, out: Output) -> Any:
     return Lab(settings, say=out.note)
 
 
+def _prepared(ctx: click.Context, out: Output) -> Settings:
+    """Settings, after making what the profile needs (tiny models, shaped configs, engines)."""
+    from kvlab.cli.demo_cmd import ensure_cpu_prerequisites
+
+    loaded = settings_from(ctx)
+    ensure_cpu_prerequisites(loaded, out.err)
+    return loaded.values
+
+
 @run_group.command("offload")
 @click.option("--turns", type=click.IntRange(2), default=6, show_default=True)
 @click.option("--preamble-words", type=click.IntRange(1), help="Default: PREAMBLE_WORDS.")
@@ -31,19 +40,21 @@ def _lab(settings: Settings, out: Output) -> Any:
               help="Concurrency of the pressure runs (the lab uses 8).")
 @click.option("--min-requests", type=click.IntRange(0), default=0,
               help="At least this many requests per pressure run.")
+@click.option("--part", type=click.Choice(["all", "quiet", "pressure"]), default="all",
+              show_default=True, help="Run only the quiet pair or only the pressure pair.")
 @click.option("--dry-run", is_flag=True, help="Print the plans and start nothing.")
 @json_option
 @click.pass_context
 def offload(ctx: click.Context, turns: int, preamble_words: int | None, concurrency: int,
-            min_requests: int, dry_run: bool, as_json: bool) -> None:
+            min_requests: int, part: str, dry_run: bool, as_json: bool) -> None:
     """The host-memory tier: off and on, quiet and under found pressure."""
     from kvlab.experiments import offload as experiment
 
     out = Output(as_json)
-    settings = settings_from(ctx).values
+    settings = _prepared(ctx, out)
     spec = experiment.OffloadSpec(turns=turns,
                                   preamble_words=preamble_words or settings.preamble_words,
-                                  concurrency=concurrency, min_requests=min_requests,
+                                  concurrency=concurrency, min_requests=min_requests, part=part,
                                   load_max_tokens=settings.max_tokens,
                                   preamble_tokens=settings.preamble_tokens)
     lab = _lab(settings, out)
@@ -67,7 +78,7 @@ def shared(ctx: click.Context, turns: int, preamble_words: int | None, dry_run: 
     from kvlab.experiments import shared as experiment
 
     out = Output(as_json)
-    settings = settings_from(ctx).values
+    settings = _prepared(ctx, out)
     spec = experiment.SharedSpec(turns=turns,
                                  preamble_words=preamble_words or settings.preamble_words)
     lab = _lab(settings, out)
@@ -90,7 +101,7 @@ def disagg(ctx: click.Context, link_gbps: float | None, dry_run: bool, as_json: 
     from kvlab.experiments import disagg as experiment
 
     out = Output(as_json)
-    s = settings_from(ctx).values
+    s = _prepared(ctx, out)
     lab = _lab(s, out)
     if dry_run:
         plans = experiment.dry_run(lab)

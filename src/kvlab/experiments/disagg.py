@@ -15,7 +15,7 @@ The two-machine rows cannot be run from one machine and are recorded as such.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,8 @@ from kvlab.chat import api_base
 from kvlab.engines import vllm
 from kvlab.engines.plan import EnginePlan, Flag
 from kvlab.engines.process import free_port
-from kvlab.experiments.pressure import count_tokens
+from kvlab.experiments.offload import require_successes
+from kvlab.experiments.pressure import count_tokens, fit_preamble
 from kvlab.experiments.runtime import Lab, engines
 from kvlab.settings import Settings
 
@@ -111,6 +112,12 @@ async def run_disagg(lab: Lab, spec: DisaggSpec) -> list[dict[str, Any]]:
 
     vllm.require_found(lab.vllm)
     block = 128 if lab.vllm.platform == "cpu" else 16
+    fitted = fit_preamble(lab.settings.small_model, spec.prompt_set, spec.preamble_tokens,
+                          spec.max_tokens, lab.settings.ctx)
+    if fitted != spec.preamble_tokens:
+        lab.say(f"    preamble {spec.preamble_tokens} -> {fitted} tokens to fit CTX "
+                f"{lab.settings.ctx} with this model's tokenizer")
+        spec = replace(spec, preamble_tokens=fitted)
     out = [predict(lab, spec, block)]
     out.append(lab.not_run(LAB, "disagg-two-machines",
                            "Two machines, shared-directory connector", TWO_MACHINES))
@@ -159,6 +166,8 @@ async def run_disagg(lab: Lab, spec: DisaggSpec) -> list[dict[str, Any]]:
         out += [*(sweep_b.rows if sweep_b else []), row_link_b]
     finally:
         lab.cleanup()
+    require_successes("disagg", sweep.rows if sweep else [])
+    require_successes("baseline", sweep_b.rows if sweep_b else [])
     records = notebook.read(settings.labbook).records
     prediction = out[0]
     result = compare(records, settings.labbook, "disagg", "baseline",

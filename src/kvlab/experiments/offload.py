@@ -22,6 +22,7 @@ from kvlab.chat import api_base
 from kvlab.engines import vllm
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import free_port
+from kvlab.errors import EngineError
 from kvlab.experiments.pressure import PressurePlan, plan_pressure
 from kvlab.experiments.runtime import Lab, engines
 from kvlab.observe.sampler import sampling
@@ -41,6 +42,7 @@ class OffloadSpec:
     preamble_words: int = 1500
     turn_max_tokens: int = 48
     concurrency: int = 8
+    part: str = "all"  # "quiet", "pressure" or "all"
     load_max_tokens: int = 128
     preamble_tokens: int = 4096
     min_requests: int = 0
@@ -103,7 +105,7 @@ async def under_pressure(lab: Lab, spec: OffloadSpec, on: bool,
         load = LoadSpec(base_url=api_base(plan.base_url), model=lab.settings.served_name,
                         levels=(spec.concurrency,), requests=pressure.requests,
                         max_tokens=spec.load_max_tokens, prompt_set="multi-turn", label=label,
-                        preamble_tokens=spec.preamble_tokens, lab=LAB,
+                        preamble_tokens=pressure.preamble_tokens, lab=LAB,
                         extra={"tier": _tier(lab, on), "memory_fraction":
                                lab.settings.mem_fraction})
         async with sampling(plan.metrics_url) as samples:
@@ -119,7 +121,18 @@ async def under_pressure(lab: Lab, spec: OffloadSpec, on: bool,
                                                         "planned": planned,
                                                         "reached": reached},
                                     "kv_usage_samples": samples.as_dict()}))
+    require_successes(label, rows)
     return rows
+
+
+def require_successes(label: str, rows: list[dict[str, Any]]) -> None:
+    """A load run in which nothing succeeded measured nothing: say so, as an error."""
+    for row in rows:
+        if not row.get("ok"):
+            first = (row.get("failures") or [{}])[0]
+            raise EngineError(f"{label}: all {row.get('requests')} requests failed at "
+                              f"concurrency {row.get('concurrency')}: {first.get('error')} "
+                              f"{str(first.get('detail', ''))[:160]}")
 
 
 async def run_offload(lab: Lab, spec: OffloadSpec) -> list[dict[str, Any]]:
@@ -127,12 +140,16 @@ async def run_offload(lab: Lab, spec: OffloadSpec) -> list[dict[str, Any]]:
     if lab.vllm.platform == "cpu":
         spec = replace(spec, block_size=128)
     cannot = lab.vllm.platform == "cpu"
-    out = [await quiet(lab, spec, on=False)]
-    if cannot:
-        out.append(lab.not_run(LAB, "offload-on", "Host memory, quiet server",
-                               CPU_CANNOT_OFFLOAD))
-    else:
-        out.append(await quiet(lab, spec, on=True))
+    out: list[dict[str, Any]] = []
+    if spec.part in ("all", "quiet"):
+        out.append(await quiet(lab, spec, on=False))
+        if cannot:
+            out.append(lab.not_run(LAB, "offload-on", "Host memory, quiet server",
+                                   CPU_CANNOT_OFFLOAD))
+        else:
+            out.append(await quiet(lab, spec, on=True))
+    if spec.part == "quiet":
+        return out
     pressure = pressure_plan(lab, spec)
     out += await under_pressure(lab, spec, False, pressure)
     if cannot:

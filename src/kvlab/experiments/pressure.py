@@ -33,6 +33,7 @@ class PressurePlan:
     kv_cache_bytes: int
     bytes_per_token: float
     reusable_fraction: float  # of prompt tokens, were nothing evicted
+    preamble_tokens: int  # the workload's size, fitted to the context
 
     @property
     def oversubscription(self) -> float:
@@ -52,6 +53,25 @@ def count_tokens(model: str, text: str) -> int:
     return math.ceil(len(text.split()) * workloads.TOKENS_PER_WORD)
 
 
+def fit_preamble(model: str, prompt_set: str, preamble_tokens: int, max_tokens: int,
+                 ctx: int, turns: int = 1) -> int:
+    """The largest preamble size (at most the one asked for) whose longest prompt, measured
+    with the model's own tokenizer, leaves room for the answer within the context.
+
+    Workload sizes are estimates for a typical English tokenizer; a model whose tokenizer
+    splits words finer would otherwise get prompts longer than its context (HTTP 400).
+    """
+    size = preamble_tokens
+    for _ in range(4):
+        prompts = workloads.build(prompt_set, turns, preamble_tokens=size, turns=turns)
+        longest = max(count_tokens(model, p.as_text()) for p in prompts)
+        budget = int(0.9 * ctx) - turns * max_tokens
+        if longest <= budget:
+            return size
+        size = max(16, int(size * budget / longest * 0.95))
+    return size
+
+
 def plan_pressure(model: str, concurrency: int, preamble_tokens: int, max_tokens: int,
                   bytes_per_token: float, *, ctx: int, block_size: int = 16,
                   min_requests: int = 0) -> PressurePlan:
@@ -59,6 +79,7 @@ def plan_pressure(model: str, concurrency: int, preamble_tokens: int, max_tokens
 
     The cache also holds at least one full-context sequence: vLLM refuses to start otherwise.
     """
+    preamble_tokens = fit_preamble(model, "multi-turn", preamble_tokens, max_tokens, ctx, TURNS)
     # one conversation's turns: each resends the previous turn's prompt, which a cache that
     # never evicted would serve
     turns = [count_tokens(model, p.as_text()) for p in workloads.build(
@@ -71,4 +92,4 @@ def plan_pressure(model: str, concurrency: int, preamble_tokens: int, max_tokens
     conversations = math.ceil(requests / TURNS)
     return PressurePlan(concurrency, requests, conversations, conv, conversations * conv, cache,
                         math.ceil(cache * bytes_per_token), bytes_per_token,
-                        round(reusable, 3))
+                        round(reusable, 3), preamble_tokens)

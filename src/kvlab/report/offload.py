@@ -73,10 +73,19 @@ def _pressure_row(book: Notebook, tier: str, label: str) -> list[str]:
         f"preemptions {num(reached.get('preemptions'))}",
         f"{r.get('ok', 'n/a')} ok / {r.get('failed', 0)} failed",
     ]
+    deltas = r.get("metric_deltas") or {}
+    recalled, prompt = deltas.get("external_prefix_cache_hits"), deltas.get("prompt_tokens")
+    hit_cell = pct(r.get("prefix_hit_rate"))
+    if recalled and prompt:
+        share = float(recalled) / float(prompt)
+        hit_cell += f" device + {pct(share)} recalled from the tier"
+        evidence.insert(1, f"the tier served {float(recalled):,.0f} prompt tokens "
+                           f"({float(recalled) * float(planned.get('bytes_per_token') or 0):,.0f}"
+                           " bytes)")
     how = f"load generator at concurrency {r.get('concurrency')}, {r.get('requests')} requests"
     return [tier, how, f"p50 {num(ttft.get('p50'))} (load: no turn order)",
             f"n/a for a load run; p90 {num(ttft.get('p90'))}, p99 {num(ttft.get('p99'))}",
-            pct(r.get("prefix_hit_rate")), "; ".join(evidence), measured_on(book, r)]
+            hit_cell, "; ".join(evidence), measured_on(book, r)]
 
 
 def _disk_row(book: Notebook) -> list[str]:
