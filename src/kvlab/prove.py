@@ -1,6 +1,7 @@
 """`kvlab prove`: reuse proven rather than assumed, with controls.
 
-One endpoint: a warm-up on unrelated text (model residency, recorded apart), a cold request,
+One endpoint: a warm-up on unrelated text of the same length (model residency and the first
+long prompt's one-off costs, recorded apart, so they cannot pass for reuse), a cold request,
 an identical repeat, and a changed-prefix control. Two endpoints sharing a store: cold on A,
 the identical prompt on B, a changed-prefix control on B, and a growing conversation moving
 from A to B (the case ExampleConnector can never serve, explained rather than flagged).
@@ -24,7 +25,6 @@ from kvlab.compat import InstanceFacts, check, probe
 from kvlab.conversation import Conversation, preamble
 from kvlab.reuse import (
     EXACT_PROMPT_TRAP,
-    WARM_UP,
     Probe,
     Say,
     counter_hits,
@@ -34,8 +34,6 @@ from kvlab.reuse import (
 )
 from kvlab.settings import Settings
 from kvlab.verdict import Evidence, Judgement, judge, reusable_tokens
-
-UNRELATED = WARM_UP[0]["content"]
 
 
 def _quiet(_: str) -> None:
@@ -150,8 +148,9 @@ async def prove(opts: ProveOptions, say: Say = _quiet) -> ProofRun:
         else:
             run.instances = {api_base(opts.urls[0]): await probe(client, opts.urls[0])}
         prover = _Prover(opts, client, run, say)
-        for url in opts.urls:
-            await prover.case("warm-up", url, [{"role": "user", "content": UNRELATED}], None)
+        for i, url in enumerate(opts.urls):
+            # its own opening, so it shares no block with any prompt below
+            await prover.case("warm-up", url, prover.messages(f"{run.nonce}-warm{i}"), None)
         engines = {f.engine for f in run.instances.values()}
         if len(opts.urls) == 1:
             await _one_endpoint(prover, opts.urls[0])

@@ -10,7 +10,6 @@ already running (any proxy).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import sys
@@ -93,10 +92,10 @@ async def _serve(config: Any, out: Output) -> None:
             out.result({"proxy": summary, "ready": True}, lambda c: None)
             sys.stdout.flush()
 
-    # SIGTERM (a service manager's stop) ends serving as cleanly as Ctrl-C does
+    # SIGTERM (a service manager's stop) ends serving as cleanly as Ctrl-C does; kvlab runs on
+    # POSIX systems only (the notebook's lock is fcntl), where loops take signal handlers
     stop = asyncio.Event()
-    with contextlib.suppress(NotImplementedError):
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     await serve(config, ready, stop)
     console.print("==> stopped")
 
