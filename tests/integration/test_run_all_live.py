@@ -61,6 +61,10 @@ def test_run_all_quick_fills_every_cell_and_leaves_nothing(
     assert (tmp_path / "report" / "report.md").is_file()
 
 
+# SIGKILLing an engine while a request to it is in flight sometimes leaves httpcore's pooled
+# socket to the dead peer to the garbage collector (seen 1 run in 3); that is the injected
+# fault's debris, not a path kvlab takes in normal operation
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 async def test_engine_death_mid_experiment_is_a_clear_error_and_tears_down(
         tmp_path: Path, tiny_models: TinyModels, vllm_install: vllm.VllmInstall,
         monkeypatch: pytest.MonkeyPatch) -> None:
