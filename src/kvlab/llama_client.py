@@ -27,7 +27,7 @@ import httpx
 
 from kvlab.chat import ChatResult, chat_body, stream_chat
 from kvlab.engines import llamacpp
-from kvlab.engines.plan import EnginePlan
+from kvlab.engines.plan import EnginePlan, client_host
 from kvlab.errors import EngineError, RefusedError, UnreachableError
 from kvlab.settings import Settings
 
@@ -83,8 +83,7 @@ def target_from_settings(settings: Settings, port: int | None = None) -> LlamaTa
             log_path=Path(raw["log_path"]) if raw.get("log_path") else None,
             source=f"{raw['source']} ({record_path})", model=raw.get("model"),
         )
-    host = settings.serve_host
-    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # noqa: S104 - a client
+    host = client_host(settings.serve_host)
     log = settings.home() / "run" / "logs" / f"serve-llama-{port}.log"
     return LlamaTarget(
         base_url=f"http://{host}:{port}",

@@ -128,6 +128,18 @@ class _Prover:
                  f"reused {result.reused_tokens}  {verdict}")
         return case
 
+    async def cold(self, name: str, url: str, **extra: Any) -> Case:
+        """The prompt's first request anywhere; its TTFT is the ratios' denominator."""
+        case = await self.case(name, url, self.messages(self.run.nonce), 0,
+                               "first time this prompt was sent (its opening is unique to this "
+                               "run)", **extra)
+        self.cold_ttft = case.result.ttft_s
+        return case
+
+    async def control(self, name: str, url: str, why: str, **extra: Any) -> Case:
+        """The same length with other first words: nothing cached can match it."""
+        return await self.case(name, url, self.messages(self.run.nonce + "x"), 0, why, **extra)
+
     def messages(self, nonce: str) -> list[dict[str, str]]:
         return [{"role": "system", "content": preamble(self.opts.preamble_words, nonce)},
                 {"role": "user", "content": "In one sentence, what is reused here?"}]
@@ -167,23 +179,18 @@ async def prove(opts: ProveOptions, say: Say = _quiet) -> ProofRun:
 
 
 async def _one_endpoint(p: _Prover, url: str) -> None:
-    nonce = p.run.nonce
-    cold = await p.case("cold", url, p.messages(nonce), 0,
-                        "first time this prompt was sent (its opening is unique to this run)")
-    p.cold_ttft = cold.result.ttft_s
-    await p.case("identical-repeat", url, p.messages(nonce), REUSABLE)
-    await p.case("changed-prefix-control", url, p.messages(nonce + "x"), 0,
-                 "the first words differ, so no cached block can match")
+    await p.cold("cold", url)
+    await p.case("identical-repeat", url, p.messages(p.run.nonce), REUSABLE)
+    await p.control("changed-prefix-control", url,
+                    "the first words differ, so no cached block can match")
 
 
 async def _two_endpoints(p: _Prover, a: str, b: str) -> None:
     nonce = p.run.nonce
-    cold = await p.case("cold-on-a", a, p.messages(nonce), 0,
-                        "first time this prompt was sent (its opening is unique to this run)")
-    p.cold_ttft = cold.result.ttft_s
+    await p.cold("cold-on-a", a)
     await p.case("identical-on-b", b, p.messages(nonce), REUSABLE)
-    await p.case("changed-prefix-on-b", b, p.messages(nonce + "x"), 0,
-                 "the first words differ, so nothing in the store can match")
+    await p.control("changed-prefix-on-b", b,
+                    "the first words differ, so nothing in the store can match")
     chat = Conversation(preamble(p.opts.preamble_words, nonce + "t"))
     first = await p.case("growing-turn-1-on-a", a, chat.ask(0), 0, "a new conversation")
     chat.answer(first.result.text)

@@ -38,10 +38,7 @@ async def two_llama_endpoints(p: object, a: str, b: str, settings: Settings) -> 
                            "LLAMA_SLOT_SAVE_PATH so a slot file can move between them")
     store = slotstore.SlotStore(ta.slot_dir)
     name = f"kvlab-prove-{p.run.nonce}.bin"
-    cold = await p.case("cold-on-a", a, p.messages(p.run.nonce), 0,
-                        "first time this prompt was sent (its opening is unique to this run)",
-                        id_slot=0)
-    p.cold_ttft = cold.result.ttft_s
+    await p.cold("cold-on-a", a, id_slot=0)
     try:
         async with LlamaClient(ta) as client_a, LlamaClient(tb) as client_b:
             saved, _ = await slotstore.save(client_a, store, 0, name)
@@ -49,8 +46,8 @@ async def two_llama_endpoints(p: object, a: str, b: str, settings: Settings) -> 
         p.say(f"    slot file: saved {saved.n_tokens} tokens in {saved.wall_ms:.1f} ms, "
               f"restored on B in {restored.wall_ms:.1f} ms")
         await p.case("identical-on-b", b, p.messages(p.run.nonce), REUSABLE, id_slot=0)
-        await p.case("changed-prefix-on-b", b, p.messages(p.run.nonce + "x"), 0,
-                     "the first words differ, and slot 1 never held this prompt", id_slot=1)
+        await p.control("changed-prefix-on-b", b,
+                        "the first words differ, and slot 1 never held this prompt", id_slot=1)
         p.run.explanations.append(
             "llama-server: the slot file saved on A and restored on B is the shared store; "
             "kvlab's manifest checked the model hash, KV types, slots and build first")

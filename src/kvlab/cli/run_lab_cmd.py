@@ -13,7 +13,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from kvlab.cli.common import Output, json_option, settings_from
+from kvlab.cli.common import Output, json_option, prepared_settings
 from kvlab.cli.run_cmd import run_group
 from kvlab.settings import Settings
 
@@ -25,12 +25,7 @@ def _lab(settings: Settings, out: Output) -> Any:
 
 
 def _prepared(ctx: click.Context, out: Output) -> Settings:
-    """Settings, after making what the profile needs (tiny models, shaped configs, engines)."""
-    from kvlab.cli.demo_cmd import ensure_cpu_prerequisites
-
-    loaded = settings_from(ctx)
-    ensure_cpu_prerequisites(loaded, out.err)
-    return loaded.values
+    return prepared_settings(ctx, out.err).values
 
 
 @run_group.command("offload")
@@ -128,15 +123,13 @@ def run_all_command(ctx: click.Context, quick: bool, only: tuple[str, ...], repo
     """Every experiment this machine can run, then `kvlab report` (the README's main command)."""
     from pathlib import Path
 
-    from kvlab.cli.demo_cmd import ensure_cpu_prerequisites
     from kvlab.errors import KvlabError
     from kvlab.experiments.everything import Sizes, run_all
     from kvlab.report import build
 
     out = Output(as_json)
-    loaded = settings_from(ctx)
+    loaded = prepared_settings(ctx, out.err)
     s = loaded.values
-    ensure_cpu_prerequisites(loaded, out.err)
     sizes = Sizes.quick() if quick else Sizes.lab(s.concurrency, s.requests, s.max_tokens,
                                                   s.preamble_tokens, s.preamble_words)
     lab = _lab(s, out)

@@ -13,6 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def client_host(bind_host: str) -> str:
+    """Where a client on this machine reaches a server bound to `bind_host`."""
+    wildcard = ("0.0.0.0", "::", "")  # noqa: S104 - recognising a wildcard, not binding one
+    return "127.0.0.1" if bind_host in wildcard else bind_host
+
+
 @dataclass(frozen=True)
 class Flag:
     """One command-line option: `--name value`, or a bare switch when value is None."""
@@ -65,8 +71,7 @@ class EnginePlan:
     @property
     def client_host(self) -> str:
         """Where a client on this machine reaches the server (a wildcard bind is loopback)."""
-        wildcard = ("0.0.0.0", "::", "")  # noqa: S104 - recognising a wildcard, not binding one
-        return "127.0.0.1" if self.host in wildcard else self.host
+        return client_host(self.host)
 
     @property
     def base_url(self) -> str:

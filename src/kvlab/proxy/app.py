@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from kvlab.engines.plan import client_host
 from kvlab.proxy import pd
 from kvlab.proxy.config import ProxyConfig
 from kvlab.proxy.legs import Leg, LegPool, mooncake_peers
@@ -155,8 +156,7 @@ class ProxyApp:
 
     @property
     def url(self) -> str:
-        host = "127.0.0.1" if self.config.host in ("0.0.0.0", "") else self.config.host  # noqa: S104
-        return f"http://{host}:{self.port}"
+        return f"http://{client_host(self.config.host)}:{self.port}"
 
     # routing ---------------------------------------------------------------------------
     def handle(self, conn: ClientConnection, req: Request) -> None:
