@@ -43,7 +43,8 @@ async def test_vllm_cpu_lifecycle(tmp_path: Path, tiny_models: TinyModels,
         async with httpx.AsyncClient(base_url=plan.base_url, timeout=60) as client:
             metrics = (await client.get("/metrics")).text
             reply = await client.post("/v1/completions", json={
-                "model": settings.served_name, "prompt": "Hello there", "max_tokens": 4})
+                "model": settings.served_name, "prompt": "Hello there", "max_tokens": 4,
+                "ignore_eos": True})
         pgid = proc.pid
     assert version.startswith("0.32.0")
     cap = record["capacity"]
