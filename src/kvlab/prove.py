@@ -26,18 +26,14 @@ from kvlab.conversation import Conversation, preamble
 from kvlab.reuse import (
     EXACT_PROMPT_TRAP,
     Probe,
-    Say,
     counter_hits,
     off_by_one,
     source_hits,
     store_expectation,
 )
+from kvlab.say import Say, quiet
 from kvlab.settings import Settings
 from kvlab.verdict import Evidence, Judgement, judge, reusable_tokens
-
-
-def _quiet(_: str) -> None:
-    return None
 
 
 @dataclass
@@ -149,7 +145,7 @@ REUSABLE = -1  # expected = every reusable token of this prompt
 STORE_EXPECTATION = -2  # expected = what the store linking the instances can serve
 
 
-async def prove(opts: ProveOptions, say: Say = _quiet) -> ProofRun:
+async def prove(opts: ProveOptions, say: Say = quiet) -> ProofRun:
     """Run the proof against one endpoint or two (then the shared-store cases)."""
     run = ProofRun(opts, nonce=secrets.token_hex(4))
     timeout = httpx.Timeout(opts.timeout_s, connect=10.0)

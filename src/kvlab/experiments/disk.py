@@ -23,8 +23,8 @@ from kvlab import notebook, slotstore
 from kvlab.chat import ChatResult
 from kvlab.engines import llamacpp, startup
 from kvlab.experiments import llama_common
-from kvlab.experiments.llama_common import Say
 from kvlab.llama_client import LlamaClient, LlamaTarget, logprob_gap
+from kvlab.say import Say, quiet
 from kvlab.settings import Settings
 
 LOGPROB_TOLERANCE = 1e-3
@@ -60,7 +60,7 @@ def turn(result: ChatResult) -> dict[str, Any]:
 
 
 async def run_disk(settings: Settings, binary: Path, spec: DiskSpec,
-                   say: Say = llama_common.quiet) -> dict[str, Any]:
+                   say: Say = quiet) -> dict[str, Any]:
     """Run the stopwatch once and return the `disk` record (not yet appended)."""
     spec.check()
     store = slotstore.SlotStore(Path(settings.llama_slot_save_path))

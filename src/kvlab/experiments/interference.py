@@ -22,8 +22,8 @@ from typing import Any
 from kvlab import notebook, workloads
 from kvlab.engines import llamacpp, startup
 from kvlab.experiments import llama_common
-from kvlab.experiments.llama_common import Say
 from kvlab.llama_client import LlamaClient, LlamaTarget
+from kvlab.say import Say, quiet
 from kvlab.settings import Settings
 
 Row = dict[str, Any]
@@ -97,7 +97,7 @@ async def fit_preamble(client: LlamaClient, spec: InterferenceSpec) -> int:
 
 async def run_interference(settings: Settings, binary: Path, spec: InterferenceSpec,
                            load: LoadFn = loadgen_level,
-                           say: Say = llama_common.quiet) -> tuple[list[Row], Row]:
+                           say: Say = quiet) -> tuple[list[Row], Row]:
     """Both runs in order; (load rows, comparison record), none appended yet."""
     accepted = llamacpp.help_flags(binary)
     slot_dir = settings.home() / "run" / "interference-slots"

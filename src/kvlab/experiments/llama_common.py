@@ -8,7 +8,6 @@ exact token count with the server's own tokenizer.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +19,7 @@ from kvlab.llama_client import LlamaClient
 from kvlab.models import corpus
 from kvlab.settings import Settings
 
-Say = Callable[[str], None]
 TEMPLATE_MARGIN = 32  # chat-template tokens around a user message, with room to spare
-
-
-def quiet(_: str) -> None:
-    return None
 
 
 def check_fits(prompt_tokens: int, max_tokens: int, ctx: int, parallel: int) -> None:

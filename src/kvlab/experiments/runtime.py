@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import shutil
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,13 +24,8 @@ from kvlab.engines import startup, vllm
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import EngineProcess, make_private_dir
 from kvlab.errors import EngineError
+from kvlab.say import Say, quiet
 from kvlab.settings import Settings
-
-Say = Callable[[str], None]
-
-
-def quiet(_: str) -> None:
-    return None
 
 
 @dataclass

@@ -24,8 +24,8 @@ from kvlab.engines import llamacpp, startup
 from kvlab.errors import SettingError
 from kvlab.experiments import llama_common
 from kvlab.experiments.disk import CONTROL_FRACTION, LOGPROB_TOLERANCE, REUSE_FRACTION, turn
-from kvlab.experiments.llama_common import Say
 from kvlab.llama_client import LlamaClient, LlamaTarget, logprob_gap
+from kvlab.say import Say, quiet
 from kvlab.settings import Settings
 
 
@@ -49,7 +49,7 @@ class SharedSlotsSpec:
 
 
 async def run_shared_slots(settings: Settings, binary: Path, spec: SharedSlotsSpec,
-                           say: Say = llama_common.quiet) -> dict[str, Any]:
+                           say: Say = quiet) -> dict[str, Any]:
     """Save on A, restore on B, prove reuse on B; the `reuse` record (not yet appended)."""
     spec.check()
     store = slotstore.SlotStore(Path(settings.llama_slot_save_path))
