@@ -44,7 +44,7 @@ def load_rows(records: list[Row], label: str) -> dict[int, Row]:
     for obj in records:
         if obj.get("label") != label or obj.get("record") == "link":
             continue
-        if "concurrency" not in obj or "ttft_s" not in obj:
+        if "concurrency" not in obj or not isinstance(obj.get("ttft_s"), dict):
             continue
         try:
             rows[int(obj["concurrency"])] = obj

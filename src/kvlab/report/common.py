@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvlab import compare
 from kvlab.notebook import Notebook
 
 Record = dict[str, Any]
@@ -33,11 +34,7 @@ def latest(book: Notebook, record: str, label: str) -> Record | None:
 
 def load_rows(book: Notebook, label: str) -> list[Record]:
     """The newest load row per concurrency level of one label, by concurrency."""
-    rows: dict[int, Record] = {}
-    for r in book.records:
-        if r.get("label") == label and r.get("record") != "link" and "ttft_s" in r \
-                and isinstance(r.get("ttft_s"), dict) and r.get("concurrency") is not None:
-            rows[int(r["concurrency"])] = r
+    rows = compare.load_rows(book.records, label)
     return [rows[c] for c in sorted(rows)]
 
 
