@@ -5,7 +5,7 @@ Setup (all on loopback): two synthetic upstreams (`synthetic_upstream.py`: first
 --ttft-ms, then one every --itl-ms, every chunk stamped with the server's monotonic send
 time), one as prefill and one as decode. Targets, each measured at every concurrency level:
   direct   the client straight to decode (the baseline; no prefill leg)
-  kvlab    `kvlab proxy` (its own process, uvloop)
+  kvlab    `kvlab proxy` (its own processes, uvloop; --kvlab-workers, 2 as by default)
   router   vllm-router from PyPI (Rust), if found (--router-bin; its own venv, not kvlab's)
   demo     vLLM's examples/.../disagg_proxy_demo.py, if given (--demo FILE, --demo-python)
 
@@ -15,7 +15,8 @@ Per request through a proxy (definitions in shared/BENCHMARKS.md):
                proxy forwards it, else that level's median) - the direct run's median
              client-side residual at the same concurrency
 so the upstreams' own lateness under load is not charged to the proxy. Also: streamed
-chunks per second (client side), proxy CPU per request (psutil, process + children), and
+chunks per second (client side), proxy CPU per request (psutil, process + children, so
+every kvlab worker), and
 failures (status != 200 or fewer chunks than asked). The client is a raw asyncio.Protocol +
 httptools one on uvloop, callback-driven, so it is not the bottleneck it measures.
 
@@ -121,10 +122,16 @@ class Worker(asyncio.Protocol):
 
 
 class Run:
-    """N requests over C connections; `wait()` returns the records."""
+    """N requests over C connections; `wait()` returns the records.
 
-    def __init__(self, path: str, tokens: int, label: str) -> None:
+    The connections' first requests are spread over `spread_s` (about one request's length),
+    so the level starts in its steady state instead of with all C requests in one burst,
+    whose queue would be the client's doing, not the proxy's (`--burst-start` keeps it).
+    """
+
+    def __init__(self, path: str, tokens: int, label: str, spread_s: float) -> None:
         self.path, self.tokens, self.label = path, tokens, label
+        self.spread_s = spread_s
         self.left = 0
         self.n = 0
         self.records: list[Record] = []
@@ -149,15 +156,20 @@ class Run:
         self.records, self.left = [], n
         self.done = asyncio.get_running_loop().create_future()
         self.active = 0
-        for w in self.workers:
+        loop = asyncio.get_running_loop()
+        for i, w in enumerate(self.workers):
             if self.left:
                 self.active += 1
-                self._next(w)
+                self.left -= 1  # claimed now, sent when its turn comes
+                loop.call_later(i * self.spread_s / len(self.workers), self._send, w)
         await self.done
         return self.records
 
     def _next(self, w: Worker) -> None:
         self.left -= 1
+        self._send(w)
+
+    def _send(self, w: Worker) -> None:
         self.n += 1
         rid = f"{self.label}-{self.n}"
         w.send(rid, self.request(rid))
@@ -228,8 +240,10 @@ class Level:
     chunks_per_s: float = 0.0
     cpu_ms_per_req: float | None = None
     ttft_ms: dict[str, float] = field(default_factory=dict)
+    ttfts: list[float] = field(default_factory=list)
     residual_ms: list[float] = field(default_factory=list)
     overhead_ms: dict[str, float] = field(default_factory=dict)
+    overhead_plain_ms: dict[str, float] = field(default_factory=dict)
     self_added: dict[str, float] = field(default_factory=dict)  # kvlab's own /metrics
 
 
@@ -250,8 +264,8 @@ def prefill_service(prefill_port: int) -> dict[str, float]:
 
 
 async def measure(target: str, port: int, pid: int | None, c: int, n: int, tokens: int,
-                  prefill_port: int) -> tuple[Level, list[Record]]:
-    run = Run("/v1/completions", tokens, f"{target}{c}")
+                  prefill_port: int, spread_s: float) -> tuple[Level, list[Record]]:
+    run = Run("/v1/completions", tokens, f"{target}{c}", spread_s)
     await run.connect(port, c)
     await run.go(c)  # warm-up: one request per connection, not recorded
     for p in (prefill_port,):
@@ -278,6 +292,7 @@ async def measure(target: str, port: int, pid: int | None, c: int, n: int, token
         level.cpu_ms_per_req = (cpu1 - cpu0) * 1000 / max(1, len(records))
     ttft = [(r.first - r.sent) / 1e6 for r in ok]
     level.ttft_ms = {"p50": pct(ttft, 50), "p99": pct(ttft, 99)}
+    level.ttfts = ttft
     level.residual_ms = [(r.first - r.sent - (r.srv_first - r.srv_arr)) / 1e6 for r in ok]
     return level, ok
 
@@ -318,6 +333,11 @@ def overheads(level: Level, ok: list[Record], direct: Level, service: dict[str, 
     values = [res - service.get(r.rid, fallback) - base
               for r, res in zip(ok, level.residual_ms, strict=True)]
     level.overhead_ms = {"p50": pct(values, 50), "p99": pct(values, 99)}
+    # BENCHMARKS.md's plain form: client TTFT - direct TTFT p50 - this request's prefill time
+    direct_ttft = pct(direct.ttfts, 50)
+    plain = [ttft - service.get(r.rid, fallback) - direct_ttft
+             for r, ttft in zip(ok, level.ttfts, strict=True)]
+    level.overhead_plain_ms = {"p50": pct(plain, 50), "p99": pct(plain, 99)}
 
 
 # --- targets ------------------------------------------------------------------------------
@@ -326,7 +346,7 @@ def target_argv(name: str, args: argparse.Namespace, port: int, pf: int, dc: int
     if name == "kvlab":
         return [sys.executable, "-m", "kvlab", "proxy", "--prefill", f"127.0.0.1:{pf}",
                 "--decode", f"127.0.0.1:{dc}", "--port", str(port),
-                "--connector", args.kvlab_connector]
+                "--connector", args.kvlab_connector, "--workers", str(args.kvlab_workers)]
     if name == "router":
         if not args.router_bin or not Path(args.router_bin).exists():
             return None
@@ -355,6 +375,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ttft-ms", type=float, default=20.0)
     ap.add_argument("--itl-ms", type=float, default=5.0)
     ap.add_argument("--kvlab-connector", default="nixl", help="protocol kvlab speaks")
+    ap.add_argument("--burst-start", action="store_true",
+                    help="start each level with all its requests at once (default: spread "
+                         "the first requests over one request's length)")
+    ap.add_argument("--kvlab-workers", type=int, default=2,
+                    help="kvlab proxy worker processes (its default, PROXY_WORKERS, is 2)")
+    ap.add_argument("--upstream", default=str(HERE / "synthetic_upstream.py"),
+                    help="the fake engine to run as both legs (BENCHMARKS.md's anchors used "
+                         "shared/bench/fake_upstream.py; same interface)")
+    ap.add_argument("--upstream-python", default=sys.executable,
+                    help="the interpreter for --upstream (fake_upstream.py needs orjson)")
     ap.add_argument("--router-bin", default=_first_existing(
         f"{ANCHORS}/bin/vllm-router", "vllm-router"))
     ap.add_argument("--demo", default=_first_existing(f"{ANCHORS}-src/disagg_proxy_demo.py"))
@@ -378,7 +408,8 @@ async def bench(args: argparse.Namespace, logdir: Path) -> dict[str, Any]:
     levels = [int(x) for x in args.levels.split(",")]
     per = args.per_level or (6 if args.quick else 25)
     pf, dc = free_port(), free_port()
-    up = [sys.executable, str(HERE / "synthetic_upstream.py"), "--ttft-ms", str(args.ttft_ms),
+    spread = 0.0 if args.burst_start else (2 * args.ttft_ms + args.tokens * args.itl_ms) / 1000
+    up = [args.upstream_python, args.upstream, "--ttft-ms", str(args.ttft_ms),
           "--itl-ms", str(args.itl_ms), "--tokens", str(args.tokens)]
     ups = [start([*up, "--port", str(pf), "--name", "prefill"], "prefill", logdir),
            start([*up, "--port", str(dc), "--name", "decode"], "decode", logdir)]
@@ -389,9 +420,10 @@ async def bench(args: argparse.Namespace, logdir: Path) -> dict[str, Any]:
             wait_serving(port, proc, "upstream")
         direct: dict[int, Level] = {}
         for c in levels:
-            direct[c], _ = await measure("direct", dc, None, c, c * per, args.tokens, pf)
+            direct[c], _ = await measure("direct", dc, None, c, c * per, args.tokens, pf,
+                                         spread)
             _say("direct", direct[c])
-        results["targets"]["direct"] = {c: vars(lv) | {"residual_ms": None}
+        results["targets"]["direct"] = {c: vars(lv) | {"residual_ms": None, "ttfts": None}
                                         for c, lv in direct.items()}
         for name in args.targets.split(","):
             port = free_port()
@@ -406,10 +438,10 @@ async def bench(args: argparse.Namespace, logdir: Path) -> dict[str, Any]:
                 out = {}
                 for c in levels:
                     level, ok = await measure(name, port, proc.pid, c, c * per, args.tokens,
-                                              pf)
+                                              pf, spread)
                     overheads(level, ok, direct[c], prefill_service(pf))
                     _say(name, level)
-                    out[c] = vars(level) | {"residual_ms": None}
+                    out[c] = vars(level) | {"residual_ms": None, "ttfts": None}
                 results["targets"][name] = out
             finally:
                 stop(proc)
@@ -421,8 +453,9 @@ async def bench(args: argparse.Namespace, logdir: Path) -> dict[str, Any]:
 
 
 def _say(name: str, lv: Level) -> None:
-    over = (f"overhead p50 {lv.overhead_ms['p50']:7.2f} p99 {lv.overhead_ms['p99']:8.2f} ms"
-            if lv.overhead_ms else "")
+    o, q = lv.overhead_ms, lv.overhead_plain_ms
+    over = (f"overhead p50 {o['p50']:6.2f} p99 {o['p99']:7.2f} ms (plain {q['p50']:6.2f} / "
+            f"{q['p99']:7.2f})" if o else "")
     cpu = f" cpu {lv.cpu_ms_per_req:5.2f} ms/req" if lv.cpu_ms_per_req is not None else ""
     if lv.self_added:
         cpu += (f" (own view: added mean {lv.self_added['mean_ms']:.2f} ms, "
@@ -436,14 +469,18 @@ def report(results: dict[str, Any]) -> None:
     t = results["targets"]
     print(f"\nload average before {results['load_before'][0]:.2f}, after "
           f"{results['load_after'][0]:.2f} ({os.cpu_count()} cpus)")
-    print(f"{'target':<8}{'c':>5}{'fail':>6}{'ovh p50':>10}{'ovh p99':>10}{'chunks/s':>10}"
-          f"{'cpu ms/req':>12}")
+    print("overhead: per request, with decode's own lateness taken out (server stamps); "
+          "plain: BENCHMARKS.md's form,\nclient TTFT - direct TTFT p50 - prefill's time")
+    print(f"{'target':<8}{'c':>5}{'fail':>6}{'ovh p50':>10}{'ovh p99':>10}{'plain p50':>10}"
+          f"{'plain p99':>10}{'chunks/s':>10}{'cpu ms/req':>12}")
+    nan = {"p50": float("nan"), "p99": float("nan")}
     for name, levels in t.items():
         for c, lv in levels.items():
-            o = lv["overhead_ms"] or {"p50": float("nan"), "p99": float("nan")}
+            o, q = lv["overhead_ms"] or nan, lv["overhead_plain_ms"] or nan
             cpu = lv["cpu_ms_per_req"]
             print(f"{name:<8}{c:>5}{lv['failures']:>6}{o['p50']:>10.2f}{o['p99']:>10.2f}"
-                  f"{lv['chunks_per_s']:>10.0f}{(cpu if cpu is not None else float('nan')):>12.2f}")
+                  f"{q['p50']:>10.2f}{q['p99']:>10.2f}{lv['chunks_per_s']:>10.0f}"
+                  f"{(cpu if cpu is not None else float('nan')):>12.2f}")
     k = t.get("kvlab")
     if not k:
         return
@@ -455,8 +492,11 @@ def report(results: dict[str, Any]) -> None:
         for c in k:
             a, b = k[c], t[anchor][c]
             oa, ob = a["overhead_ms"], b["overhead_ms"]
+            qa, qb = a["overhead_plain_ms"], b["overhead_plain_ms"]
             print(f"  c={c:<4} overhead p50 {_ratio(oa['p50'], ob['p50'])}"
                   f"  p99 {_ratio(oa['p99'], ob['p99'])}"
+                  f"  plain p50 {_ratio(qa['p50'], qb['p50'])}"
+                  f"  p99 {_ratio(qa['p99'], qb['p99'])}"
                   f"  chunks/s {_ratio(a['chunks_per_s'], b['chunks_per_s'])}"
                   f"  cpu/req {_ratio(a['cpu_ms_per_req'], b['cpu_ms_per_req'])}")
     _targets(k)

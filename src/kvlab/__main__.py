@@ -2,4 +2,5 @@
 
 from kvlab.cli import main
 
-main()
+if __name__ == "__main__":  # the proxy's workers import this module again (spawn)
+    main()

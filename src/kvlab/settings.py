@@ -121,6 +121,7 @@ class Settings(BaseSettings):
     proxy_prefill_timeout_s: float = Field(300.0, gt=0, description="Proxy prefill-leg timeout.")
     proxy_decode_timeout_s: float = Field(600.0, gt=0, description="Proxy decode read timeout.")
     proxy_max_body_bytes: int = Field(16 * 2**20, gt=0, description="Largest accepted body.")
+    proxy_workers: int = Field(2, ge=1, le=64, description="Proxy worker processes (1 = one).")
 
     @field_validator("mem_fraction", "split_mem_fraction")
     @classmethod

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -35,6 +36,8 @@ from kvlab.proxy.pd import CONNECTORS
 @click.option("--connector", type=click.Choice(CONNECTORS), help="Override CONNECTOR.")
 @click.option("--balance", type=click.Choice(BALANCES), default="round-robin",
               show_default=True, help="How a repeated leg is chosen per request.")
+@click.option("--workers", type=click.IntRange(1, 64),
+              help="Processes serving the port (PROXY_WORKERS, 2 by default).")
 @click.option("--check", is_flag=True,
               help="Send one request and show the evidence it crossed both legs, then stop.")
 @click.option("--url", help="With --check: a proxy already running there, instead of ours.")
@@ -42,14 +45,14 @@ from kvlab.proxy.pd import CONNECTORS
 @click.pass_context
 def proxy_command(ctx: click.Context, prefill: tuple[str, ...], decode: tuple[str, ...],
                   port: int | None, host: str | None, connector: str | None, balance: str,
-                  check: bool, url: str | None, as_json: bool) -> None:
+                  workers: int | None, check: bool, url: str | None, as_json: bool) -> None:
     """Run kvlab's prefill/decode proxy (OpenAI-compatible) in the foreground."""
     from kvlab.proxy.config import ProxyConfig
 
     loaded = settings_from(ctx, connector=connector)
     out = Output(as_json)
     config = ProxyConfig.from_settings(loaded.values, prefill, decode, host=host, port=port,
-                                       balance=balance)
+                                       balance=balance, workers=workers)
     if url and not check:
         raise click.UsageError("--url only goes with --check")
     runner = _runner()
@@ -62,7 +65,16 @@ def proxy_command(ctx: click.Context, prefill: tuple[str, ...], decode: tuple[st
         return
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    runner.run(_serve(config, out))
+    console = out.err if out.as_json else out.console
+    console.print("==> Checking the engines")
+    on_ready = _on_ready(config, out, console)
+    if config.workers > 1:
+        from kvlab.proxy.workers import serve_workers
+
+        serve_workers(config, on_ready)
+    else:
+        runner.run(_serve(config, on_ready))
+    console.print("==> stopped")
 
 
 def _runner() -> asyncio.Runner:
@@ -73,31 +85,30 @@ def _runner() -> asyncio.Runner:
     return asyncio.Runner(loop_factory=uvloop.new_event_loop)
 
 
-async def _serve(config: Any, out: Output) -> None:
-    from kvlab.proxy import ProxyApp, serve
-
-    console = out.err if out.as_json else out.console
-    console.print("==> Checking the engines")
-
-    def ready(app: ProxyApp) -> None:
+def _on_ready(config: Any, out: Output, console: Console) -> Callable[[str, object], None]:
+    def ready(url: str, agreement: object) -> None:
         # whatever the start-up check returned: LegFacts, or another check's facts
-        for fact in app.agreement if isinstance(app.agreement, list) else []:
+        for fact in agreement if isinstance(agreement, list) else []:
             role = getattr(fact, "role", "engine")
             console.print(f"    OK: the {role} instance answers on {getattr(fact, 'url', '?')} "
                           f"(model {getattr(fact, 'model_id', '?')}, max_model_len "
                           f"{getattr(fact, 'max_model_len', '?')})")
-        summary = {**config.summary(), "listen": app.url}
+        summary = {**config.summary(), "listen": url}
         _render_summary(console, summary)
         if out.as_json:
             out.result({"proxy": summary, "ready": True}, lambda c: None)
             sys.stdout.flush()
+    return ready
+
+
+async def _serve(config: Any, on_ready: Callable[[str, object], None]) -> None:
+    from kvlab.proxy import serve
 
     # SIGTERM (a service manager's stop) ends serving as cleanly as Ctrl-C does; kvlab runs on
     # POSIX systems only (the notebook's lock is fcntl), where loops take signal handlers
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    await serve(config, ready, stop)
-    console.print("==> stopped")
+    await serve(config, lambda app: on_ready(app.url, app.agreement), stop)
 
 
 def _render_summary(console: Console, summary: dict[str, Any]) -> None:
@@ -106,6 +117,7 @@ def _render_summary(console: Console, summary: dict[str, Any]) -> None:
     console.print(f"    prefill    {', '.join(summary['prefill'])}")
     console.print(f"    decode     {', '.join(summary['decode'])}")
     console.print(f"    client key {summary['client_key']}")
+    console.print(f"    workers    {summary['workers']}")
     console.print(f"    listening  {summary['listen']}\n")
     console.print("    Send every measured request to the proxy and nothing to the engines "
                   "directly.\n    `kvlab proxy --check` proves a request crosses both legs. "

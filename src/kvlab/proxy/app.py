@@ -25,7 +25,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -104,12 +104,17 @@ def parse_body(raw: bytes) -> dict[str, Any]:
 class ProxyApp:
     """The proxy's state (legs, metrics, connections) and its request handling."""
 
-    def __init__(self, config: ProxyConfig) -> None:
+    def __init__(self, config: ProxyConfig, worker: bool = False) -> None:
+        """`worker`: one of several processes on the port (see `workers.py`)."""
         self.config = config
+        self.worker = worker
         self.prefill = LegPool("prefill", config.prefill, config.balance,
                                config.connect_timeout_s)
         self.decode = LegPool("decode", config.decode, config.balance, config.connect_timeout_s)
-        self.metrics = ProxyMetrics(self._outstanding)
+        self.metrics = ProxyMetrics(shared=worker)
+        for pool in (self.prefill, self.decode):
+            for leg in pool.legs:
+                leg.gauge = self.metrics.outstanding.labels(pool.role, leg.url)
         self.connections: set[ClientConnection] = set()
         self.server: asyncio.Server | None = None
         self.port = config.port
@@ -117,11 +122,6 @@ class ProxyApp:
         self._bearer = config.api_key.encode()
         auth = config.upstream_key
         self._up_auth = b"authorization: Bearer %s\r\n" % auth.encode() if auth else b""
-
-    def _outstanding(self) -> Iterator[tuple[str, str, int]]:
-        for pool in (self.prefill, self.decode):
-            for leg in pool.legs:
-                yield pool.role, leg.url, leg.outstanding
 
     # lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -135,7 +135,8 @@ class ProxyApp:
         self.server = await loop.create_server(
             lambda: ClientConnection(self.handle, cfg.max_body_bytes, self.connections,
                                      self._rejected),
-            cfg.host, cfg.port, backlog=4096, reuse_address=True)
+            cfg.host, cfg.port, backlog=4096, reuse_address=True,
+            reuse_port=self.worker)  # workers share the port; the kernel spreads clients
         self.port = self.server.sockets[0].getsockname()[1]
 
     async def close(self) -> None:
@@ -353,9 +354,9 @@ class ProxyApp:
 
 
 async def serve(config: ProxyConfig, on_ready: Callable[[ProxyApp], None] | None = None,
-                stop: asyncio.Event | None = None) -> None:
+                stop: asyncio.Event | None = None, worker: bool = False) -> None:
     """Check the legs, listen, call `on_ready`, serve until `stop` is set or cancelled."""
-    async with running(config) as app:
+    async with running(config, worker) as app:
         # a long-running server: move start-up objects out of the collector's way and let
         # the youngest generation grow, so full collections stay short (p99, not p50)
         gc.freeze()
@@ -366,9 +367,9 @@ async def serve(config: ProxyConfig, on_ready: Callable[[ProxyApp], None] | None
 
 
 @asynccontextmanager
-async def running(config: ProxyConfig) -> AsyncIterator[ProxyApp]:
+async def running(config: ProxyConfig, worker: bool = False) -> AsyncIterator[ProxyApp]:
     """A started proxy (legs checked, listening) that is always closed afterwards."""
-    app = ProxyApp(config)
+    app = ProxyApp(config, worker)
     try:
         await app.start()
         yield app

@@ -43,10 +43,13 @@ class ProxyConfig:
     api_key: str = field(default="", repr=False)
     upstream_key: str = field(default="", repr=False)
     mooncake_bootstrap_port: int = MOONCAKE_BOOTSTRAP_PORT
+    workers: int = 1  # processes sharing the port (workers.py); 1 serves in this process
     # the start-up agreement check; None skips it (tests of the proxy alone)
     compat: CompatCheck | None = check_legs
 
     def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise SettingError(f"PROXY_WORKERS={self.workers}: give 1 or more worker processes")
         if self.connector not in CONNECTORS:
             raise SettingError(f"CONNECTOR={self.connector!r} is not one the proxy speaks; "
                                f"choose one of {', '.join(CONNECTORS)}")
@@ -65,7 +68,7 @@ class ProxyConfig:
                 "timeouts_s": {"connect": self.connect_timeout_s,
                                "prefill": self.prefill_timeout_s,
                                "decode_read": self.decode_timeout_s},
-                "max_body_bytes": self.max_body_bytes,
+                "max_body_bytes": self.max_body_bytes, "workers": self.workers,
                 "client_key": "required" if self.api_key else "none"}
 
     @classmethod
@@ -83,6 +86,7 @@ class ProxyConfig:
             "prefill_timeout_s": settings.proxy_prefill_timeout_s,
             "decode_timeout_s": settings.proxy_decode_timeout_s,
             "max_body_bytes": settings.proxy_max_body_bytes,
+            "workers": settings.proxy_workers,
             "api_key": client_key(settings), "upstream_key": settings.api_key(),
         }
         if settings.api_key():

@@ -26,15 +26,16 @@ BALANCES: tuple[Balance, ...] = ("round-robin", "least-outstanding")
 
 
 class Leg:
-    """One engine in one role, with its count of requests in flight."""
+    """One engine in one role, with its count of requests in flight (and a gauge of it)."""
 
-    __slots__ = ("origin", "outstanding", "peer", "role")
+    __slots__ = ("gauge", "origin", "outstanding", "peer", "role")
 
     def __init__(self, role: str, origin: Origin) -> None:
         self.role = role
         self.origin = origin
         self.outstanding = 0
         self.peer = PrefillPeer()
+        self.gauge: Any = None  # a prometheus Gauge child, when metrics are kept
 
     @property
     def url(self) -> str:
@@ -64,11 +65,15 @@ class LegPool:
         else:
             leg = legs[i]
         leg.outstanding += 1
+        if leg.gauge is not None:
+            leg.gauge.inc()
         return leg
 
     @staticmethod
     def done(leg: Leg) -> None:
         leg.outstanding -= 1
+        if leg.gauge is not None:
+            leg.gauge.dec()
 
     def close(self) -> None:
         for leg in self.legs:

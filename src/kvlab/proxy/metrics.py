@@ -10,17 +10,22 @@
 - `kvlab_proxy_leg_seconds{leg}`: prefill's whole answer; decode's first body byte.
 - `kvlab_proxy_added_seconds`: the proxy's own time before the client's first byte (arrival
   to first chunk out, minus both legs' waits).
-- `kvlab_proxy_outstanding{leg,url}`: requests in flight per engine, read at scrape time.
+- `kvlab_proxy_outstanding{leg,url}`: requests in flight per engine.
 Counters are bound to their label values once, so a request pays a few increments.
+
+With several worker processes (`workers.py`) each worker records into prometheus_client's
+multiprocess files (PROMETHEUS_MULTIPROC_DIR, set before the worker starts) and whichever
+worker answers /metrics renders the sum over all of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import os
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 # (outcome, leg) pairs that can happen; each is exported from the start, at 0
 OUTCOMES = (("ok", ""), ("rejected", "client"), ("aborted", "client"),
@@ -31,22 +36,12 @@ _BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.
             0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
-class _Outstanding(Collector):
-    def __init__(self, source: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
-        self.source = source
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily("kvlab_proxy_outstanding",
-                                   "Requests in flight per engine.", labels=["leg", "url"])
-        for leg, url, value in self.source():
-            family.add_metric([leg, url], value)
-        yield family
-
-
 class ProxyMetrics:
     """Counters and histograms of one proxy; `exposition()` renders them."""
 
-    def __init__(self, outstanding: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
+    def __init__(self, shared: bool = False) -> None:
+        """`shared`: one of several workers; the multiprocess directory must be set."""
+        self.shared_dir = os.environ[MULTIPROC_ENV] if shared else None
         self.registry = CollectorRegistry(auto_describe=True)
         reg = self.registry
         requests = Counter("kvlab_proxy_requests", "Generation requests by outcome.",
@@ -67,10 +62,15 @@ class ProxyMetrics:
         self.added_s = Histogram("kvlab_proxy_added_seconds",
                                  "The proxy's own time before the client's first byte.",
                                  buckets=_BUCKETS, registry=reg)
-        reg.register(_Outstanding(outstanding))
+        self.outstanding = Gauge("kvlab_proxy_outstanding", "Requests in flight per engine.",
+                                 ["leg", "url"], multiprocess_mode="livesum", registry=reg)
 
     def outcome(self, outcome: str, leg: str = "") -> None:
         self.requests[(outcome, leg)].inc()
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        if self.shared_dir is None:
+            return generate_latest(self.registry)
+        every_worker = CollectorRegistry()
+        MultiProcessCollector(every_worker, path=self.shared_dir)  # type: ignore[no-untyped-call]
+        return generate_latest(every_worker)
