@@ -176,10 +176,10 @@ def _show(name: str, value: Any) -> str:
     return "unknown" if value is None else str(value)
 
 
-async def check(urls: list[str], *, ignore: tuple[str, ...] = (),
-                timeout_s: float = 20.0) -> list[InstanceFacts]:
+async def check(urls: list[str], *, ignore: tuple[str, ...] = (), timeout_s: float = 20.0,
+                headers: dict[str, str] | None = None) -> list[InstanceFacts]:
     """Probe every instance and refuse (RefusedError) if any compared field differs."""
-    async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as client:
+    async with httpx.AsyncClient(timeout=timeout_s, trust_env=False, headers=headers) as client:
         facts = list(await asyncio.gather(*(probe(client, u) for u in urls)))
     problems = differences(facts, ignore)
     if problems:

@@ -29,6 +29,7 @@ class Behaviour:
     status: int = 500  # "status": the error answered
     model: str = "fake-model"
     max_model_len: int = 4096
+    version: str = "0.0.0-fake"  # answered on /version, as vLLM does
 
 
 @dataclass
@@ -97,6 +98,10 @@ class FaultUpstream:
             return await _send(writer, 200, {"object": "list", "data": [card]}, close=False)
         if path == "/health":
             return await _send(writer, 200, {}, close=False)
+        if path == "/version":
+            return await _send(writer, 200, {"version": b.version}, close=False)
+        if path in ("/metrics", "/tokenize", "/props"):
+            return await _send(writer, 404, {}, close=False)
         body = json.loads(raw) if raw else {}
         seen = Seen(path, headers, body, time.perf_counter_ns())
         self.seen.append(seen)

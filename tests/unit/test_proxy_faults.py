@@ -364,6 +364,17 @@ async def test_engines_that_disagree_are_refused(pair: tuple[FaultUpstream, ...]
         await check_legs([dead], [decode.url])
 
 
+async def test_start_up_runs_the_whole_compatibility_check(
+        pair: tuple[FaultUpstream, ...]) -> None:
+    prefill, decode = pair
+    decode.behaviour = Behaviour(version="0.0.1-other")
+    with pytest.raises(RefusedError, match="instances disagree on version"):
+        async with running(ProxyConfig(prefill=(prefill.url,), decode=(decode.url,), port=0)):
+            pass
+    facts = await check_legs([prefill.url], [decode.url], ignore=("version",))
+    assert [f.role for f in facts] == ["prefill", "decode"]
+
+
 async def _eventually(check: Any, within_s: float = 3.0) -> None:
     deadline = time.monotonic() + within_s
     while not check():

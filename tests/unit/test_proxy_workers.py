@@ -21,7 +21,7 @@ import httpx
 import psutil
 import pytest
 
-from fakes.fault_upstream import FaultUpstream
+from fakes.fault_upstream import Behaviour, FaultUpstream
 from kvlab.engines.process import free_port
 from kvlab.observe import metrics
 
@@ -47,9 +47,11 @@ class Proxy:
 
 
 @asynccontextmanager
-async def proxy_process(tmp: Path, *extra: str) -> AsyncIterator[Proxy]:
+async def proxy_process(tmp: Path, *extra: str, decode_as: Behaviour | None = None
+                        ) -> AsyncIterator[Proxy]:
     """`kvlab proxy --workers 2` in its own session, ready (both workers listening)."""
     async with FaultUpstream() as prefill, FaultUpstream() as decode:
+        decode.behaviour = decode_as or decode.behaviour
         port = free_port()
         env = {**os.environ, "TMPDIR": str(tmp)}
         proc = await asyncio.create_subprocess_exec(
@@ -138,6 +140,18 @@ async def test_a_taken_port_is_refused_in_one_line(tmp_path: Path) -> None:
     (line,) = err.decode().strip().splitlines()
     assert line.startswith(f"kvlab: cannot listen on 127.0.0.1:{port}")
     assert "PROXY_PORT" in line
+
+
+async def test_engines_that_disagree_are_refused_unless_ignored(tmp_path: Path) -> None:
+    other = Behaviour(version="0.0.1-other")
+    with pytest.raises(AssertionError) as refused:
+        async with proxy_process(tmp_path, decode_as=other):
+            pass
+    (line,) = str(refused.value).strip().splitlines()
+    assert line.startswith("kvlab: instances disagree on version:")
+    async with (proxy_process(tmp_path, "--ignore", "version", decode_as=other) as proxy,
+                httpx.AsyncClient(trust_env=False, timeout=10) as c):
+        assert (await c.post(proxy.url + "/v1/completions", json=BODY)).status_code == 200
 
 
 @pytest.mark.parametrize("workers", ["0", "65"])

@@ -1,8 +1,9 @@
 """`kvlab proxy`: kvlab's prefill/decode proxy in the foreground, or `--check` one crossing.
 
 Like the seed's `run-proxy.sh` it first checks that every engine answers (and, unlike it,
-that they agree on the model and context length), prints where everything is, then serves
-until Ctrl-C (exit 130) or SIGTERM (exit 0). `--check` instead sends one request and shows
+that they agree on everything `kvlab check` compares, less `--ignore FIELD`), prints where
+everything is, then serves with PROXY_WORKERS processes until Ctrl-C (exit 130) or SIGTERM
+(exit 0). `--check` instead sends one request and shows
 the engines' evidence that it crossed both legs; `--check --url URL` does that for a proxy
 already running (any proxy).
 """
@@ -20,6 +21,7 @@ import click
 from rich.console import Console
 
 from kvlab.cli.common import Output, json_option, settings_from
+from kvlab.cli.reuse_cmd import ignore_option
 from kvlab.errors import RefusedError
 from kvlab.proxy.legs import BALANCES
 from kvlab.proxy.pd import CONNECTORS
@@ -38,6 +40,7 @@ from kvlab.proxy.pd import CONNECTORS
               show_default=True, help="How a repeated leg is chosen per request.")
 @click.option("--workers", type=click.IntRange(1, 64),
               help="Processes serving the port (PROXY_WORKERS, 2 by default).")
+@ignore_option
 @click.option("--check", is_flag=True,
               help="Send one request and show the evidence it crossed both legs, then stop.")
 @click.option("--url", help="With --check: a proxy already running there, instead of ours.")
@@ -45,14 +48,15 @@ from kvlab.proxy.pd import CONNECTORS
 @click.pass_context
 def proxy_command(ctx: click.Context, prefill: tuple[str, ...], decode: tuple[str, ...],
                   port: int | None, host: str | None, connector: str | None, balance: str,
-                  workers: int | None, check: bool, url: str | None, as_json: bool) -> None:
+                  workers: int | None, ignore: tuple[str, ...], check: bool, url: str | None,
+                  as_json: bool) -> None:
     """Run kvlab's prefill/decode proxy (OpenAI-compatible) in the foreground."""
     from kvlab.proxy.config import ProxyConfig
 
     loaded = settings_from(ctx, connector=connector)
     out = Output(as_json)
-    config = ProxyConfig.from_settings(loaded.values, prefill, decode, host=host, port=port,
-                                       balance=balance, workers=workers)
+    config = ProxyConfig.from_settings(loaded.values, prefill, decode, ignore, host=host,
+                                       port=port, balance=balance, workers=workers)
     if url and not check:
         raise click.UsageError("--url only goes with --check")
     runner = _runner()

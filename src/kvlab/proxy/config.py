@@ -73,8 +73,11 @@ class ProxyConfig:
 
     @classmethod
     def from_settings(cls, settings: Settings, prefill: tuple[str, ...] = (),
-                      decode: tuple[str, ...] = (), **overrides: Any) -> ProxyConfig:
-        """A config from settings; repeated --prefill/--decode URLs replace the defaults."""
+                      decode: tuple[str, ...] = (), ignore: tuple[str, ...] = (),
+                      **overrides: Any) -> ProxyConfig:
+        """A config from settings; repeated --prefill/--decode URLs replace the defaults.
+
+        `ignore`: compatibility fields the start-up check leaves out (as `kvlab check`)."""
         values: dict[str, Any] = {
             "prefill": prefill or (f"{settings.prefill_host or '127.0.0.1'}:"
                                    f"{settings.prefill_port}",),
@@ -89,10 +92,9 @@ class ProxyConfig:
             "workers": settings.proxy_workers,
             "api_key": client_key(settings), "upstream_key": settings.api_key(),
         }
-        if settings.api_key():
-            # the engines protect /v1/* with the key the load generator also uses
-            auth = {"Authorization": f"Bearer {settings.api_key()}"}
-            values["compat"] = functools.partial(check_legs, headers=auth)
+        # the engines protect /v1/* with the key the load generator also uses
+        auth = {"Authorization": f"Bearer {settings.api_key()}"} if settings.api_key() else None
+        values["compat"] = functools.partial(check_legs, headers=auth, ignore=ignore)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 

@@ -2,10 +2,11 @@
 
 A `LegPool` holds the prefill engines or the decode engines (XpYd: each may be repeated) and
 picks one per request, round-robin or least-outstanding (ties broken round-robin). The
-start-up check asks every engine's /v1/models and refuses a set that disagrees on the
-served model id or `max_model_len` (two engines that disagree produce no error, only silent
-recomputation). `kvlab.compat.check`, which compares more fields, can replace it:
-`ProxyConfig.compat` takes any `async (urls) -> object` that raises a KvlabError.
+start-up check asks every engine's /v1/models (naming a dead one by its role), refuses a
+set that disagrees on the served model id or `max_model_len`, then runs `kvlab check`'s
+whole comparison (`kvlab.compat`): two engines that disagree produce no error, only silent
+recomputation. `ProxyConfig.compat` takes any `async (prefill, decode) -> object` that
+raises a KvlabError (None skips the check).
 For Mooncake, prefill engines' bootstrap servers are asked for their engine ids.
 """
 
@@ -17,6 +18,7 @@ from typing import Any, Literal
 
 import httpx
 
+from kvlab import compat
 from kvlab.errors import RefusedError, UnreachableError
 from kvlab.proxy.pd import PrefillPeer
 from kvlab.proxy.upstream import Origin
@@ -109,8 +111,14 @@ async def _models(client: httpx.AsyncClient, role: str, url: str) -> LegFacts:
 
 
 async def check_legs(prefill: list[str], decode: list[str], timeout_s: float = 10.0,
-                     headers: dict[str, str] | None = None) -> list[LegFacts]:
-    """Every engine answers /v1/models and all agree; else UnreachableError/RefusedError."""
+                     headers: dict[str, str] | None = None,
+                     ignore: tuple[str, ...] = ()) -> list[LegFacts]:
+    """Every engine answers /v1/models and all agree; else UnreachableError/RefusedError.
+
+    First each engine by role (a dead one is named as prefill or decode), then the whole
+    contract `kvlab check` compares (version, block size, KV dtype, chat-template tokens...),
+    less the fields in `ignore`.
+    """
     async with httpx.AsyncClient(timeout=timeout_s, trust_env=False,
                                  headers=headers) as client:
         answers = await asyncio.gather(*[_models(client, "prefill", u) for u in prefill],
@@ -127,6 +135,8 @@ async def check_legs(prefill: list[str], decode: list[str], timeout_s: float = 1
             shown = ", ".join(f"{k} has {v}" for k, v in values.items())
             raise RefusedError(f"the engines disagree on {name}: {shown}; start them from the "
                                "same settings (same model, SERVED_NAME and CTX)")
+    await compat.check([*prefill, *decode], ignore=ignore, timeout_s=timeout_s,
+                       headers=headers)
     return facts
 
 

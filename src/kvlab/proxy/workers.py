@@ -50,14 +50,15 @@ OnReady = Callable[[str, object], None]  # (the proxy's URL, what the leg check 
 
 def serve_workers(config: ProxyConfig, on_ready: OnReady) -> None:
     """Check the legs, start `config.workers` workers, serve until SIGTERM or Ctrl-C."""
-    agreement = _runner().run(_check(config))
+    with _runner() as runner:
+        agreement = runner.run(_check(config))
     reserved = reserve_port(config.host, config.port)
     port = reserved.getsockname()[1]
     worker_config = replace(config, port=port, compat=None)
     metrics_dir = tempfile.mkdtemp(prefix="kvlab-proxy-metrics-")  # 0700: only us
     workers: list[tuple[BaseProcess, Connection]] = []
     try:
-        workers = _start(worker_config, metrics_dir)
+        _start(worker_config, metrics_dir, workers)
         _await_ready(workers)
         reserved.close()
         on_ready(f"http://{client_host(config.host)}:{port}", agreement)
@@ -103,9 +104,10 @@ async def _check(config: ProxyConfig) -> object:
     return await config.compat(config.urls["prefill"], config.urls["decode"])
 
 
-def _start(config: ProxyConfig, metrics_dir: str) -> list[tuple[BaseProcess, Connection]]:
+def _start(config: ProxyConfig, metrics_dir: str,
+           workers: list[tuple[BaseProcess, Connection]]) -> None:
+    """Start the workers, adding each to `workers` as it starts (so a failure stops them)."""
     spawn = get_context("spawn")
-    workers: list[tuple[BaseProcess, Connection]] = []
     before = os.environ.get(MULTIPROC_ENV)
     os.environ[MULTIPROC_ENV] = metrics_dir  # read by prometheus_client when a worker imports it
     try:
@@ -121,7 +123,6 @@ def _start(config: ProxyConfig, metrics_dir: str) -> list[tuple[BaseProcess, Con
             del os.environ[MULTIPROC_ENV]
         else:
             os.environ[MULTIPROC_ENV] = before
-    return workers
 
 
 def _await_ready(workers: list[tuple[BaseProcess, Connection]]) -> None:
@@ -192,7 +193,8 @@ def worker_main(config: ProxyConfig, channel: Connection) -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        _runner().run(_worker(config, channel))
+        with _runner() as runner:
+            runner.run(_worker(config, channel))
     except Exception as exc:  # reported to the supervisor, which shows it in one line
         with contextlib.suppress(OSError):
             channel.send(("failed", str(exc) or type(exc).__name__))
