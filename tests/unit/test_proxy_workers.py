@@ -81,6 +81,8 @@ async def _ready(proxy: Proxy) -> None:
 async def test_two_workers_share_the_port_and_metrics_add_up(tmp_path: Path) -> None:
     async with proxy_process(tmp_path) as proxy:
         assert len(proxy.workers()) == 2
+        dirs, live = leftovers(tmp_path)  # the probe the stop tests rely on sees them all
+        assert len(dirs) == 1 and {proxy.proc.pid, *(w.pid for w in proxy.workers())} <= set(live)
         # a new connection per request: the kernel spreads connections, not requests
         for _ in range(16):
             async with httpx.AsyncClient(trust_env=False, timeout=10) as c:
@@ -98,7 +100,46 @@ async def test_two_workers_share_the_port_and_metrics_add_up(tmp_path: Path) -> 
         proxy.proc.send_signal(signal.SIGTERM)
         code, err = await proxy.wait()
         assert code == 0, err
-        assert proxy.metrics_dirs() == []
+        assert await settled(tmp_path) == ([], [])
+
+
+async def test_sigterm_while_starting_stops_cleanly(tmp_path: Path) -> None:
+    async with FaultUpstream() as prefill, FaultUpstream() as decode:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "kvlab", "proxy", "--prefill", prefill.url, "--decode",
+            decode.url, "--port", str(free_port()), "--workers", "2",
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ,
+                                                                 "TMPDIR": str(tmp_path)})
+        assert proc.stdout is not None and proc.stderr is not None
+        assert b"Checking the engines" in await proc.stdout.readline()
+        await asyncio.sleep(0.3)  # the check, the port, the workers: somewhere in start-up
+        proc.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(proc.wait(), 30)
+        err = (await proc.stderr.read()).decode()
+    assert code == 0, err
+    assert await settled(tmp_path) == ([], [])
+
+
+async def settled(tmp: Path, within_s: float = 3.0) -> tuple[list[Path], list[int]]:
+    """`leftovers`, once they are gone or `within_s` has passed (helpers exit on EOF)."""
+    for _ in range(int(within_s / 0.1)):
+        found = leftovers(tmp)
+        if found == ([], []):
+            break
+        await asyncio.sleep(0.1)
+    return found
+
+
+def leftovers(tmp: Path) -> tuple[list[Path], list[int]]:
+    """Metrics directories and live processes of the proxy started with TMPDIR=tmp."""
+    live = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("TMPDIR") == str(tmp) and proc.status() != "zombie":
+                live.append(proc.pid)
+        except psutil.Error:
+            continue
+    return sorted(tmp.glob("kvlab-proxy-metrics-*")), live
 
 
 async def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:

@@ -48,25 +48,40 @@ STOP_GRACE_S = 10.0
 OnReady = Callable[[str, object], None]  # (the proxy's URL, what the leg check returned)
 
 
+class _Stop(BaseException):
+    """SIGTERM: stop serving. Raised from the signal handler, like KeyboardInterrupt, so
+    it ends whatever the supervisor is doing, start-up included."""
+
+
+def _raise_stop(signum: int, frame: FrameType | None) -> None:
+    raise _Stop
+
+
 def serve_workers(config: ProxyConfig, on_ready: OnReady) -> None:
     """Check the legs, start `config.workers` workers, serve until SIGTERM or Ctrl-C."""
-    with _runner() as runner:
-        agreement = runner.run(_check(config))
-    reserved = reserve_port(config.host, config.port)
-    port = reserved.getsockname()[1]
-    worker_config = replace(config, port=port, compat=None)
+    previous = signal.signal(signal.SIGTERM, _raise_stop)
     metrics_dir = tempfile.mkdtemp(prefix="kvlab-proxy-metrics-")  # 0700: only us
     workers: list[tuple[BaseProcess, Connection]] = []
+    reserved: socket.socket | None = None
     try:
-        _start(worker_config, metrics_dir, workers)
+        with _runner() as runner:
+            agreement = runner.run(_check(config))
+        reserved = reserve_port(config.host, config.port)
+        port = reserved.getsockname()[1]
+        _start(replace(config, port=port, compat=None), metrics_dir, workers)
         _await_ready(workers)
         reserved.close()
         on_ready(f"http://{client_host(config.host)}:{port}", agreement)
         _supervise(workers)
+    except _Stop:
+        pass
     finally:
-        reserved.close()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the cleanup
+        if reserved is not None:
+            reserved.close()
         _stop(workers)
         shutil.rmtree(metrics_dir, ignore_errors=True)
+        signal.signal(signal.SIGTERM, previous)
 
 
 def reserve_port(host: str, port: int) -> socket.socket:
@@ -152,25 +167,16 @@ def _await_ready(workers: list[tuple[BaseProcess, Connection]]) -> None:
 
 
 def _supervise(workers: list[tuple[BaseProcess, Connection]]) -> None:
-    """Until SIGTERM (return), Ctrl-C (KeyboardInterrupt) or a worker's death (an error)."""
-    stopping: list[int] = []
-
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        stopping.append(signum)
-
-    previous = signal.signal(signal.SIGTERM, on_term)
-    try:
-        sentinels = {proc.sentinel: proc for proc, _ in workers}
-        while not stopping:
-            for sentinel in wait(list(sentinels), timeout=0.5):
-                proc = sentinels[sentinel]  # type: ignore[index]
-                proc.join(5)
-                if proc.exitcode == 0:
-                    return  # it was told to stop (a SIGTERM to the group, say): stop them all
-                raise EngineError(f"proxy worker {proc.name} exited with code {proc.exitcode}; "
-                                  "the other workers were stopped")
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    """Until SIGTERM (_Stop), Ctrl-C (KeyboardInterrupt) or a worker's exit."""
+    sentinels = {proc.sentinel: proc for proc, _ in workers}
+    while True:
+        for sentinel in wait(list(sentinels)):
+            proc = sentinels[sentinel]  # type: ignore[index]
+            proc.join(5)
+            if proc.exitcode == 0:
+                return  # it was told to stop (a SIGTERM to the group, say): stop them all
+            raise EngineError(f"proxy worker {proc.name} exited with code {proc.exitcode}; "
+                              "the other workers were stopped")
 
 
 def _stop(workers: list[tuple[BaseProcess, Connection]]) -> None:
