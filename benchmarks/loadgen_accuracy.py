@@ -34,6 +34,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +130,8 @@ async def _kvlab_run(root: str, rate: float | None, concurrency: int, n: int,
             "lag_p99_ms": round(pct(lags, 99), 3) if lags else None}
 
 
-def _progress_hook(enabled: bool) -> Any:
+@contextmanager
+def _progress_hook(enabled: bool) -> Iterator[Any]:
     """`kvlab load`'s own progress bar, drawn as on a terminal (into /dev/null), or nothing."""
     from types import SimpleNamespace
 
@@ -136,9 +139,10 @@ def _progress_hook(enabled: bool) -> Any:
 
     from kvlab.cli.load_cmd import level_progress
 
-    null = open(os.devnull, "w")  # noqa: SIM115 - closed with the console's last use
-    out = SimpleNamespace(err=Console(file=null, force_terminal=True, width=120))
-    return level_progress(out, enabled)  # type: ignore[arg-type]
+    with open(os.devnull, "w") as null:
+        out = SimpleNamespace(err=Console(file=null, force_terminal=True, width=120))
+        with level_progress(out, enabled) as hook:  # type: ignore[arg-type]
+            yield hook
 
 
 def kvlab_point(up: Upstream, rate: float | None, concurrency: int, n: int,

@@ -59,7 +59,9 @@ def proxy_command(ctx: click.Context, prefill: tuple[str, ...], decode: tuple[st
                                        port=port, balance=balance, workers=workers)
     if url and not check:
         raise click.UsageError("--url only goes with --check")
-    runner = _runner()
+    from kvlab.proxy.app import loop_runner
+
+    runner = loop_runner()
     if check:
         result = runner.run(_check(config, loaded.values.served_name, url))
         out.result(result, lambda console: _render_check(console, result))
@@ -79,14 +81,6 @@ def proxy_command(ctx: click.Context, prefill: tuple[str, ...], decode: tuple[st
     else:
         runner.run(_serve(config, on_ready))
     console.print("==> stopped")
-
-
-def _runner() -> asyncio.Runner:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        return asyncio.Runner()
-    return asyncio.Runner(loop_factory=uvloop.new_event_loop)
 
 
 def _on_ready(config: Any, out: Output, console: Console) -> Callable[[str, object], None]:

@@ -127,8 +127,7 @@ class ProxyApp:
     async def start(self) -> None:
         """Check the legs (unless the config says not to), then listen."""
         cfg = self.config
-        if cfg.compat is not None:
-            self.agreement = await cfg.compat(cfg.urls["prefill"], cfg.urls["decode"])
+        self.agreement = await cfg.check_legs()
         if cfg.connector == "mooncake":
             await mooncake_peers(self.prefill, cfg.mooncake_bootstrap_port)
         loop = asyncio.get_running_loop()
@@ -351,6 +350,15 @@ class ProxyApp:
         except UpstreamError as err:
             return f"failed: {err}"
         return "ok" if ex.status == 200 else f"answered {ex.status}"
+
+
+def loop_runner() -> asyncio.Runner:
+    """The event loop the proxy runs on: uvloop where it is installed."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return asyncio.Runner()
+    return asyncio.Runner(loop_factory=uvloop.new_event_loop)
 
 
 async def serve(config: ProxyConfig, on_ready: Callable[[ProxyApp], None] | None = None,

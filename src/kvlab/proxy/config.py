@@ -56,6 +56,12 @@ class ProxyConfig:
         for url in (*self.prefill, *self.decode):
             parse_url(url)
 
+    async def check_legs(self) -> object:
+        """The start-up agreement check's result (None when `compat` skips it)."""
+        if self.compat is None:
+            return None
+        return await self.compat(self.urls["prefill"], self.urls["decode"])
+
     @property
     def urls(self) -> dict[str, list[str]]:
         return {"prefill": [parse_url(u)[2] for u in self.prefill],

@@ -40,6 +40,7 @@ from types import FrameType
 
 from kvlab.engines.plan import client_host
 from kvlab.errors import EngineError
+from kvlab.proxy.app import loop_runner, serve
 from kvlab.proxy.config import ProxyConfig
 from kvlab.proxy.metrics import MULTIPROC_ENV
 
@@ -64,8 +65,8 @@ def serve_workers(config: ProxyConfig, on_ready: OnReady) -> None:
     workers: list[tuple[BaseProcess, Connection]] = []
     reserved: socket.socket | None = None
     try:
-        with _runner() as runner:
-            agreement = runner.run(_check(config))
+        with loop_runner() as runner:
+            agreement = runner.run(config.check_legs())
         reserved = reserve_port(config.host, config.port)
         port = reserved.getsockname()[1]
         _start(replace(config, port=port, compat=None), metrics_dir, workers)
@@ -103,20 +104,6 @@ def reserve_port(host: str, port: int) -> socket.socket:
         raise EngineError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); "
                           "choose another PROXY_PORT or stop what holds it") from None
     return sock
-
-
-def _runner() -> asyncio.Runner:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        return asyncio.Runner()
-    return asyncio.Runner(loop_factory=uvloop.new_event_loop)
-
-
-async def _check(config: ProxyConfig) -> object:
-    if config.compat is None:
-        return None
-    return await config.compat(config.urls["prefill"], config.urls["decode"])
 
 
 def _start(config: ProxyConfig, metrics_dir: str,
@@ -199,7 +186,7 @@ def worker_main(config: ProxyConfig, channel: Connection) -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        with _runner() as runner:
+        with loop_runner() as runner:
             runner.run(_worker(config, channel))
     except Exception as exc:  # reported to the supervisor, which shows it in one line
         with contextlib.suppress(OSError):
@@ -208,8 +195,6 @@ def worker_main(config: ProxyConfig, channel: Connection) -> None:
 
 
 async def _worker(config: ProxyConfig, channel: Connection) -> None:
-    from kvlab.proxy.app import serve
-
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
