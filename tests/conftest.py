@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.models import TinyModels, make_tiny
-from kvlab.settings import Settings
+from kvlab.core.settings import Settings
+from kvlab.engines.models import TinyModels, make_tiny
 
 # Settings names that a developer's shell may carry; tests must not see them.
 _LEAKY = [name.upper() for name in Settings.model_fields if name != "kvlab_home"]

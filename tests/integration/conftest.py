@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from kvlab.core.settings import Settings
 from kvlab.engines import install, llamacpp, vllm
-from kvlab.settings import Settings
 
 
 def cpu_settings(**values: object) -> Settings:
     """Settings as the embedded cpu-tiny profile would give them, plus `values`."""
-    from kvlab.profiles import cpu_tiny_values
+    from kvlab.core.profiles import cpu_tiny_values
 
     base = cpu_tiny_values(Settings().home())
     return Settings(**{**base, **values})  # type: ignore[arg-type]

@@ -14,11 +14,11 @@ import httpx
 import pytest
 
 from integration.conftest import cpu_settings
-from kvlab import notebook
+from kvlab.core.errors import EngineError
 from kvlab.engines import llamacpp, startup, vllm
+from kvlab.engines.models import TinyModels
 from kvlab.engines.process import EngineProcess, free_port, group_alive
-from kvlab.errors import EngineError
-from kvlab.models import TinyModels
+from kvlab.records import notebook
 
 
 def processes_mentioning(text: str) -> list[int]:

@@ -23,12 +23,13 @@ import pytest
 
 import seeds
 from integration.conftest import cpu_settings
-from kvlab import notebook, slotstore
+from kvlab.core.errors import EngineError, InputError, RefusedError
 from kvlab.engines import llamacpp
-from kvlab.errors import EngineError, InputError, RefusedError
-from kvlab.experiments import llama_common
-from kvlab.llama_client import LlamaClient, LlamaTarget, logprob_gap
-from kvlab.models import TinyModels
+from kvlab.engines.llamacpp import server as llama_common
+from kvlab.engines.llamacpp import slotstore
+from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget, logprob_gap
+from kvlab.engines.models import TinyModels
+from kvlab.records import notebook
 
 pytestmark = pytest.mark.llama
 

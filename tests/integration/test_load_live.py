@@ -17,11 +17,11 @@ import pytest
 
 import seeds
 from integration.conftest import cpu_settings
-from kvlab import notebook
 from kvlab.engines import vllm
+from kvlab.engines.models import TinyModels
 from kvlab.engines.process import EngineProcess, free_port
 from kvlab.loadgen.sweep import LoadSpec, run_sweep
-from kvlab.models import TinyModels
+from kvlab.records import notebook
 
 pytestmark = pytest.mark.vllm
 SERVED = "local-chat"

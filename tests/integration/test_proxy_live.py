@@ -19,15 +19,15 @@ import openai
 import pytest
 
 from integration.conftest import cpu_settings
+from kvlab.core.settings import Settings
 from kvlab.engines import vllm
+from kvlab.engines.models import TinyModels
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import EngineProcess, free_port, make_private_dir
-from kvlab.models import TinyModels
 from kvlab.observe import metrics
 from kvlab.proxy import ProxyApp, ProxyConfig, running
 from kvlab.proxy.check import crossing_check
 from kvlab.proxy.legs import check_legs
-from kvlab.settings import Settings
 
 pytestmark = pytest.mark.vllm
 

@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 
 from integration.conftest import cpu_settings
-from kvlab import compat, notebook
+from kvlab.core.errors import RefusedError
 from kvlab.engines import llamacpp, vllm
+from kvlab.engines.models import TinyModels
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import EngineProcess, free_port
-from kvlab.errors import RefusedError
-from kvlab.models import TinyModels
-from kvlab.prove import ProveOptions, prove
-from kvlab.reuse import ReuseOptions, run_reuse
+from kvlab.measure import compat
+from kvlab.measure.prove import ProveOptions, prove
+from kvlab.measure.reuse import ReuseOptions, run_reuse
+from kvlab.records import notebook
 
 pytestmark = pytest.mark.vllm
 

@@ -15,14 +15,14 @@ import httpx
 import pytest
 
 from integration.conftest import cpu_settings
-from kvlab import notebook
+from kvlab.core.errors import KvlabError
+from kvlab.core.settings import Settings
 from kvlab.engines import vllm
+from kvlab.engines.models import TinyModels
 from kvlab.engines.process import port_in_use, stray_records
-from kvlab.errors import KvlabError
 from kvlab.experiments import shared
-from kvlab.experiments.runtime import Lab
-from kvlab.models import TinyModels
-from kvlab.settings import Settings
+from kvlab.experiments.lab import Lab
+from kvlab.records import notebook
 
 pytestmark = pytest.mark.vllm
 

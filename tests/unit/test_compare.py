@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 import seeds
-from kvlab import compare, notebook
-from kvlab.errors import InputError, RefusedError
+from kvlab.core.errors import InputError, RefusedError
+from kvlab.records import notebook
+from kvlab.report import compare
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

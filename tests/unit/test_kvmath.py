@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kvlab import kvmath
-from kvlab.errors import InputError
+from kvlab.core.errors import InputError
+from kvlab.measure import kvmath
 
 DATA = Path(__file__).parents[1] / "data"
 
@@ -55,7 +55,7 @@ def test_block_alignment_and_concurrency() -> None:
 
 
 def test_gguf_metadata_and_quantised_types(tiny_models: object) -> None:
-    from kvlab.models import TinyModels
+    from kvlab.engines.models import TinyModels
 
     assert isinstance(tiny_models, TinyModels)
     shape = kvmath.load_shape(Path(tiny_models.gguf))

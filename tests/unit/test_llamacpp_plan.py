@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from kvlab.core.errors import EngineError, RefusedError
+from kvlab.core.settings import Settings
 from kvlab.engines import llamacpp
-from kvlab.errors import EngineError, RefusedError
-from kvlab.settings import Settings
 
 
 def test_golden_argv(tmp_path: Path) -> None:

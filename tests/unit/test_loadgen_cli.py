@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import seeds
-from kvlab import notebook
 from kvlab.engines.process import free_port, port_in_use
+from kvlab.records import notebook
 
 FAKE = Path(__file__).resolve().parents[1] / "fakes" / "sse_upstream.py"
 KVLAB = [sys.executable, "-m", "kvlab"]

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from fakes.sse_upstream import Behaviour, SseUpstream
+from kvlab.core.errors import UnreachableError
 from kvlab.engines.process import free_port
-from kvlab.errors import UnreachableError
 from kvlab.loadgen import stats
 from kvlab.loadgen.client import Target
 from kvlab.loadgen.record import RequestRecord

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.errors import InputError
+from kvlab.core.errors import InputError
 from kvlab.observe import netdev
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvlab.errors import InputError
+from kvlab.core.errors import InputError
 from kvlab.loadgen import stats
 from kvlab.loadgen.record import RequestRecord
 from kvlab.loadgen.runner import LevelResult

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvlab import workloads
-from kvlab.errors import InputError
+from kvlab.core.errors import InputError
+from kvlab.measure import workloads
 
 
 def test_same_arguments_same_text() -> None:

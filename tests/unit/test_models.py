@@ -6,7 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from kvlab.models import TinyModels, make_tiny, write_shaped_config
+from kvlab.engines.models import TinyModels, make_tiny, write_shaped_config
 
 
 def digest(path: Path) -> str:

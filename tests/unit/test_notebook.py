@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kvlab import SCHEMA, __version__, notebook
-from kvlab.errors import InputError
+from kvlab import SCHEMA, __version__
+from kvlab.core.errors import InputError
+from kvlab.records import notebook
 
 
 def test_envelope_and_roundtrip(tmp_path: Path) -> None:

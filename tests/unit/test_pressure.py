@@ -16,7 +16,7 @@ def test_gpu_sized_plan_is_oversubscribed() -> None:
 
 
 def test_cache_never_below_one_context(tiny_models: object) -> None:
-    from kvlab.models import TinyModels
+    from kvlab.engines.models import TinyModels
 
     assert isinstance(tiny_models, TinyModels)
     p = plan_pressure(tiny_models.hf, 1, 50, 8, 2048, ctx=4096, block_size=128)

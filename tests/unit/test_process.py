@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from kvlab.core.errors import EngineError
 from kvlab.engines import process
 from kvlab.engines.plan import EnginePlan
-from kvlab.errors import EngineError
 
 FAKE = Path(__file__).parents[1] / "fakes" / "fake_engine.py"
 

@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from fakes.fault_upstream import Behaviour, FaultUpstream
+from kvlab.core.errors import RefusedError, UnreachableError
 from kvlab.engines.process import free_port
-from kvlab.errors import RefusedError, UnreachableError
 from kvlab.observe import metrics
 from kvlab.proxy import ProxyApp, ProxyConfig, running
 from kvlab.proxy.legs import check_legs

@@ -6,13 +6,13 @@ import copy
 
 import pytest
 
-from kvlab.errors import RefusedError, SettingError
+from kvlab.core.errors import RefusedError, SettingError
+from kvlab.core.settings import Settings
 from kvlab.proxy import pd
 from kvlab.proxy.app import request_id, upstream_message
 from kvlab.proxy.config import ProxyConfig
 from kvlab.proxy.legs import LegPool
 from kvlab.proxy.upstream import parse_url
-from kvlab.settings import Settings
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
         "stream_options": {"include_usage": True}, "max_completion_tokens": 50,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvlab import notebook
+from kvlab.records import notebook
 from kvlab.report import build
 
 LAB_O, LAB_P = notebook.LAB_OFFLOAD, notebook.LAB_PD

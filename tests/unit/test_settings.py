@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from kvlab.cli.settings_cmd import env_example_text
-from kvlab.errors import SettingError
-from kvlab.settings import load_settings
+from kvlab.core.errors import SettingError
+from kvlab.core.settings import load_settings
 
 SEED_KEYS = Path(__file__).parents[1] / "data" / "seed-env-keys.env"
 

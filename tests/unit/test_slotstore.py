@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from kvlab import slotstore
-from kvlab.errors import InputError, RefusedError
-from kvlab.llama_client import SlotOp
-from kvlab.slotstore import Manifest, ServerIdentity, SlotStore
+from kvlab.core.errors import InputError, RefusedError
+from kvlab.engines.llamacpp import slotstore
+from kvlab.engines.llamacpp.client import SlotOp
+from kvlab.engines.llamacpp.slotstore import Manifest, ServerIdentity, SlotStore
 
 MAGIC = b"qsgg\x03\x00\x00\x00"
 

@@ -7,14 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from kvlab import notebook
-from kvlab.chat import ChatResult
+from kvlab.core.errors import EngineError, SettingError
+from kvlab.core.settings import Settings
 from kvlab.engines import llamacpp
+from kvlab.engines.llamacpp import server as llama_common
+from kvlab.engines.llamacpp.client import (
+    LlamaTarget,
+    logprob_gap,
+    target_from_settings,
+    write_serve_record,
+)
 from kvlab.engines.plan import EnginePlan
-from kvlab.errors import EngineError, SettingError
-from kvlab.experiments import disk, interference, llama_common
-from kvlab.llama_client import LlamaTarget, logprob_gap, target_from_settings, write_serve_record
-from kvlab.settings import Settings
+from kvlab.experiments import disk, interference
+from kvlab.measure.chat import ChatResult
+from kvlab.records import notebook
 
 # lines as llama-server 0c1e570 logs them around a failed restore
 RESTORE_LOG = """\

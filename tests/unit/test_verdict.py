@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kvlab.reuse import EXACT_PROMPT_TRAP, off_by_one, store_expectation
-from kvlab.verdict import Evidence, judge, lookup_key, reusable_tokens, store_key
+from kvlab.measure.reuse import EXACT_PROMPT_TRAP, off_by_one, store_expectation
+from kvlab.measure.verdict import Evidence, judge, lookup_key, reusable_tokens, store_key
 
 
 def test_reusable_tokens_whole_blocks_of_n_minus_one() -> None:

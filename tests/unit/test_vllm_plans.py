@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from kvlab.core.errors import RefusedError
+from kvlab.core.settings import Settings
 from kvlab.engines import vllm
-from kvlab.errors import RefusedError
-from kvlab.settings import Settings
 
 GPU = vllm.VllmInstall(("vllm",), "cuda", "PATH")
 CPU = vllm.VllmInstall(("/venv/bin/python", "/kvlab/shims/vllm_cpu_cli.py"), "cpu", "kvlab venv")

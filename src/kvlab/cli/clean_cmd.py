@@ -14,7 +14,7 @@ from kvlab.cli.common import Output, json_option, settings_from
 @click.pass_context
 def clean_command(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     """Stop stray engines (by recorded PID); remove KV stores and slot files (users' prompts)."""
-    from kvlab.cleanup import clean
+    from kvlab.engines.cleanup import clean
 
     report = clean(settings_from(ctx).values, dry_run=dry_run)
     stop, remove = ("would stop", "would remove") if dry_run else ("stopped", "removed")

@@ -15,7 +15,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from kvlab.settings import LoadedSettings, load_settings
+from kvlab.core.settings import LoadedSettings, load_settings
 
 json_option = click.option("--json", "as_json", is_flag=True,
                            help="Print exactly one JSON document on stdout.")
@@ -28,7 +28,7 @@ class GlobalOptions:
 
 def settings_from(ctx: click.Context, **flags: Any) -> LoadedSettings:
     """Settings with the embedded profile, `.env`, environment and these flags applied."""
-    from kvlab.profiles import embedded
+    from kvlab.core.profiles import embedded
 
     opts = ctx.find_object(GlobalOptions) or GlobalOptions()
     return load_settings(opts.env_file, flags, profile_values=embedded)
@@ -44,9 +44,9 @@ def prepared_settings(ctx: click.Context, console: Console, **flags: Any) -> Loa
 
 def ensure_cpu_prerequisites(loaded: LoadedSettings, console: Console) -> None:
     """Install what the embedded default needs (engines, tiny models), showing progress."""
+    from kvlab.core.profiles import TINY_DIR
     from kvlab.engines import install
-    from kvlab.models import make_tiny
-    from kvlab.profiles import TINY_DIR
+    from kvlab.engines.models import make_tiny
 
     home = loaded.values.home()
     with console.status("checking engines and models") as status:
@@ -57,8 +57,8 @@ def ensure_cpu_prerequisites(loaded: LoadedSettings, console: Console) -> None:
         if loaded.profile == "cpu-tiny":
             say("tiny models: " + make_tiny(home / TINY_DIR).hf)
         if loaded.profile == "gpu-shaped":
-            from kvlab.models import write_shaped_config
-            from kvlab.profiles import shaped_paths
+            from kvlab.core.profiles import shaped_paths
+            from kvlab.engines.models import write_shaped_config
 
             for path, shape in zip(shaped_paths(home), ("qwen3-8b", "qwen3-1.7b"), strict=True):
                 if not (path / "config.json").is_file():

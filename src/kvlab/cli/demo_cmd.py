@@ -16,7 +16,7 @@ import click
 from rich.console import Console
 
 from kvlab.cli.common import Output, json_option, prepared_settings
-from kvlab.settings import LoadedSettings
+from kvlab.core.settings import LoadedSettings
 
 
 @click.command("demo")
@@ -31,10 +31,11 @@ def demo_command(ctx: click.Context, as_json: bool) -> None:
 
 
 async def _demo(loaded: LoadedSettings) -> dict[str, Any]:
-    from kvlab import kvmath, notebook
     from kvlab.engines import startup, vllm
+    from kvlab.engines.models import KNOWN_SHAPES, hf_config
     from kvlab.engines.process import EngineProcess
-    from kvlab.models import KNOWN_SHAPES, hf_config
+    from kvlab.measure import kvmath
+    from kvlab.records import notebook
 
     settings = loaded.values
     install = vllm.find_vllm(settings)

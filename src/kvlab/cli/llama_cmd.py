@@ -19,10 +19,10 @@ from rich.console import Console
 from kvlab.cli.common import Output, json_option, settings_from
 
 if TYPE_CHECKING:
+    from kvlab.core.settings import Settings
+    from kvlab.engines.llamacpp.client import LlamaClient
+    from kvlab.engines.llamacpp.slotstore import SlotStore
     from kvlab.engines.plan import EnginePlan
-    from kvlab.llama_client import LlamaClient
-    from kvlab.settings import Settings
-    from kvlab.slotstore import SlotStore
 
 _EXPLAIN = """\
     What the tiers are, per the llama-server README:
@@ -63,7 +63,7 @@ def serve(ctx: click.Context, engine_args: tuple[str, ...], model: str | None, p
     """
     from kvlab.cli import serve_cmd
     from kvlab.engines import llamacpp
-    from kvlab.llama_client import write_serve_record
+    from kvlab.engines.llamacpp.client import write_serve_record
 
     loaded = settings_from(ctx, llama_port=port, llama_parallel=parallel,
                            llama_cache_type=cache_type)
@@ -98,8 +98,8 @@ def _summary(console: Console, plan: EnginePlan) -> None:
 
 def _client(ctx: click.Context, port: int | None) -> tuple[Settings, LlamaClient, SlotStore]:
     """(settings, client, store) for the server at LLAMA_PORT or --port."""
-    from kvlab.llama_client import LlamaClient, target_from_settings
-    from kvlab.slotstore import SlotStore
+    from kvlab.engines.llamacpp.client import LlamaClient, target_from_settings
+    from kvlab.engines.llamacpp.slotstore import SlotStore
 
     settings = settings_from(ctx, llama_port=port).values
     target = target_from_settings(settings, port)
@@ -165,7 +165,7 @@ def _report(console: Console, data: dict[str, Any]) -> None:
 @click.pass_context
 def save(ctx: click.Context, slot: int, filename: str, port: int | None, as_json: bool) -> None:
     """Write SLOT's cache to FILENAME in the store, with its manifest, and time it."""
-    from kvlab import slotstore
+    from kvlab.engines.llamacpp import slotstore
 
     settings, client, store = _client(ctx, port)
 
@@ -189,7 +189,7 @@ def save(ctx: click.Context, slot: int, filename: str, port: int | None, as_json
 def restore(ctx: click.Context, slot: int, filename: str, port: int | None,
             as_json: bool) -> None:
     """Read FILENAME back into SLOT, after checking its manifest against the server."""
-    from kvlab import slotstore
+    from kvlab.engines.llamacpp import slotstore
 
     settings, client, store = _client(ctx, port)
 

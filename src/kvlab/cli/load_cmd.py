@@ -21,7 +21,7 @@ import click
 from rich.console import Console
 
 from kvlab.cli.common import Output, json_option, settings_from
-from kvlab.errors import InputError
+from kvlab.core.errors import InputError
 
 T = TypeVar("T")
 ENGINES = ("vllm", "llamacpp")
@@ -188,9 +188,9 @@ def load_command(ctx: click.Context, base_url: str | None, model: str | None,
                  ignore_eos: bool, kv_cache_type: str | None, no_metrics: bool,
                  no_progress: bool, print_load_test_path: bool, as_json: bool) -> None:
     """Stream requests at each concurrency level; one notebook row per level."""
-    from kvlab import notebook
-    from kvlab.load_test_entry import write_launcher
+    from kvlab.loadgen.load_test_entry import write_launcher
     from kvlab.loadgen.sweep import run_sweep
+    from kvlab.records import notebook
 
     out = Output(as_json)
     loaded = settings_from(ctx, served_name=model, concurrency=concurrency, requests=requests,
@@ -258,8 +258,8 @@ def run_load_command(ctx: click.Context, label: str, base_url: str,
                      endpoint: str, ignore_eos: bool, kv_cache_type: str | None,
                      no_metrics: bool, no_progress: bool, as_json: bool) -> None:
     """The seed's run-load.sh: a load run with the link's byte counters around it."""
-    from kvlab import notebook
     from kvlab.loadgen.linkrun import LinkSpec, check_load_test, run_load
+    from kvlab.records import notebook
 
     out = Output(as_json)
     settings = settings_from(ctx).values
@@ -314,7 +314,9 @@ def compare_command(ctx: click.Context, labbook: str | None, disagg: str | None,
                     kv_dtype: str | None, prompt_tokens: int, note: str, lab: str | None,
                     offload: bool, print_only: bool, as_json: bool) -> None:
     """The seed's compare-disagg.py, plus same-experiment checks and bytes three ways."""
-    from kvlab import compare, kvmath, notebook
+    from kvlab.measure import kvmath
+    from kvlab.records import notebook
+    from kvlab.report import compare
 
     out = Output(as_json)
     settings = settings_from(ctx, labbook=labbook).values

@@ -8,8 +8,8 @@ import click
 from rich.console import Console
 
 from kvlab.cli.common import Output, json_option, settings_from
-from kvlab.errors import InputError
-from kvlab.sizes import human_bytes
+from kvlab.core.errors import InputError
+from kvlab.core.sizes import human_bytes
 
 
 @click.command("predict")
@@ -41,8 +41,9 @@ def predict_command(ctx: click.Context, config_path: Path | None, shape: str | N
                     record: bool, label: str, note: str, labbook: str | None,
                     as_json: bool) -> None:
     """Bytes per token, payload per request, transfer time and maximum concurrency."""
-    from kvlab import kvmath, notebook
-    from kvlab.models import KNOWN_SHAPES, hf_config
+    from kvlab.engines.models import KNOWN_SHAPES, hf_config
+    from kvlab.measure import kvmath
+    from kvlab.records import notebook
 
     settings = settings_from(ctx, labbook=labbook).values
     if (config_path is None) == (shape is None):

@@ -22,7 +22,7 @@ from rich.console import Console
 
 from kvlab.cli.common import Output, json_option, settings_from
 from kvlab.cli.reuse_cmd import ignore_option
-from kvlab.errors import RefusedError
+from kvlab.core.errors import RefusedError
 from kvlab.proxy.legs import BALANCES
 from kvlab.proxy.pd import CONNECTORS
 

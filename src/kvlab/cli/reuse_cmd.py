@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvlab.cli.common import Output, json_option, settings_from
-from kvlab.errors import InputError
+from kvlab.core.errors import InputError
 
 CONNECTORS = click.Choice(["shared", "nixl", "mooncake", "lmcache", "none"])
 base_url_option = click.option(
@@ -50,8 +50,9 @@ def reuse_command(ctx: click.Context, urls: tuple[str, ...], model: str | None, 
                   note: str, connector: str | None, ignore: tuple[str, ...], print_only: bool,
                   as_json: bool) -> None:
     """Time a growing conversation turn by turn and read the engines' reuse counters."""
-    from kvlab import compat, notebook
-    from kvlab.reuse import ReuseOptions, reuse_record, run_reuse
+    from kvlab.measure import compat
+    from kvlab.measure.reuse import ReuseOptions, reuse_record, run_reuse
+    from kvlab.records import notebook
 
     if turns < 2:
         raise InputError("--turns must be at least 2; the point is the comparison between them")
@@ -133,8 +134,8 @@ def prove_command(ctx: click.Context, urls: tuple[str, ...], model: str | None,
                   labbook: str | None, lab: str, note: str, ignore: tuple[str, ...],
                   print_only: bool, as_json: bool) -> None:
     """Prove reuse with a cold request, an identical repeat and a changed-prefix control."""
-    from kvlab import notebook
-    from kvlab.prove import ProveOptions, proof_record, prove
+    from kvlab.measure.prove import ProveOptions, proof_record, prove
+    from kvlab.records import notebook
 
     settings = settings_from(ctx, labbook=labbook).values
     targets = list(urls) or ["http://127.0.0.1:8000/v1"]
@@ -176,7 +177,7 @@ def prove_command(ctx: click.Context, urls: tuple[str, ...], model: str | None,
 @json_option
 def check_command(urls: tuple[str, ...], ignore: tuple[str, ...], as_json: bool) -> None:
     """Refuse instances that disagree (model, version, context, block size, template...)."""
-    from kvlab import compat
+    from kvlab.measure import compat
 
     if len(urls) < 2:
         raise InputError("check needs at least two URLs to compare")

@@ -43,9 +43,9 @@ def disk(ctx: click.Context, prompt_tokens: int, ctx_size: int, parallel: int, c
 
     The server is the experiment's own (a free port, these settings, recorded in the line).
     """
-    from kvlab import notebook
     from kvlab.engines import llamacpp
     from kvlab.experiments.disk import DiskSpec, run_disk
+    from kvlab.records import notebook
 
     out = Output(as_json)
     settings = prepared_settings(ctx, out.err, llama_cache_type=cache_type).values
@@ -96,10 +96,10 @@ def interference(ctx: click.Context, concurrency: int, parallels: str, requests:
                  ctx_size: int | None, prompt_set: str | None, label: str,
                  as_json: bool) -> None:
     """Prefill interference: the same load with --parallel 4, then 1 (one variable)."""
-    from kvlab import notebook
+    from kvlab.core.errors import SettingError
     from kvlab.engines import llamacpp
-    from kvlab.errors import SettingError
     from kvlab.experiments.interference import InterferenceSpec, run_interference
+    from kvlab.records import notebook
 
     out = Output(as_json)
     loaded = prepared_settings(ctx, out.err, requests=requests, prompt_set=prompt_set)
@@ -165,9 +165,9 @@ def _render_interference(console: Console, data: dict[str, Any], labbook: str) -
 def shared_slots(ctx: click.Context, prompt_tokens: int, ctx_size: int, parallel: int,
                  cache_type: str | None, label: str, keep_file: bool, as_json: bool) -> None:
     """Two llama-servers share one slot store: save on A, restore on B, prove reuse on B."""
-    from kvlab import notebook
     from kvlab.engines import llamacpp
     from kvlab.experiments.slot_share import SharedSlotsSpec, run_shared_slots
+    from kvlab.records import notebook
 
     out = Output(as_json)
     settings = prepared_settings(ctx, out.err, llama_cache_type=cache_type).values

@@ -15,11 +15,11 @@ from rich.console import Console
 
 from kvlab.cli.common import Output, json_option, prepared_settings
 from kvlab.cli.run_cmd import run_group
-from kvlab.settings import Settings
+from kvlab.core.settings import Settings
 
 
 def _lab(settings: Settings, out: Output) -> Any:
-    from kvlab.experiments.runtime import Lab
+    from kvlab.experiments.lab import Lab
 
     return Lab(settings, say=out.note)
 
@@ -123,7 +123,7 @@ def run_all_command(ctx: click.Context, quick: bool, only: tuple[str, ...], repo
     """Every experiment this machine can run, then `kvlab report` (the README's main command)."""
     from pathlib import Path
 
-    from kvlab.errors import KvlabError
+    from kvlab.core.errors import KvlabError
     from kvlab.experiments.everything import Sizes, run_all
     from kvlab.report import build
 

@@ -14,9 +14,9 @@ import click
 from rich.console import Console
 
 from kvlab.cli.common import Output, json_option, settings_from
+from kvlab.core.settings import LoadedSettings
 from kvlab.engines import llamacpp, vllm
 from kvlab.engines.plan import EnginePlan
-from kvlab.settings import LoadedSettings
 
 ALL_ROLES = (*vllm.ROLES, "llama", "proxy")
 
@@ -94,9 +94,9 @@ def serve_command(ctx: click.Context, role: str, engine_args: tuple[str, ...], m
 
 
 async def _serve(loaded: LoadedSettings, plan: EnginePlan) -> dict[str, object]:
-    from kvlab import notebook
     from kvlab.engines import startup
     from kvlab.engines.process import EngineProcess
+    from kvlab.records import notebook
 
     settings = loaded.values
     if plan.engine == "vllm":

@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.table import Table
 
 from kvlab.cli.common import Output, json_option, settings_from
-from kvlab.errors import InputError
-from kvlab.settings import SECRET_FIELDS, Settings, shown_value
+from kvlab.core.errors import InputError
+from kvlab.core.settings import SECRET_FIELDS, Settings, shown_value
 
 
 @click.command("settings")

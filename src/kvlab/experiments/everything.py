@@ -13,12 +13,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvlab import notebook
-from kvlab.errors import KvlabError
+from kvlab.core.errors import KvlabError
 from kvlab.experiments.disagg import DisaggSpec, run_disagg
+from kvlab.experiments.lab import Lab
 from kvlab.experiments.offload import OffloadSpec, run_offload
-from kvlab.experiments.runtime import Lab
 from kvlab.experiments.shared import SharedSpec, run_shared
+from kvlab.records import notebook
 
 Step = Callable[[], Awaitable[list[dict[str, Any]]]]
 # the report rows each experiment fills, to say why they are empty when it fails

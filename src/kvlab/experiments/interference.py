@@ -19,12 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvlab import notebook, workloads
+from kvlab.core.say import Say, quiet
+from kvlab.core.settings import Settings
 from kvlab.engines import llamacpp, startup
-from kvlab.experiments import llama_common
-from kvlab.llama_client import LlamaClient, LlamaTarget
-from kvlab.say import Say, quiet
-from kvlab.settings import Settings
+from kvlab.engines.llamacpp import server as llama_common
+from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget
+from kvlab.measure import workloads
+from kvlab.records import notebook
 
 Row = dict[str, Any]
 

@@ -17,16 +17,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kvlab import kvmath, notebook
-from kvlab.chat import api_base
+from kvlab.core.errors import EngineError
 from kvlab.engines import vllm
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import free_port
-from kvlab.errors import EngineError
+from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.pressure import PressurePlan, plan_pressure
-from kvlab.experiments.runtime import Lab, engines
+from kvlab.measure import kvmath
+from kvlab.measure.chat import api_base
+from kvlab.measure.reuse import ReuseOptions, reuse_record, run_reuse
 from kvlab.observe.sampler import sampling
-from kvlab.reuse import ReuseOptions, reuse_record, run_reuse
+from kvlab.records import notebook
 
 LAB = notebook.LAB_OFFLOAD
 CPU_CANNOT_OFFLOAD = (

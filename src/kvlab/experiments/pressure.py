@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kvlab import workloads
+from kvlab.measure import workloads
 
 TURNS = workloads.DEFAULT_TURNS
 HEADROOM = 1.5  # the cache holds this many times the concurrent requests' tokens

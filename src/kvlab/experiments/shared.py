@@ -13,13 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvlab import compat, notebook
 from kvlab.engines import vllm
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import free_port
-from kvlab.experiments.runtime import Lab, engines
-from kvlab.prove import ProveOptions, proof_record, prove
-from kvlab.reuse import ReuseOptions, reuse_record, run_reuse
+from kvlab.experiments.lab import Lab, engines
+from kvlab.measure import compat
+from kvlab.measure.prove import ProveOptions, proof_record, prove
+from kvlab.measure.reuse import ReuseOptions, reuse_record, run_reuse
+from kvlab.records import notebook
 
 LAB = notebook.LAB_OFFLOAD
 

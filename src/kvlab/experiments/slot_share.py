@@ -18,15 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvlab import notebook, slotstore
-from kvlab.chat import ChatResult
+from kvlab.core.errors import SettingError
+from kvlab.core.say import Say, quiet
+from kvlab.core.settings import Settings
 from kvlab.engines import llamacpp, startup
-from kvlab.errors import SettingError
-from kvlab.experiments import llama_common
+from kvlab.engines.llamacpp import server as llama_common
+from kvlab.engines.llamacpp import slotstore
+from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget, logprob_gap
 from kvlab.experiments.disk import CONTROL_FRACTION, LOGPROB_TOLERANCE, REUSE_FRACTION, turn
-from kvlab.llama_client import LlamaClient, LlamaTarget, logprob_gap
-from kvlab.say import Say, quiet
-from kvlab.settings import Settings
+from kvlab.measure.chat import ChatResult
+from kvlab.records import notebook
 
 
 @dataclass(frozen=True)

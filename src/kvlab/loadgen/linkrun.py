@@ -21,12 +21,12 @@ from typing import Any
 
 import httpx
 
-from kvlab import notebook
+from kvlab.core.errors import InputError
+from kvlab.core.sizes import tree_bytes
 from kvlab.engines import vllm
-from kvlab.errors import InputError
 from kvlab.loadgen.sweep import LoadSpec, ProgressHook, Row, SweepResult, run_sweep
 from kvlab.observe import metrics, netdev
-from kvlab.sizes import tree_bytes
+from kvlab.records import notebook
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kvlab.errors import UnreachableError
+from kvlab.core.errors import UnreachableError
 from kvlab.loadgen.client import Connection, Target, open_connection
 from kvlab.loadgen.record import RequestRecord
 

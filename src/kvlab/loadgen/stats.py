@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
-from kvlab.errors import InputError
+from kvlab.core.errors import InputError
 from kvlab.loadgen.record import RequestRecord
 from kvlab.loadgen.runner import LevelResult
 

@@ -21,12 +21,13 @@ from typing import Any, Literal
 
 import httpx
 
-from kvlab import notebook, workloads
 from kvlab.loadgen import stats
 from kvlab.loadgen.client import Target
 from kvlab.loadgen.record import decode_events
 from kvlab.loadgen.runner import LevelResult, LevelRun, Progress, Schedule
+from kvlab.measure import workloads
 from kvlab.observe import metrics
+from kvlab.records import notebook
 
 ProgressHook = Callable[[int, int], Progress | None]  # (concurrency, requests) -> per-record
 Row = dict[str, Any]

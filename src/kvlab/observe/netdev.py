@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from kvlab.errors import InputError
+from kvlab.core.errors import InputError
 
 INFINIBAND_ROOT = Path("/sys/class/infiniband")
 WORD_BYTES = 4

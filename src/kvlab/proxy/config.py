@@ -16,12 +16,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvlab.engines.vllm import MOONCAKE_BOOTSTRAP_PORT
-from kvlab.errors import SettingError
+from kvlab.core.errors import SettingError
+from kvlab.core.settings import Settings
+from kvlab.engines.vllm.facts import MOONCAKE_BOOTSTRAP_PORT
 from kvlab.proxy.legs import Balance, check_legs
 from kvlab.proxy.pd import CONNECTORS
 from kvlab.proxy.upstream import parse_url
-from kvlab.settings import Settings
 
 CompatCheck = Callable[[list[str], list[str]], Awaitable[object]]
 

@@ -4,7 +4,7 @@ A `LegPool` holds the prefill engines or the decode engines (XpYd: each may be r
 picks one per request, round-robin or least-outstanding (ties broken round-robin). The
 start-up check asks every engine's /v1/models (naming a dead one by its role), refuses a
 set that disagrees on the served model id or `max_model_len`, then runs `kvlab check`'s
-whole comparison (`kvlab.compat`): two engines that disagree produce no error, only silent
+whole comparison (`kvlab.measure.compat`): two engines that disagree produce no error, only silent
 recomputation. `ProxyConfig.compat` takes any `async (prefill, decode) -> object` that
 raises a KvlabError (None skips the check).
 For Mooncake, prefill engines' bootstrap servers are asked for their engine ids.
@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 import httpx
 
-from kvlab import compat
-from kvlab.errors import RefusedError, UnreachableError
+from kvlab.core.errors import RefusedError, UnreachableError
+from kvlab.measure import compat
 from kvlab.proxy.pd import PrefillPeer
 from kvlab.proxy.upstream import Origin
 

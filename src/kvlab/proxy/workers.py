@@ -38,8 +38,8 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from types import FrameType
 
+from kvlab.core.errors import EngineError
 from kvlab.engines.plan import client_host
-from kvlab.errors import EngineError
 from kvlab.proxy.app import loop_runner, serve
 from kvlab.proxy.config import ProxyConfig
 from kvlab.proxy.metrics import MULTIPROC_ENV

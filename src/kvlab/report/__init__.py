@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvlab import notebook
+from kvlab.records import notebook
 from kvlab.report.common import Table
 from kvlab.report.offload import offload_table
 from kvlab.report.pd import pd_table

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvlab import compare
-from kvlab.notebook import Notebook
+from kvlab.records.notebook import Notebook
+from kvlab.report import compare
 
 Record = dict[str, Any]
 

@@ -3,7 +3,7 @@ store, and llama.cpp's disk tier."""
 
 from __future__ import annotations
 
-from kvlab.notebook import Notebook
+from kvlab.records.notebook import Notebook
 from kvlab.report.common import (
     Table,
     latest,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvlab.notebook import Notebook
+from kvlab.records.notebook import Notebook
 from kvlab.report.common import (
     Record,
     Table,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kvlab.notebook import Notebook
+from kvlab.records.notebook import Notebook
 from kvlab.report.common import latest, load_rows
 
 REUSE_LABELS = ("offload-off", "offload-on", "shared-store", "shared-store-single")

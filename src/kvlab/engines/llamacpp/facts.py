@@ -22,10 +22,10 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvlab.core.errors import EngineError, RefusedError
+from kvlab.core.settings import Settings
 from kvlab.engines import install
 from kvlab.engines.plan import EnginePlan, Flag
-from kvlab.errors import EngineError, RefusedError
-from kvlab.settings import Settings
 
 # /metrics names (counters are exported without a _total suffix on this server)
 PROMPT_TOKENS = "llamacpp:prompt_tokens_total"

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvlab import notebook
-from kvlab.errors import InputError, RefusedError
-from kvlab.sizes import human_bytes
+from kvlab.core.errors import InputError, RefusedError
+from kvlab.core.sizes import human_bytes
+from kvlab.records import notebook
 
 Row = dict[str, Any]
 CROSSED = "the cache crossed the link"

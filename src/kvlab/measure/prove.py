@@ -19,11 +19,12 @@ from typing import Any
 
 import httpx
 
-from kvlab import notebook
-from kvlab.chat import ChatResult, api_base, chat_body
-from kvlab.compat import InstanceFacts, check, probe
-from kvlab.conversation import Conversation, preamble
-from kvlab.reuse import (
+from kvlab.core.say import Say, quiet
+from kvlab.core.settings import Settings
+from kvlab.measure.chat import ChatResult, api_base, chat_body
+from kvlab.measure.compat import InstanceFacts, check, probe
+from kvlab.measure.conversation import Conversation, preamble
+from kvlab.measure.reuse import (
     EXACT_PROMPT_TRAP,
     Probe,
     counter_hits,
@@ -31,9 +32,8 @@ from kvlab.reuse import (
     source_hits,
     store_expectation,
 )
-from kvlab.say import Say, quiet
-from kvlab.settings import Settings
-from kvlab.verdict import Evidence, Judgement, judge, reusable_tokens
+from kvlab.measure.verdict import Evidence, Judgement, judge, reusable_tokens
+from kvlab.records import notebook
 
 
 @dataclass
@@ -163,7 +163,7 @@ async def prove(opts: ProveOptions, say: Say = quiet) -> ProofRun:
         if len(opts.urls) == 1:
             await _one_endpoint(prover, opts.urls[0])
         elif engines == {"llama.cpp"}:
-            from kvlab.prove_llama import two_llama_endpoints
+            from kvlab.engines.llamacpp.prove import two_llama_endpoints
 
             await two_llama_endpoints(prover, opts.urls[0], opts.urls[1],
                                       opts.settings or Settings())

@@ -18,10 +18,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvlab.core.errors import EngineError, RefusedError
+from kvlab.core.settings import Settings
 from kvlab.engines import install
 from kvlab.engines.plan import EnginePlan, Flag
-from kvlab.errors import EngineError, RefusedError
-from kvlab.settings import Settings
 
 ROLES = ("baseline", "offload", "shared-a", "shared-b", "prefill", "decode")
 
@@ -329,7 +329,7 @@ class _PlanBuilder:
             self.env["HF_HOME"] = settings.hf_home
         if Path(model).is_dir():
             self.env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-            from kvlab.models import has_weights
+            from kvlab.engines.models import has_weights
 
             if not has_weights(Path(model)):
                 self.flags.append(Flag("--load-format", "dummy"))

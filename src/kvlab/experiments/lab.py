@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvlab import notebook
+from kvlab.core.errors import EngineError
+from kvlab.core.say import Say, quiet
+from kvlab.core.settings import Settings
 from kvlab.engines import startup, vllm
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import EngineProcess, make_private_dir
-from kvlab.errors import EngineError
-from kvlab.say import Say, quiet
-from kvlab.settings import Settings
+from kvlab.records import notebook
 
 
 @dataclass

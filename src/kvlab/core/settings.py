@@ -21,7 +21,7 @@ from dotenv import dotenv_values
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from kvlab.errors import SettingError
+from kvlab.core.errors import SettingError
 
 Connector = Literal["shared", "nixl", "mooncake", "lmcache"]
 OffloadBackend = Literal["native", "lmcache"]

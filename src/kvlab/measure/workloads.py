@@ -23,7 +23,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from kvlab.errors import InputError
+from kvlab.core.errors import InputError
 
 PROMPT_SETS = ("shared-prefix", "mixed", "multi-turn")
 DEFAULT_PREAMBLE_TOKENS = 4096

@@ -25,11 +25,11 @@ from typing import Any
 
 import httpx
 
-from kvlab.chat import ChatResult, chat_body, stream_chat
+from kvlab.core.errors import EngineError, RefusedError, UnreachableError
+from kvlab.core.settings import Settings
 from kvlab.engines import llamacpp
 from kvlab.engines.plan import EnginePlan, client_host
-from kvlab.errors import EngineError, RefusedError, UnreachableError
-from kvlab.settings import Settings
+from kvlab.measure.chat import ChatResult, chat_body, stream_chat
 
 DEFAULT_TIMEOUT_S = 600.0  # a cold prefill of a long prompt on two CPU cores takes a while
 

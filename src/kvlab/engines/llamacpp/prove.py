@@ -13,11 +13,11 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from kvlab import slotstore
-from kvlab.chat import server_root
-from kvlab.errors import RefusedError
-from kvlab.llama_client import LlamaClient, LlamaTarget, target_from_settings
-from kvlab.settings import Settings
+from kvlab.core.errors import RefusedError
+from kvlab.core.settings import Settings
+from kvlab.engines.llamacpp import slotstore
+from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget, target_from_settings
+from kvlab.measure.chat import server_root
 
 
 def target_for(settings: Settings, url: str) -> LlamaTarget:
@@ -28,7 +28,7 @@ def target_for(settings: Settings, url: str) -> LlamaTarget:
 
 async def two_llama_endpoints(p: object, a: str, b: str, settings: Settings) -> None:
     """The slot-store proof; `p` is prove's case runner (kept untyped to avoid a cycle)."""
-    from kvlab.prove import REUSABLE, _Prover
+    from kvlab.measure.prove import REUSABLE, _Prover
 
     assert isinstance(p, _Prover)
     ta, tb = target_for(settings, a), target_for(settings, b)

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from kvlab.errors import EngineError, UnreachableError
+from kvlab.core.errors import EngineError, UnreachableError
 
 
 def api_base(url: str) -> str:

@@ -14,13 +14,13 @@ from typing import Any
 
 import httpx
 
-from kvlab import notebook
-from kvlab.chat import ChatResult, api_base, chat_body, server_root, stream_chat
-from kvlab.compat import InstanceFacts, probe
-from kvlab.conversation import Conversation, preamble
+from kvlab.core.say import Say, quiet
+from kvlab.measure.chat import ChatResult, api_base, chat_body, server_root, stream_chat
+from kvlab.measure.compat import InstanceFacts, probe
+from kvlab.measure.conversation import Conversation, preamble
+from kvlab.measure.verdict import Evidence, Judgement, judge, lookup_key, reusable_tokens, store_key
 from kvlab.observe import metrics
-from kvlab.say import Say, quiet
-from kvlab.verdict import Evidence, Judgement, judge, lookup_key, reusable_tokens, store_key
+from kvlab.records import notebook
 
 EXACT_PROMPT_TRAP = (
     "ExampleConnector (CONNECTOR=shared) keys each stored entry on the hash of the prompt's "

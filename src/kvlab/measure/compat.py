@@ -15,9 +15,9 @@ from typing import Any
 
 import httpx
 
-from kvlab.chat import api_base, server_root
+from kvlab.core.errors import RefusedError, UnreachableError
 from kvlab.engines import vllm
-from kvlab.errors import RefusedError, UnreachableError
+from kvlab.measure.chat import api_base, server_root
 from kvlab.observe import metrics
 
 PROBE_MESSAGES = [

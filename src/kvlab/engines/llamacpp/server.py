@@ -11,13 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from kvlab.core.errors import SettingError
+from kvlab.core.settings import Settings
 from kvlab.engines import llamacpp
+from kvlab.engines.llamacpp.client import LlamaClient
+from kvlab.engines.models import corpus
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import EngineProcess, free_port
-from kvlab.errors import SettingError
-from kvlab.llama_client import LlamaClient
-from kvlab.models import corpus
-from kvlab.settings import Settings
 
 TEMPLATE_MARGIN = 32  # chat-template tokens around a user message, with room to spare
 

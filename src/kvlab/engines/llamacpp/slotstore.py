@@ -24,11 +24,12 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from kvlab import __version__, notebook
+from kvlab import __version__
+from kvlab.core.errors import InputError, RefusedError
 from kvlab.engines import llamacpp
+from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget, SlotOp
 from kvlab.engines.process import make_private_dir
-from kvlab.errors import InputError, RefusedError
-from kvlab.llama_client import LlamaClient, LlamaTarget, SlotOp
+from kvlab.records import notebook
 
 MANIFEST_SUFFIX = ".kvlab.json"
 MANIFEST_SCHEMA = 1

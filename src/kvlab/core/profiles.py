@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from kvlab.settings import Settings
+from kvlab.core.settings import Settings
 
 TINY_DIR = "models/tiny-qwen3-seed0"
 

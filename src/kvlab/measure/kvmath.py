@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kvlab.errors import InputError
+from kvlab.core.errors import InputError
 
 # Bytes per stored element. llama.cpp's block-quantised types carry a scale per 32 values:
 # q8_0 is 34 bytes per 32 values, q4_0 is 18 bytes per 32.

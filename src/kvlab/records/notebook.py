@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kvlab import SCHEMA, __version__
-from kvlab.errors import InputError
+from kvlab.core.errors import InputError
 
 LAB_OFFLOAD = "part-22/lab-kv-cache-offload-and-sharing"
 LAB_PD = "part-22/lab-two-machine-prefill-decode"

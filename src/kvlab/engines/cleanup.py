@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvlab import slotstore
+from kvlab.core.settings import Settings
+from kvlab.core.sizes import tree_bytes
 from kvlab.engines import process
-from kvlab.settings import Settings
-from kvlab.sizes import tree_bytes
+from kvlab.engines.llamacpp import slotstore
 
 _ENTRY = re.compile(r"^[0-9a-f]{32}$")
 
