@@ -2,7 +2,8 @@
 
 One module of servers sharing one slot store: A and B (same model and flags), C (another tiny
 model, same shapes), D (`--parallel 4`), E (f16 KV instead of q8_0); all with `--cache-ram 0`
-so the RAM prompt cache cannot stand in for a restore. Then the CLI and the experiments.
+so the RAM prompt cache cannot stand in for a restore. Then the CLI, and the experiments run
+as `kvlab run` runs them: `run(Lab(settings), spec)`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from kvlab.engines.llamacpp import server as llama_common
 from kvlab.engines.llamacpp import slotstore
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget, logprob_gap
 from kvlab.engines.models import TinyModels
+from kvlab.experiments import disk, interference, slot_share
+from kvlab.experiments.lab import Lab as RunLab
 from kvlab.records import notebook
 
 pytestmark = pytest.mark.llama
@@ -196,14 +199,22 @@ def test_llama_cli_save_erase_restore_slots(lab: Lab) -> None:
         assert len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
 
 
-def test_run_disk_done_criterion(tmp_path: Path, tiny_models: TinyModels,
-                                 llama_binary: Path) -> None:
+def run_lab(tmp_path: Path, tiny_models: TinyModels, llama_binary: Path,
+            **values: object) -> RunLab:
+    """A `kvlab run` context on the tiny model, its notebook and slot store under tmp_path."""
+    return RunLab(cpu_settings(llama_model=tiny_models.gguf, llama_bin=str(llama_binary),
+                               labbook=str(tmp_path / "book.md"),
+                               llama_slot_save_path=str(tmp_path / "slots"), **values))
+
+
+async def test_run_disk_done_criterion(tmp_path: Path, tiny_models: TinyModels,
+                                       llama_binary: Path) -> None:
     book, store = tmp_path / "book.md", tmp_path / "slots"
-    env = {"LLAMA_MODEL": tiny_models.gguf, "LABBOOK": str(book),
-           "LLAMA_SLOT_SAVE_PATH": str(store)}
-    result = kvlab("run", "disk", "--prompt-tokens", "3000", "--json", env=env, timeout=600)
-    assert result.returncode == 0, result.stderr
-    record = json.loads(result.stdout)
+    run = run_lab(tmp_path, tiny_models, llama_binary)
+    written = await disk.run(run, disk.DiskSpec(prompt_tokens=3000))
+    assert written == run.written and len(written) == 1
+    record = written[0].line()
+    assert record["record"] == "disk" and record["run_id"] == run.run_id
     assert record["verdict"] == "reuse proven", record["reasons"]
     assert record["prompt_tokens"] >= 3000
     assert record["evidence"]["control"]["cache_n"] == 0
@@ -216,15 +227,13 @@ def test_run_disk_done_criterion(tmp_path: Path, tiny_models: TinyModels,
     assert list(store.iterdir()) == []  # the experiment's slot file does not linger
 
 
-def test_run_shared_slots_writes_a_reuse_line(tmp_path: Path, tiny_models: TinyModels,
-                                              llama_binary: Path) -> None:
+async def test_run_shared_slots_writes_a_reuse_line(tmp_path: Path, tiny_models: TinyModels,
+                                                    llama_binary: Path) -> None:
     book = tmp_path / "book.md"
-    env = {"LLAMA_MODEL": tiny_models.gguf, "LABBOOK": str(book),
-           "LLAMA_SLOT_SAVE_PATH": str(tmp_path / "slots"), "LLAMA_CACHE_TYPE": "f16"}
-    result = kvlab("run", "shared-slots", "--prompt-tokens", "600", "--ctx", "4096", "--json",
-                   env=env)
-    assert result.returncode == 0, result.stderr
-    record = json.loads(result.stdout)
+    run = run_lab(tmp_path, tiny_models, llama_binary, llama_cache_type="f16")
+    written = await slot_share.run(run, slot_share.SharedSlotsSpec(prompt_tokens=600, ctx=4096))
+    assert len(written) == 1
+    record = written[0].line()
     assert record["record"] == "reuse" and record["verdict"] == "reuse proven"
     assert len(set(record["endpoints"])) == 2 and [r["turn"] for r in record["rows"]] == [1, 2]
     assert record["kv_quantised"] is False
@@ -232,13 +241,13 @@ def test_run_shared_slots_writes_a_reuse_line(tmp_path: Path, tiny_models: TinyM
         <= TOLERANCE
 
 
-def test_run_interference_writes_two_rows_and_a_comparison(
+async def test_run_interference_writes_two_rows_and_a_comparison(
         tmp_path: Path, tiny_models: TinyModels, llama_binary: Path) -> None:
     book = tmp_path / "book.md"
-    env = {"LLAMA_MODEL": tiny_models.gguf, "LABBOOK": str(book), "MAX_TOKENS": "4",
-           "CTX": "2048"}
-    result = kvlab("run", "interference", "--requests", "4", "--json", env=env)
-    assert result.returncode == 0, result.stderr
+    run = run_lab(tmp_path, tiny_models, llama_binary)
+    spec = interference.InterferenceSpec(requests=4, max_tokens=4, ctx=2048, prompt_set="mixed")
+    written = await interference.run(run, spec)
+    assert [r.record for r in written] == ["load", "load", "comparison"]
     records = notebook.read(book).records
     rows = [r for r in records if r["record"] == "load"]
     assert [r["label"] for r in rows] == ["interference-parallel-4", "interference-parallel-1"]
@@ -251,13 +260,16 @@ def test_run_interference_writes_two_rows_and_a_comparison(
     assert len(comparison) == 1 and comparison[0]["same_experiment"] is True
     assert comparison[0]["levels"][0]["ttft_p50_ratio"] > 0
     if seeds.SEEDS.is_dir():  # the seed's own compare-disagg.py reads the rows unchanged
-        script = seeds.extract("compare-disagg.py", tmp_path)
-        seed = subprocess.run([sys.executable, str(script), "--labbook", str(book), "--disagg",
-                               "interference-parallel-1", "--baseline",
-                               "interference-parallel-4", "--print-only"],
-                              capture_output=True, text=True, check=False)
+        seed = seed_compare(book, tmp_path)
         assert seed.returncode == 0, seed.stderr
         assert "interference-parallel-1 against interference-parallel-4" in seed.stdout
+
+
+def seed_compare(book: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    script = seeds.extract("compare-disagg.py", tmp_path)
+    return subprocess.run([sys.executable, str(script), "--labbook", str(book), "--disagg",
+                           "interference-parallel-1", "--baseline", "interference-parallel-4",
+                           "--print-only"], capture_output=True, text=True, check=False)
 
 
 def test_llama_serve_checks_flags_against_help(tmp_path: Path, tiny_models: TinyModels) -> None:

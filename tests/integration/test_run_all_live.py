@@ -80,8 +80,8 @@ async def test_engine_death_mid_experiment_is_a_clear_error_and_tears_down(
     settings = cpu_settings(model=tiny_models.hf, small_model=tiny_models.hf,
                             labbook=str(tmp_path / "book.md"))
     lab = Lab(settings)
-    task = asyncio.create_task(shared.run_shared(lab, shared.SharedSpec(turns=6,
-                                                                        preamble_words=300)))
+    task = asyncio.create_task(shared.run(lab, shared.SharedSpec(turns=6,
+                                                                 preamble_words=300)))
     victim = await _wait_healthy_b(captured, task)
     for record in stray_records(settings.home() / "run"):
         if record["port"] == victim.port:  # type: ignore[attr-defined]

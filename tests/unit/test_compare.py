@@ -13,6 +13,7 @@ import pytest
 import seeds
 from kvlab.core.errors import InputError, RefusedError
 from kvlab.records import notebook
+from kvlab.records.models import build, parse
 from kvlab.report import compare
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -24,21 +25,23 @@ def row(label: str, level: int, ttft: float, tpot: float, thru: float, **extra: 
               "ttft_s": {"p50": ttft, "p90": ttft, "p99": ttft, "mean": ttft},
               "tpot_s": {"p50": tpot, "p90": tpot, "p99": tpot, "mean": tpot},
               "output_tokens_per_s": thru, **extra}
-    return notebook.envelope("load", label, notebook.LAB_PD, **fields)
+    return build("load", label, notebook.LAB_PD, **fields).line()
 
 
 def link(label: str, rx: int | None, **extra: Any) -> dict:
-    return notebook.envelope("link", label, notebook.LAB_PD, base_url="u", connector="nixl",
+    return build("link", label, notebook.LAB_PD, base_url="u", connector="nixl",
                              context_length=8192, prompt_set="shared-prefix", concurrency="1,4",
                              requests=8, iface="lo", wall_s=3, rx_bytes=rx,
-                             tx_bytes=None if rx is None else rx // 2, **extra)
+                             tx_bytes=None if rx is None else rx // 2, **extra).line()
 
 
 def book(tmp_path: Path, *records: dict) -> Path:
     path = tmp_path / "labbook.md"
     path.write_text("# notes in prose are skipped\n")
     for r in records:
-        notebook.append(path, r)
+        typed = parse(r)
+        assert typed is not None
+        notebook.append(path, typed)
     return path
 
 
@@ -61,7 +64,7 @@ def test_record_keeps_the_seed_fields(tmp_path: Path) -> None:
     path = book(tmp_path, *pair(), link("disagg", 16_000_000))
     result = compare.compare(notebook.read(path).records, str(path), "disagg", "baseline",
                              kv_bytes_per_token=2000, prompt_tokens=1000, note="n")
-    rec = result.record
+    rec = result.record.line()
     for key in ("lab", "record", "disagg_label", "baseline_label", "model", "prompt_set",
                 "connector", "iface", "kv_bytes_per_token", "prompt_tokens",
                 "predicted_bytes_per_request", "observed_bytes_per_request", "levels",
@@ -130,8 +133,8 @@ def test_missing_labels_and_no_shared_level() -> None:
 
 
 def test_offload_pairing_states_pressure() -> None:
-    startup_on = notebook.envelope("startup", "offload-on", notebook.LAB_OFFLOAD,
-                                   capacity={"kv_cache_tokens": 3000, "max_concurrency": 0.7})
+    startup_on = build("startup", "offload-on", notebook.LAB_OFFLOAD, engine="vllm",
+                       role="offload", capacity={"kv_cache_tokens": 3000, "max_concurrency": 0.7})
     on = row("offload-on-load", 4, 0.1, 0.01, 100,
              metric_deltas={"preemptions": 3.0, "kv_cache_usage_perc_end": 0.97})
     off = row("offload-off-load", 4, 0.3, 0.01, 80, metric_deltas={"preemptions": 0.0})

@@ -46,7 +46,11 @@ def test_good_slot_name_and_url() -> None:
         llamacpp.slot_url("http://h:1", 0, "delete")
 
 
-def test_missing_flags_are_named() -> None:
-    with pytest.raises(EngineError, match="--slot-save-path"):
-        llamacpp.check_flags(frozenset(llamacpp.REQUIRED_FLAGS) - {"--slot-save-path"})
-    llamacpp.check_flags(frozenset(llamacpp.REQUIRED_FLAGS))
+def test_missing_flags_are_named(tmp_path: Path) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    plan = llamacpp.plan(Settings(llama_model=str(model)), "/bin/llama-server")
+    accepted = frozenset(f.name for f in plan.flags)
+    llamacpp.check_plan_flags(plan, accepted)
+    with pytest.raises(EngineError, match="does not accept --slot-save-path, --slots"):
+        llamacpp.check_plan_flags(plan, accepted - {"--slot-save-path", "--slots"})

@@ -112,7 +112,7 @@ async def test_api_key_is_sent_and_never_recorded() -> None:
         row = await run_level(spec(up.base_url, 2), Target.from_url(up.base_url), 1, 0,
                               api_key="sk-test-do-not-write")
     assert up.counters.authorization == ["Bearer sk-test-do-not-write"] * 2
-    assert "sk-test-do-not-write" not in json.dumps(row)
+    assert "sk-test-do-not-write" not in json.dumps(row.line())
     assert up.counters.bodies[0]["stream_options"] == {"include_usage": True}
 
 

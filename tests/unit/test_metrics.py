@@ -25,7 +25,8 @@ VLLM_AFTER = VLLM_BEFORE.replace(
 
 def test_deltas_sum_over_engines_and_ignore_created() -> None:
     before, after = metrics.parse(VLLM_BEFORE), metrics.parse(VLLM_AFTER)
-    assert after.engine() == "vllm"
+    engine = after.engine()
+    assert engine is not None and engine.name == "vllm"
     assert before.total("vllm:prefix_cache_hits") == 150.0  # created timestamp not summed
     assert before.total("vllm:prefix_cache_hits_total") == 150.0
     deltas = metrics.evidence_deltas(before, after)

@@ -11,11 +11,12 @@ import pytest
 from kvlab import SCHEMA, __version__
 from kvlab.core.errors import InputError
 from kvlab.records import notebook
+from kvlab.records.models import build
 
 
 def test_envelope_and_roundtrip(tmp_path: Path) -> None:
     book = tmp_path / "labbook.md"
-    record = notebook.envelope("reuse", "offload-off", notebook.LAB_OFFLOAD, turns=6)
+    record = build("reuse", "offload-off", notebook.LAB_OFFLOAD, turns=6)
     notebook.append(book, record)
     read = notebook.read(book)
     assert len(read.records) == 1
@@ -41,15 +42,15 @@ def test_secret_fields_are_refused_before_writing(tmp_path: Path) -> None:
                    {"rows": [{"Authorization": "b"}]})
     for bad in bad_records:
         with pytest.raises(ValueError, match="secret"):
-            notebook.append(book, notebook.envelope("x", "y", "z", **bad))
+            notebook.append(book, build("x", "y", "z", **bad))
     assert not book.exists()
-    notebook.append(book, notebook.envelope("x", "y", "z", prompt_tokens=3, cached_tokens=2))
+    notebook.append(book, build("x", "y", "z", prompt_tokens=3, cached_tokens=2))
     assert len(notebook.read(book).records) == 1
 
 
 def test_non_finite_numbers_become_null(tmp_path: Path) -> None:
     book = tmp_path / "labbook.md"
-    notebook.append(book, notebook.envelope("x", "y", "z", ratio=float("nan"), v=[float("inf")]))
+    notebook.append(book, build("x", "y", "z", ratio=float("nan"), v=[float("inf")]))
     line = book.read_text(encoding="utf-8")
     assert json.loads(line)["ratio"] is None and "NaN" not in line
 
@@ -58,7 +59,7 @@ def test_unwritable_notebook_is_a_clear_error(tmp_path: Path) -> None:
     target = tmp_path / "dir"
     target.mkdir()
     with pytest.raises(InputError, match="LABBOOK"):
-        notebook.append(target, notebook.envelope("x", "y", "z"))
+        notebook.append(target, build("x", "y", "z"))
 
 
 def test_missing_notebook_is_a_clear_error(tmp_path: Path) -> None:
@@ -70,7 +71,7 @@ def _writer(args: tuple[str, int]) -> None:
     path, worker = args
     pad = "x" * (worker * 700)  # lines of different lengths, some beyond PIPE_BUF
     for i in range(1000):
-        notebook.append(path, notebook.envelope("load", f"w{worker}", "lab", i=i, pad=pad))
+        notebook.append(path, build("stress", f"w{worker}", "lab", i=i, pad=pad))
 
 
 def test_eight_processes_thousand_appends_each(tmp_path: Path) -> None:

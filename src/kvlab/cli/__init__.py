@@ -23,7 +23,7 @@ from kvlab.cli import (
     report_cmd,
     reuse_cmd,
     run_cmd,
-    run_lab_cmd,
+    schema_cmd,
     serve_cmd,
     settings_cmd,
 )
@@ -42,7 +42,7 @@ def cli(ctx: click.Context, env_file: str | None) -> None:
 
 
 for module in (settings_cmd, predict_cmd, serve_cmd, engines_cmd, demo_cmd, reuse_cmd,
-               llama_cmd, run_cmd, run_lab_cmd, proxy_cmd, load_cmd, report_cmd,
+               llama_cmd, run_cmd, proxy_cmd, load_cmd, report_cmd, schema_cmd,
                clean_cmd):
     for command in module.COMMANDS:
         cli.add_command(command)

@@ -71,6 +71,13 @@ def ensure_cpu_prerequisites(loaded: LoadedSettings, console: Console) -> None:
             install.build_llama_server(home, say)
 
 
+def _jsonable(value: Any) -> Any:
+    """Typed records print as their notebook lines; anything else as its text."""
+    from kvlab.records.models import Record
+
+    return value.line() if isinstance(value, Record) else str(value)
+
+
 class Output:
     """Result rendering: one JSON document, or human text via a rich console."""
 
@@ -82,7 +89,7 @@ class Output:
 
     def result(self, data: Any, human: Callable[[Console], None]) -> None:
         if self.as_json:
-            sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+            sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=_jsonable) + "\n")
         else:
             human(self.console)
 

@@ -44,7 +44,7 @@ async def _demo(loaded: LoadedSettings) -> dict[str, Any]:
     model_path = Path(plan.model)
     # one stat and one small JSON read of a local model directory
     served = kvmath.load_shape(model_path) if model_path.exists() else None  # noqa: ASYNC240
-    run_dir = settings.home() / "run"
+    run_dir = settings.paths().run
     log = run_dir / "logs" / "demo-baseline.log"
     log.unlink(missing_ok=True)
     async with EngineProcess(plan, log, run_dir=run_dir) as proc:
@@ -53,7 +53,7 @@ async def _demo(loaded: LoadedSettings) -> dict[str, Any]:
                               engine_version=version, label="demo-baseline")
         notebook.append(settings.labbook, line)
         reply = await _one_request(plan.base_url, settings.served_name)
-    capacity = line["capacity"]
+    capacity = line.capacity
     shapes = {"served model": served}
     q8 = KNOWN_SHAPES["qwen3-8b"]
     shapes["Qwen3-8B"] = kvmath.shape_from_config_dict(

@@ -80,7 +80,7 @@ def serve(ctx: click.Context, engine_args: tuple[str, ...], model: str | None, p
     plan = llamacpp.plan(settings, binary, opts)
     llamacpp.check_plan_flags(plan, llamacpp.help_flags(binary))
     _summary(out.err if as_json else out.console, plan)
-    log = settings.home() / "run" / "logs" / f"serve-{plan.role}-{plan.port}.log"
+    log = settings.paths().log(f"serve-{plan.role}-{plan.port}")
     record = write_serve_record(settings, plan, log)
     try:
         result = asyncio.run(serve_cmd._serve(loaded, plan))
@@ -172,7 +172,7 @@ def save(ctx: click.Context, slot: int, filename: str, port: int | None, as_json
     async def go() -> dict[str, Any]:
         async with client:
             op, manifest = await slotstore.save(client, store, slot, filename,
-                                                slotstore.hash_cache_path(settings.home()))
+                                                settings.paths().file_hashes)
         return {**op.as_dict(), "path": str(store.slot_path(filename)),
                 "manifest": asdict(manifest), "config_source": client.target.source}
 
@@ -196,7 +196,7 @@ def restore(ctx: click.Context, slot: int, filename: str, port: int | None,
     async def go() -> dict[str, Any]:
         async with client:
             op, manifest = await slotstore.restore(client, store, slot, filename,
-                                                   slotstore.hash_cache_path(settings.home()))
+                                                   settings.paths().file_hashes)
         return {**op.as_dict(), "manifest": asdict(manifest),
                 "config_source": client.target.source}
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,6 +22,7 @@ from rich.console import Console
 
 from kvlab.cli.common import Output, json_option, settings_from
 from kvlab.core.errors import InputError
+from kvlab.records.models import Record
 
 T = TypeVar("T")
 ENGINES = ("vllm", "llamacpp")
@@ -88,12 +89,12 @@ def _ms(summary: dict[str, float] | None, key: str = "p50") -> str:
     return f"{summary[key] * 1000:.1f}" if summary else "-"
 
 
-def render_rows(console: Console, rows: list[dict[str, Any]]) -> None:
+def render_rows(console: Console, rows: Sequence[Record]) -> None:
     from rich.table import Table
 
     table = Table("conc", "ok", "fail", "TTFT p50", "TTFT p99", "TPOT p50", "ITL p50",
                   "tok/s", "req/s", "hits", "lag p99", title="times in ms")
-    for r in rows:
+    for r in (row.line() for row in rows):
         hits = r.get("prefix_hit_rate")
         table.add_row(str(r["concurrency"]), str(r["ok"]), str(r["failed"] + r["cancelled"]),
                       _ms(r.get("ttft_s")), _ms(r.get("ttft_s"), "p99"), _ms(r.get("tpot_s")),
@@ -102,7 +103,7 @@ def render_rows(console: Console, rows: list[dict[str, Any]]) -> None:
                       f"{hits:.0%}" if hits is not None else "-",
                       _ms(r.get("schedule_lag_s"), "p99"))
     console.print(table)
-    for r in rows:
+    for r in (row.line() for row in rows):
         if r.get("errors"):
             console.print(f"    concurrency {r['concurrency']}: failures {r['errors']}; first: "
                           f"{(r.get('failures') or [{}])[0].get('detail', '')[:160]}")
@@ -278,12 +279,13 @@ def run_load_command(ctx: click.Context, label: str, base_url: str,
              else "    no interface counters (CLUSTER_IFACE unset)")
     with level_progress(out, not no_progress and not settings.load_test) as hook:
         record, sweep = run_interruptible(out, lambda stop: run_load(
-            spec, link, settings.labbook, api_key=settings.api_key(), stop=stop, progress=hook))
+            spec, link, settings.labbook, lambda line: notebook.append(settings.labbook, line),
+            api_key=settings.api_key(), stop=stop, progress=hook))
 
     def human(console: Console) -> None:
         if sweep is not None:
             render_rows(console, sweep.rows)
-        _link_lines(console, record, settings.labbook)
+        _link_lines(console, record.line(), settings.labbook)
 
     out.result({"link": record, "rows": sweep.rows if sweep else [],
                 "labbook": settings.labbook}, human)

@@ -10,6 +10,7 @@ from rich.console import Console
 from kvlab.cli.common import Output, json_option, settings_from
 from kvlab.core.errors import InputError
 from kvlab.core.sizes import human_bytes
+from kvlab.records.models import PredictionRecord
 
 
 @click.command("predict")
@@ -67,7 +68,7 @@ def predict_command(ctx: click.Context, config_path: Path | None, shape: str | N
     )
     data = result.as_dict()
     if record:
-        line = notebook.envelope("prediction", label, notebook.LAB_PD, note=note, **data)
+        line = PredictionRecord(label=label, lab=notebook.LAB_PD, note=note, **data)
         notebook.append(settings.labbook, line)
         data["recorded_to"] = settings.labbook
 

@@ -74,7 +74,7 @@ def reuse_command(ctx: click.Context, urls: tuple[str, ...], model: str | None, 
     record = reuse_record(run, label, lab, note)
     if not print_only:
         notebook.append(settings.labbook, record)
-    out.result(record, lambda c: _render_reuse(c, record, print_only, settings.labbook))
+    out.result(record, lambda c: _render_reuse(c, record.line(), print_only, settings.labbook))
 
 
 def _render_reuse(console: Console, record: dict[str, Any], print_only: bool,
@@ -156,16 +156,16 @@ def prove_command(ctx: click.Context, urls: tuple[str, ...], model: str | None,
 
     def human(console: Console) -> None:
         table = Table("case", "verdict", "expected", "observed", "TTFT x cold", box=None)
-        for case in record["cases"]:
+        for case in record.cases:
             ev = case.get("evidence", {})
             table.add_row(case["case"], str(case["verdict"] or "-"),
                           str(ev.get("expected_tokens", "")),
                           str(ev.get("observed_tokens", "")), str(ev.get("ttft_ratio", "")))
         console.print(table)
-        for case in record["cases"]:
+        for case in record.cases:
             if case["verdict"] not in (None, "reused", "no-reuse-expected"):
                 console.print(f"  {case['case']}: " + "; ".join(case["reasons"]))
-        for line in record["explanations"]:
+        for line in record.explanations:
             console.print(f"  {line}")
 
     out.result(record, human)

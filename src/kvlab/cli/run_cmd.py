@@ -1,24 +1,48 @@
 """`kvlab run EXPERIMENT`: one orchestrated experiment, its notebook lines, its result.
 
-Each subcommand is one function below: parse options into the experiment's spec, make one
-library call (which starts and always stops its own engines), append the lines, render.
+Each subcommand parses its options into the experiment's spec and hands it to `_execute`,
+which runs the registered experiment (`kvlab.experiments`) in a `Lab`: the experiment starts
+and always stops its own engines and writes every line through the lab; the command renders
+what was written. `--dry-run` prints the plans and starts, installs and writes nothing.
 Progress goes to stderr under `--json`, so stdout stays one JSON document.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
 
 from kvlab.cli.common import Output, json_option, prepared_settings
+from kvlab.core.settings import Settings
+
+if TYPE_CHECKING:
+    from kvlab.records.models import Record
 
 
 @click.group("run")
 def run_group() -> None:
     """Run one of the labs' experiments end to end and record it in the notebook."""
+
+
+def _execute(out: Output, settings: Settings, name: str, spec: Any) -> list[Record]:
+    """Run the registered experiment `name` with `spec`; the lines it wrote."""
+    from kvlab.experiments import registered
+    from kvlab.experiments.lab import Lab
+
+    lab = Lab(settings, say=out.note)
+    records: list[Record] = asyncio.run(registered(name).load().run(lab, spec))
+    return records
+
+
+def _dry_run(out: Output, settings: Settings, name: str, spec: Any) -> None:
+    from kvlab.experiments import registered
+    from kvlab.experiments.lab import Lab
+
+    plans = registered(name).load().dry_run(Lab(settings, say=out.note), spec)
+    out.result({"dry_run": True, "plans": plans}, lambda c: _render_plans(c, plans))
 
 
 # ---- disk: llama.cpp's slot save/restore stopwatch --------------------------------------
@@ -43,18 +67,14 @@ def disk(ctx: click.Context, prompt_tokens: int, ctx_size: int, parallel: int, c
 
     The server is the experiment's own (a free port, these settings, recorded in the line).
     """
-    from kvlab.engines import llamacpp
-    from kvlab.experiments.disk import DiskSpec, run_disk
-    from kvlab.records import notebook
+    from kvlab.experiments.disk import DiskSpec
 
     out = Output(as_json)
     settings = prepared_settings(ctx, out.err, llama_cache_type=cache_type).values
     spec = DiskSpec(prompt_tokens=prompt_tokens, ctx=ctx_size, parallel=parallel,
                     cache_ram_mib=cache_ram, label=label, keep_file=keep_file)
     spec.check()
-    binary = llamacpp.require_llama_server(settings)
-    record = asyncio.run(run_disk(settings, binary, spec, say=out.note))
-    notebook.append(settings.labbook, record)
+    record = _execute(out, settings, "disk", spec)[-1].line()
     out.result(record, lambda console: _render_disk(console, record, settings.labbook))
 
 
@@ -97,9 +117,7 @@ def interference(ctx: click.Context, concurrency: int, parallels: str, requests:
                  as_json: bool) -> None:
     """Prefill interference: the same load with --parallel 4, then 1 (one variable)."""
     from kvlab.core.errors import SettingError
-    from kvlab.engines import llamacpp
-    from kvlab.experiments.interference import InterferenceSpec, run_interference
-    from kvlab.records import notebook
+    from kvlab.experiments.interference import InterferenceSpec
 
     out = Output(as_json)
     loaded = prepared_settings(ctx, out.err, requests=requests, prompt_set=prompt_set)
@@ -121,10 +139,7 @@ def interference(ctx: click.Context, concurrency: int, parallels: str, requests:
                             requests=settings.requests, max_tokens=settings.max_tokens,
                             prompt_set=settings.prompt_set, ctx=settings.ctx, label=label)
     spec.budget()
-    binary = llamacpp.require_llama_server(settings)
-    rows, comparison = asyncio.run(run_interference(settings, binary, spec, say=out.note))
-    for line in [*rows, comparison]:
-        notebook.append(settings.labbook, line)
+    *rows, comparison = [r.line() for r in _execute(out, settings, "interference", spec)]
     data = {"rows": rows, "comparison": comparison}
     out.result(data, lambda console: _render_interference(console, data, settings.labbook))
 
@@ -165,18 +180,14 @@ def _render_interference(console: Console, data: dict[str, Any], labbook: str) -
 def shared_slots(ctx: click.Context, prompt_tokens: int, ctx_size: int, parallel: int,
                  cache_type: str | None, label: str, keep_file: bool, as_json: bool) -> None:
     """Two llama-servers share one slot store: save on A, restore on B, prove reuse on B."""
-    from kvlab.engines import llamacpp
-    from kvlab.experiments.slot_share import SharedSlotsSpec, run_shared_slots
-    from kvlab.records import notebook
+    from kvlab.experiments.slot_share import SharedSlotsSpec
 
     out = Output(as_json)
     settings = prepared_settings(ctx, out.err, llama_cache_type=cache_type).values
     spec = SharedSlotsSpec(prompt_tokens=prompt_tokens, ctx=ctx_size, parallel=parallel,
                            label=label, keep_file=keep_file)
     spec.check()
-    binary = llamacpp.require_llama_server(settings)
-    record = asyncio.run(run_shared_slots(settings, binary, spec, say=out.note))
-    notebook.append(settings.labbook, record)
+    record = _execute(out, settings, "shared-slots", spec)[-1].line()
     out.result(record, lambda console: _render_shared(console, record, settings.labbook))
 
 
@@ -195,6 +206,155 @@ def _render_shared(console: Console, r: dict[str, Any], labbook: str) -> None:
 
 def _ms(seconds: float | None) -> str:
     return f"{seconds * 1000:.1f} ms" if seconds is not None else "n/a"
+
+
+@run_group.command("offload")
+@click.option("--turns", type=click.IntRange(2), default=6, show_default=True)
+@click.option("--preamble-words", type=click.IntRange(1), help="Default: PREAMBLE_WORDS.")
+@click.option("--concurrency", type=click.IntRange(1), default=8, show_default=True,
+              help="Concurrency of the pressure runs (the lab uses 8).")
+@click.option("--min-requests", type=click.IntRange(0), default=0,
+              help="At least this many requests per pressure run.")
+@click.option("--part", type=click.Choice(["all", "quiet", "pressure"]), default="all",
+              show_default=True, help="Run only the quiet pair or only the pressure pair.")
+@click.option("--dry-run", is_flag=True, help="Print the plans and start nothing.")
+@json_option
+@click.pass_context
+def offload(ctx: click.Context, turns: int, preamble_words: int | None, concurrency: int,
+            min_requests: int, part: str, dry_run: bool, as_json: bool) -> None:
+    """The host-memory tier: off and on, quiet and under found pressure."""
+    from kvlab.experiments import offload as experiment
+
+    out = Output(as_json)
+    settings = prepared_settings(ctx, out.err).values
+    spec = experiment.OffloadSpec(turns=turns,
+                                  preamble_words=preamble_words or settings.preamble_words,
+                                  concurrency=concurrency, min_requests=min_requests, part=part,
+                                  load_max_tokens=settings.max_tokens,
+                                  preamble_tokens=settings.preamble_tokens)
+    if dry_run:
+        _dry_run(out, settings, "offload", spec)
+        return
+    lines = _execute(out, settings, "offload", spec)
+    out.result({"records": lines}, lambda c: _render_lines(c, lines, settings.labbook))
+
+
+@run_group.command("shared")
+@click.option("--turns", type=click.IntRange(2), default=6, show_default=True)
+@click.option("--preamble-words", type=click.IntRange(1), help="Default: PREAMBLE_WORDS.")
+@click.option("--dry-run", is_flag=True, help="Print the plans and start nothing.")
+@json_option
+@click.pass_context
+def shared(ctx: click.Context, turns: int, preamble_words: int | None, dry_run: bool,
+           as_json: bool) -> None:
+    """Two instances, one KV store: alternating turns, a single-instance control, the proof."""
+    from kvlab.experiments import shared as experiment
+
+    out = Output(as_json)
+    settings = prepared_settings(ctx, out.err).values
+    spec = experiment.SharedSpec(turns=turns,
+                                 preamble_words=preamble_words or settings.preamble_words)
+    if dry_run:
+        _dry_run(out, settings, "shared", spec)
+        return
+    lines = _execute(out, settings, "shared", spec)
+    out.result({"records": lines}, lambda c: _render_lines(c, lines, settings.labbook))
+
+
+@run_group.command("disagg")
+@click.option("--link-gbps", type=click.FloatRange(min=0, min_open=True),
+              help="Link speed for the prediction (default: none on loopback).")
+@click.option("--dry-run", is_flag=True, help="Print the plans and start nothing.")
+@json_option
+@click.pass_context
+def disagg(ctx: click.Context, link_gbps: float | None, dry_run: bool, as_json: bool) -> None:
+    """Prediction, the split behind kvlab's proxy, the baseline, the comparison."""
+    from kvlab.experiments import disagg as experiment
+
+    out = Output(as_json)
+    s = prepared_settings(ctx, out.err).values
+    spec = experiment.DisaggSpec(levels=s.concurrency, requests=s.requests,
+                                 max_tokens=s.max_tokens, preamble_tokens=s.preamble_tokens,
+                                 prompt_set=s.prompt_set, link_gbps=link_gbps)
+    if dry_run:
+        _dry_run(out, s, "disagg", spec)
+        return
+    lines = _execute(out, s, "disagg", spec)
+    out.result({"records": lines}, lambda c: _render_lines(c, lines, s.labbook))
+
+
+@run_group.command("all")
+@click.option("--quick", is_flag=True, help="Small sizes: a first look, and CI.")
+@click.option("--only", multiple=True,
+              type=click.Choice(["disk", "interference", "offload", "shared", "disagg"]),
+              help="Run just these experiments (repeatable).")
+@click.option("--report-dir", type=click.Path(file_okay=False), default="kvlab-report",
+              show_default=True, help="Where the report and its plots go.")
+@json_option
+@click.pass_context
+def run_all_command(ctx: click.Context, quick: bool, only: tuple[str, ...], report_dir: str,
+                    as_json: bool) -> None:
+    """Every experiment this machine can run, then `kvlab report` (the README's main command)."""
+    from pathlib import Path
+
+    from kvlab.core.errors import KvlabError
+    from kvlab.experiments import everything
+    from kvlab.experiments.lab import Lab
+    from kvlab.report import build
+
+    out = Output(as_json)
+    loaded = prepared_settings(ctx, out.err)
+    s = loaded.values
+    spec = (everything.AllSpec.quick(s.prompt_set, only) if quick else everything.AllSpec.lab(
+        s.concurrency, s.requests, s.max_tokens, s.preamble_tokens, s.preamble_words,
+        s.prompt_set, only))
+    lab = Lab(s, say=out.note)
+    out.note(f"==> kvlab run all (run {lab.run_id}, profile {loaded.profile}, notebook "
+             f"{s.labbook})")
+    asyncio.run(everything.run(lab, spec))
+    done = lab.outcomes
+    report = build(s.labbook, Path(report_dir))
+    text = report.markdown()
+    Path(report_dir, "report.md").write_text(text + "\n", encoding="utf-8")
+    data = {"run_id": lab.run_id, "experiments": done, "report": report.as_dict()}
+    out.result(data, lambda c: c.print(text + f"\n(report written to {report_dir}/report.md)"))
+    failed = [name for name, result in done.items() if not result["ok"]]
+    if failed:
+        raise KvlabError(f"experiment(s) failed: {', '.join(failed)}; their rows say why in "
+                         f"{report_dir}/report.md")
+
+
+def _render_plans(console: Console, plans: list[dict[str, Any]]) -> None:
+    for item in plans:
+        console.print(f"==> {item['label']}")
+        if "plan" in item:
+            console.print(f"    {item['shell']}")
+        else:
+            console.print(f"    not run here: {item['reason']}")
+
+
+def _render_lines(console: Console, records: list[Record], labbook: str) -> None:
+    for line in (r.line() for r in records):
+        console.print(f"  {line['record']:<10} {line['label']:<22} {summarise(line)}")
+    console.print(f"{len(records)} lines appended to {labbook}")
+
+
+def summarise(line: dict[str, Any]) -> str:
+    """One line of what a record says, for the end-of-run listing."""
+    kind = line["record"]
+    if kind == "not-run":
+        return f"not run: {line['reason']}"
+    if kind == "reuse":
+        s = line.get("summary", {})
+        return (f"turn 1 {s.get('turn1_ttft_s')} s, best later {s.get('best_later_ttft_s')} s, "
+                f"reused turns {s.get('reused_turns')}/{len(s.get('later_turn_verdicts', []))}")
+    if kind == "proof":
+        return ", ".join(f"{k}={v}" for k, v in line["verdicts"].items() if v)
+    if kind == "load":
+        ttft = (line.get("ttft_s") or {}).get("p50")
+        return (f"c={line.get('concurrency')} TTFT p50 {ttft} s, "
+                f"{line.get('output_tokens_per_s')} tok/s, failed {line.get('failed', 0)}")
+    return ""
 
 
 COMMANDS = (run_group,)

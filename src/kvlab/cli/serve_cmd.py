@@ -30,9 +30,11 @@ def build_plan(loaded: LoadedSettings, role: str, model: str | None, port: int |
         opts = llamacpp.LlamaOptions(model=model, port=port, extra_args=extra)
         return llamacpp.plan(settings, binary, opts)
     install = vllm.find_vllm(settings)
+    if probe:
+        vllm.require_found(install)
     flags = None
     if probe and role == "offload" and settings.offload:
-        flags = vllm.accepted_flags(install, settings.home() / "probe")
+        flags = vllm.accepted_flags(install, settings.paths().flag_probes)
     opts_v = vllm.PlanOptions(model=model, port=port, extra_args=extra)
     return vllm.plan(settings, role, install, opts_v, flags)
 
@@ -99,9 +101,7 @@ async def _serve(loaded: LoadedSettings, plan: EnginePlan) -> dict[str, object]:
     from kvlab.records import notebook
 
     settings = loaded.values
-    if plan.engine == "vllm":
-        vllm.require_found(vllm.find_vllm(settings))
-    run_dir = settings.home() / "run"
+    run_dir = settings.paths().run
     log = run_dir / "logs" / f"serve-{plan.role}-{plan.port}.log"
     log.unlink(missing_ok=True)
     secrets = {"HF_TOKEN": settings.hf_token.get_secret_value()} if settings.hf_token else {}
@@ -111,7 +111,7 @@ async def _serve(loaded: LoadedSettings, plan: EnginePlan) -> dict[str, object]:
         version = await startup.server_version(plan)
         line = startup.record(plan, proc.log_text(), ready_s=proc.ready_s, engine_version=version)
         notebook.append(settings.labbook, line)
-        recorded = {"startup": line["capacity"], "ready_s": proc.ready_s}
+        recorded = {"startup": line.capacity, "ready_s": proc.ready_s}
         print(f"\n==> ready after {proc.ready_s:.1f} s at {plan.base_url}; startup line "
               f"appended to {settings.labbook}. Ctrl-C stops it.", file=sys.stderr)
         await proc.wait_exit()

@@ -22,6 +22,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from kvlab.core.errors import SettingError
+from kvlab.core.paths import KvlabPaths
 
 Connector = Literal["shared", "nixl", "mooncake", "lmcache"]
 OffloadBackend = Literal["native", "lmcache"]
@@ -153,6 +154,10 @@ class Settings(BaseSettings):
             return Path(self.kvlab_home).expanduser()
         base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
         return Path(base) / "kvlab"
+
+    def paths(self) -> KvlabPaths:
+        """The layout of KVLAB_HOME (`core/paths.py`)."""
+        return KvlabPaths(self.home())
 
     def api_key(self) -> str:
         """The servers' API key, read from the variable LOADTEST_API_KEY_ENV names."""

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import re
 import shutil
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from kvlab.core.paths import PROXY_METRICS_PREFIX
 from kvlab.core.settings import Settings
 from kvlab.core.sizes import tree_bytes
 from kvlab.engines import process
@@ -42,27 +46,42 @@ def _is_store_entry(path: Path) -> bool:
 
 def clean(settings: Settings, *, dry_run: bool = False) -> CleanReport:
     report = CleanReport()
-    run_dir = settings.home() / "run"
+    paths = settings.paths()
+    run_dir = paths.run
     if dry_run:
         report.stopped = [r for r in process.stray_records(run_dir)
                           if process.group_alive(int(r["pid"]))]
     else:
         report.stopped = process.stop_strays(run_dir)
-    stores = settings.home() / "stores"
-    if stores.is_dir():
-        for run in sorted(stores.iterdir()):
+    _clean_proxy_metrics(report, dry_run)
+    for tree in (paths.stores, paths.scratch):
+        if not tree.is_dir():
+            continue
+        for run in sorted(tree.iterdir()):
             report.bytes_freed += tree_bytes(run)
             report.removed.append(str(run))
             if not dry_run:
                 shutil.rmtree(run, ignore_errors=True)
     if settings.kv_shared_path:
         _clean_shared(Path(settings.kv_shared_path).expanduser(), report, dry_run)
-    for slots in {Path(settings.llama_slot_save_path).expanduser(), settings.home() / "slots"}:
+    for slots in {Path(settings.llama_slot_save_path).expanduser(), paths.slots}:
         result = slotstore.clean(slots, dry_run=dry_run)
         report.removed += [str(slots / name) for name in result.removed]
         report.kept += [str(slots / name) for name in result.kept]
         report.bytes_freed += result.bytes_freed
     return report
+
+
+def _clean_proxy_metrics(report: CleanReport, dry_run: bool) -> None:
+    """A killed proxy's metrics directory (its supervisor PID is in the name, and gone)."""
+    for entry in sorted(Path(tempfile.gettempdir()).glob(PROXY_METRICS_PREFIX + "*")):
+        pid = entry.name.removeprefix(PROXY_METRICS_PREFIX).split("-", 1)[0]
+        if not pid.isdigit() or psutil.pid_exists(int(pid)) or not entry.is_dir():
+            continue
+        report.bytes_freed += tree_bytes(entry)
+        report.removed.append(str(entry))
+        if not dry_run:
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def _clean_shared(store: Path, report: CleanReport, dry_run: bool) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from kvlab.core.settings import Settings
 from kvlab.engines import vllm
+from kvlab.engines.base import VLLM, engine_for
 from kvlab.engines.plan import EnginePlan, Flag
 from kvlab.engines.process import free_port
 from kvlab.experiments.lab import Lab, engines
@@ -29,6 +30,7 @@ from kvlab.experiments.pressure import count_tokens, fit_preamble
 from kvlab.measure import kvmath, workloads
 from kvlab.measure.chat import api_base
 from kvlab.records import notebook
+from kvlab.records.models import CrossingRecord, PredictionRecord, Record
 
 LAB = notebook.LAB_PD
 LOOPBACK = "lo0" if sys.platform == "darwin" else "lo"
@@ -85,7 +87,7 @@ def baseline_plan(lab: Lab, store: str) -> EnginePlan:
                      vllm.PlanOptions(port=free_port()))
 
 
-def predict(lab: Lab, spec: DisaggSpec, block: int) -> dict[str, Any]:
+def predict(lab: Lab, spec: DisaggSpec, block: int) -> PredictionRecord:
     """The lab's three numbers, recorded before any engine starts."""
     model = lab.settings.small_model
     prompt = workloads.build("shared-prefix", 1, preamble_tokens=spec.preamble_tokens)[0]
@@ -101,25 +103,26 @@ def predict(lab: Lab, spec: DisaggSpec, block: int) -> dict[str, Any]:
             "worse at every concurrency on one device: the split adds a second prefill "
             "request, a store write and read, and a proxy hop, and no network can be faster "
             "than not moving the cache at all")
-    line = notebook.envelope("prediction", "prediction", LAB, **fields)
+    line = PredictionRecord(label="prediction", lab=LAB, **fields)
     return lab.record(line)
 
 
-async def run_disagg(lab: Lab, spec: DisaggSpec) -> list[dict[str, Any]]:
+async def run(lab: Lab, spec: DisaggSpec) -> list[Record]:
     from kvlab.loadgen.linkrun import LinkSpec, run_load
     from kvlab.loadgen.sweep import LoadSpec
     from kvlab.proxy.check import crossing_check
     from kvlab.report.compare import compare
 
     vllm.require_found(lab.vllm)
-    block = 128 if lab.vllm.platform == "cpu" else 16
+    block = engine_for(VLLM).block_size(lab.vllm.platform)
     fitted = fit_preamble(lab.settings.small_model, spec.prompt_set, spec.preamble_tokens,
                           spec.max_tokens, lab.settings.ctx)
     if fitted != spec.preamble_tokens:
         lab.say(f"    preamble {spec.preamble_tokens} -> {fitted} tokens to fit CTX "
                 f"{lab.settings.ctx} with this model's tokenizer")
         spec = replace(spec, preamble_tokens=fitted)
-    out = [predict(lab, spec, block)]
+    prediction = predict(lab, spec, block)
+    out: list[Record] = [prediction]
     out.append(lab.not_run(LAB, "disagg-two-machines",
                            "Two machines, shared-directory connector", TWO_MACHINES))
     out.append(lab.not_run(LAB, "disagg-nixl", "Two machines, NixlConnector", NO_NIXL))
@@ -147,8 +150,8 @@ async def run_disagg(lab: Lab, spec: DisaggSpec) -> list[dict[str, Any]]:
             crossing = await crossing_check(proxy.plan.base_url, [prefill.base_url],
                                             [decode.base_url], settings.served_name,
                                             api_key=settings.api_key())
-            out.append(lab.record(notebook.envelope(
-                "crossing", "disagg", LAB, **crossing.as_dict(), **TOPOLOGY)))
+            out.append(lab.record(CrossingRecord(
+                label="disagg", lab=LAB, **crossing.as_dict(), **TOPOLOGY)))
             lab.say(f"==> proxy check: crossed={crossing.crossed} "
                     + "; ".join(crossing.reasons))
             row_link, sweep = await run_load(
@@ -156,31 +159,30 @@ async def run_disagg(lab: Lab, spec: DisaggSpec) -> list[dict[str, Any]]:
                 link((prefill.metrics_url, decode.metrics_url),
                      {"prefill": prefill.metrics_url, "decode": decode.metrics_url},
                      str(store)),
-                settings.labbook,
+                settings.labbook, lab.record,
                 api_key=settings.api_key())
         out += [*(sweep.rows if sweep else []), row_link]
         base = baseline_plan(lab, str(store))
         async with engines(lab, [base], labels=["baseline"]):
             row_link_b, sweep_b = await run_load(
                 load("baseline", base.base_url), link((base.metrics_url,), {}), settings.labbook,
-                api_key=settings.api_key())
+                lab.record, api_key=settings.api_key())
         out += [*(sweep_b.rows if sweep_b else []), row_link_b]
     finally:
         lab.cleanup()
     require_successes("disagg", sweep.rows if sweep else [])
     require_successes("baseline", sweep_b.rows if sweep_b else [])
     records = notebook.read(settings.labbook).records
-    prediction = out[0]
     result = compare(records, settings.labbook, "disagg", "baseline",
                      kv_bytes_per_token=prediction.get("bytes_per_token"),
                      prompt_tokens=prediction.get("prompt_tokens"), note="loopback")
-    out.append(lab.record({**result.record, **TOPOLOGY}))
+    out.append(lab.record(result.record.with_fields(**TOPOLOGY)))
     for line in result.lines:
         lab.say(line)
     return out
 
 
-def dry_run(lab: Lab) -> list[dict[str, Any]]:
+def dry_run(lab: Lab, spec: DisaggSpec) -> list[dict[str, Any]]:
     import tempfile
 
     # the decode plan checks that its store exists; a run makes a fresh one in KVLAB_HOME/stores

@@ -16,18 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from kvlab.core.say import Say, quiet
-from kvlab.core.settings import Settings
 from kvlab.engines import llamacpp, startup
 from kvlab.engines.llamacpp import server as llama_common
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget
+from kvlab.experiments.lab import Lab
 from kvlab.measure import workloads
 from kvlab.records import notebook
-
-Row = dict[str, Any]
+from kvlab.records.models import ComparisonRecord, LoadRecord, Record
 
 
 @dataclass(frozen=True)
@@ -42,11 +39,11 @@ class Workload:
 
 
 # (base_url with /v1, concurrency, requests, workload, label, extra row fields, api key) -> row
-LoadFn = Callable[[str, int, int, Workload, str, dict[str, Any], str], Awaitable[Row]]
+LoadFn = Callable[[str, int, int, Workload, str, dict[str, Any], str], Awaitable[LoadRecord]]
 
 
 async def loadgen_level(base_url: str, concurrency: int, requests: int, workload: Workload,
-                        label: str, extra: dict[str, Any], api_key: str) -> Row:
+                        label: str, extra: dict[str, Any], api_key: str) -> LoadRecord:
     """One level of kvlab's load generator; its row, not yet appended."""
     from kvlab.loadgen.sweep import LoadSpec, run_sweep
 
@@ -96,14 +93,14 @@ async def fit_preamble(client: LlamaClient, spec: InterferenceSpec) -> int:
     return size
 
 
-async def run_interference(settings: Settings, binary: Path, spec: InterferenceSpec,
-                           load: LoadFn = loadgen_level,
-                           say: Say = quiet) -> tuple[list[Row], Row]:
-    """Both runs in order; (load rows, comparison record), none appended yet."""
+async def run(lab: Lab, spec: InterferenceSpec, *,
+              load: LoadFn = loadgen_level) -> list[Record]:
+    """Both runs in order, each load row written as it ends, then the comparison."""
+    settings, binary = lab.settings, lab.llama_server()
     accepted = llamacpp.help_flags(binary)
     slot_dir = settings.home() / "run" / "interference-slots"
     workload: Workload | None = None
-    rows = []
+    rows: list[LoadRecord] = []
     for parallel in spec.parallels:
         plan = llama_common.server_plan(settings, binary, role=f"interference-{parallel}",
                                         ctx=spec.ctx, parallel=parallel, slot_dir=slot_dir,
@@ -117,24 +114,26 @@ async def run_interference(settings: Settings, binary: Path, spec: InterferenceS
                                         spec.seed)
                 # model residency is not what is measured: one short request first
                 await client.chat("Warm up.", max_tokens=2, model=settings.served_name)
-            say(f"--parallel {parallel}: {spec.requests} requests at concurrency "
-                f"{spec.concurrency} ({spec.prompt_set}, preamble {workload.preamble_tokens})")
+            lab.say(f"--parallel {parallel}: {spec.requests} requests at concurrency "
+                    f"{spec.concurrency} ({spec.prompt_set}, preamble "
+                    f"{workload.preamble_tokens})")
             extra = {"engine_version": version, "llama_parallel": parallel,
                      "varied": "llama_parallel",
                      "server": {**llama_common.server_fields(plan, spec.ctx, parallel, None),
                                 "capacity": startup.capacity(plan, proc.log_text())},
                      **llamacpp.kv_label(*llamacpp.kv_types(plan))}
-            rows.append(await load(plan.base_url + "/v1", spec.concurrency, spec.requests,
-                                   workload, spec.label_for(parallel), extra, settings.api_key()))
-    return rows, comparison(spec, rows)
+            rows.append(lab.record(await load(
+                plan.base_url + "/v1", spec.concurrency, spec.requests, workload,
+                spec.label_for(parallel), extra, settings.api_key())))
+    return [*rows, lab.record(comparison(spec, rows))]
 
 
-def _p50(row: Row, key: str) -> float | None:
+def _p50(row: LoadRecord, key: str) -> float | None:
     value = (row.get(key) or {}).get("p50")
     return float(value) if value is not None else None
 
 
-def _cached_mean(row: Row) -> float | None:
+def _cached_mean(row: LoadRecord) -> float | None:
     """Prompt tokens the server reused per response: reuse, not interference, if high."""
     value = (row.get("cached_tokens_per_response") or {}).get("mean")
     return float(value) if value is not None else None
@@ -148,7 +147,7 @@ HELD_FIXED = ("model", "prompt_set", "preamble_tokens", "max_tokens", "concurren
               "requests", "kv_cache_type")
 
 
-def comparison(spec: InterferenceSpec, rows: list[Row]) -> Row:
+def comparison(spec: InterferenceSpec, rows: list[LoadRecord]) -> ComparisonRecord:
     """The runs paired against the first (most slots): TTFT, TPOT and throughput ratios."""
     base = rows[0]
     differs = sorted({f for row in rows[1:] for f in HELD_FIXED if row.get(f) != base.get(f)})
@@ -170,8 +169,8 @@ def comparison(spec: InterferenceSpec, rows: list[Row]) -> Row:
             "cached_tokens_mean_candidate": _cached_mean(row),
             "cached_tokens_mean_baseline": _cached_mean(base),
         })
-    return notebook.envelope(
-        "comparison", spec.label, notebook.LAB_PD, experiment="interference",
+    return ComparisonRecord(
+        label=spec.label, lab=notebook.LAB_PD, experiment="interference",
         baseline_label=base.get("label"), candidate_labels=[r.get("label") for r in rows[1:]],
         varied={"llama_parallel": list(spec.parallels)}, held_fixed=list(HELD_FIXED),
         same_experiment=not differs, differs=differs, model=base.get("model"),

@@ -17,15 +17,18 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kvlab.core.errors import EngineError
 from kvlab.core.say import Say, quiet
 from kvlab.core.settings import Settings
-from kvlab.engines import startup, vllm
+from kvlab.engines import llamacpp, startup, vllm
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import EngineProcess, make_private_dir
 from kvlab.records import notebook
+from kvlab.records.models import NotRunRecord, Record
+
+R = TypeVar("R", bound=Record)
 
 
 @dataclass
@@ -35,32 +38,41 @@ class Lab:
     settings: Settings
     say: Say = quiet
     run_id: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S"))
-    written: list[dict[str, Any]] = field(default_factory=list)
+    written: list[Record] = field(default_factory=list)
     stores: list[Path] = field(default_factory=list)
+    outcomes: dict[str, dict[str, Any]] = field(default_factory=dict)  # per experiment run
 
     @property
     def run_dir(self) -> Path:
-        return self.settings.home() / "run" / self.run_id
+        return self.settings.paths().run / self.run_id
 
     @property
     def vllm(self) -> vllm.VllmInstall:
         return vllm.find_vllm(self.settings)
 
-    def record(self, line: dict[str, Any]) -> dict[str, Any]:
-        """Append one line to the notebook and keep it for the run's summary."""
-        line = {**line, "run_id": self.run_id}
+    def llama_server(self) -> Path:
+        """The llama-server binary this run uses (EngineError naming the fix if none)."""
+        return llamacpp.require_llama_server(self.settings)
+
+    def record(self, line: R) -> R:
+        """Append one line to the notebook, stamped with this run, and keep it."""
+        line = line.with_fields(run_id=self.run_id)
         notebook.append(self.settings.labbook, line)
         self.written.append(line)
         return line
 
-    def not_run(self, lab: str, label: str, row: str, reason: str) -> dict[str, Any]:
+    def not_run(self, lab: str, label: str, row: str, reason: str) -> NotRunRecord:
         """Record that a lab row cannot be measured here, and why."""
         self.say(f"    {row}: not run here: {reason}")
-        return self.record(notebook.envelope("not-run", label, lab, row=row, reason=reason))
+        return self.record(NotRunRecord(label=label, lab=lab, row=row, reason=reason))
+
+    def store_path(self, name: str) -> Path:
+        """Where this run's KV store `name` lives (nothing is created)."""
+        return self.settings.paths().store(self.run_id, name)
 
     def store(self, name: str) -> Path:
         """A fresh private KV store directory for this run, removed by `cleanup()`."""
-        path = self.settings.home() / "stores" / self.run_id / name
+        path = self.store_path(name)
         if path.exists():
             shutil.rmtree(path)
         make_private_dir(path)
@@ -71,7 +83,7 @@ class Lab:
         """Remove the run's stores (they hold users' prompts)."""
         for path in self.stores:
             shutil.rmtree(path, ignore_errors=True)
-        parent = self.settings.home() / "stores" / self.run_id
+        parent = self.settings.paths().stores / self.run_id
         with contextlib.suppress(OSError):
             parent.rmdir()
         self.stores.clear()
@@ -82,7 +94,7 @@ async def engines(lab: Lab, plans: list[EnginePlan], *, labels: list[str] | None
                   ready_timeout_s: float = 900.0) -> AsyncIterator[list[EngineProcess]]:
     """Start `plans` together, write their startup lines, always stop them all."""
     procs = [EngineProcess(p, lab.run_dir / "logs" / f"{p.role}-{p.port}.log",
-                           run_dir=lab.settings.home() / "run", ready_timeout_s=ready_timeout_s)
+                           run_dir=lab.settings.paths().run, ready_timeout_s=ready_timeout_s)
              for p in plans]
     try:
         for proc in procs:
@@ -96,7 +108,7 @@ async def engines(lab: Lab, plans: list[EnginePlan], *, labels: list[str] | None
                                   engine_version=version, label=label)
             lab.record(line)
             lab.say(f"    {proc.plan.role} ready in {proc.ready_s or 0:.0f} s: "
-                    + "; ".join(line["capacity"].get("lines", [])))
+                    + "; ".join(line.capacity.get("lines", [])))
         try:
             yield procs
         except Exception as exc:

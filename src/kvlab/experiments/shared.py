@@ -21,6 +21,7 @@ from kvlab.measure import compat
 from kvlab.measure.prove import ProveOptions, proof_record, prove
 from kvlab.measure.reuse import ReuseOptions, reuse_record, run_reuse
 from kvlab.records import notebook
+from kvlab.records.models import Record
 
 LAB = notebook.LAB_OFFLOAD
 
@@ -43,20 +44,20 @@ def pair_plans(lab: Lab, store: str) -> list[EnginePlan]:
         for role, core in (("shared-a", 0), ("shared-b", 1))]
 
 
-def dry_run(lab: Lab) -> list[dict[str, Any]]:
-    store = str(lab.settings.home() / "stores" / lab.run_id / "shared")
+def dry_run(lab: Lab, spec: SharedSpec) -> list[dict[str, Any]]:
+    store = str(lab.store_path("shared"))
     return [{"label": p.role, "plan": p.as_dict(), "shell": p.shell_line()}
             for p in pair_plans(lab, store)]
 
 
-async def run_shared(lab: Lab, spec: SharedSpec) -> list[dict[str, Any]]:
+async def run(lab: Lab, spec: SharedSpec) -> list[Record]:
     vllm.require_found(lab.vllm)
     store = lab.store("shared")
     plans = pair_plans(lab, str(store))
     settings = lab.settings
     urls = [p.base_url + "/v1" for p in plans]
     name, key = settings.served_name, settings.api_key()
-    out = []
+    out: list[Record] = []
     try:
         async with engines(lab, plans, labels=["shared-store-a", "shared-store-b"]):
             await compat.check(urls)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,10 @@ import httpx
 
 from kvlab.core.errors import InputError
 from kvlab.core.sizes import tree_bytes
-from kvlab.engines import vllm
-from kvlab.loadgen.sweep import LoadSpec, ProgressHook, Row, SweepResult, run_sweep
+from kvlab.loadgen.sweep import LoadSpec, ProgressHook, SweepResult, run_sweep
 from kvlab.observe import metrics, netdev
 from kvlab.records import notebook
+from kvlab.records.models import LinkRecord, Record
 
 
 @dataclass(frozen=True)
@@ -98,25 +99,29 @@ async def _run_load_test(load_test: str, load: LoadSpec, labbook: str) -> None:
         raise InputError(f"LOAD_TEST {path} exited with status {code}; no link line written")
 
 
-def nixl_deltas(before: metrics.Snapshot | None,
-                after: metrics.Snapshot | None) -> dict[str, float]:
-    """Bytes and transfers from the NIXL histogram, when the engine exports it."""
+def transfer_deltas(before: metrics.Snapshot | None,
+                    after: metrics.Snapshot | None) -> dict[str, float]:
+    """The KV-transfer counters' increases (NIXL's bytes and transfers, on vLLM's decode)."""
     if before is None or after is None:
         return {}
-    total = metrics.counter_delta(before, after, vllm.NIXL_BYTES + "_sum")
-    count = metrics.counter_delta(before, after, vllm.NIXL_BYTES + "_count")
-    if total is None:
+    engine = after.engine()
+    if engine is None:
         return {}
-    return {"nixl_bytes": total, "nixl_transfers": count or 0.0}
+    out = {}
+    for key, (name, labels) in engine.transfer_counters.items():
+        value = metrics.counter_delta(before, after, name, labels)
+        if value is not None:
+            out[key] = value
+    return out
 
 
 def link_record(load: LoadSpec, spec: LinkSpec, before: Readings, after: Readings,
-                wall_s: float, sweep: SweepResult | None) -> Row:
+                wall_s: float, sweep: SweepResult | None) -> LinkRecord:
     """The `link` record: the seed's fields first, then kvlab's."""
     counters = netdev.iface_delta(before.iface, after.iface)
     deltas = {url: metrics.evidence_deltas(before.snapshots[url], after.snapshots[url])
               for url in after.snapshots}
-    nixl = {url: nixl_deltas(before.snapshots[url], after.snapshots[url])
+    nixl = {url: transfer_deltas(before.snapshots[url], after.snapshots[url])
             for url in after.snapshots}
     fields: dict[str, Any] = {
         "base_url": load.base_url, "connector": spec.connector,
@@ -139,12 +144,13 @@ def link_record(load: LoadSpec, spec: LinkSpec, before: Readings, after: Reading
         fields["requests_failed"] = sum(int(r.get("failed", 0)) for r in sweep.rows)
         if sweep.interrupted:
             fields["interrupted"] = True
-    return notebook.envelope("link", load.label, notebook.LAB_PD, **fields)
+    return LinkRecord(label=load.label, lab=notebook.LAB_PD, **fields)
 
 
-async def run_load(load: LoadSpec, spec: LinkSpec, labbook: str, *, api_key: str = "",
+async def run_load(load: LoadSpec, spec: LinkSpec, labbook: str,
+                   write: Callable[[Record], object], *, api_key: str = "",
                    stop: asyncio.Event | None = None, progress: ProgressHook | None = None,
-                   ) -> tuple[Row, SweepResult | None]:
+                   ) -> tuple[LinkRecord, SweepResult | None]:
     """Counters, sweep, counters; appends the rows and the link record to `labbook`."""
     netdev.require_iface(spec.iface)
     urls = spec.metrics_urls or (metrics.metrics_url(load.base_url),)
@@ -157,9 +163,9 @@ async def run_load(load: LoadSpec, spec: LinkSpec, labbook: str, *, api_key: str
             await _run_load_test(spec.load_test, load, labbook)
         else:
             sweep = await run_sweep(load, api_key=api_key, stop=stop, progress=progress,
-                                    on_row=lambda row: notebook.append(labbook, row))
+                                    on_row=write)
         wall = time.monotonic() - started
         after = await _read(spec, urls, client)
     record = link_record(load, spec, before, after, wall, sweep)
-    notebook.append(labbook, record)
+    write(record)
     return record, sweep

@@ -28,9 +28,10 @@ from kvlab.loadgen.runner import LevelResult, LevelRun, Progress, Schedule
 from kvlab.measure import workloads
 from kvlab.observe import metrics
 from kvlab.records import notebook
+from kvlab.records.models import LoadRecord
 
 ProgressHook = Callable[[int, int], Progress | None]  # (concurrency, requests) -> per-record
-Row = dict[str, Any]
+Row = LoadRecord
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def level_payloads(spec: LoadSpec, target: Target, level_index: int,
 
 
 def make_row(spec: LoadSpec, concurrency: int, result: LevelResult,
-             deltas: dict[str, Any]) -> Row:
+             deltas: dict[str, Any]) -> LoadRecord:
     """One level's notebook row (seed shape + kvlab's additions)."""
     sent = len(result.records)
     fields: dict[str, Any] = {
@@ -111,7 +112,7 @@ def make_row(spec: LoadSpec, concurrency: int, result: LevelResult,
     }
     if result.interrupted:
         fields["interrupted"] = True
-    return notebook.envelope("load", spec.label, spec.lab, **fields)
+    return LoadRecord(label=spec.label, lab=spec.lab, **fields)
 
 
 def _rounded(value: float | None) -> float | None:
@@ -142,7 +143,7 @@ async def run_level(spec: LoadSpec, target: Target, concurrency: int, level_inde
 
 async def run_sweep(spec: LoadSpec, *, api_key: str = "", stop: asyncio.Event | None = None,
                     progress: ProgressHook | None = None,
-                    on_row: Callable[[Row], None] | None = None) -> SweepResult:
+                    on_row: Callable[[Row], object] | None = None) -> SweepResult:
     """Every level in order; stops after the level during which `stop` was set."""
     target = Target.from_url(spec.base_url)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}

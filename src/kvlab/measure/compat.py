@@ -10,55 +10,20 @@ each, then names every field on which they differ.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from kvlab.core.errors import RefusedError, UnreachableError
-from kvlab.engines import vllm
+from kvlab.engines.base import InstanceFacts, all_engines, token_digest
 from kvlab.measure.chat import api_base, server_root
 from kvlab.observe import metrics
 
-PROBE_MESSAGES = [
-    {"role": "system", "content": "You check that two engines agree, token for token."},
-    {"role": "user", "content": "Does 3 + 4 = 7? Answer with one word: {yes|no}."},
-    {"role": "assistant", "content": "Yes."},
-    {"role": "user", "content": "And «7 × 6»? Émoji ok: 🙂 — tabs\tand newlines\nalso."},
-]
+__all__ = ["COMPARED", "InstanceFacts", "Mismatch", "check", "differences", "probe"]
+
 COMPARED = ("engine", "version", "model_id", "root", "max_model_len", "block_size",
             "cache_dtype", "template_tokens")
-
-
-@dataclass
-class InstanceFacts:
-    """What one instance says about itself."""
-
-    url: str
-    engine: str | None = None
-    version: str | None = None
-    model_id: str | None = None
-    root: str | None = None
-    max_model_len: int | None = None
-    block_size: int | None = None
-    cache_dtype: str | None = None
-    prefix_caching: bool | None = None
-    kv_cache_tokens: int | None = None
-    template_tokens: list[int] | None = None
-    notes: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        if self.template_tokens is not None:
-            out["template_tokens"] = f"{len(self.template_tokens)} tokens, sha " + _digest(
-                self.template_tokens)
-        return out
-
-
-def _digest(tokens: list[int]) -> str:
-    import hashlib
-
-    return hashlib.sha256(",".join(map(str, tokens)).encode()).hexdigest()[:12]
 
 
 async def probe(client: httpx.AsyncClient, url: str) -> InstanceFacts:
@@ -76,71 +41,14 @@ async def probe(client: httpx.AsyncClient, url: str) -> InstanceFacts:
     facts.model_id, facts.root = data.get("id"), data.get("root")
     facts.max_model_len = data.get("max_model_len")
     snap = await metrics.scrape(client, root + "/metrics")
-    facts.engine = snap.engine() if snap else None
-    if facts.engine is None or facts.engine == "vllm":
-        await _vllm_facts(client, root, facts, snap)
-    if facts.engine != "vllm":
-        await _llama_facts(client, root, facts)
+    named = snap.engine() if snap else None
+    # the engine its metrics name first; then each engine in turn, for servers without /metrics
+    for engine in ([named] if named else []) + [e for e in all_engines() if e is not named]:
+        if await engine.describe(client, root, facts, snap):
+            return facts
+    facts.notes.append("no engine kvlab knows answered its identity probes "
+                       "(vLLM's /version, llama-server's /props)")
     return facts
-
-
-async def _vllm_facts(client: httpx.AsyncClient, root: str, facts: InstanceFacts,
-                      snap: metrics.Snapshot | None) -> None:
-    version = await _get_json(client, root + "/version")
-    if version and "version" in version:
-        facts.engine, facts.version = "vllm", str(version["version"])
-    if snap is not None:
-        info = vllm.CACHE_CONFIG_INFO
-        block = snap.label_value(info, "block_size")
-        facts.block_size = int(block) if block and block.isdigit() else None
-        facts.cache_dtype = snap.label_value(info, "cache_dtype")
-        caching = snap.label_value(info, "enable_prefix_caching")
-        facts.prefix_caching = None if caching is None else caching == "True"
-        size = snap.label_value(info, "kv_cache_size_tokens")
-        facts.kv_cache_tokens = int(size) if size and size.isdigit() else None
-    tokens = await _post_json(client, root + "/tokenize", {
-        "model": facts.model_id, "messages": PROBE_MESSAGES, "add_generation_prompt": True})
-    if tokens and "tokens" in tokens:
-        facts.template_tokens = [int(t) for t in tokens["tokens"]]
-
-
-async def _llama_facts(client: httpx.AsyncClient, root: str, facts: InstanceFacts) -> None:
-    props = await _get_json(client, root + "/props")
-    if not props:
-        facts.notes.append("neither vLLM's /version nor llama-server's /props answered")
-        return
-    facts.engine = "llama.cpp"
-    facts.version = str(props.get("build_info", "unknown"))
-    facts.root = str(props.get("model_path", facts.root))
-    slot_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")
-    facts.max_model_len = int(slot_ctx) if slot_ctx else facts.max_model_len
-    facts.block_size = 1  # llama-server reuses a prompt prefix token by token
-    facts.prefix_caching = True
-    template = await _post_json(client, root + "/apply-template", {"messages": PROBE_MESSAGES})
-    if template and "prompt" in template:
-        tokens = await _post_json(client, root + "/tokenize",
-                                  {"content": template["prompt"], "parse_special": True})
-        if tokens and "tokens" in tokens:
-            facts.template_tokens = [int(t) for t in tokens["tokens"]]
-
-
-async def _get_json(client: httpx.AsyncClient, url: str) -> dict[str, Any] | None:
-    try:
-        response = await client.get(url)
-        body = response.json() if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
-        return None
-    return body if isinstance(body, dict) else None
-
-
-async def _post_json(client: httpx.AsyncClient, url: str,
-                     payload: dict[str, Any]) -> dict[str, Any] | None:
-    try:
-        response = await client.post(url, json=payload)
-        body = response.json() if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
-        return None
-    return body if isinstance(body, dict) else None
 
 
 @dataclass(frozen=True)
@@ -172,7 +80,7 @@ def _key(value: Any) -> str:
 
 def _show(name: str, value: Any) -> str:
     if name == "template_tokens" and isinstance(value, list):
-        return f"{len(value)} tokens (sha {_digest(value)})"
+        return f"{len(value)} tokens (sha {token_digest(value)})"
     return "unknown" if value is None else str(value)
 
 

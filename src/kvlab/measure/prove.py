@@ -4,23 +4,28 @@ One endpoint: a warm-up on unrelated text of the same length (model residency an
 long prompt's one-off costs, recorded apart, so they cannot pass for reuse), a cold request,
 an identical repeat, and a changed-prefix control. Two endpoints sharing a store: cold on A,
 the identical prompt on B, a changed-prefix control on B, and a growing conversation moving
-from A to B (the case ExampleConnector can never serve, explained rather than flagged).
+from A to B (the case ExampleConnector can never serve, explained rather than flagged). An
+engine whose instances share KV its own way brings its own two-endpoint proof, run through
+this module's case runner (two llama-servers: `engines/llamacpp/prove.py`, the slot file).
 `--salt` adds vLLM's isolation pair: a different `cache_salt` must not reuse and the same one
 must (either alone proves nothing: "no reuse" also passes when caching is off).
 
-Every prompt opens with a nonce unique to the run, so "cold" is really cold.
+Every prompt opens with a nonce unique to the run, so "cold" is really cold. Each case states
+what it should reuse as an `Expect`; the verdicts are `measure/verdict.py`'s.
 """
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
 from kvlab.core.say import Say, quiet
 from kvlab.core.settings import Settings
+from kvlab.engines.llamacpp.prove import two_endpoint_prover
 from kvlab.measure.chat import ChatResult, api_base, chat_body
 from kvlab.measure.compat import InstanceFacts, check, probe
 from kvlab.measure.conversation import Conversation, preamble
@@ -33,7 +38,7 @@ from kvlab.measure.reuse import (
     store_expectation,
 )
 from kvlab.measure.verdict import Evidence, Judgement, judge, reusable_tokens
-from kvlab.records import notebook
+from kvlab.records.models import ProofRecord
 
 
 @dataclass
@@ -48,6 +53,33 @@ class ProveOptions:
     salt: bool = False
     ignore: tuple[str, ...] = ()
     settings: Settings | None = None  # llama pairs: where the slot files live
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What a case should reuse, stated before its prompt's length is known.
+
+    `tokens(n)`: exactly n (0: nothing); `reusable()`: every token a prefix cache can serve
+    of this prompt; `store(stored)`: what the store linking two instances can serve a prompt
+    extending the `stored` ones (its connector decides). `why` leads the verdict's reasons.
+    """
+
+    kind: Literal["tokens", "reusable", "store"]
+    count: int = 0
+    stored: tuple[int, ...] = ()
+    why: str = ""
+
+    @classmethod
+    def tokens(cls, n: int, why: str = "") -> Expect:
+        return cls("tokens", count=n, why=why)
+
+    @classmethod
+    def reusable(cls, why: str = "") -> Expect:
+        return cls("reusable", why=why)
+
+    @classmethod
+    def store(cls, stored: Sequence[int]) -> Expect:
+        return cls("store", stored=tuple(stored))
 
 
 @dataclass
@@ -93,26 +125,26 @@ class _Prover:
         self.probe = Probe(client, opts.api_key)
         self.cold_ttft: float | None = None
 
+    @property
+    def nonce(self) -> str:
+        return self.run.nonce
+
     def block(self, url: str) -> int:
         return self.run.instances[api_base(url)].block_size or 1
 
+    def explain(self, text: str) -> None:
+        self.run.explanations.append(text)
+
     async def case(self, name: str, url: str, messages: list[dict[str, str]],
-                   expected: int | None, why: str = "", stored: list[int] | None = None,
-                   **extra: Any) -> Case:
+                   expect: Expect | None, **extra: Any) -> Case:
+        """Send one request and judge it against `expect` (None: model residency only)."""
         # ignore_eos: a random-weight model may end at once, leaving no token to time
         body = chat_body(self.opts.model, messages, self.opts.max_tokens, ignore_eos=True,
                          **extra)
         result, deltas = await self.probe.send(url, body)
         judgement = None
-        if expected is not None:
-            want = expected
-            if expected == REUSABLE:
-                want = reusable_tokens(result.prompt_tokens or 0, self.block(url))
-                why = why or (off_by_one(self.opts.connector, result.prompt_tokens,
-                                         self.block(url)) if name.endswith("-on-b") else "")
-            elif expected == STORE_EXPECTATION:
-                want, why = store_expectation(self.opts.connector, result.prompt_tokens,
-                                              stored or [], self.block(url))
+        if expect is not None:
+            want, why = self._expected(expect, result.prompt_tokens, url)
             judgement = judge(Evidence(want, result.reused_tokens, counter_hits(deltas),
                                        result.ttft_s, self.cold_ttft, result.prompt_tokens,
                                        source_hits(deltas)),
@@ -124,25 +156,35 @@ class _Prover:
                  f"reused {result.reused_tokens}  {verdict}")
         return case
 
+    def _expected(self, expect: Expect, prompt_tokens: int | None, url: str) -> tuple[int, str]:
+        """(tokens expected from cache, why) once the prompt's length is known."""
+        if expect.kind == "reusable":
+            return reusable_tokens(prompt_tokens or 0, self.block(url)), expect.why
+        if expect.kind == "store":
+            return store_expectation(self.opts.connector, prompt_tokens, list(expect.stored),
+                                     self.block(url))
+        return expect.count, expect.why
+
     async def cold(self, name: str, url: str, **extra: Any) -> Case:
         """The prompt's first request anywhere; its TTFT is the ratios' denominator."""
-        case = await self.case(name, url, self.messages(self.run.nonce), 0,
-                               "first time this prompt was sent (its opening is unique to this "
-                               "run)", **extra)
+        case = await self.case(name, url, self.messages(self.run.nonce), Expect.tokens(
+            0, "first time this prompt was sent (its opening is unique to this run)"), **extra)
         self.cold_ttft = case.result.ttft_s
         return case
 
+    async def identical(self, name: str, url: str, why: str = "", **extra: Any) -> Case:
+        """The run's prompt again: every reusable token is expected from cache."""
+        return await self.case(name, url, self.messages(self.run.nonce), Expect.reusable(why),
+                               **extra)
+
     async def control(self, name: str, url: str, why: str, **extra: Any) -> Case:
         """The same length with other first words: nothing cached can match it."""
-        return await self.case(name, url, self.messages(self.run.nonce + "x"), 0, why, **extra)
+        return await self.case(name, url, self.messages(self.run.nonce + "x"),
+                               Expect.tokens(0, why), **extra)
 
     def messages(self, nonce: str) -> list[dict[str, str]]:
         return [{"role": "system", "content": preamble(self.opts.preamble_words, nonce)},
                 {"role": "user", "content": "In one sentence, what is reused here?"}]
-
-
-REUSABLE = -1  # expected = every reusable token of this prompt
-STORE_EXPECTATION = -2  # expected = what the store linking the instances can serve
 
 
 async def prove(opts: ProveOptions, say: Say = quiet) -> ProofRun:
@@ -159,14 +201,12 @@ async def prove(opts: ProveOptions, say: Say = quiet) -> ProofRun:
         for i, url in enumerate(opts.urls):
             # its own opening, so it shares no block with any prompt below
             await prover.case("warm-up", url, prover.messages(f"{run.nonce}-warm{i}"), None)
-        engines = {f.engine for f in run.instances.values()}
+        # an engine whose instances share KV its own way brings its own two-endpoint proof
+        own = two_endpoint_prover({f.engine for f in run.instances.values()})
         if len(opts.urls) == 1:
             await _one_endpoint(prover, opts.urls[0])
-        elif engines == {"llama.cpp"}:
-            from kvlab.engines.llamacpp.prove import two_llama_endpoints
-
-            await two_llama_endpoints(prover, opts.urls[0], opts.urls[1],
-                                      opts.settings or Settings())
+        elif own is not None:
+            await own(prover, opts.urls[0], opts.urls[1], opts.settings or Settings())
         else:
             await _two_endpoints(prover, opts.urls[0], opts.urls[1])
         if opts.salt:
@@ -176,28 +216,31 @@ async def prove(opts: ProveOptions, say: Say = quiet) -> ProofRun:
 
 async def _one_endpoint(p: _Prover, url: str) -> None:
     await p.cold("cold", url)
-    await p.case("identical-repeat", url, p.messages(p.run.nonce), REUSABLE)
+    await p.identical("identical-repeat", url)
     await p.control("changed-prefix-control", url,
                     "the first words differ, so no cached block can match")
 
 
 async def _two_endpoints(p: _Prover, a: str, b: str) -> None:
     nonce = p.run.nonce
-    await p.cold("cold-on-a", a)
-    await p.case("identical-on-b", b, p.messages(nonce), REUSABLE)
+    cold = await p.cold("cold-on-a", a)
+    # the same prompt has the same length on B; ExampleConnector may never serve that length
+    await p.identical("identical-on-b", b,
+                      off_by_one(p.opts.connector, cold.result.prompt_tokens, p.block(b)))
     await p.control("changed-prefix-on-b", b,
                     "the first words differ, so nothing in the store can match")
     chat = Conversation(preamble(p.opts.preamble_words, nonce + "t"))
-    first = await p.case("growing-turn-1-on-a", a, chat.ask(0), 0, "a new conversation")
+    first = await p.case("growing-turn-1-on-a", a, chat.ask(0),
+                         Expect.tokens(0, "a new conversation"))
     chat.answer(first.result.text)
     # the second turn adds at least a block of context (one word is at least one token), the
     # way a real conversation soon does, so the whole-block prefix changes
     grow = p.block(b)
     cross = await p.case("growing-turn-2-on-b", b, chat.ask(1, context_words=grow),
-                         STORE_EXPECTATION, stored=[first.result.prompt_tokens or 0])
+                         Expect.store([first.result.prompt_tokens or 0]))
     chat.answer(cross.result.text)
     own_turn = reusable_tokens(first.result.prompt_tokens or 0, p.block(a))
-    await p.case("growing-turn-3-on-a", a, chat.ask(2), own_turn)
+    await p.case("growing-turn-3-on-a", a, chat.ask(2), Expect.tokens(own_turn))
     if p.opts.connector == "shared" and cross.judgement:
         p.run.explanations.append(
             f"identical prompt on B: {p.run.verdicts().get('identical-on-b')}; growing "
@@ -207,11 +250,13 @@ async def _two_endpoints(p: _Prover, a: str, b: str) -> None:
 async def _salt_pair(p: _Prover, url: str) -> None:
     nonce = p.run.nonce + "s"
     salt_a, salt_b = secrets.token_hex(8), secrets.token_hex(8)
-    await p.case("salt-a-cold", url, p.messages(nonce), 0, "first request with salt A",
+    await p.case("salt-a-cold", url, p.messages(nonce),
+                 Expect.tokens(0, "first request with salt A"), cache_salt=salt_a)
+    await p.case("salt-b-same-prompt", url, p.messages(nonce),
+                 Expect.tokens(0, "a different cache_salt must isolate the cache"),
+                 cache_salt=salt_b)
+    await p.case("salt-a-repeat", url, p.messages(nonce), Expect.reusable(),
                  cache_salt=salt_a)
-    await p.case("salt-b-same-prompt", url, p.messages(nonce), 0,
-                 "a different cache_salt must isolate the cache", cache_salt=salt_b)
-    await p.case("salt-a-repeat", url, p.messages(nonce), REUSABLE, cache_salt=salt_a)
     verdicts = p.run.verdicts()
     holds = (verdicts.get("salt-b-same-prompt") == "no-reuse-expected"
              and verdicts.get("salt-a-repeat") == "reused")
@@ -222,10 +267,10 @@ async def _salt_pair(p: _Prover, url: str) -> None:
         "within one salt")
 
 
-def proof_record(run: ProofRun, label: str, lab: str, note: str) -> dict[str, Any]:
+def proof_record(run: ProofRun, label: str, lab: str, note: str) -> ProofRecord:
     o = run.options
-    return notebook.envelope(
-        "proof", label, lab, model=o.model, endpoints=[api_base(u) for u in o.urls],
+    return ProofRecord(
+        label=label, lab=lab, model=o.model, endpoints=[api_base(u) for u in o.urls],
         preamble_words=o.preamble_words, max_tokens=o.max_tokens,
         connector=o.connector if len(o.urls) > 1 else None, salt=o.salt,
         cases=[c.as_dict() for c in run.cases], verdicts=run.verdicts(),

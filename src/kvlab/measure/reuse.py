@@ -15,12 +15,13 @@ from typing import Any
 import httpx
 
 from kvlab.core.say import Say, quiet
+from kvlab.engines.base import InstanceFacts
 from kvlab.measure.chat import ChatResult, api_base, chat_body, server_root, stream_chat
-from kvlab.measure.compat import InstanceFacts, probe
+from kvlab.measure.compat import probe
 from kvlab.measure.conversation import Conversation, preamble
 from kvlab.measure.verdict import Evidence, Judgement, judge, lookup_key, reusable_tokens, store_key
 from kvlab.observe import metrics
-from kvlab.records import notebook
+from kvlab.records.models import ReuseRecord
 
 EXACT_PROMPT_TRAP = (
     "ExampleConnector (CONNECTOR=shared) keys each stored entry on the hash of the prompt's "
@@ -195,11 +196,11 @@ def _turn_line(row: dict[str, Any]) -> str:
             f"{cached_text}  {row['verdict']}")
 
 
-def reuse_record(run: ReuseRun, label: str, lab: str, note: str) -> dict[str, Any]:
+def reuse_record(run: ReuseRun, label: str, lab: str, note: str) -> ReuseRecord:
     """The seed's `reuse` record, with kvlab's evidence added."""
     o = run.options
-    return notebook.envelope(
-        "reuse", label, lab, model=o.model, endpoints=[api_base(u) for u in o.urls],
+    return ReuseRecord(
+        label=label, lab=lab, model=o.model, endpoints=[api_base(u) for u in o.urls],
         turns=o.turns, preamble_words=o.preamble_words, max_tokens=o.max_tokens,
         temperature=o.temperature, rows=run.rows, metric_deltas=run.metric_deltas, note=note,
         connector=o.connector if len(o.urls) > 1 else None, summary=run.summary(),

@@ -4,7 +4,7 @@ Parsing is prometheus_client's. Counters are summed over every label set that ma
 filter (so over vLLM's `engine` label), `_created` series (unix timestamps) are ignored, and a
 counter that went down between two scrapes is taken as an engine restart: its delta is the new
 value, not a negative number. Both the old bare names (`vllm:prefix_cache_hits`) and the
-`_total` names on the wire are accepted. Which metric means what is the engine modules' table.
+`_total` names on the wire are accepted. Which metric means what is each engine adapter's table.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvlab.engines import llamacpp, vllm
+from kvlab.engines.base import Engine, engine_of_metrics
 
 SeriesKey = tuple[str, frozenset[tuple[str, str]]]
 
@@ -33,14 +33,9 @@ class Snapshot:
     def names(self) -> set[str]:
         return {name for name, _ in self.series}
 
-    def engine(self) -> str | None:
-        """'vllm', 'llama.cpp' or None, from the metric namespaces present."""
-        prefixes = {name.split(":", 1)[0] for name in self.names if ":" in name}
-        if "vllm" in prefixes:
-            return "vllm"
-        if "llamacpp" in prefixes:
-            return "llama.cpp"
-        return None
+    def engine(self) -> Engine | None:
+        """The engine whose metric namespace this scrape uses (None: no engine kvlab knows)."""
+        return engine_of_metrics(self.names)
 
     def values(self, name: str,
                labels: dict[str, str] | None = None) -> dict[frozenset[tuple[str, str]], float]:
@@ -111,20 +106,14 @@ def counter_delta(before: Snapshot, after: Snapshot, name: str,
     return total
 
 
-def _tables(engine: str | None) -> tuple[dict[str, tuple[str, dict[str, str]]],
-                                         dict[str, tuple[str, ...]]]:
-    if engine == "vllm":
-        return vllm.EVIDENCE_COUNTERS, vllm.EVIDENCE_GAUGES
-    if engine == "llama.cpp":
-        return llamacpp.EVIDENCE_COUNTERS, llamacpp.EVIDENCE_GAUGES
-    return {}, {}
-
-
 def evidence_deltas(before: Snapshot | None, after: Snapshot | None) -> dict[str, Any]:
     """The engine's reuse counters' increases (seed key names), and end-of-run gauges."""
     if before is None or after is None:
         return {}
-    counters, gauges = _tables(after.engine())
+    engine = after.engine()
+    if engine is None:
+        return {}
+    counters, gauges = engine.counters, engine.gauges
     out: dict[str, Any] = {}
     for key, (name, labels) in counters.items():
         value = counter_delta(before, after, name, labels)

@@ -39,6 +39,7 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 
 from kvlab.core.errors import EngineError
+from kvlab.core.paths import PROXY_METRICS_PREFIX
 from kvlab.engines.plan import client_host
 from kvlab.proxy.app import loop_runner, serve
 from kvlab.proxy.config import ProxyConfig
@@ -61,7 +62,8 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
 def serve_workers(config: ProxyConfig, on_ready: OnReady) -> None:
     """Check the legs, start `config.workers` workers, serve until SIGTERM or Ctrl-C."""
     previous = signal.signal(signal.SIGTERM, _raise_stop)
-    metrics_dir = tempfile.mkdtemp(prefix="kvlab-proxy-metrics-")  # 0700: only us
+    # 0700: only us; the PID in the name lets `kvlab clean` remove it if we are killed
+    metrics_dir = tempfile.mkdtemp(prefix=f"{PROXY_METRICS_PREFIX}{os.getpid()}-")
     workers: list[tuple[BaseProcess, Connection]] = []
     reserved: socket.socket | None = None
     try:

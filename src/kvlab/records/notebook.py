@@ -17,38 +17,18 @@ import fcntl
 import json
 import math
 import os
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvlab import SCHEMA, __version__
 from kvlab.core.errors import InputError
+from kvlab.records.models import LAB_OFFLOAD, LAB_PD, Record, now_stamp, parse
 
-LAB_OFFLOAD = "part-22/lab-kv-cache-offload-and-sharing"
-LAB_PD = "part-22/lab-two-machine-prefill-decode"
+__all__ = ["LAB_OFFLOAD", "LAB_PD", "Notebook", "append", "encode", "now_stamp", "read"]
 
 _SECRET_WORDS = ("api_key", "apikey", "secret", "password", "authorization")
 _SECRET_NAMES = ("token", "hf_token", "access_token", "bearer")
-
-
-def now_stamp() -> str:
-    """Local time with offset, the seed scripts' `%Y-%m-%dT%H:%M:%S%z` format."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
-
-
-def envelope(record: str, label: str, lab: str, **fields: Any) -> dict[str, Any]:
-    """A record with kvlab's envelope; fields given here win over nothing but the envelope."""
-    return {
-        "lab": lab,
-        "record": record,
-        "label": label,
-        **fields,
-        "recorded_at": now_stamp(),
-        "kvlab_version": __version__,
-        "schema": SCHEMA,
-    }
 
 
 def _looks_secret(key: str) -> bool:
@@ -84,17 +64,18 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def encode(record: Mapping[str, Any]) -> bytes:
-    """One record as one newline-terminated line, validated before any write."""
+def encode(record: Record) -> bytes:
+    """One typed record as one newline-terminated line, validated before any write."""
+    line = record.line()
     for key in ("lab", "record", "label"):
-        if not record.get(key):
+        if not line.get(key):
             raise ValueError(f"notebook record lacks {key!r}")
-    check_no_secrets(record)
-    line = json.dumps(_clean(record), sort_keys=True, allow_nan=False, default=str)
-    return (line + "\n").encode("utf-8")
+    check_no_secrets(line)
+    text = json.dumps(_clean(line), sort_keys=True, allow_nan=False, default=str)
+    return (text + "\n").encode("utf-8")
 
 
-def append(path: Path | str, record: Mapping[str, Any]) -> None:
+def append(path: Path | str, record: Record) -> None:
     """Append one record to the notebook atomically with respect to other writers."""
     data = encode(record)
     target = Path(path)
@@ -128,6 +109,10 @@ class Notebook:
 
     def by_label(self, label: str) -> list[dict[str, Any]]:
         return [r for r in self.records if r.get("label") == label]
+
+    def typed(self) -> list[Record]:
+        """The records kvlab can read, each as its typed model (seed lines included)."""
+        return [r for r in map(parse, self.records) if r is not None]
 
     def labels(self) -> list[str]:
         return sorted({str(r["label"]) for r in self.records if r.get("label")})

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvlab.engines.base import NAMES as ENGINE_NAMES
 from kvlab.records.notebook import Notebook
 from kvlab.report import compare
 
@@ -63,7 +64,7 @@ def measured_on(book: Notebook, record: Record) -> str:
                 and (run_id is None or r.get("run_id") == run_id)]
     starts = [r for r in same_run if r.get("label") == label] or \
         [r for r in same_run if str(r.get("label", "")).startswith(label + "-")
-         and r.get("engine") in ("vllm", "llama.cpp")]
+         and r.get("engine") in ENGINE_NAMES]
     parts = []
     model = record.get("model")
     if starts:

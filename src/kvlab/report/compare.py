@@ -22,6 +22,7 @@ from typing import Any
 from kvlab.core.errors import InputError, RefusedError
 from kvlab.core.sizes import human_bytes
 from kvlab.records import notebook
+from kvlab.records.models import ComparisonRecord
 
 Row = dict[str, Any]
 CROSSED = "the cache crossed the link"
@@ -272,7 +273,7 @@ class Comparison:
     """The printed report (the seed's lines first) and the `comparison` record."""
 
     lines: list[str]
-    record: Row
+    record: ComparisonRecord
     warnings: list[str]
 
 
@@ -368,8 +369,8 @@ def compare(records: list[Row], book: str, disagg: str, baseline: str, *,
     else:
         lines += ["", *_link_lines(disagg, link, seen)]
     observed = seen.observed.get("iface")
-    record = notebook.envelope(
-        "comparison", f"{disagg}-vs-{baseline}", lab,
+    record = ComparisonRecord(
+        label=f"{disagg}-vs-{baseline}", lab=lab,
         disagg_label=disagg, baseline_label=baseline,
         model=rows_d[shared[0]].get("model"), prompt_set=rows_d[shared[0]].get("prompt_set"),
         connector=(link or {}).get("connector"), iface=(link or {}).get("iface"),

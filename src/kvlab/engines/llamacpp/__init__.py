@@ -9,7 +9,6 @@ from kvlab.engines.llamacpp.facts import (
     FLASH_ATTN_DEFAULT,
     FLASH_ATTN_FLAGS,
     GENERIC_SLOT_ERROR,
-    PROMPT_SECONDS,
     PROMPT_TOKENS,
     PROMPT_TOKENS_CACHED,
     PROPS_BUILD,
@@ -19,7 +18,6 @@ from kvlab.engines.llamacpp.facts import (
     QUANTISED_KV_TYPES,
     REQUESTS_DEFERRED,
     REQUESTS_PROCESSING,
-    REQUIRED_FLAGS,
     SLOT_ACTIONS,
     SLOT_FILE_MAGIC,
     SLOT_N_CTX,
@@ -28,7 +26,6 @@ from kvlab.engines.llamacpp.facts import (
     TOKENIZE_PATH,
     TOKENS_PREDICTED,
     LlamaOptions,
-    check_flags,
     check_plan_flags,
     check_slot_filename,
     find_llama_server,
@@ -40,7 +37,6 @@ from kvlab.engines.llamacpp.facts import (
     require_llama_server,
     slot_failure_reason,
     slot_url,
-    version,
 )
 
 __all__ = [
@@ -52,7 +48,6 @@ __all__ = [
     "FLASH_ATTN_DEFAULT",
     "FLASH_ATTN_FLAGS",
     "GENERIC_SLOT_ERROR",
-    "PROMPT_SECONDS",
     "PROMPT_TOKENS",
     "PROMPT_TOKENS_CACHED",
     "PROPS_BUILD",
@@ -62,7 +57,6 @@ __all__ = [
     "QUANTISED_KV_TYPES",
     "REQUESTS_DEFERRED",
     "REQUESTS_PROCESSING",
-    "REQUIRED_FLAGS",
     "SLOTS_PATH",
     "SLOT_ACTIONS",
     "SLOT_FILE_MAGIC",
@@ -71,7 +65,6 @@ __all__ = [
     "TOKENIZE_PATH",
     "TOKENS_PREDICTED",
     "LlamaOptions",
-    "check_flags",
     "check_plan_flags",
     "check_slot_filename",
     "find_llama_server",
@@ -83,5 +76,4 @@ __all__ = [
     "require_llama_server",
     "slot_failure_reason",
     "slot_url",
-    "version",
 ]

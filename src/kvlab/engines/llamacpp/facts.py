@@ -30,7 +30,6 @@ from kvlab.engines.plan import EnginePlan, Flag
 # /metrics names (counters are exported without a _total suffix on this server)
 PROMPT_TOKENS = "llamacpp:prompt_tokens_total"
 PROMPT_TOKENS_CACHED = "llamacpp:prompt_tokens_cached_total"
-PROMPT_SECONDS = "llamacpp:prompt_seconds_total"
 TOKENS_PREDICTED = "llamacpp:tokens_predicted_total"
 REQUESTS_PROCESSING = "llamacpp:requests_processing"
 REQUESTS_DEFERRED = "llamacpp:requests_deferred"
@@ -50,11 +49,6 @@ EVIDENCE_GAUGES: dict[str, tuple[str, ...]] = {
 QUANTISED_KV_TYPES = frozenset({"q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"})
 SLOT_ACTIONS = ("save", "restore", "erase")
 _BARE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
-
-# the flags kvlab passes, each of which must appear in `llama-server --help`
-REQUIRED_FLAGS = ("--model", "--alias", "--host", "--port", "--ctx-size", "--parallel",
-                  "--n-gpu-layers", "--cache-prompt", "--cache-type-k", "--cache-type-v",
-                  "--slot-save-path", "--metrics", "--slots")
 
 
 def find_llama_server(settings: Settings) -> Path | None:
@@ -86,24 +80,6 @@ def help_flags(binary: Path) -> frozenset[str]:
     run = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=30,
                          check=False)
     return frozenset(re.findall(r"(--[a-z0-9][a-z0-9-]*)", run.stdout + run.stderr))
-
-
-def check_flags(accepted: frozenset[str]) -> None:
-    """Refuse a build that lacks a flag kvlab relies on, naming the flag."""
-    missing = [f for f in REQUIRED_FLAGS if f not in accepted]
-    if missing:
-        raise EngineError(
-            f"this llama-server does not accept {', '.join(missing)} (flags change between "
-            "llama.cpp versions); use a build from 2026-10 or later, or kvlab engines install"
-        )
-
-
-def version(binary: Path) -> str:
-    """The binary's version line, e.g. '0.5.0-dev (build 1, commit 0c1e570)'."""
-    run = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30,
-                         check=False)
-    lines = [ln for ln in (run.stdout + run.stderr).splitlines() if ln.startswith("version")]
-    return lines[0].removeprefix("version:").strip() if lines else "unknown"
 
 
 @dataclass(frozen=True)

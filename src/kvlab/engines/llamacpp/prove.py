@@ -1,23 +1,76 @@
 """`kvlab prove` against two llama-servers: their shared store is the slot directory.
 
 llama-server instances share nothing unless a slot file moves between them, so the
-two-endpoint proof is: cold on A (slot 0), save A's slot 0 with kvlab's manifest, restore it
-into B's slot 0 (after the manifest check against B), the identical prompt on B's slot 0
-(`timings.cache_n` must cover the prompt), and a changed-prefix control on B's slot 1. The
-growing-conversation case belongs to vLLM's connectors and is not run here. The slot file is
-removed afterwards: it holds the prompt.
+two-endpoint proof is the slot store's round trip (`roundtrip.py`): cold on A (slot 0), save
+A's slot 0 with kvlab's manifest, restore it into B's slot 0 (after the manifest check against
+B), the identical prompt on B's slot 0, and a changed-prefix control on B's slot 1. Each
+request is one of prove's cases, judged as prove judges every case; the round trip as a whole
+is judged by `roundtrip.judge` and explained. The growing-conversation case belongs to vLLM's
+connectors and is not run here. The slot file is removed afterwards: it holds the prompt.
+
+This module does not import `measure/prove`: prove hands it a `CaseRunner`, and asks
+`two_endpoint_prover` whether this proof applies, so no engine name is compared outside here.
 """
 
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 from kvlab.core.errors import RefusedError
+from kvlab.core.say import Say
 from kvlab.core.settings import Settings
-from kvlab.engines.llamacpp import slotstore
+from kvlab.engines.base import LLAMA_CPP
+from kvlab.engines.llamacpp import roundtrip, slotstore
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget, target_from_settings
-from kvlab.measure.chat import server_root
+from kvlab.measure.chat import ChatResult, server_root
+
+LOGPROBS: dict[str, Any] = {"logprobs": True, "top_logprobs": 5}  # for the logprob evidence
+IDENTICAL_WHY = "the slot file saved on A was restored into this slot of B"
+CONTROL_WHY = "the first words differ, and slot 1 never held this prompt"
+
+
+class Asked(Protocol):
+    """One case as the runner recorded it; only its answer is read here."""
+
+    @property
+    def result(self) -> ChatResult: ...
+
+
+class CaseRunner(Protocol):
+    """What `kvlab prove`'s case runner offers an engine's own two-endpoint proof."""
+
+    say: Say
+
+    @property
+    def nonce(self) -> str:
+        """The run's nonce: its prompts open with it, so nothing else shares them."""
+        ...
+
+    async def cold(self, name: str, url: str, **extra: Any) -> Asked:
+        """The run's prompt, the first time anywhere."""
+        ...
+
+    async def identical(self, name: str, url: str, why: str, **extra: Any) -> Asked:
+        """The run's prompt again: every reusable token is expected from cache."""
+        ...
+
+    async def control(self, name: str, url: str, why: str, **extra: Any) -> Asked:
+        """The same length with other first words: nothing cached can match it."""
+        ...
+
+    def explain(self, text: str) -> None:
+        """Add a sentence to the proof's explanations."""
+        ...
+
+
+TwoEndpointProof = Callable[[CaseRunner, str, str, Settings], Awaitable[None]]
+
+
+def two_endpoint_prover(engines: set[str | None]) -> TwoEndpointProof | None:
+    """The slot-store proof when both instances are llama-servers; None otherwise."""
+    return slot_store_proof if engines == {LLAMA_CPP} else None
 
 
 def target_for(settings: Settings, url: str) -> LlamaTarget:
@@ -26,32 +79,43 @@ def target_for(settings: Settings, url: str) -> LlamaTarget:
     return target_from_settings(settings, port)
 
 
-async def two_llama_endpoints(p: object, a: str, b: str, settings: Settings) -> None:
-    """The slot-store proof; `p` is prove's case runner (kept untyped to avoid a cycle)."""
-    from kvlab.measure.prove import REUSABLE, _Prover
-
-    assert isinstance(p, _Prover)
+async def slot_store_proof(runner: CaseRunner, a: str, b: str, settings: Settings) -> None:
+    """Save on A, restore on B, the identical prompt and a control on B; then the judgement."""
     ta, tb = target_for(settings, a), target_for(settings, b)
     if ta.slot_dir.resolve() != tb.slot_dir.resolve():
         raise RefusedError(f"the two llama-servers save slots in different directories "
                            f"({ta.slot_dir} and {tb.slot_dir}); start both with the same "
                            "LLAMA_SLOT_SAVE_PATH so a slot file can move between them")
     store = slotstore.SlotStore(ta.slot_dir)
-    name = f"kvlab-prove-{p.run.nonce}.bin"
-    await p.cold("cold-on-a", a, id_slot=0)
+    name = f"kvlab-prove-{runner.nonce}.bin"
+
+    async def cold() -> ChatResult:
+        return (await runner.cold("cold-on-a", a, id_slot=0, **LOGPROBS)).result
+
+    async def again() -> ChatResult:
+        return (await runner.identical("identical-on-b", b, IDENTICAL_WHY, id_slot=0,
+                                       **LOGPROBS)).result
+
+    async def control() -> ChatResult:
+        return (await runner.control("changed-prefix-on-b", b, CONTROL_WHY, id_slot=1)).result
+
     try:
         async with LlamaClient(ta) as client_a, LlamaClient(tb) as client_b:
-            saved, _ = await slotstore.save(client_a, store, 0, name)
-            restored, _ = await slotstore.restore(client_b, store, 0, name)
-        p.say(f"    slot file: saved {saved.n_tokens} tokens in {saved.wall_ms:.1f} ms, "
-              f"restored on B in {restored.wall_ms:.1f} ms")
-        await p.case("identical-on-b", b, p.messages(p.run.nonce), REUSABLE, id_slot=0)
-        await p.control("changed-prefix-on-b", b,
-                        "the first words differ, and slot 1 never held this prompt", id_slot=1)
-        p.run.explanations.append(
-            "llama-server: the slot file saved on A and restored on B is the shared store; "
-            "kvlab's manifest checked the model hash, KV types, slots and build first")
+            trip = await roundtrip.round_trip(
+                store, name, roundtrip.Slot(client_a, 0), roundtrip.Slot(client_b, 0),
+                roundtrip.Asks(cold, again, control),
+                say=lambda text: runner.say(f"    slot file: {text}"))
     finally:
-        for path in (store.slot_path(name), store.manifest_path(name)):
-            with contextlib.suppress(OSError):
-                Path(path).unlink()  # noqa: ASYNC240 - two small local files
+        with contextlib.suppress(OSError):
+            store.remove(name)
+    runner.explain(
+        "llama-server: the slot file saved on A and restored on B is the shared store; "
+        "kvlab's manifest checked the model hash, KV types, slots and build first")
+    runner.explain(_explained(roundtrip.judge(trip.cold, trip.control, trip.restored)))
+
+
+def _explained(judged: roundtrip.Judgement) -> str:
+    gap = f"{judged.logprob_gap:.2e}" if judged.logprob_gap is not None else "none"
+    why = f": {'; '.join(judged.reasons)}" if judged.reasons else ""
+    return (f"slot-store round trip A -> B: {judged.verdict} (first-token logprob gap {gap}, "
+            f"tolerance {roundtrip.LOGPROB_TOLERANCE}){why}")

@@ -8,7 +8,7 @@ and sha256) and refuses a restore whose manifest does not match the running serv
 the field. The store is private (directory 0700, files 0600) and takes bare file names only.
 
 The sha256 of a GGUF (gigabytes) is cached by path, size and mtime. This module does not start
-servers; the HTTP calls are `llama_client`'s.
+servers; the HTTP calls are `client.py`'s.
 """
 
 from __future__ import annotations
@@ -209,6 +209,11 @@ class SlotStore:
 
     def manifest_path(self, name: str) -> Path:
         return self.slot_path(name).with_name(name + MANIFEST_SUFFIX)
+
+    def remove(self, name: str) -> None:
+        """Remove a slot file and its manifest, if there (they hold the prompt)."""
+        self.slot_path(name).unlink(missing_ok=True)
+        self.manifest_path(name).unlink(missing_ok=True)
 
     def read_manifest(self, name: str) -> Manifest:
         """The manifest of an existing slot file; refuses a missing file or manifest."""

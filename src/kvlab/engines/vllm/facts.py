@@ -52,7 +52,6 @@ RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 CACHE_CONFIG_INFO = "vllm:cache_config_info"  # labels: block_size, cache_dtype, ...
 NIXL_BYTES = "vllm:nixl_bytes_transferred"  # histogram (_sum, _count), decode side
-KV_OFFLOAD_PREFIX = "vllm:kv_offload"
 
 # evidence key (as the notebook names it) -> (counter family, label filter). The first four
 # keys are the seed's measure-reuse.py names; the rest are kvlab's additions.
@@ -69,6 +68,11 @@ EVIDENCE_COUNTERS: dict[str, tuple[str, dict[str, str]]] = {
     "generation_tokens": (GENERATION_TOKENS, {}),
     "preemptions": (PREEMPTIONS, {}),
     "requests_succeeded": (REQUEST_SUCCESS, {}),
+}
+# KV moved between instances: the NIXL histogram's sum (bytes) and count (transfers)
+TRANSFER_COUNTERS: dict[str, tuple[str, dict[str, str]]] = {
+    "nixl_bytes": (NIXL_BYTES + "_sum", {}),
+    "nixl_transfers": (NIXL_BYTES + "_count", {}),
 }
 EVIDENCE_GAUGES: dict[str, tuple[str, ...]] = {
     "kv_cache_usage_perc": (KV_USAGE, KV_USAGE_LEGACY),

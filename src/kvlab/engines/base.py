@@ -1,0 +1,128 @@
+"""The engine adapter: what the rest of kvlab may ask of an engine, without naming it.
+
+Each engine package (`engines/vllm`, `engines/llamacpp`) provides one `Engine`; everything
+outside `engines/` reaches an engine through `engine_for(name)` or `engine_of_metrics(names)`
+and never compares engine names itself. An adapter answers from data its package pins (metric
+names, log formats, endpoints) and from the running server (version, identity facts).
+
+Deliberately not here: starting processes (`process.py`, any plan), installing engines
+(`install.py`), and the per-engine plans, whose options differ too much to share a signature.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import httpx
+
+    from kvlab.engines.plan import EnginePlan
+    from kvlab.observe.metrics import Snapshot
+
+VLLM = "vllm"
+LLAMA_CPP = "llama.cpp"  # the one spelling, in plans, records and load rows
+NAMES = (VLLM, LLAMA_CPP)
+
+# the conversation every instance templates and tokenises for the compatibility check:
+# markup, a tab, a newline, non-ASCII and an emoji, where tokenisers and templates differ
+PROBE_MESSAGES = [
+    {"role": "system", "content": "You check that two engines agree, token for token."},
+    {"role": "user", "content": "Does 3 + 4 = 7? Answer with one word: {yes|no}."},
+    {"role": "assistant", "content": "Yes."},
+    {"role": "user", "content": "And «7 × 6»? Émoji ok: 🙂 — tabs\tand newlines\nalso."},
+]
+
+# evidence key (as the notebook names it) -> (counter family, label filter)
+CounterTable = dict[str, tuple[str, dict[str, str]]]
+# evidence key -> metric names to try in order (a gauge renamed between versions)
+GaugeTable = dict[str, tuple[str, ...]]
+
+
+@dataclass
+class InstanceFacts:
+    """What one running instance says about itself (compared by `kvlab check`)."""
+
+    url: str
+    engine: str | None = None
+    version: str | None = None
+    model_id: str | None = None
+    root: str | None = None
+    max_model_len: int | None = None
+    block_size: int | None = None
+    cache_dtype: str | None = None
+    prefix_caching: bool | None = None
+    kv_cache_tokens: int | None = None
+    template_tokens: list[int] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The facts for a notebook line (the template tokens as a count and a digest)."""
+        out = asdict(self)
+        if self.template_tokens is not None:
+            out["template_tokens"] = (f"{len(self.template_tokens)} tokens, sha "
+                                      + token_digest(self.template_tokens))
+        return out
+
+
+def token_digest(tokens: list[int]) -> str:
+    """A short digest of a token list, to show that two lists differ."""
+    return hashlib.sha256(",".join(map(str, tokens)).encode()).hexdigest()[:12]
+
+
+class Engine(Protocol):
+    """One engine's answers, as data and small async probes."""
+
+    name: str
+    metric_namespace: str  # the prefix of its /metrics names, e.g. "vllm" in vllm:...
+    counters: CounterTable
+    gauges: GaugeTable
+    transfer_counters: CounterTable  # KV moved between instances (NIXL's bytes), if any
+
+    def capacity(self, plan: EnginePlan, log_text: str) -> dict[str, Any]:
+        """KV capacity fields from the startup log (empty when none were found)."""
+        ...
+
+    def block_size(self, platform: str) -> int:
+        """Tokens per KV block the prefix cache works in, on this platform."""
+        ...
+
+    async def version(self, client: httpx.AsyncClient, root: str) -> str | None:
+        """The running server's own version string (None when it does not say)."""
+        ...
+
+    async def describe(self, client: httpx.AsyncClient, root: str, facts_out: InstanceFacts,
+                       snap: Snapshot | None) -> bool:
+        """Fill `facts_out` from the server; False when the server is not this engine."""
+        ...
+
+
+def engine_for(name: str) -> Engine:
+    """The adapter for an engine name as plans and records spell it."""
+    from kvlab.engines.llamacpp.adapter import LLAMA_CPP_ENGINE
+    from kvlab.engines.vllm.adapter import VLLM_ENGINE
+
+    engines: dict[str, Engine] = {VLLM: VLLM_ENGINE, LLAMA_CPP: LLAMA_CPP_ENGINE}
+    try:
+        return engines[name]
+    except KeyError:
+        raise ValueError(f"unknown engine {name!r}; kvlab knows {', '.join(NAMES)}") from None
+
+
+def known_engine(name: str) -> Engine | None:
+    """The adapter for `name`, or None for a process that is no engine (kvlab's own proxy)."""
+    return engine_for(name) if name in NAMES else None
+
+
+def all_engines() -> list[Engine]:
+    return [engine_for(name) for name in NAMES]
+
+
+def engine_of_metrics(metric_names: set[str]) -> Engine | None:
+    """The engine whose namespace a /metrics scrape uses (None: neither)."""
+    prefixes = {name.split(":", 1)[0] for name in metric_names if ":" in name}
+    for engine in all_engines():
+        if engine.metric_namespace in prefixes:
+            return engine
+    return None

@@ -1,0 +1,263 @@
+"""One pydantic model per notebook record kind: what writers build and readers parse.
+
+Every line kvlab writes is one of these, serialised by `notebook.append`. The envelope (`lab`,
+`record`, `label`, `recorded_at`, `kvlab_version`, `schema`, `run_id`) is common; each kind
+names the fields the seed scripts write or read (their names are kept, so `compare-disagg.py`
+and `measure-reuse.py` read kvlab's lines) and the evidence kvlab adds. Nested evidence that
+only its writer and the report interpret stays an open mapping; `extra="allow"` keeps fields a
+newer kvlab or a seed script added, so reading an old or foreign notebook never fails.
+
+Readers go through `parse`, which picks the model by the `record` field (a seed load row has
+none: it is recognised by its concurrency and TTFT percentiles) and falls back to the bare
+envelope for anything it cannot validate, counting it rather than failing.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kvlab import SCHEMA, __version__
+
+LAB_OFFLOAD = "part-22/lab-kv-cache-offload-and-sharing"
+LAB_PD = "part-22/lab-two-machine-prefill-decode"
+
+Json = dict[str, Any]
+
+
+def now_stamp() -> str:
+    """Local time with offset, the seed scripts' `%Y-%m-%dT%H:%M:%S%z` format."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+class Percentiles(BaseModel):
+    """A latency distribution in seconds, as the seed's load rows carry it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    mean: float | None = None
+
+
+class Record(BaseModel):
+    """The envelope every notebook line carries."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    kind: ClassVar[str] = ""
+
+    lab: str = Field(description="Which lab the line belongs to.")
+    record: str = Field(description="The record kind.")
+    label: str = Field(description="The run's label, as the seed scripts use it.")
+    recorded_at: str = Field(default_factory=now_stamp)
+    kvlab_version: str = __version__
+    schema_version: int = Field(SCHEMA, alias="schema")
+    run_id: str | None = Field(None, description="The `kvlab run` that wrote it, if any.")
+
+    def line(self) -> Json:
+        """The JSON object written to the notebook (seed field names, `schema` by its alias)."""
+        out = self.model_dump(by_alias=True, mode="json")
+        if out.get("run_id") is None:
+            out.pop("run_id", None)
+        return out
+
+    def with_fields(self, **fields: Any) -> Self:
+        """A copy with fields added or replaced, validated again."""
+        return self.model_validate({**self.line(), **fields})
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A field or extra field by its notebook name, as the line holds it."""
+        return self.line().get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        """Read a record as its notebook line: `row["ttft_s"]["p50"]`."""
+        return self.line()[key]
+
+
+class StartupRecord(Record):
+    """What an instance said about its KV capacity as it started."""
+
+    kind: ClassVar[str] = "startup"
+    record: Literal["startup"] = "startup"
+    engine: str
+    engine_version: str = "unknown"
+    role: str
+    model: str = ""
+    served_name: str = ""
+    base_url: str = ""
+    argv: list[str] = Field(default_factory=list)
+    ready_s: float | None = None
+    capacity: Json = Field(default_factory=dict)
+
+
+class ReuseRow(BaseModel):
+    """One turn of a conversation (measure-reuse.py's row, kvlab's evidence added)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    turn: int
+    endpoint: str
+    ttft_s: float | None = None
+    total_s: float | None = None
+    chunks: int | None = None
+
+
+class ReuseRecord(Record):
+    """The seed's measure-reuse.py record: a growing conversation, TTFT per turn."""
+
+    kind: ClassVar[str] = "reuse"
+    record: Literal["reuse"] = "reuse"
+    model: str | None = None
+    endpoints: list[str] = Field(default_factory=list)
+    turns: int | None = None
+    preamble_words: int | None = None
+    max_tokens: int | None = None
+    rows: list[ReuseRow] = Field(default_factory=list)
+    metric_deltas: dict[str, Json] = Field(default_factory=dict)
+    note: str | None = None
+
+
+class ProofRecord(Record):
+    """`kvlab prove`: cold, identical, changed-prefix control, each with its verdict."""
+
+    kind: ClassVar[str] = "proof"
+    record: Literal["proof"] = "proof"
+    model: str
+    endpoints: list[str]
+    cases: list[Json]
+    verdicts: dict[str, str | None]
+    explanations: list[str] = Field(default_factory=list)
+    note: str = ""
+
+
+class LoadRecord(Record):
+    """One load-generator level (the seed's load-test.py row, as compare-disagg.py reads it)."""
+
+    kind: ClassVar[str] = "load"
+    record: Literal["load"] = "load"
+    concurrency: int
+    requests: int
+    model: str | None = None
+    prompt_set: str | None = None
+    max_tokens: int | None = None
+    ttft_s: Percentiles | None = None  # None when no request of the level succeeded
+    tpot_s: Percentiles | None = None
+    output_tokens_per_s: float | None = None
+
+
+class LinkRecord(Record):
+    """run-load.sh's interface counters around one load run."""
+
+    kind: ClassVar[str] = "link"
+    record: Literal["link"] = "link"
+    base_url: str | None = None
+    connector: str | None = None
+    context_length: int | None = None
+    prompt_set: str | None = None
+    concurrency: str | int | None = None
+    requests: int | None = None
+    iface: str | None = None
+    wall_s: float | None = None
+    rx_bytes: int | None = None
+    tx_bytes: int | None = None
+
+
+class ComparisonRecord(Record):
+    """compare-disagg.py's record: two labels' load rows paired level by level."""
+
+    kind: ClassVar[str] = "comparison"
+    record: Literal["comparison"] = "comparison"
+    disagg_label: str | None = None
+    baseline_label: str | None = None
+    levels: list[Json] = Field(default_factory=list)
+
+
+class PredictionRecord(Record):
+    """The P/D lab's prediction, written before any run."""
+
+    kind: ClassVar[str] = "prediction"
+    record: Literal["prediction"] = "prediction"
+    model: str | None = None
+    prompt_tokens: int | None = None
+    bytes_per_token: float | None = None
+
+
+class CrossingRecord(Record):
+    """`kvlab proxy --check`: did one request cross both legs of the split."""
+
+    kind: ClassVar[str] = "crossing"
+    record: Literal["crossing"] = "crossing"
+    crossed: bool
+    reasons: list[str] = Field(default_factory=list)
+
+
+class NotRunRecord(Record):
+    """A lab row that cannot be measured on this machine, and why."""
+
+    kind: ClassVar[str] = "not-run"
+    record: Literal["not-run"] = "not-run"
+    row: str
+    reason: str
+
+
+class DiskRecord(Record):
+    """llama.cpp slot save and restore, timed against a cold prefill."""
+
+    kind: ClassVar[str] = "disk"
+    record: Literal["disk"] = "disk"
+    engine: str
+    model: str
+    prompt_tokens: int
+    cold_ttft_s: float | None = None
+    save_ms: float | None = None
+    restore_ms: float | None = None
+    verdict: str
+    reasons: list[str] = Field(default_factory=list)
+
+
+KINDS: tuple[type[Record], ...] = (
+    StartupRecord, ReuseRecord, ProofRecord, LoadRecord, LinkRecord, ComparisonRecord,
+    PredictionRecord, CrossingRecord, NotRunRecord, DiskRecord,
+)
+BY_KIND: dict[str, type[Record]] = {cls.kind: cls for cls in KINDS}
+
+
+def build(kind: str, label: str, lab: str, **fields: Any) -> Record:
+    """A record of `kind`, validated by that kind's model (a kind kvlab does not know gets the
+    bare envelope)."""
+    return BY_KIND.get(kind, Record).model_validate(
+        {"record": kind, "label": label, "lab": lab, **fields})
+
+
+def model_for(obj: Json) -> type[Record] | None:
+    """The model a notebook object should parse as (None: not a kvlab-shaped record)."""
+    kind = obj.get("record")
+    if isinstance(kind, str):
+        return BY_KIND.get(kind, Record)
+    if "concurrency" in obj and isinstance(obj.get("ttft_s"), dict):
+        return LoadRecord  # a seed load-test.py row: no `record` field
+    return None
+
+
+def parse(obj: Json) -> Record | None:
+    """A notebook object as its typed record; None if it is not one kvlab can read."""
+    cls = model_for(obj)
+    if cls is None:
+        return None
+    data = obj if "record" in obj else {"record": cls.kind, **obj}
+    data = {"lab": "", "label": "", **data}
+    try:
+        return cls.model_validate(data)
+    except ValidationError:
+        try:
+            return Record.model_validate(data)
+        except ValidationError:
+            return None
+
+
+def json_schemas() -> dict[str, Json]:
+    """Each record kind's JSON Schema, by kind (`kvlab schema` prints them)."""
+    return {cls.kind: cls.model_json_schema(by_alias=True) for cls in KINDS}
