@@ -161,4 +161,4 @@ def test_launcher_runs_with_a_python_lacking_kvlab(fake: str, home: Path, tmp_pa
                           "--labbook", str(tmp_path / "b.md")], capture_output=True, text=True,
                          env=clean, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert notebook.read(tmp_path / "b.md").records[0]["engine"] == "llamacpp"
+    assert notebook.read(tmp_path / "b.md").records[0]["engine"] == "llama.cpp"

@@ -22,10 +22,13 @@ from rich.console import Console
 
 from kvlab.cli.common import Output, json_option, settings_from
 from kvlab.core.errors import InputError
+from kvlab.engines.base import ALIASES as ENGINE_ALIASES
+from kvlab.engines.base import NAMES as ENGINE_NAMES
+from kvlab.engines.base import canonical_name
 from kvlab.records.models import Record
 
 T = TypeVar("T")
-ENGINES = ("vllm", "llamacpp")
+ENGINES = (*ENGINE_NAMES, *ENGINE_ALIASES)  # the seed's load-test.py says llamacpp
 PROGRESS_REDRAWS_PER_S = 2
 
 
@@ -128,7 +131,7 @@ def load_spec(settings: Any, *, base_url: str, label: str, engine: str, slo: str
     return LoadSpec(
         base_url=base_url, model=settings.served_name, levels=tuple(settings.concurrency),
         requests=settings.requests, max_tokens=settings.max_tokens,
-        prompt_set=settings.prompt_set, label=label, engine=engine,  # type: ignore[arg-type]
+        prompt_set=settings.prompt_set, label=label, engine=canonical_name(engine),
         endpoint=endpoint, timeout_s=timeout, rate=rate,  # type: ignore[arg-type]
         poisson=arrivals == "poisson", slo=Slo.parse(slo) if slo else None,
         preamble_tokens=preamble_tokens or settings.preamble_tokens, seed=seed,

@@ -24,6 +24,13 @@ if TYPE_CHECKING:
 VLLM = "vllm"
 LLAMA_CPP = "llama.cpp"  # the one spelling, in plans, records and load rows
 NAMES = (VLLM, LLAMA_CPP)
+# other spellings met at the boundary: Part 9's load-test.py takes `--engine llamacpp`
+ALIASES = {"llamacpp": LLAMA_CPP}
+
+
+def canonical_name(name: str) -> str:
+    """The one spelling of an engine name given in any accepted spelling."""
+    return ALIASES.get(name, name)
 
 # the conversation every instance templates and tokenises for the compatibility check:
 # markup, a tab, a newline, non-ASCII and an emoji, where tokenisers and templates differ

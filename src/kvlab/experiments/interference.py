@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvlab.engines import llamacpp, startup
+from kvlab.engines.base import LLAMA_CPP
 from kvlab.engines.llamacpp import server as llama_common
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget
 from kvlab.experiments.lab import Lab
@@ -49,7 +50,7 @@ async def loadgen_level(base_url: str, concurrency: int, requests: int, workload
 
     spec = LoadSpec(base_url=base_url, model=workload.model, levels=(concurrency,),
                     requests=requests, max_tokens=workload.max_tokens,
-                    prompt_set=workload.prompt_set, label=label, engine="llamacpp",
+                    prompt_set=workload.prompt_set, label=label, engine=LLAMA_CPP,
                     preamble_tokens=workload.preamble_tokens, seed=workload.seed, extra=extra)
     return (await run_sweep(spec, api_key=api_key)).rows[0]
 

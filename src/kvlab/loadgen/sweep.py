@@ -45,7 +45,7 @@ class LoadSpec:
     max_tokens: int
     prompt_set: str
     label: str
-    engine: Literal["vllm", "llamacpp"] = "vllm"
+    engine: str = "vllm"  # as records spell it (engines.base.NAMES); the generator uses no engine
     endpoint: Literal["chat", "completions"] = "chat"
     timeout_s: float = 600.0
     rate: float | None = None
