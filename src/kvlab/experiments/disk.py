@@ -105,7 +105,7 @@ async def _round_trip(lab: Lab, client: LlamaClient, store: slotstore.SlotStore,
     here = roundtrip.Slot(client, SLOT)
     return await roundtrip.round_trip(
         store, name, here, here, roundtrip.Asks(cold, again, control, control_before_restore=True),
-        slotstore.hash_cache_path(lab.settings.home()), lab.say)
+        lab.settings.paths().file_hashes, lab.say)
 
 
 def disk_record(spec: DiskSpec, trip: RoundTrip, server: dict[str, Any], version: str,

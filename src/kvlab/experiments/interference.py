@@ -99,7 +99,7 @@ async def run(lab: Lab, spec: InterferenceSpec, *,
     """Both runs in order, each load row written as it ends, then the comparison."""
     settings, binary = lab.settings, lab.llama_server()
     accepted = llamacpp.help_flags(binary)
-    slot_dir = settings.home() / "run" / "interference-slots"
+    slot_dir = settings.paths().scratch / "interference-slots"  # no slot is saved there
     workload: Workload | None = None
     rows: list[LoadRecord] = []
     for parallel in spec.parallels:

@@ -43,10 +43,6 @@ class Lab:
     outcomes: dict[str, dict[str, Any]] = field(default_factory=dict)  # per experiment run
 
     @property
-    def run_dir(self) -> Path:
-        return self.settings.paths().run / self.run_id
-
-    @property
     def vllm(self) -> vllm.VllmInstall:
         return vllm.find_vllm(self.settings)
 
@@ -93,7 +89,8 @@ class Lab:
 async def engines(lab: Lab, plans: list[EnginePlan], *, labels: list[str] | None = None,
                   ready_timeout_s: float = 900.0) -> AsyncIterator[list[EngineProcess]]:
     """Start `plans` together, write their startup lines, always stop them all."""
-    procs = [EngineProcess(p, lab.run_dir / "logs" / f"{p.role}-{p.port}.log",
+    logs = lab.settings.paths().run_logs(lab.run_id)
+    procs = [EngineProcess(p, logs / f"{p.role}-{p.port}.log",
                            run_dir=lab.settings.paths().run, ready_timeout_s=ready_timeout_s)
              for p in plans]
     try:

@@ -106,7 +106,7 @@ async def _round_trip(lab: Lab, a: LlamaClient, b: LlamaClient, store: slotstore
 
     return await roundtrip.round_trip(
         store, name, roundtrip.Slot(a, 0), roundtrip.Slot(b, 0),
-        roundtrip.Asks(cold, again, control), slotstore.hash_cache_path(lab.settings.home()),
+        roundtrip.Asks(cold, again, control), lab.settings.paths().file_hashes,
         lab.say)
 
 

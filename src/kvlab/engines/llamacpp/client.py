@@ -56,14 +56,10 @@ class LlamaTarget:
                    log_path, source, plan.model)
 
 
-def serve_record_path(settings: Settings, port: int) -> Path:
-    return settings.home() / "run" / "llama" / f"{port}.json"
-
-
 def write_serve_record(settings: Settings, plan: EnginePlan, log_path: Path) -> Path:
     """Leave what `kvlab llama serve` started where `kvlab llama save|restore` will look."""
     target = LlamaTarget.from_plan(plan, log_path, source="kvlab llama serve")
-    path = serve_record_path(settings, plan.port)
+    path = settings.paths().llama_serve_record(plan.port)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(target).items()}
     path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
@@ -73,7 +69,7 @@ def write_serve_record(settings: Settings, plan: EnginePlan, log_path: Path) -> 
 def target_from_settings(settings: Settings, port: int | None = None) -> LlamaTarget:
     """The server at LLAMA_PORT (or `port`), as its serve record or the settings describe it."""
     port = port or settings.llama_port
-    record_path = serve_record_path(settings, port)
+    record_path = settings.paths().llama_serve_record(port)
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         raw = json.loads(record_path.read_text(encoding="utf-8"))
         return LlamaTarget(
@@ -84,7 +80,7 @@ def target_from_settings(settings: Settings, port: int | None = None) -> LlamaTa
             source=f"{raw['source']} ({record_path})", model=raw.get("model"),
         )
     host = client_host(settings.serve_host)
-    log = settings.home() / "run" / "logs" / f"serve-llama-{port}.log"
+    log = settings.paths().log(f"serve-llama-{port}")
     return LlamaTarget(
         base_url=f"http://{host}:{port}",
         slot_dir=Path(settings.llama_slot_save_path).expanduser(),

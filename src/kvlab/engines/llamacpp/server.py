@@ -49,10 +49,10 @@ def server_plan(settings: Settings, binary: Path, *, role: str, ctx: int, parall
 
 def engine(settings: Settings, plan: EnginePlan) -> EngineProcess:
     """The process for a plan, logging under KVLAB_HOME/run/logs."""
-    run_dir = settings.home() / "run"
-    log = run_dir / "logs" / f"{plan.role}-{plan.port}.log"
+    paths = settings.paths()
+    log = paths.log(f"{plan.role}-{plan.port}")
     log.unlink(missing_ok=True)
-    return EngineProcess(plan, log, run_dir=run_dir, ready_timeout_s=120)
+    return EngineProcess(plan, log, run_dir=paths.run, ready_timeout_s=120)
 
 
 def server_fields(plan: EnginePlan, ctx: int, parallel: int,

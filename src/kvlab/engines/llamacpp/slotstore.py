@@ -98,11 +98,6 @@ class Manifest:
         return cls(**values)
 
 
-def hash_cache_path(home: Path) -> Path:
-    """Where the sha256 of model files is remembered (under KVLAB_HOME)."""
-    return home / "cache" / "file-sha256.json"
-
-
 def file_sha256(path: Path, cache: Path | None = None) -> str:
     """sha256 of a file, remembered by (path, size, mtime) in `cache` so a GGUF is read once."""
     st = path.stat()
