@@ -17,7 +17,7 @@ from kvlab.engines.llamacpp import roundtrip, slotstore
 from kvlab.engines.llamacpp.client import SlotOp
 from kvlab.engines.llamacpp.roundtrip import Asks, Slot, judge
 from kvlab.measure.chat import ChatResult
-from kvlab.measure.prove import Expect, ProofRun, ProveOptions, _Prover
+from kvlab.measure.prove import Expect, ProofRun, ProveOptions, _Prover, own_proof
 
 TOP = [(" a", -7.1), (" b", -7.3)]
 
@@ -115,10 +115,13 @@ async def test_two_servers_control_last(events: list[str], tmp_path: Path) -> No
     assert said == ["saved 3500 tokens (1000 bytes) in 2.0 ms", "restored 3500 tokens in 2.0 ms"]
 
 
-def test_the_slot_store_proof_is_chosen_inside_the_engine_package() -> None:
-    assert llama_prove.two_endpoint_prover({"llama.cpp"}) is llama_prove.slot_store_proof
-    for engines in ({"vllm"}, {"llama.cpp", "vllm"}, {None}, set()):
-        assert llama_prove.two_endpoint_prover(engines) is None  # type: ignore[arg-type]
+def test_the_slot_store_proof_is_the_llama_adapters_own() -> None:
+    def facts(*engines: str | None) -> dict[str, InstanceFacts]:
+        return {f"u{i}": InstanceFacts(url=f"u{i}", engine=e) for i, e in enumerate(engines)}
+
+    assert own_proof(facts("llama.cpp", "llama.cpp")) is llama_prove.slot_store_proof
+    for engines in (("vllm", "vllm"), ("llama.cpp", "vllm"), (None, None), ()):
+        assert own_proof(facts(*engines)) is None
 
 
 @dataclass

@@ -24,7 +24,7 @@ from kvlab.cli.common import Output, json_option, settings_from
 from kvlab.core.errors import InputError
 from kvlab.engines.base import ALIASES as ENGINE_ALIASES
 from kvlab.engines.base import NAMES as ENGINE_NAMES
-from kvlab.engines.base import canonical_name
+from kvlab.engines.base import VLLM, canonical_name
 from kvlab.records.models import Record
 
 T = TypeVar("T")
@@ -267,7 +267,7 @@ def run_load_command(ctx: click.Context, label: str, base_url: str,
 
     out = Output(as_json)
     settings = settings_from(ctx).values
-    spec = load_spec(settings, base_url=base_url, label=label, engine="vllm", slo=slo,
+    spec = load_spec(settings, base_url=base_url, label=label, engine=VLLM, slo=slo,
                      timeout=timeout, rate=rate, arrivals=arrivals,
                      preamble_tokens=preamble_tokens, seed=seed, endpoint=endpoint,
                      ignore_eos=ignore_eos, kv_cache_type=kv_cache_type, scrape=not no_metrics,

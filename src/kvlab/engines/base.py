@@ -18,7 +18,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import httpx
 
+    from kvlab.core.say import Say
+    from kvlab.core.settings import Settings
     from kvlab.engines.plan import EnginePlan
+    from kvlab.measure.chat import ChatResult
     from kvlab.observe.metrics import Snapshot
 
 VLLM = "vllm"
@@ -78,6 +81,47 @@ def token_digest(tokens: list[int]) -> str:
     return hashlib.sha256(",".join(map(str, tokens)).encode()).hexdigest()[:12]
 
 
+class Asked(Protocol):
+    """One case as the runner recorded it; only its answer is read here."""
+
+    @property
+    def result(self) -> ChatResult: ...
+
+
+class CaseRunner(Protocol):
+    """What `kvlab prove`'s case runner offers an engine's own two-endpoint proof."""
+
+    say: Say
+
+    @property
+    def nonce(self) -> str:
+        """The run's nonce: its prompts open with it, so nothing else shares them."""
+        ...
+
+    async def cold(self, name: str, url: str, **extra: Any) -> Asked:
+        """The run's prompt, the first time anywhere."""
+        ...
+
+    async def identical(self, name: str, url: str, why: str, **extra: Any) -> Asked:
+        """The run's prompt again: every reusable token is expected from cache."""
+        ...
+
+    async def control(self, name: str, url: str, why: str, **extra: Any) -> Asked:
+        """The same length with other first words: nothing cached can match it."""
+        ...
+
+    def explain(self, text: str) -> None:
+        """Add a sentence to the proof's explanations."""
+        ...
+
+
+class TwoEndpointProof(Protocol):
+    """An engine's own proof that two of its instances share KV, run through prove's cases."""
+
+    async def __call__(self, runner: CaseRunner, a: str, b: str, settings: Settings) -> None:
+        ...
+
+
 class Engine(Protocol):
     """One engine's answers, as data and small async probes."""
 
@@ -86,6 +130,8 @@ class Engine(Protocol):
     counters: CounterTable
     gauges: GaugeTable
     transfer_counters: CounterTable  # KV moved between instances (NIXL's bytes), if any
+    # the engine's own proof that two instances share KV; None: prove's generic cases apply
+    two_endpoint_proof: TwoEndpointProof | None
 
     def capacity(self, plan: EnginePlan, log_text: str) -> dict[str, Any]:
         """KV capacity fields from the startup log (empty when none were found)."""

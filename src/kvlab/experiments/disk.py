@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kvlab.engines import llamacpp, startup
+from kvlab.engines.base import LLAMA_CPP
 from kvlab.engines.llamacpp import roundtrip, slotstore
 from kvlab.engines.llamacpp import server as llama_common
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget
@@ -117,7 +118,7 @@ def disk_record(spec: DiskSpec, trip: RoundTrip, server: dict[str, Any], version
     cold_prompt_ms = float((cold.timings or {}).get("prompt_ms") or 0.0)
     return DiskRecord(
         label=spec.label, lab=notebook.LAB_OFFLOAD,
-        engine="llama.cpp", engine_version=version, model=model,
+        engine=LLAMA_CPP, engine_version=version, model=model,
         model_sha256=trip.manifest.model_sha256,
         **llamacpp.kv_label(server["kv_type_k"], server["kv_type_v"]),
         prompt_tokens=judged.prompt_tokens, max_tokens=spec.max_tokens,

@@ -20,6 +20,7 @@ from typing import Any
 
 from kvlab.core.errors import SettingError
 from kvlab.engines import llamacpp, startup
+from kvlab.engines.base import LLAMA_CPP
 from kvlab.engines.llamacpp import roundtrip, slotstore
 from kvlab.engines.llamacpp import server as llama_common
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget
@@ -119,7 +120,7 @@ def shared_record(spec: SharedSlotsSpec, trip: RoundTrip, server: dict[str, Any]
             {"turn": 2, "endpoint": endpoints[1], "ttft_s": roundtrip.turn(restored_b)["ttft_s"],
              "total_s": round(restored_b.total_s, 4), "chunks": restored_b.chunks}]
     return ReuseRecord(
-        label=spec.label, lab=notebook.LAB_OFFLOAD, engine="llama.cpp", engine_version=version,
+        label=spec.label, lab=notebook.LAB_OFFLOAD, engine=LLAMA_CPP, engine_version=version,
         model=model, model_sha256=trip.manifest.model_sha256, endpoints=endpoints, turns=2,
         prompt_tokens=judged.prompt_tokens, max_tokens=spec.max_tokens, rows=rows,
         metric_deltas={},

@@ -99,29 +99,13 @@ async def _run_load_test(load_test: str, load: LoadSpec, labbook: str) -> None:
         raise InputError(f"LOAD_TEST {path} exited with status {code}; no link line written")
 
 
-def transfer_deltas(before: metrics.Snapshot | None,
-                    after: metrics.Snapshot | None) -> dict[str, float]:
-    """The KV-transfer counters' increases (NIXL's bytes and transfers, on vLLM's decode)."""
-    if before is None or after is None:
-        return {}
-    engine = after.engine()
-    if engine is None:
-        return {}
-    out = {}
-    for key, (name, labels) in engine.transfer_counters.items():
-        value = metrics.counter_delta(before, after, name, labels)
-        if value is not None:
-            out[key] = value
-    return out
-
-
 def link_record(load: LoadSpec, spec: LinkSpec, before: Readings, after: Readings,
                 wall_s: float, sweep: SweepResult | None) -> LinkRecord:
     """The `link` record: the seed's fields first, then kvlab's."""
     counters = netdev.iface_delta(before.iface, after.iface)
     deltas = {url: metrics.evidence_deltas(before.snapshots[url], after.snapshots[url])
               for url in after.snapshots}
-    nixl = {url: transfer_deltas(before.snapshots[url], after.snapshots[url])
+    nixl = {url: metrics.transfer_deltas(before.snapshots[url], after.snapshots[url])
             for url in after.snapshots}
     fields: dict[str, Any] = {
         "base_url": load.base_url, "connector": spec.connector,

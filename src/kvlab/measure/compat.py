@@ -20,8 +20,6 @@ from kvlab.engines.base import InstanceFacts, all_engines, token_digest
 from kvlab.measure.chat import api_base, server_root
 from kvlab.observe import metrics
 
-__all__ = ["COMPARED", "InstanceFacts", "Mismatch", "check", "differences", "probe"]
-
 COMPARED = ("engine", "version", "model_id", "root", "max_model_len", "block_size",
             "cache_dtype", "template_tokens")
 

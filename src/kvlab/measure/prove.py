@@ -25,9 +25,9 @@ import httpx
 
 from kvlab.core.say import Say, quiet
 from kvlab.core.settings import Settings
-from kvlab.engines.llamacpp.prove import two_endpoint_prover
+from kvlab.engines.base import InstanceFacts, TwoEndpointProof, known_engine
 from kvlab.measure.chat import ChatResult, api_base, chat_body
-from kvlab.measure.compat import InstanceFacts, check, probe
+from kvlab.measure.compat import check, probe
 from kvlab.measure.conversation import Conversation, preamble
 from kvlab.measure.reuse import (
     EXACT_PROMPT_TRAP,
@@ -202,7 +202,7 @@ async def prove(opts: ProveOptions, say: Say = quiet) -> ProofRun:
             # its own opening, so it shares no block with any prompt below
             await prover.case("warm-up", url, prover.messages(f"{run.nonce}-warm{i}"), None)
         # an engine whose instances share KV its own way brings its own two-endpoint proof
-        own = two_endpoint_prover({f.engine for f in run.instances.values()})
+        own = own_proof(run.instances)
         if len(opts.urls) == 1:
             await _one_endpoint(prover, opts.urls[0])
         elif own is not None:
@@ -212,6 +212,14 @@ async def prove(opts: ProveOptions, say: Say = quiet) -> ProofRun:
         if opts.salt:
             await _salt_pair(prover, opts.urls[-1])
     return run
+
+
+def own_proof(instances: dict[str, InstanceFacts]) -> TwoEndpointProof | None:
+    """The two-endpoint proof the instances' engine brings, if it brings one."""
+    names = {f.engine for f in instances.values()}
+    name = names.pop() if len(names) == 1 else None
+    engine = known_engine(name) if name else None
+    return engine.two_endpoint_proof if engine is not None else None
 
 
 async def _one_endpoint(p: _Prover, url: str) -> None:

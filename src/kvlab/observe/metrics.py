@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvlab.engines.base import Engine, engine_of_metrics
+from kvlab.engines.base import CounterTable, Engine, engine_of_metrics
 
 SeriesKey = tuple[str, frozenset[tuple[str, str]]]
 
@@ -106,26 +106,38 @@ def counter_delta(before: Snapshot, after: Snapshot, name: str,
     return total
 
 
-def evidence_deltas(before: Snapshot | None, after: Snapshot | None) -> dict[str, Any]:
-    """The engine's reuse counters' increases (seed key names), and end-of-run gauges."""
-    if before is None or after is None:
-        return {}
-    engine = after.engine()
-    if engine is None:
-        return {}
-    counters, gauges = engine.counters, engine.gauges
-    out: dict[str, Any] = {}
-    for key, (name, labels) in counters.items():
+def table_deltas(before: Snapshot, after: Snapshot, table: CounterTable) -> dict[str, float]:
+    """Each counter of an adapter's table that increased or exists, by its evidence key."""
+    out = {}
+    for key, (name, labels) in table.items():
         value = counter_delta(before, after, name, labels)
         if value is not None:
-            out[key] = round(value, 3)
-    for key, names in gauges.items():
+            out[key] = value
+    return out
+
+
+def evidence_deltas(before: Snapshot | None, after: Snapshot | None) -> dict[str, Any]:
+    """The engine's reuse counters' increases (seed key names), and end-of-run gauges."""
+    engine = after.engine() if after is not None else None
+    if before is None or after is None or engine is None:
+        return {}
+    out: dict[str, Any] = {key: round(value, 3)
+                           for key, value in table_deltas(before, after, engine.counters).items()}
+    for key, names in engine.gauges.items():
         for name in names:
             value = after.total(name)
             if value is not None:
                 out[f"{key}_end"] = round(value, 4)
                 break
     return out
+
+
+def transfer_deltas(before: Snapshot | None, after: Snapshot | None) -> dict[str, float]:
+    """KV moved between instances (NIXL's bytes and transfers, on vLLM's decode side)."""
+    engine = after.engine() if after is not None else None
+    if before is None or after is None or engine is None:
+        return {}
+    return table_deltas(before, after, engine.transfer_counters)
 
 
 def hit_rate(deltas: dict[str, Any]) -> float | None:

