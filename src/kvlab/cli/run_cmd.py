@@ -17,6 +17,7 @@ from rich.console import Console
 
 from kvlab.cli.common import Output, json_option, prepared_settings
 from kvlab.core.settings import Settings
+from kvlab.experiments import RUN_ALL
 
 if TYPE_CHECKING:
     from kvlab.records.models import Record
@@ -37,12 +38,17 @@ def _execute(out: Output, settings: Settings, name: str, spec: Any) -> list[Reco
     return records
 
 
-def _dry_run(out: Output, settings: Settings, name: str, spec: Any) -> None:
+def _plans_or_run(out: Output, settings: Settings, name: str, spec: Any, dry_run: bool) -> None:
+    """A vLLM lab experiment: its plans (`--dry-run`, nothing started), or the run's lines."""
     from kvlab.experiments import registered
     from kvlab.experiments.lab import Lab
 
-    plans = registered(name).load().dry_run(Lab(settings, say=out.note), spec)
-    out.result({"dry_run": True, "plans": plans}, lambda c: _render_plans(c, plans))
+    if dry_run:
+        plans = registered(name).load().dry_run(Lab(settings, say=out.note), spec)
+        out.result({"dry_run": True, "plans": plans}, lambda c: _render_plans(c, plans))
+        return
+    lines = _execute(out, settings, name, spec)
+    out.result({"records": lines}, lambda c: _render_lines(c, lines, settings.labbook))
 
 
 # ---- disk: llama.cpp's slot save/restore stopwatch --------------------------------------
@@ -232,11 +238,7 @@ def offload(ctx: click.Context, turns: int, preamble_words: int | None, concurre
                                   concurrency=concurrency, min_requests=min_requests, part=part,
                                   load_max_tokens=settings.max_tokens,
                                   preamble_tokens=settings.preamble_tokens)
-    if dry_run:
-        _dry_run(out, settings, "offload", spec)
-        return
-    lines = _execute(out, settings, "offload", spec)
-    out.result({"records": lines}, lambda c: _render_lines(c, lines, settings.labbook))
+    _plans_or_run(out, settings, "offload", spec, dry_run)
 
 
 @run_group.command("shared")
@@ -254,11 +256,7 @@ def shared(ctx: click.Context, turns: int, preamble_words: int | None, dry_run: 
     settings = prepared_settings(ctx, out.err).values
     spec = experiment.SharedSpec(turns=turns,
                                  preamble_words=preamble_words or settings.preamble_words)
-    if dry_run:
-        _dry_run(out, settings, "shared", spec)
-        return
-    lines = _execute(out, settings, "shared", spec)
-    out.result({"records": lines}, lambda c: _render_lines(c, lines, settings.labbook))
+    _plans_or_run(out, settings, "shared", spec, dry_run)
 
 
 @run_group.command("disagg")
@@ -276,17 +274,13 @@ def disagg(ctx: click.Context, link_gbps: float | None, dry_run: bool, as_json: 
     spec = experiment.DisaggSpec(levels=s.concurrency, requests=s.requests,
                                  max_tokens=s.max_tokens, preamble_tokens=s.preamble_tokens,
                                  prompt_set=s.prompt_set, link_gbps=link_gbps)
-    if dry_run:
-        _dry_run(out, s, "disagg", spec)
-        return
-    lines = _execute(out, s, "disagg", spec)
-    out.result({"records": lines}, lambda c: _render_lines(c, lines, s.labbook))
+    _plans_or_run(out, s, "disagg", spec, dry_run)
 
 
 @run_group.command("all")
 @click.option("--quick", is_flag=True, help="Small sizes: a first look, and CI.")
 @click.option("--only", multiple=True,
-              type=click.Choice(["disk", "interference", "offload", "shared", "disagg"]),
+              type=click.Choice(RUN_ALL),
               help="Run just these experiments (repeatable).")
 @click.option("--report-dir", type=click.Path(file_okay=False), default="kvlab-report",
               show_default=True, help="Where the report and its plots go.")
