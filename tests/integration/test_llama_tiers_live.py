@@ -26,9 +26,9 @@ import seeds
 from integration.conftest import cpu_settings
 from kvlab.core.errors import EngineError, InputError, RefusedError
 from kvlab.engines import llamacpp
-from kvlab.engines.llamacpp import server as llama_common
 from kvlab.engines.llamacpp import slotstore
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget, logprob_gap
+from kvlab.engines.llamacpp.server import prompt_of, server_plan, server_process
 from kvlab.engines.models import TinyModels
 from kvlab.experiments import disk, interference, slot_share
 from kvlab.experiments.lab import Lab as RunLab
@@ -65,13 +65,13 @@ async def lab(tmp_path_factory: pytest.TempPathFactory, tiny_models: TinyModels,
         clients = {}
         for name, (model, parallel, kv) in shapes.items():
             settings = cpu_settings(llama_model=model, llama_cache_type=kv)
-            plan = llama_common.server_plan(
+            plan = server_plan(
                 settings, llama_binary, role=f"test-tiers-{name}", ctx=4096, parallel=parallel,
                 slot_dir=store.directory, cache_ram_mib=0, accepted=accepted)
-            proc = await stack.enter_async_context(llama_common.engine(settings, plan))
+            proc = await stack.enter_async_context(server_process(settings, plan))
             clients[name] = await stack.enter_async_context(
                 LlamaClient(LlamaTarget.from_plan(plan, proc.log_path)))
-        prompt = await llama_common.prompt_of(clients["a"], PROMPT_TOKENS)
+        prompt = await prompt_of(clients["a"], PROMPT_TOKENS)
         yield Lab(store, root / "sha.json", prompt=prompt, **clients)
 
 

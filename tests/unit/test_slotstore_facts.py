@@ -10,13 +10,13 @@ import pytest
 from kvlab.core.errors import EngineError, SettingError
 from kvlab.core.settings import Settings
 from kvlab.engines import llamacpp
-from kvlab.engines.llamacpp import server as llama_common
 from kvlab.engines.llamacpp.client import (
     LlamaTarget,
     logprob_gap,
     target_from_settings,
     write_serve_record,
 )
+from kvlab.engines.llamacpp.server import check_fits
 from kvlab.engines.plan import EnginePlan
 from kvlab.experiments import disk, interference
 from kvlab.records import notebook
@@ -102,9 +102,9 @@ def test_logprob_gap_compares_shared_tokens_only() -> None:
 
 
 def test_a_slot_must_hold_the_prompt() -> None:
-    llama_common.check_fits(3500, 8, 8192, 2)
+    check_fits(3500, 8, 8192, 2)
     with pytest.raises(SettingError, match="4096/2 = 2048 tokens"):
-        llama_common.check_fits(3500, 8, 4096, 2)
+        check_fits(3500, 8, 4096, 2)
     with pytest.raises(SettingError, match="CTX/parallel"):
         disk.DiskSpec(ctx=4096).check()
 

@@ -23,9 +23,15 @@ from typing import Any
 from kvlab.engines import llamacpp, startup
 from kvlab.engines.base import LLAMA_CPP
 from kvlab.engines.llamacpp import roundtrip, slotstore
-from kvlab.engines.llamacpp import server as llama_common
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget
 from kvlab.engines.llamacpp.roundtrip import RoundTrip
+from kvlab.engines.llamacpp.server import (
+    check_fits,
+    prompt_of,
+    server_fields,
+    server_plan,
+    server_process,
+)
 from kvlab.experiments.lab import Lab
 from kvlab.measure.chat import ChatResult
 from kvlab.records import notebook
@@ -48,7 +54,7 @@ class DiskSpec:
     keep_file: bool = False
 
     def check(self) -> None:
-        llama_common.check_fits(self.prompt_tokens, self.max_tokens, self.ctx, self.parallel)
+        check_fits(self.prompt_tokens, self.max_tokens, self.ctx, self.parallel)
 
 
 async def run(lab: Lab, spec: DiskSpec) -> list[Record]:
@@ -56,13 +62,13 @@ async def run(lab: Lab, spec: DiskSpec) -> list[Record]:
     spec.check()
     settings, binary = lab.settings, lab.llama_server()
     store = slotstore.SlotStore(Path(settings.llama_slot_save_path))
-    plan = llama_common.server_plan(settings, binary, role="disk", ctx=spec.ctx,
+    plan = server_plan(settings, binary, role="disk", ctx=spec.ctx,
                                     parallel=spec.parallel, slot_dir=store.directory,
                                     cache_ram_mib=spec.cache_ram_mib)
     name = f"kvlab-disk-{plan.port}.bin"
     lab.say(f"starting llama-server (ctx {spec.ctx}, {spec.parallel} slots, "
             f"--cache-ram {spec.cache_ram_mib}) on {plan.base_url}")
-    proc = llama_common.engine(settings, plan)
+    proc = server_process(settings, plan)
     async with proc:
         version = await startup.server_version(plan)
         async with LlamaClient(LlamaTarget.from_plan(plan, proc.log_path),
@@ -73,7 +79,7 @@ async def run(lab: Lab, spec: DiskSpec) -> list[Record]:
                 if not spec.keep_file:
                     store.remove(name)
         capacity = startup.capacity(plan, proc.log_text())
-    server = {**llama_common.server_fields(plan, spec.ctx, spec.parallel, spec.cache_ram_mib),
+    server = {**server_fields(plan, spec.ctx, spec.parallel, spec.cache_ram_mib),
               "capacity": capacity}
     return [lab.record(disk_record(spec, trip, server, version, plan.model,
                                    str(store.slot_path(name))))]
@@ -86,9 +92,9 @@ async def _round_trip(lab: Lab, client: LlamaClient, store: slotstore.SlotStore,
                                  top_logprobs=spec.top_logprobs,
                                  model=lab.settings.served_name)
 
-    prompt = await llama_common.prompt_of(client, spec.prompt_tokens)
+    prompt = await prompt_of(client, spec.prompt_tokens)
     lab.say("warm-up on another prompt, then erase")
-    await ask(await llama_common.prompt_of(client, 64, seed=99))
+    await ask(await prompt_of(client, 64, seed=99))
     await client.erase(SLOT)
 
     async def cold() -> ChatResult:

@@ -20,8 +20,14 @@ from typing import Any
 
 from kvlab.engines import llamacpp, startup
 from kvlab.engines.base import LLAMA_CPP
-from kvlab.engines.llamacpp import server as llama_common
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget
+from kvlab.engines.llamacpp.server import (
+    TEMPLATE_MARGIN,
+    check_fits,
+    server_fields,
+    server_plan,
+    server_process,
+)
 from kvlab.experiments.lab import Lab
 from kvlab.measure import workloads
 from kvlab.records import notebook
@@ -70,9 +76,9 @@ class InterferenceSpec:
 
     def budget(self) -> int:
         """Most prompt tokens one request may carry at the largest --parallel."""
-        budget = self.ctx // max(self.parallels) - self.max_tokens - llama_common.TEMPLATE_MARGIN
+        budget = self.ctx // max(self.parallels) - self.max_tokens - TEMPLATE_MARGIN
         if budget < 64:
-            llama_common.check_fits(64, self.max_tokens, self.ctx, max(self.parallels))
+            check_fits(64, self.max_tokens, self.ctx, max(self.parallels))
         return budget
 
     def label_for(self, parallel: int) -> str:
@@ -90,7 +96,7 @@ async def fit_preamble(client: LlamaClient, spec: InterferenceSpec) -> int:
         if longest <= budget:
             return size
         size = max(16, int(size * budget / longest * 0.97))
-    llama_common.check_fits(longest, spec.max_tokens, spec.ctx, max(spec.parallels))
+    check_fits(longest, spec.max_tokens, spec.ctx, max(spec.parallels))
     return size
 
 
@@ -103,10 +109,10 @@ async def run(lab: Lab, spec: InterferenceSpec, *,
     workload: Workload | None = None
     rows: list[LoadRecord] = []
     for parallel in spec.parallels:
-        plan = llama_common.server_plan(settings, binary, role=f"interference-{parallel}",
+        plan = server_plan(settings, binary, role=f"interference-{parallel}",
                                         ctx=spec.ctx, parallel=parallel, slot_dir=slot_dir,
                                         accepted=accepted)
-        async with llama_common.engine(settings, plan) as proc:
+        async with server_process(settings, plan) as proc:
             version = await startup.server_version(plan)
             async with LlamaClient(LlamaTarget.from_plan(plan), settings.api_key()) as client:
                 if workload is None:
@@ -120,7 +126,7 @@ async def run(lab: Lab, spec: InterferenceSpec, *,
                     f"{workload.preamble_tokens})")
             extra = {"engine_version": version, "llama_parallel": parallel,
                      "varied": "llama_parallel",
-                     "server": {**llama_common.server_fields(plan, spec.ctx, parallel, None),
+                     "server": {**server_fields(plan, spec.ctx, parallel, None),
                                 "capacity": startup.capacity(plan, proc.log_text())},
                      **llamacpp.kv_label(*llamacpp.kv_types(plan))}
             rows.append(lab.record(await load(

@@ -22,9 +22,15 @@ from kvlab.core.errors import SettingError
 from kvlab.engines import llamacpp, startup
 from kvlab.engines.base import LLAMA_CPP
 from kvlab.engines.llamacpp import roundtrip, slotstore
-from kvlab.engines.llamacpp import server as llama_common
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget
 from kvlab.engines.llamacpp.roundtrip import RoundTrip
+from kvlab.engines.llamacpp.server import (
+    check_fits,
+    prompt_of,
+    server_fields,
+    server_plan,
+    server_process,
+)
 from kvlab.experiments.lab import Lab
 from kvlab.measure.chat import ChatResult
 from kvlab.records import notebook
@@ -44,7 +50,7 @@ class SharedSlotsSpec:
     keep_file: bool = False
 
     def check(self) -> None:
-        llama_common.check_fits(self.prompt_tokens, self.max_tokens, self.ctx, self.parallel)
+        check_fits(self.prompt_tokens, self.max_tokens, self.ctx, self.parallel)
         if self.parallel < 2:
             raise SettingError("--parallel must be 2 or more: B's cold control runs on a "
                                "second slot")
@@ -56,7 +62,7 @@ async def run(lab: Lab, spec: SharedSlotsSpec) -> list[Record]:
     settings, binary = lab.settings, lab.llama_server()
     store = slotstore.SlotStore(Path(settings.llama_slot_save_path))
     accepted = llamacpp.help_flags(binary)
-    plans = [llama_common.server_plan(settings, binary, role=f"shared-slots-{name}",
+    plans = [server_plan(settings, binary, role=f"shared-slots-{name}",
                                       ctx=spec.ctx, parallel=spec.parallel,
                                       slot_dir=store.directory,
                                       cache_ram_mib=spec.cache_ram_mib, accepted=accepted)
@@ -64,8 +70,8 @@ async def run(lab: Lab, spec: SharedSlotsSpec) -> list[Record]:
     name = f"kvlab-shared-{plans[0].port}.bin"
     lab.say(f"servers A {plans[0].base_url} and B {plans[1].base_url}, "
             f"one store {store.directory}")
-    async with llama_common.engine(settings, plans[0]) as proc_a, \
-            llama_common.engine(settings, plans[1]) as proc_b:
+    async with server_process(settings, plans[0]) as proc_a, \
+            server_process(settings, plans[1]) as proc_b:
         version = await startup.server_version(plans[0])
         async with LlamaClient(LlamaTarget.from_plan(plans[0], proc_a.log_path),
                                settings.api_key()) as a, \
@@ -76,7 +82,7 @@ async def run(lab: Lab, spec: SharedSlotsSpec) -> list[Record]:
             finally:
                 if not spec.keep_file:
                     store.remove(name)
-    server = llama_common.server_fields(plans[0], spec.ctx, spec.parallel, spec.cache_ram_mib)
+    server = server_fields(plans[0], spec.ctx, spec.parallel, spec.cache_ram_mib)
     return [lab.record(shared_record(spec, trip, server, version, plans[0].model,
                                      [plans[0].base_url, plans[1].base_url]))]
 
@@ -87,8 +93,8 @@ async def _round_trip(lab: Lab, a: LlamaClient, b: LlamaClient, store: slotstore
         return await client.chat(prompt, slot=slot, max_tokens=spec.max_tokens,
                                  model=lab.settings.served_name)
 
-    prompt = await llama_common.prompt_of(a, spec.prompt_tokens)
-    warm = await llama_common.prompt_of(a, 32, seed=99)
+    prompt = await prompt_of(a, spec.prompt_tokens)
+    warm = await prompt_of(a, 32, seed=99)
     for client in (a, b):  # model residency is not cache state
         await ask(client, warm, spec.parallel - 1)
 

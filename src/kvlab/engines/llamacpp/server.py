@@ -47,7 +47,7 @@ def server_plan(settings: Settings, binary: Path, *, role: str, ctx: int, parall
     return plan
 
 
-def engine(settings: Settings, plan: EnginePlan) -> EngineProcess:
+def server_process(settings: Settings, plan: EnginePlan) -> EngineProcess:
     """The process for a plan, logging under KVLAB_HOME/run/logs."""
     paths = settings.paths()
     log = paths.log(f"{plan.role}-{plan.port}")
