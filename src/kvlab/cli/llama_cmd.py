@@ -80,10 +80,9 @@ def serve(ctx: click.Context, engine_args: tuple[str, ...], model: str | None, p
     plan = llamacpp.plan(settings, binary, opts)
     llamacpp.check_plan_flags(plan, llamacpp.help_flags(binary))
     _summary(out.err if as_json else out.console, plan)
-    log = settings.paths().log(f"serve-{plan.role}-{plan.port}")
-    record = write_serve_record(settings, plan, log)
+    record = write_serve_record(settings, plan, serve_cmd.serve_log(settings, plan))
     try:
-        result = asyncio.run(serve_cmd._serve(loaded, plan))
+        result = asyncio.run(serve_cmd.serve_foreground(settings, plan))
     finally:
         record.unlink(missing_ok=True)
     out.result(result, lambda console: console.print(f"stopped (exit {result['exit_code']})"))

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from pathlib import Path
 
 import click
 from rich.console import Console
 
 from kvlab.cli.common import Output, json_option, settings_from
-from kvlab.core.settings import LoadedSettings
+from kvlab.core.settings import LoadedSettings, Settings
 from kvlab.engines import llamacpp, vllm
 from kvlab.engines.plan import EnginePlan
 
@@ -91,18 +92,26 @@ def serve_command(ctx: click.Context, role: str, engine_args: tuple[str, ...], m
                    lambda console: print_summary(console, plan))
         return
     print_summary(out.err if as_json else out.console, plan)
-    result = asyncio.run(_serve(loaded, plan))
+    result = asyncio.run(serve_foreground(loaded.values, plan))
     out.result(result, lambda console: console.print(f"stopped (exit {result['exit_code']})"))
 
 
-async def _serve(loaded: LoadedSettings, plan: EnginePlan) -> dict[str, object]:
+def serve_log(settings: Settings, plan: EnginePlan) -> Path:
+    """Where a foreground engine's log goes (`kvlab llama` finds a server's log there)."""
+    return settings.paths().log(f"serve-{plan.role}-{plan.port}")
+
+
+async def serve_foreground(settings: Settings, plan: EnginePlan) -> dict[str, object]:
+    """Start `plan`, record its startup line, echo its log until it stops (Ctrl-C stops it).
+
+    Shared by `kvlab serve` and `kvlab llama serve`.
+    """
     from kvlab.engines import startup
     from kvlab.engines.process import EngineProcess
     from kvlab.records import notebook
 
-    settings = loaded.values
     run_dir = settings.paths().run
-    log = run_dir / "logs" / f"serve-{plan.role}-{plan.port}.log"
+    log = serve_log(settings, plan)
     log.unlink(missing_ok=True)
     secrets = {"HF_TOKEN": settings.hf_token.get_secret_value()} if settings.hf_token else {}
     proc = EngineProcess(plan, log, run_dir=run_dir, secret_env=secrets, echo=sys.stderr)
