@@ -12,6 +12,8 @@ from rich.table import Table
 
 from kvlab.cli.common import Output, json_option, settings_from
 from kvlab.core.errors import InputError
+from kvlab.measure.conversation import PREAMBLE_WORDS, TURN_MAX_TOKENS
+from kvlab.records.models import LAB_OFFLOAD
 
 CONNECTORS = click.Choice(["shared", "nixl", "mooncake", "lmcache", "none"])
 base_url_option = click.option(
@@ -29,15 +31,17 @@ def _api_key(name: str) -> str:
 @base_url_option
 @click.option("--model", help="Model name the server reports (default: SERVED_NAME).")
 @click.option("--turns", type=int, default=6, show_default=True)
-@click.option("--preamble-words", type=click.IntRange(min=1), default=1500, show_default=True)
-@click.option("--max-tokens", type=click.IntRange(min=1), default=48, show_default=True)
+@click.option("--preamble-words", type=click.IntRange(min=1), default=PREAMBLE_WORDS,
+              show_default=True)
+@click.option("--max-tokens", type=click.IntRange(min=1), default=TURN_MAX_TOKENS,
+              show_default=True)
 @click.option("--temperature", type=float, default=0.0, show_default=True)
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=300.0,
               show_default=True)
 @click.option("--label", default="reuse", show_default=True)
 @click.option("--api-key-env", help="Variable holding the API key (default: LOADTEST_API_KEY_ENV).")
 @click.option("--labbook", help="Notebook to append to (default: LABBOOK).")
-@click.option("--lab", default="part-22/lab-kv-cache-offload-and-sharing", show_default=True)
+@click.option("--lab", default=LAB_OFFLOAD, show_default=True)
 @click.option("--note", default="")
 @click.option("--connector", type=CONNECTORS, help="What links two endpoints (default: CONNECTOR).")
 @ignore_option
@@ -122,7 +126,7 @@ def _render_reuse(console: Console, record: dict[str, Any], print_only: bool,
 @click.option("--label", default="prove", show_default=True)
 @click.option("--api-key-env", help="Variable holding the API key (default: LOADTEST_API_KEY_ENV).")
 @click.option("--labbook", help="Notebook to append to (default: LABBOOK).")
-@click.option("--lab", default="part-22/lab-kv-cache-offload-and-sharing", show_default=True)
+@click.option("--lab", default=LAB_OFFLOAD, show_default=True)
 @click.option("--note", default="")
 @ignore_option
 @click.option("--print-only", is_flag=True, help="Print the result, record nothing.")

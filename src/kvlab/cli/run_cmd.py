@@ -79,7 +79,6 @@ def disk(ctx: click.Context, prompt_tokens: int, ctx_size: int, parallel: int, c
     settings = prepared_settings(ctx, out.err, llama_cache_type=cache_type).values
     spec = DiskSpec(prompt_tokens=prompt_tokens, ctx=ctx_size, parallel=parallel,
                     cache_ram_mib=cache_ram, label=label, keep_file=keep_file)
-    spec.check()
     record = _execute(out, settings, "disk", spec)[-1].line()
     out.result(record, lambda console: _render_disk(console, record, settings.labbook))
 
@@ -144,7 +143,6 @@ def interference(ctx: click.Context, concurrency: int, parallels: str, requests:
     spec = InterferenceSpec(concurrency=concurrency, parallels=values,
                             requests=settings.requests, max_tokens=settings.max_tokens,
                             prompt_set=settings.prompt_set, ctx=settings.ctx, label=label)
-    spec.budget()
     *rows, comparison = [r.line() for r in _execute(out, settings, "interference", spec)]
     data = {"rows": rows, "comparison": comparison}
     out.result(data, lambda console: _render_interference(console, data, settings.labbook))
@@ -192,7 +190,6 @@ def shared_slots(ctx: click.Context, prompt_tokens: int, ctx_size: int, parallel
     settings = prepared_settings(ctx, out.err, llama_cache_type=cache_type).values
     spec = SharedSlotsSpec(prompt_tokens=prompt_tokens, ctx=ctx_size, parallel=parallel,
                            label=label, keep_file=keep_file)
-    spec.check()
     record = _execute(out, settings, "shared-slots", spec)[-1].line()
     out.result(record, lambda console: _render_shared(console, record, settings.labbook))
 

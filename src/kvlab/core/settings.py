@@ -91,7 +91,8 @@ class Settings(BaseSettings):
     max_tokens: int = Field(128, gt=0, description="Output tokens per request.")
     prompt_set: PromptSet = Field("shared-prefix", description="shared-prefix, mixed, multi-turn.")
     preamble_words: int = Field(
-        1500, gt=0, description="Words of the conversation preamble in reuse runs (turns)."
+        1500, gt=0,  # the seed's env-example value, also measure/conversation.PREAMBLE_WORDS
+        description="Words of the conversation preamble in reuse runs (turns)."
     )
     preamble_tokens: int = Field(
         4096, gt=0, description="Shared-prefix preamble size (approximate tokens)."

@@ -103,6 +103,7 @@ async def fit_preamble(client: LlamaClient, spec: InterferenceSpec) -> int:
 async def run(lab: Lab, spec: InterferenceSpec, *,
               load: LoadFn = loadgen_level) -> list[Record]:
     """Both runs in order, each load row written as it ends, then the comparison."""
+    spec.budget()
     settings, binary = lab.settings, lab.llama_server()
     accepted = llamacpp.help_flags(binary)
     slot_dir = settings.paths().scratch / "interference-slots"  # no slot is saved there

@@ -27,6 +27,7 @@ from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.pressure import PressurePlan, plan_pressure
 from kvlab.measure import kvmath
 from kvlab.measure.chat import api_base
+from kvlab.measure.conversation import PREAMBLE_WORDS, TURN_MAX_TOKENS
 from kvlab.measure.reuse import ReuseOptions, reuse_record, run_reuse
 from kvlab.observe.sampler import sampling
 from kvlab.records import notebook
@@ -43,8 +44,8 @@ CPU_CANNOT_OFFLOAD = (
 @dataclass(frozen=True)
 class OffloadSpec:
     turns: int = 6
-    preamble_words: int = 1500
-    turn_max_tokens: int = 48
+    preamble_words: int = PREAMBLE_WORDS
+    turn_max_tokens: int = TURN_MAX_TOKENS
     concurrency: int = 8
     part: str = "all"  # "quiet", "pressure" or "all"
     load_max_tokens: int = 128

@@ -18,6 +18,7 @@ from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import free_port
 from kvlab.experiments.lab import Lab, engines
 from kvlab.measure import compat
+from kvlab.measure.conversation import PREAMBLE_WORDS, TURN_MAX_TOKENS
 from kvlab.measure.prove import ProveOptions, proof_record, prove
 from kvlab.measure.reuse import ReuseOptions, reuse_record, run_reuse
 from kvlab.records import notebook
@@ -29,8 +30,8 @@ LAB = notebook.LAB_OFFLOAD
 @dataclass(frozen=True)
 class SharedSpec:
     turns: int = 6
-    preamble_words: int = 1500
-    max_tokens: int = 48
+    preamble_words: int = PREAMBLE_WORDS
+    max_tokens: int = TURN_MAX_TOKENS
     proof_preamble_words: int = 600
 
 

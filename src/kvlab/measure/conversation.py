@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# the seed's measure-reuse.py sizes: PREAMBLE_WORDS' default and its --max-tokens per turn
+PREAMBLE_WORDS = 1500
+TURN_MAX_TOKENS = 48
+
 PREAMBLE = (
     "Every token an engine reads leaves a key vector and a value vector in each layer.",
     "Keeping those vectors means the next request with the same opening need not read it again.",

@@ -18,7 +18,12 @@ from kvlab.core.say import Say, quiet
 from kvlab.engines.base import InstanceFacts
 from kvlab.measure.chat import ChatResult, api_base, chat_body, server_root, stream_chat
 from kvlab.measure.compat import probe
-from kvlab.measure.conversation import Conversation, preamble
+from kvlab.measure.conversation import (
+    PREAMBLE_WORDS,
+    TURN_MAX_TOKENS,
+    Conversation,
+    preamble,
+)
 from kvlab.measure.verdict import Evidence, Judgement, judge, lookup_key, reusable_tokens, store_key
 from kvlab.observe import metrics
 from kvlab.records.models import ReuseRecord
@@ -75,8 +80,8 @@ class ReuseOptions:
     urls: list[str]
     model: str
     turns: int = 6
-    preamble_words: int = 1500
-    max_tokens: int = 48
+    preamble_words: int = PREAMBLE_WORDS
+    max_tokens: int = TURN_MAX_TOKENS
     temperature: float = 0.0
     timeout_s: float = 300.0
     api_key: str = ""
