@@ -53,7 +53,8 @@ async def test_vllm_cpu_lifecycle(tmp_path: Path, tiny_models: TinyModels,
     assert "vllm:prefix_cache_queries_total" in metrics
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 4
     notebook.append(tmp_path / "book.md", record)
-    assert notebook.read(tmp_path / "book.md").records[0]["record"] == "startup"
+    line = notebook.read(tmp_path / "book.md").records[0]
+    assert line["record"] == "startup" and line["context_tokens"] == settings.ctx
     assert pgid is not None and not group_alive(pgid)
     assert processes_mentioning(tiny_models.hf) == []
 

@@ -13,39 +13,37 @@ import pytest
 import seeds
 from kvlab.core.errors import InputError, RefusedError
 from kvlab.records import notebook
-from kvlab.records.models import build, parse
+from kvlab.records.models import LinkRecord, LoadRecord, Record, build
 from kvlab.report import compare
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
 
-def row(label: str, level: int, ttft: float, tpot: float, thru: float, **extra: Any) -> dict:
+def row(label: str, level: int, ttft: float, tpot: float, thru: float, **extra: Any) -> Record:
     fields = {"concurrency": level, "requests": 8, "ok": 8, "failed": 0, "model": "m",
               "prompt_set": "shared-prefix", "max_tokens": 16, "prompt_tokens_mean": 1000.0,
               "ttft_s": {"p50": ttft, "p90": ttft, "p99": ttft, "mean": ttft},
               "tpot_s": {"p50": tpot, "p90": tpot, "p99": tpot, "mean": tpot},
               "output_tokens_per_s": thru, **extra}
-    return build("load", label, notebook.LAB_PD, **fields).line()
+    return build("load", label, notebook.LAB_PD, **fields)
 
 
-def link(label: str, rx: int | None, **extra: Any) -> dict:
+def link(label: str, rx: int | None, **extra: Any) -> Record:
     return build("link", label, notebook.LAB_PD, base_url="u", connector="nixl",
                              context_length=8192, prompt_set="shared-prefix", concurrency="1,4",
                              requests=8, iface="lo", wall_s=3, rx_bytes=rx,
-                             tx_bytes=None if rx is None else rx // 2, **extra).line()
+                             tx_bytes=None if rx is None else rx // 2, **extra)
 
 
-def book(tmp_path: Path, *records: dict) -> Path:
+def book(tmp_path: Path, *records: Record) -> Path:
     path = tmp_path / "labbook.md"
     path.write_text("# notes in prose are skipped\n")
     for r in records:
-        typed = parse(r)
-        assert typed is not None
-        notebook.append(path, typed)
+        notebook.append(path, r)
     return path
 
 
-def pair() -> list[dict]:
+def pair() -> list[Record]:
     return [row("baseline", 1, 0.2, 0.01, 90), row("baseline", 4, 0.4, 0.012, 300),
             row("disagg", 1, 0.3, 0.009, 95), row("disagg", 4, 0.5, 0.011, 310)]
 
@@ -115,11 +113,12 @@ def test_not_the_same_experiment(tmp_path: Path) -> None:
 
 def test_quantised_kv_is_never_paired_with_f16() -> None:
     records = [*pair()]
-    records[0]["kv_cache_type"] = "f16"
-    records[2]["kv_cache_type"] = "q8_0"
+    records[0] = records[0].with_fields(kv_cache_type="f16")
+    records[2] = records[2].with_fields(kv_cache_type="q8_0")
     with pytest.raises(RefusedError, match="q8_0"):
         compare.compare(records, "b", "disagg", "baseline")
-    records[0]["kv_cache_type"] = "q4_0"  # both quantised but different: a warning, not a refusal
+    # both quantised but different: a warning, not a refusal
+    records[0] = records[0].with_fields(kv_cache_type="q4_0")
     result = compare.compare(records, "b", "disagg", "baseline")
     assert "kv_cache_type differs" in "\n".join(result.warnings)
 
@@ -171,39 +170,48 @@ def test_cli_compare_model_config_and_append(tmp_path: Path) -> None:
     assert run.returncode == 2 and "No JSON lines found" in run.stderr
 
 
+def level_of(**fields: Any) -> LoadRecord:
+    return LoadRecord(label="disagg", lab=notebook.LAB_PD, concurrency=1,
+                      prompt_tokens_mean=1000.0, **fields)
+
+
+def link_of(**fields: Any) -> LinkRecord:
+    return LinkRecord(label="disagg", lab=notebook.LAB_PD, **fields)
+
+
 def test_a_shared_store_on_loopback_is_judged_by_its_growth() -> None:
-    rows = {1: {"requests": 10, "ok": 10, "prompt_tokens_mean": 1000.0}}
-    link = {"iface": "lo", "connector": "shared", "rx_bytes": 5_000, "tx_bytes": 5_000,
-            "store_bytes": 20_000_000}
+    rows = {1: level_of(requests=10, ok=10)}
+    link = link_of(iface="lo", connector="shared", rx_bytes=5_000, tx_bytes=5_000,
+                   store_bytes=20_000_000)
     seen = compare.bytes_three_ways(link, rows, [1], 2048.0, None)
     assert seen.observed["store"] == 2_000_000 and seen.verdict_source == "store"
     assert seen.verdict == compare.CROSSED
     # written once, read by every request: what decode loaded is the transfer
-    read = {**link, "store_bytes": 2_000_000, "metric_deltas": {
+    read = link.with_fields(store_bytes=2_000_000, metric_deltas={
         "prefill": {"prompt_tokens_external_kv_transfer": 0.0},
-        "decode": {"prompt_tokens_external_kv_transfer": 8_960.0}}}
+        "decode": {"prompt_tokens_external_kv_transfer": 8_960.0}})
     seen = compare.bytes_three_ways(read, rows, [1], 2048.0, None)
     assert seen.observed["store_read"] == 8_960 * 2048 / 10
     assert seen.verdict_source == "store_read" and seen.verdict == compare.CROSSED
     lines = compare._link_lines("disagg", link, seen)
     assert any("shared store growth" in line for line in lines)
-    no_store = {**link, "store_bytes": None}
+    no_store = link.with_fields(store_bytes=None)
     blind = compare.bytes_three_ways(no_store, rows, [1], 2048.0, None)
     assert blind.verdict is None  # loopback counters are not evidence for a file store
 
 
 def test_decode_that_did_not_prefill_is_the_verdict_for_a_shared_store() -> None:
-    rows = {1: {"requests": 16, "ok": 16, "prompt_tokens_mean": 1000.0}}
-    link = {"iface": "lo", "connector": "shared", "rx_bytes": 1, "tx_bytes": 1,
-            "store_bytes": 114_710, "legs": {"prefill": "P", "decode": "D"},
-            "metric_deltas": {"P": {"prompt_tokens": 16_000.0},
-                              "D": {"prompt_tokens": 16_000.0,
-                                    "prompt_tokens_local_compute": 1_648.0,
-                                    "prompt_tokens_external_kv_transfer": 896.0}}}
+    rows = {1: level_of(requests=16, ok=16)}
+    link = link_of(iface="lo", connector="shared", rx_bytes=1, tx_bytes=1,
+                   store_bytes=114_710, legs={"prefill": "P", "decode": "D"},
+                   metric_deltas={"P": {"prompt_tokens": 16_000.0},
+                                  "D": {"prompt_tokens": 16_000.0,
+                                        "prompt_tokens_local_compute": 1_648.0,
+                                        "prompt_tokens_external_kv_transfer": 896.0}})
     seen = compare.bytes_three_ways(link, rows, [1], 2048.0, None)
     assert seen.decode_computed_share == 0.103
     assert seen.verdict is not None and seen.verdict.startswith("the cache crossed the store")
-    recomputing = {**link, "metric_deltas": {"D": {"prompt_tokens": 16_000.0,
-                                                   "prompt_tokens_local_compute": 15_900.0}}}
+    recomputing = link.with_fields(metric_deltas={"D": {"prompt_tokens": 16_000.0,
+                                                        "prompt_tokens_local_compute": 15_900.0}})
     assert compare.bytes_three_ways(recomputing, rows, [1], 2048.0, None).verdict == (
         compare.NOT_CROSSED)

@@ -38,8 +38,9 @@ def test_a_line_round_trips_with_its_extra_fields(tmp_path: Path) -> None:
     notebook.append(book, NotRunRecord(label="x", lab=LAB_PD, row="r", reason="why",
                                        extra_evidence={"a": 1}))
     line = notebook.read(book).records[0]
+    assert isinstance(line, NotRunRecord)
     assert line["schema"] == 1 and line["extra_evidence"] == {"a": 1}
-    again = parse(line)
+    again = parse(line.line())
     assert isinstance(again, NotRunRecord) and again.reason == "why"
 
 
@@ -76,3 +77,29 @@ def test_kvlab_schema_prints_one_document() -> None:
     done = subprocess.run([sys.executable, "-m", "kvlab", "schema", "link"],
                           capture_output=True, text=True, check=True)
     assert list(json.loads(done.stdout)) == ["link"]
+
+
+def test_startup_states_its_context_and_memory_fraction() -> None:
+    from kvlab.engines.base import engine_for
+
+    vllm = engine_for("vllm").launch_settings(
+        ["vllm", "serve", "m", "--max-model-len", "4096", "--gpu-memory-utilization=0.85"])
+    assert (vllm.context_tokens, vllm.memory_fraction) == (4096, 0.85)
+    llama = engine_for("llama.cpp").launch_settings(["llama-server", "-c", "8192"])
+    assert (llama.context_tokens, llama.memory_fraction) == (8192, None)
+    broken = engine_for("vllm").launch_settings(["vllm", "--max-model-len"])
+    assert broken.context_tokens is None
+
+
+def test_the_report_reads_recorded_sizing_before_argv(tmp_path: Path) -> None:
+    from kvlab.report.common import measured_on
+
+    book = tmp_path / "book.md"
+    start = build("startup", "x", LAB_PD, engine="vllm", role="baseline", run_id="r",
+                  engine_version="1", argv=["vllm", "--max-model-len", "4096"],
+                  context_tokens=2048, memory_fraction=0.5)
+    notebook.append(book, start)
+    row = build("load", "x", LAB_PD, concurrency=1, requests=1, run_id="r")
+    notebook.append(book, row)
+    said = measured_on(notebook.read(book), row)
+    assert "ctx 2048" in said and "mem fraction 0.5" in said

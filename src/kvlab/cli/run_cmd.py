@@ -325,26 +325,27 @@ def _render_plans(console: Console, plans: list[dict[str, Any]]) -> None:
 
 
 def _render_lines(console: Console, records: list[Record], labbook: str) -> None:
-    for line in (r.line() for r in records):
-        console.print(f"  {line['record']:<10} {line['label']:<22} {summarise(line)}")
+    for record in records:
+        console.print(f"  {record.record:<10} {record.label:<22} {summarise(record)}")
     console.print(f"{len(records)} lines appended to {labbook}")
 
 
-def summarise(line: dict[str, Any]) -> str:
+def summarise(record: Record) -> str:
     """One line of what a record says, for the end-of-run listing."""
-    kind = line["record"]
-    if kind == "not-run":
-        return f"not run: {line['reason']}"
-    if kind == "reuse":
-        s = line.get("summary", {})
+    from kvlab.records.models import LoadRecord, NotRunRecord, ProofRecord, ReuseRecord
+
+    if isinstance(record, NotRunRecord):
+        return f"not run: {record.reason}"
+    if isinstance(record, ReuseRecord):
+        s = record.get("summary") or {}
         return (f"turn 1 {s.get('turn1_ttft_s')} s, best later {s.get('best_later_ttft_s')} s, "
                 f"reused turns {s.get('reused_turns')}/{len(s.get('later_turn_verdicts', []))}")
-    if kind == "proof":
-        return ", ".join(f"{k}={v}" for k, v in line["verdicts"].items() if v)
-    if kind == "load":
-        ttft = (line.get("ttft_s") or {}).get("p50")
-        return (f"c={line.get('concurrency')} TTFT p50 {ttft} s, "
-                f"{line.get('output_tokens_per_s')} tok/s, failed {line.get('failed', 0)}")
+    if isinstance(record, ProofRecord):
+        return ", ".join(f"{k}={v}" for k, v in record.verdicts.items() if v)
+    if isinstance(record, LoadRecord):
+        ttft = record.ttft_s.p50 if record.ttft_s else None
+        return (f"c={record.concurrency} TTFT p50 {ttft} s, "
+                f"{record.output_tokens_per_s} tok/s, failed {record.failed or 0}")
     return ""
 
 

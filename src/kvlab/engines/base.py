@@ -76,6 +76,39 @@ class InstanceFacts:
         return out
 
 
+@dataclass(frozen=True)
+class LaunchSettings:
+    """What a startup line states about how the instance was sized."""
+
+    context_tokens: int | None = None
+    memory_fraction: float | None = None
+
+
+def flag_value(argv: list[str], name: str) -> str | None:
+    """The value after `name` in an argv (`--flag value` or `--flag=value`), if present."""
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _number(text: str | None, kind: type[int] | type[float]) -> Any:
+    try:
+        return kind(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def launch_settings_from(argv: list[str], ctx_flags: tuple[str, ...],
+                         fraction_flag: str | None) -> LaunchSettings:
+    """An engine's LaunchSettings, read with that engine's flag names."""
+    ctx = next((v for v in (flag_value(argv, f) for f in ctx_flags) if v is not None), None)
+    fraction = flag_value(argv, fraction_flag) if fraction_flag else None
+    return LaunchSettings(_number(ctx, int), _number(fraction, float))
+
+
 def token_digest(tokens: list[int]) -> str:
     """A short digest of a token list, to show that two lists differ."""
     return hashlib.sha256(",".join(map(str, tokens)).encode()).hexdigest()[:12]
@@ -139,6 +172,10 @@ class Engine(Protocol):
 
     def block_size(self, platform: str) -> int:
         """Tokens per KV block the prefix cache works in, on this platform."""
+        ...
+
+    def launch_settings(self, argv: list[str]) -> LaunchSettings:
+        """The context length and memory fraction an instance was started with, from its argv."""
         ...
 
     async def version(self, client: httpx.AsyncClient, root: str) -> str | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvlab.engines.base import known_engine
+from kvlab.engines.base import LaunchSettings, known_engine
 from kvlab.engines.plan import EnginePlan
 from kvlab.records import notebook
 from kvlab.records.models import StartupRecord
@@ -29,12 +29,15 @@ def lab_for(role: str) -> str:
 def record(plan: EnginePlan, log_text: str, *, ready_s: float | None, engine_version: str,
            label: str | None = None, lab: str | None = None, **extra: Any) -> StartupRecord:
     """A `startup` notebook record for one instance."""
+    engine = known_engine(plan.engine)
+    sized = engine.launch_settings(plan.argv()) if engine is not None else LaunchSettings()
     return StartupRecord(
         label=label or plan.label_hint or plan.role, lab=lab or lab_for(plan.role),
         engine=plan.engine, engine_version=engine_version, role=plan.role, model=plan.model,
         served_name=plan.served_name, base_url=plan.base_url, argv=plan.argv(),
         ready_s=round(ready_s, 2) if ready_s is not None else None,
-        capacity=capacity(plan, log_text), **extra,
+        capacity=capacity(plan, log_text), context_tokens=sized.context_tokens,
+        memory_fraction=sized.memory_fraction, **extra,
     )
 
 

@@ -26,7 +26,7 @@ from kvlab.engines.llamacpp import roundtrip, slotstore
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget
 from kvlab.engines.llamacpp.roundtrip import RoundTrip
 from kvlab.engines.llamacpp.server import (
-    check_fits,
+    SlotRunSpec,
     prompt_of,
     server_fields,
     server_plan,
@@ -41,20 +41,12 @@ SLOT = 0
 
 
 @dataclass(frozen=True)
-class DiskSpec:
-    """The experiment's own server settings and prompt; recorded in its notebook line."""
+class DiskSpec(SlotRunSpec):
+    """The stopwatch's server and prompt; recorded in its notebook line."""
 
     prompt_tokens: int = 3500
-    ctx: int = 8192
-    parallel: int = 2
-    max_tokens: int = 8
     top_logprobs: int = 5
-    cache_ram_mib: int = 0
     label: str = "disk"
-    keep_file: bool = False
-
-    def check(self) -> None:
-        check_fits(self.prompt_tokens, self.max_tokens, self.ctx, self.parallel)
 
 
 async def run(lab: Lab, spec: DiskSpec) -> list[Record]:

@@ -25,7 +25,7 @@ from kvlab.engines.llamacpp import roundtrip, slotstore
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget
 from kvlab.engines.llamacpp.roundtrip import RoundTrip
 from kvlab.engines.llamacpp.server import (
-    check_fits,
+    SlotRunSpec,
     prompt_of,
     server_fields,
     server_plan,
@@ -38,19 +38,13 @@ from kvlab.records.models import Record, ReuseRecord
 
 
 @dataclass(frozen=True)
-class SharedSlotsSpec:
+class SharedSlotsSpec(SlotRunSpec):
     """Both servers' settings (identical) and the prompt."""
 
-    prompt_tokens: int = 2000
-    ctx: int = 8192
-    parallel: int = 2
-    max_tokens: int = 8
-    cache_ram_mib: int = 0
     label: str = "shared-store"
-    keep_file: bool = False
 
     def check(self) -> None:
-        check_fits(self.prompt_tokens, self.max_tokens, self.ctx, self.parallel)
+        super().check()
         if self.parallel < 2:
             raise SettingError("--parallel must be 2 or more: B's cold control runs on a "
                                "second slot")

@@ -14,10 +14,11 @@ envelope for anything it cannot validate, counting it rather than failing.
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any, ClassVar, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from kvlab import SCHEMA, __version__
 
@@ -57,12 +58,21 @@ class Record(BaseModel):
     schema_version: int = Field(SCHEMA, alias="schema")
     run_id: str | None = Field(None, description="The `kvlab run` that wrote it, if any.")
 
+    _line: Json | None = PrivateAttr(None)
+
     def line(self) -> Json:
         """The JSON object written to the notebook (seed field names, `schema` by its alias)."""
-        out = self.model_dump(by_alias=True, mode="json")
-        if out.get("run_id") is None:
-            out.pop("run_id", None)
-        return out
+        if self._line is None:
+            out = self.model_dump(by_alias=True, mode="json")
+            if out.get("run_id") is None:
+                out.pop("run_id", None)
+            self._line = out
+        return copy.deepcopy(self._line)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name != "_line":
+            self._line = None  # the line is cached; a changed field makes it stale
 
     def with_fields(self, **fields: Any) -> Self:
         """A copy with fields added or replaced, validated again."""
@@ -70,11 +80,20 @@ class Record(BaseModel):
 
     def get(self, key: str, default: Any = None) -> Any:
         """A field or extra field by its notebook name, as the line holds it."""
-        return self.line().get(key, default)
+        self.line()
+        assert self._line is not None
+        return copy.deepcopy(self._line.get(key, default))
+
+    def __contains__(self, key: object) -> bool:
+        self.line()
+        assert self._line is not None
+        return key in self._line
 
     def __getitem__(self, key: str) -> Any:
         """Read a record as its notebook line: `row["ttft_s"]["p50"]`."""
-        return self.line()[key]
+        self.line()
+        assert self._line is not None
+        return copy.deepcopy(self._line[key])
 
 
 class StartupRecord(Record):
@@ -91,6 +110,9 @@ class StartupRecord(Record):
     argv: list[str] = Field(default_factory=list)
     ready_s: float | None = None
     capacity: Json = Field(default_factory=dict)
+    context_tokens: int | None = Field(None, description="The context length it was started "
+                                       "with (vLLM's --max-model-len, llama.cpp's --ctx-size).")
+    memory_fraction: float | None = Field(None, description="vLLM's --gpu-memory-utilization.")
 
 
 class ReuseRow(BaseModel):
@@ -146,6 +168,11 @@ class LoadRecord(Record):
     ttft_s: Percentiles | None = None  # None when no request of the level succeeded
     tpot_s: Percentiles | None = None
     output_tokens_per_s: float | None = None
+    ok: int | None = None
+    failed: int | None = None
+    prompt_tokens_mean: float | None = None
+    metric_deltas: Json = Field(default_factory=dict, description="The engine's evidence "
+                                "counters over the level, by name.")
 
 
 class LinkRecord(Record):
@@ -163,6 +190,12 @@ class LinkRecord(Record):
     wall_s: float | None = None
     rx_bytes: int | None = None
     tx_bytes: int | None = None
+    rdma: Json | None = None
+    store_bytes: int | None = None
+    legs: dict[str, str] | None = Field(None, description="The proxy's upstreams by role.")
+    metric_deltas: dict[str, Json] = Field(default_factory=dict,
+                                           description="Each engine's evidence deltas, by URL.")
+    nixl: dict[str, Json] | None = Field(None, description="NIXL's own counters, by URL.")
 
 
 class ComparisonRecord(Record):

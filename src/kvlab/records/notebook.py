@@ -6,8 +6,8 @@ threads) never interleave or lose a line, and a record that cannot be serialised
 before anything touches the file. Every record carries the envelope `lab`, `record`, `label`,
 `recorded_at`, `kvlab_version` and `schema`; the rest keeps the seed's shapes.
 
-Reading: prose lines are skipped, lines that start like JSON but do not parse are counted
-as broken, never fatal. This module knows nothing about what the records mean.
+Reading: every line becomes its typed record (`records.models.parse`); prose lines are skipped,
+lines that start like JSON but do not parse are counted as broken, never fatal.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kvlab.core.errors import InputError
 from kvlab.records.models import LAB_OFFLOAD, LAB_PD, Record, now_stamp, parse
@@ -95,27 +95,32 @@ def append(path: Path | str, record: Record) -> None:
         os.close(fd)
 
 
+R = TypeVar("R", bound=Record)
+
+
 @dataclass
 class Notebook:
-    """Records read from a notebook file, in file order, with what was skipped."""
+    """The notebook's records, typed, in file order, with what was skipped."""
 
     path: Path
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)
     prose_lines: int = 0
     broken_lines: int = 0
+    foreign_lines: int = 0  # JSON objects that are no record kvlab or the seeds write
 
-    def by_record(self, kind: str) -> list[dict[str, Any]]:
-        return [r for r in self.records if r.get("record") == kind]
+    def by_record(self, kind: str) -> list[Record]:
+        return [r for r in self.records if r.record == kind]
 
-    def by_label(self, label: str) -> list[dict[str, Any]]:
-        return [r for r in self.records if r.get("label") == label]
+    def by_label(self, label: str) -> list[Record]:
+        return [r for r in self.records if r.label == label]
 
-    def typed(self) -> list[Record]:
-        """The records kvlab can read, each as its typed model (seed lines included)."""
-        return [r for r in map(parse, self.records) if r is not None]
+    def of(self, kind: type[R], label: str | None = None) -> list[R]:
+        """The records of one kind (optionally one label), as that kind's model."""
+        return [r for r in self.records
+                if isinstance(r, kind) and (label is None or r.label == label)]
 
     def labels(self) -> list[str]:
-        return sorted({str(r["label"]) for r in self.records if r.get("label")})
+        return sorted({r.label for r in self.records if r.label})
 
 
 def read(path: Path | str) -> Notebook:
@@ -136,10 +141,12 @@ def read(path: Path | str) -> Notebook:
         except json.JSONDecodeError:
             book.broken_lines += 1
             continue
-        if isinstance(obj, dict):
-            book.records.append(obj)
-        else:
+        if not isinstance(obj, dict):
             book.broken_lines += 1
+        elif (record := parse(obj)) is not None:
+            book.records.append(record)
+        else:
+            book.foreign_lines += 1
     return book
 
 

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvlab.engines.base import NAMES as ENGINE_NAMES
+from kvlab.engines.base import LaunchSettings, known_engine
+from kvlab.records.models import LoadRecord, NotRunRecord, Record, StartupRecord
 from kvlab.records.notebook import Notebook
 from kvlab.report import compare
-
-Record = dict[str, Any]
 
 
 @dataclass
@@ -29,18 +29,19 @@ class Table:
 
 
 def latest(book: Notebook, record: str, label: str) -> Record | None:
-    found = [r for r in book.records if r.get("record") == record and r.get("label") == label]
+    found = [r for r in book.records if r.record == record and r.label == label]
     return found[-1] if found else None
 
 
-def load_rows(book: Notebook, label: str) -> list[Record]:
+def load_rows(book: Notebook, label: str) -> list[LoadRecord]:
     """The newest load row per concurrency level of one label, by concurrency."""
     rows = compare.load_rows(book.records, label)
     return [rows[c] for c in sorted(rows)]
 
 
-def not_run(book: Notebook, label: str) -> Record | None:
-    return latest(book, "not-run", label)
+def not_run(book: Notebook, label: str) -> NotRunRecord | None:
+    found = book.of(NotRunRecord, label)
+    return found[-1] if found else None
 
 
 def num(value: Any, digits: int = 3) -> str:
@@ -59,26 +60,22 @@ def pct(value: Any) -> str:
 
 def measured_on(book: Notebook, record: Record) -> str:
     """Engine, version, model, context and memory fraction from the run's startup line."""
-    run_id, label = record.get("run_id"), str(record.get("label", ""))
-    same_run = [r for r in book.records if r.get("record") == "startup"
-                and (run_id is None or r.get("run_id") == run_id)]
-    starts = [r for r in same_run if r.get("label") == label] or \
-        [r for r in same_run if str(r.get("label", "")).startswith(label + "-")
-         and r.get("engine") in ENGINE_NAMES]
+    run_id, label = record.run_id, record.label
+    same_run = [r for r in book.of(StartupRecord) if run_id is None or r.run_id == run_id]
+    starts = [r for r in same_run if r.label == label] or \
+        [r for r in same_run if r.label.startswith(label + "-") and r.engine in ENGINE_NAMES]
     parts = []
     model = record.get("model")
     if starts:
         s = starts[-1]
-        model = s.get("model") or model
-        argv = s.get("argv") or []
-        parts.append(f"{s.get('engine')} {s.get('engine_version')}")
-        parts.append(f"ctx {_flag(argv, '--max-model-len') or _flag(argv, '--ctx-size')}")
-        fraction = _flag(argv, "--gpu-memory-utilization")
-        if fraction:
-            parts.append(f"mem fraction {fraction}")
-        cap = s.get("capacity") or {}
-        if cap.get("kv_cache_tokens"):
-            parts.append(f"KV cache {cap['kv_cache_tokens']:,} tokens")
+        model = s.model or model
+        ctx, fraction = _sizing(s)
+        parts.append(f"{s.engine} {s.engine_version}")
+        parts.append(f"ctx {ctx}")
+        if fraction is not None:
+            parts.append(f"mem fraction {fraction:g}")
+        if s.capacity.get("kv_cache_tokens"):
+            parts.append(f"KV cache {s.capacity['kv_cache_tokens']:,} tokens")
     elif record.get("engine"):
         parts.append(f"{record.get('engine')} {record.get('engine_version', '')}".strip())
     if model:
@@ -86,18 +83,20 @@ def measured_on(book: Notebook, record: Record) -> str:
     return ", ".join(parts) or "n/a"
 
 
-def _flag(argv: list[str], name: str) -> str | None:
-    return argv[argv.index(name) + 1] if name in argv and argv.index(name) + 1 < len(argv) \
-        else None
-
-
+def _sizing(start: StartupRecord) -> tuple[int | None, float | None]:
+    """Context and memory fraction as recorded; read from the argv for older notebooks."""
+    if start.context_tokens is not None:
+        return start.context_tokens, start.memory_fraction
+    engine = known_engine(start.engine)
+    sized = engine.launch_settings(start.argv) if engine is not None else LaunchSettings()
+    return sized.context_tokens, sized.memory_fraction
 
 
 def missing(row_name: str, how: str, book: Notebook, label: str, width: int) -> list[str]:
     """A row that has no measurement: the recorded reason it cannot run here, or how to get it."""
     skipped = not_run(book, label)
     if skipped:
-        first, rest = f"not run here: {skipped['reason']}", "not run here (see the reason)"
+        first, rest = f"not run here: {skipped.reason}", "not run here (see the reason)"
     else:
         first = f"not measured yet: no `{label}` line in the notebook (kvlab run all)"
         rest = "not measured yet"

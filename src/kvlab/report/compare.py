@@ -22,9 +22,15 @@ from typing import Any
 from kvlab.core.errors import InputError, RefusedError
 from kvlab.core.sizes import human_bytes
 from kvlab.records import notebook
-from kvlab.records.models import ComparisonRecord
+from kvlab.records.models import (
+    ComparisonRecord,
+    LinkRecord,
+    LoadRecord,
+    Percentiles,
+    Record,
+    StartupRecord,
+)
 
-Row = dict[str, Any]
 CROSSED = "the cache crossed the link"
 NOT_CROSSED = "it did not: decode is prefilling by itself"
 UNCLEAR = "unclear: the link carried between 1% and 10% of the predicted cache"
@@ -39,28 +45,17 @@ _FACTS = ("context_length", "mem_fraction", "preamble_tokens", "workload_seed", 
 OFFLOAD_ON, OFFLOAD_OFF = "offload-on-load", "offload-off-load"
 
 
-def load_rows(records: list[Row], label: str) -> dict[int, Row]:
-    """The most recent load-generator row per concurrency level, for one label."""
-    rows: dict[int, Row] = {}
-    for obj in records:
-        if obj.get("label") != label or obj.get("record") == "link":
-            continue
-        if "concurrency" not in obj or not isinstance(obj.get("ttft_s"), dict):
-            continue
-        try:
-            rows[int(obj["concurrency"])] = obj
-        except (TypeError, ValueError):
-            continue
-    return rows
+def load_rows(records: list[Record], label: str) -> dict[int, LoadRecord]:
+    """The most recent load-generator row per concurrency level, for one label (a row whose
+    every request failed has no percentiles and is left out)."""
+    return {r.concurrency: r for r in records
+            if isinstance(r, LoadRecord) and r.label == label and r.ttft_s is not None}
 
 
-def link_line(records: list[Row], label: str) -> Row | None:
+def link_line(records: list[Record], label: str) -> LinkRecord | None:
     """The most recent `link` record of one label."""
-    found = None
-    for obj in records:
-        if obj.get("record") == "link" and obj.get("label") == label:
-            found = obj
-    return found
+    found = [r for r in records if isinstance(r, LinkRecord) and r.label == label]
+    return found[-1] if found else None
 
 
 def ratio(new: float, old: float) -> str:
@@ -71,15 +66,14 @@ def signed_pct(new: float, old: float) -> str:
     return f"{(new - old) / old * 100:+.1f}%" if old else "n/a"
 
 
-def label_facts(records: list[Row], label: str) -> dict[str, Any]:
+def label_facts(records: list[Record], label: str) -> dict[str, Any]:
     """Facts any record of `label` states (load rows, link, startup), the latest winning."""
     out: dict[str, Any] = {}
-    for obj in records:
-        if obj.get("label") not in (label, label.removesuffix("-load")):
+    for record in records:
+        if record.label not in (label, label.removesuffix("-load")):
             continue
-        for key in _FACTS:
-            if obj.get(key) is not None:
-                out[key] = obj[key]
+        line = record.line()
+        out.update({key: line[key] for key in _FACTS if line.get(key) is not None})
     return out
 
 
@@ -95,7 +89,8 @@ def check_kv_types(a: str, b: str, facts_a: dict[str, Any], facts_b: dict[str, A
             "LLAMA_CACHE_TYPE")
 
 
-def experiment_warnings(a: str, b: str, rows_a: dict[int, Row], rows_b: dict[int, Row],
+def experiment_warnings(a: str, b: str, rows_a: dict[int, LoadRecord],
+                        rows_b: dict[int, LoadRecord],
                         facts_a: dict[str, Any], facts_b: dict[str, Any]) -> list[str]:
     """Every way the two runs differ; empty when they are the same experiment."""
     out = []
@@ -134,24 +129,24 @@ class Bytes:
                 "decode_computed_share": self.decode_computed_share}
 
 
-def _mean_prompt_tokens(rows: dict[int, Row], levels: list[int]) -> float | None:
+def _mean_prompt_tokens(rows: dict[int, LoadRecord], levels: list[int]) -> float | None:
     pairs: list[tuple[float, int]] = []
     for level in levels:
-        mean, ok = rows[level].get("prompt_tokens_mean"), int(rows[level].get("ok") or 0)
+        mean, ok = rows[level].prompt_tokens_mean, rows[level].ok or 0
         if mean is not None and ok > 0:
             pairs.append((float(mean), ok))
     total = sum(n for _, n in pairs)
     return sum(m * n for m, n in pairs) / total if total else None
 
 
-def _nixl_total(link: Row) -> float | None:
-    per_url = link.get("nixl") or {}
+def _nixl_total(link: LinkRecord) -> float | None:
+    per_url = link.nixl or {}
     values = [float(v["nixl_bytes"]) for v in per_url.values()
               if isinstance(v, dict) and v.get("nixl_bytes") is not None]
     return sum(values) if values else None
 
 
-def bytes_three_ways(link: Row | None, rows: dict[int, Row], levels: list[int],
+def bytes_three_ways(link: LinkRecord | None, rows: dict[int, LoadRecord], levels: list[int],
                      kv_bytes_per_token: float | None, prompt_tokens: float | None) -> Bytes:
     """Arithmetic prediction against interface, RDMA and NIXL bytes, per request."""
     out = Bytes()
@@ -162,30 +157,29 @@ def bytes_three_ways(link: Row | None, rows: dict[int, Row], levels: list[int],
         out.prompt_tokens_from = "server usage" if out.prompt_tokens else None
     if kv_bytes_per_token and out.prompt_tokens:
         out.predicted = kv_bytes_per_token * out.prompt_tokens
-    requests = sum(int(rows[lv].get("requests", 0)) for lv in levels)
+    requests = sum(rows[lv].requests for lv in levels)
     if link is None or not requests:
         return out
-    if link.get("rx_bytes") is not None:
-        out.observed["iface"] = max(int(link["rx_bytes"]), int(link["tx_bytes"])) / requests
-    rdma = link.get("rdma") or {}
+    if link.rx_bytes is not None and link.tx_bytes is not None:
+        out.observed["iface"] = max(link.rx_bytes, link.tx_bytes) / requests
+    rdma = link.rdma or {}
     if rdma.get("rx_bytes") is not None:
         out.observed["rdma"] = max(int(rdma["rx_bytes"]), int(rdma["tx_bytes"])) / requests
     nixl = _nixl_total(link)
     if nixl is not None:
         out.observed["nixl"] = nixl / requests
-    if link.get("store_bytes") is not None:
-        out.observed["store"] = int(link["store_bytes"]) / requests
+    if link.store_bytes is not None:
+        out.observed["store"] = link.store_bytes / requests
     loaded = _external_tokens(link)
-    if link.get("connector") == "shared" and loaded is not None and kv_bytes_per_token:
+    if link.connector == "shared" and loaded is not None and kv_bytes_per_token:
         # a shared store is written once per distinct prompt but read by every request that
         # hits it: the tokens decode took from it are the bytes that crossed
         out.observed["store_read"] = loaded * kv_bytes_per_token / requests
     # a shared-directory store moves KV through files: on loopback, the interface counters
     # are only the HTTP around it (and every other local conversation)
-    _verdict(out, iface_blind=link.get("connector") == "shared"
-             and str(link.get("iface", "")).startswith("lo"))
+    _verdict(out, iface_blind=link.connector == "shared" and (link.iface or "").startswith("lo"))
     share = _decode_computed_share(link)
-    if link.get("connector") == "shared" and share is not None:
+    if link.connector == "shared" and share is not None:
         out.decode_computed_share = round(share, 4)
         if share <= 0.5:  # bytes per request undercount a store read once and then cached
             out.verdict, out.verdict_source = DECODE_DID_NOT_PREFILL.format(share=share), \
@@ -195,20 +189,20 @@ def bytes_three_ways(link: Row | None, rows: dict[int, Row], levels: list[int],
     return out
 
 
-def _decode_computed_share(link: Row) -> float | None:
+def _decode_computed_share(link: LinkRecord) -> float | None:
     """The share of decode's prompt tokens it computed itself (needs the link's `legs`)."""
-    decode_url = (link.get("legs") or {}).get("decode")
-    deltas = (link.get("metric_deltas") or {}).get(decode_url) if decode_url else None
+    decode_url = (link.legs or {}).get("decode")
+    deltas = link.metric_deltas.get(decode_url) if decode_url else None
     if not isinstance(deltas, dict):
         return None
     computed, total = deltas.get("prompt_tokens_local_compute"), deltas.get("prompt_tokens")
     return float(computed) / float(total) if computed is not None and total else None
 
 
-def _external_tokens(link: Row) -> float | None:
+def _external_tokens(link: LinkRecord) -> float | None:
     """Prompt tokens the engines loaded through the connector during the run."""
     found = [float(d["prompt_tokens_external_kv_transfer"])
-             for d in (link.get("metric_deltas") or {}).values()
+             for d in link.metric_deltas.values()
              if isinstance(d, dict) and d.get("prompt_tokens_external_kv_transfer") is not None]
     return sum(found) if found else None
 
@@ -226,17 +220,15 @@ def _verdict(out: Bytes, iface_blind: bool = False) -> None:
     out.verdict = CROSSED if share >= 0.1 else NOT_CROSSED if share < 0.01 else UNCLEAR
 
 
-def pressure(records: list[Row], label: str, rows: dict[int, Row]) -> dict[str, Any]:
+def pressure(records: list[Record], label: str, rows: dict[int, LoadRecord]) -> dict[str, Any]:
     """What the engine said about pressure on its KV cache while `label` ran."""
-    capacity: dict[str, Any] = {}
-    for obj in records:
-        if obj.get("record") == "startup" and obj.get("label") in (label,
-                                                                    label.removesuffix("-load")):
-            capacity = obj.get("capacity") or {}
+    starts = [r for r in records if isinstance(r, StartupRecord)
+              and r.label in (label, label.removesuffix("-load"))]
+    capacity = starts[-1].capacity if starts else {}
     levels: dict[int, dict[str, Any]] = {}
     for level, row in sorted(rows.items()):
-        deltas = row.get("metric_deltas") or {}
-        in_flight = round(level * float(row.get("prompt_tokens_mean") or 0))
+        deltas = row.metric_deltas
+        in_flight = round(level * (row.prompt_tokens_mean or 0))
         levels[level] = {"preemptions": deltas.get("preemptions"),
                          "kv_cache_usage_end": deltas.get("kv_cache_usage_perc_end"),
                          "prompt_tokens_in_flight": in_flight or None}
@@ -260,7 +252,7 @@ def pressure_line(name: str, p: dict[str, Any]) -> str:
             f"-> {state}")
 
 
-def read_records(path: Path | str) -> list[Row]:
+def read_records(path: Path | str) -> list[Record]:
     """Every JSON object in the notebook; an empty notebook is the seed's exit-2 error."""
     records = notebook.read(path).records
     if not records:
@@ -277,15 +269,15 @@ class Comparison:
     warnings: list[str]
 
 
-def _level_lines(disagg: dict[int, Row], base: dict[int, Row],
-                 shared: list[int]) -> tuple[list[str], list[Row]]:
+def _level_lines(disagg: dict[int, LoadRecord], base: dict[int, LoadRecord],
+                 shared: list[int]) -> tuple[list[str], list[dict[str, Any]]]:
     lines = [f"    {'conc':>4}  {'TTFT p50':>18}  {'TPOT p50':>18}  {'out tok/s':>18}"]
     levels = []
     for level in shared:
         d, b = disagg[level], base[level]
-        d_ttft, b_ttft = float(d["ttft_s"]["p50"]), float(b["ttft_s"]["p50"])
-        d_tpot, b_tpot = float(d["tpot_s"]["p50"]), float(b["tpot_s"]["p50"])
-        d_thru, b_thru = float(d["output_tokens_per_s"]), float(b["output_tokens_per_s"])
+        d_ttft, b_ttft = _p50(d.ttft_s), _p50(b.ttft_s)
+        d_tpot, b_tpot = _p50(d.tpot_s), _p50(b.tpot_s)
+        d_thru, b_thru = d.output_tokens_per_s or 0.0, b.output_tokens_per_s or 0.0
         lines.append(
             f"    {level:>4}  {ratio(d_ttft, b_ttft):>8} {signed_pct(d_ttft, b_ttft):>9}  "
             f"{ratio(d_tpot, b_tpot):>8} {signed_pct(d_tpot, b_tpot):>9}  "
@@ -297,16 +289,20 @@ def _level_lines(disagg: dict[int, Row], base: dict[int, Row],
                        "tpot_p50_baseline_s": round(b_tpot, 5),
                        "output_tokens_per_s_disagg": round(d_thru, 2),
                        "output_tokens_per_s_baseline": round(b_thru, 2),
-                       "failed_disagg": d.get("failed"), "failed_baseline": b.get("failed")})
+                       "failed_disagg": d.failed, "failed_baseline": b.failed})
     return lines, levels
 
 
-def _pick(records: list[Row], disagg: str,
-          baseline: str) -> tuple[dict[int, Row], dict[int, Row]]:
+def _p50(p: Percentiles | None) -> float:
+    return p.p50 if p is not None and p.p50 is not None else 0.0
+
+
+def _pick(records: list[Record], disagg: str,
+          baseline: str) -> tuple[dict[int, LoadRecord], dict[int, LoadRecord]]:
     rows_d, rows_b = load_rows(records, disagg), load_rows(records, baseline)
     missing = [name for name, rows in ((disagg, rows_d), (baseline, rows_b)) if not rows]
     if missing:
-        present = ", ".join(sorted({str(r["label"]) for r in records if r.get("label")}))
+        present = ", ".join(sorted({r.label for r in records if r.label}))
         raise InputError(f"No load-generator rows for label(s): {', '.join(missing)}. "
                          f"Labels present: {present}")
     if not set(rows_d) & set(rows_b):
@@ -315,13 +311,13 @@ def _pick(records: list[Row], disagg: str,
     return rows_d, rows_b
 
 
-def _link_lines(name: str, link: Row | None, seen: Bytes) -> list[str]:
+def _link_lines(name: str, link: LinkRecord | None, seen: Bytes) -> list[str]:
     if link is None:
         return [f"==> No link line for label {name}. "
                 "Run it through kvlab run-load (or run-load.sh)."]
     if not seen.observed:
         return [f"==> The {name} run recorded no byte counters. Set CLUSTER_IFACE."]
-    lines = [f"==> Link during the {name} run (iface {link.get('iface') or '-'})"]
+    lines = [f"==> Link during the {name} run (iface {link.iface or '-'})"]
     names = {"iface": "interface counters", "rdma": "RDMA port counters",
              "nixl": "NIXL's own count", "store": "shared store growth",
              "store_read": "read from the store"}
@@ -339,7 +335,7 @@ def _link_lines(name: str, link: Row | None, seen: Bytes) -> list[str]:
     return lines
 
 
-def compare(records: list[Row], book: str, disagg: str, baseline: str, *,
+def compare(records: list[Record], book: str, disagg: str, baseline: str, *,
             kv_bytes_per_token: float | None = None, prompt_tokens: float | None = None,
             note: str = "", lab: str = notebook.LAB_PD, offload: bool = False) -> Comparison:
     """Pair two labels' load rows; the lines to print and the record to append."""
@@ -372,8 +368,8 @@ def compare(records: list[Row], book: str, disagg: str, baseline: str, *,
     record = ComparisonRecord(
         label=f"{disagg}-vs-{baseline}", lab=lab,
         disagg_label=disagg, baseline_label=baseline,
-        model=rows_d[shared[0]].get("model"), prompt_set=rows_d[shared[0]].get("prompt_set"),
-        connector=(link or {}).get("connector"), iface=(link or {}).get("iface"),
+        model=rows_d[shared[0]].model, prompt_set=rows_d[shared[0]].prompt_set,
+        connector=link.connector if link else None, iface=link.iface if link else None,
         kv_bytes_per_token=kv_bytes_per_token or None, prompt_tokens=prompt_tokens or None,
         predicted_bytes_per_request=seen.predicted,
         observed_bytes_per_request=round(observed, 1) if observed is not None else None,

@@ -3,11 +3,12 @@ the split on one device (loopback), and llama-server's slot interference."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from kvlab.records.models import LinkRecord, LoadRecord, Record
 from kvlab.records.notebook import Notebook
 from kvlab.report.common import (
-    Record,
     Table,
     latest,
     load_rows,
@@ -35,7 +36,7 @@ def pd_table(book: Notebook) -> Table:
     return table
 
 
-def by_level(rows: list[Record], key: str, field: str | None = "p50") -> str:
+def by_level(rows: Sequence[Record], key: str, field: str | None = "p50") -> str:
     """One cell for a sweep: each level's value, then the levels, e.g. `0.21 / 0.35 (c=1/4)`."""
     values = []
     for r in rows:
@@ -53,23 +54,23 @@ def _load_row(book: Notebook, name: str, link: str, label: str, *, topology: str
         return missing(name, link, book, skip_label or label, 6)
     comparison = latest(book, "comparison", f"{label}-vs-baseline") if label != "baseline" \
         else None
-    evidence = [f"{sum(int(r.get('ok', 0)) for r in rows)} ok / "
-                f"{sum(int(r.get('failed', 0)) for r in rows)} failed",
-                f"prompt set {rows[0].get('prompt_set')}, max_tokens {rows[0].get('max_tokens')}"]
+    evidence = [f"{sum(r.ok or 0 for r in rows)} ok / {sum(r.failed or 0 for r in rows)} failed",
+                f"prompt set {rows[0].prompt_set}, max_tokens {rows[0].max_tokens}"]
     hit = [r.get("prefix_hit_rate") for r in rows]
     if any(h is not None for h in hit):
         evidence.append("prefix hit rate " + " / ".join(num(h, 2) for h in hit))
-    evidence += _split_evidence(latest(book, "link", label), comparison)
+    links = book.of(LinkRecord, label)
+    evidence += _split_evidence(links[-1] if links else None, comparison)
     return [name, link, by_level(rows, "ttft_s"), by_level(rows, "tpot_s"),
             by_level(rows, "output_tokens_per_s", None),
             bytes_cell or _bytes_cell(comparison, rows), "; ".join(evidence),
             measured_on(book, rows[-1])]
 
 
-def _split_evidence(link: Record | None, comparison: Record | None) -> list[str]:
+def _split_evidence(link: LinkRecord | None, comparison: Record | None) -> list[str]:
     out = []
-    deltas = (link or {}).get("metric_deltas") or {}
-    legs = (link or {}).get("legs") or {}
+    deltas = link.metric_deltas if link else {}
+    legs = (link.legs if link else None) or {}
     if legs.get("prefill") in deltas and legs.get("decode") in deltas:
         prefill, decode = deltas[legs["prefill"]], deltas[legs["decode"]]
         out.append(f"both legs ran: prefill served {num(prefill.get('requests_succeeded'), 0)} "
@@ -91,7 +92,7 @@ def _ratio(level: dict[str, Any]) -> float | None:
     return d / b if d and b else None
 
 
-def _bytes_cell(comparison: Record | None, rows: list[Record]) -> str:
+def _bytes_cell(comparison: Record | None, rows: list[LoadRecord]) -> str:
     if comparison is None:
         return "n/a: no comparison line yet (kvlab compare)"
     seen = comparison.get("bytes") or {}
@@ -119,8 +120,8 @@ def _interference_row(book: Notebook) -> list[str]:
         return f"{num(va)} vs {num(vb)}"
 
     comparison = latest(book, "comparison", "interference")
-    evidence = [f"concurrency {a.get('concurrency')}, {a.get('requests')} requests each, "
-                f"prompt set {a.get('prompt_set')}",
+    evidence = [f"concurrency {a.concurrency}, {a.requests} requests each, "
+                f"prompt set {a.prompt_set}",
                 "4 slots first, 1 slot second: the one variable changed"]
     if comparison and not comparison.get("same_experiment", True):
         evidence.append("NOT the same experiment: " + ", ".join(comparison.get("differs", [])))

@@ -13,7 +13,9 @@ from kvlab.engines.base import (
     PROBE_MESSAGES,
     CounterTable,
     InstanceFacts,
+    LaunchSettings,
     TwoEndpointProof,
+    launch_settings_from,
 )
 from kvlab.engines.http import get_json, post_json
 from kvlab.engines.llamacpp import facts
@@ -45,6 +47,9 @@ class LlamaCppEngine:
         slots, per_slot = int(m.group(1)), int(m.group(2))
         return {"slots": slots, "tokens_per_slot": per_slot, "kv_cache_tokens": slots * per_slot,
                 "lines": [m.group(0)]}
+
+    def launch_settings(self, argv: list[str]) -> LaunchSettings:
+        return launch_settings_from(argv, facts.CONTEXT_FLAGS, None)  # no memory fraction
 
     def block_size(self, platform: str) -> int:
         return 1

@@ -29,6 +29,7 @@ from kvlab.engines.base import LLAMA_CPP
 from kvlab.engines.plan import EnginePlan, Flag
 
 # /metrics names (counters are exported without a _total suffix on this server)
+CONTEXT_FLAGS = ("--ctx-size", "-c")  # the long spelling is the one kvlab writes
 PROMPT_TOKENS = "llamacpp:prompt_tokens_total"
 PROMPT_TOKENS_CACHED = "llamacpp:prompt_tokens_cached_total"
 TOKENS_PREDICTED = "llamacpp:tokens_predicted_total"
@@ -112,7 +113,7 @@ def plan(settings: Settings, binary: Path | str, opts: LlamaOptions | None = Non
     flags = [
         Flag("--model", model), Flag("--alias", settings.served_name),
         Flag("--host", settings.serve_host), Flag("--port", str(port)),
-        Flag("--ctx-size", str(settings.ctx)), Flag("--parallel", str(parallel)),
+        Flag(CONTEXT_FLAGS[0], str(settings.ctx)), Flag("--parallel", str(parallel)),
         Flag("--n-gpu-layers", "999"), Flag("--cache-prompt"),
         Flag("--cache-type-k", kv_type), Flag("--cache-type-v", kv_type),
         Flag("--slot-save-path", slot_path), Flag("--metrics"), Flag("--slots"),

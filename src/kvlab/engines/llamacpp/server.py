@@ -8,6 +8,7 @@ exact token count with the server's own tokenizer.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,23 @@ def check_fits(prompt_tokens: int, max_tokens: int, ctx: int, parallel: int) -> 
             f"needs {needed} ({prompt_tokens} + {max_tokens} generated + template); raise --ctx "
             "or lower --parallel or --prompt-tokens"
         )
+
+
+@dataclass(frozen=True)
+class SlotRunSpec:
+    """One long prompt on a llama-server started for the experiment: its size, the server's
+    --ctx-size, --parallel and --cache-ram, and whether the slot file is kept afterwards."""
+
+    prompt_tokens: int = 2000
+    ctx: int = 8192
+    parallel: int = 2
+    max_tokens: int = 8
+    cache_ram_mib: int = 0  # 0 keeps the RAM prompt cache from faking a restore
+    label: str = ""
+    keep_file: bool = False
+
+    def check(self) -> None:
+        check_fits(self.prompt_tokens, self.max_tokens, self.ctx, self.parallel)
 
 
 def server_plan(settings: Settings, binary: Path, *, role: str, ctx: int, parallel: int,

@@ -47,8 +47,8 @@ _MTIME_SLACK_NS = 2_000_000_000  # coarse file-system timestamps
 
 
 @dataclass(frozen=True)
-class ServerIdentity:
-    """What a slot file depends on, for one running server."""
+class SavedWith:
+    """What a slot file depends on: the server that saves it and the one that restores it."""
 
     model_path: str
     model_sha256: str
@@ -57,21 +57,23 @@ class ServerIdentity:
     parallel: int
     flash_attn: str
     server_build: str
-    tokens_per_slot: int
 
 
 @dataclass(frozen=True)
-class Manifest:
-    """The record kept beside one slot file."""
+class ServerIdentity(SavedWith):
+    """One running server: what its slot files depend on, and how many tokens a slot holds."""
+
+    tokens_per_slot: int
+
+    def saved_with(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(SavedWith)}
+
+
+@dataclass(frozen=True)
+class Manifest(SavedWith):
+    """The record kept beside one slot file (flat JSON: the server's fields, then the file's)."""
 
     filename: str
-    model_path: str
-    model_sha256: str
-    kv_type_k: str
-    kv_type_v: str
-    parallel: int
-    flash_attn: str
-    server_build: str
     n_tokens: int
     file_bytes: int
     file_sha256: str
@@ -250,11 +252,8 @@ class SlotStore:
         path.chmod(0o600)
         st = path.stat()
         manifest = Manifest(
-            filename=op.filename, model_path=identity.model_path,
-            model_sha256=identity.model_sha256, kv_type_k=identity.kv_type_k,
-            kv_type_v=identity.kv_type_v, parallel=identity.parallel,
-            flash_attn=identity.flash_attn, server_build=identity.server_build,
-            n_tokens=op.n_tokens, file_bytes=st.st_size,
+            **identity.saved_with(), filename=op.filename, n_tokens=op.n_tokens,
+            file_bytes=st.st_size,
             file_sha256=file_sha256(path), file_mtime_ns=st.st_mtime_ns,
             saved_from_slot=op.slot, kvlab_version=__version__, saved_at=notebook.now_stamp(),
         )

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvlab.engines.base import PROBE_MESSAGES, VLLM, InstanceFacts, TwoEndpointProof
+from kvlab.engines.base import (
+    PROBE_MESSAGES,
+    VLLM,
+    InstanceFacts,
+    LaunchSettings,
+    TwoEndpointProof,
+    launch_settings_from,
+)
 from kvlab.engines.http import get_json, post_json
 from kvlab.engines.vllm import facts
 
@@ -31,6 +38,9 @@ class VllmEngine:
 
     def capacity(self, plan: EnginePlan, log_text: str) -> dict[str, Any]:
         return facts.parse_startup(log_text).as_dict()
+
+    def launch_settings(self, argv: list[str]) -> LaunchSettings:
+        return launch_settings_from(argv, (facts.CONTEXT_FLAG,), facts.MEMORY_FRACTION_FLAG)
 
     def block_size(self, platform: str) -> int:
         return facts.CPU_BLOCK_SIZE if platform == "cpu" else facts.GPU_BLOCK_SIZE

@@ -24,6 +24,8 @@ from kvlab.engines import install
 from kvlab.engines.base import VLLM
 from kvlab.engines.plan import EnginePlan, Flag
 
+CONTEXT_FLAG = "--max-model-len"
+MEMORY_FRACTION_FLAG = "--gpu-memory-utilization"
 ROLES = ("baseline", "offload", "shared-a", "shared-b", "prefill", "decode")
 
 # Connector names inside --kv-transfer-config. ExampleConnector is the shared-directory
@@ -329,9 +331,9 @@ class _PlanBuilder:
         self.flags = [
             Flag("--host", settings.serve_host), Flag("--port", str(port)),
             Flag("--served-model-name", settings.served_name),
-            Flag("--max-model-len", str(settings.ctx)),
+            Flag(CONTEXT_FLAG, str(settings.ctx)),
             Flag("--max-num-seqs", str(settings.max_seqs)),
-            Flag("--gpu-memory-utilization", str(fraction)),
+            Flag(MEMORY_FRACTION_FLAG, str(fraction)),
             # per-response cached-token counts: off by default in vLLM, and the evidence
             # `kvlab reuse` reads; it changes nothing about scheduling
             Flag("--enable-prompt-tokens-details"),
