@@ -215,3 +215,24 @@ def test_decode_that_did_not_prefill_is_the_verdict_for_a_shared_store() -> None
                                                         "prompt_tokens_local_compute": 15_900.0}})
     assert compare.bytes_three_ways(recomputing, rows, [1], 2048.0, None).verdict == (
         compare.NOT_CROSSED)
+
+
+def test_a_row_without_tpot_is_n_a_not_a_crash_or_zero(tmp_path: Path) -> None:
+    # MAX_TOKENS=1 on the disaggregated run: its rows carry no tpot_s at all
+    one_token = [row("disagg", level, 0.3, 0.0, 95, max_tokens=1).line() for level in (1, 4)]
+    for line in one_token:
+        del line["tpot_s"]
+    path = book(tmp_path, *pair()[:2], *(build("load", "disagg", notebook.LAB_PD, **{
+        k: v for k, v in line.items() if k not in ("record", "label", "lab")})
+        for line in one_token))
+    run = subprocess.run([sys.executable, "-m", "kvlab", "compare", "--labbook", str(path)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "Traceback" not in run.stderr
+    level_1 = next(line for line in run.stdout.splitlines() if line.strip().startswith("1 "))
+    assert level_1.split()[3:5] == ["n/a", "n/a"]  # TPOT ratio and percentage
+    assert "0.00x" not in run.stdout and "-100.0%" not in run.stdout
+    assert "the disagg row has no tpot_s (max_tokens 1)" in run.stdout
+    level = notebook.read(path).by_record("comparison")[0]["levels"][0]
+    assert level["tpot_p50_disagg_s"] is None and level["tpot_p50_baseline_s"] == 0.01
+    assert level["tpot_p50"].startswith("n/a: the disagg row has no tpot_s")

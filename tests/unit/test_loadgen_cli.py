@@ -16,9 +16,11 @@ import pytest
 import seeds
 from kvlab.engines.process import free_port, port_in_use
 from kvlab.records import notebook
+from kvlab.records.models import LoadRecord
 
 FAKE = Path(__file__).resolve().parents[1] / "fakes" / "sse_upstream.py"
 KVLAB = [sys.executable, "-m", "kvlab"]
+LOOPBACK = "lo0" if sys.platform == "darwin" else "lo"
 
 
 def start_fake(*args: str) -> tuple[subprocess.Popen[bytes], str]:
@@ -106,6 +108,33 @@ def test_run_load_in_process_writes_rows_and_link(fake: str, home: Path, tmp_pat
     assert link["rx_bytes"] > 0
     assert [r["record"] for r in notebook.read(tmp_path / "labbook.md").records] == ["load",
                                                                                       "link"]
+    # not the proxy's port and no legs at /health: what ran behind the URL is unknown
+    assert (link["topology"], link["single_machine"], link["link"]) == ("unknown", None,
+                                                                        "unknown")
+
+
+def test_run_load_records_topology_on_every_row(fake: str, home: Path, tmp_path: Path) -> None:
+    port = fake.rsplit(":", 1)[1].split("/")[0]
+    env = {**os.environ, "SERVED_NAME": "fake", "CONCURRENCY": "1,2", "REQUESTS": "2",
+           "MAX_TOKENS": "4", "CONNECTOR": "mooncake", "PROXY_PORT": port}
+    run = kvlab("run-load", "disagg", fake, "--preamble-tokens", "40", "--no-progress",
+                env=env)
+    assert run.returncode == 0, run.stderr
+    assert "topology: loopback" in run.stderr + run.stdout
+    records = notebook.read(tmp_path / "labbook.md").records
+    assert [r.record for r in records] == ["load", "load", "link"]
+    for r in records:  # the URL is PROXY_PORT, PREFILL_HOST and DECODE_HOST are empty
+        assert (r["topology"], r["single_machine"], r["connector"], r["link"]) == (
+            "loopback", True, "mooncake", "loopback")
+        assert r["hosts"] == {"prefill": "127.0.0.1", "decode": "127.0.0.1",
+                              "proxy": "127.0.0.1"}
+    two = kvlab("run-load", "disagg-two", fake, "--preamble-tokens", "40", "--no-progress",
+                env={**env, "PREFILL_HOST": "node-a", "DECODE_HOST": "node-b",
+                     "CONNECTOR": "shared", "CONCURRENCY": "1"})
+    assert two.returncode == 0, two.stderr
+    rows = notebook.read(tmp_path / "labbook.md").of(LoadRecord, "disagg-two")
+    assert rows[0].topology == "two machines" and rows[0].single_machine is False
+    assert rows[0].link == "unknown"  # CLUSTER_IFACE unset: the link is not guessed
 
 
 def test_ctrl_c_keeps_measured_levels(home: Path, tmp_path: Path) -> None:
@@ -162,3 +191,32 @@ def test_launcher_runs_with_a_python_lacking_kvlab(fake: str, home: Path, tmp_pa
                          env=clean, timeout=120)
     assert run.returncode == 0, run.stderr
     assert notebook.read(tmp_path / "b.md").records[0]["engine"] == "llama.cpp"
+
+
+def test_side_channel_bytes_are_compared_after_a_point_to_point_run(
+        fake: str, home: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "SERVED_NAME": "fake", "CONCURRENCY": "2", "REQUESTS": "4",
+           "MAX_TOKENS": "4", "CONNECTOR": "nixl", "SIDE_CHANNEL_ADDR": "127.0.0.1",
+           "CLUSTER_IFACE": LOOPBACK}
+    run = kvlab("run-load", "disagg", fake, "--preamble-tokens", "40", "--no-progress",
+                env=env)
+    assert run.returncode == 0, run.stderr
+    book = tmp_path / "labbook.md"
+    records = notebook.read(book).records
+    side = records[-1]["side_channel"]
+    assert side["iface"] == LOOPBACK and side["bytes_by_iface"][LOOPBACK] > 0
+    assert side["verdict"].startswith(f"SIDE_CHANNEL_ADDR 127.0.0.1 is on {LOOPBACK}, which "
+                                      "moved")
+    assert "side channel SIDE_CHANNEL_ADDR 127.0.0.1" in run.stdout
+    # the comparison states it too
+    for row in records[:-1]:
+        notebook.append(book, row.with_fields(label="baseline"))
+    compared = kvlab("compare", "--labbook", str(book), env=env)
+    assert compared.returncode == 0, compared.stderr
+    assert f"side channel: SIDE_CHANNEL_ADDR 127.0.0.1 is on {LOOPBACK}" in compared.stdout
+    assert notebook.read(book).by_record("comparison")[0]["side_channel"]["iface"] == LOOPBACK
+    # a shared-directory run advertises no side channel: nothing to check
+    shared = kvlab("run-load", "shared-run", fake, "--preamble-tokens", "40", "--no-progress",
+                   env={**env, "CONNECTOR": "shared"})
+    assert shared.returncode == 0, shared.stderr
+    assert notebook.read(book).records[-1].get("side_channel") is None

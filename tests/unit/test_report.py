@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import seeds
+from kvlab.engines.process import free_port, port_in_use
 from kvlab.records import notebook
 from kvlab.records.models import build as record
 from kvlab.report import build
 
 LAB_O, LAB_P = notebook.LAB_OFFLOAD, notebook.LAB_PD
+FAKE = Path(__file__).resolve().parents[1] / "fakes" / "sse_upstream.py"
 
 
 def _load(label: str, c: int, ttft: float, **extra: object) -> dict[str, object]:
@@ -74,7 +81,7 @@ def test_every_cell_is_a_value_or_a_reason(tmp_path: Path) -> None:
     book = tmp_path / "labbook.md"
     write_book(book)
     report = build(book)
-    offload, pd = report.tables
+    offload, pd = report.tables[:2]
     assert offload.rows[0][0] == "None, quiet server"
     for table in (offload, pd):
         for row in table.rows:
@@ -103,3 +110,90 @@ def test_plots_are_drawn(tmp_path: Path) -> None:
     assert "ttft-per-turn.png" in names and "disk-restore-vs-cold.png" in names
     assert "baseline-vs-disagg.png" in names
     assert all(p.stat().st_size > 1000 for p in report.plots)
+
+
+def _cells(path: Path) -> list[str]:
+    """Every cell of both tables but the row names ("None, quiet server" is a tier's name)."""
+    return [cell for table in build(path).tables for row in table.rows for cell in row[1:]]
+
+
+def test_a_kv_cache_fixed_in_bytes_is_said_instead_of_the_fraction(tmp_path: Path) -> None:
+    book = tmp_path / "labbook.md"
+    notebook.append(book, record("startup", "offload-off-load", LAB_O, engine="vllm",
+                                 role="offload", engine_version="0.32.0", model="/m/tiny",
+                                 argv=["vllm", "serve", "--max-model-len", "4096",
+                                       "--gpu-memory-utilization", "0.85"],
+                                 capacity={"kv_cache_tokens": 6144}))
+    notebook.append(book, _load("offload-off-load", 4, 0.25, pressure={
+        "planned": {"oversubscription": 3.1, "cache_tokens": 6144, "conversations": 12,
+                    "kv_cache_bytes": 25_165_824, "reusable_fraction": 0.7},
+        "reached": {"peak_kv_cache_usage": 0.9, "preemptions": 2.0}}))
+    row = build(book).tables[0].rows[2]
+    assert "KV cache fixed at 25.17 MB (25,165,824 bytes)" in row[6]
+    assert "mem fraction" not in row[6] and "KV cache 6,144 tokens" in row[6]
+
+
+def test_a_manual_pressure_row_says_what_is_missing_in_words(tmp_path: Path) -> None:
+    # `kvlab load --label offload-off-load` by hand: no pressure plan, no startup line, no
+    # /metrics, no p90
+    book = tmp_path / "labbook.md"
+    notebook.append(book, record("load", "offload-off-load", LAB_O, concurrency=8, requests=16,
+                                 ok=16, failed=0, model="m", prompt_set="multi-turn",
+                                 max_tokens=16, ttft_s={"p50": 0.4}, output_tokens_per_s=9.0))
+    notebook.append(book, record("disk", "disk", LAB_O, engine="llama.cpp", model="x.gguf",
+                                 prompt_tokens=100, verdict="reuse proven", cold_ttft_s=1.0))
+    cells = _cells(book)
+    for cell in cells:
+        assert "None" not in cell and "n/ax" not in cell, cell
+    row = build(book).tables[0].rows[2]
+    assert "pressure not planned" in row[5] and "peak KV usage not sampled" in row[5]
+    assert row[4] == "not recorded (no /metrics counters)"
+    assert "no startup line for this run" in row[6]
+    assert "p90 not recorded" in row[3]
+
+
+def _seed_reuse_line(url: str, **deltas: float) -> dict[str, object]:
+    """measure-reuse.py's record, field for field (its source, `record = {...}`)."""
+    return {"lab": LAB_O, "record": "reuse", "label": "offload-off", "model": "local-chat",
+            "endpoints": [url], "turns": 3, "preamble_words": 1500, "max_tokens": 48,
+            "rows": [{"turn": 1, "endpoint": url, "ttft_s": 0.5, "total_s": 1.0, "chunks": 9},
+                     {"turn": 2, "endpoint": url, "ttft_s": 0.1, "total_s": 0.6, "chunks": 9},
+                     {"turn": 3, "endpoint": url, "ttft_s": 0.08, "total_s": 0.5, "chunks": 9}],
+            "metric_deltas": {url: deltas} if deltas else {}, "note": "tier off",
+            "recorded_at": "2026-09-09T10:00:00+0000"}
+
+
+def test_a_seed_measure_reuse_line_fills_the_row(tmp_path: Path) -> None:
+    book = tmp_path / "labbook.md"
+    url = "http://127.0.0.1:8000/v1"
+    line = _seed_reuse_line(url, prefix_cache_hits=600.0, prefix_cache_queries=1000.0)
+    book.write_text(json.dumps(line, sort_keys=True) + "\n")
+    row = build(book).tables[0].rows[0]
+    assert row[2:5] == ["0.500", "0.080", "60.0%"]
+    assert "later turns not judged one by one" in row[5]
+    assert "fastest later turn 0.160x of turn 1" in row[5] and "note: tier off" in row[5]
+    assert "pressure: not recorded" in row[5]
+
+
+def test_the_seed_script_itself_writes_a_line_the_report_reads(tmp_path: Path) -> None:
+    script = seeds.extract("measure-reuse.py", tmp_path)
+    port = free_port()
+    fake = subprocess.Popen([sys.executable, str(FAKE), "--port", str(port)],
+                            stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while not port_in_use("127.0.0.1", port):
+            assert fake.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        book = tmp_path / "labbook.md"
+        run = subprocess.run(["python3", str(script), "--base-url", f"http://127.0.0.1:{port}/v1",
+                              "--model", "fake", "--turns", "3", "--preamble-words", "50",
+                              "--label", "offload-off", "--labbook", str(book)],
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        fake.terminate()
+        fake.wait(10)
+    assert run.returncode == 0, run.stderr
+    row = build(book).tables[0].rows[0]
+    assert all(cell.replace(".", "").isdigit() for cell in row[2:4]), row
+    assert not any("None" in cell or cell == "n/a" for cell in row[1:])

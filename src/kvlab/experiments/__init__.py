@@ -17,6 +17,11 @@ from types import ModuleType
 
 from kvlab.records.models import LAB_OFFLOAD, LAB_PD
 
+# `kvlab run disagg --part`: the load comparison (the default) and the lab's procedure steps
+DISAGG_PARTS = ("load", "cancel", "boundary")
+CANCEL_ROW = "A request cancelled mid-stream, then the decode worker restarted"
+BOUNDARY_ROW = "Long against short prompts: where the split pays"
+
 
 @dataclass(frozen=True)
 class ReportRow:
@@ -53,7 +58,9 @@ EXPERIMENTS: dict[str, Registered] = {e.name: e for e in (
                (ReportRow(LAB_OFFLOAD, "shared-store", "Shared store, two instances"),)),
     Registered("disagg", "kvlab.experiments.disagg",
                (ReportRow(LAB_PD, "baseline", "One machine, no split (baseline)"),
-                ReportRow(LAB_PD, "disagg-loopback", "Two processes on one device"))),
+                ReportRow(LAB_PD, "disagg-loopback", "Two processes on one device"),
+                ReportRow(LAB_PD, "cancel-restart", CANCEL_ROW),
+                ReportRow(LAB_PD, "boundary", BOUNDARY_ROW))),
 )}
 # what `kvlab run all` runs, in order: the llama.cpp tiers (seconds) before the vLLM labs
 RUN_ALL = ("disk", "interference", "offload", "shared", "disagg")

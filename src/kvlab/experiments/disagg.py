@@ -10,12 +10,18 @@
    actually grew by per request.
 Everything is labelled `topology: loopback`: two processes on one machine measure no network.
 The two-machine rows cannot be run from one machine and are recorded as such.
+
+The lab's procedure steps are parts of the same run (`DisaggSpec.parts`, `--part`): `cancel`
+(a request cancelled mid-stream, then the decode worker restarted, `procedure.py`) and
+`boundary` (prompt lengths through the split and the baseline, `boundary.py`). The parts
+share one pair session and one baseline session; `cancel` goes last in the pair's session,
+since it restarts decode. `load` alone is the default, the steps above.
 """
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +29,41 @@ from kvlab.core.settings import Settings
 from kvlab.engines import vllm
 from kvlab.engines.base import VLLM, engine_for
 from kvlab.engines.plan import EnginePlan, Flag
-from kvlab.engines.process import free_port
+from kvlab.engines.process import EngineProcess, free_port
+from kvlab.experiments import DISAGG_PARTS
+from kvlab.experiments.boundary import (
+    BoundarySpec,
+    Side,
+    SideTarget,
+    measure,
+    require_points,
+    summarise,
+)
+from kvlab.experiments.cancel_step import cancel_restart
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.offload import require_successes
 from kvlab.experiments.pressure import count_tokens, fit_preamble
+from kvlab.experiments.procedure import CancelSpec
+from kvlab.loadgen import topology
+from kvlab.loadgen.linkrun import LinkSpec, run_load
+from kvlab.loadgen.sweep import LoadSpec
 from kvlab.measure import kvmath, workloads
 from kvlab.measure.chat import api_base
 from kvlab.records import notebook
-from kvlab.records.models import CrossingRecord, PredictionRecord, Record
+from kvlab.records.models import (
+    BoundaryPointRecord,
+    CrossingRecord,
+    LoadRecord,
+    PredictionRecord,
+    Record,
+)
 
 LAB = notebook.LAB_PD
 LOOPBACK = "lo0" if sys.platform == "darwin" else "lo"
-TOPOLOGY = {"topology": "loopback", "single_machine": True, "link": "loopback"}
+TOPOLOGY = topology.loopback_split(
+    "shared", "kvlab run disagg started prefill, decode and proxy on this machine").fields()
+BASELINE = topology.one_instance("http://127.0.0.1", "kvlab run disagg started the baseline "
+                                 "on this machine").fields()
 TWO_MACHINES = (
     "needs two machines: PREFILL_HOST and DECODE_HOST name one machine each, and kvlab runs "
     "one machine's engines; this run took the single-machine path (loopback). Run `kvlab serve "
@@ -45,6 +74,8 @@ NO_NIXL = (
     "needs NixlConnector between two machines over RDMA (CONNECTOR=nixl, SIDE_CHANNEL_ADDR on "
     "each); kvlab runs one machine here"
 )
+PARTS = DISAGG_PARTS
+LOAD, CANCEL, BOUNDARY = PARTS
 
 
 @dataclass(frozen=True)
@@ -55,6 +86,12 @@ class DisaggSpec:
     preamble_tokens: int = 4096
     prompt_set: str = "shared-prefix"
     link_gbps: float | None = None
+    parts: tuple[str, ...] = (LOAD,)
+    cancel: CancelSpec = field(default_factory=CancelSpec)
+    boundary: BoundarySpec = field(default_factory=BoundarySpec)
+
+    def has(self, part: str) -> bool:
+        return part in self.parts
 
 
 def _settings(lab: Lab, store: str) -> Settings:
@@ -107,88 +144,166 @@ def predict(lab: Lab, spec: DisaggSpec, block: int) -> PredictionRecord:
     return lab.record(line)
 
 
-async def run(lab: Lab, spec: DisaggSpec) -> list[Record]:
-    from kvlab.loadgen.linkrun import LinkSpec, run_load
-    from kvlab.loadgen.sweep import LoadSpec
-    from kvlab.proxy.check import crossing_check
-    from kvlab.report.compare import compare
+@dataclass
+class _Measured:
+    """What the engine sessions produced, for the steps after the engines are stopped."""
 
-    vllm.require_found(lab.vllm)
-    block = engine_for(VLLM).block_size(lab.vllm.platform)
+    records: list[Record] = field(default_factory=list)
+    sweeps: dict[str, list[LoadRecord]] = field(default_factory=dict)
+    points: list[BoundaryPointRecord] = field(default_factory=list)
+
+
+def _checked(lab: Lab, spec: DisaggSpec) -> DisaggSpec:
+    """The spec with the load's preamble fitted to CTX; refuses a step that cannot fit."""
+    ctx = lab.settings.ctx
+    spec = replace(spec, cancel=spec.cancel.resolved(ctx) if spec.has(CANCEL) else spec.cancel,
+                   boundary=spec.boundary.resolved(ctx) if spec.has(BOUNDARY)
+                   else spec.boundary)
+    if not spec.has(LOAD):
+        return spec
     fitted = fit_preamble(lab.settings.small_model, spec.prompt_set, spec.preamble_tokens,
-                          spec.max_tokens, lab.settings.ctx)
+                          spec.max_tokens, ctx)
     if fitted != spec.preamble_tokens:
         lab.say(f"    preamble {spec.preamble_tokens} -> {fitted} tokens to fit CTX "
-                f"{lab.settings.ctx} with this model's tokenizer")
+                f"{ctx} with this model's tokenizer")
         spec = replace(spec, preamble_tokens=fitted)
-    prediction = predict(lab, spec, block)
-    out: list[Record] = [prediction]
-    out.append(lab.not_run(LAB, "disagg-two-machines",
-                           "Two machines, shared-directory connector", TWO_MACHINES))
-    out.append(lab.not_run(LAB, "disagg-nixl", "Two machines, NixlConnector", NO_NIXL))
-    store = lab.store("pd")
+    return spec
+
+
+def _load_spec(lab: Lab, spec: DisaggSpec, label: str, url: str,
+               where: dict[str, Any] = TOPOLOGY) -> LoadSpec:
     settings = lab.settings
-    prefill, decode = pair_plans(lab, str(store))
+    return LoadSpec(base_url=api_base(url), model=settings.served_name, levels=spec.levels,
+                    requests=spec.requests, max_tokens=spec.max_tokens,
+                    prompt_set=spec.prompt_set, label=label,
+                    preamble_tokens=spec.preamble_tokens, lab=LAB,
+                    extra={**where, "run_id": lab.run_id,
+                           "memory_fraction": settings.split_mem_fraction})
 
-    def load(label: str, url: str) -> LoadSpec:
-        return LoadSpec(base_url=api_base(url), model=settings.served_name, levels=spec.levels,
-                        requests=spec.requests, max_tokens=spec.max_tokens,
-                        prompt_set=spec.prompt_set, label=label,
-                        preamble_tokens=spec.preamble_tokens, lab=LAB,
-                        extra={**TOPOLOGY, "run_id": lab.run_id,
-                               "memory_fraction": settings.split_mem_fraction})
 
-    def link(urls: tuple[str, ...], legs: dict[str, str], store_path: str = "") -> LinkSpec:
-        return LinkSpec(connector="shared", context_length=settings.ctx, iface=LOOPBACK,
-                        metrics_urls=urls, store_path=store_path,
-                        extra={**TOPOLOGY, "run_id": lab.run_id, "legs": legs})
+def _link_spec(lab: Lab, urls: tuple[str, ...], legs: dict[str, str], store_path: str = "",
+               where: dict[str, Any] = TOPOLOGY) -> LinkSpec:
+    return LinkSpec(connector="shared", context_length=lab.settings.ctx, iface=LOOPBACK,
+                    metrics_urls=urls, store_path=store_path,
+                    extra={**where, "run_id": lab.run_id, "legs": legs})
 
+
+async def run(lab: Lab, spec: DisaggSpec) -> list[Record]:
+    vllm.require_found(lab.vllm)
+    spec = _checked(lab, spec)
+    out: list[Record] = []
+    prediction = None
+    if spec.has(LOAD):
+        prediction = predict(lab, spec, engine_for(VLLM).block_size(lab.vllm.platform))
+        out.append(prediction)
+        out.append(lab.not_run(LAB, "disagg-two-machines",
+                               "Two machines, shared-directory connector", TWO_MACHINES))
+        out.append(lab.not_run(LAB, "disagg-nixl", "Two machines, NixlConnector", NO_NIXL))
+    store = lab.store("pd")
+    got = _Measured()
     try:
-        # the proxy starts once both legs are ready (it checks them as it starts)
-        async with engines(lab, [prefill, decode], labels=["disagg-prefill", "disagg-decode"]), \
-                engines(lab, [proxy_plan(prefill, decode)]) as (proxy,):
-            crossing = await crossing_check(proxy.plan.base_url, [prefill.base_url],
-                                            [decode.base_url], settings.served_name,
-                                            api_key=settings.api_key())
-            out.append(lab.record(CrossingRecord(
-                label="disagg", lab=LAB, **crossing.as_dict(), **TOPOLOGY)))
-            lab.say(f"==> proxy check: crossed={crossing.crossed} "
-                    + "; ".join(crossing.reasons))
-            row_link, sweep = await run_load(
-                load("disagg", proxy.plan.base_url),
-                link((prefill.metrics_url, decode.metrics_url),
-                     {"prefill": prefill.metrics_url, "decode": decode.metrics_url},
-                     str(store)),
-                settings.labbook, lab.record,
-                api_key=settings.api_key())
-        out += [*(sweep.rows if sweep else []), row_link]
-        base = baseline_plan(lab, str(store))
-        async with engines(lab, [base], labels=["baseline"]):
-            row_link_b, sweep_b = await run_load(
-                load("baseline", base.base_url), link((base.metrics_url,), {}), settings.labbook,
-                lab.record, api_key=settings.api_key())
-        out += [*(sweep_b.rows if sweep_b else []), row_link_b]
+        await _split_session(lab, spec, store, got)
+        if spec.has(LOAD) or spec.has(BOUNDARY):
+            await _baseline_session(lab, spec, store, got)
     finally:
         lab.cleanup()
-    require_successes("disagg", sweep.rows if sweep else [])
-    require_successes("baseline", sweep_b.rows if sweep_b else [])
-    records = notebook.read(settings.labbook).records
-    result = compare(records, settings.labbook, "disagg", "baseline",
+    out += got.records
+    if spec.has(BOUNDARY):
+        out += summarise(lab, spec.boundary, got.points)
+        require_points(got.points)
+    if prediction is not None:
+        out.append(_compare(lab, got, prediction))
+    return out
+
+
+async def _split_session(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured) -> None:
+    """The pair behind the proxy: the crossing check, then each part that needs the split."""
+    from kvlab.proxy.check import crossing_check
+
+    settings = lab.settings
+    prefill, decode = pair_plans(lab, str(store))
+    # the proxy starts once both legs are ready (it checks them as it starts)
+    async with engines(lab, [prefill, decode],
+                       labels=["disagg-prefill", "disagg-decode"]) as pair, \
+            engines(lab, [proxy_plan(prefill, decode)]) as (proxy,):
+        crossing = await crossing_check(proxy.plan.base_url, [prefill.base_url],
+                                        [decode.base_url], settings.served_name,
+                                        api_key=settings.api_key())
+        got.records.append(lab.record(CrossingRecord(
+            label="disagg", lab=LAB, **crossing.as_dict(), **TOPOLOGY)))
+        lab.say(f"==> proxy check: crossed={crossing.crossed} "
+                + "; ".join(crossing.reasons))
+        if spec.has(LOAD):
+            row_link, sweep = await run_load(
+                _load_spec(lab, spec, "disagg", proxy.plan.base_url),
+                _link_spec(lab, (prefill.metrics_url, decode.metrics_url),
+                           {"prefill": prefill.metrics_url, "decode": decode.metrics_url},
+                           str(store)),
+                settings.labbook, lab.record,
+                api_key=settings.api_key())
+            got.sweeps["disagg"] = sweep.rows if sweep else []
+            got.records += [*got.sweeps["disagg"], row_link]
+        if spec.has(BOUNDARY):
+            await _boundary_side(lab, spec, got, proxy, decode.metrics_url, "split")
+        if spec.has(CANCEL):  # last: it leaves decode restarted and then stopped
+            got.records.append(await cancel_restart(lab, spec.cancel, pair, proxy))
+
+
+async def _baseline_session(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured) -> None:
+    """The monolithic baseline, the one variable changed, for each part that compares."""
+    settings = lab.settings
+    base = baseline_plan(lab, str(store))
+    async with engines(lab, [base], labels=["baseline"]) as (engine,):
+        if spec.has(LOAD):
+            row_link_b, sweep_b = await run_load(
+                _load_spec(lab, spec, "baseline", base.base_url, BASELINE),
+                _link_spec(lab, (base.metrics_url,), {}, where=BASELINE), settings.labbook,
+                lab.record, api_key=settings.api_key())
+            got.sweeps["baseline"] = sweep_b.rows if sweep_b else []
+            got.records += [*got.sweeps["baseline"], row_link_b]
+        if spec.has(BOUNDARY):
+            await _boundary_side(lab, spec, got, engine, base.metrics_url, "baseline")
+
+
+async def _boundary_side(lab: Lab, spec: DisaggSpec, got: _Measured, front: EngineProcess,
+                         metrics_url: str, side: Side) -> None:
+    target = SideTarget(side, front.plan.base_url, metrics_url,
+                        TOPOLOGY if side == "split" else BASELINE)
+    points = await measure(lab, spec.boundary, target, lab.settings.small_model)
+    got.points += points
+    got.records += points
+
+
+def _compare(lab: Lab, got: _Measured, prediction: PredictionRecord) -> Record:
+    from kvlab.report.compare import compare
+
+    require_successes("disagg", got.sweeps.get("disagg", []))
+    require_successes("baseline", got.sweeps.get("baseline", []))
+    labbook = lab.settings.labbook
+    result = compare(notebook.read(labbook).records, labbook, "disagg", "baseline",
                      kv_bytes_per_token=prediction.get("bytes_per_token"),
                      prompt_tokens=prediction.get("prompt_tokens"), note="loopback")
-    out.append(lab.record(result.record.with_fields(**TOPOLOGY)))
-    for line in result.lines:
-        lab.say(line)
-    return out
+    line = lab.record(result.record.with_fields(**TOPOLOGY))
+    for text in result.lines:
+        lab.say(text)
+    return line
 
 
 def dry_run(lab: Lab, spec: DisaggSpec) -> list[dict[str, Any]]:
     import tempfile
 
+    # the steps' sizes are refused as a run would refuse them (the load's preamble is fitted
+    # with the model's tokenizer only when it runs)
+    _checked(lab, replace(spec, parts=tuple(p for p in spec.parts if p != LOAD)))
     # the decode plan checks that its store exists; a run makes a fresh one in KVLAB_HOME/stores
     with tempfile.TemporaryDirectory(prefix="kvlab-store-") as store:
         prefill, decode = pair_plans(lab, store)
-        plans = [prefill, decode, proxy_plan(prefill, decode), baseline_plan(lab, store)]
-    return [{"label": p.role, "plan": p.as_dict(), "shell": p.shell_line()} for p in plans] + [
-        {"label": "disagg-two-machines", "reason": TWO_MACHINES},
-        {"label": "disagg-nixl", "reason": NO_NIXL}]
+        plans = [prefill, decode, proxy_plan(prefill, decode)]
+        if spec.has(LOAD) or spec.has(BOUNDARY):
+            plans.append(baseline_plan(lab, store))
+    out: list[dict[str, Any]] = [{"label": p.role, "plan": p.as_dict(),
+                                  "shell": p.shell_line()} for p in plans]
+    if spec.has(LOAD):
+        out += [{"label": "disagg-two-machines", "reason": TWO_MACHINES},
+                {"label": "disagg-nixl", "reason": NO_NIXL}]
+    return out

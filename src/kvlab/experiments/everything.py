@@ -15,7 +15,7 @@ from typing import Any
 
 from kvlab.core.errors import KvlabError
 from kvlab.engines import llamacpp
-from kvlab.experiments import EXPERIMENTS, RUN_ALL
+from kvlab.experiments import DISAGG_PARTS, EXPERIMENTS, RUN_ALL
 from kvlab.experiments.lab import Lab
 from kvlab.records.models import Record
 
@@ -72,7 +72,7 @@ def specs(lab: Lab, spec: AllSpec) -> dict[str, Any]:
                              proof_preamble_words=min(600, spec.preamble_words)),
         "disagg": DisaggSpec(levels=spec.levels, requests=spec.requests,
                              max_tokens=spec.max_tokens, preamble_tokens=spec.preamble_tokens,
-                             prompt_set=spec.prompt_set),
+                             prompt_set=spec.prompt_set, parts=DISAGG_PARTS),  # + the procedures
     }
 
 

@@ -2,8 +2,9 @@
 
 - `Lab`: the settings, a run id, where logs go, the notebook lines written so far, and the
   temporary KV stores (created private, always removed at the end: they hold prompts);
-- `engines(...)`: start several plans at once, wait until all are ready, write each one's
-  `startup` line, and stop them all however the block ends (error, Ctrl-C);
+- `engines(...)`: start several plans at once (secrets such as HF_TOKEN reach them through
+  their environment only, as `kvlab serve` passes them), wait until all are ready, write each
+  one's `startup` line, and stop them all however the block ends (error, Ctrl-C);
 - `not_run(...)`: the line that says why a lab row cannot run on this machine, so the report
   (which reads only the notebook) can say so too.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import shutil
 import time
 from collections.abc import AsyncIterator
@@ -42,8 +44,9 @@ class Lab:
     stores: list[Path] = field(default_factory=list)
     outcomes: dict[str, dict[str, Any]] = field(default_factory=dict)  # per experiment run
 
-    @property
+    @functools.cached_property
     def vllm(self) -> vllm.VllmInstall:
+        """The vLLM this run uses, chosen once (by the hardware: `engines/vllm/selection.py`)."""
         return vllm.find_vllm(self.settings)
 
     def llama_server(self) -> Path:
@@ -90,14 +93,18 @@ async def engines(lab: Lab, plans: list[EnginePlan], *, labels: list[str] | None
                   ready_timeout_s: float = 900.0) -> AsyncIterator[list[EngineProcess]]:
     """Start `plans` together, write their startup lines, always stop them all."""
     logs = lab.settings.paths().run_logs(lab.run_id)
+    secrets = lab.settings.engine_secret_env()  # as `kvlab serve` passes them: env only
     procs = [EngineProcess(p, logs / f"{p.role}-{p.port}.log",
-                           run_dir=lab.settings.paths().run, ready_timeout_s=ready_timeout_s)
+                           run_dir=lab.settings.paths().run, secret_env=secrets,
+                           ready_timeout_s=ready_timeout_s)
              for p in plans]
     try:
         for proc in procs:
             proc.start()
         names = ", ".join(f"{p.role}:{p.port}" for p in plans)
         lab.say(f"    starting {names}")
+        for choice in dict.fromkeys(_choice(p) for p in plans if _choice(p)):
+            lab.say(f"    {choice}")
         await asyncio.gather(*(p.wait_ready() for p in procs))
         for proc, label in zip(procs, labels or [p.label_hint for p in plans], strict=True):
             version = await startup.server_version(proc.plan)
@@ -117,6 +124,14 @@ async def engines(lab: Lab, plans: list[EnginePlan], *, labels: list[str] | None
             raise
     finally:
         await asyncio.shield(asyncio.gather(*(p.stop() for p in procs)))
+
+
+def _choice(plan: EnginePlan) -> str:
+    """Which build the plan runs and why, as the plan states it ("" if it does not)."""
+    choice = plan.startup_facts.get("engine_choice")
+    if not choice:
+        return ""
+    return f"{plan.engine}: {choice['command']} ({choice['origin']}): {choice['reason']}"
 
 
 def _error_tail(proc: EngineProcess) -> str:

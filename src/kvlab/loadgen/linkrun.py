@@ -7,7 +7,9 @@ LOAD_TEST names when that setting is set (run as the seed runs it, `python3 FILE
 kvlab's own generator in-process otherwise. The result is one `link` record with the seed's
 fields (lab, record, label, base_url, connector, context_length, prompt_set, concurrency as
 the seed's comma string, requests, iface, wall_s, rx_bytes, tx_bytes, recorded_at) and
-kvlab's additions. What the bytes mean is `compare`'s business.
+kvlab's additions. With a side-channel address (NIXL, Mooncake) every interface's bytes are
+read too, and `sidechannel.check` says which network the run crossed. What the bytes mean for
+the cache is `compare`'s business.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import httpx
 
 from kvlab.core.errors import InputError
 from kvlab.core.sizes import tree_bytes
+from kvlab.loadgen import sidechannel, topology
 from kvlab.loadgen.sweep import LoadSpec, ProgressHook, SweepResult, run_sweep
 from kvlab.observe import metrics, netdev
 from kvlab.records import notebook
@@ -40,6 +43,7 @@ class LinkSpec:
     load_test: str = ""  # a file run as LOAD_TEST; empty = kvlab's generator in-process
     metrics_urls: tuple[str, ...] = ()  # engines to scrape; empty = the base URL's server
     store_path: str = ""  # a shared-directory connector's store: its growth is the transfer
+    side_channel_addr: str = ""  # NIXL/Mooncake: check which interface carried the run
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -49,6 +53,7 @@ class Readings:
     rdma: dict[str, netdev.RdmaPort]
     snapshots: dict[str, metrics.Snapshot | None]
     store_bytes: int | None = None
+    every_iface: dict[str, netdev.IfaceCounters] = field(default_factory=dict)
 
 
 def store_size(path: str) -> int | None:
@@ -62,7 +67,8 @@ def store_size(path: str) -> int | None:
 async def _read(spec: LinkSpec, urls: tuple[str, ...], client: httpx.AsyncClient) -> Readings:
     snaps = {url: await metrics.scrape(client, url) for url in urls}
     size = await asyncio.to_thread(store_size, spec.store_path)
-    return Readings(netdev.read_iface(spec.iface), netdev.read_rdma(), snaps, size)
+    every = netdev.read_all() if spec.side_channel_addr else {}
+    return Readings(netdev.read_iface(spec.iface), netdev.read_rdma(), snaps, size, every)
 
 
 def load_test_argv(load_test: str, load: LoadSpec, labbook: str) -> list[str]:
@@ -120,8 +126,14 @@ def link_record(load: LoadSpec, spec: LinkSpec, before: Readings, after: Reading
                         else None),
         "model": load.model, "max_tokens": load.max_tokens,
         "load_generator": spec.load_test or "kvlab",
+        **topology.unknown(load.base_url, spec.connector).fields(),
         **spec.extra,
     }
+    if spec.side_channel_addr:
+        fields["side_channel"] = sidechannel.check(
+            spec.side_channel_addr, spec.iface,
+            netdev.all_deltas(before.every_iface, after.every_iface),
+            sum((fields["rdma"] or {}).get(k, 0) for k in ("rx_bytes", "tx_bytes")))
     if sweep is not None:
         fields["requests_sent"] = sum(int(r.get("requests", 0)) for r in sweep.rows)
         fields["requests_ok"] = sum(int(r.get("ok", 0)) for r in sweep.rows)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import httpx
 
-from kvlab.loadgen import stats
+from kvlab.loadgen import stats, topology
 from kvlab.loadgen.client import Target
 from kvlab.loadgen.record import decode_events
 from kvlab.loadgen.runner import LevelResult, LevelRun, Progress, Schedule
@@ -108,6 +108,7 @@ def make_row(spec: LoadSpec, concurrency: int, result: LevelResult,
         "metric_deltas": deltas, "prefix_hit_rate": _rounded(metrics.hit_rate(deltas)),
         "metrics_url": (spec.metrics_url or metrics.metrics_url(spec.base_url))
         if spec.scrape_metrics else None,
+        **topology.unknown(spec.base_url).fields(),  # a caller that knows more says so in extra
         **spec.extra,
     }
     if result.interrupted:

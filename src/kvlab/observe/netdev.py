@@ -10,11 +10,14 @@ following the engine facts (shared/engines/FACTS.md section 9 and 2.6). A 32-bit
 stuck at its maximum has saturated (InfiniBand counters stop rather than wrap), which is
 reported rather than turned into a wrong delta.
 
-This module reads counters and subtracts them; it does not decide what the bytes mean.
+This module reads counters and subtracts them (one interface, or every interface at once, and
+which interface holds an address); it does not decide what the bytes mean.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,3 +129,43 @@ def rdma_delta(before: dict[str, RdmaPort], after: dict[str, RdmaPort]) -> dict[
             "rx_bytes": sum(p["rx_bytes"] for p in ports.values()),
             "tx_bytes": sum(p["tx_bytes"] for p in ports.values()),
             "saturated": any(p["saturated"] for p in ports.values())}
+
+
+def read_all() -> dict[str, IfaceCounters]:
+    """Every interface's received and transmitted bytes, by name."""
+    found = psutil.net_io_counters(pernic=True, nowrap=True)
+    return {name: IfaceCounters(name, int(c.bytes_recv), int(c.bytes_sent))
+            for name, c in found.items()}
+
+
+def all_deltas(before: dict[str, IfaceCounters],
+               after: dict[str, IfaceCounters]) -> dict[str, int]:
+    """Bytes each interface moved (received plus transmitted) between two readings."""
+    return {name: (end.rx_bytes - before[name].rx_bytes) + (end.tx_bytes - before[name].tx_bytes)
+            for name, end in after.items() if name in before}
+
+
+def addresses_of(addr: str) -> tuple[str, ...]:
+    """The IP addresses `addr` names: itself when it is one, else what it resolves to here."""
+    try:
+        return (str(ipaddress.ip_address(addr)),)
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(addr, None)
+    except OSError:
+        return ()
+    return tuple(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+def iface_addresses() -> dict[str, tuple[str, ...]]:
+    """This machine's interfaces and their IPv4/IPv6 addresses (no IPv6 zone suffix)."""
+    families = (socket.AF_INET, socket.AF_INET6)
+    return {name: tuple(a.address.split("%")[0] for a in addrs if a.family in families)
+            for name, addrs in psutil.net_if_addrs().items()}
+
+
+def iface_holding(addresses: tuple[str, ...]) -> str | None:
+    """The interface of this machine that holds one of `addresses` (None: none does)."""
+    return next((name for name, held in sorted(iface_addresses().items())
+                 if set(held) & set(addresses)), None)

@@ -113,6 +113,16 @@ class StartupRecord(Record):
     context_tokens: int | None = Field(None, description="The context length it was started "
                                        "with (vLLM's --max-model-len, llama.cpp's --ctx-size).")
     memory_fraction: float | None = Field(None, description="vLLM's --gpu-memory-utilization.")
+    engine_choice: Json | None = Field(None, description="Which build ran (command, origin: "
+                                       "VLLM_CMD, PATH or kvlab venv, platform) and why.")
+    added_flags: list[str] | None = Field(None, description="Flags kvlab passed beyond the "
+                                          "seed script's, the same on every compared role.")
+    memory_kind: str | None = Field(None, description="unified (the GPU's memory is the "
+                                    "host's), discrete, none (CPU build) or unknown.")
+    host_memory: Json | None = Field(None, description="The host tier against available "
+                                     "memory and swap, in bytes, as checked before start.")
+    side_channel: Json | None = Field(None, description="NIXL's side-channel address and "
+                                      "port, what it resolves to, and its interface.")
 
 
 class ReuseRow(BaseModel):
@@ -173,6 +183,16 @@ class LoadRecord(Record):
     prompt_tokens_mean: float | None = None
     metric_deltas: Json = Field(default_factory=dict, description="The engine's evidence "
                                 "counters over the level, by name.")
+    connector: str | None = Field(None, description="The split's connector (CONNECTOR).")
+    topology: str | None = Field(None, description="loopback (prefill and decode on one "
+                                 "machine), two machines, one instance or unknown.")
+    single_machine: bool | None = Field(None, description="Prefill, decode and proxy on one "
+                                        "machine (None: not known).")
+    hosts: dict[str, str] | None = Field(None, description="Host by role (prefill, decode, "
+                                         "proxy), as written; unknown where not known.")
+    link: str | None = Field(None, description="What the KV crossed: loopback, the cluster "
+                             "interface, or unknown.")
+    topology_from: str | None = Field(None, description="How the topology was known.")
 
 
 class LinkRecord(Record):
@@ -196,6 +216,18 @@ class LinkRecord(Record):
     metric_deltas: dict[str, Json] = Field(default_factory=dict,
                                            description="Each engine's evidence deltas, by URL.")
     nixl: dict[str, Json] | None = Field(None, description="NIXL's own counters, by URL.")
+    side_channel: Json | None = Field(None, description="NIXL/Mooncake: the interface "
+                                      "SIDE_CHANNEL_ADDR is on, every interface's bytes over "
+                                      "the run, and which network the run crossed.")
+    topology: str | None = Field(None, description="loopback (prefill and decode on one "
+                                 "machine), two machines, one instance or unknown.")
+    single_machine: bool | None = Field(None, description="Prefill, decode and proxy on one "
+                                        "machine (None: not known).")
+    hosts: dict[str, str] | None = Field(None, description="Host by role (prefill, decode, "
+                                         "proxy), as written; unknown where not known.")
+    link: str | None = Field(None, description="What the KV crossed: loopback, the cluster "
+                             "interface, or unknown.")
+    topology_from: str | None = Field(None, description="How the topology was known.")
 
 
 class ComparisonRecord(Record):
@@ -251,9 +283,56 @@ class DiskRecord(Record):
     reasons: list[str] = Field(default_factory=list)
 
 
+class ProcedureRecord(Record):
+    """A P/D lab procedure step, checked (`kvlab run disagg --part cancel`)."""
+
+    kind: ClassVar[str] = "procedure"
+    record: Literal["procedure"] = "procedure"
+    step: str = Field(description="cancel-restart: a request cancelled mid-stream through the "
+                      "proxy, then the decode worker restarted.")
+    verdict: Literal["pass", "fail"]
+    checks: list[Json] = Field(default_factory=list, description="Each check in order: name, "
+                               "passed, detail (the figures that decided it).")
+    failed: list[str] = Field(default_factory=list, description="Names of the failed checks.")
+    evidence: Json = Field(default_factory=dict, description="The raw figures the checks read.")
+
+
+class BoundaryPointRecord(Record):
+    """One prompt length on one side of the long- against short-prompt sweep."""
+
+    kind: ClassVar[str] = "boundary-point"
+    record: Literal["boundary-point"] = "boundary-point"
+    side: Literal["split", "baseline"]
+    prompt_tokens_target: int = Field(description="The length swept to, in the model's tokens.")
+    concurrency: int
+    requests: int
+    ok: int | None = None
+    failed: int | None = None
+    prompt_tokens_mean: float | None = Field(None, description="The server's own count.")
+    max_tokens: int | None = None
+    ttft_s: Percentiles | None = None  # None when no request at this length succeeded
+    metric_deltas: Json = Field(default_factory=dict)
+
+
+class BoundaryRecord(Record):
+    """Where the split starts or stops paying in TTFT, found by sweeping the prompt length."""
+
+    kind: ClassVar[str] = "boundary"
+    record: Literal["boundary"] = "boundary"
+    concurrency: int
+    verdict: Literal["pays-above", "pays-below", "pays-everywhere", "pays-nowhere", "mixed",
+                     "not-enough-evidence"]
+    statement: str
+    crossing_tokens: float | None = Field(None, description="Where the split/baseline TTFT "
+                                          "p50 ratio crosses 1.0 (interpolated), if once.")
+    points: list[Json] = Field(default_factory=list, description="Per length: target, both "
+                               "sides' TTFT p50 and prompt tokens, the ratio.")
+
+
 KINDS: tuple[type[Record], ...] = (
     StartupRecord, ReuseRecord, ProofRecord, LoadRecord, LinkRecord, ComparisonRecord,
-    PredictionRecord, CrossingRecord, NotRunRecord, DiskRecord,
+    PredictionRecord, CrossingRecord, NotRunRecord, DiskRecord, ProcedureRecord,
+    BoundaryPointRecord, BoundaryRecord,
 )
 BY_KIND: dict[str, type[Record]] = {cls.kind: cls for cls in KINDS}
 

@@ -2,7 +2,9 @@
 
 Every cell is a measured value or an explicit reason (a `not-run` line says why a row cannot
 run on the machine that ran the lab); every row carries its evidence and what it was measured
-on. No engine is touched: the report runs anywhere the notebook file is.
+on. The labs' closing decisions follow the tables (`decisions.py`), each with its figures or
+"not enough evidence" and why. No engine is touched: the report runs anywhere the notebook
+file is.
 """
 
 from __future__ import annotations
@@ -12,8 +14,13 @@ from pathlib import Path
 
 from kvlab.records import notebook
 from kvlab.report.common import Table
+from kvlab.report.decisions import Decision, decide
 from kvlab.report.offload import offload_table
 from kvlab.report.pd import pd_table
+from kvlab.report.procedure import procedure_table
+
+LAB_TITLES = {"offload": "Offload lab, task 6 (three sentences: which tiers to keep)",
+              "pd": "P/D lab (one sentence: which configuration you would actually use)"}
 
 
 @dataclass
@@ -22,11 +29,18 @@ class Report:
     tables: list[Table]
     plots: list[Path] = field(default_factory=list)
     skipped_lines: int = 0
+    decisions: list[Decision] = field(default_factory=list)
 
     def markdown(self) -> str:
         parts = [f"# kvlab report from {self.labbook}", ""]
         for table in self.tables:
             parts += [table.markdown(), ""]
+        if self.decisions:
+            parts += ["### Decisions, from the rows above", ""]
+            for lab, title in LAB_TITLES.items():
+                answers = [d for d in self.decisions if d.lab == lab]
+                parts += [f"{title}:", "", *(f"- **{d.question}** {d.answer}" for d in answers),
+                          ""]
         if self.plots:
             parts += ["### Plots", ""] + [f"![{p.stem}]({p.name})" for p in self.plots] + [""]
         if self.skipped_lines:
@@ -37,14 +51,15 @@ class Report:
         return {"labbook": self.labbook, "skipped_lines": self.skipped_lines,
                 "tables": [{"title": t.title, "columns": t.columns, "rows": t.rows}
                            for t in self.tables],
+                "decisions": [d.as_dict() for d in self.decisions],
                 "plots": [str(p) for p in self.plots]}
 
 
 def build(labbook: str | Path, plots_dir: Path | None = None) -> Report:
     """Both tables (and, with `plots_dir`, the plots) from one notebook file."""
     book = notebook.read(labbook)
-    report = Report(str(labbook), [offload_table(book), pd_table(book)],
-                    skipped_lines=book.broken_lines)
+    report = Report(str(labbook), [offload_table(book), pd_table(book), procedure_table(book)],
+                    skipped_lines=book.broken_lines, decisions=decide(book))
     if plots_dir is not None:
         from kvlab.report.plots import draw_all
 

@@ -1,12 +1,14 @@
 """What both labs' tables share: picking records from the notebook, formatting cells, and
-the "measured on" column (engine, version, model, context, memory fraction, KV capacity,
-from the same run's `startup` line). The newest line of each label wins."""
+the "measured on" column (engine, version, model, context, memory fraction or the KV cache
+size fixed in bytes, KV capacity, from the same run's `startup` line). The newest line of each
+label wins; a figure that was not recorded is said in words, never "None"."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvlab.core.sizes import human_bytes
 from kvlab.engines.base import NAMES as ENGINE_NAMES
 from kvlab.engines.base import LaunchSettings, known_engine
 from kvlab.records.models import LoadRecord, NotRunRecord, Record, StartupRecord
@@ -66,21 +68,41 @@ def measured_on(book: Notebook, record: Record) -> str:
         [r for r in same_run if r.label.startswith(label + "-") and r.engine in ENGINE_NAMES]
     parts = []
     model = record.get("model")
+    fixed = fixed_kv_bytes(record)
     if starts:
         s = starts[-1]
         model = s.model or model
         ctx, fraction = _sizing(s)
         parts.append(f"{s.engine} {s.engine_version}")
-        parts.append(f"ctx {ctx}")
-        if fraction is not None:
+        parts.append(f"ctx {ctx}" if ctx is not None else "context length not recorded")
+        if fixed is not None:  # the cache was sized in bytes: the fraction did not size it
+            parts.append(f"KV cache fixed at {human_bytes(fixed)} ({fixed:,} bytes)")
+        elif fraction is not None:
             parts.append(f"mem fraction {fraction:g}")
         if s.capacity.get("kv_cache_tokens"):
             parts.append(f"KV cache {s.capacity['kv_cache_tokens']:,} tokens")
-    elif record.get("engine"):
-        parts.append(f"{record.get('engine')} {record.get('engine_version', '')}".strip())
+    else:
+        engine = f"{record.get('engine') or ''} {record.get('engine_version') or ''}".strip()
+        parts += [engine] if engine else []
+        parts.append("no startup line for this run (context and KV cache size not recorded)")
+        if fixed is not None:
+            parts.append(f"KV cache fixed at {human_bytes(fixed)} ({fixed:,} bytes)")
     if model:
         parts.append(f"model {'/'.join(str(model).rstrip('/').split('/')[-2:])}")
-    return ", ".join(parts) or "n/a"
+    return ", ".join(parts)
+
+
+def fixed_kv_bytes(record: Record) -> int | None:
+    """The KV cache size in bytes when the run fixed it (kvlab's pressure plan sizes the device
+    cache in bytes; a row may also state `kv_cache_bytes`), else None."""
+    planned = (record.get("pressure") or {}).get("planned") or {}
+    value = planned.get("kv_cache_bytes") or record.get("kv_cache_bytes")
+    return int(value) if value else None
+
+
+def said(value: Any, missing_words: str, digits: int = 3) -> str:
+    """A figure, or what is missing in words (a cell never reads "None" or "n/a" alone)."""
+    return missing_words if value is None else num(value, digits)
 
 
 def _sizing(start: StartupRecord) -> tuple[int | None, float | None]:

@@ -9,8 +9,10 @@ kvlab adds: same-experiment checks over everything the two labels recorded (mode
 max tokens, concurrency levels, context length, memory fraction, workload, KV cache type; a
 quantised KV cache is never paired with an unquantised one), bytes per request three ways
 (interface or RDMA counters, NIXL's own byte histogram, against the arithmetic prediction) with
-a verdict, and for the offload lab (`offload=True`) the pressure each side ran under, since a
-tier measured without pressure shows nothing.
+a verdict, the disaggregated run's recorded topology and (NIXL, Mooncake) which network its
+side channel used, and for the offload lab (`offload=True`) the pressure each side ran under,
+since a tier measured without pressure shows nothing. A level without a TPOT (MAX_TOKENS=1)
+is "n/a" in the table and null in the record, with the reason in words beside it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 from kvlab.core.errors import InputError, RefusedError
 from kvlab.core.sizes import human_bytes
+from kvlab.loadgen.topology import FIELDS as TOPOLOGY_FIELDS
 from kvlab.records import notebook
 from kvlab.records.models import (
     ComparisonRecord,
@@ -58,12 +61,17 @@ def link_line(records: list[Record], label: str) -> LinkRecord | None:
     return found[-1] if found else None
 
 
-def ratio(new: float, old: float) -> str:
-    return f"{new / old:.2f}x" if old else "n/a"
+def ratio(new: float | None, old: float | None) -> str:
+    """`new / old` as `1.50x`; "n/a" when either side was not measured (or old is 0)."""
+    return f"{new / old:.2f}x" if new is not None and old else "n/a"
 
 
-def signed_pct(new: float, old: float) -> str:
-    return f"{(new - old) / old * 100:+.1f}%" if old else "n/a"
+def signed_pct(new: float | None, old: float | None) -> str:
+    return f"{(new - old) / old * 100:+.1f}%" if new is not None and old else "n/a"
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return round(value, digits) if value is not None else None
 
 
 def label_facts(records: list[Record], label: str) -> dict[str, Any]:
@@ -276,25 +284,39 @@ def _level_lines(disagg: dict[int, LoadRecord], base: dict[int, LoadRecord],
     for level in shared:
         d, b = disagg[level], base[level]
         d_ttft, b_ttft = _p50(d.ttft_s), _p50(b.ttft_s)
+        # no TPOT (MAX_TOKENS=1: one output token has no time per token) is "n/a", never 0
         d_tpot, b_tpot = _p50(d.tpot_s), _p50(b.tpot_s)
-        d_thru, b_thru = d.output_tokens_per_s or 0.0, b.output_tokens_per_s or 0.0
+        d_thru, b_thru = d.output_tokens_per_s, b.output_tokens_per_s
         lines.append(
             f"    {level:>4}  {ratio(d_ttft, b_ttft):>8} {signed_pct(d_ttft, b_ttft):>9}  "
             f"{ratio(d_tpot, b_tpot):>8} {signed_pct(d_tpot, b_tpot):>9}  "
             f"{ratio(d_thru, b_thru):>8} {signed_pct(d_thru, b_thru):>9}")
         levels.append({"concurrency": level,
-                       "ttft_p50_disagg_s": round(d_ttft, 4),
-                       "ttft_p50_baseline_s": round(b_ttft, 4),
-                       "tpot_p50_disagg_s": round(d_tpot, 5),
-                       "tpot_p50_baseline_s": round(b_tpot, 5),
-                       "output_tokens_per_s_disagg": round(d_thru, 2),
-                       "output_tokens_per_s_baseline": round(b_thru, 2),
-                       "failed_disagg": d.failed, "failed_baseline": b.failed})
+                       "ttft_p50_disagg_s": _round(d_ttft, 4),
+                       "ttft_p50_baseline_s": _round(b_ttft, 4),
+                       "tpot_p50_disagg_s": _round(d_tpot, 5),
+                       "tpot_p50_baseline_s": _round(b_tpot, 5),
+                       "output_tokens_per_s_disagg": _round(d_thru, 2),
+                       "output_tokens_per_s_baseline": _round(b_thru, 2),
+                       "failed_disagg": d.failed, "failed_baseline": b.failed,
+                       **_not_measured(d, b)})
+    lines += [f"    concurrency {lv['concurrency']}: TPOT p50 {lv['tpot_p50']}"
+              for lv in levels if "tpot_p50" in lv]
     return lines, levels
 
 
-def _p50(p: Percentiles | None) -> float:
-    return p.p50 if p is not None and p.p50 is not None else 0.0
+def _p50(p: Percentiles | None) -> float | None:
+    return p.p50 if p is not None else None
+
+
+def _not_measured(d: LoadRecord, b: LoadRecord) -> dict[str, str]:
+    """Say in words which TPOT a level lacks (a null in the record is not an explanation)."""
+    gone = [f"the {side} row has no tpot_s (max_tokens {row.max_tokens})"
+            for side, row in (("disagg", d), ("baseline", b)) if _p50(row.tpot_s) is None]
+    if not gone:
+        return {}
+    return {"tpot_p50": "n/a: " + "; ".join(gone) + "; a request that returns one token "
+            "has no time per output token"}
 
 
 def _pick(records: list[Record], disagg: str,
@@ -311,12 +333,22 @@ def _pick(records: list[Record], disagg: str,
     return rows_d, rows_b
 
 
+def recorded_topology(link: LinkRecord | None, rows: dict[int, LoadRecord]) -> dict[str, Any]:
+    """The run's topology fields as its link line recorded them, else its newest load row
+    (nothing when neither did: a reader then says "unknown")."""
+    newest = rows[max(rows)]
+    source: Record = link if link is not None and link.topology is not None else newest
+    return {key: source.get(key) for key in TOPOLOGY_FIELDS if source.get(key) is not None}
+
+
 def _link_lines(name: str, link: LinkRecord | None, seen: Bytes) -> list[str]:
     if link is None:
         return [f"==> No link line for label {name}. "
                 "Run it through kvlab run-load (or run-load.sh)."]
+    side = link.side_channel  # which network a NIXL/Mooncake run crossed, if checked
+    side_line = [f"    side channel: {side['verdict']}"] if side and side.get("verdict") else []
     if not seen.observed:
-        return [f"==> The {name} run recorded no byte counters. Set CLUSTER_IFACE."]
+        return [f"==> The {name} run recorded no byte counters. Set CLUSTER_IFACE.", *side_line]
     lines = [f"==> Link during the {name} run (iface {link.iface or '-'})"]
     names = {"iface": "interface counters", "rdma": "RDMA port counters",
              "nixl": "NIXL's own count", "store": "shared store growth",
@@ -327,6 +359,7 @@ def _link_lines(name: str, link: LinkRecord | None, seen: Bytes) -> list[str]:
         lines.append(f"    one request's cache, from arithmetic          "
                      f"{human_bytes(seen.predicted)}  "
                      f"({seen.prompt_tokens or 0:,.0f} prompt tokens, {seen.prompt_tokens_from})")
+    lines += side_line
     if seen.verdict:
         lines.append(f"    verdict ({seen.verdict_source}): {seen.verdict}")
     else:
@@ -357,19 +390,25 @@ def compare(records: list[Record], book: str, disagg: str, baseline: str, *,
     link = link_line(records, disagg)
     seen = bytes_three_ways(link, rows_d, shared, kv_bytes_per_token, prompt_tokens)
     extra: dict[str, Any] = {}
+    where: dict[str, Any] = {}
     if offload:
         p_on, p_off = pressure(records, disagg, rows_d), pressure(records, baseline, rows_b)
         lines += ["", "==> Pressure on the KV cache", pressure_line(disagg, p_on),
                   pressure_line(baseline, p_off)]
         extra["pressure"] = {disagg: p_on, baseline: p_off}
     else:
-        lines += ["", *_link_lines(disagg, link, seen)]
+        where = recorded_topology(link, rows_d)
+        lines += ["", *_link_lines(disagg, link, seen),
+                  f"    topology of {disagg}, as recorded: {where.get('topology', 'unknown')}"
+                  f", link {where.get('link', 'unknown')}"]
+        extra |= {k: v for k, v in where.items() if k != "connector"}
     observed = seen.observed.get("iface")
     record = ComparisonRecord(
         label=f"{disagg}-vs-{baseline}", lab=lab,
         disagg_label=disagg, baseline_label=baseline,
         model=rows_d[shared[0]].model, prompt_set=rows_d[shared[0]].prompt_set,
-        connector=link.connector if link else None, iface=link.iface if link else None,
+        connector=link.connector if link else where.get("connector"),
+        iface=link.iface if link else None,
         kv_bytes_per_token=kv_bytes_per_token or None, prompt_tokens=prompt_tokens or None,
         predicted_bytes_per_request=seen.predicted,
         observed_bytes_per_request=round(observed, 1) if observed is not None else None,
@@ -377,5 +416,5 @@ def compare(records: list[Record], book: str, disagg: str, baseline: str, *,
         differences=[w.strip() for w in warnings], bytes=seen.as_dict(),
         kv_cache_type={disagg: facts_d.get("kv_cache_type"),
                        baseline: facts_b.get("kv_cache_type")},
-        offload=offload, **extra)
+        side_channel=link.side_channel if link else None, offload=offload, **extra)
     return Comparison(lines, record, warnings)

@@ -3,6 +3,10 @@ store, and llama.cpp's disk tier."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from kvlab.observe.metrics import hit_rate
+from kvlab.records.models import Record
 from kvlab.records.notebook import Notebook
 from kvlab.report.common import (
     Table,
@@ -12,6 +16,7 @@ from kvlab.report.common import (
     missing,
     num,
     pct,
+    said,
 )
 
 OFFLOAD_COLUMNS = ["Tier", "How it was measured", "Turn 1 TTFT (s)", "Best later turn TTFT (s)",
@@ -36,22 +41,56 @@ def _reuse_row(book: Notebook, tier: str, how: str, label: str) -> list[str]:
     r = latest(book, "reuse", label)
     if r is None:
         return missing(tier, how, book, label, 5)
-    s = r.get("summary") or {}
+    s = r.get("summary") or seed_summary(r)
     rates = [v for v in (s.get("hit_rate") or {}).values() if v is not None]
-    later = s.get("later_turn_verdicts") or []
-    evidence = [f"{s.get('reused_turns', 0)}/{len(later)} later turns reused"]
+    later = s.get("later_turn_verdicts")
+    evidence = [f"{s.get('reused_turns', 0)}/{len(later)} later turns reused" if later
+                is not None else "later turns not judged one by one: a measure-reuse.py line "
+                "records no cached tokens per turn"]
+    if s.get("best_later_ratio") is not None:
+        evidence.append(f"fastest later turn {num(s['best_later_ratio'])}x of turn 1")
     cached = [row.get("cached_tokens") for row in r.get("rows", [])]
-    evidence.append("cached tokens per turn " + ", ".join(num(c) for c in cached))
+    if any(c is not None for c in cached):
+        evidence.append("cached tokens per turn " + ", ".join(said(c, "not recorded")
+                                                              for c in cached))
     if len(r.get("endpoints", [])) > 1:
-        evidence.append(f"turn 2 on the other instance: {later[0] if later else 'n/a'}")
+        turn2 = later[0] if later else _turn2(r)
+        evidence.append(f"turn 2 on the other instance: {turn2}")
         proof = latest(book, "proof", f"{label}-proof")
         if proof:
             evidence.append("proof: " + ", ".join(
                 f"{k} {v}" for k, v in proof.get("verdicts", {}).items() if v))
-    evidence.append(f"pressure: {(r.get('pressure') or {}).get('state', 'quiet')}")
-    return [tier, how, num(s.get("turn1_ttft_s")), num(s.get("best_later_ttft_s")),
-            " / ".join(pct(v) for v in rates) or "n/a", "; ".join(evidence),
-            measured_on(book, r)]
+    state = (r.get("pressure") or {}).get("state")
+    evidence.append(f"pressure: {state or 'not recorded'}")
+    if r.get("note") and not r.get("summary"):  # the seed's --note: the user's own words
+        evidence.append(f"note: {r.get('note')}")
+    return [tier, how, said(s.get("turn1_ttft_s"), "not recorded"),
+            said(s.get("best_later_ttft_s"), "not recorded (no later turn answered)"),
+            " / ".join(pct(v) for v in rates) or "not recorded (no /metrics counters)",
+            "; ".join(evidence), measured_on(book, r)]
+
+
+def seed_summary(r: Record) -> dict[str, Any]:
+    """The figures the seed's measure-reuse.py prints, from its line (turn rows and
+    counter deltas): it writes no summary and no per-turn verdicts."""
+    ttfts = [row.get("ttft_s") for row in r.get("rows") or []]
+    first = ttfts[0] if ttfts else None
+    later = [t for t in ttfts[1:] if t is not None]
+    best = min(later) if later else None
+    return {"turn1_ttft_s": first, "best_later_ttft_s": best,
+            "best_later_ratio": round(best / first, 3) if best is not None and first else None,
+            "later_turn_verdicts": None,
+            "hit_rate": {url: hit_rate(d) for url, d in (r.get("metric_deltas") or {}).items()
+                         if isinstance(d, dict)}}
+
+
+def _turn2(r: Record) -> str:
+    rows = r.get("rows") or []
+    if len(rows) < 2 or rows[1].get("ttft_s") is None:
+        return "not recorded"
+    first = rows[0].get("ttft_s")
+    return f"TTFT {num(rows[1]['ttft_s'])} s against turn 1's " + (
+        f"{num(first)} s" if first is not None else "(not recorded)")
 
 
 def _pressure_row(book: Notebook, tier: str, label: str) -> list[str]:
@@ -62,30 +101,45 @@ def _pressure_row(book: Notebook, tier: str, label: str) -> list[str]:
     p = r.get("pressure") or {}
     planned, reached = p.get("planned") or {}, p.get("reached") or {}
     ttft = r.get("ttft_s") or {}
+    rate = r.get("prefix_hit_rate")
+    hit = pct(rate) if rate is not None else "not recorded (no /metrics counters)"
+    preemptions = reached.get("preemptions", r.metric_deltas.get("preemptions"))
     evidence = [
-        f"working set {planned.get('oversubscription', 'n/a')}x the device cache of "
-        f"{planned.get('cache_tokens', 'n/a')} tokens ({planned.get('conversations')} "
-        f"conversations, {r.get('prompt_set')})",
-        f"prefix hit rate {pct(r.get('prefix_hit_rate'))} where "
-        f"{pct(planned.get('reusable_fraction'))} of the prompt tokens were reusable had "
-        "nothing been evicted",
-        f"peak KV usage {pct(reached.get('peak_kv_cache_usage'))}",
-        f"preemptions {num(reached.get('preemptions'))}",
-        f"{r.get('ok', 'n/a')} ok / {r.get('failed', 0)} failed",
+        _working_set(planned, r.prompt_set),
+        f"prefix hit rate {hit}" + (f" where {pct(planned['reusable_fraction'])} of the prompt "
+                                    "tokens were reusable had nothing been evicted"
+                                    if planned.get("reusable_fraction") is not None else ""),
+        "peak KV usage " + (pct(reached["peak_kv_cache_usage"])
+                            if reached.get("peak_kv_cache_usage") is not None
+                            else "not sampled"),
+        f"preemptions {said(preemptions, 'not recorded')}",
+        f"{said(r.ok, 'ok count not recorded')} ok / {r.failed or 0} failed",
     ]
-    deltas = r.get("metric_deltas") or {}
-    recalled, prompt = deltas.get("external_prefix_cache_hits"), deltas.get("prompt_tokens")
-    hit_cell = pct(r.get("prefix_hit_rate"))
+    recalled, prompt = r.metric_deltas.get("external_prefix_cache_hits"), \
+        r.metric_deltas.get("prompt_tokens")
     if recalled and prompt:
-        share = float(recalled) / float(prompt)
-        hit_cell += f" device + {pct(share)} recalled from the tier"
-        evidence.insert(1, f"the tier served {float(recalled):,.0f} prompt tokens "
-                           f"({float(recalled) * float(planned.get('bytes_per_token') or 0):,.0f}"
-                           " bytes)")
-    how = f"load generator at concurrency {r.get('concurrency')}, {r.get('requests')} requests"
+        hit += f" device + {pct(float(recalled) / float(prompt))} recalled from the tier"
+        per_token = planned.get("bytes_per_token")
+        evidence.insert(1, f"the tier served {float(recalled):,.0f} prompt tokens"
+                        + (f" ({float(recalled) * float(per_token):,.0f} bytes)" if per_token
+                           else ""))
+    how = f"load generator at concurrency {r.concurrency}, {r.requests} requests"
     return [tier, how, f"p50 {num(ttft.get('p50'))} (load: no turn order)",
-            f"n/a for a load run; p90 {num(ttft.get('p90'))}, p99 {num(ttft.get('p99'))}",
-            hit_cell, "; ".join(evidence), measured_on(book, r)]
+            f"not applicable to a load run; p90 {said(ttft.get('p90'), 'not recorded')}, "
+            f"p99 {said(ttft.get('p99'), 'not recorded')}",
+            hit, "; ".join(evidence), measured_on(book, r)]
+
+
+def _working_set(planned: dict[str, Any], prompt_set: str | None) -> str:
+    if planned.get("oversubscription") is None:
+        return ("pressure not planned: this row records no working set or device cache size "
+                "(a manual `kvlab load`; `kvlab run offload` sizes the cache to be too small)")
+    cache = planned.get("cache_tokens")
+    conversations = planned.get("conversations")
+    return (f"working set {planned['oversubscription']}x the device cache"
+            + (f" of {int(cache):,} tokens" if cache is not None else "")
+            + f" ({said(conversations, 'an unrecorded number of')} conversations, "
+            f"{prompt_set or 'prompt set not recorded'})")
 
 
 def _disk_row(book: Notebook) -> list[str]:
@@ -95,12 +149,21 @@ def _disk_row(book: Notebook) -> list[str]:
         return missing(tier, how, book, "disk", 5)
     ev = r.get("evidence") or {}
     control = (ev.get("control") or {}).get("cache_n")
-    evidence = [f"{r.get('verdict')}", f"save {num(r.get('save_ms'), 1)} ms, restore "
-                f"{num(r.get('restore_ms'), 1)} ms ({num(r.get('restore_cold_ratio'), 5)}x of the "
-                f"cold TTFT)", f"{r.get('file_bytes', 0):,} bytes on disk",
-                f"restored cache_n {r.get('post_restore_cached_tokens')} of "
-                f"{r.get('prompt_tokens')} tokens", f"control (no restore) cache_n {control}",
-                f"KV {r.get('kv_cache_type')}"]
-    return [tier, how, f"{num(r.get('cold_ttft_s'))} (cold)",
-            f"{num(r.get('post_restore_ttft_s'))} (after restore)", "not applicable",
-            "; ".join(evidence), measured_on(book, r)]
+    size = r.get("file_bytes")
+    ratio = r.get("restore_cold_ratio")
+    evidence = [f"{r.get('verdict')}", f"save {_ms(r.get('save_ms'))}, restore "
+                f"{_ms(r.get('restore_ms'))} ("
+                + (f"{num(ratio, 5)}x of the cold TTFT)" if ratio is not None
+                   else "no ratio to the cold TTFT recorded)"),
+                f"{size:,} bytes on disk" if size is not None else "file size not recorded",
+                f"restored cache_n {said(r.get('post_restore_cached_tokens'), 'not recorded')} "
+                f"of {said(r.get('prompt_tokens'), 'an unrecorded number of')} tokens",
+                f"control (no restore) cache_n {said(control, 'not recorded')}",
+                f"KV {r.get('kv_cache_type') or 'cache type not recorded'}"]
+    return [tier, how, f"{said(r.get('cold_ttft_s'), 'not recorded')} (cold)",
+            f"{said(r.get('post_restore_ttft_s'), 'not recorded')} (after restore)",
+            "not applicable", "; ".join(evidence), measured_on(book, r)]
+
+
+def _ms(value: Any) -> str:
+    return f"{num(value, 1)} ms" if value is not None else "not recorded"

