@@ -16,7 +16,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-Mode = str  # "ok", "stall", "die", "status", "garbage", "no_params", "stall_stream"
+# "ok", "stall", "die", "status", "garbage", "no_params", "stall_stream", and "validate":
+# answer 400 as vLLM does to a body without prompt/messages or with max_tokens out of range
+Mode = str
 
 
 @dataclass
@@ -30,6 +32,7 @@ class Behaviour:
     model: str = "fake-model"
     max_model_len: int = 4096
     version: str = "0.0.0-fake"  # answered on /version, as vLLM does
+    pad: int = 0  # bytes of filler in each streamed event (to outrun a slow reader)
 
 
 @dataclass
@@ -109,6 +112,9 @@ class FaultUpstream:
         watcher = asyncio.ensure_future(reader.read(1))
         try:
             return await self._generate(seen, writer, watcher)
+        except ConnectionError:  # the peer went away while we were writing
+            seen.closed_ns = seen.closed_ns or time.perf_counter_ns()
+            raise
         finally:
             if watcher.done() and not watcher.cancelled() and watcher.result() == b"":
                 seen.closed_ns = seen.closed_ns or time.perf_counter_ns()
@@ -131,6 +137,9 @@ class FaultUpstream:
                                                             "type": "InternalError"}})
         if b.mode == "garbage":
             return await _send_raw(writer, 200, b"this is not json", b"application/json")
+        if b.mode == "validate" and (problem := _invalid(body, b.max_model_len)):
+            return await _send(writer, 400, {"object": "error", "message": problem,
+                                             "type": "BadRequestError", "code": 400})
         if not body.get("stream"):
             reply: dict[str, Any] = {"id": "x", "object": "text_completion",
                                      "choices": [{"index": 0, "text": "t"}],
@@ -158,7 +167,7 @@ class FaultUpstream:
                 await asyncio.wait([watcher])
                 seen.closed_ns = time.perf_counter_ns()
                 return False
-            event = b'data: {"choices":[{"index":0,"text":"t%d"}]}\n\n' % i
+            event = b'data: {"choices":[{"index":0,"text":"t%d%s"}]}\n\n' % (i, b"." * b.pad)
             writer.write(b"%x\r\n%s\r\n" % (len(event), event))
             await writer.drain()
             done, _ = await asyncio.wait([watcher], timeout=b.itl_s)
@@ -170,6 +179,16 @@ class FaultUpstream:
         await writer.drain()
         seen.finished = True
         return False
+
+
+def _invalid(body: dict[str, Any], max_model_len: int) -> str | None:
+    """Why an engine would refuse this body with a 400 (in vLLM's error shape), or None."""
+    if "prompt" not in body and "messages" not in body:
+        return "Either prompt or messages must be provided"
+    limit = body.get("max_tokens", 16)
+    if not isinstance(limit, int) or not 1 <= limit <= max_model_len:
+        return f"max_tokens must be at least 1 and at most {max_model_len}, got {limit}."
+    return None
 
 
 async def _read_request(reader: asyncio.StreamReader

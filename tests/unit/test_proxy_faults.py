@@ -23,6 +23,7 @@ from kvlab.engines.process import free_port
 from kvlab.observe import metrics
 from kvlab.proxy import ProxyApp, ProxyConfig, running
 from kvlab.proxy.legs import check_legs
+from kvlab.proxy.limits import ClientLimits
 
 BODY = {"model": "fake-model", "prompt": "hello", "max_tokens": 4}
 STREAM = {**BODY, "stream": True}
@@ -219,7 +220,7 @@ async def test_oversize_bodies_are_413(pair: tuple[FaultUpstream, ...]) -> None:
         for _ in range(10):
             yield b"x" * 600
 
-    async with proxy(prefill, decode, max_body_bytes=2000) as app:
+    async with proxy(prefill, decode, limits=ClientLimits(max_body_bytes=2000)) as app:
         async with client(app) as c:
             declared = await c.post("/v1/completions", json=big)
         async with client(app) as c:

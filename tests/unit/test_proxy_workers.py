@@ -8,6 +8,7 @@ with one line; a port already taken is refused with one line.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -64,7 +65,8 @@ async def proxy_process(tmp: Path, *extra: str, decode_as: Behaviour | None = No
             yield proxy
         finally:
             if proc.returncode is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):  # exited, not yet reaped
+                    os.killpg(proc.pid, signal.SIGKILL)
                 await proc.wait()
 
 

@@ -2,8 +2,10 @@
 
 Like the seed's `run-proxy.sh` it first checks that every engine answers (and, unlike it,
 that they agree on everything `kvlab check` compares, less `--ignore FIELD`), prints where
-everything is, then serves with PROXY_WORKERS processes until Ctrl-C (exit 130) or SIGTERM
-(exit 0). `--check` instead sends one request and shows
+everything is (the address as bound: 0.0.0.0 stays 0.0.0.0), then serves with PROXY_WORKERS
+processes until Ctrl-C (exit 130) or SIGTERM (exit 0). Listening beyond loopback with no
+client key prints one warning line on stderr at every start. `--check` instead sends one
+request and shows
 the engines' evidence that it crossed both legs; `--check --url URL` does that for a proxy
 already running (any proxy).
 """
@@ -85,14 +87,21 @@ def proxy_command(ctx: click.Context, prefill: tuple[str, ...], decode: tuple[st
 
 def _on_ready(config: Any, out: Output, console: Console) -> Callable[[str, object], None]:
     def ready(url: str, agreement: object) -> None:
+        from dataclasses import replace
+        from urllib.parse import urlsplit
+
         # whatever the start-up check returned: LegFacts, or another check's facts
         for fact in agreement if isinstance(agreement, list) else []:
             role = getattr(fact, "role", "engine")
             console.print(f"    OK: the {role} instance answers on {getattr(fact, 'url', '?')} "
                           f"(model {getattr(fact, 'model_id', '?')}, max_model_len "
                           f"{getattr(fact, 'max_model_len', '?')})")
-        summary = {**config.summary(), "listen": url}
+        bound = replace(config, port=urlsplit(url).port)
+        summary = {**bound.summary(), "local_url": url}
         _render_summary(console, summary)
+        warning = config.exposure_warning()
+        if warning:
+            out.err.print(f"kvlab: warning: {warning}")
         if out.as_json:
             out.result({"proxy": summary, "ready": True}, lambda c: None)
             sys.stdout.flush()
@@ -116,7 +125,9 @@ def _render_summary(console: Console, summary: dict[str, Any]) -> None:
     console.print(f"    decode     {', '.join(summary['decode'])}")
     console.print(f"    client key {summary['client_key']}")
     console.print(f"    workers    {summary['workers']}")
-    console.print(f"    listening  {summary['listen']}\n")
+    local = summary["local_url"]
+    also = "" if local == summary["listen"] else f" (from this machine: {local})"
+    console.print(f"    listening  {summary['listen']}{also}\n")
     console.print("    Send every measured request to the proxy and nothing to the engines "
                   "directly.\n    `kvlab proxy --check` proves a request crosses both legs. "
                   "Ctrl-C stops the proxy.")

@@ -11,9 +11,14 @@ start, and `kvlab_proxy_added_seconds` is what it adds beyond the two legs.
 
 Errors: before the response starts, a failed leg gives a JSON error naming the leg (503: it
 could not be reached; 504: it timed out; 502: it answered 5xx or broken HTTP; a 4xx from an
-engine is passed on with its message). After a stream has started, a failure ends it with an
-SSE `event: error` and a clean end of the chunked body. Never a 200 carrying an error.
+engine is passed on as that 4xx with its message: the engine owns the API, so the proxy
+validates only what it needs itself, a JSON object with a model). After a stream has
+started, a failure ends it with an SSE `event: error` and a clean end of the body. Never a
+200 carrying an error; never an error body that echoes unbounded input.
 A client that goes away cancels its handler, which closes whichever leg was in flight.
+
+With a client key set, /health and /metrics stay open (as Prometheus expects) but name the
+engines by role and index; /health shows their URLs to a client that presents the key.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import asyncio
 import gc
 import hmac
 import json
+import logging
 import re
 import time
 import uuid
@@ -32,7 +38,9 @@ from typing import Any
 from kvlab.engines.plan import client_host
 from kvlab.proxy import pd
 from kvlab.proxy.config import ProxyConfig
+from kvlab.proxy.front import Front
 from kvlab.proxy.legs import Leg, LegPool, mooncake_peers
+from kvlab.proxy.limits import connection_cap, raise_file_limit
 from kvlab.proxy.metrics import ProxyMetrics
 from kvlab.proxy.server import JSON, ClientConnection, Request, error_body
 from kvlab.proxy.upstream import Exchange, UpstreamError, request_head
@@ -44,6 +52,8 @@ _TYPE_BY_STATUS = {502: "bad_gateway", 503: "upstream_unavailable", 504: "upstre
 MISSING_PARAMS_HEADER = b"x-kvlab-kv-transfer: missing\r\n"
 now_ns = time.perf_counter_ns
 GC_GEN0_THRESHOLD = 50_000
+SHOWN_BYTES = 100  # of a path or an engine's message, in an error body
+log = logging.getLogger("kvlab.proxy")
 
 
 class Failed(Exception):
@@ -64,21 +74,32 @@ def request_id(headers: dict[bytes, bytes]) -> bytes:
     return uuid.uuid4().hex.encode()
 
 
+def shown(text: str | bytes, limit: int = SHOWN_BYTES) -> str:
+    """At most `limit` characters (or bytes) of a client's or engine's text, for an error
+    message, with the whole length when it was cut."""
+    head = text[:limit]
+    out = head.decode("utf-8", "backslashreplace") if isinstance(head, bytes) else head
+    if len(text) <= limit:
+        return out
+    return f"{out}... ({len(text)} {'bytes' if isinstance(text, bytes) else 'characters'})"
+
+
 def upstream_message(raw: bytes) -> str:
-    """The human part of an engine's error body (vLLM's, OpenAI's or plain text)."""
+    """The human part of an engine's error body (vLLM's, OpenAI's or plain text), cut short:
+    an engine may echo the client's input in it."""
     try:
         doc = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         doc = None
     if isinstance(doc, dict):
         err = doc.get("error")
         if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
+            return shown(str(err["message"]), 1000)
         if isinstance(err, str):
-            return err
+            return shown(err, 1000)
         if doc.get("message"):
-            return str(doc["message"])
-    return raw[:300].decode("utf-8", "replace").strip() or "(empty body)"
+            return shown(str(doc["message"]), 1000)
+    return shown(raw, 300).strip() or "(empty body)"
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -88,6 +109,8 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     except ValueError as exc:
         raise Failed(400, f"the request body is not valid JSON ({exc})",
                      "invalid_request_error", "rejected", "client") from None
+    except RecursionError:
+        raise too_deep() from None
     if not isinstance(body, dict):
         raise Failed(400, "the request body must be a JSON object", "invalid_request_error",
                      "rejected", "client")
@@ -99,6 +122,19 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         raise Failed(400, "field 'stream' must be true or false", "invalid_request_error",
                      "rejected", "client", param="stream")
     return body
+
+
+def too_deep() -> Failed:
+    return Failed(400, "the request body is nested too deeply to be read",
+                  "invalid_request_error", "rejected", "client")
+
+
+def encode(body: dict[str, Any]) -> bytes:
+    """A leg's body; Failed(400) when the client's JSON is nested too deeply to write back."""
+    try:
+        return pd.dumps(body)
+    except RecursionError:
+        raise too_deep() from None
 
 
 class ProxyApp:
@@ -113,9 +149,11 @@ class ProxyApp:
         self.decode = LegPool("decode", config.decode, config.balance, config.connect_timeout_s)
         self.metrics = ProxyMetrics(shared=worker)
         for pool in (self.prefill, self.decode):
-            for leg in pool.legs:
-                leg.gauge = self.metrics.outstanding.labels(pool.role, leg.url)
-        self.connections: set[ClientConnection] = set()
+            for i, leg in enumerate(pool.legs):
+                # with a client key, what anyone may scrape does not name the engines
+                label = f"{pool.role}#{i}" if config.api_key else leg.url
+                leg.gauge = self.metrics.outstanding.labels(pool.role, label)
+        self.front: Front | None = None
         self.server: asyncio.Server | None = None
         self.port = config.port
         self.agreement: object = None  # what the start-up check returned
@@ -130,18 +168,27 @@ class ProxyApp:
         self.agreement = await cfg.check_legs()
         if cfg.connector == "mooncake":
             await mooncake_peers(self.prefill, cfg.mooncake_bootstrap_port)
+        limits = cfg.limits
+        open_files = raise_file_limit()
+        cap = connection_cap(limits.max_connections, open_files)
+        if cap < limits.max_connections:
+            log.warning("PROXY_MAX_CONNECTIONS=%d lowered to %d per worker: the open-file "
+                        "limit is %d (raise it with `ulimit -n`)", limits.max_connections,
+                        cap, open_files)
+        self.front = front = Front(self.handle, limits, self.metrics, cap)
         loop = asyncio.get_running_loop()
         self.server = await loop.create_server(
-            lambda: ClientConnection(self.handle, cfg.max_body_bytes, self.connections,
-                                     self._rejected),
-            cfg.host, cfg.port, backlog=4096, reuse_address=True,
+            front.protocol, cfg.host, cfg.port, backlog=4096, reuse_address=True,
             reuse_port=self.worker)  # workers share the port; the kernel spreads clients
         self.port = self.server.sockets[0].getsockname()[1]
+        front.start()
 
     async def close(self) -> None:
         """Stop listening, close every client and leg connection, wait for the handlers."""
         if self.server is not None:
             self.server.close()
+        if self.front is not None:
+            self.front.close()
         tasks = [c.task for c in self.connections if c.task is not None and not c.task.done()]
         for conn in list(self.connections):
             conn.abort()
@@ -157,6 +204,10 @@ class ProxyApp:
     @property
     def url(self) -> str:
         return f"http://{client_host(self.config.host)}:{self.port}"
+
+    @property
+    def connections(self) -> set[ClientConnection]:
+        return self.front.connections if self.front is not None else set()
 
     # routing ---------------------------------------------------------------------------
     def handle(self, conn: ClientConnection, req: Request) -> None:
@@ -175,12 +226,12 @@ class ProxyApp:
             else:
                 conn.spawn(self._generate(conn, req))
         elif path == b"/health" and method == b"GET":
-            conn.spawn(self._health(conn))
+            conn.spawn(self._health(conn, not self._bearer or self._authorised(req)))
         elif path == b"/metrics" and method == b"GET":
             conn.respond(200, self.metrics.exposition(),
                          ctype=b"text/plain; version=0.0.4; charset=utf-8")
         else:
-            self._reject(conn, 404, f"no route {method.decode()} {path.decode()}")
+            self._reject(conn, 404, f"no route {method.decode()} {shown(path)}")
 
     def _authorised(self, req: Request) -> bool:
         given = req.headers.get(b"authorization", b"")
@@ -191,9 +242,6 @@ class ProxyApp:
     def _reject(self, conn: ClientConnection, status: int, message: str) -> None:
         self.metrics.outcome("rejected", "client")
         conn.respond(status, error_body(status, message, "invalid_request_error"))
-
-    def _rejected(self, kind: str) -> None:
-        self.metrics.outcome("rejected", "client")
 
     # generation: prefill, then decode --------------------------------------------------
     async def _generate(self, conn: ClientConnection, req: Request) -> None:
@@ -209,7 +257,7 @@ class ProxyApp:
             conn.respond(failure.status, failure.body, extra=b"x-request-id: %s\r\n" % rid)
         except asyncio.CancelledError:
             self.metrics.aborts[stage].inc()
-            self.metrics.outcome("aborted", "client")
+            self.metrics.outcome("slow_client" if conn.slow else "aborted", "client")
             raise
 
     def _request(self, leg: Leg, path: bytes, data: bytes, rid: bytes) -> bytes:
@@ -219,7 +267,7 @@ class ProxyApp:
     async def _prefill(self, req: Request, body: dict[str, Any],
                        rid: bytes) -> tuple[dict[str, Any] | None, Leg, int]:
         connector = self.config.connector
-        data = pd.dumps(pd.prefill_body(body, connector, rid.decode()))
+        data = encode(pd.prefill_body(body, connector, rid.decode()))
         leg = self.prefill.pick()
         started = now_ns()
         try:
@@ -249,7 +297,7 @@ class ProxyApp:
                               prefill_leg.peer)
         if plan.params_missing:
             self.metrics.no_params.inc()
-        data = req.body if plan.body is None else pd.dumps(plan.body)
+        data = req.body if plan.body is None else encode(plan.body)
         leg = self.decode.pick()
         sent = now_ns()
         try:
@@ -279,7 +327,7 @@ class ProxyApp:
             rid, MISSING_PARAMS_HEADER if params_missing else b"",
             b"cache-control: no-cache\r\n" if sse else b"")
         conn.start(200, ctype, extra, int(length) if length and length.isdigit() else None)
-        conn.upstream = ex
+        conn.relay(ex)
         metrics = self.metrics
 
         def first(piece: bytes) -> None:
@@ -294,7 +342,7 @@ class ProxyApp:
             await ex.done
         except UpstreamError as err:
             metrics.outcome("stream_error", "decode")
-            if sse and conn.chunked:
+            if sse and conn.can_append:
                 event = error_body(502, f"the decode leg ({leg.url}) failed mid-stream: {err}",
                                    "bad_gateway", leg="decode")
                 conn.write(b"event: error\ndata: %s\n\n" % event)
@@ -314,8 +362,9 @@ class ProxyApp:
     def _leg_refused(self, name: str, leg: Leg, status: int, raw: bytes) -> Failed:
         out = status if 400 <= status < 500 or status in (503, 504) else 502
         kind = "upstream_rejected" if out < 500 else _TYPE_BY_STATUS[out]
+        outcome = "upstream_rejected" if out < 500 else "upstream_error"
         return Failed(out, f"the {name} leg ({leg.url}) answered {status}: "
-                           f"{upstream_message(raw)}", kind, "upstream_error", name,
+                           f"{upstream_message(raw)}", kind, outcome, name,
                       upstream_status=status)
 
     # other routes ----------------------------------------------------------------------
@@ -336,10 +385,13 @@ class ProxyApp:
             self.decode.done(leg)
         conn.respond(ex.status, ex.body(), ctype=ex.headers.get(b"content-type", JSON))
 
-    async def _health(self, conn: ClientConnection) -> None:
+    async def _health(self, conn: ClientConnection, reveal: bool) -> None:
+        """Every leg's state; named by URL only to a client that may know them."""
         legs = [*self.prefill.legs, *self.decode.legs]
         states = await asyncio.gather(*(self._probe(leg) for leg in legs))
-        report = {f"{leg.role} {leg.url}": state for leg, state in zip(legs, states, strict=True)}
+        names = [f"{leg.role} {leg.url}" if reveal else f"{leg.role} #{i}"
+                 for pool in (self.prefill, self.decode) for i, leg in enumerate(pool.legs)]
+        report = dict(zip(names, states, strict=True))
         healthy = all(state == "ok" for state in states)
         doc = {"status": "ok" if healthy else "unhealthy", "legs": report}
         conn.respond(200 if healthy else 503, json.dumps(doc).encode())

@@ -2,15 +2,18 @@
 
 Defaults follow the seed's `run-proxy.sh`: prefill at PREFILL_HOST:PREFILL_PORT, decode at
 DECODE_HOST:DECODE_PORT (an empty host is loopback), listening on SERVE_HOST:PROXY_PORT
-(127.0.0.1 unless changed). Timeouts and the body limit come from the PROXY_* settings. The
-bearer key clients must send is read from the variable PROXY_API_KEY_ENV names; the key the
-engines expect, from the one LOADTEST_API_KEY_ENV names. Neither is ever shown: both fields
-are left out of `repr` and `summary()`.
+(127.0.0.1 unless changed). Timeouts and what a client may send and hold (`ClientLimits`)
+come from the PROXY_* settings. The bearer key clients must send is read from the variable
+PROXY_API_KEY_ENV names; the key the engines expect, from the one LOADTEST_API_KEY_ENV names.
+Neither is ever shown: both fields are left out of `repr` and `summary()`. A proxy that
+listens beyond loopback with no client key is not refused (a lab may want that), but
+`exposure_warning()` says so on every start.
 """
 
 from __future__ import annotations
 
 import functools
+import ipaddress
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -20,6 +23,7 @@ from kvlab.core.errors import SettingError
 from kvlab.core.settings import Settings
 from kvlab.engines.vllm.facts import MOONCAKE_BOOTSTRAP_PORT
 from kvlab.proxy.legs import Balance, check_legs
+from kvlab.proxy.limits import ClientLimits
 from kvlab.proxy.pd import CONNECTORS
 from kvlab.proxy.upstream import parse_url
 
@@ -39,7 +43,7 @@ class ProxyConfig:
     connect_timeout_s: float = 5.0
     prefill_timeout_s: float = 300.0
     decode_timeout_s: float = 600.0
-    max_body_bytes: int = 16 * 2**20
+    limits: ClientLimits = field(default_factory=ClientLimits)
     api_key: str = field(default="", repr=False)
     upstream_key: str = field(default="", repr=False)
     mooncake_bootstrap_port: int = MOONCAKE_BOOTSTRAP_PORT
@@ -69,13 +73,26 @@ class ProxyConfig:
 
     def summary(self) -> dict[str, Any]:
         """What a person (or --json) should see; never a key."""
-        return {**self.urls, "listen": f"http://{self.host}:{self.port}",
+        lim = self.limits
+        return {**self.urls, "listen": listen_url(self.host, self.port),
                 "connector": self.connector, "balance": self.balance,
                 "timeouts_s": {"connect": self.connect_timeout_s,
                                "prefill": self.prefill_timeout_s,
-                               "decode_read": self.decode_timeout_s},
-                "max_body_bytes": self.max_body_bytes, "workers": self.workers,
+                               "decode_read": self.decode_timeout_s,
+                               "client_head": lim.head_timeout_s,
+                               "client_keepalive": lim.keepalive_timeout_s,
+                               "client_stall": lim.stall_timeout_s},
+                "max_body_bytes": lim.max_body_bytes, "max_head_bytes": lim.max_head_bytes,
+                "max_connections_per_worker": lim.max_connections, "workers": self.workers,
                 "client_key": "required" if self.api_key else "none"}
+
+    def exposure_warning(self) -> str | None:
+        """One line when the proxy listens beyond loopback and asks clients for no key."""
+        if self.api_key or loopback(self.host):
+            return None
+        return (f"the proxy listens on {self.host} (beyond this machine) and asks clients for "
+                "no key: anyone who reaches it can use the engines; set PROXY_API_KEY_ENV, or "
+                "SERVE_HOST=127.0.0.1")
 
     @classmethod
     def from_settings(cls, settings: Settings, prefill: tuple[str, ...] = (),
@@ -94,7 +111,16 @@ class ProxyConfig:
             "connect_timeout_s": settings.proxy_connect_timeout_s,
             "prefill_timeout_s": settings.proxy_prefill_timeout_s,
             "decode_timeout_s": settings.proxy_decode_timeout_s,
-            "max_body_bytes": settings.proxy_max_body_bytes,
+            "limits": ClientLimits(
+                max_body_bytes=settings.proxy_max_body_bytes,
+                max_request_line_bytes=settings.proxy_max_request_line_bytes,
+                max_header_bytes=settings.proxy_max_header_bytes,
+                max_headers=settings.proxy_max_headers,
+                max_head_bytes=settings.proxy_max_head_bytes,
+                head_timeout_s=settings.proxy_head_timeout_s,
+                keepalive_timeout_s=settings.proxy_keepalive_timeout_s,
+                stall_timeout_s=settings.proxy_client_stall_timeout_s,
+                max_connections=settings.proxy_max_connections),
             "workers": settings.proxy_workers,
             "api_key": client_key(settings), "upstream_key": settings.api_key(),
         }
@@ -103,6 +129,23 @@ class ProxyConfig:
         values["compat"] = functools.partial(check_legs, headers=auth, ignore=ignore)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+
+def loopback(host: str) -> bool:
+    """Whether binding `host` keeps the proxy on this machine (a name other than
+    localhost counts as beyond: it may resolve to any interface)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def listen_url(host: str, port: int) -> str:
+    """Where the proxy listens, as bound (0.0.0.0 stays 0.0.0.0)."""
+    shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return f"http://{shown}:{port}"
 
 
 def client_key(settings: Settings) -> str:

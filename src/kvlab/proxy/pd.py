@@ -111,7 +111,7 @@ def parse_reply(raw: bytes) -> dict[str, Any] | None:
     """Prefill's JSON answer as a dict; None when it is not a JSON object."""
     try:
         value = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
 

@@ -70,7 +70,7 @@ class Exchange:
     """One request/response on one upstream connection."""
 
     __slots__ = ("_pending", "conn", "deadline_s", "done", "first_body_ns", "head",
-                 "headers", "idle", "last", "received", "sink", "status", "timer")
+                 "headers", "held", "idle", "last", "received", "sink", "status", "timer")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, timeout_s: float, idle: bool) -> None:
         self.head: asyncio.Future[None] = loop.create_future()
@@ -84,6 +84,7 @@ class Exchange:
         self.conn: Connection | None = None
         self.deadline_s = timeout_s
         self.idle = idle  # True: timeout_s is the longest silence; False: the whole answer
+        self.held = False  # not read while the client is not reading (backpressure)
         self.last = loop.time()
         self.timer: asyncio.TimerHandle | None = loop.call_at(self.last + timeout_s, self._tick)
 
@@ -108,14 +109,35 @@ class Exchange:
         else:
             self._pending.append(piece)
 
+    def hold(self) -> None:
+        """The client is not reading: stop reading the engine, and stop timing its silence
+        (the wait is the client's, not the engine's; the client's own stall timer runs)."""
+        self.held = True
+        conn = self.conn
+        if conn is not None and conn.alive:
+            assert conn.transport is not None
+            conn.transport.pause_reading()
+
+    def unhold(self) -> None:
+        self.held = False
+        conn = self.conn
+        if conn is not None:
+            self.last = conn.loop.time()
+            if conn.alive:
+                assert conn.transport is not None
+                conn.transport.resume_reading()
+
     def _tick(self) -> None:
         self.timer = None
         if self.done.done():
             return
         conn = self.conn
         if self.idle and conn is not None:
+            now = conn.loop.time()
+            if self.held:
+                self.last = now
             quiet_until = self.last + self.deadline_s
-            if quiet_until > conn.loop.time():
+            if quiet_until > now:
                 self.timer = conn.loop.call_at(quiet_until, self._tick)
                 return
         what = "no data for" if self.idle else "no complete answer within"
@@ -302,6 +324,9 @@ class Origin:
         if len(self.idle) >= MAX_IDLE_PER_ORIGIN:
             conn.drop()
             return
+        transport = conn.transport
+        if transport is not None and not transport.is_reading():
+            transport.resume_reading()  # held for a slow client when the answer ended
         conn.idle_since = time.monotonic()
         self.idle.append(conn)
 
