@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -89,8 +90,8 @@ def test_stop_strays_stops_a_recorded_group(tmp_path: Path) -> None:
                              start_new_session=True)
     pids = tmp_path / "run" / "pids"
     pids.mkdir(parents=True)
-    (pids / f"{child.pid}.json").write_text(json.dumps({"pid": child.pid,
-                                                        "argv0": sys.executable}))
+    (pids / f"{child.pid}.json").write_text(json.dumps({  # a record as kvlab 0.1 wrote it
+        "pid": child.pid, "argv0": sys.executable, "started": time.time()}))
     stopped = process.stop_strays(tmp_path / "run")
     assert [r["pid"] for r in stopped] == [child.pid]
     assert child.wait(timeout=5) is not None

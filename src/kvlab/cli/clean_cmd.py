@@ -13,7 +13,8 @@ from kvlab.cli.common import Output, json_option, settings_from
 @json_option
 @click.pass_context
 def clean_command(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
-    """Stop stray engines (by recorded PID); remove KV stores and slot files (users' prompts)."""
+    """Stop stray engines (recorded process groups, identified by start time, group and
+    port); remove KV stores and slot files (users' prompts)."""
     from kvlab.engines.cleanup import clean
 
     report = clean(settings_from(ctx).values, dry_run=dry_run)
@@ -22,7 +23,8 @@ def clean_command(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     def human(console: Console) -> None:
         for record in report.stopped:
             console.print(f"{stop} {record.get('engine')} {record.get('role')} "
-                          f"(pid {record.get('pid')}, port {record.get('port')})")
+                          f"(pid {record.get('pid')}, port {record.get('port')}; identified "
+                          f"by its {record.get('identified_by')})")
         for path in report.removed:
             console.print(f"{remove} {path}")
         for path in report.kept:

@@ -53,13 +53,17 @@ def llama_group() -> None:
 @click.option("--parallel", type=click.IntRange(1, 256), help="Slots (default: LLAMA_PARALLEL).")
 @click.option("--cache-type", help="KV type for -ctk and -ctv (default: LLAMA_CACHE_TYPE).")
 @click.option("--dry-run", is_flag=True, help="Print the plan and start nothing.")
+@click.option("--detach", is_flag=True,
+              help="Leave the server running once it is ready (`kvlab clean` stops it).")
 @json_option
 @click.pass_context
 def serve(ctx: click.Context, engine_args: tuple[str, ...], model: str | None, port: int | None,
-          parallel: int | None, cache_type: str | None, dry_run: bool, as_json: bool) -> None:
-    """Start llama-server with its cache tiers in the foreground (Ctrl-C stops it).
+          parallel: int | None, cache_type: str | None, dry_run: bool, detach: bool,
+          as_json: bool) -> None:
+    """Start llama-server with its cache tiers in the foreground (Ctrl-C, SIGTERM or SIGHUP
+    stops it; kvlab exits with the server's status).
 
-    Arguments after `--` reach llama-server unchanged.
+    Arguments after `--` reach llama-server unchanged (secrets among them shown redacted).
     """
     from kvlab.cli import serve_cmd
     from kvlab.engines import llamacpp
@@ -72,20 +76,22 @@ def serve(ctx: click.Context, engine_args: tuple[str, ...], model: str | None, p
     out = Output(as_json)
     if dry_run:
         found = llamacpp.find_llama_server(settings) or "llama-server"
-        plan = llamacpp.plan(settings, found, opts)
+        plan = llamacpp.plan(settings, found, opts).with_secrets(settings.known_secrets())
         out.result({"plan": plan.as_dict(), "dry_run": True},
                    lambda console: _summary(console, plan))
         return
     binary = llamacpp.require_llama_server(settings)
-    plan = llamacpp.plan(settings, binary, opts)
+    plan = llamacpp.plan(settings, binary, opts).with_secrets(settings.known_secrets())
     llamacpp.check_plan_flags(plan, llamacpp.help_flags(binary))
     _summary(out.err if as_json else out.console, plan)
     record = write_serve_record(settings, plan, serve_cmd.serve_log(settings, plan))
+    result: dict[str, Any] = {}
     try:
-        result = asyncio.run(serve_cmd.serve_foreground(settings, plan))
+        result = asyncio.run(serve_cmd.serve_foreground(settings, plan, detach=detach))
     finally:
-        record.unlink(missing_ok=True)
-    out.result(result, lambda console: console.print(f"stopped (exit {result['exit_code']})"))
+        if not (detach and result.get("pid")):  # a detached server keeps its record
+            record.unlink(missing_ok=True)
+    serve_cmd.finish(ctx, out, result)
 
 
 def _summary(console: Console, plan: EnginePlan) -> None:

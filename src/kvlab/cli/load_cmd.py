@@ -30,6 +30,7 @@ from kvlab.records.models import Record
 T = TypeVar("T")
 ENGINES = (*ENGINE_NAMES, *ENGINE_ALIASES)  # the seed's load-test.py says llamacpp
 PROGRESS_REDRAWS_PER_S = 2
+POINT_TO_POINT = ("nixl", "mooncake")  # connectors that advertise SIDE_CHANNEL_ADDR
 
 
 def run_interruptible(out: Output, body: Callable[[asyncio.Event], Awaitable[T]]) -> T:
@@ -116,6 +117,18 @@ def render_rows(console: Console, rows: Sequence[Record]) -> None:
                           f"{g['requests_per_s']} req/s ({g['requests']} met {g['slo']})")
 
 
+def split_topology(settings: Any, base_url: str) -> dict[str, Any]:
+    """What the URL and the settings honestly say about the machines behind `base_url`."""
+    from kvlab.loadgen import topology
+
+    known = topology.Known(
+        connector=settings.connector, prefill_host=settings.prefill_host,
+        decode_host=settings.decode_host, proxy_port=settings.proxy_port,
+        cluster_iface=settings.cluster_iface,
+        legs=topology.proxy_legs(base_url, settings.api_key()))
+    return topology.derive(base_url, known).fields()
+
+
 def load_spec(settings: Any, *, base_url: str, label: str, engine: str, slo: str | None,
               timeout: float, rate: float | None, arrivals: str, preamble_tokens: int | None,
               seed: int, endpoint: str, ignore_eos: bool, kv_cache_type: str | None,
@@ -125,7 +138,8 @@ def load_spec(settings: Any, *, base_url: str, label: str, engine: str, slo: str
     from kvlab.loadgen.sweep import LoadSpec
 
     extra: dict[str, Any] = {"context_length": settings.ctx,
-                             "mem_fraction": settings.mem_fraction}
+                             "mem_fraction": settings.mem_fraction,
+                             **split_topology(settings, base_url)}
     if kv_cache_type:
         extra["kv_cache_type"] = kv_cache_type
     return LoadSpec(
@@ -242,9 +256,18 @@ def _link_lines(console: Console, record: dict[str, Any], labbook: str) -> None:
     for url, nixl in (record.get("nixl") or {}).items():
         console.print(f"    NIXL         {nixl['nixl_bytes']:.0f} bytes in "
                       f"{nixl['nixl_transfers']:.0f} transfers ({url})")
+    side = record.get("side_channel")
+    if side:
+        console.print(f"    side channel {side['verdict']}")
     console.print("    Per request, compare the larger figure with one request's KV cache "
                   "(kvlab predict); a thousand times smaller means no cache crossed.")
     console.print(f"    Appended one link line to {labbook}")
+
+
+def _topology_line(fields: dict[str, Any]) -> str:
+    hosts = ", ".join(f"{role} {host}" for role, host in (fields.get("hosts") or {}).items())
+    return (f"{fields.get('topology')} ({hosts}); connector {fields.get('connector')}; "
+            f"link {fields.get('link')}; from {fields.get('topology_from')}")
 
 
 @click.command("run-load")
@@ -262,6 +285,7 @@ def run_load_command(ctx: click.Context, label: str, base_url: str,
                      endpoint: str, ignore_eos: bool, kv_cache_type: str | None,
                      no_metrics: bool, no_progress: bool, as_json: bool) -> None:
     """The seed's run-load.sh: a load run with the link's byte counters around it."""
+    from kvlab.loadgen import topology
     from kvlab.loadgen.linkrun import LinkSpec, check_load_test, run_load
     from kvlab.records import notebook
 
@@ -276,8 +300,12 @@ def run_load_command(ctx: click.Context, label: str, base_url: str,
         check_load_test(settings.load_test)
     link = LinkSpec(connector=settings.connector, context_length=settings.ctx,
                     iface=settings.cluster_iface, load_test=settings.load_test,
-                    metrics_urls=metrics_urls)
+                    metrics_urls=metrics_urls,
+                    side_channel_addr=settings.side_channel_addr
+                    if settings.connector in POINT_TO_POINT else "",
+                    extra={k: spec.extra[k] for k in topology.FIELDS})
     out.note(f"==> {label} against {base_url}")
+    out.note(f"    topology: {_topology_line(spec.extra)}")
     out.note(f"    reading byte counters on {settings.cluster_iface}" if settings.cluster_iface
              else "    no interface counters (CLUSTER_IFACE unset)")
     with level_progress(out, not no_progress and not settings.load_test) as hook:
@@ -294,6 +322,9 @@ def run_load_command(ctx: click.Context, label: str, base_url: str,
                 "labbook": settings.labbook}, human)
     if sweep is not None and sweep.interrupted:
         sys.exit(130)
+    if sweep is not None and sweep.rows and not any(int(r.get("ok", 0)) for r in sweep.rows):
+        out.err.print("kvlab: every request failed (see the failures above)")
+        sys.exit(1)
 
 
 @click.command("compare")

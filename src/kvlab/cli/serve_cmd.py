@@ -1,15 +1,24 @@
 """`kvlab serve ROLE`: one engine in the foreground, like the seed's serve scripts.
 
 It prints the same configuration summary first, starts the engine, records a `startup` line
-(KV cache size, maximum concurrency) once it is ready, and stops it cleanly on Ctrl-C.
-`--dry-run` prints the plan and starts nothing; arguments after `--` reach the engine as is.
+(KV cache size, maximum concurrency) once it is ready, and stops the engine's whole process
+group on Ctrl-C, SIGTERM or SIGHUP (a script's background job ignores Ctrl-C; a closed
+terminal sends SIGHUP). kvlab then exits with the engine's status (128 + N for a signal N),
+and says so when the engine died by itself. On Linux the engine also stops if kvlab is
+killed outright (`engines/process.py`), unless `--detach` asked for it to keep running.
+`--dry-run` prints the plan and starts nothing; arguments after `--` reach the engine as is;
+secrets among them are shown as `<redacted>`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -20,6 +29,10 @@ from kvlab.engines import llamacpp, vllm
 from kvlab.engines.plan import EnginePlan
 
 ALL_ROLES = (*vllm.ROLES, "llama", "proxy")
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+detach_option = click.option(
+    "--detach", is_flag=True,
+    help="Leave the engine running once it is ready (`kvlab clean` stops it).")
 
 
 def build_plan(loaded: LoadedSettings, role: str, model: str | None, port: int | None,
@@ -29,15 +42,16 @@ def build_plan(loaded: LoadedSettings, role: str, model: str | None, port: int |
     if role == "llama":
         binary = llamacpp.find_llama_server(settings) or "llama-server"
         opts = llamacpp.LlamaOptions(model=model, port=port, extra_args=extra)
-        return llamacpp.plan(settings, binary, opts)
+        return llamacpp.plan(settings, binary, opts).with_secrets(settings.known_secrets())
     install = vllm.find_vllm(settings)
     if probe:
         vllm.require_found(install)
     flags = None
     if probe and role == "offload" and settings.offload:
         flags = vllm.accepted_flags(install, settings.paths().flag_probes)
-    opts_v = vllm.PlanOptions(model=model, port=port, extra_args=extra)
-    return vllm.plan(settings, role, install, opts_v, flags)
+    opts_v = vllm.PlanOptions(model=model, port=port, extra_args=extra, monolithic_switch=True)
+    return vllm.plan(settings, role, install, opts_v, flags).with_secrets(
+        settings.known_secrets())
 
 
 def print_summary(console: Console, plan: EnginePlan) -> None:
@@ -65,23 +79,26 @@ def print_summary(console: Console, plan: EnginePlan) -> None:
 @click.option("--dry-run", is_flag=True, help="Print the plan and start nothing.")
 @click.option("--connector", help="Override CONNECTOR for this instance.")
 @click.option("--offload/--no-offload", default=None, help="Override OFFLOAD (offload role).")
+@detach_option
 @json_option
 @click.pass_context
 def serve_command(ctx: click.Context, role: str, engine_args: tuple[str, ...], model: str | None,
                   port: int | None, dry_run: bool, connector: str | None, offload: bool | None,
-                  as_json: bool) -> None:
-    """Start one engine in a lab ROLE in the foreground (Ctrl-C stops it).
+                  detach: bool, as_json: bool) -> None:
+    """Start one engine in a lab ROLE in the foreground (Ctrl-C, SIGTERM or SIGHUP stops it;
+    kvlab exits with the engine's status).
 
     Roles: baseline, offload, shared-a, shared-b, prefill, decode (vLLM), llama
     (llama-server), and proxy (kvlab's prefill/decode proxy in front of PREFILL_HOST:PORT and
-    DECODE_HOST:PORT). Put engine arguments after `--`.
+    DECODE_HOST:PORT). MONOLITHIC=1 makes `decode` the baseline, as serve-decode.sh does.
+    Put engine arguments after `--`.
     """
     if role == "proxy":  # the seed's run-proxy.sh: both legs checked first, then serve
         from kvlab.cli.proxy_cmd import proxy_command
 
-        if dry_run or engine_args:
-            raise click.UsageError("serve proxy takes no --dry-run and no engine arguments; "
-                                   "see `kvlab proxy --help`")
+        if dry_run or engine_args or detach:
+            raise click.UsageError("serve proxy takes no --dry-run, --detach or engine "
+                                   "arguments; see `kvlab proxy --help`")
         ctx.invoke(proxy_command, port=port, connector=connector, as_json=as_json)
         return
     loaded = settings_from(ctx, connector=connector, offload=offload)
@@ -92,8 +109,39 @@ def serve_command(ctx: click.Context, role: str, engine_args: tuple[str, ...], m
                    lambda console: print_summary(console, plan))
         return
     print_summary(out.err if as_json else out.console, plan)
-    result = asyncio.run(serve_foreground(loaded.values, plan))
-    out.result(result, lambda console: console.print(f"stopped (exit {result['exit_code']})"))
+    result = asyncio.run(serve_foreground(loaded.values, plan, detach=detach))
+    finish(ctx, out, result)
+
+
+def finish(ctx: click.Context, out: Output, result: dict[str, Any]) -> None:
+    """Print how the engine ended and exit with its status (shared with `kvlab llama serve`)."""
+    out.result(result, lambda console: console.print(result["outcome"]))
+    if result["exit_status"]:
+        ctx.exit(int(result["exit_status"]))
+
+
+def exit_status(code: int | None) -> int:
+    """A process's exit as a shell reports it: its code, or 128 + N when signal N ended it."""
+    if code is None:
+        return 1
+    return 128 - code if code < 0 else code
+
+
+def _outcome(plan: EnginePlan, code: int | None, received: list[int]) -> str:
+    """One line: who ended the engine, and how it exited."""
+    what = f"{plan.engine} ({plan.role})"
+    how = f"killed by {_signal_name(-code)}" if code is not None and code < 0 \
+        else f"exit {code}"
+    if received:
+        return f"stopped on {_signal_name(received[0])}: {what} ended ({how})"
+    return f"{what} exited by itself ({how}, status {exit_status(code)}): see its log"
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def serve_log(settings: Settings, plan: EnginePlan) -> Path:
@@ -101,30 +149,78 @@ def serve_log(settings: Settings, plan: EnginePlan) -> Path:
     return settings.paths().log(f"serve-{plan.role}-{plan.port}")
 
 
-async def serve_foreground(settings: Settings, plan: EnginePlan) -> dict[str, object]:
-    """Start `plan`, record its startup line, echo its log until it stops (Ctrl-C stops it).
+async def serve_foreground(settings: Settings, plan: EnginePlan, *,
+                           detach: bool = False) -> dict[str, Any]:
+    """Start `plan`, record its startup line, echo its log until it stops (Ctrl-C, SIGTERM or
+    SIGHUP stops it); with `detach`, return once it is ready and leave it running.
 
     Shared by `kvlab serve` and `kvlab llama serve`.
     """
-    from kvlab.engines import startup
     from kvlab.engines.process import EngineProcess
-    from kvlab.records import notebook
 
-    run_dir = settings.paths().run
+    plan = plan.with_secrets(settings.known_secrets())
     log = serve_log(settings, plan)
     log.unlink(missing_ok=True)
-    secrets = {"HF_TOKEN": settings.hf_token.get_secret_value()} if settings.hf_token else {}
-    proc = EngineProcess(plan, log, run_dir=run_dir, secret_env=secrets, echo=sys.stderr)
-    recorded: dict[str, object] = {}
-    async with proc:
-        version = await startup.server_version(plan)
-        line = startup.record(plan, proc.log_text(), ready_s=proc.ready_s, engine_version=version)
-        notebook.append(settings.labbook, line)
-        recorded = {"startup": line.capacity, "ready_s": proc.ready_s}
-        print(f"\n==> ready after {proc.ready_s:.1f} s at {plan.base_url}; startup line "
-              f"appended to {settings.labbook}. Ctrl-C stops it.", file=sys.stderr)
-        await proc.wait_exit()
-    return {**recorded, "exit_code": proc.returncode, "log": str(log)}
+    proc = EngineProcess(plan, log, run_dir=settings.paths().run,
+                         secret_env=settings.engine_secret_env(), echo=sys.stderr,
+                         detached=detach)
+    recorded: dict[str, Any] = {}
+    received: list[int] = []
+    with _stopped_by_signals(received):
+        try:
+            async with proc:
+                recorded = await _record_startup(settings, plan, proc, detach)
+                if not detach:
+                    await proc.wait_exit()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not received or task is None:
+                raise
+            task.uncancel()  # our own signal handler's cancel, now handled
+    if detach and proc.returncode is None:
+        return {**recorded, "exit_code": None, "exit_status": 0, "pid": proc.pid,
+                "log": str(log), "outcome": f"{plan.engine} ({plan.role}) left running as "
+                f"process group {proc.pid}; `kvlab clean` stops it"}
+    code = proc.returncode
+    return {**recorded, "exit_code": code, "exit_status": exit_status(code), "log": str(log),
+            "stopped_by": _signal_name(received[0]) if received else None,
+            "outcome": _outcome(plan, code, received)}
+
+
+async def _record_startup(settings: Settings, plan: EnginePlan, proc: Any,
+                          detach: bool) -> dict[str, Any]:
+    """Append the ready engine's `startup` line to the notebook; what the result shows."""
+    from kvlab.engines import startup
+    from kvlab.records import notebook
+
+    version = await startup.server_version(plan)
+    line = startup.record(plan, proc.log_text(), ready_s=proc.ready_s, engine_version=version)
+    notebook.append(settings.labbook, line)
+    stop = "`kvlab clean` stops it" if detach else "Ctrl-C stops it"
+    print(f"\n==> ready after {proc.ready_s:.1f} s at {plan.base_url}; startup line "
+          f"appended to {settings.labbook}. {stop}.", file=sys.stderr)
+    return {"startup": line.capacity, "ready_s": proc.ready_s}
+
+
+@contextlib.contextmanager
+def _stopped_by_signals(received: list[int]) -> Iterator[None]:
+    """While inside, SIGTERM and SIGHUP cancel the current task (so `async with` stops the
+    engine, as Ctrl-C does) and are noted in `received`."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+
+    def on_signal(signum: int) -> None:
+        if not received and task is not None:
+            task.cancel()
+        received.append(signum)
+
+    for signum in STOP_SIGNALS:
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        yield
+    finally:
+        for signum in STOP_SIGNALS:
+            loop.remove_signal_handler(signum)
 
 
 COMMANDS = (serve_command,)

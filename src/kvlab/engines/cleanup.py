@@ -1,10 +1,12 @@
 """`kvlab clean`: stop strays, remove KV stores and slot files (they hold users' prompts).
 
 Only what kvlab or the engines it runs created is removed: engine process groups kvlab
-recorded by PID, the per-run stores under KVLAB_HOME/stores, ExampleConnector entries (a
-32-hex-digit directory of .safetensors files) in KV_SHARED_PATH, llama.cpp slot files and
-kvlab's manifests in the slot directories. Anything else found there is listed as kept, so a
-mistyped setting cannot wipe an unrelated folder.
+recorded, each identified by what kvlab can prove (the leader's start time, or its process
+group and the port it serves; never argv0, which a wrapper script changes), the per-run
+stores under KVLAB_HOME/stores, ExampleConnector entries (a 32-hex-digit directory of
+.safetensors files) in KV_SHARED_PATH, llama.cpp slot files and kvlab's manifests in the slot
+directories. Anything else found there is listed as kept, so a mistyped setting cannot wipe
+an unrelated folder.
 """
 
 from __future__ import annotations
@@ -49,8 +51,7 @@ def clean(settings: Settings, *, dry_run: bool = False) -> CleanReport:
     paths = settings.paths()
     run_dir = paths.run
     if dry_run:
-        report.stopped = [r for r in process.stray_records(run_dir)
-                          if process.group_alive(int(r["pid"]))]
+        report.stopped = process.live_strays(run_dir)
     else:
         report.stopped = process.stop_strays(run_dir)
     _clean_proxy_metrics(report, dry_run)

@@ -1,16 +1,28 @@
 """An engine plan: everything needed to start one engine process, as data.
 
 A plan is built by an engine module (`vllm.py`, `llamacpp.py`) from settings and a role; the
-process runner (`process.py`) renders argv from it and never parses argv back. Secrets are
-not part of a plan: they are added to the child's environment at spawn time only, so printing
-or recording a plan can never leak one.
+process runner (`process.py`) renders argv from it and never parses argv back. Secrets kvlab
+holds are not part of a plan: they are added to the child's environment at spawn time only.
+A secret the user passes to the engine (`-- --api-key sk-...`) is in the plan, so every view
+of it (`argv()`, `shell_line()`, `as_dict()`) shows `<redacted>` in its place: the value of a
+secret-bearing flag, and any value equal to one of the plan's `secret_values` (the secrets
+settings know). Only `exec_argv()`, what the process runner spawns, carries the real value.
 """
 
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from kvlab.core.secrets import (
+    REDACTED,
+    is_secret_name,
+    redact_argv,
+    redact_text,
+    secret_flag_values,
+)
 
 
 def client_host(bind_host: str) -> str:
@@ -50,13 +62,35 @@ class EnginePlan:
     label_hint: str = ""
     model: str = ""
     served_name: str = ""
+    # what kvlab chose while planning (which build and why, flags beyond the seed script,
+    # measured host figures): the startup record carries it
+    startup_facts: dict[str, Any] = field(default_factory=dict)
+    # secrets settings know (HF_TOKEN, the servers' API key): never shown in any view
+    secret_values: frozenset[str] = field(default_factory=frozenset, repr=False)
 
-    def argv(self) -> list[str]:
-        """The full command line, rendered from the structured fields."""
+    def exec_argv(self) -> list[str]:
+        """The real command line, secrets included: for spawning the process, nothing else."""
         args = [*self.command, *self.positional]
         for flag in self.flags:
             args.extend(flag.render())
         return [*args, *self.extra_args]
+
+    def argv(self) -> list[str]:
+        """The command line to show and record: secret values replaced by `<redacted>`."""
+        return redact_argv(self.exec_argv(), self.secret_values)
+
+    def secrets(self) -> frozenset[str]:
+        """Every secret this plan holds: the known values and those given to secret flags."""
+        return frozenset({*self.secret_values, *secret_flag_values(self.exec_argv())} - {""})
+
+    def with_secrets(self, values: Iterable[str]) -> EnginePlan:
+        """This plan, with `values` (secrets from settings) hidden from every view of it."""
+        return replace(self, secret_values=self.secret_values | {v for v in values if v})
+
+    def shown_env(self) -> dict[str, str]:
+        """The plan's environment to show and record, secret values redacted."""
+        return {k: REDACTED if is_secret_name(k) else redact_text(v, self.secret_values)
+                for k, v in sorted(self.env.items())}
 
     def flag_value(self, name: str) -> str | None:
         """The value of `name` in this plan (None if absent or a bare switch)."""
@@ -88,7 +122,7 @@ class EnginePlan:
 
     def shell_line(self) -> str:
         """The command line as one copy-pasteable string, with its environment."""
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.shown_env().items())
         cmd = " ".join(shlex.quote(a) for a in self.argv())
         return f"{env} {cmd}".strip()
 
@@ -98,7 +132,7 @@ class EnginePlan:
             "engine": self.engine,
             "role": self.role,
             "argv": self.argv(),
-            "env": dict(sorted(self.env.items())),
+            "env": self.shown_env(),
             "host": self.host,
             "port": self.port,
             "base_url": self.base_url,
@@ -108,4 +142,5 @@ class EnginePlan:
             "served_name": self.served_name,
             "label_hint": self.label_hint,
             "notes": list(self.notes),
+            "startup_facts": self.startup_facts,
         }

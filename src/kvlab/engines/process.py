@@ -1,23 +1,34 @@
 """Running an engine process properly: own session, ready check, clean stop, log file.
 
 - start: a new session (so the engine's helper processes share its process group), output to
-  a log file, a PID record under KVLAB_HOME/run so `kvlab clean` can find strays;
+  a log file, a PID record under KVLAB_HOME/run (process group, start time, port) so
+  `kvlab clean` can find strays; on Linux the engine gets SIGTERM when kvlab dies, even by
+  SIGKILL (the parent-death signal), unless it was started detached;
 - ready: the health URL answers 200 AND the process is alive, within a monotonic deadline; a
   process that exits during start raises with the tail of its log;
-- stop: SIGTERM to the whole group, a grace period, then SIGKILL; always, via `async with`.
+- stop: SIGTERM to the whole group, a grace period, then SIGKILL; always, via `async with`;
+- strays: a recorded group is stopped only when kvlab can prove it is the one it started (the
+  leader's start time, or members that serve the port or started after it), never by argv0,
+  which a wrapper script (`VLLM_CMD`) changes.
 
-This module knows no engine: the plan says what to run and where health is.
+The engine is spawned with the plan's real argv (`exec_argv`); what this module shows (the
+log echoed, a log tail in an error) has the plan's secrets redacted. This module knows no
+engine: the plan says what to run and where health is.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import os
 import signal
 import socket
+import stat
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,11 +37,14 @@ from typing import Any, TextIO
 
 import httpx
 
-from kvlab.core.errors import EngineError
+from kvlab.core.errors import EngineError, RefusedError
+from kvlab.core.secrets import redact_text
 from kvlab.engines.plan import EnginePlan
 
 DEFAULT_READY_TIMEOUT_S = 600.0
 STOP_GRACE_S = 15.0
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_START_SLACK_S = 2.0  # a recorded start time against psutil's (clock ticks, rounding)
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -60,6 +74,7 @@ class EngineProcess:
         ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
         stop_grace_s: float = STOP_GRACE_S,
         echo: TextIO | None = None,
+        detached: bool = False,
     ) -> None:
         self.plan = plan
         self.log_path = log_path
@@ -68,6 +83,9 @@ class EngineProcess:
         self.ready_timeout_s = ready_timeout_s
         self.stop_grace_s = stop_grace_s
         self._echo = echo
+        # detached: may outlive kvlab (no parent-death signal; left running on a clean exit)
+        self.detached = detached
+        self._shown_secrets = plan.secrets() | set((secret_env or {}).values())
         self._proc: subprocess.Popen[bytes] | None = None
         self._echo_task: asyncio.Task[None] | None = None
         self.ready_s: float | None = None
@@ -91,11 +109,15 @@ class EngineProcess:
             make_private_dir(Path(d))
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.plan.env, **self._secret_env, "PYTHONUNBUFFERED": "1"}
-        with open(self.log_path, "ab") as log:
+        preexec = None if self.detached else parent_death_signal()
+        # the engine writes its own log and may print its arguments: this account only
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with open(fd, "ab") as log:
             try:
                 self._proc = subprocess.Popen(
-                    self.plan.argv(), stdout=log, stderr=subprocess.STDOUT,
+                    self.plan.exec_argv(), stdout=log, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                    preexec_fn=preexec,  # one prctl call, bound before the fork
                 )
             except OSError as exc:
                 raise EngineError(
@@ -131,11 +153,7 @@ class EngineProcess:
 
     async def stop(self, grace_s: float | None = None) -> int | None:
         """TERM the process group, wait up to the grace period, then KILL; the exit code."""
-        if self._echo_task is not None:
-            self._echo_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._echo_task
-            self._echo_task = None
+        await self._stop_echo()
         proc = self._proc
         if proc is None:
             return None
@@ -144,6 +162,13 @@ class EngineProcess:
         code = await asyncio.to_thread(proc.wait)
         self._forget_pid()
         return code
+
+    async def _stop_echo(self) -> None:
+        if self._echo_task is not None:
+            self._echo_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._echo_task
+            self._echo_task = None
 
     async def healthy(self) -> bool:
         """Alive and answering its health URL with 200 right now."""
@@ -161,10 +186,13 @@ class EngineProcess:
         return await asyncio.to_thread(self._proc.wait)
 
     def log_text(self) -> str:
+        """The engine's log so far, with the plan's secrets redacted (engines print their
+        arguments, `--api-key` included)."""
         try:
-            return self.log_path.read_text(encoding="utf-8", errors="replace")
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
         except FileNotFoundError:
             return ""
+        return redact_text(text, self._shown_secrets)
 
     def log_tail(self, lines: int = 3) -> str:
         tail = [ln.strip() for ln in self.log_text().splitlines() if ln.strip()][-lines:]
@@ -177,11 +205,13 @@ class EngineProcess:
     async def _tail_to(self, out: TextIO) -> None:
         # a local log file read a line at a time: not worth a thread
         with open(self.log_path, encoding="utf-8", errors="replace") as f:  # noqa: ASYNC230
+            pending = ""  # a line the engine has not finished writing: a secret may span it
             while True:
-                line = f.readline()
-                if line:
-                    out.write(line)
+                pending += f.readline()
+                if pending.endswith("\n"):
+                    out.write(redact_text(pending, self._shown_secrets))
                     out.flush()
+                    pending = ""
                 else:
                     await asyncio.sleep(0.1)
 
@@ -200,6 +230,9 @@ class EngineProcess:
         self, exc_type: type[BaseException] | None, exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self.detached and exc_type is None and self.returncode is None:
+            await self._stop_echo()  # left running, its PID record kept for `kvlab clean`
+            return
         await asyncio.shield(self.stop())
 
     def _pid_file(self) -> Path | None:
@@ -212,9 +245,10 @@ class EngineProcess:
         if path is None or self._proc is None:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        record = {"pid": self._proc.pid, "engine": self.plan.engine, "role": self.plan.role,
-                  "port": self.plan.port, "argv0": self.plan.argv()[0],
-                  "started": time.time(), "log": str(self.log_path)}
+        record = {"pid": self._proc.pid, "pgid": self._proc.pid, "engine": self.plan.engine,
+                  "role": self.plan.role, "port": self.plan.port, "argv0": self.plan.argv()[0],
+                  "started": time.time(), "create_time": _create_time(self._proc.pid),
+                  "detached": self.detached, "log": str(self.log_path)}
         path.write_text(json.dumps(record) + "\n", encoding="utf-8")
 
     def _forget_pid(self) -> None:
@@ -223,11 +257,78 @@ class EngineProcess:
             path.unlink(missing_ok=True)
 
 
+def parent_death_signal() -> Callable[[], None] | None:
+    """A preexec function that makes Linux send the engine SIGTERM when kvlab dies, however
+    it dies (SIGKILL included), so no engine outlives the kvlab that started it; None where
+    the kernel has no such signal.
+
+    The kernel sends it when the *thread* that forked the child exits, not the process: a
+    spawn from a worker thread (`asyncio.to_thread`) would stop the engine as soon as that
+    thread is retired. So it is only set when spawning from the main thread, which lives
+    exactly as long as kvlab; `kvlab clean` covers the rest. SIGTERM rather than SIGKILL
+    lets the engine stop its own helper processes. prctl is looked up here, before the fork,
+    so the child runs one foreign call and no Python imports.
+    """
+    if not sys.platform.startswith("linux") or threading.current_thread() is not \
+            threading.main_thread():
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # kvlab died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
 def make_private_dir(path: Path) -> None:
-    """Create `path` (and parents) readable by this account only: it will hold prompts."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with contextlib.suppress(PermissionError):
-        path.chmod(0o700)
+    """Create `path` (and parents) readable by this account only, or accept an existing one
+    that is safe as it is: it will hold prompts.
+
+    kvlab never changes the mode of a directory it did not create (`LLAMA_SLOT_SAVE_PATH=/tmp`
+    made 0700 would lock every other user out of /tmp). An existing directory, or the one a
+    symlink given as the setting points to, is refused when every user may write into it or
+    another account owns it. One it creates is opened without following symlinks before its
+    mode is set, so a link planted in a shared parent cannot redirect the chmod.
+    """
+    path = path.expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700)
+        created = True
+    except FileExistsError:
+        created = False
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (os.O_NOFOLLOW if created else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise RefusedError(f"{path} cannot be used as a private directory "
+                           f"({exc.strerror}); choose a directory of your own") from None
+    try:
+        if created:
+            os.fchmod(fd, 0o700)  # the umask may have taken the owner's bits
+        else:
+            _check_safe_dir(path, os.fstat(fd))
+    finally:
+        os.close(fd)
+
+
+def _check_safe_dir(path: Path, st: os.stat_result) -> None:
+    """Refuse an existing directory others can write into or that another account owns."""
+    if st.st_uid != os.geteuid():
+        raise RefusedError(
+            f"{path} belongs to another account (uid {st.st_uid}): kvlab keeps prompts only "
+            "in a directory you own; choose a path of your own (kvlab creates it 0700)")
+    if st.st_mode & stat.S_IWOTH:
+        raise RefusedError(
+            f"{path} is writable by every user (mode {stat.S_IMODE(st.st_mode):o}): kvlab "
+            "keeps prompts only in a directory of its own and never changes a directory it "
+            "did not create; choose a new path (kvlab creates it 0700)")
 
 
 def group_alive(pgid: int) -> bool:
@@ -284,30 +385,98 @@ def stray_records(run_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
+def live_strays(run_dir: Path) -> list[dict[str, Any]]:
+    """The recorded engines still running, each proven to be the one kvlab started."""
+    found = [(r, identify(r)) for r in stray_records(run_dir)]
+    return [{**r, "identified_by": how} for r, how in found if how is not None]
+
+
 def stop_strays(run_dir: Path, grace_s: float = 5.0) -> list[dict[str, Any]]:
     """Stop every recorded engine group still alive; remove the records. Returns those stopped."""
     stopped = []
     for record in stray_records(run_dir):
         pid = int(record["pid"])
-        if group_alive(pid) and _is_same_program(pid, str(record.get("argv0", ""))):
+        how = identify(record)
+        if how is not None:
             stop_group(pid, grace_s)
-            stopped.append(record)
+            stopped.append({**record, "identified_by": how})
         Path(record["_file"]).unlink(missing_ok=True)
     return stopped
 
 
-def _is_same_program(pid: int, argv0: str) -> bool:
-    """Guard against a recycled PID: a live group leader must still run the recorded program.
+def identify(record: dict[str, Any]) -> str | None:
+    """How a PID record is proven to still be kvlab's engine group, or None (gone, or the PID
+    now belongs to another program).
 
-    A group whose leader has exited but which still has members is ours: the kernel does not
-    reuse a PID while a process group of that id exists.
+    The process group id is the leader's PID. While the leader lives, its start time must
+    equal the recorded one. Once it has exited, the kernel does not reuse its PID while group
+    members remain, and those members must serve the recorded port or have started after the
+    engine did. argv0 proves nothing: a wrapper script (`VLLM_CMD`) execs another program.
     """
     import psutil
 
+    pgid = int(record.get("pgid", record["pid"]))
+    started = record.get("create_time") or record.get("started")
     try:
-        cmd = psutil.Process(pid).cmdline()
+        leader = psutil.Process(pgid)
+        if leader.status() != psutil.STATUS_ZOMBIE:
+            same = started is not None and abs(leader.create_time() - float(started)) \
+                <= _START_SLACK_S
+            return "start time" if same else None
     except psutil.NoSuchProcess:
-        return True
+        pass
+    except psutil.Error:
+        return None
+    members = group_members(pgid)
+    if not members:
+        return None
+    if any(_serves_port(m, int(record.get("port", 0))) for m in members):
+        return "process group and port"
+    if started is not None and all(_created(m) >= float(started) - _START_SLACK_S
+                                   for m in members):
+        return "process group and start time"
+    return None
+
+
+def group_members(pgid: int) -> list[Any]:
+    """The live processes of a process group (psutil.Process objects)."""
+    import psutil
+
+    out = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(proc)
+    return out
+
+
+def _serves_port(proc: Any, port: int) -> bool:
+    import psutil
+
+    if port <= 0:
+        return False
+    try:
+        conns = proc.net_connections(kind="inet")
     except psutil.Error:
         return False
-    return bool(argv0) and any(Path(part).name == Path(argv0).name for part in cmd[:2])
+    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+               for c in conns)
+
+
+def _created(proc: Any) -> float:
+    import psutil
+
+    try:
+        return float(proc.create_time())
+    except psutil.Error:
+        return 0.0
+
+
+def _create_time(pid: int) -> float | None:
+    """The process's start time as psutil reports it (seconds since the epoch)."""
+    import psutil
+
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None

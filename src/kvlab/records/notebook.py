@@ -23,34 +23,37 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kvlab.core.errors import InputError
+from kvlab.core.secrets import is_secret_name, secret_in_list, secret_in_text
 from kvlab.records.models import LAB_OFFLOAD, LAB_PD, Record, now_stamp, parse
 
 __all__ = ["LAB_OFFLOAD", "LAB_PD", "Notebook", "append", "encode", "now_stamp", "read"]
 
-_SECRET_WORDS = ("api_key", "apikey", "secret", "password", "authorization")
-_SECRET_NAMES = ("token", "hf_token", "access_token", "bearer")
-
-
-def _looks_secret(key: str) -> bool:
-    lowered = key.lower()
-    if any(word in lowered for word in _SECRET_WORDS):
-        return True
-    # "hf_token" or "token" alone are secrets; "prompt_tokens" or "cached_tokens" are counts
-    return lowered in _SECRET_NAMES
-
-
 def check_no_secrets(record: Mapping[str, Any], path: str = "") -> None:
-    """Refuse a record with a key that names a secret (an API key, a token)."""
+    """Refuse a record that carries a secret: a key that names one (`api_key`, `Api-Key`,
+    `hf-token`, `credentials`, `passwd`), or a value that holds one (`["--api-key", "sk-.."]`,
+    a shell line with `--api-key=...`, a string shaped like a key). Plans and logs redact at
+    the source (`core/secrets.py`); this is the last line of defence, so it refuses."""
     for key, value in record.items():
-        where = f"{path}.{key}" if path else key
-        if _looks_secret(str(key)):
+        where = f"{path}.{key}" if path else str(key)
+        if is_secret_name(str(key)):
             raise ValueError(f"refusing to write a secret-looking field {where!r} to the notebook")
-        if isinstance(value, Mapping):
-            check_no_secrets(value, where)
-        elif isinstance(value, list):
-            for i, item in enumerate(value):
-                if isinstance(item, Mapping):
-                    check_no_secrets(item, f"{where}[{i}]")
+        _check_value(value, where)
+
+
+def _check_value(value: Any, where: str) -> None:
+    found = None
+    if isinstance(value, Mapping):
+        check_no_secrets(value, where)
+    elif isinstance(value, str):
+        found = secret_in_text(value)
+    elif isinstance(value, list | tuple):
+        found = secret_in_list(value)
+        for i, item in enumerate(value):
+            if found is None:
+                _check_value(item, f"{where}[{i}]")
+    if found is not None:
+        raise ValueError(f"refusing to write {where!r} to the notebook: it holds {found} "
+                         "(a secret)")
 
 
 def _clean(value: Any) -> Any:

@@ -141,8 +141,11 @@ def plan(settings: Settings, binary: Path | str, opts: LlamaOptions | None = Non
 
 
 def check_slot_filename(name: str) -> str:
-    """A slot file name must be a bare name inside the slot directory (no path traversal)."""
-    if not _BARE_NAME.match(name) or ".." in name:
+    """A slot file name must be a bare name inside the slot directory (no path traversal).
+
+    fullmatch, not match: `$` also matches before a final newline, so "a.bin\n" would pass.
+    """
+    if not _BARE_NAME.fullmatch(name) or ".." in name:
         raise RefusedError(
             f"slot file name {name!r} must be a bare name (letters, digits, . _ -), "
             "not a path"

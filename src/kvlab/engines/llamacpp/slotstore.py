@@ -5,7 +5,15 @@ and then answers with wrong logits; its own failures are a generic HTTP 400. So 
 `NAME.kvlab.json` beside every file it saves (model file sha256, KV types, --parallel,
 flash-attention mode, llama-server build, token count, kvlab version, and the file's own size
 and sha256) and refuses a restore whose manifest does not match the running server, naming
-the field. The store is private (directory 0700, files 0600) and takes bare file names only.
+the field. The store is private (a directory kvlab creates 0700, files 0600) and takes bare
+file names only; a symlink in it is refused, never followed (files are opened O_NOFOLLOW), so a
+link planted there cannot be chmod-ed, hashed or restored.
+
+Before a restore the file must still be the one saved: the same size, and the same sha256
+unless the file is provably untouched since its manifest was written (same mtime, and its
+ctime, which no one can set back, not after the manifest's mtime). A manifest must be a small
+flat JSON object whose `filename` is its own slot file's name and whose counts are not
+negative.
 
 The sha256 of a GGUF (gigabytes) is cached by path, size and mtime. This module does not start
 servers; the HTTP calls are `client.py`'s.
@@ -18,8 +26,10 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -44,6 +54,9 @@ _WHY = {
 }
 _HASH_CACHE_KEEP = 256
 _MTIME_SLACK_NS = 2_000_000_000  # coarse file-system timestamps
+_MANIFEST_MAX_BYTES = 1 << 20  # a manifest is a few hundred bytes
+# counts a manifest holds that cannot be negative
+_NOT_NEGATIVE = ("n_tokens", "file_bytes", "file_mtime_ns", "saved_from_slot", "parallel")
 
 
 @dataclass(frozen=True)
@@ -96,8 +109,15 @@ class Manifest(SavedWith):
                 kind = "a whole number" if wanted is int else "text"
                 raise InputError(f"manifest {where}: {f.name} should be {kind}; "
                                  "save the slot again")
+            if f.name in _NOT_NEGATIVE and isinstance(value, int) and value < 0:
+                raise InputError(f"manifest {where}: {f.name} is {value}, below 0; "
+                                 "save the slot again")
             values[f.name] = value
-        return cls(**values)
+        manifest = cls(**values)
+        if where.name != manifest.filename + MANIFEST_SUFFIX:
+            raise InputError(f"manifest {where} describes another file "
+                             f"({manifest.filename!r}); save the slot again")
+        return manifest
 
 
 def file_sha256(path: Path, cache: Path | None = None) -> str:
@@ -107,15 +127,44 @@ def file_sha256(path: Path, cache: Path | None = None) -> str:
     known = _read_cache(cache)
     if key in known:
         return known[key]
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    value = digest.hexdigest()
+        value = _sha256_of(f.fileno())
     if cache is not None:
         known[key] = value
         _write_private_json(cache, dict(list(known.items())[-_HASH_CACHE_KEEP:]))
     return value
+
+
+def _sha256_of(fd: int) -> str:
+    """sha256 of an open file, read from its start."""
+    digest = hashlib.sha256()
+    os.lseek(fd, 0, os.SEEK_SET)
+    for block in iter(lambda: os.read(fd, 1 << 20), b""):
+        digest.update(block)
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _open_regular(path: Path, mode: int = os.O_RDONLY) -> Iterator[tuple[int, os.stat_result]]:
+    """A store file opened without following a symlink, with its stat; refuses anything
+    but a regular file."""
+    try:
+        fd = os.open(path, mode | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if path.is_symlink():
+            raise RefusedError(
+                f"{path.name} in {path.parent} is a symbolic link: kvlab reads and restores "
+                "only files saved into the store; remove the link") from None
+        raise InputError(f"{path} cannot be opened ({exc.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise RefusedError(f"{path.name} in {path.parent} is not a regular file; remove it")
+        yield fd, st
+    finally:
+        os.close(fd)
 
 
 def _read_cache(cache: Path | None) -> dict[str, str]:
@@ -213,20 +262,27 @@ class SlotStore:
         self.manifest_path(name).unlink(missing_ok=True)
 
     def read_manifest(self, name: str) -> Manifest:
-        """The manifest of an existing slot file; refuses a missing file or manifest."""
+        """The manifest of an existing slot file; refuses a missing file or manifest, and a
+        symlink in place of either."""
         path = self.slot_path(name)
-        if not path.is_file():
+        try:
+            with _open_regular(path):
+                pass
+        except FileNotFoundError:
             raise InputError(f"slot file {name} is not in {self.directory}; "
-                             "`kvlab llama slots` lists the saved files")
+                             "`kvlab llama slots` lists the saved files") from None
         mpath = self.manifest_path(name)
         try:
-            raw = json.loads(mpath.read_text(encoding="utf-8"))
+            raw = json.loads(_read_small(mpath))
         except FileNotFoundError:
             raise RefusedError(
                 f"{name} has no kvlab manifest ({mpath.name}), so the model that saved it cannot "
                 "be verified; save it again with `kvlab llama save`"
             ) from None
-        except (OSError, ValueError) as exc:
+        except RecursionError:
+            raise InputError(f"manifest {mpath} is nested too deeply to be a kvlab manifest; "
+                             "save the slot again") from None
+        except ValueError as exc:
             raise InputError(f"manifest {mpath} cannot be read ({exc})") from None
         if not isinstance(raw, dict):
             raise InputError(f"manifest {mpath} is not a JSON object; save the slot again")
@@ -241,20 +297,24 @@ class SlotStore:
         """
         assert op.filename is not None
         path = self.slot_path(op.filename)
-        fresh = path.is_file() and path.stat().st_mtime_ns >= not_before_ns - _MTIME_SLACK_NS \
-            and (op.n_bytes is None or path.stat().st_size == op.n_bytes)
-        if not fresh:
-            raise RefusedError(
-                f"the server saved {op.filename}, but not into {self.directory}: it runs with "
-                "another --slot-save-path; set LLAMA_SLOT_SAVE_PATH to match"
-            )
-        # the server creates the file with its umask; the 0700 directory guards it until here
-        path.chmod(0o600)
-        st = path.stat()
+        elsewhere = RefusedError(
+            f"the server saved {op.filename}, but not into {self.directory}: it runs with "
+            "another --slot-save-path; set LLAMA_SLOT_SAVE_PATH to match")
+        try:
+            with _open_regular(path) as (fd, st):
+                fresh = st.st_mtime_ns >= not_before_ns - _MTIME_SLACK_NS \
+                    and (op.n_bytes is None or st.st_size == op.n_bytes)
+                if not fresh:
+                    raise elsewhere
+                # the server creates the file with its umask; the directory guards it till here
+                os.fchmod(fd, 0o600)
+                st = os.fstat(fd)
+                digest = _sha256_of(fd)
+        except FileNotFoundError:
+            raise elsewhere from None
         manifest = Manifest(
             **identity.saved_with(), filename=op.filename, n_tokens=op.n_tokens,
-            file_bytes=st.st_size,
-            file_sha256=file_sha256(path), file_mtime_ns=st.st_mtime_ns,
+            file_bytes=st.st_size, file_sha256=digest, file_mtime_ns=st.st_mtime_ns,
             saved_from_slot=op.slot, kvlab_version=__version__, saved_at=notebook.now_stamp(),
         )
         _write_private_json(self.manifest_path(op.filename), asdict(manifest))
@@ -282,10 +342,19 @@ class SlotStore:
         return manifest
 
     def _check_unchanged(self, name: str, manifest: Manifest) -> None:
+        """The file is the one saved: same size, and same sha256 unless provably untouched.
+
+        Untouched means the same mtime AND a ctime no later than the manifest's mtime: the
+        manifest is written after the file's last chmod, and any later write, `touch -d` or
+        chmod moves the ctime forward (it cannot be set back), so a same-size file with its
+        mtime reset is hashed, and refused.
+        """
         path = self.slot_path(name)
-        st = path.stat()
-        same = st.st_size == manifest.file_bytes and (
-            st.st_mtime_ns == manifest.file_mtime_ns or file_sha256(path) == manifest.file_sha256)
+        written = os.lstat(self.manifest_path(name)).st_mtime_ns
+        with _open_regular(path) as (fd, st):
+            untouched = st.st_mtime_ns == manifest.file_mtime_ns and st.st_ctime_ns <= written
+            same = st.st_size == manifest.file_bytes and (
+                untouched or _sha256_of(fd) == manifest.file_sha256)
         if not same:
             raise RefusedError(
                 f"refusing to restore {name}: it changed after kvlab saved it (size or sha256 "
@@ -305,6 +374,18 @@ class SlotStore:
                 manifest = self.read_manifest(path.name)
             out.append(StoreEntry(path.name, path.stat().st_size, manifest))
         return out
+
+
+def _read_small(path: Path) -> str:
+    """A manifest's text, read without following a symlink; refuses a huge one."""
+    data = b""
+    with _open_regular(path) as (fd, _):
+        while len(data) <= _MANIFEST_MAX_BYTES and (block := os.read(fd, 1 << 16)):
+            data += block
+    if len(data) > _MANIFEST_MAX_BYTES:
+        raise InputError(f"manifest {path} is larger than any kvlab manifest; save the slot "
+                         "again")
+    return data.decode("utf-8")
 
 
 def _shown(field: str, value: Any, model_path: str) -> str:
