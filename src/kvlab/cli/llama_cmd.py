@@ -136,8 +136,7 @@ def _render_slots(console: Console, data: dict[str, Any]) -> None:
     console.print(f"==> What each slot of {data['base_url']} is holding")
     for s in data["slots"]:
         busy = "busy" if s.get("is_processing") else "idle"
-        console.print(f"    slot {s.get('id')}: {busy}, holds {s.get('n_prompt_tokens', 0)} "
-                      f"prompt tokens of {s.get('n_ctx')}")
+        console.print(f"    slot {s.get('id')}: {busy}, {_holds(s)} of {s.get('n_ctx')}")
     console.print(f"==> Slot files in {data['store']}")
     if not data["files"]:
         console.print("    (none)")
@@ -147,6 +146,19 @@ def _render_slots(console: Console, data: dict[str, Any]) -> None:
                  f"{m['parallel']}, model {m['model_sha256'][:12]}…, saved {m['saved_at']}"
                  if m else "no kvlab manifest: kvlab will not restore it")
         console.print(f"    {f['filename']}  {f['bytes']:,} B  {about}")
+
+
+def _holds(slot: dict[str, Any]) -> str:
+    """What a slot holds, as far as /slots says: this llama-server lists a slot's token count
+    only once the slot has served a request, so a slot that was only restored into lists none
+    (and is not empty)."""
+    from kvlab.engines.llamacpp.facts import SLOT_PROMPT_TOKENS
+
+    held = slot.get(SLOT_PROMPT_TOKENS)
+    if held is None:
+        return ("prompt tokens not reported (the server counts a slot's tokens only once it has "
+                "served a request; a slot restored from a file is not counted)")
+    return f"holds {held} prompt tokens"
 
 
 def _report(console: Console, data: dict[str, Any]) -> None:

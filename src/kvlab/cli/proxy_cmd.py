@@ -7,7 +7,8 @@ processes until Ctrl-C (exit 130) or SIGTERM (exit 0). Listening beyond loopback
 client key prints one warning line on stderr at every start. `--check` instead sends one
 request and shows
 the engines' evidence that it crossed both legs; `--check --url URL` does that for a proxy
-already running (any proxy).
+already running (any proxy), whose legs it reads from the proxy's own /health (kvlab's names
+them there), not from the default ports; one engine on both legs is named as the cause.
 """
 
 from __future__ import annotations
@@ -142,18 +143,52 @@ async def _check(config: Any, model: str, url: str | None) -> dict[str, Any]:
 
     urls = config.urls
     if url:
-        crossing = await crossing_check(url.rstrip("/"), urls["prefill"], urls["decode"],
-                                        model, api_key=config.api_key)
-        return crossing.as_dict()
+        proxy = url.rstrip("/")
+        legs = await running_legs(proxy, config.api_key)
+        found = legs is not None
+        urls = legs or urls
+        crossing = await crossing_check(proxy, urls["prefill"], urls["decode"], model,
+                                        api_key=config.api_key)
+        result = crossing.as_dict()
+        result["legs_from"] = (f"{proxy}/health" if found else "the settings (the proxy's "
+                               "/health did not name its legs: send its key)")
+        same = sorted(set(urls["prefill"]) & set(urls["decode"]))
+        if same:  # the cause, before any symptom crossing_check read from the counters
+            result["reasons"] = [f"{same[0]} is both the prefill and the decode leg: decode "
+                                 "served the prompt from its own prefix cache, so nothing "
+                                 "crossed", *result["reasons"]]
+            result["crossed"] = False
+        return result
     async with running(replace(config, host="127.0.0.1", port=0)) as app:
         crossing = await crossing_check(app.url, urls["prefill"], urls["decode"], model,
                                         api_key=config.api_key)
-    return crossing.as_dict()
+    return {**crossing.as_dict(), "legs_from": "this proxy's settings"}
+
+
+async def running_legs(proxy: str, api_key: str) -> dict[str, list[str]] | None:
+    """The legs a running proxy names on /health ("prefill URL": state), by role; None when
+    it names none by URL (a keyed proxy asked without its key, or another kind of proxy)."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
+            doc = (await client.get(f"{proxy}/health", headers=headers)).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    names = (doc.get("legs") or {}) if isinstance(doc, dict) else {}
+    legs: dict[str, list[str]] = {"prefill": [], "decode": []}
+    for name in names:
+        role, _, where = str(name).partition(" ")
+        if role in legs and "://" in where:
+            legs[role].append(where)
+    return legs if legs["prefill"] and legs["decode"] else None
 
 
 def _render_check(console: Console, result: dict[str, Any]) -> None:
     console.print(f"==> One request through {result['proxy']}: HTTP {result['status']}, "
                   f"{result['seconds']:.3f} s, request id {result['request_id']}")
+    console.print(f"    legs from {result['legs_from']}")
     console.print(f"    prompt tokens {result['prompt_tokens']}, block size "
                   f"{result['block_size']}, expected external hits on decode about "
                   f"{result['expected_external_hits']}")

@@ -1,4 +1,10 @@
-"""`kvlab reuse` (the seed's measure-reuse.py), `kvlab prove`, `kvlab check`."""
+"""`kvlab reuse` (the seed's measure-reuse.py), `kvlab prove`, `kvlab check`.
+
+Exit codes: 0 when every verdict is what it should be; 1 when `reuse` or `prove` found no
+reuse where reuse was expected (`silent-miss`, `warm-up-only`: the record is written and the
+result printed first); 2 for a user error, and for `check` refusing instances that disagree
+(with `--json`, its one document is printed first, `"compatible": false` and each mismatch).
+"""
 
 from __future__ import annotations
 
@@ -11,8 +17,9 @@ from rich.console import Console
 from rich.table import Table
 
 from kvlab.cli.common import Output, json_option, settings_from
-from kvlab.core.errors import InputError
+from kvlab.core.errors import InputError, RefusedError
 from kvlab.measure.conversation import PREAMBLE_WORDS, TURN_MAX_TOKENS
+from kvlab.measure.verdict import FAILED
 from kvlab.records.models import LAB_OFFLOAD
 
 CONNECTORS = click.Choice(["shared", "nixl", "mooncake", "lmcache", "none"])
@@ -20,7 +27,8 @@ base_url_option = click.option(
     "--base-url", "urls", multiple=True,
     help="OpenAI-compatible base URL (…/v1); give twice to alternate between two engines.")
 ignore_option = click.option(
-    "--ignore", multiple=True, help="A compatibility field not to compare (repeatable).")
+    "--ignore", multiple=True,
+    help="A compatibility field not to compare (repeatable), e.g. fingerprint or kv_store.")
 
 
 def _api_key(name: str) -> str:
@@ -79,6 +87,10 @@ def reuse_command(ctx: click.Context, urls: tuple[str, ...], model: str | None, 
     if not print_only:
         notebook.append(settings.labbook, record)
     out.result(record, lambda c: _render_reuse(c, record.line(), print_only, settings.labbook))
+    failed = [f"turn {r['turn']}" for r in run.rows if r["verdict"] in FAILED]
+    if failed:
+        out.err.print(f"kvlab: no reuse where reuse was expected ({', '.join(failed)}): exit 1")
+        ctx.exit(1)
 
 
 def _render_reuse(console: Console, record: dict[str, Any], print_only: bool,
@@ -157,6 +169,14 @@ def prove_command(ctx: click.Context, urls: tuple[str, ...], model: str | None,
     record = proof_record(run, label, lab, note)
     if not print_only:
         notebook.append(settings.labbook, record)
+    _render_proof(out, record)
+    if run.failed():
+        out.err.print("kvlab: no reuse where reuse was expected ("
+                      + ", ".join(run.failed()) + "): exit 1")
+        ctx.exit(1)
+
+
+def _render_proof(out: Output, record: Any) -> None:
 
     def human(console: Console) -> None:
         table = Table("case", "verdict", "expected", "observed", "TTFT x cold", box=None)
@@ -180,22 +200,40 @@ def prove_command(ctx: click.Context, urls: tuple[str, ...], model: str | None,
 @ignore_option
 @json_option
 def check_command(urls: tuple[str, ...], ignore: tuple[str, ...], as_json: bool) -> None:
-    """Refuse instances that disagree (model, version, context, block size, template...)."""
-    from kvlab.measure import compat
+    """Refuse instances that disagree: model, version, context, block size, chat-template
+    tokens, model content, dtype, quantisation, KV type, numerics flags, store, and the
+    behavioural fingerprint (the same probe's top-k logprobs). A different model path is a
+    note. Exit 2 when refused; --json prints its document either way."""
+    from kvlab.measure import compat, fingerprint
 
     if len(urls) < 2:
         raise InputError("check needs at least two URLs to compare")
-    facts = asyncio.run(compat.check(list(urls), ignore=ignore))
-    data = {"compatible": True, "instances": [f.as_dict() for f in facts]}
+    unknown = sorted(set(ignore) - set(compat.FIELDS))
+    if unknown:
+        raise InputError(f"--ignore {unknown[0]}: not a compared field; choose from "
+                         + ", ".join(compat.FIELDS))
+    result = asyncio.run(compat.compare(list(urls), ignore=ignore))
+    facts = result.instances
 
     def human(console: Console) -> None:
         table = Table("field", *[f.url for f in facts], box=None)
-        for name in compat.COMPARED:
+        for name in (*compat.COMPARED, *compat.COMPARED_WHERE_KNOWN, *compat.NOTED):
             table.add_row(name, *[str(f.as_dict()[name]) for f in facts])
+        table.add_row(compat.FINGERPRINT, *[
+            " ".join(repr(t) for t in (f.fingerprint.as_dict()["chosen"] if f.fingerprint
+                                        else [])) or "no logprobs" for f in facts])
         console.print(table)
-        console.print("compatible: every compared field agrees")
+        for line in result.notes:
+            console.print(f"note: {line}")
+        for mismatch in result.mismatches:
+            console.print(f"MISMATCH: {mismatch.message()}")
+        if result.compatible:
+            console.print("compatible: every compared field agrees, and so do the numbers "
+                          f"(fingerprint within {fingerprint.TOLERANCE:.0e})")
 
-    Output(as_json).result(data, human)
+    Output(as_json).result(result.as_dict(), human)
+    if not result.compatible:
+        raise RefusedError(result.refusal())
 
 
 COMMANDS = (reuse_command, prove_command, check_command)

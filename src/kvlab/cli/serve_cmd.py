@@ -1,7 +1,9 @@
 """`kvlab serve ROLE`: one engine in the foreground, like the seed's serve scripts.
 
-It prints the same configuration summary first, starts the engine, records a `startup` line
-(KV cache size, maximum concurrency) once it is ready, and stops the engine's whole process
+It prints the same configuration summary first (with the context, slots and block size the
+engine arguments after `--` set, since they come last and win), starts the engine, records a
+`startup` line (KV cache size, maximum concurrency) once it is ready, says what the running
+engine itself reports (context, block size, KV cache), and stops the engine's whole process
 group on Ctrl-C, SIGTERM or SIGHUP (a script's background job ignores Ctrl-C; a closed
 terminal sends SIGHUP). kvlab then exits with the engine's status (128 + N for a signal N),
 and says so when the engine died by itself. On Linux the engine also stops if kvlab is
@@ -26,6 +28,7 @@ from rich.console import Console
 from kvlab.cli.common import Output, json_option, settings_from
 from kvlab.core.settings import LoadedSettings, Settings
 from kvlab.engines import llamacpp, vllm
+from kvlab.engines.base import known_engine
 from kvlab.engines.plan import EnginePlan
 
 ALL_ROLES = (*vllm.ROLES, "llama", "proxy")
@@ -61,14 +64,56 @@ def print_summary(console: Console, plan: EnginePlan) -> None:
              "shared-a": "instance a, sharing a key-value store",
              "shared-b": "instance b, sharing a key-value store"}.get(plan.role, plan.role)
     console.print(f"==> {plan.engine} {title}")
-    width = max(len(k) for k, _ in plan.summary) if plan.summary else 0
-    for key, value in plan.summary:
+    summary = as_started(plan)
+    width = max(len(k) for k, _ in summary) if summary else 0
+    for key, value in summary:
         console.print(f"    {key:<{width}}  {value}")
     if plan.label_hint and plan.label_hint != plan.role:
         console.print(f"\n    Suggested label for the measurement:  {plan.label_hint}")
     for note in plan.notes:
         console.print(f"    note: {note}")
     console.print(f"\n    {plan.shell_line()}\n")
+
+
+def as_started(plan: EnginePlan) -> list[tuple[str, str]]:
+    """The plan's summary with the context, block size and slots the engine will really use:
+    arguments after `--` come last on its command line, and the last value wins."""
+    engine = known_engine(plan.engine)
+    summary = list(plan.summary)
+    if engine is None or not plan.extra_args:
+        return summary
+    own = engine.launch_settings(plan.argv()[:len(plan.argv()) - len(plan.extra_args)])
+    real = engine.launch_settings(plan.argv())
+    ctx = real.context_tokens or own.context_tokens
+    slots = real.slots or own.slots
+    changed = {
+        "context": (own.context_tokens, real.context_tokens),
+        "slots": (own.slots, real.slots),
+        "per slot": ((own.context_tokens or 0) // (own.slots or 1),
+                     (ctx or 0) // (slots or 1) if ctx and slots else None),
+        "block": (own.block_size, real.block_size),
+    }
+    out = []
+    for key, value in summary:
+        word = _summary_word(key)
+        before, after = changed.get(word, (None, None)) if word else (None, None)
+        if after is not None and str(before) == value and after != before:
+            value = f"{after} (set by the engine arguments after --; the settings say {before})"
+        out.append((key, value))
+    if real.block_size is not None and own.block_size is None:
+        out.append(("block size", f"{real.block_size} (set by the engine arguments after --)"))
+    return out
+
+
+def _summary_word(key: str) -> str | None:
+    """Which launch setting a summary line states, by its words (plans name them so)."""
+    if "per slot" in key:
+        return "per slot"
+    if "context" in key or "model length" in key:
+        return "context"
+    if key == "slots":
+        return "slots"
+    return "block" if "block" in key else None
 
 
 @click.command("serve", context_settings={"ignore_unknown_options": False})
@@ -199,7 +244,29 @@ async def _record_startup(settings: Settings, plan: EnginePlan, proc: Any,
     stop = "`kvlab clean` stops it" if detach else "Ctrl-C stops it"
     print(f"\n==> ready after {proc.ready_s:.1f} s at {plan.base_url}; startup line "
           f"appended to {settings.labbook}. {stop}.", file=sys.stderr)
-    return {"startup": line.capacity, "ready_s": proc.ready_s}
+    reported = await engine_reports(plan.base_url)
+    if reported:
+        print("    the engine reports: " + ", ".join(f"{k} {v}" for k, v in reported.items()),
+              file=sys.stderr)
+    return {"startup": line.capacity, "ready_s": proc.ready_s, "reported": reported}
+
+
+async def engine_reports(base_url: str) -> dict[str, Any]:
+    """Context, block size and KV cache size as the running engine states them (what the
+    summary printed before start could only take from the plan)."""
+    import httpx
+
+    from kvlab.core.errors import KvlabError
+    from kvlab.measure.compat import probe
+
+    try:
+        async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
+            facts = await probe(client, base_url)
+    except KvlabError:
+        return {}
+    shown = {"context": facts.max_model_len, "block size": facts.block_size,
+             "KV cache tokens": facts.kv_cache_tokens, "KV type": facts.cache_dtype}
+    return {k: v for k, v in shown.items() if v is not None}
 
 
 @contextlib.contextmanager

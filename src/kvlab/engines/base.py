@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from kvlab.core.settings import Settings
     from kvlab.engines.plan import EnginePlan
     from kvlab.measure.chat import ChatResult
+    from kvlab.measure.fingerprint import Fingerprint
     from kvlab.observe.metrics import Snapshot
 
 VLLM = "vllm"
@@ -52,7 +53,13 @@ GaugeTable = dict[str, tuple[str, ...]]
 
 @dataclass
 class InstanceFacts:
-    """What one running instance says about itself (compared by `kvlab check`)."""
+    """What one running instance says about itself (compared by `kvlab check`).
+
+    From the server: identity (/v1/models, version), cache config, template tokens. From this
+    machine, when the instance runs here: what its command line says (`argv_facts`: dtype,
+    quantisation, KV type, numerics flags, store) and what its model files hold
+    (`content_digest`). Fields left None are unknown, never guessed.
+    """
 
     url: str
     engine: str | None = None
@@ -65,6 +72,12 @@ class InstanceFacts:
     prefix_caching: bool | None = None
     kv_cache_tokens: int | None = None
     template_tokens: list[int] | None = None
+    content_digest: str | None = None  # config + tokenizer + sampled weights, path-free
+    dtype: str | None = None  # the weights' compute dtype as started (None: unknown/auto)
+    quantization: str | None = None
+    numerics_flags: str | None = None  # other flags that change the numbers (rope, overrides)
+    kv_store: str | None = None  # what it shares KV through: connector and store path
+    fingerprint: Fingerprint | None = None
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -73,6 +86,7 @@ class InstanceFacts:
         if self.template_tokens is not None:
             out["template_tokens"] = (f"{len(self.template_tokens)} tokens, sha "
                                       + token_digest(self.template_tokens))
+        out["fingerprint"] = self.fingerprint.as_dict() if self.fingerprint else None
         return out
 
 
@@ -82,16 +96,26 @@ class LaunchSettings:
 
     context_tokens: int | None = None
     memory_fraction: float | None = None
+    block_size: int | None = None  # as asked on the command line (None: the engine's default)
+    slots: int | None = None  # llama-server's --parallel
 
 
-def flag_value(argv: list[str], name: str) -> str | None:
-    """The value after `name` in an argv (`--flag value` or `--flag=value`), if present."""
+def flag_value(argv: list[str], *names: str) -> str | None:
+    """The value of the LAST of `names` in an argv (`--flag value` or `--flag=value`), as the
+    engines' parsers take it: extra arguments after kvlab's own flags win."""
+    found = None
     for i, arg in enumerate(argv):
-        if arg == name and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return None
+        for name in names:
+            if arg == name and i + 1 < len(argv):
+                found = argv[i + 1]
+            elif arg.startswith(name + "="):
+                found = arg.split("=", 1)[1]
+    return found
+
+
+def has_flag(argv: list[str], name: str) -> bool:
+    """Whether a switch (`--flag`, or `--flag=...`) is on the command line."""
+    return any(arg == name or arg.startswith(name + "=") for arg in argv)
 
 
 def _number(text: str | None, kind: type[int] | type[float]) -> Any:
@@ -102,11 +126,23 @@ def _number(text: str | None, kind: type[int] | type[float]) -> Any:
 
 
 def launch_settings_from(argv: list[str], ctx_flags: tuple[str, ...],
-                         fraction_flag: str | None) -> LaunchSettings:
-    """An engine's LaunchSettings, read with that engine's flag names."""
-    ctx = next((v for v in (flag_value(argv, f) for f in ctx_flags) if v is not None), None)
+                         fraction_flag: str | None, block_flags: tuple[str, ...] = (),
+                         slot_flags: tuple[str, ...] = ()) -> LaunchSettings:
+    """An engine's LaunchSettings, read with that engine's flag names (the last one wins)."""
+    ctx = flag_value(argv, *ctx_flags)
     fraction = flag_value(argv, fraction_flag) if fraction_flag else None
-    return LaunchSettings(_number(ctx, int), _number(fraction, float))
+    block = flag_value(argv, *block_flags) if block_flags else None
+    slots = flag_value(argv, *slot_flags) if slot_flags else None
+    return LaunchSettings(_number(ctx, int), _number(fraction, float), _number(block, int),
+                          _number(slots, int))
+
+
+def token_list(body: dict[str, Any] | None) -> list[int] | None:
+    """The "tokens" list of a /tokenize answer (both engines name it so), or None."""
+    tokens = body.get("tokens") if body else None
+    if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+        return None
+    return tokens
 
 
 def token_digest(tokens: list[int]) -> str:
@@ -163,6 +199,7 @@ class Engine(Protocol):
     counters: CounterTable
     gauges: GaugeTable
     transfer_counters: CounterTable  # KV moved between instances (NIXL's bytes), if any
+    api_key_env: str  # the variable the server takes its API key from (kept out of argv)
     # the engine's own proof that two instances share KV; None: prove's generic cases apply
     two_endpoint_proof: TwoEndpointProof | None
 
@@ -185,6 +222,16 @@ class Engine(Protocol):
     async def describe(self, client: httpx.AsyncClient, root: str, facts_out: InstanceFacts,
                        snap: Snapshot | None) -> bool:
         """Fill `facts_out` from the server; False when the server is not this engine."""
+        ...
+
+    def cache_size(self, snap: Snapshot) -> int | None:
+        """The KV cache's size in tokens as the engine's own /metrics states it (None: not
+        exposed), for instances kvlab did not start and so has no startup line for."""
+        ...
+
+    async def tokenize(self, client: httpx.AsyncClient, root: str, text: str) -> list[int] | None:
+        """`text` in the served model's tokens, without special tokens, by the server's own
+        tokenizer endpoint (None: the server has none, or it did not answer)."""
         ...
 
 

@@ -89,9 +89,8 @@ async def stream_chat(client: httpx.AsyncClient, url: str, body: dict[str, Any],
         async with client.stream("POST", endpoint + "/chat/completions", json=body,
                                  headers=headers) as response:
             if response.status_code >= 400:
-                detail = (await response.aread()).decode("utf-8", "replace")[:300]
-                raise EngineError(f"{endpoint} answered HTTP {response.status_code}: "
-                                  f"{' '.join(detail.split())}")
+                detail = error_message((await response.aread()).decode("utf-8", "replace"))
+                raise EngineError(f"{endpoint} answered HTTP {response.status_code}: {detail}")
             async for line in response.aiter_lines():
                 _absorb(line, result, pieces, started)
     except httpx.TimeoutException:
@@ -103,6 +102,22 @@ async def stream_chat(client: httpx.AsyncClient, url: str, body: dict[str, Any],
     if result.ttft_s is None and result.first_choice_s is not None:
         result.ttft_s, result.ttft_from = result.first_choice_s, "first chunk (no content)"
     return result
+
+
+def error_message(body: str, limit: int = 400) -> str:
+    """An engine's error in words: the message of its JSON error (vLLM and llama-server nest
+    it under "error"), else the body; shortened at a word, never cut mid-JSON."""
+    text = body
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict):
+        inner = doc.get("error", doc)
+        found = inner.get("message") if isinstance(inner, dict) else inner
+        text = str(found or doc.get("detail") or body)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " ..."
 
 
 def _absorb(line: str, result: ChatResult, pieces: list[str], started: float) -> None:

@@ -1,30 +1,47 @@
 """The compatibility contract between instances, checked before any traffic (`kvlab check`).
 
 Two instances that disagree about the model, its revision, the tokenizer or chat template,
-the context length, the block size or the KV dtype produce no error, only silent misses. This
+the context length, the block size, the KV dtype or the numbers the model computes produce no
+error, only silent misses (or, sharing a store, a reader that crashes on the other's KV). This
 module asks each instance what it is (OpenAI /v1/models, the engine's version, vLLM's
-`vllm:cache_config_info` labels, llama-server's /props) and tokenises the same conversation on
-each, then names every field on which they differ.
+`vllm:cache_config_info` labels, llama-server's /props; for an instance on this machine also
+its command line and its model files' content), tokenises the same conversation on each, asks
+each the same short question with logprobs (`fingerprint.py`), and names every field on which
+they differ.
+
+Identity is content, not location: the model's config, tokenizer and sampled weights
+(`content_digest`) and the behavioural fingerprint decide; a different path (`root`) is a
+note. A field one instance leaves unknown (another machine's command line) is not compared;
+the fingerprint still is.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from kvlab.core.errors import RefusedError, UnreachableError
 from kvlab.engines.base import InstanceFacts, all_engines, token_digest
+from kvlab.measure import fingerprint
 from kvlab.measure.chat import api_base, server_root
 from kvlab.observe import metrics
 
-COMPARED = ("engine", "version", "model_id", "root", "max_model_len", "block_size",
-            "cache_dtype", "template_tokens")
+# compared on every instance, an unknown value included (the server answers these itself)
+COMPARED = ("engine", "version", "model_id", "max_model_len", "block_size", "template_tokens")
+# compared where every instance's value is known (read from a local command line or files)
+COMPARED_WHERE_KNOWN = ("content_digest", "dtype", "quantization", "cache_dtype",
+                        "numerics_flags", "kv_store")
+FINGERPRINT = "fingerprint"  # the behavioural comparison's name, for --ignore
+FIELDS = (*COMPARED, *COMPARED_WHERE_KNOWN, FINGERPRINT)
+NOTED = ("root",)  # where the model lies: a difference is a note, never a refusal
+_UNKNOWN = (None, "auto")  # "auto" dtype: vLLM resolves it from the config, kvlab cannot
 
 
-async def probe(client: httpx.AsyncClient, url: str) -> InstanceFacts:
+async def probe(client: httpx.AsyncClient, url: str, *,
+                with_fingerprint: bool = False) -> InstanceFacts:
     """Ask one instance what it is; UnreachableError if it does not answer /v1/models."""
     base, root = api_base(url), server_root(url)
     facts = InstanceFacts(url=base)
@@ -35,10 +52,18 @@ async def probe(client: httpx.AsyncClient, url: str) -> InstanceFacts:
             from None
     if models.status_code != 200:
         raise UnreachableError(f"{base}/models answered HTTP {models.status_code}")
-    data = (models.json().get("data") or [{}])[0]
+    try:
+        body = models.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise UnreachableError(f"{base}/models answered no JSON object; is it an engine?")
+    data = (body.get("data") or [{}])[0]
     facts.model_id, facts.root = data.get("id"), data.get("root")
     facts.max_model_len = data.get("max_model_len")
     snap = await metrics.scrape(client, root + "/metrics")
+    if with_fingerprint:
+        facts.fingerprint = await fingerprint.take(client, base, facts.model_id)
     named = snap.engine() if snap else None
     # the engine its metrics name first; then each engine in turn, for servers without /metrics
     for engine in ([named] if named else []) + [e for e in all_engines() if e is not named]:
@@ -53,27 +78,102 @@ async def probe(client: httpx.AsyncClient, url: str) -> InstanceFacts:
 class Mismatch:
     field: str
     values: dict[str, str]
+    detail: str = ""
 
     def message(self) -> str:
         shown = ", ".join(f"{url}={value}" for url, value in self.values.items())
+        if self.field == FINGERPRINT:
+            return f"numerics differ (behavioural fingerprint): {self.detail}: {shown}"
         return f"instances disagree on {self.field}: {shown}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"field": self.field, "values": self.values, "detail": self.detail,
+                "message": self.message()}
+
+
+@dataclass
+class Compatibility:
+    """Every instance's facts, every disagreement, and what differs harmlessly."""
+
+    instances: list[InstanceFacts]
+    mismatches: list[Mismatch] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def compatible(self) -> bool:
+        return not self.mismatches
+
+    def refusal(self) -> str:
+        """One line naming every disagreement, each with both values."""
+        return ("; ".join(m.message() for m in self.mismatches) + "; start both from the same "
+                "settings, or pass --ignore FIELD if you know why")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"compatible": self.compatible,
+                "instances": [f.as_dict() for f in self.instances],
+                "mismatches": [m.as_dict() for m in self.mismatches], "notes": self.notes,
+                "compared": list(FIELDS),
+                "fingerprint_tolerance": fingerprint.TOLERANCE}
 
 
 def differences(instances: list[InstanceFacts], ignore: tuple[str, ...] = ()) -> list[Mismatch]:
-    """Every compared field on which the instances differ (unknown on all sides is no proof)."""
+    """Every compared field on which the instances differ, then the fingerprint."""
     out = []
-    for name in COMPARED:
+    for name in (*COMPARED, *COMPARED_WHERE_KNOWN):
         if name in ignore:
             continue
         values = {f.url: getattr(f, name) for f in instances}
-        if len({_key(v) for v in values.values()}) > 1:
-            shown = {url: _show(name, value) for url, value in values.items()}
-            out.append(Mismatch(name, shown))
+        if name in COMPARED_WHERE_KNOWN and any(v in _UNKNOWN for v in values.values()):
+            continue
+        if len({repr(v) for v in values.values()}) > 1:
+            out.append(Mismatch(name, {url: _show(name, v) for url, v in values.items()}))
+    if FINGERPRINT not in ignore:
+        found = fingerprint_mismatch(instances)
+        if found is not None:
+            out.append(found)
     return out
 
 
-def _key(value: Any) -> str:
-    return repr(value)
+def fingerprint_mismatch(instances: list[InstanceFacts]) -> Mismatch | None:
+    """The first instance whose fingerprint is farther from the first's than the tolerance."""
+    known = [f for f in instances if f.fingerprint is not None]
+    if len(known) < 2:
+        return None
+    first = known[0]
+    assert first.fingerprint is not None
+    for other in known[1:]:
+        assert other.fingerprint is not None
+        d = fingerprint.distance(first.fingerprint, other.fingerprint)
+        if not d.agrees():
+            detail = (f"the same probe's top-{fingerprint.TOP_K} logprobs differ by up to "
+                      f"{d.value:.1e} (tolerance {fingerprint.TOLERANCE:.0e}) at generated "
+                      f"token {d.position + 1}")
+            values = {first.url: f"{d.token!r} {d.seen_a}", other.url: f"{d.token!r} {d.seen_b}"}
+            return Mismatch(FINGERPRINT, values, detail)
+    return None
+
+
+def notes(instances: list[InstanceFacts]) -> list[str]:
+    """What differs without mattering (the model's path), and what could not be compared."""
+    out = []
+    for name in NOTED:
+        values = {f.url: getattr(f, name) for f in instances}
+        if len(set(values.values())) > 1:
+            digests = {f.content_digest for f in instances}
+            same = (f"the content is the same (digest {digests.pop()})"
+                    if len(digests) == 1 and None not in digests else
+                    "the content is compared by the behavioural fingerprint")
+            shown = ", ".join(f"{url}={v}" for url, v in values.items())
+            out.append(f"the model lies at different paths ({shown}); {same}: a note, not a "
+                       "refusal")
+    unknown = [f.url for f in instances if f.numerics_flags is None]
+    if unknown:
+        out.append("command line not readable for " + ", ".join(unknown) + " (another "
+                   "machine, or another account): dtype, KV type and store compared only "
+                   "through what the server says and the fingerprint")
+    if sum(f.fingerprint is not None for f in instances) < len(instances) > 1:
+        out.append("an instance answered no logprobs: numerics not compared behaviourally")
+    return out
 
 
 def _show(name: str, value: Any) -> str:
@@ -82,15 +182,19 @@ def _show(name: str, value: Any) -> str:
     return "unknown" if value is None else str(value)
 
 
+async def compare(urls: list[str], *, ignore: tuple[str, ...] = (), timeout_s: float = 20.0,
+                  headers: dict[str, str] | None = None) -> Compatibility:
+    """Probe every instance (fingerprint included) and name what differs; refuses nothing."""
+    async with httpx.AsyncClient(timeout=timeout_s, trust_env=False, headers=headers) as client:
+        facts = list(await asyncio.gather(*(probe(client, u, with_fingerprint=True)
+                                            for u in urls)))
+    return Compatibility(facts, differences(facts, ignore), notes(facts))
+
+
 async def check(urls: list[str], *, ignore: tuple[str, ...] = (), timeout_s: float = 20.0,
                 headers: dict[str, str] | None = None) -> list[InstanceFacts]:
     """Probe every instance and refuse (RefusedError) if any compared field differs."""
-    async with httpx.AsyncClient(timeout=timeout_s, trust_env=False, headers=headers) as client:
-        facts = list(await asyncio.gather(*(probe(client, u) for u in urls)))
-    problems = differences(facts, ignore)
-    if problems:
-        raise RefusedError(problems[0].message() + (
-            f" (and {len(problems) - 1} more field(s): "
-            + ", ".join(p.field for p in problems[1:]) + ")" if len(problems) > 1 else ""
-        ) + "; start both from the same settings, or pass --ignore FIELD if you know why")
-    return facts
+    result = await compare(urls, ignore=ignore, timeout_s=timeout_s, headers=headers)
+    if not result.compatible:
+        raise RefusedError(result.refusal())
+    return result.instances

@@ -11,7 +11,10 @@ this module's case runner (two llama-servers: `engines/llamacpp/prove.py`, the s
 must (either alone proves nothing: "no reuse" also passes when caching is off).
 
 Every prompt opens with a nonce unique to the run, so "cold" is really cold. Each case states
-what it should reuse as an `Expect`; the verdicts are `measure/verdict.py`'s.
+what it should reuse as an `Expect`; the verdicts are `measure/verdict.py`'s. A case that
+reused nothing where reuse was expected names the cause the instance reports (prefix caching
+off); two endpoints are first held to `kvlab check` (a store path or connector that differs
+is refused there, by name, before any case runs).
 """
 
 from __future__ import annotations
@@ -30,14 +33,21 @@ from kvlab.measure.chat import ChatResult, api_base, chat_body
 from kvlab.measure.compat import check, probe
 from kvlab.measure.conversation import Conversation, preamble
 from kvlab.measure.reuse import (
-    EXACT_PROMPT_TRAP,
     Probe,
     counter_hits,
+    exact_prompt_trap,
     off_by_one,
     source_hits,
     store_expectation,
 )
-from kvlab.measure.verdict import Evidence, Judgement, judge, reusable_tokens
+from kvlab.measure.verdict import (
+    FAILED,
+    Evidence,
+    Judgement,
+    judge,
+    no_reuse_cause,
+    reusable_tokens,
+)
 from kvlab.records.models import ProofRecord
 
 
@@ -115,6 +125,10 @@ class ProofRun:
     def verdicts(self) -> dict[str, str | None]:
         return {c.name: c.judgement.verdict if c.judgement else None for c in self.cases}
 
+    def failed(self) -> list[str]:
+        """The cases that reused nothing where reuse was expected."""
+        return [c.name for c in self.cases if c.judgement and c.judgement.verdict in FAILED]
+
 
 class _Prover:
     """Runs the cases against live endpoints; keeps the cold TTFT for the ratios."""
@@ -148,7 +162,8 @@ class _Prover:
             judgement = judge(Evidence(want, result.reused_tokens, counter_hits(deltas),
                                        result.ttft_s, self.cold_ttft, result.prompt_tokens,
                                        source_hits(deltas)),
-                              context=why)
+                              context=why,
+                              cause=no_reuse_cause(self.run.instances.get(api_base(url))))
         case = Case(name, api_base(url), judgement, result, deltas)
         self.run.cases.append(case)
         verdict = judgement.verdict if judgement else "(residency)"
@@ -252,7 +267,7 @@ async def _two_endpoints(p: _Prover, a: str, b: str) -> None:
     if p.opts.connector == "shared" and cross.judgement:
         p.run.explanations.append(
             f"identical prompt on B: {p.run.verdicts().get('identical-on-b')}; growing "
-            f"conversation on B: {cross.judgement.verdict}. " + EXACT_PROMPT_TRAP)
+            f"conversation on B: {cross.judgement.verdict}. " + exact_prompt_trap(grow))
 
 
 async def _salt_pair(p: _Prover, url: str) -> None:

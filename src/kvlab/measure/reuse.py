@@ -4,11 +4,16 @@ The seed's measure-reuse.py as a library: a growing conversation, TTFT per turn,
 engines' counters either side of the run, plus what it lacked: counters read with a real
 Prometheus parser (so `vllm:prefix_cache_hits_total` is found), per-turn cached tokens from
 the response, per-turn counter deltas, and a verdict per turn against what that turn could
-have reused. `Probe` is shared with `prove.py`: one timed request with evidence either side.
+have reused. Each run opens its conversation with its own nonce (so a second run on the same
+engines finds nothing of the first's in turn 1), and fits its preamble to the served context
+in the model's own tokens (`fit.py`), saying what it fitted. A turn that reused nothing on an
+instance that says why (prefix caching off) carries that cause in its reasons.
+`Probe` is shared with `prove.py`: one timed request with evidence either side.
 """
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,19 +29,34 @@ from kvlab.measure.conversation import (
     Conversation,
     preamble,
 )
-from kvlab.measure.verdict import Evidence, Judgement, judge, lookup_key, reusable_tokens, store_key
+from kvlab.measure.fit import Fitted, fit_conversation
+from kvlab.measure.verdict import (
+    Evidence,
+    Judgement,
+    judge,
+    lookup_key,
+    no_reuse_cause,
+    reusable_tokens,
+    store_key,
+)
 from kvlab.observe import metrics
 from kvlab.records.models import ReuseRecord
 
-EXACT_PROMPT_TRAP = (
-    "ExampleConnector (CONNECTOR=shared) keys each stored entry on the hash of the prompt's "
-    "whole-block prefix, so it serves only a prompt with exactly the same whole blocks: an "
-    "identical prompt, or a conversation that grew by less than one block since it was "
-    "stored. A conversation that grows past a block boundary (every turn, with vLLM's 16-token "
-    "GPU blocks) never hits what the other instance stored. The identical-prompt case is the "
-    "test of the store; for growing conversations use a connector that matches prefixes "
-    "(LMCache)"
-)
+
+def exact_prompt_trap(block: int) -> str:
+    """Why ExampleConnector serves a growing conversation nothing, with the block size of the
+    instance it was measured on."""
+    return (
+        "ExampleConnector (CONNECTOR=shared) keys each stored entry on the hash of the prompt's "
+        "whole-block prefix, so it serves only a prompt with exactly the same whole blocks: an "
+        "identical prompt, or a conversation that grew by less than one block since it was "
+        f"stored. A conversation that grows past a block boundary (with this instance's "
+        f"{block}-token blocks, any turn that adds {block} tokens or more) never hits what the "
+        "other instance stored. The identical-prompt case is the test of the store; for growing "
+        "conversations use a connector that matches prefixes (LMCache)"
+    )
+
+
 EXACT_PROMPT_COINCIDENCE = (
     "ExampleConnector served this growing prompt only because it still had the same whole "
     "blocks as a stored one (it grew by less than a block); one more block of growth and it "
@@ -86,12 +106,15 @@ class ReuseOptions:
     timeout_s: float = 300.0
     api_key: str = ""
     connector: str = "shared"  # what links the endpoints, when there are several
-    nonce: str = ""
+    # opens the conversation, so no earlier run's cache can serve turn 1; None: a fresh one
+    nonce: str | None = None
 
 
 @dataclass
 class ReuseRun:
     options: ReuseOptions
+    nonce: str = ""
+    fitted: Fitted | None = None
     rows: list[dict[str, Any]] = field(default_factory=list)
     judgements: list[Judgement] = field(default_factory=list)
     metric_deltas: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -114,37 +137,22 @@ class ReuseRun:
 
 async def run_reuse(opts: ReuseOptions, say: Say = quiet) -> ReuseRun:
     """Send the growing conversation, turn by turn, alternating over `opts.urls`."""
-    run = ReuseRun(opts)
+    run = ReuseRun(opts, nonce=opts.nonce if opts.nonce is not None else secrets.token_hex(4))
     timeout = httpx.Timeout(opts.timeout_s, connect=10.0)
     async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
         for url in opts.urls:
             run.instances[api_base(url)] = await probe(client, url)
+        run.fitted = await fit_conversation(client, list(run.instances.values()),
+                                            opts.preamble_words, run.nonce, opts.turns,
+                                            opts.max_tokens)
+        say(run.fitted.line(opts.turns))
         roots = {server_root(u) for u in opts.urls}
         start = {r: await metrics.scrape(client, r + "/metrics") for r in roots}
         tester = Probe(client, opts.api_key)
         for url in opts.urls:  # model residency first, recorded apart from the turns
             warm, _ = await tester.send(url, chat_body(opts.model, WARM_UP, 4))
             run.warm_up_ttft_s[api_base(url)] = warm.ttft_s
-        chat = Conversation(preamble(opts.preamble_words, opts.nonce))
-        last_prompt: dict[str, int] = {}
-        for turn in range(opts.turns):
-            url = api_base(opts.urls[turn % len(opts.urls)])
-            body = chat_body(opts.model, chat.ask(turn), opts.max_tokens, opts.temperature)
-            result, deltas = await tester.send(url, body)
-            chat.answer(result.text)
-            expected, why = _expected(run, url, last_prompt, result.prompt_tokens)
-            cold = run.rows[0]["ttft_s"] if run.rows else None
-            judgement = judge(Evidence(expected, result.reused_tokens, counter_hits(deltas),
-                                       result.ttft_s, cold, result.prompt_tokens,
-                                       source_hits(deltas)),
-                              context=why)
-            run.judgements.append(judgement)
-            run.rows.append({"turn": turn + 1, "endpoint": url, **result.row(),
-                             "counter_deltas": deltas, "expected_tokens": expected,
-                             "verdict": judgement.verdict})
-            if result.prompt_tokens is not None:
-                last_prompt[url] = result.prompt_tokens
-            say(_turn_line(run.rows[-1]))
+        await _turns(run, tester, say)
         end = {r: await metrics.scrape(client, r + "/metrics") for r in roots}
     for url in opts.urls:
         root = server_root(url)
@@ -152,6 +160,32 @@ async def run_reuse(opts: ReuseOptions, say: Say = quiet) -> ReuseRun:
         if deltas:
             run.metric_deltas[api_base(url)] = deltas
     return run
+
+
+async def _turns(run: ReuseRun, tester: Probe, say: Say) -> None:
+    """The conversation, its opening unique to the run, each turn judged."""
+    opts = run.options
+    chat = Conversation(preamble(run.fitted.preamble_words if run.fitted
+                                 else opts.preamble_words, run.nonce))
+    last_prompt: dict[str, int] = {}
+    for turn in range(opts.turns):
+        url = api_base(opts.urls[turn % len(opts.urls)])
+        body = chat_body(opts.model, chat.ask(turn), opts.max_tokens, opts.temperature)
+        result, deltas = await tester.send(url, body)
+        chat.answer(result.text)
+        expected, why = _expected(run, url, last_prompt, result.prompt_tokens)
+        cold = run.rows[0]["ttft_s"] if run.rows else None
+        judgement = judge(Evidence(expected, result.reused_tokens, counter_hits(deltas),
+                                   result.ttft_s, cold, result.prompt_tokens,
+                                   source_hits(deltas)),
+                          context=why, cause=no_reuse_cause(run.instances[url]))
+        run.judgements.append(judgement)
+        run.rows.append({"turn": turn + 1, "endpoint": url, **result.row(),
+                         "counter_deltas": deltas, "expected_tokens": expected,
+                         "verdict": judgement.verdict})
+        if result.prompt_tokens is not None:
+            last_prompt[url] = result.prompt_tokens
+        say(_turn_line(run.rows[-1]))
 
 
 def _expected(run: ReuseRun, url: str, last_prompt: dict[str, int],
@@ -178,7 +212,7 @@ def store_expectation(connector: str, prompt_tokens: int | None, stored: list[in
     key = lookup_key(prompt_tokens or 0, block)
     if key and any(store_key(n, block) == key for n in stored):
         return key, EXACT_PROMPT_COINCIDENCE
-    return 0, EXACT_PROMPT_TRAP
+    return 0, exact_prompt_trap(block)
 
 
 def off_by_one(connector: str, prompt_tokens: int | None, block: int) -> str:
@@ -206,7 +240,9 @@ def reuse_record(run: ReuseRun, label: str, lab: str, note: str) -> ReuseRecord:
     o = run.options
     return ReuseRecord(
         label=label, lab=lab, model=o.model, endpoints=[api_base(u) for u in o.urls],
-        turns=o.turns, preamble_words=o.preamble_words, max_tokens=o.max_tokens,
+        turns=o.turns, preamble_words=run.fitted.preamble_words if run.fitted else
+        o.preamble_words, max_tokens=o.max_tokens, nonce=run.nonce,
+        fitted=run.fitted.as_dict() if run.fitted else None,
         temperature=o.temperature, rows=run.rows, metric_deltas=run.metric_deltas, note=note,
         connector=o.connector if len(o.urls) > 1 else None, summary=run.summary(),
         instances={u: f.as_dict() for u, f in run.instances.items()},

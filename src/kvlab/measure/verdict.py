@@ -10,9 +10,14 @@ length. Pure functions only: no I/O here.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from kvlab.engines.base import InstanceFacts
 
 Verdict = Literal["reused", "silent-miss", "warm-up-only", "no-reuse-expected", "inconclusive"]
+# no reuse where reuse was expected: `kvlab reuse` and `kvlab prove` exit 1 on these
+FAILED: frozenset[Verdict] = frozenset({"silent-miss", "warm-up-only"})
 
 REUSED_FRACTION = 0.9  # of the expected tokens, to call it reused
 MISS_FRACTION = 0.1  # below this fraction of the expected tokens, nothing was reused
@@ -87,16 +92,28 @@ class Judgement:
         return asdict(self)
 
 
-def judge(ev: Evidence, *, context: str = "") -> Judgement:
+def judge(ev: Evidence, *, context: str = "", cause: str = "") -> Judgement:
     """The verdict for one request, with the reasons a reader needs to trust it.
 
     `context` explains the expectation (why nothing, or why this much, was reusable) and
-    leads the reasons whatever the verdict.
+    leads the reasons whatever the verdict. `cause` is what the instance itself says would
+    stop reuse (`no_reuse_cause`): it leads the reasons of a verdict of no reuse.
     """
     judgement = _judge(ev, context)
     if context and context not in judgement.reasons:
         judgement.reasons.insert(0, context)
+    if cause and judgement.verdict in FAILED:
+        judgement.reasons.insert(0, f"cause: {cause}")
+        judgement.evidence["cause"] = cause
     return judgement
+
+
+def no_reuse_cause(facts: InstanceFacts | None) -> str:
+    """What an instance reports that stops reuse by configuration ("" when nothing does)."""
+    if facts is not None and facts.prefix_caching is False:
+        return (f"prefix caching is OFF on {facts.url} (the engine reports it disabled: "
+                "--no-enable-prefix-caching), so it reuses nothing, by configuration")
+    return ""
 
 
 def _judge(ev: Evidence, why_none_expected: str) -> Judgement:

@@ -5,6 +5,9 @@ filter (so over vLLM's `engine` label), `_created` series (unix timestamps) are 
 counter that went down between two scrapes is taken as an engine restart: its delta is the new
 value, not a negative number. Both the old bare names (`vllm:prefix_cache_hits`) and the
 `_total` names on the wire are accepted. Which metric means what is each engine adapter's table.
+Beside the deltas, `evidence_deltas` states the KV cache's size in tokens where the engine's
+/metrics says it (`kv_cache_tokens`), so a run against an engine kvlab did not start still
+knows the cache it ran against.
 """
 
 from __future__ import annotations
@@ -129,6 +132,9 @@ def evidence_deltas(before: Snapshot | None, after: Snapshot | None) -> dict[str
             if value is not None:
                 out[f"{key}_end"] = round(value, 4)
                 break
+    size = engine.cache_size(after)
+    if size is not None:  # not a delta: the cache the run ran against, as the engine states it
+        out["kv_cache_tokens"] = size
     return out
 
 

@@ -7,7 +7,8 @@ come from the PROXY_* settings. The bearer key clients must send is read from th
 PROXY_API_KEY_ENV names; the key the engines expect, from the one LOADTEST_API_KEY_ENV names.
 Neither is ever shown: both fields are left out of `repr` and `summary()`. A proxy that
 listens beyond loopback with no client key is not refused (a lab may want that), but
-`exposure_warning()` says so on every start.
+`exposure_warning()` says so on every start. One engine given as both a prefill and a decode
+leg is refused: decode would serve itself from its own prefix cache and nothing would cross.
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ class ProxyConfig:
                                f"choose one of {', '.join(CONNECTORS)}")
         for url in (*self.prefill, *self.decode):
             parse_url(url)
+        both = same_instance(self.prefill, self.decode)
+        if both:
+            raise SettingError(
+                f"{both} is both a prefill and a decode leg: decode would serve the prompt from "
+                "its own prefix cache and nothing would cross; give the prefill and decode "
+                "engines' own URLs (--prefill, --decode, or PREFILL_PORT and DECODE_PORT)")
 
     async def check_legs(self) -> object:
         """The start-up agreement check's result (None when `compat` skips it)."""
@@ -129,6 +136,16 @@ class ProxyConfig:
         values["compat"] = functools.partial(check_legs, headers=auth, ignore=ignore)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+
+def same_instance(prefill: tuple[str, ...], decode: tuple[str, ...]) -> str | None:
+    """A URL given as both a prefill and a decode leg (localhost and 127.0.0.1 are one)."""
+    def key(url: str) -> tuple[str, int]:
+        host, port, _ = parse_url(url)
+        return ("127.0.0.1" if host == "localhost" else host), port
+
+    decoders = {key(u) for u in decode}
+    return next((parse_url(u)[2] for u in prefill if key(u) in decoders), None)
 
 
 def loopback(host: str) -> bool:

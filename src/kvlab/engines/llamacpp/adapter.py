@@ -1,13 +1,17 @@
 """llama.cpp's llama-server as kvlab's `Engine`: evidence tables, slot capacity, identity.
 
-Answers come from `facts.py` (endpoints, /props keys, metric names) and the running server.
+Answers come from `facts.py` (endpoints, /props keys, metric names) and the running server;
+for a server on this machine, also from its command line (KV types, rope and flash-attention
+flags, which /props does not name) and its GGUF's content (`engines/local.py`).
 llama-server reuses a prompt prefix token by token, so its block size is 1.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvlab.engines import local
 from kvlab.engines.base import (
     LLAMA_CPP,
     PROBE_MESSAGES,
@@ -15,7 +19,9 @@ from kvlab.engines.base import (
     InstanceFacts,
     LaunchSettings,
     TwoEndpointProof,
+    flag_value,
     launch_settings_from,
+    token_list,
 )
 from kvlab.engines.http import get_json, post_json
 from kvlab.engines.llamacpp import facts
@@ -34,6 +40,7 @@ class LlamaCppEngine:
     metric_namespace = "llamacpp"
     counters = facts.EVIDENCE_COUNTERS
     gauges = facts.EVIDENCE_GAUGES
+    api_key_env = facts.API_KEY_ENV
 
     def __init__(self) -> None:
         self.transfer_counters: CounterTable = {}  # llama-server moves no KV between instances
@@ -49,7 +56,8 @@ class LlamaCppEngine:
                 "lines": [m.group(0)]}
 
     def launch_settings(self, argv: list[str]) -> LaunchSettings:
-        return launch_settings_from(argv, facts.CONTEXT_FLAGS, None)  # no memory fraction
+        return launch_settings_from(argv, facts.CONTEXT_FLAGS, None,  # no memory fraction
+                                    slot_flags=facts.PARALLEL_FLAGS)
 
     def block_size(self, platform: str) -> int:
         return 1
@@ -71,8 +79,32 @@ class LlamaCppEngine:
         out.max_model_len = int(slot_ctx) if slot_ctx else out.max_model_len
         out.block_size = 1
         out.prefix_caching = True
+        out.dtype = str(props[facts.PROPS_FTYPE]) if props.get(facts.PROPS_FTYPE) else None
         out.template_tokens = await _template_tokens(client, root)
+        out.content_digest = local.content_digest(out.root)
+        argv = local.listening_argv(root)
+        if argv and Path(argv[0]).name == facts.SERVER_BINARY:
+            argv_facts(argv, out)
         return True
+
+    def cache_size(self, snap: Snapshot) -> int | None:
+        return None  # /metrics names no cache size; /slots gives each slot's n_ctx
+
+    async def tokenize(self, client: httpx.AsyncClient, root: str, text: str) -> list[int] | None:
+        body = await post_json(client, root + facts.TOKENIZE_PATH, facts.tokenize_text_body(text))
+        return token_list(body)
+
+
+def argv_facts(argv: list[str], out: InstanceFacts) -> None:
+    """What a llama-server's command line says about its KV types and numerics flags."""
+    k = flag_value(argv, *facts.CACHE_TYPE_K_FLAGS) or "f16"
+    v = flag_value(argv, *facts.CACHE_TYPE_V_FLAGS) or "f16"
+    out.cache_dtype = k if k == v else f"K {k} / V {v}"
+    numerics = [f"{names[-1]} {value}" for names in facts.NUMERICS_FLAGS
+                if (value := flag_value(argv, *names))]
+    out.numerics_flags = "; ".join(numerics) or "defaults"
+    out.notes.append("KV types and numerics flags read from the command line of the process "
+                     "listening on this port")
 
 
 async def _template_tokens(client: httpx.AsyncClient, root: str) -> list[int] | None:

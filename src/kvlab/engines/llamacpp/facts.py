@@ -28,8 +28,11 @@ from kvlab.engines import install
 from kvlab.engines.base import LLAMA_CPP
 from kvlab.engines.plan import EnginePlan, Flag
 
+# the server's bearer key when --api-key is absent (common/arg.cpp: `--api-key`, env)
+API_KEY_ENV = "LLAMA_API_KEY"
 # /metrics names (counters are exported without a _total suffix on this server)
 CONTEXT_FLAGS = ("--ctx-size", "-c")  # the long spelling is the one kvlab writes
+PARALLEL_FLAGS = ("--parallel", "-np")
 PROMPT_TOKENS = "llamacpp:prompt_tokens_total"
 PROMPT_TOKENS_CACHED = "llamacpp:prompt_tokens_cached_total"
 TOKENS_PREDICTED = "llamacpp:tokens_predicted_total"
@@ -178,8 +181,10 @@ DETOKENIZE_PATH = "/detokenize"  # {"tokens": [int]} -> {"content": str}
 PROPS_SLOTS = "total_slots"
 PROPS_MODEL_PATH = "model_path"
 PROPS_BUILD = "build_info"  # e.g. "b1-0c1e570"; slot files do not carry across builds
-# /slots entries: per-slot context (CTX / --parallel)
+# /slots entries: per-slot context (CTX / --parallel); the prompt tokens a slot holds, listed
+# only once the slot has served a request (absent after a restore into an unused slot)
 SLOT_N_CTX = "n_ctx"
+SLOT_PROMPT_TOKENS = "n_prompt_tokens"
 
 FLASH_ATTN_FLAGS = ("-fa", "--flash-attn")
 FLASH_ATTN_DEFAULT = "auto"
@@ -252,3 +257,18 @@ def slot_failure_reason(log_text: str) -> str | None:
 STARTUP_SLOTS_LINE = re.compile(r"n_slots = (\d+), n_ctx_slot = (\d+)")
 SLOT_FILE_MAGIC = b"qsgg"  # a slot file's first 4 bytes (LLAMA_STATE_SEQ_MAGIC, little-endian)
 APPLY_TEMPLATE_PATH = "/apply-template"  # {"messages": [...]} -> {"prompt": templated text}
+PROPS_FTYPE = "model_ftype"  # /props: the weights' type, e.g. "F16", "Q8_0"
+
+# read from a running server's command line (`kvlab check`): /props names neither its KV type
+# nor its rope settings
+SERVER_BINARY = "llama-server"
+CACHE_TYPE_K_FLAGS = ("-ctk", "--cache-type-k")
+CACHE_TYPE_V_FLAGS = ("-ctv", "--cache-type-v")
+NUMERICS_FLAGS = (("--rope-scaling",), ("--rope-scale",), ("--rope-freq-base",),
+                  ("--rope-freq-scale",), ("--yarn-orig-ctx",), ("--yarn-ext-factor",),
+                  FLASH_ATTN_FLAGS)
+
+
+def tokenize_text_body(text: str) -> dict[str, object]:
+    """/tokenize of plain text without the BOS token ("add_special" defaults to false)."""
+    return {"content": text, "add_special": False}

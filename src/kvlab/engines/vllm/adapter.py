@@ -2,23 +2,32 @@
 
 Every answer comes from `facts.py` (names and formats pinned there) or from the running
 server: `/version`, the `vllm:cache_config_info` labels on `/metrics`, and `/tokenize` of the
-compatibility check's probe conversation.
+compatibility check's probe conversation. For an instance on this machine, also from its
+command line (dtype, quantisation, numerics flags, the connector and its store) and its model
+directory's content (`engines/local.py`).
 """
 
 from __future__ import annotations
 
+import json
+import os
 from typing import TYPE_CHECKING, Any
 
+from kvlab.engines import local
 from kvlab.engines.base import (
     PROBE_MESSAGES,
     VLLM,
     InstanceFacts,
     LaunchSettings,
     TwoEndpointProof,
+    flag_value,
+    has_flag,
     launch_settings_from,
+    token_list,
 )
 from kvlab.engines.http import get_json, post_json
 from kvlab.engines.vllm import facts
+from kvlab.engines.vllm.plans import TRANSFER_CONFIG
 
 if TYPE_CHECKING:
     import httpx
@@ -34,13 +43,15 @@ class VllmEngine:
     counters = facts.EVIDENCE_COUNTERS
     gauges = facts.EVIDENCE_GAUGES
     transfer_counters = facts.TRANSFER_COUNTERS
+    api_key_env = facts.API_KEY_ENV
     two_endpoint_proof: TwoEndpointProof | None = None  # the generic cases suit its connectors
 
     def capacity(self, plan: EnginePlan, log_text: str) -> dict[str, Any]:
         return facts.parse_startup(log_text).as_dict()
 
     def launch_settings(self, argv: list[str]) -> LaunchSettings:
-        return launch_settings_from(argv, (facts.CONTEXT_FLAG,), facts.MEMORY_FRACTION_FLAG)
+        return launch_settings_from(argv, (facts.CONTEXT_FLAG,), facts.MEMORY_FRACTION_FLAG,
+                                    (facts.BLOCK_SIZE_FLAG,))
 
     def block_size(self, platform: str) -> int:
         return facts.CPU_BLOCK_SIZE if platform == "cpu" else facts.GPU_BLOCK_SIZE
@@ -62,7 +73,49 @@ class VllmEngine:
             "add_generation_prompt": True})
         if tokens and "tokens" in tokens:
             facts_out.template_tokens = [int(t) for t in tokens["tokens"]]
+        facts_out.content_digest = local.content_digest(facts_out.root)
+        argv = local.listening_argv(root)
+        if argv is not None and facts.SERVE_WORD in argv:
+            argv_facts(argv, facts_out)
         return True
+
+    def cache_size(self, snap: Snapshot) -> int | None:
+        size = snap.label_value(facts.CACHE_CONFIG_INFO, "kv_cache_size_tokens")
+        return int(size) if size and size.isdigit() else None
+
+    async def tokenize(self, client: httpx.AsyncClient, root: str, text: str) -> list[int] | None:
+        body = await post_json(client, root + facts.TOKENIZE_PATH, facts.tokenize_text_body(text))
+        return token_list(body)
+
+
+def argv_facts(argv: list[str], out: InstanceFacts) -> None:
+    """What a vLLM server's command line says about its numbers and its store."""
+    out.dtype = flag_value(argv, facts.DTYPE_FLAG) or "auto"
+    out.quantization = flag_value(argv, *facts.QUANTIZATION_FLAGS) or "none"
+    kv_dtype = flag_value(argv, facts.KV_CACHE_DTYPE_FLAG)
+    if kv_dtype and (out.cache_dtype in (None, "auto")):
+        out.cache_dtype = kv_dtype
+    numerics = [f"{f} {v}" for f in facts.NUMERICS_FLAGS if (v := flag_value(argv, f))]
+    out.numerics_flags = "; ".join(numerics) or "defaults"
+    out.kv_store = _store(flag_value(argv, TRANSFER_CONFIG))
+    if has_flag(argv, facts.NO_PREFIX_CACHING) and out.prefix_caching is None:
+        out.prefix_caching = False
+    out.notes.append("dtype, quantisation, numerics flags and store read from the command "
+                     "line of the process listening on this port")
+
+
+def _store(config_json: str | None) -> str:
+    """The connector and store path of a --kv-transfer-config (its role left out: prefill and
+    decode differ in role by design)."""
+    if not config_json:
+        return "none"
+    try:
+        config = json.loads(config_json)
+    except ValueError:
+        return f"unreadable --kv-transfer-config {config_json[:80]}"
+    extra = config.get("kv_connector_extra_config") or {}
+    paths = [os.path.normpath(str(extra[k])) for k in facts.STORE_KEYS if k in extra]
+    return " ".join([str(config.get("kv_connector")), *(f"store {p}" for p in paths)])
 
 
 def _cache_config(snap: Snapshot, out: InstanceFacts) -> None:

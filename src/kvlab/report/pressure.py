@@ -1,0 +1,119 @@
+"""Was a load run's KV cache under pressure? One judgement, from evidence the run measured.
+
+A host tier does nothing until blocks are evicted and wanted again, so every reader of a
+tier's load rows (`kvlab compare`, with or without `--offload`, the report's pressure rows and
+the lab's closing decision) asks this one question, here, and gets the same answer:
+
+- under pressure: preemptions during the run; peak KV usage at or above `FULL`; a prefix hit
+  rate well below the share of prompt tokens that was reusable (blocks were evicted); or more
+  prompt tokens in flight than the cache holds;
+- quiet: a hit rate close to the reusable share; or no preemptions and either a peak usage
+  below `FULL` or the tokens in flight within the cache;
+- unknown: none of these was measured. Never "quiet" by default: an unknown cache size is no
+  evidence of room.
+
+The cache size comes from the run's `startup` line, else the pressure the run planned, else
+the engine's own /metrics as the load generator recorded it (`kv_cache_tokens`, vLLM's
+`vllm:cache_config_info`), so an engine kvlab did not start still has one. Pure functions of
+the notebook's records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kvlab.records.models import LoadRecord, Record, StartupRecord
+
+FULL = 0.95  # peak KV usage at or above this: the cache was full
+EVICTED = 0.9  # a hit rate below this share of the reusable share: blocks were evicted
+
+
+@dataclass(frozen=True)
+class Pressure:
+    """The judgement for one load row, with the figure that decided it."""
+
+    state: bool | None  # True under pressure, False quiet, None unknown
+    why: str
+    cache_tokens: int | None = None
+    cache_from: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def words(self) -> str:
+        return {True: "under pressure", False: "quiet (not under pressure)",
+                None: "pressure unknown"}[self.state]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "words": self.words}
+
+
+def cache_size(records: list[Record], row: LoadRecord) -> tuple[int | None, str | None]:
+    """The device KV cache's size in tokens for a load row, and where it was read."""
+    label = row.label
+    starts = [r for r in records if isinstance(r, StartupRecord)
+              and r.label in (label, label.removesuffix("-load"))]
+    size = (starts[-1].capacity or {}).get("kv_cache_tokens") if starts else None
+    if size:
+        return int(size), "the startup line"
+    planned = ((row.get("pressure") or {}).get("planned") or {}).get("cache_tokens")
+    if planned:
+        return int(planned), "the pressure plan"
+    told = row.metric_deltas.get("kv_cache_tokens")
+    if told:
+        return int(told), "the engine's /metrics"
+    return None, None
+
+
+def judge(records: list[Record], row: LoadRecord) -> Pressure:
+    """Under pressure, quiet, or unknown, for one load row (see the module docstring)."""
+    p = row.get("pressure") or {}
+    planned, reached = p.get("planned") or {}, p.get("reached") or {}
+    cache, source = cache_size(records, row)
+    ev = {"preemptions": reached.get("preemptions", row.metric_deltas.get("preemptions")),
+          "peak_kv_cache_usage": reached.get("peak_kv_cache_usage"),
+          "prefix_hit_rate": row.get("prefix_hit_rate"),
+          "reusable_fraction": planned.get("reusable_fraction"),
+          "prompt_tokens_in_flight": round(row.concurrency * row.prompt_tokens_mean)
+          if row.prompt_tokens_mean else None}
+    pressed = _pressed(ev, cache)
+    if pressed:
+        return Pressure(True, pressed, cache, source, ev)
+    quiet = _quiet(ev, cache)
+    if quiet:
+        return Pressure(False, quiet, cache, source, ev)
+    return Pressure(None, "no preemption count, peak KV usage, reusable share or cache size "
+                          "was recorded", cache, source, ev)
+
+
+def _pressed(ev: dict[str, Any], cache: int | None) -> str:
+    preempted, peak = ev["preemptions"], ev["peak_kv_cache_usage"]
+    hit, reusable, flight = ev["prefix_hit_rate"], ev["reusable_fraction"], \
+        ev["prompt_tokens_in_flight"]
+    if preempted:
+        return f"{float(preempted):g} preemptions"
+    if peak is not None and peak >= FULL:
+        return f"peak KV usage {peak:.0%}"
+    if hit is not None and reusable and hit < EVICTED * reusable:
+        return (f"prefix hit rate {hit:.1%} where {reusable:.1%} of the prompt tokens were "
+                "reusable: blocks were evicted")
+    if cache and flight and flight > cache:
+        return f"{flight:,} prompt tokens in flight against a cache of {cache:,}"
+    return ""
+
+
+def _quiet(ev: dict[str, Any], cache: int | None) -> str:
+    preempted, peak = ev["preemptions"], ev["peak_kv_cache_usage"]
+    hit, reusable, flight = ev["prefix_hit_rate"], ev["reusable_fraction"], \
+        ev["prompt_tokens_in_flight"]
+    if hit is not None and reusable:  # nothing evicted that was wanted again
+        return (f"prefix hit rate {hit:.1%} of {reusable:.1%} reusable, "
+                + ("no preemptions" if preempted is not None else "preemptions not recorded"))
+    if preempted is None:
+        return ""
+    if peak is not None:
+        return f"no preemptions, peak KV usage {peak:.0%}"
+    if cache and flight is not None:
+        return (f"no preemptions, and the {flight:,} prompt tokens in flight fit the cache "
+                f"of {cache:,}")
+    return ""
