@@ -24,26 +24,17 @@ from kvlab.core.errors import InputError, RefusedError
 from kvlab.engines import llamacpp, process
 from kvlab.engines.llamacpp import slotstore
 from kvlab.engines.llamacpp.client import SlotOp
-from kvlab.engines.llamacpp.slotstore import Manifest, ServerIdentity, SlotStore
+from kvlab.engines.llamacpp.slotstore import Manifest, SlotStore
 from kvlab.engines.plan import EnginePlan
+from slots import MAGIC, fake_model, identity
 
-MAGIC = b"qsgg\x03\x00\x00\x00"
 EXAMPLES = settings(max_examples=200, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-def identity(model: Path, **changes: object) -> ServerIdentity:
-    base = ServerIdentity(model_path=str(model), model_sha256=slotstore.file_sha256(model),
-                          kv_type_k="q8_0", kv_type_v="q8_0", parallel=2, flash_attn="auto",
-                          server_build="b1-0c1e570", tokens_per_slot=4096)
-    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
-
-
 @pytest.fixture
 def model(tmp_path: Path) -> Path:
-    path = tmp_path / "m.gguf"
-    path.write_bytes(b"GGUF tiny weights")
-    return path
+    return fake_model(tmp_path)
 
 
 @pytest.fixture

@@ -14,7 +14,8 @@ import seeds
 from kvlab.core.errors import InputError, RefusedError
 from kvlab.records import notebook
 from kvlab.records.models import LinkRecord, LoadRecord, Record, build
-from kvlab.report import compare
+from kvlab.report import compare, intervals
+from perrequest import lognormal, run_row
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -142,10 +143,11 @@ def test_offload_pairing_states_pressure() -> None:
     pressure = result.record["pressure"]
     assert pressure["offload-on-load"]["under_pressure"] is True
     assert pressure["offload-on-load"]["kv_cache_tokens"] == 3000
-    assert pressure["offload-off-load"]["under_pressure"] is False
+    # no cache size, peak usage or reusable share for the tier-off run: unknown, never "quiet"
+    assert pressure["offload-off-load"]["under_pressure"] is None
     text = "\n".join(result.lines)
-    assert "a cache of 3,000 tokens, up to 4,000 prompt tokens in flight, 3 preemptions" in text
-    assert "without pressure" in text
+    assert "a cache of 3,000 tokens (from the startup line); c=4: 3 preemptions" in text
+    assert "offload-off-load: a cache of unknown size" in text and "pressure unknown" in text
 
 
 def test_cli_compare_model_config_and_append(tmp_path: Path) -> None:
@@ -236,3 +238,63 @@ def test_a_row_without_tpot_is_n_a_not_a_crash_or_zero(tmp_path: Path) -> None:
     level = notebook.read(path).by_record("comparison")[0]["levels"][0]
     assert level["tpot_p50_disagg_s"] is None and level["tpot_p50_baseline_s"] == 0.01
     assert level["tpot_p50"].startswith("n/a: the disagg row has no tpot_s")
+
+
+def two_runs(path: Path, disagg_median: float) -> None:
+    """baseline and disagg at c=1 and c=4, 60 requests a level, per-request files written."""
+    for label, median, seed in (("baseline", 0.2, 0), ("disagg", disagg_median, 10)):
+        for level in (1, 4):
+            run_row(path, label, level, lognormal(seed + level, 60, median))
+
+
+def test_each_ratio_has_its_interval_and_words(tmp_path: Path) -> None:
+    path = tmp_path / "labbook.md"
+    two_runs(path, 0.4)
+    result = compare.compare(notebook.read(path).records, str(path), "disagg", "baseline")
+    assert result.lines[2].split()[0] == "1" and result.lines[2].split()[1].endswith("x")
+    start = result.lines.index(next(line for line in result.lines
+                                    if line.startswith("==> Ratios with 95% intervals")))
+    rows = result.lines[start + 2: start + 8]
+    assert [line.split()[:3] for line in rows] == [
+        ["1", "TTFT", "p50"], ["1", "TPOT", "p50"], ["1", "output", "tok/s"],
+        ["4", "TTFT", "p50"], ["4", "TPOT", "p50"], ["4", "output", "tok/s"]]
+    assert rows[0].endswith("slower (60 / 60 requests)") and "[" in rows[0]
+    assert rows[2].split("]")[1].startswith(" lower")
+    level = result.record.levels[0]
+    ttft = level["intervals"]["ttft_p50"]
+    assert ttft["words"] == "slower" and 1 < ttft["low"] < 2 < ttft["high"]
+    assert ttft["requests"] == [60, 60] and ttft["repeats"] == [1, 1]
+    assert level["ttft_p50_disagg_s"] is not None  # the seed's fields are still there
+    assert result.record.interval_method == intervals.METHOD
+
+
+def test_two_identical_configurations_show_no_measurable_difference(tmp_path: Path) -> None:
+    path = tmp_path / "labbook.md"
+    two_runs(path, 0.2)
+    result = compare.compare(notebook.read(path).records, str(path), "disagg", "baseline")
+    for level in result.record.levels:
+        assert level["intervals"]["ttft_p50"]["words"] == intervals.NO_DIFFERENCE
+    assert sum(intervals.NO_DIFFERENCE in line for line in result.lines) >= 4
+
+
+def test_rows_without_per_request_files_keep_the_point_ratio(tmp_path: Path) -> None:
+    path = book(tmp_path, *pair(), link("disagg", 16_000_000))
+    result = compare.compare(notebook.read(path).records, str(path), "disagg", "baseline")
+    assert "       1  TTFT p50       1.50x (no interval: no per-request data)" in result.lines
+    level = result.record.levels[0]["intervals"]["ttft_p50"]
+    assert level == {"ratio": 1.5, "low": None, "high": None, "words": intervals.NO_DATA,
+                     "requests": None, "repeats": None}
+
+
+def test_cli_compare_refuses_a_changed_per_request_file(tmp_path: Path) -> None:
+    path = tmp_path / "labbook.md"
+    two_runs(path, 0.4)
+    row_of = notebook.read(path).of(LoadRecord, "disagg")[0]
+    changed = tmp_path / str(row_of.requests_file)
+    changed.write_text(changed.read_text() + changed.read_text().splitlines()[0] + "\n")
+    run = subprocess.run([sys.executable, "-m", "kvlab", "compare", "--labbook", str(path)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1
+    assert "sha256 differs from the notebook row's requests_sha256" in run.stderr
+    assert not notebook.read(path).by_record("comparison")  # nothing appended

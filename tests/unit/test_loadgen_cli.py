@@ -15,7 +15,7 @@ import pytest
 
 import seeds
 from kvlab.engines.process import free_port, port_in_use
-from kvlab.records import notebook
+from kvlab.records import notebook, requests
 from kvlab.records.models import LoadRecord
 
 FAKE = Path(__file__).resolve().parents[1] / "fakes" / "sse_upstream.py"
@@ -64,7 +64,35 @@ def test_load_writes_one_row_per_level_and_json(fake: str, home: Path, tmp_path:
     assert [r["concurrency"] for r in rows] == [1, 3] == [r["concurrency"] for r in out["rows"]]
     assert all(r["ok"] == 6 and r["prompt_set"] == "mixed" and r["model"] == "fake"
                for r in rows)
-    assert {"p50", "p90", "p99", "mean"} <= set(rows[0]["ttft_s"]) and rows[0]["tpot_s"]
+    assert {"p50", "p90", "p95", "p99", "mean", "std", "n"} <= set(rows[0]["ttft_s"])
+    assert rows[0]["ttft_s"]["n"] == 6 and rows[0]["tpot_s"]["n"] == 6
+    # one warm-up request per concurrent one, left out; every request in the level's file
+    assert [r["warmup_requests"] for r in rows] == [1, 3]
+    for row in rows:
+        lines = requests.read(requests.location(tmp_path / "labbook.md", row["requests_file"]),
+                              row["requests_sha256"])
+        assert row["requests_file"].startswith(f"kvlab-requests/lg-c{row['concurrency']}-")
+        assert sum(x.warmup for x in lines) == row["warmup_requests"]
+        assert len(lines) == row["warmup_requests"] + 6
+    # the fake has no /tokenize: the word estimate was used, and the row says why
+    assert rows[0]["prompt_sizing"]["method"] == "estimate"
+    assert "no tokenizer endpoint answered" in rows[0]["prompt_sizing"]["source"]
+
+
+def test_load_with_a_duration_and_no_requests_set(fake: str, home: Path,
+                                                  tmp_path: Path) -> None:
+    run = kvlab("load", "--base-url", fake, "--model", "fake", "--concurrency", "2",
+                "--duration", "0.5", "--min-requests", "4", "--warmup", "0",
+                "--max-tokens", "2", "--no-progress", "--json")
+    assert run.returncode == 0, run.stderr
+    row = json.loads(run.stdout)["rows"][0]
+    assert row["min_requests"] == 4 and row["requests"] >= 4 and row["warmup_requests"] == 0
+    assert row["duration_s_requested"] == 0.5 and row["duration_reached"] is True
+    # nothing set at all: enough requests for a p99 (the seed's REQUESTS=24 is not "set")
+    auto = kvlab("load", "--base-url", fake, "--model", "fake", "--concurrency", "1",
+                 "--max-tokens", "1", "--no-progress", "--json")
+    assert auto.returncode == 0, auto.stderr
+    assert json.loads(auto.stdout)["rows"][0]["requests"] == 200
 
 
 def test_seed_run_load_with_kvlab_as_load_test(fake: str, home: Path, tmp_path: Path) -> None:
@@ -142,7 +170,8 @@ def test_ctrl_c_keeps_measured_levels(home: Path, tmp_path: Path) -> None:
     try:
         run = subprocess.Popen([*KVLAB, "load", "--base-url", url, "--model", "fake",
                                 "--concurrency", "2,2", "--requests", "6", "--max-tokens", "20",
-                                "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                "--warmup", "0", "--no-progress"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
         book = tmp_path / "labbook.md"
         deadline = time.monotonic() + 60
@@ -159,6 +188,10 @@ def test_ctrl_c_keeps_measured_levels(home: Path, tmp_path: Path) -> None:
     assert len(rows) == 2 and rows[0]["ok"] == 6 and "interrupted" not in rows[0]
     assert rows[1]["interrupted"] is True and rows[1]["cancelled"] >= 1
     assert rows[1]["failed"] == 0
+    # the cut level's requests are in its file too, the cancelled ones marked so
+    lines = requests.read(requests.location(book, rows[1]["requests_file"]),
+                          rows[1]["requests_sha256"])
+    assert len(lines) == rows[1]["requests"] and {x.status for x in lines} >= {"cancelled"}
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -69,3 +69,23 @@ def test_cancelled_is_not_failed() -> None:
     r = RequestRecord(index=0, prompt_index=0, status=200, cancelled=True)
     decode_events(r)
     assert r.cancelled and not r.failed and not r.ok and r.error is None
+
+
+def test_the_proxys_failed_leg_is_kept() -> None:
+    # before the response started: a JSON error naming the leg (kvlab proxy's shape)
+    r = RequestRecord(index=0, prompt_index=0, sent_ns=1, end_ns=9, status=503,
+                      error="http 503", error_detail=json.dumps({"error": {
+                          "message": "the prefill leg failed", "code": 503, "leg": "prefill"}}))
+    decode_events(r)
+    assert r.failed and r.failed_leg == "prefill"
+    # after it started: an SSE error event, then a clean end
+    r = record(
+        (10, event({"choices": [{"index": 0, "delta": {"content": "a"}}]})),
+        (20, b"event: error\n" + event({"error": {"message": "mid-stream", "leg": "decode"}})),
+    )
+    assert r.error == "error event" and r.failed_leg == "decode"
+    # an engine's own error names no leg; the proxy's "client" is not a leg
+    plain = RequestRecord(index=0, prompt_index=0, status=400, error="http 400",
+                          error_detail='{"error": {"message": "bad", "leg": "client"}}')
+    decode_events(plain)
+    assert plain.failed_leg is None

@@ -93,3 +93,24 @@ def test_slo_parsing() -> None:
             stats.Slo.parse(bad)
     # a one-token response has no TPOT: only the bounds that exist are checked
     assert stats.Slo(tpot_ms=1).met(ok(0, 0, [5], 6, 1))
+
+
+def test_summary_has_p95_std_and_its_count() -> None:
+    values = [float(v) for v in range(1, 101)]  # 1..100 s
+    out = stats.summary(values)
+    assert out is not None
+    assert out["p50"] == pytest.approx(50.5) and out["p95"] == pytest.approx(95.05)
+    assert out["p99"] == pytest.approx(99.01) and out["mean"] == pytest.approx(50.5)
+    # the sample standard deviation of 1..n is sqrt(n (n + 1) / 12)
+    assert out["std"] == pytest.approx((100 * 101 / 12) ** 0.5, rel=1e-6)
+    assert out["n"] == 100
+    one = stats.summary([0.25])
+    assert one is not None and one["n"] == 1 and one["std"] is None and one["p99"] == 0.25
+
+
+def test_every_distribution_of_a_level_states_its_n() -> None:
+    out = stats.level_stats(level())
+    # two successes (a failure and a cancellation are not samples); a has 3 gaps, b has 2
+    assert [out[k]["n"] for k in ("ttft_s", "tpot_s", "e2e_s", "itl_s")] == [2, 2, 2, 5]
+    assert out["ttft_s"]["p95"] == pytest.approx(0.0975)
+    assert out["ttft_s"]["std"] == pytest.approx(0.035355, abs=1e-6)

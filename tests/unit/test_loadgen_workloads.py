@@ -47,3 +47,48 @@ def test_multi_turn_grows_turn_by_turn() -> None:
 def test_bad_set_is_refused() -> None:
     with pytest.raises(InputError, match="--prompt-set"):
         workloads.build("random", 3)
+
+
+def test_disjoint_ranges_share_no_conversation() -> None:
+    level = workloads.build("multi-turn", 8, preamble_tokens=50, turns=4, start=0)
+    warmup = workloads.build("multi-turn", 8, preamble_tokens=50, turns=4, start=500_000)
+    assert {p.conversation for p in level} == {0, 1}
+    assert {p.conversation for p in warmup} == {500_000, 500_001}
+    assert [p.turn for p in warmup] == [0, 0, 1, 1, 2, 2, 3, 3]
+    openings = {p.messages[1][1] for p in level}
+    assert openings.isdisjoint(p.messages[1][1] for p in warmup)
+    assert all(p.document_tokens == 50 for p in level)
+
+
+def test_a_range_past_one_round_starts_new_conversations() -> None:
+    prompts = workloads.build("multi-turn", 12, preamble_tokens=50, turns=4, conversations=2)
+    assert [p.conversation for p in prompts] == [0, 1] * 4 + [2, 3, 2, 3]
+    assert [p.turn for p in prompts[8:]] == [0, 0, 1, 1]
+    # one prompt built alone at its place in the range is the same prompt
+    alone = workloads.build("multi-turn", 1, preamble_tokens=50, turns=4, conversations=2,
+                            offset=9)
+    assert alone == [prompts[9]]
+
+
+def test_calibration_fits_the_preamble_with_the_models_tokenizer() -> None:
+    def count(text: str) -> int:  # 2 tokens a word and 1 per sentence: not the estimate
+        return 2 * len(text.split()) + text.count(".")
+
+    sizing = workloads.size_with(count, 3, 1000, "a local tokenizer")
+    assert sizing is not None and sizing.method == "tokenizer"
+    assert sizing.tokens_per_word == pytest.approx(2.08, abs=0.03)
+    actual = count(workloads.preamble(3, 1000, sizing))
+    assert sizing.as_dict(3, 1000) == {
+        "method": "tokenizer", "source": "a local tokenizer",
+        "tokens_per_word": round(sizing.tokens_per_word, 4),
+        "preamble_tokens_requested": 1000, "preamble_tokens_actual": actual}
+    assert 997 <= actual <= 1000  # a word costs 2 or 3 tokens: the closest at or below
+    # other documents go by the measured tokens per word
+    assert sizing.words(1000) == pytest.approx(1000 / sizing.tokens_per_word, abs=1)
+    # a tokenizer that cannot answer: no sizing, the caller keeps the estimate
+    assert workloads.size_with(lambda text: None, 3, 1000, "x") is None
+
+
+def test_best_fit_prefers_the_closest_count_not_above() -> None:
+    assert workloads.best_fit({10: 98, 11: 101, 12: 103}, 100) == 10
+    assert workloads.best_fit({10: 102, 11: 101}, 100) == 11  # all above: the smallest

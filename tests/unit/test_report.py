@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 import seeds
+from kvlab.core.errors import InputError
 from kvlab.engines.process import free_port, port_in_use
+from kvlab.loadgen import topology
 from kvlab.records import notebook
+from kvlab.records.models import LoadRecord
 from kvlab.records.models import build as record
-from kvlab.report import build
+from kvlab.report import build, compare, decisions, export, intervals, plots
+from perrequest import lognormal, run_row
 
 LAB_O, LAB_P = notebook.LAB_OFFLOAD, notebook.LAB_PD
 FAKE = Path(__file__).resolve().parents[1] / "fakes" / "sse_upstream.py"
@@ -197,3 +205,173 @@ def test_the_seed_script_itself_writes_a_line_the_report_reads(tmp_path: Path) -
     row = build(book).tables[0].rows[0]
     assert all(cell.replace(".", "").isdigit() for cell in row[2:4]), row
     assert not any("None" in cell or cell == "n/a" for cell in row[1:])
+
+
+LOOP = topology.loopback_split("shared", "test").fields()
+
+
+def split_book(path: Path, split_median: float, levels: tuple[int, ...] = (1, 4)) -> None:
+    """A baseline and a loopback split with per-request files, and their comparison."""
+    for level in levels:
+        run_row(path, "baseline", level, lognormal(level, 60, 0.2))
+        run_row(path, "disagg", level, lognormal(10 + level, 60, split_median), **LOOP)
+    result = compare.compare(notebook.read(path).records, str(path), "disagg", "baseline")
+    notebook.append(path, result.record.with_fields(**LOOP))
+
+
+def test_the_p_d_table_and_decision_carry_the_intervals(tmp_path: Path) -> None:
+    path = tmp_path / "labbook.md"
+    split_book(path, 0.4)
+    report = build(path)
+    split = next(row for row in report.tables[1].rows if row[0] == "Two processes on one device")
+    evidence = split[6].split("against the baseline: ")[1]
+    assert evidence.startswith("c=1 TTFT 1.")
+    assert evidence.split(", c=")[0].endswith("] slower") and "c=4 TTFT" in evidence
+    pd = next(d for d in report.decisions if d.question == decisions.PD_Q)
+    assert pd.decided and pd.answer.startswith("Use one machine, no split:")
+    assert "was slower to first token at every level (c=1 x1." in pd.answer
+    assert "no per-request data" not in pd.answer
+
+
+def test_a_split_no_measurably_different_is_not_enough_evidence(tmp_path: Path) -> None:
+    path = tmp_path / "labbook.md"
+    split_book(path, 0.2)
+    pd = next(d for d in build(path).decisions if d.question == decisions.PD_Q)
+    assert not pd.decided
+    assert pd.answer.startswith("Not enough evidence: the best split measured, the split "
+                                "`disagg` (on one machine, shared connector), made no "
+                                "measurable difference to first token at any level")
+
+
+def pressure(hit: float) -> dict[str, Any]:
+    return {"pressure": {"state": "under pressure", "planned": {
+        "oversubscription": 3.0, "reusable_fraction": 0.8, "kv_cache_bytes": 8_388_608},
+        "reached": {}}, "prefix_hit_rate": hit, "tier": "host memory 8 GiB"}
+
+
+def tier_book(path: Path, on_median: float) -> None:
+    run_row(path, compare.OFFLOAD_OFF, 4, lognormal(1, 80, 0.3), lab=LAB_O, **pressure(0.2))
+    run_row(path, compare.OFFLOAD_ON, 4, lognormal(2, 80, on_median), lab=LAB_O,
+            **pressure(0.2))
+
+
+def test_the_host_tier_is_judged_by_its_interval(tmp_path: Path) -> None:
+    path = tmp_path / "labbook.md"
+    tier_book(path, 0.15)
+    report = build(path)
+    assert "TTFT p50 against the tier off at c=4: 0." in report.tables[0].rows[3][5]
+    assert report.tables[0].rows[3][5].endswith("] faster")
+    host = next(d for d in report.decisions if d.question == decisions.HOST_Q)
+    assert host.decided and host.answer.startswith("The host tier paid: TTFT p50 ")
+    assert ", 95% interval 0." in host.answer and "no per-request data" not in host.answer
+    (tmp_path / "same").mkdir()
+    same = tmp_path / "same" / "labbook.md"
+    tier_book(same, 0.3)
+    host = next(d for d in build(same).decisions if d.question == decisions.HOST_Q)
+    assert not host.decided
+    assert host.answer.startswith("Not enough evidence: no measurable difference: TTFT p50 ")
+
+
+def test_a_row_without_a_per_request_file_says_so_in_the_decision(tmp_path: Path) -> None:
+    path = tmp_path / "labbook.md"
+    for label, median in ((compare.OFFLOAD_OFF, 0.3), (compare.OFFLOAD_ON, 0.1)):
+        row = run_row(path, label, 4, [median] * 10, lab=LAB_O, write=False, **pressure(0.2))
+        notebook.append(path, row.with_fields(requests_file=None, requests_sha256=None))
+    host = next(d for d in build(path).decisions if d.question == decisions.HOST_Q)
+    assert host.decided and host.answer.startswith("The host tier paid")
+    assert host.answer.endswith("; no interval: no per-request data.")
+
+
+def test_a_changed_per_request_file_stops_the_report(tmp_path: Path) -> None:
+    path = tmp_path / "labbook.md"
+    split_book(path, 0.4)
+    row = notebook.read(path).of(LoadRecord, "baseline")[0]
+    changed = tmp_path / str(row.requests_file)
+    changed.write_bytes(changed.read_bytes().replace(b'"cached_tokens": 896',
+                                                     b'"cached_tokens": 0'))
+    with pytest.raises(InputError, match="sha256 differs"):
+        build(path)
+    run = subprocess.run([sys.executable, "-m", "kvlab", "report", "--labbook", str(path),
+                          "--out", str(tmp_path / "r"), "--no-plots"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and "sha256 differs" in run.stderr
+
+
+def test_csv_export_writes_every_table_and_each_run(tmp_path: Path) -> None:
+    path = tmp_path / "labbook.md"
+    split_book(path, 0.4)
+    run_row(path, "baseline", 8, lognormal(30, 20, 0.2), repeat=0, warmup=3, failed=2)
+    run_row(path, "baseline", 8, lognormal(31, 20, 0.2), repeat=1)
+    out = tmp_path / "csv"
+    run = subprocess.run([sys.executable, "-m", "kvlab", "report", "--labbook", str(path),
+                          "--out", str(tmp_path / "r"), "--no-plots", "--csv", str(out),
+                          "--json"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    written = sorted(Path(p).name for p in json.loads(run.stdout)["csv"])
+    assert written == sorted(p.name for p in out.iterdir())
+    assert {"offload-lab-what-the-tiers-measured.csv", "p-d-lab-the-split-against-one-machine.csv",
+            "decisions.csv", "intervals.csv", "requests-baseline-c1.csv",
+            "requests-disagg-c4.csv", "requests-baseline-c8-r0.csv",
+            "requests-baseline-c8-r1.csv"} <= set(written)
+
+    def read(name: str) -> list[list[str]]:
+        with open(out / name, newline="", encoding="utf-8") as f:
+            return list(csv.reader(f))
+
+    pd = read("p-d-lab-the-split-against-one-machine.csv")
+    assert pd[0] == ["Configuration", "Link", "TTFT p50 (s)", "TPOT p50 (s)", "Output tokens/s",
+                     "Bytes per request", "Evidence", "Measured on"]
+    assert read("decisions.csv")[0] == ["lab", "question", "answer", "decided"]
+    spans = read("intervals.csv")
+    assert spans[0] == export.INTERVAL_COLUMNS
+    assert spans[1][:4] == ["disagg", "baseline", "1", "ttft_p50"] and spans[1][7] == "slower"
+    reqs = read("requests-baseline-c8-r0.csv")
+    assert reqs[0][:3] == ["label", "level", "repeat"] and reqs[0] == export.REQUEST_COLUMNS
+    assert len(reqs) == 1 + 3 + 20 + 2  # warm-up and failed requests are data too
+    assert {tuple(r[:3]) for r in reqs[1:]} == {("baseline", "8", "0")}
+    assert (out / "requests-baseline-c8-r0.csv").stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("levels", [(4,), (1, 4, 8)])
+def test_plots_from_per_request_data(tmp_path: Path, levels: tuple[int, ...],
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Drawn without error for one level and several; every linear y axis from zero; no
+    line through a single point."""
+    path = tmp_path / "labbook.md"
+    split_book(path, 0.4, levels)
+    seen: list[str] = []
+    save = plots._save
+
+    def check(plt: object, fig: object, where: Path) -> Path:
+        seen.append(where.name)
+        for ax in fig.axes:  # type: ignore[attr-defined]
+            if ax.get_yscale() == "linear":
+                assert ax.get_ylim()[0] == 0, (where.name, ax.get_title())
+            for line in ax.get_lines():
+                if len(line.get_xdata()) == 1:
+                    assert line.get_linestyle() == "None", (where.name, ax.get_title())
+        return save(plt, fig, where)
+
+    monkeypatch.setattr(plots, "_save", check)
+    report = build(path, tmp_path / "plots")
+    names = sorted(p.name for p in report.plots)
+    assert {"baseline-vs-disagg.png", "ttft-cdf-baseline.png", "ttft-cdf-disagg.png"} <= \
+        set(names) and sorted(seen) == names
+    assert all(p.stat().st_size > 1000 for p in report.plots)
+
+
+def test_the_ratio_panel_draws_each_interval(tmp_path: Path) -> None:
+    path = tmp_path / "labbook.md"
+    split_book(path, 0.4)
+    book = notebook.read(path)
+    found = intervals.pair_levels(book.path, book.records,
+                                  compare.load_rows(book.records, "disagg"),
+                                  compare.load_rows(book.records, "baseline"))
+    fig, ax = plots._pyplot().subplots()
+    plots._ratio_panel(ax, book, "baseline", "disagg")
+    bars = ax.containers[0]  # the error bars: one segment per level, low to high
+    lows_highs = [v for seg in bars.lines[2][0].get_segments() for v in seg[:, 1]]
+    assert lows_highs == pytest.approx([v for lv in (1, 4) for v in (
+        found[lv]["ttft_p50"].low, found[lv]["ttft_p50"].high)])
+    plots._pyplot().close(fig)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from pathlib import Path
@@ -12,23 +11,13 @@ import pytest
 from kvlab.core.errors import InputError, RefusedError
 from kvlab.engines.llamacpp import slotstore
 from kvlab.engines.llamacpp.client import SlotOp
-from kvlab.engines.llamacpp.slotstore import Manifest, ServerIdentity, SlotStore
-
-MAGIC = b"qsgg\x03\x00\x00\x00"
-
-
-def identity(model: Path, **changes: object) -> ServerIdentity:
-    base = ServerIdentity(model_path=str(model), model_sha256=slotstore.file_sha256(model),
-                          kv_type_k="q8_0", kv_type_v="q8_0", parallel=2, flash_attn="auto",
-                          server_build="b1-0c1e570", tokens_per_slot=4096)
-    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+from kvlab.engines.llamacpp.slotstore import Manifest, SlotStore
+from slots import MAGIC, fake_model, identity
 
 
 @pytest.fixture
 def model(tmp_path: Path) -> Path:
-    path = tmp_path / "m.gguf"
-    path.write_bytes(b"GGUF tiny weights")
-    return path
+    return fake_model(tmp_path)
 
 
 @pytest.fixture

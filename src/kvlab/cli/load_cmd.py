@@ -22,6 +22,7 @@ from rich.console import Console
 
 from kvlab.cli.common import Output, json_option, settings_from
 from kvlab.core.errors import InputError
+from kvlab.core.settings import LoadedSettings
 from kvlab.engines.base import ALIASES as ENGINE_ALIASES
 from kvlab.engines.base import NAMES as ENGINE_NAMES
 from kvlab.engines.base import VLLM, canonical_name
@@ -90,18 +91,22 @@ def level_progress(out: Output, enabled: bool) -> Iterator[Any]:
 
 
 def _ms(summary: dict[str, float] | None, key: str = "p50") -> str:
-    return f"{summary[key] * 1000:.1f}" if summary else "-"
+    value = (summary or {}).get(key)
+    return f"{value * 1000:.1f}" if value is not None else "-"
 
 
 def render_rows(console: Console, rows: Sequence[Record]) -> None:
     from rich.table import Table
 
-    table = Table("conc", "ok", "fail", "TTFT p50", "TTFT p99", "TPOT p50", "ITL p50",
-                  "tok/s", "req/s", "hits", "lag p99", title="times in ms")
+    table = Table("conc", "ok", "fail", "warm-up", "TTFT p50", "TTFT p95", "TTFT p99",
+                  "TPOT p50", "ITL p50", "tok/s", "req/s", "hits", "lag p99",
+                  title="times in ms; percentiles over the ok requests")
     for r in (row.line() for row in rows):
         hits = r.get("prefix_hit_rate")
         table.add_row(str(r["concurrency"]), str(r["ok"]), str(r["failed"] + r["cancelled"]),
-                      _ms(r.get("ttft_s")), _ms(r.get("ttft_s"), "p99"), _ms(r.get("tpot_s")),
+                      str(r.get("warmup_requests") or 0),
+                      _ms(r.get("ttft_s")), _ms(r.get("ttft_s"), "p95"),
+                      _ms(r.get("ttft_s"), "p99"), _ms(r.get("tpot_s")),
                       _ms(r.get("itl_s")), f"{r['output_tokens_per_s']:.0f}",
                       f"{r['requests_per_s']:.1f}",
                       f"{hits:.0%}" if hits is not None else "-",
@@ -129,28 +134,37 @@ def split_topology(settings: Any, base_url: str) -> dict[str, Any]:
     return topology.derive(base_url, known).fields()
 
 
-def load_spec(settings: Any, *, base_url: str, label: str, engine: str, slo: str | None,
-              timeout: float, rate: float | None, arrivals: str, preamble_tokens: int | None,
-              seed: int, endpoint: str, ignore_eos: bool, kv_cache_type: str | None,
-              scrape: bool, lab: str, metrics_url: str = "") -> Any:
-    """A LoadSpec from settings (SERVED_NAME, CONCURRENCY, ...) and the command's options."""
+def requests_setting(loaded: LoadedSettings) -> int | None:
+    """REQUESTS when someone set it (flag, environment, .env, or a profile such as cpu-tiny's
+    short CI sweeps); None when it is the seed's default, so each level takes enough requests
+    that its p99 is not one request (`loadgen.sweep.default_requests`)."""
+    return None if loaded.sources.get("requests") == "default" else loaded.values.requests
+
+
+def load_spec(loaded: LoadedSettings, *, base_url: str, label: str, engine: str,
+              options: dict[str, Any], lab: str, metrics_url: str = "") -> Any:
+    """A LoadSpec from settings (SERVED_NAME, CONCURRENCY, ...) and the command's options
+    (`generator_options`' values by name)."""
     from kvlab.loadgen.stats import Slo
     from kvlab.loadgen.sweep import LoadSpec
 
+    settings, o = loaded.values, options
     extra: dict[str, Any] = {"context_length": settings.ctx,
                              "mem_fraction": settings.mem_fraction,
                              **split_topology(settings, base_url)}
-    if kv_cache_type:
-        extra["kv_cache_type"] = kv_cache_type
+    if o["kv_cache_type"]:
+        extra["kv_cache_type"] = o["kv_cache_type"]
     return LoadSpec(
         base_url=base_url, model=settings.served_name, levels=tuple(settings.concurrency),
-        requests=settings.requests, max_tokens=settings.max_tokens,
+        requests=requests_setting(loaded), max_tokens=settings.max_tokens,
         prompt_set=settings.prompt_set, label=label, engine=canonical_name(engine),
-        endpoint=endpoint, timeout_s=timeout, rate=rate,  # type: ignore[arg-type]
-        poisson=arrivals == "poisson", slo=Slo.parse(slo) if slo else None,
-        preamble_tokens=preamble_tokens or settings.preamble_tokens, seed=seed,
-        ignore_eos=ignore_eos, scrape_metrics=scrape, metrics_url=metrics_url, lab=lab,
-        extra=extra)
+        endpoint=o["endpoint"], timeout_s=o["timeout"], rate=o["rate"],
+        poisson=o["arrivals"] == "poisson", slo=Slo.parse(o["slo"]) if o["slo"] else None,
+        preamble_tokens=o["preamble_tokens"] or settings.preamble_tokens, seed=o["seed"],
+        ignore_eos=o["ignore_eos"], scrape_metrics=not o["no_metrics"],
+        metrics_url=metrics_url, lab=lab, extra=extra, min_requests=o["min_requests"],
+        duration_s=o["duration"], warmup=o["warmup"], labbook=settings.labbook,
+        size_prompts=o["prompt_sizing"] == "tokenizer", tokenize_url=o["tokenize_url"])
 
 
 def generator_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -172,6 +186,23 @@ def generator_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--kv-cache-type", help="Record the server's KV type (f16, q8_0, ...)."),
         click.option("--no-metrics", is_flag=True, help="Do not scrape the server's /metrics."),
         click.option("--no-progress", is_flag=True, help="No progress bars."),
+        click.option("--warmup", type=click.IntRange(min=0),
+                     help="Requests sent first at each level and left out of every statistic "
+                          "(marked in the per-request file) [default: one per concurrent "
+                          "request]."),
+        click.option("--min-requests", type=click.IntRange(min=1),
+                     help="Measured requests per level at least [default: REQUESTS when set, "
+                          "else max(10 x concurrency, 200)]."),
+        click.option("--duration", type=click.FloatRange(min=0, min_open=True),
+                     help="Seconds each level runs at least (and at least --min-requests)."),
+        click.option("--prompt-sizing", type=click.Choice(["tokenizer", "estimate"]),
+                     default="tokenizer", show_default=True,
+                     help="Size prompts in the served model's tokens through its /tokenize, "
+                          "or by the 1.3-tokens-a-word estimate (also the fallback when the "
+                          "server has no /tokenize)."),
+        click.option("--tokenize-url", default="",
+                     help="The engine whose /tokenize sizes the prompts [default: the base "
+                          "URL's server, then --metrics-url's; behind a proxy, an engine]."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -182,7 +213,9 @@ def generator_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--base-url", help="The server's OpenAI base URL, e.g. http://127.0.0.1:8200/v1.")
 @click.option("--model", help='Name sent in "model" (default: SERVED_NAME).')
 @click.option("--concurrency", help="Levels, e.g. 1,4,8 (default: CONCURRENCY).")
-@click.option("--requests", type=int, help="Requests per level (default: REQUESTS).")
+@click.option("--requests", type=int,
+              help="Measured requests per level (default: REQUESTS when set, else max(10 x "
+                   "concurrency, 200)).")
 @click.option("--max-tokens", type=int, help="Output tokens per request (default: MAX_TOKENS).")
 @click.option("--prompt-set", help="shared-prefix, mixed or multi-turn (default: PROMPT_SET).")
 @click.option("--label", default="load", show_default=True, help="Label of the rows.")
@@ -198,14 +231,13 @@ def generator_options(fn: Callable[..., Any]) -> Callable[..., Any]:
               help="Print a file that works as LOAD_TEST for the seed's run-load.sh, and exit.")
 @json_option
 @click.pass_context
-def load_command(ctx: click.Context, base_url: str | None, model: str | None,
+def load_command(ctx: click.Context, /, base_url: str | None, model: str | None,
                  concurrency: str | None, requests: int | None, max_tokens: int | None,
                  prompt_set: str | None, label: str, engine: str, labbook: str | None, lab: str,
-                 metrics_url: str, slo: str | None, timeout: float, rate: float | None,
-                 arrivals: str, preamble_tokens: int | None, seed: int, endpoint: str,
-                 ignore_eos: bool, kv_cache_type: str | None, no_metrics: bool,
-                 no_progress: bool, print_load_test_path: bool, as_json: bool) -> None:
-    """Stream requests at each concurrency level; one notebook row per level."""
+                 metrics_url: str, print_load_test_path: bool, as_json: bool,
+                 **options: Any) -> None:
+    """Stream requests at each concurrency level; one notebook row and one per-request file
+    (beside the notebook, in kvlab-requests/) per level."""
     from kvlab.loadgen.load_test_entry import write_launcher
     from kvlab.loadgen.sweep import run_sweep
     from kvlab.records import notebook
@@ -220,20 +252,19 @@ def load_command(ctx: click.Context, base_url: str | None, model: str | None,
         return
     if not base_url:
         raise InputError("--base-url is required, e.g. --base-url http://127.0.0.1:8200/v1")
-    spec = load_spec(settings, base_url=base_url, label=label, engine=engine, slo=slo,
-                     timeout=timeout, rate=rate, arrivals=arrivals,
-                     preamble_tokens=preamble_tokens, seed=seed, endpoint=endpoint,
-                     ignore_eos=ignore_eos, kv_cache_type=kv_cache_type, scrape=not no_metrics,
+    spec = load_spec(loaded, base_url=base_url, label=label, engine=engine, options=options,
                      lab=notebook.LAB_PD if lab == "pd" else notebook.LAB_OFFLOAD,
                      metrics_url=metrics_url)
-    with level_progress(out, not no_progress) as hook:
+    with level_progress(out, not options["no_progress"]) as hook:
         result = run_interruptible(out, lambda stop: run_sweep(
             spec, api_key=settings.api_key(), stop=stop, progress=hook,
             on_row=lambda row: notebook.append(settings.labbook, row)))
 
     def human(console: Console) -> None:
         render_rows(console, result.rows)
-        console.print(f"    Appended {len(result.rows)} load line(s) to {settings.labbook}")
+        console.print(f"    Appended {len(result.rows)} load line(s) to {settings.labbook}; "
+                      "each level's requests in "
+                      + ", ".join(str(r.requests_file) for r in result.rows))
 
     out.result({"rows": result.rows, "labbook": settings.labbook,
                 "interrupted": result.interrupted}, human)
@@ -279,22 +310,17 @@ def _topology_line(fields: dict[str, Any]) -> str:
 @generator_options
 @json_option
 @click.pass_context
-def run_load_command(ctx: click.Context, label: str, base_url: str,
-                     metrics_urls: tuple[str, ...], slo: str | None, timeout: float,
-                     rate: float | None, arrivals: str, preamble_tokens: int | None, seed: int,
-                     endpoint: str, ignore_eos: bool, kv_cache_type: str | None,
-                     no_metrics: bool, no_progress: bool, as_json: bool) -> None:
+def run_load_command(ctx: click.Context, /, label: str, base_url: str,
+                     metrics_urls: tuple[str, ...], as_json: bool, **options: Any) -> None:
     """The seed's run-load.sh: a load run with the link's byte counters around it."""
     from kvlab.loadgen import topology
     from kvlab.loadgen.linkrun import LinkSpec, check_load_test, run_load
     from kvlab.records import notebook
 
     out = Output(as_json)
-    settings = settings_from(ctx).values
-    spec = load_spec(settings, base_url=base_url, label=label, engine=VLLM, slo=slo,
-                     timeout=timeout, rate=rate, arrivals=arrivals,
-                     preamble_tokens=preamble_tokens, seed=seed, endpoint=endpoint,
-                     ignore_eos=ignore_eos, kv_cache_type=kv_cache_type, scrape=not no_metrics,
+    loaded = settings_from(ctx)
+    settings = loaded.values
+    spec = load_spec(loaded, base_url=base_url, label=label, engine=VLLM, options=options,
                      lab=notebook.LAB_PD, metrics_url=metrics_urls[0] if metrics_urls else "")
     if settings.load_test:
         check_load_test(settings.load_test)
@@ -308,7 +334,7 @@ def run_load_command(ctx: click.Context, label: str, base_url: str,
     out.note(f"    topology: {_topology_line(spec.extra)}")
     out.note(f"    reading byte counters on {settings.cluster_iface}" if settings.cluster_iface
              else "    no interface counters (CLUSTER_IFACE unset)")
-    with level_progress(out, not no_progress and not settings.load_test) as hook:
+    with level_progress(out, not options["no_progress"] and not settings.load_test) as hook:
         record, sweep = run_interruptible(out, lambda stop: run_load(
             spec, link, settings.labbook, lambda line: notebook.append(settings.labbook, line),
             api_key=settings.api_key(), stop=stop, progress=hook))

@@ -1,4 +1,5 @@
-"""`kvlab report`: both labs' tables (markdown) and plots (PNG) from the notebook alone."""
+"""`kvlab report`: both labs' tables (markdown), plots (PNG) and, with `--csv DIR`, the tables
+and per-request data as CSV, from the notebook and the per-request files it names."""
 
 from __future__ import annotations
 
@@ -15,20 +16,24 @@ from kvlab.cli.common import Output, json_option, settings_from
               default=Path("kvlab-report"), show_default=True,
               help="Directory for report.md and the plots.")
 @click.option("--no-plots", is_flag=True, help="Tables only.")
+@click.option("--csv", "csv_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Also write every table and each run's per-request data as CSV files here.")
 @json_option
 @click.pass_context
 def report_command(ctx: click.Context, labbook: str | None, out_dir: Path, no_plots: bool,
-                   as_json: bool) -> None:
+                   csv_dir: Path | None, as_json: bool) -> None:
     """Fill the labs' "Expected outcome" tables from the notebook, with evidence."""
     from kvlab.report import build
 
     settings = settings_from(ctx, labbook=labbook).values
     out_dir.mkdir(parents=True, exist_ok=True)
-    report = build(settings.labbook, None if no_plots else out_dir)
+    report = build(settings.labbook, None if no_plots else out_dir, csv_dir)
     text = report.markdown()
     (out_dir / "report.md").write_text(text + "\n", encoding="utf-8")
     data = {**report.as_dict(), "written": str(out_dir / "report.md")}
-    Output(as_json).result(data, lambda c: c.print(text + f"\n(written to {out_dir}/report.md)"))
+    where = f"\n(written to {out_dir}/report.md" + (
+        f"; {len(report.csv_files)} CSV files in {csv_dir}" if csv_dir is not None else "") + ")"
+    Output(as_json).result(data, lambda c: c.print(text + where))
 
 
 COMMANDS = (report_command,)

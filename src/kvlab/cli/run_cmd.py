@@ -4,23 +4,47 @@ Each subcommand parses its options into the experiment's spec and hands it to `_
 which runs the registered experiment (`kvlab.experiments`) in a `Lab`: the experiment starts
 and always stops its own engines and writes every line through the lab; the command renders
 what was written. `--dry-run` prints the plans and starts, installs and writes nothing.
+The vLLM labs take `--cluster ADDRESS` (or Ray's RAY_ADDRESS) and `--node NAME` to run their
+engines on a Ray cluster's nodes (`kvlab.cluster`); without either nothing imports Ray.
 Progress goes to stderr under `--json`, so stdout stays one JSON document.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
 
 from kvlab.cli.common import Output, json_option, prepared_settings, settings_from
+from kvlab.cli.load_cmd import requests_setting
 from kvlab.core.settings import Settings
 from kvlab.experiments import DISAGG_PARTS, RUN_ALL
 
 if TYPE_CHECKING:
+    from kvlab.cluster.placement import Placement
     from kvlab.records.models import Record
+
+cluster_option = click.option(
+    "--cluster", metavar="ADDRESS",
+    help="Run the engines on this Ray cluster (default: RAY_ADDRESS; neither: this machine). "
+         "kvlab joins it and never starts or stops it.")
+node_option = click.option(
+    "--node", metavar="NAME",
+    help="On the cluster, every engine of the run on this node (its address, host name, "
+         "node id or kvlab-host label); default: PREFILL_HOST's and DECODE_HOST's nodes.")
+proxy_node_option = click.option(
+    "--proxy-node", metavar="NAME",
+    help="On the cluster, kvlab's proxy on this node (default: where kvlab runs).")
+
+
+def _placement(settings: Settings, cluster: str | None, node: str | None,
+               proxy_node: str | None = None) -> Placement:
+    from kvlab.cluster.placement import from_options
+
+    return from_options(settings, cluster, node, proxy_node)
 
 
 @click.group("run")
@@ -28,26 +52,39 @@ def run_group() -> None:
     """Run one of the labs' experiments end to end and record it in the notebook."""
 
 
-def _execute(out: Output, settings: Settings, name: str, spec: Any) -> list[Record]:
-    """Run the registered experiment `name` with `spec`; the lines it wrote."""
+def _execute(out: Output, settings: Settings, name: str, spec: Any,
+             placement: Placement | None = None) -> list[Record]:
+    """Run the registered experiment `name` with `spec` where `placement` says; its lines."""
+    from kvlab.cluster.placement import LOCAL
     from kvlab.experiments import registered
     from kvlab.experiments.lab import Lab
 
-    lab = Lab(settings, say=out.note)
-    records: list[Record] = asyncio.run(registered(name).load().run(lab, spec))
-    return records
+    lab = Lab(settings, say=out.note, placement=placement or LOCAL)
+
+    async def run() -> list[Record]:
+        async with lab.placed():
+            found: list[Record] = await registered(name).load().run(lab, spec)
+            return found
+
+    return asyncio.run(run())
 
 
-def _plans_or_run(out: Output, settings: Settings, name: str, spec: Any, dry_run: bool) -> None:
-    """A vLLM lab experiment: its plans (`--dry-run`, nothing started), or the run's lines."""
+def _plans_or_run(out: Output, settings: Settings, name: str, spec: Any, dry_run: bool,
+                  part: Callable[[dict[str, Any]], bool] | None = None,
+                  placement: Placement | None = None) -> None:
+    """A vLLM lab experiment: its plans (`--dry-run`, nothing started; only those `part`
+    keeps), or the run's lines."""
+    from kvlab.cluster.placement import LOCAL
     from kvlab.experiments import registered
     from kvlab.experiments.lab import Lab
 
     if dry_run:
-        plans = registered(name).load().dry_run(Lab(settings, say=out.note), spec)
+        lab = Lab(settings, say=out.note, placement=placement or LOCAL)
+        plans = registered(name).load().dry_run(lab, spec)
+        plans = [p for p in plans if part is None or part(p)]
         out.result({"dry_run": True, "plans": plans}, lambda c: _render_plans(c, plans))
         return
-    lines = _execute(out, settings, name, spec)
+    lines = _execute(out, settings, name, spec, placement)
     out.result({"records": lines}, lambda c: _render_lines(c, lines, settings.labbook))
 
 
@@ -141,7 +178,7 @@ def interference(ctx: click.Context, concurrency: int, parallels: str, requests:
     if len(values) < 2 or min(values) < 1:
         raise SettingError(f"--parallel {parallels!r}: give two or more slot counts, e.g. 4,1")
     spec = InterferenceSpec(concurrency=concurrency, parallels=values,
-                            requests=settings.requests, max_tokens=settings.max_tokens,
+                            requests=requests_setting(loaded), max_tokens=settings.max_tokens,
                             prompt_set=settings.prompt_set, ctx=settings.ctx, label=label)
     *rows, comparison = [r.line() for r in _execute(out, settings, "interference", spec)]
     data = {"rows": rows, "comparison": comparison}
@@ -221,10 +258,13 @@ def _ms(seconds: float | None) -> str:
 @click.option("--part", type=click.Choice(["all", "quiet", "pressure"]), default="all",
               show_default=True, help="Run only the quiet pair or only the pressure pair.")
 @click.option("--dry-run", is_flag=True, help="Print the plans and start nothing.")
+@cluster_option
+@node_option
 @json_option
 @click.pass_context
 def offload(ctx: click.Context, turns: int, preamble_words: int | None, concurrency: int,
-            min_requests: int, part: str, dry_run: bool, as_json: bool) -> None:
+            min_requests: int, part: str, dry_run: bool, cluster: str | None, node: str | None,
+            as_json: bool) -> None:
     """The host-memory tier: off and on, quiet and under found pressure."""
     from kvlab.experiments import offload as experiment
 
@@ -236,17 +276,21 @@ def offload(ctx: click.Context, turns: int, preamble_words: int | None, concurre
                                   concurrency=concurrency, min_requests=min_requests, part=part,
                                   load_max_tokens=settings.max_tokens,
                                   preamble_tokens=settings.preamble_tokens)
-    _plans_or_run(out, settings, "offload", spec, dry_run)
+    _plans_or_run(out, settings, "offload", spec, dry_run,
+                  lambda p: part == "all" or p["label"].endswith("-load") == (part == "pressure"),
+                  _placement(settings, cluster, node))
 
 
 @run_group.command("shared")
 @click.option("--turns", type=click.IntRange(2), default=6, show_default=True)
 @click.option("--preamble-words", type=click.IntRange(1), help="Default: PREAMBLE_WORDS.")
 @click.option("--dry-run", is_flag=True, help="Print the plans and start nothing.")
+@cluster_option
+@node_option
 @json_option
 @click.pass_context
 def shared(ctx: click.Context, turns: int, preamble_words: int | None, dry_run: bool,
-           as_json: bool) -> None:
+           cluster: str | None, node: str | None, as_json: bool) -> None:
     """Two instances, one KV store: alternating turns, a single-instance control, the proof."""
     from kvlab.experiments import shared as experiment
 
@@ -255,7 +299,8 @@ def shared(ctx: click.Context, turns: int, preamble_words: int | None, dry_run: 
     settings = (settings_from(ctx) if dry_run else prepared_settings(ctx, out.err)).values
     spec = experiment.SharedSpec(turns=turns,
                                  preamble_words=preamble_words or settings.preamble_words)
-    _plans_or_run(out, settings, "shared", spec, dry_run)
+    _plans_or_run(out, settings, "shared", spec, dry_run,
+                  placement=_placement(settings, cluster, node))
 
 
 @run_group.command("disagg")
@@ -280,12 +325,16 @@ def shared(ctx: click.Context, turns: int, preamble_words: int | None, dry_run: 
               help="--part cancel: tokens received before the client closes the stream "
                    "(default 4).")
 @click.option("--dry-run", is_flag=True, help="Print the plans and start nothing.")
+@cluster_option
+@node_option
+@proxy_node_option
 @json_option
 @click.pass_context
 def disagg(ctx: click.Context, link_gbps: float | None, parts: tuple[str, ...],
            lengths: str | None, boundary_concurrency: str | None,
            boundary_requests: int | None, cancel_prompt_tokens: int | None,
-           cancel_after: int | None, dry_run: bool, as_json: bool) -> None:
+           cancel_after: int | None, dry_run: bool, cluster: str | None, node: str | None,
+           proxy_node: str | None, as_json: bool) -> None:
     """Prediction, the split behind kvlab's proxy, the baseline, the comparison; with --part,
     the lab's procedure steps (a cancel and a worker restart; the prompt-length boundary)."""
     from dataclasses import replace
@@ -294,8 +343,9 @@ def disagg(ctx: click.Context, link_gbps: float | None, parts: tuple[str, ...],
     from kvlab.records.models import ProcedureRecord
 
     out = Output(as_json)
-    s = (settings_from(ctx) if dry_run else prepared_settings(ctx, out.err)).values
-    spec = experiment.DisaggSpec(levels=s.concurrency, requests=s.requests,
+    loaded = settings_from(ctx) if dry_run else prepared_settings(ctx, out.err)
+    s = loaded.values
+    spec = experiment.DisaggSpec(levels=s.concurrency, requests=requests_setting(loaded),
                                  max_tokens=s.max_tokens, preamble_tokens=s.preamble_tokens,
                                  prompt_set=s.prompt_set, link_gbps=link_gbps,
                                  parts=_disagg_parts(parts))
@@ -304,10 +354,11 @@ def disagg(ctx: click.Context, link_gbps: float | None, parts: tuple[str, ...],
         levels=_ints("--boundary-concurrency", boundary_concurrency),
         requests=boundary_requests)), cancel=replace(spec.cancel, **_given(
             prompt_tokens=cancel_prompt_tokens, cancel_after=cancel_after)))
+    placement = _placement(s, cluster, node, proxy_node)
     if dry_run:
-        _plans_or_run(out, s, "disagg", spec, dry_run)
+        _plans_or_run(out, s, "disagg", spec, dry_run, placement=placement)
         return
-    lines = _execute(out, s, "disagg", spec)
+    lines = _execute(out, s, "disagg", spec, placement)
     out.result({"records": lines}, lambda c: _render_disagg(c, lines, s.labbook))
     if any(isinstance(r, ProcedureRecord) and r.verdict == "fail" for r in lines):
         ctx.exit(1)
@@ -406,7 +457,8 @@ def run_all_command(ctx: click.Context, quick: bool, only: tuple[str, ...], repo
 
 def _render_plans(console: Console, plans: list[dict[str, Any]]) -> None:
     for item in plans:
-        console.print(f"==> {item['label']}")
+        console.print(f"==> {item['label']}" + (f" (on {item['node']})" if "node" in item
+                                                   else ""))
         if "plan" in item:
             console.print(f"    {item['shell']}")
         else:

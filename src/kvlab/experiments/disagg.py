@@ -11,6 +11,12 @@
 Everything is labelled `topology: loopback`: two processes on one machine measure no network.
 The two-machine rows cannot be run from one machine and are recorded as such.
 
+On a Ray cluster (`--cluster`, RAY_ADDRESS; `kvlab.cluster`) the same run places prefill on
+PREFILL_HOST's node and decode and the baseline on DECODE_HOST's, refuses before anything
+starts a model or engine missing on a node or a store the two nodes do not share, and records
+the nodes' topology (two machines, or two Ray nodes on one machine) and each node's counters
+around each load level; the proxy and the load generator run where kvlab runs.
+
 The lab's procedure steps are parts of the same run (`DisaggSpec.parts`, `--part`): `cancel`
 (a request cancelled mid-stream, then the decode worker restarted, `procedure.py`) and
 `boundary` (prompt lengths through the split and the baseline, `boundary.py`). The parts
@@ -21,6 +27,7 @@ since it restarts decode. `load` alone is the default, the steps above.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -81,7 +88,7 @@ LOAD, CANCEL, BOUNDARY = PARTS
 @dataclass(frozen=True)
 class DisaggSpec:
     levels: tuple[int, ...] = (1, 4, 8)
-    requests: int = 24
+    requests: int | None = None  # None: the load generator's default per level
     max_tokens: int = 128
     preamble_tokens: int = 4096
     prompt_set: str = "shared-prefix"
@@ -101,7 +108,9 @@ def _settings(lab: Lab, store: str) -> Settings:
 
 def pair_plans(lab: Lab, store: str) -> list[EnginePlan]:
     settings, install = _settings(lab, store), lab.vllm
-    cpu = install.platform == "cpu"
+    # one core each when the two share a machine's cores (two Ray nodes on one machine too)
+    cpu = install.platform == "cpu" and (
+        lab.cluster is None or lab.cluster.same_machine("prefill", "decode") is not False)
     return [vllm.plan(settings, role, install, vllm.PlanOptions(
         port=free_port(), cpu_core=core if cpu else None))
         for role, core in (("prefill", 0), ("decode", 1))]
@@ -124,14 +133,43 @@ def baseline_plan(lab: Lab, store: str) -> EnginePlan:
                      vllm.PlanOptions(port=free_port()))
 
 
+def split_where(lab: Lab) -> dict[str, Any]:
+    """The split's topology fields: loopback here, or as the cluster placed it."""
+    if lab.cluster is None:
+        return TOPOLOGY
+    return lab.cluster.split_topology("shared", "kvlab run disagg placed prefill and decode "
+                                      "on Ray nodes (machine ids from their agents)")
+
+
+def baseline_where(lab: Lab) -> dict[str, Any]:
+    if lab.cluster is None:
+        return BASELINE
+    return lab.cluster.instance_topology("baseline", "kvlab run disagg placed the baseline on "
+                                         "a Ray node")
+
+
+def _two_machines(lab: Lab) -> str | None:
+    """Why the two-machine row is not run here (None: this run is that row)."""
+    if lab.cluster is None:
+        return TWO_MACHINES
+    if lab.cluster.same_machine("prefill", "decode") is False:
+        return None
+    p, d = lab.cluster.node_facts("prefill"), lab.cluster.node_facts("decode")
+    return (f"needs two machines: PREFILL_HOST's Ray node ({p['node']}) and DECODE_HOST's "
+            f"({d['node']}) are one machine (the same machine id), so this run is two Ray "
+            "nodes on one machine, recorded under the one-machine row")
+
+
 def predict(lab: Lab, spec: DisaggSpec, block: int) -> PredictionRecord:
     """The lab's three numbers, recorded before any engine starts."""
     model = lab.settings.small_model
     prompt = workloads.build("shared-prefix", 1, preamble_tokens=spec.preamble_tokens)[0]
     tokens = count_tokens(model, prompt.as_text())
     shape = kvmath.load_shape(Path(model)) if Path(model).exists() else None
-    link = kvmath.gbps_to_bytes_per_s(spec.link_gbps) if spec.link_gbps else None
-    fields: dict[str, Any] = {"model": model, "prompt_tokens": tokens, **TOPOLOGY}
+    where = split_where(lab)
+    gbps = spec.link_gbps or (where["link_speed_mbps"] or 0) / 1000  # the node's link speed
+    link = kvmath.gbps_to_bytes_per_s(gbps) if gbps else None
+    fields: dict[str, Any] = {"model": model, "prompt_tokens": tokens, **where}
     if shape is not None:
         fields |= kvmath.predict(shape, prompt_tokens=tokens, block_size=block,
                                  link_bytes_per_s=link).as_dict()
@@ -171,7 +209,7 @@ def _checked(lab: Lab, spec: DisaggSpec) -> DisaggSpec:
 
 
 def _load_spec(lab: Lab, spec: DisaggSpec, label: str, url: str,
-               where: dict[str, Any] = TOPOLOGY) -> LoadSpec:
+               where: dict[str, Any]) -> LoadSpec:
     settings = lab.settings
     return LoadSpec(base_url=api_base(url), model=settings.served_name, levels=spec.levels,
                     requests=spec.requests, max_tokens=spec.max_tokens,
@@ -181,11 +219,29 @@ def _load_spec(lab: Lab, spec: DisaggSpec, label: str, url: str,
                            "memory_fraction": settings.split_mem_fraction})
 
 
-def _link_spec(lab: Lab, urls: tuple[str, ...], legs: dict[str, str], store_path: str = "",
-               where: dict[str, Any] = TOPOLOGY) -> LinkSpec:
-    return LinkSpec(connector="shared", context_length=lab.settings.ctx, iface=LOOPBACK,
+def _link_spec(lab: Lab, urls: tuple[str, ...], legs: dict[str, str], where: dict[str, Any],
+               store_path: str = "") -> LinkSpec:
+    # this machine's counters: loopback, unless the cluster's nodes are other machines
+    iface = LOOPBACK if where["link"] == topology.LOOPBACK else lab.settings.cluster_iface
+    return LinkSpec(connector="shared", context_length=lab.settings.ctx, iface=iface,
                     metrics_urls=urls, store_path=store_path,
                     extra={**where, "run_id": lab.run_id, "legs": legs})
+
+
+def _writer(lab: Lab, roles: tuple[str, ...], store: str = "") -> Callable[[Record], object]:
+    """How the load's rows are written: on a cluster, with each node's counters."""
+    if lab.cluster is None:
+        return lab.record
+    return lab.cluster.counters(roles, store).writer(lab.record)  # type: ignore[no-any-return]
+
+
+async def _preflight(lab: Lab, spec: DisaggSpec, store: Path) -> None:
+    """On a cluster, before anything starts: engines and models on their nodes, one store."""
+    prefill, decode = pair_plans(lab, str(store))
+    plans = [prefill, decode, proxy_plan(prefill, decode)]
+    if spec.has(LOAD) or spec.has(BOUNDARY):
+        plans.append(baseline_plan(lab, str(store)))
+    await lab.preflight(plans, store, "prefill", ("decode",))
 
 
 async def run(lab: Lab, spec: DisaggSpec) -> list[Record]:
@@ -193,15 +249,17 @@ async def run(lab: Lab, spec: DisaggSpec) -> list[Record]:
     spec = _checked(lab, spec)
     out: list[Record] = []
     prediction = None
-    if spec.has(LOAD):
-        prediction = predict(lab, spec, engine_for(VLLM).block_size(lab.vllm.platform))
-        out.append(prediction)
-        out.append(lab.not_run(LAB, "disagg-two-machines",
-                               "Two machines, shared-directory connector", TWO_MACHINES))
-        out.append(lab.not_run(LAB, "disagg-nixl", "Two machines, NixlConnector", NO_NIXL))
     store = lab.store("pd")
     got = _Measured()
     try:
+        await _preflight(lab, spec, store)
+        if spec.has(LOAD):
+            prediction = predict(lab, spec, engine_for(VLLM).block_size(lab.vllm.platform))
+            out.append(prediction)
+            if (why := _two_machines(lab)) is not None:
+                out.append(lab.not_run(LAB, "disagg-two-machines",
+                                       "Two machines, shared-directory connector", why))
+            out.append(lab.not_run(LAB, "disagg-nixl", "Two machines, NixlConnector", NO_NIXL))
         await _split_session(lab, spec, store, got)
         if spec.has(LOAD) or spec.has(BOUNDARY):
             await _baseline_session(lab, spec, store, got)
@@ -220,55 +278,55 @@ async def _split_session(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured
     """The pair behind the proxy: the crossing check, then each part that needs the split."""
     from kvlab.proxy.check import crossing_check
 
-    settings = lab.settings
-    prefill, decode = pair_plans(lab, str(store))
-    # the proxy starts once both legs are ready (it checks them as it starts)
-    async with engines(lab, [prefill, decode],
+    settings, where = lab.settings, split_where(lab)
+    # the proxy starts once both legs are ready (it checks them as it starts); the legs' URLs
+    # are the started plans' (on a cluster, their nodes' addresses)
+    async with engines(lab, pair_plans(lab, str(store)),
                        labels=["disagg-prefill", "disagg-decode"]) as pair, \
-            engines(lab, [proxy_plan(prefill, decode)]) as (proxy,):
+            engines(lab, [proxy_plan(pair[0].plan, pair[1].plan)]) as (proxy,):
+        prefill, decode = pair[0].plan, pair[1].plan
         crossing = await crossing_check(proxy.plan.base_url, [prefill.base_url],
                                         [decode.base_url], settings.served_name,
-                                        api_key=settings.api_key())
+                                        api_key=lab.api_key())
         got.records.append(lab.record(CrossingRecord(
-            label="disagg", lab=LAB, **crossing.as_dict(), **TOPOLOGY)))
+            label="disagg", lab=LAB, **crossing.as_dict(), **where)))
         lab.say(f"==> proxy check: crossed={crossing.crossed} "
                 + "; ".join(crossing.reasons))
         if spec.has(LOAD):
             row_link, sweep = await run_load(
-                _load_spec(lab, spec, "disagg", proxy.plan.base_url),
+                _load_spec(lab, spec, "disagg", proxy.plan.base_url, where),
                 _link_spec(lab, (prefill.metrics_url, decode.metrics_url),
                            {"prefill": prefill.metrics_url, "decode": decode.metrics_url},
-                           str(store)),
-                settings.labbook, lab.record,
-                api_key=settings.api_key())
+                           where, str(store)),
+                settings.labbook, _writer(lab, ("prefill", "decode"), str(store)),
+                api_key=lab.api_key())
             got.sweeps["disagg"] = sweep.rows if sweep else []
             got.records += [*got.sweeps["disagg"], row_link]
         if spec.has(BOUNDARY):
-            await _boundary_side(lab, spec, got, proxy, decode.metrics_url, "split")
+            await _boundary_side(lab, spec, got, proxy, decode.metrics_url, "split", where)
         if spec.has(CANCEL):  # last: it leaves decode restarted and then stopped
             got.records.append(await cancel_restart(lab, spec.cancel, pair, proxy))
 
 
 async def _baseline_session(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured) -> None:
     """The monolithic baseline, the one variable changed, for each part that compares."""
-    settings = lab.settings
-    base = baseline_plan(lab, str(store))
-    async with engines(lab, [base], labels=["baseline"]) as (engine,):
+    settings, where = lab.settings, baseline_where(lab)
+    async with engines(lab, [baseline_plan(lab, str(store))], labels=["baseline"]) as (engine,):
+        base = engine.plan
         if spec.has(LOAD):
             row_link_b, sweep_b = await run_load(
-                _load_spec(lab, spec, "baseline", base.base_url, BASELINE),
-                _link_spec(lab, (base.metrics_url,), {}, where=BASELINE), settings.labbook,
-                lab.record, api_key=settings.api_key())
+                _load_spec(lab, spec, "baseline", base.base_url, where),
+                _link_spec(lab, (base.metrics_url,), {}, where), settings.labbook,
+                _writer(lab, ("baseline",)), api_key=lab.api_key())
             got.sweeps["baseline"] = sweep_b.rows if sweep_b else []
             got.records += [*got.sweeps["baseline"], row_link_b]
         if spec.has(BOUNDARY):
-            await _boundary_side(lab, spec, got, engine, base.metrics_url, "baseline")
+            await _boundary_side(lab, spec, got, engine, base.metrics_url, "baseline", where)
 
 
 async def _boundary_side(lab: Lab, spec: DisaggSpec, got: _Measured, front: EngineProcess,
-                         metrics_url: str, side: Side) -> None:
-    target = SideTarget(side, front.plan.base_url, metrics_url,
-                        TOPOLOGY if side == "split" else BASELINE)
+                         metrics_url: str, side: Side, where: dict[str, Any]) -> None:
+    target = SideTarget(side, front.plan.base_url, metrics_url, where)
     points = await measure(lab, spec.boundary, target, lab.settings.small_model)
     got.points += points
     got.records += points
@@ -280,10 +338,11 @@ def _compare(lab: Lab, got: _Measured, prediction: PredictionRecord) -> Record:
     require_successes("disagg", got.sweeps.get("disagg", []))
     require_successes("baseline", got.sweeps.get("baseline", []))
     labbook = lab.settings.labbook
+    where = split_where(lab)
     result = compare(notebook.read(labbook).records, labbook, "disagg", "baseline",
                      kv_bytes_per_token=prediction.get("bytes_per_token"),
-                     prompt_tokens=prediction.get("prompt_tokens"), note="loopback")
-    line = lab.record(result.record.with_fields(**TOPOLOGY))
+                     prompt_tokens=prediction.get("prompt_tokens"), note=where["link"])
+    line = lab.record(result.record.with_fields(**where))
     for text in result.lines:
         lab.say(text)
     return line
@@ -302,8 +361,16 @@ def dry_run(lab: Lab, spec: DisaggSpec) -> list[dict[str, Any]]:
         if spec.has(LOAD) or spec.has(BOUNDARY):
             plans.append(baseline_plan(lab, store))
     out: list[dict[str, Any]] = [{"label": p.role, "plan": p.as_dict(),
-                                  "shell": p.shell_line()} for p in plans]
+                                  "shell": p.shell_line(), **_node(lab, p.role)} for p in plans]
     if spec.has(LOAD):
         out += [{"label": "disagg-two-machines", "reason": TWO_MACHINES},
                 {"label": "disagg-nixl", "reason": NO_NIXL}]
     return out
+
+
+def _node(lab: Lab, role: str) -> dict[str, str]:
+    """Where a dry run's plan would go on the cluster (named, not resolved: nothing starts)."""
+    target = lab.placement.target(role)
+    if not lab.placement.remote:
+        return {}
+    return {"node": f"{target[0]}={target[1]}" if target else "where kvlab runs"}

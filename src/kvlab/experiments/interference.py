@@ -45,19 +45,23 @@ class Workload:
     seed: int = 0
 
 
-# (base_url with /v1, concurrency, requests, workload, label, extra row fields, api key) -> row
-LoadFn = Callable[[str, int, int, Workload, str, dict[str, Any], str], Awaitable[LoadRecord]]
+# (base_url with /v1, concurrency, requests, workload, label, extra row fields, api key,
+#  the notebook its per-request file goes beside) -> row
+LoadFn = Callable[[str, int, int, Workload, str, dict[str, Any], str, str],
+                  Awaitable[LoadRecord]]
 
 
 async def loadgen_level(base_url: str, concurrency: int, requests: int, workload: Workload,
-                        label: str, extra: dict[str, Any], api_key: str) -> LoadRecord:
+                        label: str, extra: dict[str, Any], api_key: str,
+                        labbook: str) -> LoadRecord:
     """One level of kvlab's load generator; its row, not yet appended."""
     from kvlab.loadgen.sweep import LoadSpec, run_sweep
 
     spec = LoadSpec(base_url=base_url, model=workload.model, levels=(concurrency,),
                     requests=requests, max_tokens=workload.max_tokens,
                     prompt_set=workload.prompt_set, label=label, engine=LLAMA_CPP,
-                    preamble_tokens=workload.preamble_tokens, seed=workload.seed, extra=extra)
+                    preamble_tokens=workload.preamble_tokens, seed=workload.seed, extra=extra,
+                    labbook=labbook)
     return (await run_sweep(spec, api_key=api_key)).rows[0]
 
 
@@ -67,7 +71,7 @@ class InterferenceSpec:
 
     concurrency: int = 4
     parallels: tuple[int, ...] = (4, 1)
-    requests: int = 8
+    requests: int | None = None  # None: the load generator's default for the concurrency
     max_tokens: int = 16
     prompt_set: str = "shared-prefix"
     ctx: int = 4096
@@ -84,13 +88,20 @@ class InterferenceSpec:
     def label_for(self, parallel: int) -> str:
         return f"{self.label}-parallel-{parallel}"
 
+    @property
+    def count(self) -> int:
+        """Requests per run."""
+        from kvlab.loadgen.sweep import default_requests
+
+        return self.requests or default_requests(self.concurrency)
+
 
 async def fit_preamble(client: LlamaClient, spec: InterferenceSpec) -> int:
     """The largest preamble size whose longest prompt fits a slot, in this server's tokens."""
     budget = spec.budget()
     size = budget
     for _ in range(6):
-        prompts = workloads.build(spec.prompt_set, spec.requests, seed=spec.seed,
+        prompts = workloads.build(spec.prompt_set, spec.count, seed=spec.seed,
                                   preamble_tokens=size)
         longest = max([await client.chat_tokens(p.as_messages()) for p in prompts])
         if longest <= budget:
@@ -122,7 +133,7 @@ async def run(lab: Lab, spec: InterferenceSpec, *,
                                         spec.seed)
                 # model residency is not what is measured: one short request first
                 await client.chat("Warm up.", max_tokens=2, model=settings.served_name)
-            lab.say(f"--parallel {parallel}: {spec.requests} requests at concurrency "
+            lab.say(f"--parallel {parallel}: {spec.count} requests at concurrency "
                     f"{spec.concurrency} ({spec.prompt_set}, preamble "
                     f"{workload.preamble_tokens})")
             extra = {"engine_version": version, "llama_parallel": parallel,
@@ -131,8 +142,8 @@ async def run(lab: Lab, spec: InterferenceSpec, *,
                                 "capacity": startup.capacity(plan, proc.log_text())},
                      **llamacpp.kv_label(*llamacpp.kv_types(plan))}
             rows.append(lab.record(await load(
-                plan.base_url + "/v1", spec.concurrency, spec.requests, workload,
-                spec.label_for(parallel), extra, settings.api_key())))
+                plan.base_url + "/v1", spec.concurrency, spec.count, workload,
+                spec.label_for(parallel), extra, settings.api_key(), settings.labbook)))
     return [*rows, lab.record(comparison(spec, rows))]
 
 

@@ -6,7 +6,11 @@
   their environment only, as `kvlab serve` passes them), wait until all are ready, write each
   one's `startup` line, and stop them all however the block ends (error, Ctrl-C);
 - `not_run(...)`: the line that says why a lab row cannot run on this machine, so the report
-  (which reads only the notebook) can say so too.
+  (which reads only the notebook) can say so too;
+- `placement`: where the engines run, this machine by default; on a Ray cluster (`--cluster`,
+  RAY_ADDRESS) `placed()` opens the run's cluster session, and `engines(...)`, `preflight`,
+  `api_key()` and the stores go through it (`kvlab.cluster`, imported only then: the
+  single-machine path never imports Ray).
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from kvlab.cluster.placement import LOCAL, Placement
 from kvlab.core.errors import EngineError
 from kvlab.core.say import Say, quiet
 from kvlab.core.settings import Settings
@@ -29,6 +34,9 @@ from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import EngineProcess, make_private_dir
 from kvlab.records import notebook
 from kvlab.records.models import NotRunRecord, Record
+
+if TYPE_CHECKING:
+    from kvlab.cluster.session import ClusterSession
 
 R = TypeVar("R", bound=Record)
 
@@ -43,6 +51,44 @@ class Lab:
     written: list[Record] = field(default_factory=list)
     stores: list[Path] = field(default_factory=list)
     outcomes: dict[str, dict[str, Any]] = field(default_factory=dict)  # per experiment run
+    placement: Placement = LOCAL
+    cluster: ClusterSession | None = None  # open while a cluster run runs (`placed()`)
+
+    @contextlib.asynccontextmanager
+    async def placed(self) -> AsyncIterator[Lab]:
+        """The run with its placement open: on a cluster, joined, every name resolved to a
+        node and one agent on each (refused before anything starts); left at the end."""
+        if not self.placement.remote:
+            yield self
+            return
+        from kvlab.cluster.session import ClusterSession
+
+        session = ClusterSession(self.placement, self.settings, self.run_id, self.say)
+        if not self.settings.loadtest_api_key_env:  # every step reads the key by this name
+            self.settings = self.settings.model_copy(
+                update={"loadtest_api_key_env": session.key_var})
+        self.cluster = session
+        try:
+            await session.open()
+            yield self
+        finally:
+            self.cluster = None
+            await asyncio.shield(session.close())
+
+    def api_key(self) -> str:
+        """The key the run's engines expect: on a cluster the run's own (LOADTEST_API_KEY_ENV's
+        or generated, never written down), else the one LOADTEST_API_KEY_ENV names."""
+        return self.cluster.api_key if self.cluster else self.settings.api_key()
+
+    async def preflight(self, plans: list[EnginePlan], store: Path | None = None,
+                        writer: str = "prefill", readers: tuple[str, ...] = ()) -> None:
+        """On a cluster, before anything starts: each plan's engine and model exist on its
+        node, and `store` is one directory for the writer's and readers' nodes."""
+        if self.cluster is None:
+            return
+        await self.cluster.check_paths(plans)
+        if store is not None:
+            await self.cluster.check_shared(store, writer, readers)
 
     @functools.cached_property
     def vllm(self) -> vllm.VllmInstall:
@@ -66,7 +112,10 @@ class Lab:
         return self.record(NotRunRecord(label=label, lab=lab, row=row, reason=reason))
 
     def store_path(self, name: str) -> Path:
-        """Where this run's KV store `name` lives (nothing is created)."""
+        """Where this run's KV store `name` lives (nothing is created): on a cluster with
+        KV_SHARED_PATH, a directory of the run's inside it (the mount the nodes share)."""
+        if self.placement.remote and self.settings.kv_shared_path:
+            return Path(self.settings.kv_shared_path).expanduser() / f"kvlab-{self.run_id}" / name
         return self.settings.paths().store(self.run_id, name)
 
     def store(self, name: str) -> Path:
@@ -80,18 +129,34 @@ class Lab:
 
     def cleanup(self) -> None:
         """Remove the run's stores (they hold users' prompts)."""
+        parents = {self.settings.paths().stores / self.run_id}
         for path in self.stores:
             shutil.rmtree(path, ignore_errors=True)
-        parent = self.settings.paths().stores / self.run_id
-        with contextlib.suppress(OSError):
-            parent.rmdir()
+            parents.add(path.parent)
+        for parent in parents:
+            with contextlib.suppress(OSError):
+                parent.rmdir()
         self.stores.clear()
 
 
 @contextlib.asynccontextmanager
 async def engines(lab: Lab, plans: list[EnginePlan], *, labels: list[str] | None = None,
                   ready_timeout_s: float = 900.0) -> AsyncIterator[list[EngineProcess]]:
-    """Start `plans` together, write their startup lines, always stop them all."""
+    """Start `plans` together, write their startup lines, always stop them all: on this
+    machine, or on the lab's cluster nodes (`cluster/runner.py`)."""
+    if lab.cluster is not None:
+        from kvlab.cluster.runner import cluster_engines
+
+        async with cluster_engines(lab, lab.cluster, plans, labels, ready_timeout_s) as procs:
+            yield procs
+        return
+    async with _local_engines(lab, plans, labels, ready_timeout_s) as procs:
+        yield procs
+
+
+@contextlib.asynccontextmanager
+async def _local_engines(lab: Lab, plans: list[EnginePlan], labels: list[str] | None,
+                         ready_timeout_s: float) -> AsyncIterator[list[EngineProcess]]:
     logs = lab.settings.paths().run_logs(lab.run_id)
     secrets = lab.settings.engine_secret_env()  # as `kvlab serve` passes them: env only
     procs = [EngineProcess(p, logs / f"{p.role}-{p.port}.log",

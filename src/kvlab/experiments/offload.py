@@ -111,6 +111,7 @@ async def under_pressure(lab: Lab, spec: OffloadSpec, on: bool,
                         levels=(spec.concurrency,), requests=pressure.requests,
                         max_tokens=spec.load_max_tokens, prompt_set="multi-turn", label=label,
                         preamble_tokens=pressure.preamble_tokens, lab=LAB,
+                        labbook=lab.settings.labbook,
                         extra={"tier": _tier(lab, on), "memory_fraction":
                                lab.settings.mem_fraction})
         async with sampling(plan.metrics_url) as samples:

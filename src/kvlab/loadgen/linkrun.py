@@ -18,7 +18,7 @@ import asyncio
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +78,8 @@ def load_test_argv(load_test: str, load: LoadSpec, labbook: str) -> list[str]:
         raise InputError("python3 is not on PATH; LOAD_TEST is run with python3")
     return [python, load_test, "--base-url", load.base_url, "--model", load.model,
             "--concurrency", ",".join(str(c) for c in load.levels),
-            "--requests", str(load.requests), "--max-tokens", str(load.max_tokens),
+            "--requests", str(load.requests or max(load.floor(c) for c in load.levels)),
+            "--max-tokens", str(load.max_tokens),
             "--prompt-set", load.prompt_set, "--label", load.label, "--engine", "vllm",
             "--labbook", labbook]
 
@@ -116,7 +117,9 @@ def link_record(load: LoadSpec, spec: LinkSpec, before: Readings, after: Reading
     fields: dict[str, Any] = {
         "base_url": load.base_url, "connector": spec.connector,
         "context_length": spec.context_length, "prompt_set": load.prompt_set,
-        "concurrency": ",".join(str(c) for c in load.levels), "requests": load.requests,
+        "concurrency": ",".join(str(c) for c in load.levels),
+        "requests": load.requests if load.requests is not None
+        else max(load.floor(c) for c in load.levels),
         "iface": spec.iface, "wall_s": round(wall_s, 3), **counters,
         "rdma": netdev.rdma_delta(before.rdma, after.rdma) or None,
         "metric_deltas": deltas,
@@ -147,8 +150,11 @@ async def run_load(load: LoadSpec, spec: LinkSpec, labbook: str,
                    write: Callable[[Record], object], *, api_key: str = "",
                    stop: asyncio.Event | None = None, progress: ProgressHook | None = None,
                    ) -> tuple[LinkRecord, SweepResult | None]:
-    """Counters, sweep, counters; appends the rows and the link record to `labbook`."""
+    """Counters, sweep, counters; appends the rows and the link record to `labbook` (each
+    level's per-request file goes beside it)."""
     netdev.require_iface(spec.iface)
+    if not load.labbook:
+        load = replace(load, labbook=labbook)
     urls = spec.metrics_urls or (metrics.metrics_url(load.base_url),)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     async with httpx.AsyncClient(timeout=10.0, trust_env=False, headers=headers) as client:

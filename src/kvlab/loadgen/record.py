@@ -9,7 +9,8 @@ counts. A failure or a cancellation is kept as data on the record, never dropped
 This module computes no statistic (see `stats`) and knows no engine: it reads the OpenAI
 streaming shapes (`choices[].text`, `choices[].delta.content`, `usage`) plus the per-response
 cache fields both engines use (`usage.prompt_tokens_details.cached_tokens`, and llama-server's
-`timings.cache_n`).
+`timings.cache_n`), and kvlab's proxy's word on which leg failed (`error.leg`, in its error
+body before the stream starts and in its SSE `event: error` after).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class RequestRecord:
     cached_tokens: int | None = None
     done_marker: bool = False  # the stream ended with `data: [DONE]`
     first_payload: bytes = b""  # the first output-carrying event's JSON, for server stamps
+    failed_leg: str | None = None  # through kvlab's proxy: "prefill" or "decode"
 
     @property
     def ok(self) -> bool:
@@ -82,6 +84,23 @@ def _take_usage(record: RequestRecord, obj: dict[str, Any]) -> None:
         record.cached_tokens = timings["cache_n"]
 
 
+LEGS = ("prefill", "decode")
+
+
+def leg_of(error: Any) -> str | None:
+    """The leg kvlab's proxy names in an error object (`{"leg": "decode", ...}`), if any."""
+    leg = error.get("leg") if isinstance(error, dict) else None
+    return leg if leg in LEGS else None
+
+
+def _error_body_leg(detail: str) -> str | None:
+    try:
+        body = json.loads(detail)
+    except ValueError:
+        return None
+    return leg_of(body.get("error")) if isinstance(body, dict) else None
+
+
 def _payloads(event: bytes) -> list[bytes]:
     return [line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:")]
 
@@ -93,6 +112,8 @@ def decode_events(record: RequestRecord) -> None:
     The raw events are released afterwards (they can be large across thousands of requests).
     """
     if record.status != 200 or not record.events:
+        if record.status is not None and record.status != 200 and record.error_detail:
+            record.failed_leg = _error_body_leg(record.error_detail)
         record.events = []
         return
     for stamp, event in record.events:
@@ -112,6 +133,7 @@ def decode_events(record: RequestRecord) -> None:
             if obj.get("error") is not None:
                 record.error = record.error or "error event"
                 record.error_detail = json.dumps(obj["error"])[:300]
+                record.failed_leg = record.failed_leg or leg_of(obj["error"])
                 continue
             choices = obj.get("choices") or []
             if any(isinstance(c, dict) and _has_output(c) for c in choices):

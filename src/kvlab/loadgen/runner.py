@@ -7,6 +7,12 @@ at `concurrency` in flight; a request that arrives while the cap is reached wait
 shows as scheduling lag. Lag (send stamp minus scheduled stamp) is recorded for every request,
 so a client that cannot keep up is visible in the data instead of hiding in the server's times.
 
+A closed-loop level can also run for a time (`Until`): it keeps releasing requests until at
+least `min_count` were sent and `duration_s` has passed since its start, then lets the ones in
+flight finish; an open-loop level is given its count up front (`Schedule.within`). A timed level
+prebuilds what it expects to need; past that, `Until.more` builds one request at a time between
+responses (its cost shows as scheduling lag, and the count in `built_during`).
+
 Everything runs from loop callbacks (no task per request). A stop event (Ctrl-C) cancels what
 is in flight, records those requests as cancelled and drops the ones never sent; the records
 measured so far are returned. Statistics live in `stats`; this module only produces records.
@@ -15,6 +21,7 @@ measured so far are returned. Statistics live in `stats`; this module only produ
 from __future__ import annotations
 
 import asyncio
+import bisect
 import gc
 import random
 import time
@@ -52,6 +59,24 @@ class Schedule:
             t += rng.expovariate(self.rate)
         return out
 
+    def within(self, duration_s: float, limit: int) -> int:
+        """Open loop: how many arrivals of this seeded schedule fall within `duration_s` of
+        the start (at most `limit`)."""
+        return bisect.bisect_left(self.offsets_ns(limit), duration_s * 1e9)
+
+
+@dataclass(frozen=True)
+class Until:
+    """A closed-loop level that runs for a time: at least `min_count` requests sent and
+    `duration_s` seconds passed, whichever comes later. `more(i)` builds request i when the
+    prebuilt ones run out first (None: the level ends there, `exhausted`); `limit` caps the
+    requests of the level."""
+
+    min_count: int
+    duration_s: float = 0.0
+    more: Callable[[int], tuple[int, bytes]] | None = None
+    limit: int | None = None
+
 
 @dataclass
 class LevelResult:
@@ -64,6 +89,8 @@ class LevelResult:
     unsent: int = 0
     connections_opened: int = 0
     retried: list[int] = field(default_factory=list)
+    exhausted: bool = False  # a timed level ran out of requests before its time
+    built_during: int = 0  # a timed level's requests built while it ran (`Until.more`)
 
 
 class LevelRun:
@@ -71,10 +98,14 @@ class LevelRun:
 
     def __init__(self, target: Target, payloads: Sequence[tuple[int, bytes]], schedule: Schedule,
                  *, timeout_s: float, connect_timeout_s: float = 10.0,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, until: Until | None = None) -> None:
         self._target = target
-        self._payloads = payloads
+        self._payloads = list(payloads)  # a timed level may add to it
+        self._built = 0
+        self._exhausted = False
         self._schedule = schedule
+        self._until = until if schedule.rate is None else None  # open loop: count given
+        self._until_ns = 0
         self._timeout_s = timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._progress = progress
@@ -105,6 +136,8 @@ class LevelRun:
         gc.disable()
         self._offsets = self._schedule.offsets_ns(count)
         self._start_ns = time.perf_counter_ns()
+        if self._until is not None:
+            self._until_ns = self._start_ns + round(self._until.duration_s * 1e9)
         stopper = asyncio.ensure_future(stop.wait()) if stop is not None else None
         try:
             if count == 0:
@@ -222,11 +255,30 @@ class LevelRun:
             self._progress(record)
         if self._stopping:
             return
-        if self._schedule.rate is None and self._next < len(self._payloads):
-            self._release(time.perf_counter_ns())
+        now = time.perf_counter_ns()  # before `_wanted` builds anything: its cost is lag
+        if self._schedule.rate is None and self._wanted():
+            self._release(now)
         self._pump()
-        if self._done == len(self._payloads) and not self._finished.done():
+        if self._in_flight == 0 and not self._queue and not self._finished.done() and (
+                self._next == len(self._payloads) or self._schedule.rate is None):
             self._finished.set_result(None)
+
+    def _wanted(self) -> bool:
+        """Closed loop: whether another request should be released now."""
+        until = self._until
+        if until is None:
+            return self._next < len(self._payloads)
+        if self._next < until.min_count:
+            return self._next < len(self._payloads)
+        if time.perf_counter_ns() >= self._until_ns:
+            return False
+        if self._next == len(self._payloads):
+            if until.more is None or self._next == until.limit:
+                self._exhausted = True
+                return False
+            self._payloads.append(until.more(self._next))
+            self._built += 1
+        return True
 
     def _stale_keepalive(self, conn: Connection, record: RequestRecord) -> bool:
         """A reused connection the server had already closed: resend once on a fresh one."""
@@ -279,12 +331,15 @@ class LevelRun:
     def _result(self) -> LevelResult:
         ends = [r.end_ns for r in self._records if r.end_ns]
         sent = len(self._records)
+        planned = len(self._payloads) if self._until is None else self._until.min_count
         return LevelResult(
             records=sorted(self._records, key=lambda r: r.index),
             start_ns=self._start_ns,
             end_ns=max(ends) if ends else self._start_ns,
             interrupted=self._stopping,
-            unsent=len(self._payloads) - sent,
+            unsent=max(0, planned - sent),
             connections_opened=self._opened,
             retried=list(self._retried),
+            exhausted=self._exhausted,
+            built_during=self._built,
         )

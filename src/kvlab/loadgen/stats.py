@@ -12,11 +12,15 @@ Definitions (all stamps are `perf_counter_ns` on the client):
 - goodput = successes meeting every SLO bound / level wall time.
 Percentiles interpolate linearly between closest ranks (numpy's default, "linear"):
 rank = q/100 x (n - 1), value = v[floor] + (v[ceil] - v[floor]) x (rank - floor).
+Every summary carries its sample count `n` beside the percentiles (a p99 of 24 values is the
+slowest one but a quarter), and `std` is the sample standard deviation (n - 1 divisor; None
+for one value). Warm-up requests never reach these functions: they run as their own phase.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -28,7 +32,7 @@ from kvlab.loadgen.record import RequestRecord
 from kvlab.loadgen.runner import LevelResult
 
 NS = 1e9
-QUANTILES = (50, 90, 99)
+QUANTILES = (50, 90, 95, 99)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -41,13 +45,17 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
 
 
-def summary(values: Sequence[float]) -> dict[str, float] | None:
-    """p50/p90/p99/mean/min/max of `values` (seconds), or None when there are none."""
+def summary(values: Sequence[float]) -> dict[str, Any] | None:
+    """p50/p90/p95/p99/mean/std/min/max of `values` (seconds) and their count `n`, or None
+    when there are none."""
     if not values:
         return None
     out = {f"p{q}": percentile(values, q) for q in QUANTILES}
-    out.update(mean=sum(values) / len(values), min=min(values), max=max(values))
-    return {k: round(v, 6) for k, v in out.items()}
+    out.update(mean=statistics.fmean(values), min=min(values), max=max(values))
+    rounded: dict[str, Any] = {k: round(v, 6) for k, v in out.items()}
+    rounded["std"] = round(statistics.stdev(values), 6) if len(values) > 1 else None
+    rounded["n"] = len(values)
+    return rounded
 
 
 def ttft_s(r: RequestRecord) -> float:

@@ -5,7 +5,16 @@ The fields, the same from `kvlab run disagg`, `kvlab run-load` and `kvlab load`:
 no split; "unknown"), `single_machine` (prefill, decode and proxy on one machine; None
 when not known),
 `hosts` (role -> host as written, "unknown" where not known), `connector`, `link`
-("loopback", the cluster interface, or "unknown") and `topology_from` (how it was known).
+("loopback", the cluster interface, or "unknown"), `topology_from` (how it was known),
+`placement` ("local": kvlab started everything on this machine; "ray": on the nodes of a Ray
+cluster; "manual": started by hand), `nodes` (Ray only: role -> node id, host name, address,
+machine id, the interface holding the address and its link speed), `same_machine` (prefill
+and decode on one machine: by machine id on Ray; None when not known or not a split) and
+`link_speed_mbps` (the speed of the interface that carried the split's traffic, where known).
+
+On Ray the machines are told apart by machine id, never by name: two Ray nodes on one machine
+are "loopback", one machine, whatever their names, and `topology_from` says "two Ray nodes on
+one machine".
 
 An experiment that started every process knows its topology. A manual run knows only what
 the URL and the settings say: the URL's host; whether the URL is the proxy (kvlab's proxy
@@ -28,7 +37,11 @@ import httpx
 
 LOOPBACK, TWO_MACHINES, ONE_INSTANCE, UNKNOWN = "loopback", "two machines", "one instance", \
     "unknown"
-FIELDS = ("topology", "single_machine", "hosts", "connector", "link", "topology_from")
+FIELDS = ("topology", "single_machine", "hosts", "connector", "link", "topology_from",
+          "placement", "nodes", "same_machine", "link_speed_mbps")
+LOCAL, RAY, MANUAL = "local", "ray", "manual"  # who placed the processes
+RAY_ONE_MACHINE = "two Ray nodes on one machine"
+RAY_TWO_MACHINES = "two Ray nodes on two machines"
 
 
 @dataclass(frozen=True)
@@ -39,11 +52,17 @@ class Topology:
     connector: str
     link: str
     topology_from: str
+    placement: str = MANUAL
+    nodes: dict[str, dict[str, Any]] | None = None
+    same_machine: bool | None = None
+    link_speed_mbps: int | None = None
 
     def fields(self) -> dict[str, Any]:
         return {"topology": self.topology, "single_machine": self.single_machine,
                 "hosts": dict(self.hosts), "connector": self.connector, "link": self.link,
-                "topology_from": self.topology_from}
+                "topology_from": self.topology_from, "placement": self.placement,
+                "nodes": {k: dict(v) for k, v in self.nodes.items()} if self.nodes else None,
+                "same_machine": self.same_machine, "link_speed_mbps": self.link_speed_mbps}
 
 
 @dataclass(frozen=True)
@@ -74,14 +93,14 @@ def is_loopback(host: str) -> bool:
 def loopback_split(connector: str, how: str, host: str = "127.0.0.1") -> Topology:
     """Prefill, decode and proxy all on one machine (kvlab run disagg)."""
     return Topology(LOOPBACK, True, {"prefill": host, "decode": host, "proxy": host},
-                    connector, LOOPBACK, how)
+                    connector, LOOPBACK, how, LOCAL, same_machine=True)
 
 
 def one_instance(url: str, how: str) -> Topology:
     """One engine, no split (a baseline kvlab started itself)."""
     host = url_host(url)
     return Topology(ONE_INSTANCE, True, {"instance": host}, "none",
-                    LOOPBACK if is_loopback(host) else UNKNOWN, how)
+                    LOOPBACK if is_loopback(host) else UNKNOWN, how, LOCAL)
 
 
 def unknown(url: str, connector: str = UNKNOWN, how: str = "") -> Topology:
@@ -135,7 +154,41 @@ def derive(url: str, known: Known) -> Topology:
     return Topology(LOOPBACK if together else TWO_MACHINES,
                     legs == {_machine(host, host, local)},
                     {"prefill": prefill, "decode": decode, "proxy": host}, known.connector,
-                    link, how)
+                    link, how, same_machine=together)
+
+
+def _same(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool | None:
+    """Whether two processes' machines are one, by machine id (None: not known)."""
+    if not a or not b or not a.get("machine_id") or not b.get("machine_id"):
+        return None
+    return bool(a["machine_id"] == b["machine_id"])
+
+
+def ray_split(connector: str, nodes: dict[str, dict[str, Any]], how: str) -> Topology:
+    """Prefill and decode on Ray nodes (`nodes` by role: prefill, decode, proxy), placed by
+    kvlab: one machine or two by machine id, the link the prefill node's interface."""
+    prefill, decode = nodes["prefill"], nodes["decode"]
+    same = _same(prefill, decode)
+    everything = None if same is None else bool(same and _same(prefill, nodes.get("proxy")))
+    topo = LOOPBACK if same else TWO_MACHINES if same is False else UNKNOWN
+    words = RAY_ONE_MACHINE if same else RAY_TWO_MACHINES if same is False \
+        else "two Ray nodes, machines unknown (no machine id)"
+    link = LOOPBACK if same else (prefill.get("iface") or UNKNOWN)
+    return Topology(topo, everything, _hosts(nodes), connector, link, f"{how}: {words}", RAY,
+                    nodes, same, None if same else prefill.get("link_speed_mbps"))
+
+
+def ray_instance(nodes: dict[str, dict[str, Any]], how: str) -> Topology:
+    """One engine on a Ray node (`nodes`: instance, and client: where the load came from)."""
+    together = _same(nodes["instance"], nodes.get("client"))
+    link = LOOPBACK if together else (nodes["instance"].get("iface") or UNKNOWN)
+    return Topology(ONE_INSTANCE, together, _hosts(nodes), "none", link, how, RAY, nodes,
+                    None, None if together else nodes["instance"].get("link_speed_mbps"))
+
+
+def _hosts(nodes: dict[str, dict[str, Any]]) -> dict[str, str]:
+    return {role: str(n.get("address") or n.get("hostname") or UNKNOWN)
+            for role, n in nodes.items()}
 
 
 def proxy_legs(base_url: str, api_key: str = "", timeout_s: float = 3.0) -> dict[str, list[str]]:

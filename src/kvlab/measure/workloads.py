@@ -1,6 +1,6 @@
 """Deterministic prompt sets for the load generator: shared-prefix, mixed, multi-turn.
 
-- `shared-prefix`: one long preamble (about `preamble_tokens` tokens, 4,096 by default) as the
+- `shared-prefix`: one long preamble (`preamble_tokens` tokens, 4,096 by default) as the
   system message, then a short question that differs per request. The workload a prefix cache
   and a prefill/decode split are aimed at.
 - `mixed`: the control. Each request carries its own document (a quarter to the whole of the
@@ -8,20 +8,28 @@
   shared between requests.
 - `multi-turn`: conversations that grow. Each has its own opening document; turn t resends the
   whole history plus a new question. Requests are ordered turn by turn across conversations,
-  so turn t of a conversation always comes after its turn t-1.
+  so turn t of a conversation always comes after its turn t-1. A range of request indices
+  starting at `start` holds its own conversations (numbered from `start`), so two disjoint
+  ranges (two levels, a warm-up and its level) never share a conversation.
 
-Everything is a pure function of (set, index, seed, preamble size): the same arguments give the
-same text on every machine. Sizes are in tokens of a typical English BPE tokenizer (about 1.3
-per word); the server's `usage.prompt_tokens` in each record is the truth for the model used.
+Everything is a pure function of (set, index range, seed, preamble size, sizing): the same
+arguments give the same text on every machine. Sizes are in the served model's tokens when the
+`Sizing` was measured with its tokenizer (`calibrate`, driven by `size_with`, or by the load
+generator through the engine's /tokenize): the shared preamble is then sized to the token, and
+other documents by the tokens per word measured on a long sample. Without a tokenizer the sizing
+is the estimate of a typical English BPE tokenizer (`TOKENS_PER_WORD`, about 1.3 per word); the
+server's `usage.prompt_tokens` in each record is the truth either way.
 This module knows nothing about HTTP or engines.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import random
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 from kvlab.core.errors import InputError
 
@@ -30,6 +38,8 @@ DEFAULT_PREAMBLE_TOKENS = 4096
 DEFAULT_TURNS = 4
 TOKENS_PER_WORD = 1.3
 SYSTEM_LINE = "You are a careful assistant. Answer in plain sentences."
+CALIBRATION_WORDS = 2000  # a sample this long puts tokens per word within about 1%
+SIZING_STEPS = 8  # counts spent fitting the preamble to the token
 
 _WORDS = (
     "river", "light", "valley", "bridge", "wind", "morning", "market", "bread", "copper", "map",
@@ -57,6 +67,9 @@ class Prompt:
 
     index: int
     messages: tuple[tuple[str, str], ...]
+    conversation: int | None = None  # multi-turn only
+    turn: int | None = None  # multi-turn only, 0-based
+    document_tokens: int | None = None  # the size asked of its preamble, document or opening
 
     def as_messages(self) -> list[dict[str, str]]:
         """The OpenAI chat `messages` list."""
@@ -68,9 +81,42 @@ class Prompt:
             "\n\nassistant:"
 
 
+@dataclass(frozen=True)
+class Sizing:
+    """How many words of generated text make a number of the model's tokens."""
+
+    tokens_per_word: float = TOKENS_PER_WORD
+    method: Literal["tokenizer", "estimate"] = "estimate"
+    source: str = "TOKENS_PER_WORD"  # the /tokenize URL or tokenizer that counted, or why not
+    # the shared preamble fitted to the token: (seed, tokens asked, words, tokens counted)
+    exact: tuple[tuple[int, int, int, int], ...] = ()
+
+    def words(self, tokens: int) -> int:
+        """Words for about `tokens` tokens."""
+        return max(1, math.ceil(tokens / self.tokens_per_word))
+
+    def _fitted(self, seed: int, tokens: int) -> tuple[int, int] | None:
+        return next(((w, n) for s, t, w, n in self.exact if (s, t) == (seed, tokens)), None)
+
+    def preamble_words(self, seed: int, tokens: int) -> int:
+        fitted = self._fitted(seed, tokens)
+        return fitted[0] if fitted else self.words(tokens)
+
+    def as_dict(self, seed: int, preamble_tokens: int) -> dict[str, Any]:
+        """What a row says about how its prompts were sized."""
+        fitted = self._fitted(seed, preamble_tokens)
+        return {"method": self.method, "source": self.source,
+                "tokens_per_word": round(self.tokens_per_word, 4),
+                "preamble_tokens_requested": preamble_tokens,
+                "preamble_tokens_actual": fitted[1] if fitted else None}
+
+
+ESTIMATE = Sizing()
+
+
 def words_for(tokens: int) -> int:
-    """Words of generated text for about `tokens` tokens."""
-    return max(1, math.ceil(tokens / TOKENS_PER_WORD))
+    """Words of generated text for about `tokens` tokens of a typical English tokenizer."""
+    return ESTIMATE.words(tokens)
 
 
 def passage(rng: random.Random, words: int) -> str:
@@ -84,9 +130,15 @@ def passage(rng: random.Random, words: int) -> str:
     return " ".join(sentences)
 
 
-def preamble(seed: int, tokens: int) -> str:
+@functools.lru_cache(maxsize=256)
+def _passage_of(key: str, words: int) -> str:
+    # a level reuses one preamble (or opening) hundreds of times: generate it once
+    return passage(random.Random(key), words)
+
+
+def preamble(seed: int, tokens: int, sizing: Sizing = ESTIMATE) -> str:
     """The shared preamble of the shared-prefix set (the same for every request)."""
-    return passage(random.Random(f"preamble:{seed}"), words_for(tokens))
+    return _passage_of(f"preamble:{seed}", sizing.preamble_words(seed, tokens))
 
 
 def question(seed: int, index: int) -> str:
@@ -97,21 +149,29 @@ def question(seed: int, index: int) -> str:
             f"and {b}, and which {rng.choice(_WORDS)} matters most?")
 
 
-def _shared_prefix(index: int, seed: int, tokens: int) -> Prompt:
-    return Prompt(index, (("system", preamble(seed, tokens)), ("user", question(seed, index))))
+def _shared_prefix(index: int, seed: int, tokens: int, sizing: Sizing) -> Prompt:
+    return Prompt(index, (("system", preamble(seed, tokens, sizing)),
+                          ("user", question(seed, index))), document_tokens=tokens)
 
 
-def _mixed(index: int, seed: int, tokens: int) -> Prompt:
+def _mixed(index: int, seed: int, tokens: int, sizing: Sizing) -> Prompt:
     rng = random.Random(f"mixed:{seed}:{index}")
     size = rng.randint(max(1, tokens // 4), max(1, tokens))
-    document = passage(rng, words_for(size))
+    document = passage(rng, sizing.words(size))
     return Prompt(index, (("system", SYSTEM_LINE),
-                          ("user", f"{document}\n\n{question(seed, index)}")))
+                          ("user", f"{document}\n\n{question(seed, index)}")),
+                  document_tokens=size)
 
 
-def _multi_turn(index: int, seed: int, tokens: int, conversations: int) -> Prompt:
-    conv, turn = index % conversations, index // conversations
-    opening = passage(random.Random(f"conversation:{seed}:{conv}"), words_for(tokens))
+def _multi_turn(index: int, seed: int, tokens: int, sizing: Sizing, start: int,
+                conversations: int, turns: int) -> Prompt:
+    # rounds of `conversations` conversations, each round turn by turn; a round's
+    # conversations are new ones, numbered on from the previous round's
+    position = index - start
+    done, within = divmod(position, conversations * turns)
+    conv = start + done * conversations + within % conversations
+    turn = within // conversations
+    opening = _passage_of(f"conversation:{seed}:{conv}", sizing.words(tokens))
     messages: list[tuple[str, str]] = [("system", SYSTEM_LINE)]
     for t in range(turn + 1):
         q = question(seed, conv * 1000 + t)
@@ -119,26 +179,87 @@ def _multi_turn(index: int, seed: int, tokens: int, conversations: int) -> Promp
         if t < turn:
             reply = passage(random.Random(f"reply:{seed}:{conv}:{t}"), 24)
             messages.append(("assistant", reply))
-    return Prompt(index, tuple(messages))
+    return Prompt(index, tuple(messages), conversation=conv, turn=turn, document_tokens=tokens)
 
 
 def build(prompt_set: str, count: int, *, seed: int = 0,
           preamble_tokens: int = DEFAULT_PREAMBLE_TOKENS, start: int = 0,
-          turns: int = DEFAULT_TURNS) -> list[Prompt]:
-    """`count` prompts of a set, for request indices start .. start+count-1."""
+          turns: int = DEFAULT_TURNS, sizing: Sizing = ESTIMATE,
+          conversations: int | None = None, offset: int = 0) -> list[Prompt]:
+    """`count` prompts of a set, for request indices start+offset .. start+offset+count-1 of
+    the range that begins at `start`.
+
+    multi-turn: `conversations` per round (default: enough for `count` in one round); a
+    count beyond one round starts new conversations, so a run cut short by time has still
+    sent whole early turns of the conversations it began.
+    """
     if prompt_set not in PROMPT_SETS:
         raise InputError(f"--prompt-set {prompt_set!r}: choose one of {', '.join(PROMPT_SETS)}")
-    if preamble_tokens < 1 or count < 0 or turns < 1:
+    if (preamble_tokens < 1 or count < 0 or turns < 1 or start < 0 or offset < 0
+            or (conversations or 1) < 1):
         raise InputError("prompt sizes and counts must be positive")
+    indices = range(start + offset, start + offset + count)
     if prompt_set == "shared-prefix":
-        return [_shared_prefix(i, seed, preamble_tokens) for i in range(start, start + count)]
+        return [_shared_prefix(i, seed, preamble_tokens, sizing) for i in indices]
     if prompt_set == "mixed":
-        return [_mixed(i, seed, preamble_tokens) for i in range(start, start + count)]
-    conversations = max(1, math.ceil((start + count) / turns))
-    return [_multi_turn(i, seed, preamble_tokens, conversations)
-            for i in range(start, start + count)]
+        return [_mixed(i, seed, preamble_tokens, sizing) for i in indices]
+    per_round = conversations or max(1, math.ceil(count / turns))
+    return [_multi_turn(i, seed, preamble_tokens, sizing, start, per_round, turns)
+            for i in indices]
 
 
 def describe(prompt_set: str, seed: int, preamble_tokens: int) -> dict[str, Any]:
     """What a notebook row says about the workload it measured."""
     return {"prompt_set": prompt_set, "workload_seed": seed, "preamble_tokens": preamble_tokens}
+
+
+# --- sizing with the model's own tokenizer ------------------------------------------------
+Calibration = Generator[str, int, Sizing]
+
+
+def calibrate(seed: int, preamble_tokens: int, source: str) -> Calibration:
+    """Yield texts to count in the model's tokens; return the Sizing they give.
+
+    First a long sample passage (tokens per word, for every document), then the shared
+    preamble at a few word counts until it holds `preamble_tokens` tokens, or the closest
+    count below it when no whole number of words lands on it (closest above when none is
+    below). Drive it with `size_with` or the load generator's /tokenize driver.
+    """
+    counted = yield passage(random.Random(f"calibration:{seed}"), CALIBRATION_WORDS)
+    sizing = Sizing(counted / CALIBRATION_WORDS, "tokenizer", source)
+    words, tried = sizing.words(preamble_tokens), {}
+    for _ in range(SIZING_STEPS):
+        tried[words] = yield _passage_of(f"preamble:{seed}", words)
+        gap = preamble_tokens - tried[words]
+        if gap == 0:
+            break
+        step = round(gap / sizing.tokens_per_word) or (1 if gap > 0 else -1)
+        if max(1, words + step) in tried:
+            break
+        words = max(1, words + step)
+    best = best_fit(tried, preamble_tokens)
+    return replace(sizing, exact=((seed, preamble_tokens, best, tried[best]),))
+
+
+def best_fit(tried: dict[int, int], target: int) -> int:
+    """The word count whose token count is closest to `target` without passing it (the
+    smallest overshoot when every count passes it)."""
+    under = [w for w, n in tried.items() if n <= target]
+    if under:
+        return max(under, key=lambda w: (tried[w], -w))
+    return min(tried, key=lambda w: (tried[w], w))
+
+
+def size_with(count: Callable[[str], int | None], seed: int, preamble_tokens: int,
+              source: str) -> Sizing | None:
+    """Run `calibrate` with a counting function (None from it: no sizing, returns None)."""
+    steps = calibrate(seed, preamble_tokens, source)
+    try:
+        text = next(steps)
+        while True:
+            n = count(text)
+            if n is None:
+                return None
+            text = steps.send(n)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]

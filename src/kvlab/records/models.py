@@ -40,8 +40,11 @@ class Percentiles(BaseModel):
 
     p50: float | None = None
     p90: float | None = None
+    p95: float | None = None
     p99: float | None = None
     mean: float | None = None
+    std: float | None = Field(None, description="Sample standard deviation (n - 1).")
+    n: int | None = Field(None, description="How many values the percentiles are of.")
 
 
 class Record(BaseModel):
@@ -123,6 +126,8 @@ class StartupRecord(Record):
                                      "memory and swap, in bytes, as checked before start.")
     side_channel: Json | None = Field(None, description="NIXL's side-channel address and "
                                       "port, what it resolves to, and its interface.")
+    node: Json | None = Field(None, description="The Ray node it ran on (kvlab run --cluster): "
+                              "node id, host name, address, machine id, interface, link speed.")
 
 
 class ReuseRow(BaseModel):
@@ -150,6 +155,11 @@ class ReuseRecord(Record):
     rows: list[ReuseRow] = Field(default_factory=list)
     metric_deltas: dict[str, Json] = Field(default_factory=dict)
     note: str | None = None
+    nonce: str | None = Field(None, description="The run's own opening (kvlab reuse): no "
+                              "earlier run's cache can serve its turn 1.")
+    fitted: Json | None = Field(None, description="The preamble fitted to the served context "
+                                "in the model's own tokens: words asked and used, context, the "
+                                "last turn's estimated prompt tokens, how they were counted.")
 
 
 class ProofRecord(Record):
@@ -165,7 +175,34 @@ class ProofRecord(Record):
     note: str = ""
 
 
-class LoadRecord(Record):
+class Placement(BaseModel):
+    """Where a load or link row's engines ran: what the report places the row by."""
+
+    topology: str | None = Field(None, description="loopback (prefill and decode on one "
+                                 "machine), two machines, one instance or unknown.")
+    single_machine: bool | None = Field(None, description="Prefill, decode and proxy on one "
+                                        "machine (None: not known).")
+    hosts: dict[str, str] | None = Field(None, description="Host by role (prefill, decode, "
+                                         "proxy), as written; unknown where not known.")
+    link: str | None = Field(None, description="What the KV crossed: loopback, the cluster "
+                             "interface, or unknown.")
+    topology_from: str | None = Field(None, description="How the topology was known.")
+    placement: str | None = Field(None, description="Who placed the processes: local (kvlab, "
+                                  "on this machine), ray (kvlab, on Ray nodes) or manual.")
+    nodes: dict[str, Json] | None = Field(None, description="Ray only: per role, the node id, "
+                                          "host name, address, machine id, interface holding "
+                                          "the address and its link speed.")
+    same_machine: bool | None = Field(None, description="Prefill and decode on one machine "
+                                      "(Ray: by machine id); None when not known.")
+    link_speed_mbps: int | None = Field(None, description="Link speed of the interface that "
+                                        "carried the split's traffic, Mb/s, where known.")
+    node_counters: dict[str, Json] | None = Field(None, description="Ray only: per role, that "
+                                                  "node's interface, RDMA and store byte "
+                                                  "deltas (a load row: since the previous "
+                                                  "level ended; a link row: the whole run).")
+
+
+class LoadRecord(Record, Placement):
     """One load-generator level (the seed's load-test.py row, as compare-disagg.py reads it)."""
 
     kind: ClassVar[str] = "load"
@@ -177,25 +214,24 @@ class LoadRecord(Record):
     max_tokens: int | None = None
     ttft_s: Percentiles | None = None  # None when no request of the level succeeded
     tpot_s: Percentiles | None = None
+    itl_s: Percentiles | None = None
+    e2e_s: Percentiles | None = None
     output_tokens_per_s: float | None = None
     ok: int | None = None
     failed: int | None = None
     prompt_tokens_mean: float | None = None
     metric_deltas: Json = Field(default_factory=dict, description="The engine's evidence "
                                 "counters over the level, by name.")
+    requests_file: str | None = Field(None, description="The level's per-request file, "
+                                      "relative to the notebook's folder.")
+    requests_sha256: str | None = Field(None, description="That file's sha256.")
+    warmup_requests: int | None = Field(None, description="Requests sent first and left out "
+                                        "of every statistic.")
+    repeat: int | None = Field(None, description="Which repeat of the run (0-based).")
     connector: str | None = Field(None, description="The split's connector (CONNECTOR).")
-    topology: str | None = Field(None, description="loopback (prefill and decode on one "
-                                 "machine), two machines, one instance or unknown.")
-    single_machine: bool | None = Field(None, description="Prefill, decode and proxy on one "
-                                        "machine (None: not known).")
-    hosts: dict[str, str] | None = Field(None, description="Host by role (prefill, decode, "
-                                         "proxy), as written; unknown where not known.")
-    link: str | None = Field(None, description="What the KV crossed: loopback, the cluster "
-                             "interface, or unknown.")
-    topology_from: str | None = Field(None, description="How the topology was known.")
 
 
-class LinkRecord(Record):
+class LinkRecord(Record, Placement):
     """run-load.sh's interface counters around one load run."""
 
     kind: ClassVar[str] = "link"
@@ -219,15 +255,6 @@ class LinkRecord(Record):
     side_channel: Json | None = Field(None, description="NIXL/Mooncake: the interface "
                                       "SIDE_CHANNEL_ADDR is on, every interface's bytes over "
                                       "the run, and which network the run crossed.")
-    topology: str | None = Field(None, description="loopback (prefill and decode on one "
-                                 "machine), two machines, one instance or unknown.")
-    single_machine: bool | None = Field(None, description="Prefill, decode and proxy on one "
-                                        "machine (None: not known).")
-    hosts: dict[str, str] | None = Field(None, description="Host by role (prefill, decode, "
-                                         "proxy), as written; unknown where not known.")
-    link: str | None = Field(None, description="What the KV crossed: loopback, the cluster "
-                             "interface, or unknown.")
-    topology_from: str | None = Field(None, description="How the topology was known.")
 
 
 class ComparisonRecord(Record):
@@ -237,7 +264,11 @@ class ComparisonRecord(Record):
     record: Literal["comparison"] = "comparison"
     disagg_label: str | None = None
     baseline_label: str | None = None
-    levels: list[Json] = Field(default_factory=list)
+    levels: list[Json] = Field(default_factory=list, description="Per shared level: both "
+                               "sides' figures and, under `intervals`, each metric's ratio "
+                               "with its 95% interval and words.")
+    interval_method: Json | None = Field(None, description="How the intervals were drawn: "
+                                         "confidence, resamples, seed, scheme.")
 
 
 class PredictionRecord(Record):

@@ -3,8 +3,11 @@
 Every cell is a measured value or an explicit reason (a `not-run` line says why a row cannot
 run on the machine that ran the lab); every row carries its evidence and what it was measured
 on. The labs' closing decisions follow the tables (`decisions.py`), each with its figures or
-"not enough evidence" and why. No engine is touched: the report runs anywhere the notebook
-file is.
+"not enough evidence" and why. Ratios between runs carry 95% intervals drawn from the
+per-request files the load rows name (`intervals.py`); a file whose sha256 differs from its
+row's stops the report with one line. With a CSV folder, every table and every run's requests
+are written as CSV too (`export.py`). No engine is touched: the report runs anywhere the
+notebook and its per-request files are.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ class Report:
     labbook: str
     tables: list[Table]
     plots: list[Path] = field(default_factory=list)
+    csv_files: list[Path] = field(default_factory=list)
     skipped_lines: int = 0
     decisions: list[Decision] = field(default_factory=list)
 
@@ -52,11 +56,14 @@ class Report:
                 "tables": [{"title": t.title, "columns": t.columns, "rows": t.rows}
                            for t in self.tables],
                 "decisions": [d.as_dict() for d in self.decisions],
-                "plots": [str(p) for p in self.plots]}
+                "plots": [str(p) for p in self.plots],
+                "csv": [str(p) for p in self.csv_files]}
 
 
-def build(labbook: str | Path, plots_dir: Path | None = None) -> Report:
-    """Both tables (and, with `plots_dir`, the plots) from one notebook file."""
+def build(labbook: str | Path, plots_dir: Path | None = None,
+          csv_dir: Path | None = None) -> Report:
+    """Both tables (and, with `plots_dir`, the plots; with `csv_dir`, the CSV files) from one
+    notebook file."""
     book = notebook.read(labbook)
     report = Report(str(labbook), [offload_table(book), pd_table(book), procedure_table(book)],
                     skipped_lines=book.broken_lines, decisions=decide(book))
@@ -64,4 +71,8 @@ def build(labbook: str | Path, plots_dir: Path | None = None) -> Report:
         from kvlab.report.plots import draw_all
 
         report.plots = draw_all(book, plots_dir)
+    if csv_dir is not None:
+        from kvlab.report.export import write_all
+
+        report.csv_files = write_all(report, book, csv_dir)
     return report

@@ -10,9 +10,18 @@ max tokens, concurrency levels, context length, memory fraction, workload, KV ca
 quantised KV cache is never paired with an unquantised one), bytes per request three ways
 (interface or RDMA counters, NIXL's own byte histogram, against the arithmetic prediction) with
 a verdict, the disaggregated run's recorded topology and (NIXL, Mooncake) which network its
-side channel used, and for the offload lab (`offload=True`) the pressure each side ran under,
-since a tier measured without pressure shows nothing. A level without a TPOT (MAX_TOKENS=1)
-is "n/a" in the table and null in the record, with the reason in words beside it.
+side channel used, and for the offload lab (`offload=True`, or the offload labels, or rows that
+planned pressure) the pressure each side ran under, judged as the report judges it
+(`report/pressure.py`), since a tier measured without pressure shows nothing. A level
+without a TPOT (MAX_TOKENS=1) is "n/a" in the table and null in the record, with the reason in
+words beside it.
+
+Under the seed's table (kept line for line), each level's three ratios again with their 95%
+intervals and the words (`intervals.py`: a bootstrap over the per-request files, across
+repeats when a side has several; "no measurable difference" when the interval spans 1; "no
+interval: no per-request data" and the rows' own ratio for rows without a file). The record's
+levels carry the same under `intervals`, and `interval_method` says how they were drawn. A
+per-request file whose sha256 differs from its row's is refused.
 """
 
 from __future__ import annotations
@@ -31,8 +40,9 @@ from kvlab.records.models import (
     LoadRecord,
     Percentiles,
     Record,
-    StartupRecord,
 )
+from kvlab.report import intervals
+from kvlab.report.pressure import judge as judge_pressure
 
 CROSSED = "the cache crossed the link"
 NOT_CROSSED = "it did not: decode is prefilling by itself"
@@ -165,7 +175,8 @@ def bytes_three_ways(link: LinkRecord | None, rows: dict[int, LoadRecord], level
         out.prompt_tokens_from = "server usage" if out.prompt_tokens else None
     if kv_bytes_per_token and out.prompt_tokens:
         out.predicted = kv_bytes_per_token * out.prompt_tokens
-    requests = sum(rows[lv].requests for lv in levels)
+    # the link's counters ran over every request sent, each level's warm-up included
+    requests = sum(rows[lv].requests + (rows[lv].warmup_requests or 0) for lv in levels)
     if link is None or not requests:
         return out
     if link.rx_bytes is not None and link.tx_bytes is not None:
@@ -229,35 +240,39 @@ def _verdict(out: Bytes, iface_blind: bool = False) -> None:
 
 
 def pressure(records: list[Record], label: str, rows: dict[int, LoadRecord]) -> dict[str, Any]:
-    """What the engine said about pressure on its KV cache while `label` ran."""
-    starts = [r for r in records if isinstance(r, StartupRecord)
-              and r.label in (label, label.removesuffix("-load"))]
-    capacity = starts[-1].capacity if starts else {}
-    levels: dict[int, dict[str, Any]] = {}
-    for level, row in sorted(rows.items()):
-        deltas = row.metric_deltas
-        in_flight = round(level * (row.prompt_tokens_mean or 0))
-        levels[level] = {"preemptions": deltas.get("preemptions"),
-                         "kv_cache_usage_end": deltas.get("kv_cache_usage_perc_end"),
-                         "prompt_tokens_in_flight": in_flight or None}
-    cache = capacity.get("kv_cache_tokens")
-    preempted = sum(float(v["preemptions"] or 0) for v in levels.values())
-    peak = max((int(v["prompt_tokens_in_flight"] or 0) for v in levels.values()), default=0)
-    pressed = preempted > 0 or bool(cache and peak > int(cache))
-    return {"kv_cache_tokens": cache, "max_concurrency": capacity.get("max_concurrency"),
-            "levels": levels, "under_pressure": pressed if (cache or levels) else None}
+    """The pressure on `label`'s KV cache, level by level (`report/pressure.py`'s judgement:
+    the same one the report and the decisions give); under pressure if any level was, quiet
+    if every level was, else unknown."""
+    judged = {level: judge_pressure(records, row) for level, row in sorted(rows.items())}
+    states = [j.state for j in judged.values()]
+    overall = True if True in states else False if states and all(
+        s is False for s in states) else None
+    cache = next((j for j in judged.values() if j.cache_tokens), None)
+    return {"kv_cache_tokens": cache.cache_tokens if cache else None,
+            "kv_cache_tokens_from": cache.cache_from if cache else None,
+            "levels": {level: {**j.evidence, "state": j.words, "why": j.why}
+                       for level, j in judged.items()},
+            "under_pressure": overall}
 
 
 def pressure_line(name: str, p: dict[str, Any]) -> str:
     cache = p.get("kv_cache_tokens")
-    peak = max((int(v["prompt_tokens_in_flight"] or 0) for v in p["levels"].values()),
-               default=0)
-    pre = sum(float(v["preemptions"] or 0) for v in p["levels"].values())
-    size = f"a cache of {cache:,} tokens" if cache else "an unknown cache size (no startup line)"
-    state = "under pressure" if p.get("under_pressure") else "without pressure: the tier had " \
-        "nothing to do, so this pair cannot show what it is worth"
-    return (f"    {name}: {size}, up to {peak:,} prompt tokens in flight, {pre:g} preemptions "
-            f"-> {state}")
+    size = (f"a cache of {cache:,} tokens (from {p.get('kv_cache_tokens_from')})" if cache
+            else "a cache of unknown size")
+    whys = "; ".join(f"c={level}: {v['why']}" for level, v in p["levels"].items())
+    state = {True: "under pressure",
+             False: "quiet: not under pressure, so the tier had nothing to do and this pair "
+                    "cannot show what it is worth",
+             None: "pressure unknown: nothing measured shows whether blocks were evicted"}[
+        p.get("under_pressure")]
+    return f"    {name}: {size}; {whys} -> {state}"
+
+
+def offload_pair(disagg: str, baseline: str, rows: list[LoadRecord]) -> bool:
+    """Whether two labels are the offload lab's pressure pair (by label, or a row that
+    recorded a pressure plan): their comparison states the pressure, asked or not."""
+    return {disagg, baseline} == {OFFLOAD_ON, OFFLOAD_OFF} or any(
+        isinstance(r.get("pressure"), dict) for r in rows)
 
 
 def read_records(path: Path | str) -> list[Record]:
@@ -303,6 +318,25 @@ def _level_lines(disagg: dict[int, LoadRecord], base: dict[int, LoadRecord],
     lines += [f"    concurrency {lv['concurrency']}: TPOT p50 {lv['tpot_p50']}"
               for lv in levels if "tpot_p50" in lv]
     return lines, levels
+
+
+def _interval_lines(found: dict[int, dict[str, intervals.Interval]],
+                    levels: list[dict[str, Any]]) -> list[str]:
+    """The level table again, each ratio with its 95% interval; the record's levels gain
+    `intervals` (by metric)."""
+    lines = ["", f"==> Ratios with {intervals.CONFIDENCE:.0%} intervals (bootstrap over requests "
+             f"and repeats, seed {intervals.SEED})",
+             f"    {'conc':>4}  {'metric':<13}  ratio [interval] and what it shows"]
+    for entry in levels:
+        by_metric = found[entry["concurrency"]]
+        entry["intervals"] = {key: iv.as_dict() for key, iv in by_metric.items()}
+        for metric in intervals.METRICS:
+            iv = by_metric[metric.key]
+            counts = (f" ({iv.requests[0]} / {iv.requests[1]} requests"
+                      + (f", {iv.repeats[0]} / {iv.repeats[1]} repeats" if iv.repeats
+                         and max(iv.repeats) > 1 else "") + ")") if iv.requests else ""
+            lines.append(f"    {entry['concurrency']:>4}  {metric.name:<13}  {iv.cell()}{counts}")
+    return lines
 
 
 def _p50(p: Percentiles | None) -> float | None:
@@ -387,10 +421,12 @@ def compare(records: list[Record], book: str, disagg: str, baseline: str, *,
     lines += ["", "    Below 1.00x on time to first token, the first run was faster; above it,",
               "    slower. For a prefill/decode split on ordinary Ethernet, slower is the usual",
               "    and honest result."]
+    lines += _interval_lines(intervals.pair_levels(Path(book), records, rows_d, rows_b), levels)
     link = link_line(records, disagg)
     seen = bytes_three_ways(link, rows_d, shared, kv_bytes_per_token, prompt_tokens)
     extra: dict[str, Any] = {}
     where: dict[str, Any] = {}
+    offload = offload or offload_pair(disagg, baseline, [*rows_d.values(), *rows_b.values()])
     if offload:
         p_on, p_off = pressure(records, disagg, rows_d), pressure(records, baseline, rows_b)
         lines += ["", "==> Pressure on the KV cache", pressure_line(disagg, p_on),
@@ -416,5 +452,6 @@ def compare(records: list[Record], book: str, disagg: str, baseline: str, *,
         differences=[w.strip() for w in warnings], bytes=seen.as_dict(),
         kv_cache_type={disagg: facts_d.get("kv_cache_type"),
                        baseline: facts_b.get("kv_cache_type")},
-        side_channel=link.side_channel if link else None, offload=offload, **extra)
+        side_channel=link.side_channel if link else None, offload=offload,
+        interval_method=intervals.METHOD, **extra)
     return Comparison(lines, record, warnings)

@@ -5,8 +5,11 @@ did the disk tier cost and save); the P/D lab asks which configuration you would
 Each answer is one sentence carrying its figures and the settings it depends on, or "not
 enough evidence" with the reason the rows do not decide it: a run that is missing or was not
 run here, a cache that was never under pressure, two runs that are not the same experiment, a
-split whose cache did not cross, a topology that was not recorded. Read from the notebook
-alone; nothing here measures.
+split whose cache did not cross, a topology that was not recorded, or a difference whose 95%
+interval spans 1 (`intervals.py`: no measurable difference). Rows without per-request files
+have no interval: their point ratio decides as before (within 10% of 1 is no difference), and
+the answer says "no interval: no per-request data". Read from the notebook and the per-request
+files it names; nothing here measures.
 """
 
 from __future__ import annotations
@@ -18,13 +21,13 @@ from typing import Any
 from kvlab.engines.llamacpp.roundtrip import PROVEN
 from kvlab.records.models import ComparisonRecord, LoadRecord, Record
 from kvlab.records.notebook import Notebook
-from kvlab.report import compare
-from kvlab.report.common import fixed_kv_bytes, latest, not_run, num, pct
+from kvlab.report import compare, intervals, pressure
+from kvlab.report.common import fixed_kv_bytes, latest, not_run, num
 from kvlab.report.offload import seed_summary
 from kvlab.report.placement import Group, split_groups
 
 NOT_ENOUGH = "Not enough evidence"
-SAME_WITHIN = 0.10  # a TTFT ratio within 10% of 1 is no measurable difference
+SAME_WITHIN = 0.10  # without an interval, a TTFT ratio within 10% of 1 is no difference
 
 
 @dataclass(frozen=True)
@@ -89,21 +92,31 @@ def host_tier(book: Notebook) -> Decision:
         return _undecided(lab, HOST_Q, f"the device cache was not under pressure without the "
                                        f"tier ({why}), so the tier had nothing to do; "
                                        f"{_settings(a, level)}")
-    return Decision(lab, HOST_Q, _host_sentence(a, b, level, why), True)
+    iv = intervals.ttft(book.path, records, a, b)
+    return _host_decision(a, b, level, why, iv)
 
 
-def _host_sentence(a: LoadRecord, b: LoadRecord, level: int, why: str) -> str:
+def _host_decision(a: LoadRecord, b: LoadRecord, level: int, why: str,
+                   iv: intervals.Interval) -> Decision:
     on_s, off_s = _p50(a), _p50(b)
     if on_s is None or off_s is None or not off_s:
-        return f"{NOT_ENOUGH}: a TTFT p50 is missing from the rows at concurrency {level}."
-    r = on_s / off_s
-    verb = ("paid" if r <= 1 - SAME_WITHIN else "cost time" if r >= 1 + SAME_WITHIN
-            else "made no measurable difference (within 10%)")
+        return _undecided("offload", HOST_Q, f"a TTFT p50 is missing from the rows at "
+                                             f"concurrency {level}")
+    r = iv.ratio if iv.measured and iv.ratio is not None else on_s / off_s
+    figures = (f"TTFT p50 {num(on_s)} s with it against {num(off_s)} s without (x{r:.2f}"
+               + (f", 95% interval {iv.low:.2f} to {iv.high:.2f}" if iv.measured else "")
+               + f") at concurrency {level}, with the cache under pressure ({why})")
     served = a.metric_deltas.get("external_prefix_cache_hits")
     recall = f"; the tier served {float(served):,.0f} prompt tokens" if served else ""
-    return (f"The host tier {verb}: TTFT p50 {num(on_s)} s with it against {num(off_s)} s "
-            f"without (x{r:.2f}) at concurrency {level}, with the cache under pressure "
-            f"({why}){recall}; {_settings(a, level)}.")
+    tail = f"{recall}; {_settings(a, level)}" + ("" if iv.measured else f"; {iv.words}")
+    if iv.spans_one:
+        return _undecided("offload", HOST_Q, f"no measurable difference: {figures}{tail}")
+    if iv.measured:
+        verb = "paid" if r < 1 else "cost time"
+    else:
+        verb = ("paid" if r <= 1 - SAME_WITHIN else "cost time" if r >= 1 + SAME_WITHIN
+                else "made no measurable difference (within 10%)")
+    return Decision("offload", HOST_Q, f"The host tier {verb}: {figures}{tail}.", True)
 
 
 def _settings(row: LoadRecord, level: int) -> str:
@@ -117,25 +130,10 @@ def _settings(row: LoadRecord, level: int) -> str:
 
 
 def _pressure(records: list[Record], off: LoadRecord) -> tuple[bool | None, str]:
-    """Was the cache under pressure without the tier, and the figure that says so."""
-    p = off.get("pressure") or {}
-    planned, reached = p.get("planned") or {}, p.get("reached") or {}
-    preempted = reached.get("preemptions", off.metric_deltas.get("preemptions"))
-    hit, reusable = off.get("prefix_hit_rate"), planned.get("reusable_fraction")
-    if preempted:
-        return True, f"{float(preempted):g} preemptions"
-    if hit is not None and reusable and hit < (1 - SAME_WITHIN) * reusable:
-        return True, (f"prefix hit rate {pct(hit)} where {pct(reusable)} of the prompt tokens "
-                      "were reusable: blocks were evicted")
-    seen = compare.pressure(records, compare.OFFLOAD_OFF, {off.concurrency: off})
-    if seen["kv_cache_tokens"] and seen["under_pressure"]:
-        return True, f"prompt tokens in flight beyond the cache of {seen['kv_cache_tokens']:,}"
-    if hit is not None and reusable:
-        return False, f"prefix hit rate {pct(hit)} of {pct(reusable)} reusable, no preemptions"
-    if seen["kv_cache_tokens"] and preempted is not None:
-        return False, (f"no preemptions and the prompt tokens in flight fit the cache of "
-                       f"{seen['kv_cache_tokens']:,} tokens")
-    return None, "no preemption count, reusable share or cache size in the rows"
+    """Was the cache under pressure without the tier, and the figure that says so (the one
+    judgement `kvlab compare` and the report's pressure rows give: `report/pressure.py`)."""
+    judged = pressure.judge(records, off)
+    return judged.state, judged.why
 
 
 def _p50(row: LoadRecord) -> float | None:
@@ -224,27 +222,31 @@ PD_Q = "Which configuration would you actually use?"
 @dataclass(frozen=True)
 class Judged:
     group: Group
-    ttft: list[tuple[int, float]]  # (concurrency, split/baseline TTFT p50)
+    ttft: list[tuple[int, intervals.Interval]]  # (concurrency, split/baseline TTFT p50)
     problem: str = ""
+
+    def mean_ratio(self) -> float:
+        return mean(iv.ratio for _, iv in self.ttft if iv.ratio is not None)
 
 
 def configuration(book: Notebook) -> Decision:
     lab = "pd"
-    if not compare.load_rows(book.records, "baseline"):
+    base = compare.load_rows(book.records, "baseline")
+    if not base:
         return _undecided(lab, PD_Q, _absent(book, "baseline", "the single-machine baseline"))
-    judged = [_judge(g) for g in split_groups(book)]
+    judged = [_judge(book, g, base) for g in split_groups(book)]
     if not judged:
         return _undecided(lab, PD_Q, "no split run is in the notebook, so there is nothing to "
                                      "choose against the baseline")
     valid = [j for j in judged if not j.problem]
     if not valid:
         return _undecided(lab, PD_Q, "; ".join(j.problem for j in judged))
-    best = min(valid, key=lambda j: mean(r for _, r in j.ttft))
+    best = min(valid, key=Judged.mean_ratio)
     boundary = latest(book, "boundary", "boundary")
-    return Decision(lab, PD_Q, _pd_sentence(best, judged, boundary), True)
+    return _pd_decision(best, judged, boundary)
 
 
-def _judge(group: Group) -> Judged:
+def _judge(book: Notebook, group: Group, base: dict[int, LoadRecord]) -> Judged:
     name = _name(group)
     c = group.comparison
     if group.topology == "unknown":
@@ -258,10 +260,27 @@ def _judge(group: Group) -> Judged:
                                  + "; ".join(c.get("differences") or []) + ")")
     if (c.get("bytes") or {}).get("verdict") == compare.NOT_CROSSED:
         return Judged(group, [], f"{name}: the cache did not cross, decode prefilled by itself")
-    ttft = _ratios(c, "ttft_p50")
+    ttft = _ttft(book, group, c, base)
     if not ttft:
         return Judged(group, [], f"{name}: its comparison has no TTFT at any level")
     return Judged(group, ttft)
+
+
+def _ttft(book: Notebook, group: Group, c: ComparisonRecord,
+          base: dict[int, LoadRecord]) -> list[tuple[int, intervals.Interval]]:
+    """The split's TTFT p50 over the baseline's at each level the comparison paired: from the
+    per-request files with an interval where both sides have them, else the recorded ratio."""
+    mine = {r.concurrency: r for r in group.rows}
+    recorded = dict(_ratios(c, "ttft_p50"))
+    out = []
+    for level in sorted(recorded):
+        if level in mine and level in base:
+            found = intervals.ttft(book.path, book.records, mine[level], base[level])
+        else:
+            found = intervals.Interval("ttft_p50", recorded[level])
+        if found.ratio is not None:
+            out.append((level, found))
+    return out
 
 
 def _ratios(c: ComparisonRecord, key: str) -> list[tuple[int, float]]:
@@ -279,21 +298,59 @@ def _name(group: Group) -> str:
     return f"the split `{group.label}` ({where}, {group.connector} connector)"
 
 
-def _pd_sentence(best: Judged, judged: list[Judged], boundary: Record | None) -> str:
+def _side(iv: intervals.Interval) -> str:
+    """faster, slower or same: by the interval where there is one, else by the point."""
+    if iv.spans_one:
+        return "same"
+    if iv.measured:
+        return "faster" if iv.high is not None and iv.high < 1 else "slower"
+    return "faster" if iv.ratio is not None and iv.ratio < 1 else "slower"
+
+
+def _figure(level: int, iv: intervals.Interval) -> str:
+    if iv.low is None or iv.high is None:
+        return f"c={level} x{iv.ratio:.2f}"
+    return f"c={level} x{iv.ratio:.2f} [{iv.low:.2f}, {iv.high:.2f}]"
+
+
+def _pd_decision(best: Judged, judged: list[Judged], boundary: Record | None) -> Decision:
     c = best.group.comparison
     assert c is not None
-    ttft = ", ".join(f"c={lv} x{r:.2f}" for lv, r in best.ttft)
-    tpot = ", ".join(f"c={lv} x{r:.2f}" for lv, r in _ratios(c, "tpot_p50")) or "not measured"
-    faster = [lv for lv, r in best.ttft if r < 1]
-    if len(faster) == len(best.ttft):
+    ttft = ", ".join(_figure(lv, iv) for lv, iv in best.ttft)
+    by_side: dict[str, list[int]] = {"faster": [], "slower": [], "same": []}
+    for level, iv in best.ttft:
+        by_side[_side(iv)].append(level)
+    faster, slower, same = by_side["faster"], by_side["slower"], by_side["same"]
+    levels = "/".join(map(str, same))
+    alike = f" and no measurably different at c={levels}" if same else ""
+    if not faster and not slower:
+        return _undecided("pd", PD_Q, f"the best split measured, {_name(best.group)}, made no "
+                                      f"measurable difference to first token at any level "
+                                      f"(95% intervals span 1: {ttft})")
+    if faster and not slower and not same:
         head = f"Use {_name(best.group)}: its TTFT p50 against the baseline was {ttft}"
     elif not faster:
         head = (f"Use one machine, no split: the best split measured, {_name(best.group)}, "
-                f"was slower to first token at every level ({ttft})")
+                + ("was slower to first token at every level" if not same else
+                   f"was slower to first token at c={'/'.join(map(str, slower))}{alike}")
+                + f" ({ttft})")
     else:
         head = (f"Route by concurrency: {_name(best.group)} was faster to first token at "
-                f"c={'/'.join(map(str, faster))} and slower elsewhere ({ttft})")
+                f"c={'/'.join(map(str, faster))}"
+                + (" and slower elsewhere" if slower and not same else
+                   f", slower at c={'/'.join(map(str, slower))}" if slower else "")
+                + f"{alike} ({ttft})")
+    return Decision("pd", PD_Q, f"{head} ({'; '.join(_notes(best, judged, boundary))}).", True)
+
+
+def _notes(best: Judged, judged: list[Judged], boundary: Record | None) -> list[str]:
+    c = best.group.comparison
+    assert c is not None
+    tpot = ", ".join(f"c={lv} x{r:.2f}" for lv, r in _ratios(c, "tpot_p50")) or "not measured"
     notes = [f"TPOT {tpot}"]
+    unmeasured = {iv.words for _, iv in best.ttft if not iv.measured}
+    if unmeasured:
+        notes.append("TTFT " + "; ".join(sorted(unmeasured)) + ", so the ratios are points")
     if best.group.topology == "loopback":
         notes.append("measured on one machine, which moves no KV over a network: a "
                      "two-machine split is not measured here")
@@ -302,4 +359,4 @@ def _pd_sentence(best: Judged, judged: list[Judged], boundary: Record | None) ->
     skipped = [j.problem for j in judged if j.problem]
     if skipped:
         notes.append("not considered: " + "; ".join(skipped))
-    return f"{head} ({'; '.join(notes)})."
+    return notes

@@ -1,5 +1,9 @@
 """The offload lab's six-row table: tiers off and on, quiet and under pressure, the shared
-store, and llama.cpp's disk tier."""
+store, and llama.cpp's disk tier. The tier-on row under pressure also carries its TTFT p50
+against the tier-off row's, with the 95% interval from the per-request files
+(`intervals.py`), or the point ratio and why there is no interval. A pressure row states
+`report/pressure.py`'s judgement of its run first (the one `kvlab compare` gives); a run
+judged quiet shows no figures there."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from typing import Any
 from kvlab.observe.metrics import hit_rate
 from kvlab.records.models import Record
 from kvlab.records.notebook import Notebook
+from kvlab.report import compare, intervals
 from kvlab.report.common import (
     Table,
     latest,
@@ -18,6 +23,7 @@ from kvlab.report.common import (
     pct,
     said,
 )
+from kvlab.report.pressure import judge as judge_pressure
 
 OFFLOAD_COLUMNS = ["Tier", "How it was measured", "Turn 1 TTFT (s)", "Best later turn TTFT (s)",
                    "Prefix cache hit rate", "Evidence", "Measured on"]
@@ -31,6 +37,9 @@ def offload_table(book: Notebook) -> Table:
                                  "offload-on"))
     table.rows.append(_pressure_row(book, "None, cache under pressure", "offload-off-load"))
     table.rows.append(_pressure_row(book, "Host memory, cache under pressure", "offload-on-load"))
+    against = _tier_against_none(book)
+    if against:
+        table.rows[-1][5] += f"; {against}"
     table.rows.append(_reuse_row(book, "Shared store, two instances", "six turns alternating",
                                  "shared-store"))
     table.rows.append(_disk_row(book))
@@ -123,11 +132,29 @@ def _pressure_row(book: Notebook, tier: str, label: str) -> list[str]:
         evidence.insert(1, f"the tier served {float(recalled):,.0f} prompt tokens"
                         + (f" ({float(recalled) * float(per_token):,.0f} bytes)" if per_token
                            else ""))
+    judged = judge_pressure(book.records, r)
+    evidence.insert(0, f"{judged.words}: {judged.why}")
     how = f"load generator at concurrency {r.concurrency}, {r.requests} requests"
+    if judged.state is False:  # a quiet run is no answer to the pressure row's question
+        quiet = (f"not measured under pressure: this run was quiet ({judged.why}); the row "
+                 "needs a run whose cache was (`kvlab run offload --part pressure`)")
+        return [tier, how, quiet, quiet, hit, "; ".join(evidence), measured_on(book, r)]
     return [tier, how, f"p50 {num(ttft.get('p50'))} (load: no turn order)",
             f"not applicable to a load run; p90 {said(ttft.get('p90'), 'not recorded')}, "
             f"p99 {said(ttft.get('p99'), 'not recorded')}",
             hit, "; ".join(evidence), measured_on(book, r)]
+
+
+def _tier_against_none(book: Notebook) -> str | None:
+    """TTFT p50 with the host tier over without it, at the highest level both ran."""
+    on = compare.load_rows(book.records, compare.OFFLOAD_ON)
+    off = compare.load_rows(book.records, compare.OFFLOAD_OFF)
+    shared = sorted(set(on) & set(off))
+    if not shared:
+        return None
+    level = shared[-1]
+    iv = intervals.ttft(book.path, book.records, on[level], off[level])
+    return f"TTFT p50 against the tier off at c={level}: {iv.cell()}"
 
 
 def _working_set(planned: dict[str, Any], prompt_set: str | None) -> str:

@@ -1,7 +1,10 @@
 """The P/D lab's five-row table: the baseline, the split on two machines (shared and NIXL),
 the split on one device (loopback), and llama-server's slot interference. Split runs are
 placed by the connector and topology they recorded (`placement.py`); a run that matches no
-row of the lab's table gets a row of its own that says what was recorded, "unknown" included."""
+row of the lab's table gets a row of its own that says what was recorded, "unknown" included.
+A split's TTFT against the baseline, and the interference row's 4 slots against 1, carry their
+95% intervals from the per-request files (`intervals.py`), or the point ratio and "no interval"
+with the reason."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from typing import Any
 from kvlab.loadgen.topology import LOOPBACK, TWO_MACHINES, UNKNOWN
 from kvlab.records.models import LinkRecord, LoadRecord, Record
 from kvlab.records.notebook import Notebook
+from kvlab.report import compare, intervals
 from kvlab.report.common import (
     Table,
     latest,
@@ -87,7 +91,8 @@ def _split_row(book: Notebook, name: str, link: str | None, group: Group) -> lis
     else:
         link_cell = f"{link} (recorded: {recorded})"
     evidence = [group.where(), *_row_evidence(group.rows, [group.link] if group.link else [],
-                                              group.comparison)]
+                                              group.comparison),
+                *_against_baseline(book, group)]
     return [name, link_cell, *_figures(group.rows), _bytes_cell(group.comparison, group.rows),
             "; ".join(evidence), measured_on(book, group.rows[-1])]
 
@@ -121,11 +126,25 @@ def _split_evidence(link: LinkRecord | None, comparison: Record | None) -> list[
         verdict = (comparison.get("bytes") or {}).get("verdict")
         if verdict:
             out.append(str(verdict))
-        ratios = [f"c={lv.get('concurrency')} TTFT x{num(_ratio(lv), 2)}"
-                  for lv in comparison.get("levels", []) if _ratio(lv) is not None]
-        if ratios:
-            out.append("against the baseline: " + ", ".join(ratios))
     return out
+
+
+def _against_baseline(book: Notebook, group: Group) -> list[str]:
+    """The split's TTFT p50 over the baseline's at each level its comparison paired: with the
+    95% interval where both sides have per-request data, else the comparison's ratio."""
+    if group.comparison is None:
+        return []
+    base = compare.load_rows(book.records, "baseline")
+    mine = {r.concurrency: r for r in group.rows}
+    cells = []
+    for lv in group.comparison.levels:
+        level = lv.get("concurrency")
+        if level in mine and level in base:
+            iv = intervals.ttft(book.path, book.records, mine[level], base[level])
+            cells.append(f"c={level} TTFT {iv.cell()}")
+        elif _ratio(lv) is not None:  # the comparison paired rows the group no longer holds
+            cells.append(f"c={level} TTFT {num(_ratio(lv), 2)}x ({intervals.NO_DATA})")
+    return ["against the baseline: " + ", ".join(cells)] if cells else []
 
 
 def _ratio(level: dict[str, Any]) -> float | None:
@@ -166,5 +185,8 @@ def _interference_row(book: Notebook) -> list[str]:
                 "4 slots first, 1 slot second: the one variable changed"]
     if comparison and not comparison.get("same_experiment", True):
         evidence.append("NOT the same experiment: " + ", ".join(comparison.get("differs", [])))
+    if a.concurrency == b.concurrency:
+        iv = intervals.ttft(book.path, book.records, a, b)
+        evidence.append(f"TTFT p50, 4 slots against 1: {iv.cell()}")
     return [name, link, pair("ttft_s"), pair("tpot_s"), pair("output_tokens_per_s", None),
             "none", "; ".join(evidence), measured_on(book, a)]

@@ -7,15 +7,28 @@ topology) as recorded on the row, else on the label's `link` line; what neither 
 `shared`, two machines and `nixl`, loopback with any connector) and every other group in a row
 of its own that names what was recorded, so a row with no topology never lands in "Two
 machines" and a mooncake run never in the shared-connector row.
+
+A run kvlab placed on Ray nodes (`placement: ray`) is placed the same way, by the topology its
+machine ids gave: two Ray nodes on one machine recorded "loopback" and land in the one-machine
+row, and the evidence says "two Ray nodes on one machine", naming the nodes, never "two
+machines".
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from kvlab.loadgen.topology import LOOPBACK, ONE_INSTANCE, TWO_MACHINES, UNKNOWN
+from kvlab.loadgen.topology import (
+    LOOPBACK,
+    ONE_INSTANCE,
+    RAY,
+    RAY_ONE_MACHINE,
+    RAY_TWO_MACHINES,
+    TWO_MACHINES,
+    UNKNOWN,
+)
 from kvlab.records.models import ComparisonRecord, LinkRecord, LoadRecord
 from kvlab.records.notebook import Notebook
 
@@ -50,10 +63,22 @@ class Group:
         text = {LOOPBACK: "one machine", TWO_MACHINES: "two machines",
                 ONE_INSTANCE: "one instance, no split"}.get(self.topology,
                                                             "topology unknown (not recorded)")
+        if (r.placement or (self.link.placement if self.link else None)) == RAY:
+            text, named = self._on_ray(text, r.nodes or (self.link.nodes if self.link else None))
         link = r.link or (self.link.link if self.link else None) or UNKNOWN
         return (f"topology: {text}" + (f" ({named})" if named else "")
                 + f"; connector {self.connector}; link {link}"
                 + (f"; known from {how}" if how else ""))
+
+
+    def _on_ray(self, text: str, nodes: dict[str, Any] | None) -> tuple[str, str]:
+        """The topology in words and the nodes by role, for a run placed on Ray nodes."""
+        words = {LOOPBACK: RAY_ONE_MACHINE, TWO_MACHINES: RAY_TWO_MACHINES}.get(self.topology)
+        nodes = nodes or {}
+        order = dict.fromkeys(["prefill", "decode", "proxy", *sorted(nodes)])  # notebook sorts
+        shown = ", ".join(f"{role} node {nodes[role].get('node')} ({nodes[role].get('address')})"
+                          for role in order if nodes.get(role, {}).get("node_id"))
+        return (f"{text}, {words}" if words else f"{text}, on Ray nodes"), shown
 
 
 def _recorded(row: LoadRecord, link: LinkRecord | None, key: str) -> str:

@@ -1,17 +1,29 @@
-"""The report's plots (PNG, matplotlib's Agg backend), drawn from notebook records only.
+"""The report's plots (PNG, matplotlib's Agg backend), drawn from the notebook and the
+per-request files its load rows name.
 
 - TTFT per turn for each reuse run (the quiet tiers, the shared store and its control);
-- TTFT and TPOT p50 by concurrency for paired load runs (baseline vs split, tier off vs on);
+- for paired load runs (baseline vs split, tier off vs on, 4 slots vs 1): TTFT and TPOT p50 by
+  concurrency, and the TTFT p50 ratio with its 95% interval as error bars (`intervals.py`);
+- the TTFT distribution of each load label with per-request data: one CDF per run (level and
+  repeat), warm-up and failed requests left out;
 - restore against cold prefill for the disk tier;
 - KV-cache usage over time where a pressure run sampled it.
+
+Every linear y axis starts at zero, so a bar's or a point's height is its size. A single level
+is drawn as points (with its interval), never as a line: one point makes no trend.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from kvlab.records.models import LoadRecord
 from kvlab.records.notebook import Notebook
+from kvlab.report import compare, intervals
 from kvlab.report.common import latest, load_rows
 
 REUSE_LABELS = ("offload-off", "offload-on", "shared-store", "shared-store-single")
@@ -37,7 +49,16 @@ def draw_all(book: Notebook, out: Path) -> list[Path]:
         path = by_concurrency(book, out, base, other)
         if path is not None:
             written.append(path)
+    for label in sorted({r.label for r in book.of(LoadRecord)}):
+        path = ttft_cdf(book, out, label)
+        if path is not None:
+            written.append(path)
     return written
+
+
+def _style(count: int) -> str:
+    """Points joined by a line only when there are several of them."""
+    return "o-" if count > 1 else "o"
 
 
 def ttft_per_turn(book: Notebook, out: Path) -> Path | None:
@@ -49,8 +70,9 @@ def ttft_per_turn(book: Notebook, out: Path) -> Path | None:
     for label, r in runs:
         turns = [row["turn"] for row in r["rows"]]
         ttft = [row.get("ttft_s") for row in r["rows"]]
-        ax.plot(turns, ttft, marker="o", label=label)
+        ax.plot(turns, ttft, _style(len(turns)), label=label)
     ax.set(xlabel="turn", ylabel="TTFT (s)", title="Time to first token per turn")
+    ax.set_ylim(bottom=0)
     ax.legend()
     return _save(plt, fig, out / "ttft-per-turn.png")
 
@@ -60,18 +82,77 @@ def by_concurrency(book: Notebook, out: Path, base: str, other: str) -> Path | N
     if not any(series.values()):
         return None
     plt = _pyplot()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 4))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(13, 4))
     for label, rows in series.items():
         if not rows:
             continue
-        levels = [r["concurrency"] for r in rows]
-        ax1.plot(levels, [r["ttft_s"].get("p50") for r in rows], marker="o", label=label)
-        ax2.plot(levels, [(r.get("tpot_s") or {}).get("p50") for r in rows], marker="o",
-                 label=label)
+        levels = [r.concurrency for r in rows]
+        ax1.plot(levels, [r.ttft_s.p50 if r.ttft_s else None for r in rows],
+                 _style(len(rows)), label=label)
+        ax2.plot(levels, [r.tpot_s.p50 if r.tpot_s else None for r in rows],
+                 _style(len(rows)), label=label)
     ax1.set(xlabel="concurrency", ylabel="TTFT p50 (s)", title="TTFT p50")
     ax2.set(xlabel="concurrency", ylabel="TPOT p50 (s)", title="TPOT p50")
+    _ratio_panel(ax3, book, base, other)
+    for ax in (ax1, ax2, ax3):
+        ax.set_ylim(bottom=0)
     ax1.legend()
     return _save(plt, fig, out / f"{base}-vs-{other}.png")
+
+
+def _ratio_panel(ax: Any, book: Notebook, base: str, other: str) -> None:
+    """TTFT p50 other / base by level, each with its 95% interval as an error bar."""
+    a = compare.load_rows(book.records, other)
+    b = compare.load_rows(book.records, base)
+    found = intervals.pair_levels(book.path, book.records, a, b, (intervals.BY_KEY["ttft_p50"],))
+    ax.set(xlabel="concurrency", ylabel=f"TTFT p50, {other} / {base}",
+           title="TTFT p50 ratio, 95% interval")
+    ax.axhline(1.0, color="#999999", linewidth=1)
+    with_bars = [(lv, m["ttft_p50"]) for lv, m in found.items() if m["ttft_p50"].measured]
+    points = [(lv, m["ttft_p50"]) for lv, m in found.items()
+              if not m["ttft_p50"].measured and m["ttft_p50"].ratio is not None]
+    if with_bars:
+        x = [lv for lv, _ in with_bars]
+        y = np.array([iv.ratio for _, iv in with_bars], dtype=float)
+        low = np.array([iv.low for _, iv in with_bars], dtype=float)
+        high = np.array([iv.high for _, iv in with_bars], dtype=float)
+        ax.errorbar(x, y, yerr=[y - low, high - y], fmt=_style(len(x)), capsize=4,
+                    label="with interval")
+    if points:
+        ax.plot([lv for lv, _ in points], [iv.ratio for _, iv in points], "x",
+                label=intervals.NO_DATA)
+    if with_bars or points:
+        ax.legend(fontsize="small")
+
+
+def ttft_cdf(book: Notebook, out: Path, label: str) -> Path | None:
+    """One TTFT CDF per run of `label` (each level, each repeat) from its per-request files."""
+    rows = compare.load_rows(book.records, label)
+    curves = []
+    for level in sorted(rows):
+        side = intervals.side(book.path, book.records, rows[level])
+        if side is None:
+            continue
+        for row, run in zip(side.rows, side.runs, strict=True):
+            ttft = run[:, 0][np.isfinite(run[:, 0])]
+            name = f"c={level}" + (f" repeat {row.repeat}" if row.repeat is not None else "")
+            if len(ttft):
+                curves.append((f"{name} ({len(ttft)} requests)", ttft))
+    if not curves:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, ttft in curves:
+        ax.ecdf(ttft, label=name)
+    ax.set(xlabel="TTFT (s)", ylabel="share of requests", ylim=(0, 1.02),
+           title=f"TTFT distribution, {label} (ok requests, warm-up left out)")
+    ax.set_xlim(left=0)
+    ax.legend(fontsize="small")
+    return _save(plt, fig, out / f"ttft-cdf-{_slug(label)}.png")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "label"
 
 
 def disk(book: Notebook, out: Path) -> Path | None:
@@ -83,9 +164,11 @@ def disk(book: Notebook, out: Path) -> Path | None:
     names = ["cold prefill", "restore", "TTFT after restore"]
     values = [r["cold_ttft_s"] * 1000, r.get("restore_ms") or 0,
               (r.get("post_restore_ttft_s") or 0) * 1000]
-    ax.bar(names, values, color=["#999999", "#2a7ab9", "#5aae61"])
-    ax.set(ylabel="milliseconds", yscale="log",
+    bars = ax.bar(names, values, color=["#999999", "#2a7ab9", "#5aae61"])
+    ax.bar_label(bars, labels=[f"{v:,.1f} ms" for v in values])  # small bars stay readable
+    ax.set(ylabel="milliseconds",
            title=f"Disk tier: {r.get('prompt_tokens')} tokens, {r.get('kv_cache_type')} KV")
+    ax.set_ylim(bottom=0)
     return _save(plt, fig, out / "disk-restore-vs-cold.png")
 
 
@@ -99,7 +182,8 @@ def kv_usage(book: Notebook, out: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, samples in sampled:
         usage = [v * 100 if v is not None else None for v in samples.get("kv_cache_usage_perc", [])]
-        ax.plot(samples.get("t_s", [])[: len(usage)], usage, label=label)
+        times = samples.get("t_s", [])[: len(usage)]
+        ax.plot(times, usage, "-" if len(usage) > 1 else "o", label=label)
     ax.set(xlabel="seconds into the run", ylabel="KV cache usage (%)", ylim=(0, 105),
            title="Device KV cache under pressure")
     ax.legend()

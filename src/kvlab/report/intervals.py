@@ -1,0 +1,304 @@
+"""Ratios between two load runs with 95% bootstrap intervals, from their per-request files.
+
+For one concurrency level of two labels (side A against side B), the ratio A / B of three
+statistics, each with a 95% interval and the words that say what it shows:
+
+- TTFT p50: the median of the requests' `ttft_s`;
+- TPOT p50: the median of the requests' `tpot_s` (a one-token answer has none);
+- output tokens/s. A level's figure is its output tokens over its wall time, and a resample of
+  requests has no wall time. In a closed loop at concurrency c, c requests are in flight the
+  whole time, so wall time ~ sum of request durations / c (Little's law) and tokens/s ~
+  c x sum(output tokens) / sum(end_s - sent_s). Both sides run at the same c, so c cancels in
+  the ratio: the interval is that of sum(tokens) / sum(durations), resampled by request. An
+  open-loop level (the row has a `rate`) has its throughput set by the arrival rate: no
+  interval.
+
+Samples: the requests with status "ok" that were not warm-up, from every repeat of the run
+(`repeats`). Resampling is a hierarchical percentile bootstrap: each of `RESAMPLES` draws
+takes, for each side independently, k repeats with replacement from the side's k repeats and,
+within each drawn repeat, as many requests as it holds, with replacement; the statistic is
+computed on the pooled draw and the ratio is A's over B's. With one repeat a side this is the
+plain bootstrap over requests. The interval is the 2.5th and 97.5th percentiles of the ratios
+(numpy.quantile). Each interval draws from numpy's default generator seeded with `SEED`, so the
+same files always give the same report. The point is the same statistic on all the requests.
+
+Words: an interval that spans 1 is "no measurable difference"; otherwise slower or faster
+(latencies), higher or lower (tokens/s). A side without a per-request file gets "no interval:
+no per-request data" and the rows' own point ratio (what `kvlab compare` printed before).
+
+Not here: which rows are paired (`compare.py`), reading and checking a file (`records.requests`
+refuses one whose sha256 differs from the row's), and rendering beyond one cell of text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kvlab.records import requests
+from kvlab.records.models import LoadRecord, Record
+
+SEED = 16  # issue 16; any fixed seed makes a report reproducible
+RESAMPLES = 2000
+CONFIDENCE = 0.95
+MIN_SAMPLES = 5  # fewer requests than this on a side: a bootstrap says nothing useful
+_CHUNK_VALUES = 2_000_000  # resampled values held at once (memory, not accuracy)
+NO_DIFFERENCE = "no measurable difference"
+NO_DATA = "no interval: no per-request data"
+METHOD = {"confidence": CONFIDENCE, "resamples": RESAMPLES, "seed": SEED,
+          "scheme": "percentile bootstrap: repeats with replacement, then requests within each "
+                    "drawn repeat; ok, non-warm-up requests only",
+          "output_tokens_per_s": "sum(output tokens) / sum(end_s - sent_s) per side (closed "
+                                 "loop, Little's law: the concurrency cancels in the ratio)"}
+
+Floats = NDArray[np.float64]
+_COLUMNS = ("ttft_s", "tpot_s", "output_tokens", "duration_s")
+
+
+def _median(draws: Floats) -> Floats:
+    values = draws[..., 0]
+    found = np.median(values, axis=1)  # NaN where padding was drawn: those rows again
+    padded = np.isnan(found)
+    if padded.any():
+        found[padded] = np.nanmedian(values[padded], axis=1)
+    return np.asarray(found, dtype=np.float64)
+
+
+def _rate(draws: Floats) -> Floats:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.asarray(np.nansum(draws[..., 0], axis=1) / np.nansum(draws[..., 1], axis=1),
+                          dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str  # as in the comparison record: ttft_p50, tpot_p50, output_tokens_per_s
+    name: str
+    columns: tuple[str, ...]
+    statistic: Callable[[Floats], Floats]  # (draws, values, columns) -> (draws,)
+    above: str  # the words when A / B is measurably above 1
+    below: str
+
+
+METRICS = (
+    Metric("ttft_p50", "TTFT p50", ("ttft_s",), _median, "slower", "faster"),
+    Metric("tpot_p50", "TPOT p50", ("tpot_s",), _median, "slower", "faster"),
+    Metric("output_tokens_per_s", "output tok/s", ("output_tokens", "duration_s"), _rate,
+           "higher", "lower"),
+)
+BY_KEY = {m.key: m for m in METRICS}
+
+
+@dataclass(frozen=True)
+class Interval:
+    """One metric's ratio A / B, with its 95% interval when the requests allow one."""
+
+    metric: str
+    ratio: float | None
+    low: float | None = None
+    high: float | None = None
+    words: str = NO_DATA
+    requests: tuple[int, int] | None = None  # measured requests, A and B
+    repeats: tuple[int, int] | None = None
+
+    @property
+    def measured(self) -> bool:
+        return self.low is not None and self.high is not None
+
+    @property
+    def spans_one(self) -> bool | None:
+        """True when the interval holds 1 (None: there is no interval)."""
+        if self.low is None or self.high is None:
+            return None
+        return self.low <= 1.0 <= self.high
+
+    def cell(self) -> str:
+        """`1.50x [1.32, 1.71] slower`, or the point ratio and why there is no interval."""
+        point = f"{self.ratio:.2f}x" if self.ratio is not None else "n/a"
+        if self.low is None or self.high is None:
+            return f"{point} ({self.words})"
+        return f"{point} [{self.low:.2f}, {self.high:.2f}] {self.words}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ratio": _round(self.ratio), "low": _round(self.low), "high": _round(self.high),
+                "words": self.words, "requests": list(self.requests) if self.requests else None,
+                "repeats": list(self.repeats) if self.repeats else None}
+
+
+def _round(value: float | None) -> float | None:
+    return round(value, 4) if value is not None else None
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of a comparison at one level: its rows (one per repeat) and their requests,
+    one (requests, columns) array per repeat, NaN where a request lacks a figure."""
+
+    label: str
+    rows: tuple[LoadRecord, ...]
+    runs: tuple[Floats, ...]
+
+    @property
+    def open_loop(self) -> bool:
+        return any(r.get("rate") is not None for r in self.rows)
+
+
+def select(runs: Sequence[Floats], metric: Metric) -> list[Floats]:
+    """Each repeat's requests that have every figure `metric` needs (empty repeats gone)."""
+    wanted = [_COLUMNS.index(c) for c in metric.columns]
+    out = []
+    for run in runs:
+        picked = run[:, wanted]
+        picked = picked[np.isfinite(picked).all(axis=1)]
+        if len(picked):
+            out.append(picked)
+    return out
+
+
+def repeats(records: Sequence[Record], newest: LoadRecord) -> list[LoadRecord]:
+    """The rows of the run `newest` ends: itself and, when it is one of several repeats, the
+    other repeats of its label and level before it (same run_id), newest per repeat, back to
+    the first repeat number seen twice (which belongs to an earlier run)."""
+    if newest.repeat is None:
+        return [newest]
+    same = [r for r in records if isinstance(r, LoadRecord) and r.label == newest.label
+            and r.concurrency == newest.concurrency and r.ttft_s is not None]
+    found_at = [i for i, r in enumerate(same) if r is newest] or \
+        [i for i, r in enumerate(same) if r.line() == newest.line()]
+    if not found_at:
+        return [newest]
+    end = found_at[-1]
+    found: dict[int, LoadRecord] = {}
+    for row in reversed(same[: end + 1]):
+        if row.repeat is None or row.repeat in found or row.run_id != newest.run_id:
+            break
+        found[row.repeat] = row
+    return [found[k] for k in sorted(found)]
+
+
+def columns(lines: list[requests.RequestLine]) -> Floats:
+    """The figures the metrics read, one row per ok, non-warm-up request (NaN: not given)."""
+    kept = [line for line in lines if line.status == "ok" and not line.warmup]
+    table = [[line.ttft_s, line.tpot_s, line.output_tokens,
+              line.end_s - line.sent_s if line.end_s is not None and line.sent_s is not None
+              else None] for line in kept]
+    return np.array(table, dtype=np.float64).reshape(len(kept), len(_COLUMNS))  # None: NaN
+
+
+def side(notebook: Path, records: Sequence[Record], newest: LoadRecord) -> Side | None:
+    """A side's per-request data (None when a row of its run names no per-request file);
+    a file whose sha256 differs from its row's is refused (InputError)."""
+    rows = repeats(records, newest)
+    if any(r.requests_file is None for r in rows):
+        return None
+    runs = tuple(columns(requests.read(requests.location(notebook, str(r.requests_file)),
+                                        r.requests_sha256)) for r in rows)
+    return Side(newest.label, tuple(rows), runs)
+
+
+def _draws(groups: list[Floats], rng: np.random.Generator, count: int) -> Floats:
+    """`count` hierarchical resamples: (count, slots, columns), NaN-padded where the drawn
+    repeats hold fewer requests than the largest."""
+    sizes = np.array([len(g) for g in groups])
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    k, widest = len(groups), int(sizes.max())
+    chosen = rng.integers(0, k, size=(count, k))
+    n = sizes[chosen][..., None]
+    within = rng.integers(0, np.broadcast_to(n, (count, k, widest)))
+    picked = np.concatenate(groups)[(starts[chosen][..., None] + within).reshape(count, -1)]
+    picked[~(np.arange(widest) < n).reshape(count, -1)] = np.nan
+    return np.asarray(picked, dtype=np.float64)
+
+
+def _bootstrap(metric: Metric, a: list[Floats], b: list[Floats], seed: int) -> Floats:
+    """The ratio A / B of `metric` over `RESAMPLES` resamples (non-finite ratios dropped)."""
+    rng = np.random.default_rng(seed)
+    slots = max(len(a) * max(len(g) for g in a), len(b) * max(len(g) for g in b))
+    step = max(1, _CHUNK_VALUES // slots)
+    out: list[Floats] = []
+    for start in range(0, RESAMPLES, step):
+        count = min(step, RESAMPLES - start)
+        top = metric.statistic(_draws(a, rng, count))
+        bottom = metric.statistic(_draws(b, rng, count))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out.append(top / bottom)
+    ratios = np.concatenate(out)
+    return np.asarray(ratios[np.isfinite(ratios)], dtype=np.float64)
+
+
+def _words(metric: Metric, low: float, high: float) -> str:
+    if low <= 1.0 <= high:
+        return NO_DIFFERENCE
+    return metric.above if low > 1.0 else metric.below
+
+
+def ratio_interval(metric: Metric, runs_a: Sequence[Floats], runs_b: Sequence[Floats],
+                   names: tuple[str, str], seed: int = SEED) -> Interval:
+    """`metric` A / B with its interval, from each side's repeats (`columns` arrays)."""
+    a, b = select(runs_a, metric), select(runs_b, metric)
+    counts = (sum(len(g) for g in a), sum(len(g) for g in b))
+    reps = (len(a), len(b))
+    top, bottom = (float(metric.statistic(np.concatenate(s)[None])[0]) if s else None
+                   for s in (a, b))
+    point = top / bottom if top is not None and bottom else None
+    short = [f"{n} requests with a {metric.name} on the {name} side"
+             for n, name in zip(counts, names, strict=True) if n < MIN_SAMPLES]
+    if short:
+        return Interval(metric.key, point, words=f"no interval: only {'; '.join(short)}",
+                        requests=counts, repeats=reps)
+    ratios = _bootstrap(metric, a, b, seed)
+    if len(ratios) < 0.9 * RESAMPLES:
+        return Interval(metric.key, point, words=f"no interval: the {names[1]} side's "
+                        f"{metric.name} is zero in too many resamples",
+                        requests=counts, repeats=reps)
+    tail = (1 - CONFIDENCE) / 2
+    low, high = (float(v) for v in np.quantile(ratios, [tail, 1 - tail]))
+    return Interval(metric.key, point, low, high, _words(metric, low, high), counts, reps)
+
+
+def row_ratio(metric: Metric, a: LoadRecord, b: LoadRecord) -> float | None:
+    """The rows' own point ratio (the seed's figures), for a side without per-request data."""
+    def figure(row: LoadRecord) -> float | None:
+        if metric.key == "output_tokens_per_s":
+            return row.output_tokens_per_s
+        found = row.ttft_s if metric.key == "ttft_p50" else row.tpot_s
+        return found.p50 if found is not None else None
+
+    top, bottom = figure(a), figure(b)
+    return top / bottom if top is not None and bottom else None
+
+
+def between(notebook: Path, records: Sequence[Record], a: LoadRecord, b: LoadRecord,
+            metrics: Sequence[Metric] = METRICS) -> dict[str, Interval]:
+    """Each metric's ratio A / B at one level, `a` and `b` being each side's newest row."""
+    sa, sb = side(notebook, records, a), side(notebook, records, b)
+    names = (a.label, b.label)
+    out = {}
+    for metric in metrics:
+        if sa is None or sb is None:
+            out[metric.key] = Interval(metric.key, row_ratio(metric, a, b))
+        elif metric.key == "output_tokens_per_s" and (sa.open_loop or sb.open_loop):
+            out[metric.key] = Interval(metric.key, row_ratio(metric, a, b), words=(
+                "no interval: an open-loop level's throughput follows its arrival rate"))
+        else:
+            out[metric.key] = ratio_interval(metric, sa.runs, sb.runs, names)
+    return out
+
+
+def ttft(notebook: Path, records: Sequence[Record], a: LoadRecord,
+         b: LoadRecord) -> Interval:
+    """TTFT p50 A / B at one level (what the labs' decisions turn on)."""
+    return between(notebook, records, a, b, (BY_KEY["ttft_p50"],))["ttft_p50"]
+
+
+def pair_levels(notebook: Path, records: Sequence[Record], a: dict[int, LoadRecord],
+                b: dict[int, LoadRecord],
+                metrics: Sequence[Metric] = METRICS) -> dict[int, dict[str, Interval]]:
+    """`between` at every level both sides ran, by level."""
+    return {level: between(notebook, records, a[level], b[level], metrics)
+            for level in sorted(set(a) & set(b))}

