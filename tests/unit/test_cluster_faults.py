@@ -3,13 +3,15 @@
 server: the fault is the point, not the engine): a host that matches no node and a model
 missing on a node are refused before anything starts; an engine lost mid-run ends the run
 with one line naming node and role, everything else stopped; a driver killed mid-run leaves
-no engine running 30 s later. A store the nodes do not share, and a model missing on one node
-only, cannot happen on one machine's one filesystem: those checks run against two fake nodes
-whose filesystems are two directories."""
+no engine running 30 s later; `kvlab serve --node` serves on its node until stopped, and
+refuses to serve there without a key. A store the nodes do not share, and a model missing on
+one node only, cannot happen on one machine's one filesystem: those checks run against two
+fake nodes whose filesystems are two directories."""
 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import os
@@ -24,13 +26,14 @@ from typing import Any
 import psutil
 import pytest
 
-from kvlab.cluster import nodes
+from kvlab.cluster import nodes, serve
 from kvlab.cluster.agent import NodeAgent
 from kvlab.cluster.placement import Placement
 from kvlab.cluster.session import ClusterSession, Placed
-from kvlab.core.errors import EngineError, RefusedError
+from kvlab.core.errors import EngineError, RefusedError, SettingError
 from kvlab.core.settings import Settings
 from kvlab.engines.plan import EnginePlan, Flag
+from kvlab.engines.process import port_in_use
 from kvlab.experiments.lab import Lab, engines
 from kvlab.records import notebook
 
@@ -70,14 +73,23 @@ asyncio.run(main())
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[str]:
-    """Two Ray nodes on this machine, one CPU each, named node-a and node-b by label."""
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Two Ray nodes on this machine, one CPU each, named node-a and node-b by label; their
+    agents keep logs and PID records in a KVLAB_HOME of their own (the nodes' environment)."""
     import ray
     from ray.cluster_utils import Cluster
 
-    c = Cluster(initialize_head=True,
-                head_node_args={"num_cpus": 1, "labels": {nodes.LABEL: "node-a"}})
-    c.add_node(num_cpus=1, labels={nodes.LABEL: "node-b"})
+    home = os.environ.get("KVLAB_HOME")
+    os.environ["KVLAB_HOME"] = str(tmp_path_factory.mktemp("node-home"))
+    try:
+        c = Cluster(initialize_head=True,
+                    head_node_args={"num_cpus": 1, "labels": {nodes.LABEL: "node-a"}})
+        c.add_node(num_cpus=1, labels={nodes.LABEL: "node-b"})
+    finally:
+        if home is None:
+            del os.environ["KVLAB_HOME"]
+        else:
+            os.environ["KVLAB_HOME"] = home
     ray.init(address=c.address, log_to_driver=False, logging_level=logging.WARNING)
     yield c.address
     ray.shutdown()
@@ -233,3 +245,63 @@ async def test_a_model_on_one_node_only_is_refused_naming_the_other(tmp_path: Pa
     with pytest.raises(RefusedError, match=r"^node b \[bbbbbbbb\] \(decode\): the model "
                                            r"/models/tiny does not exist there; "):
         await session.check_paths([prefill, decode])
+
+
+async def test_serve_on_a_node_runs_there_until_stopped(
+        cluster: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+
+    where = Placement(cluster=cluster, origin="--cluster", node="node-b")
+    with pytest.raises(SettingError, match="export the key its clients will send in "
+                                           "LOADTEST_API_KEY"):
+        await serve.serve_on_node(Settings(), fake_plan("decode"), where, tmp_path / "log",
+                                  io.StringIO())
+    monkeypatch.setenv("LOADTEST_API_KEY", "serve-test-key-3141")
+    address = ray.nodes()[0]["NodeManagerAddress"]
+    port = NodeAgent("test").free_port(address)
+    plan = EnginePlan(**{**fake_plan("decode").__dict__, "port": port,
+                         "flags": (Flag("--host", "127.0.0.1"), Flag("--port", str(port)))})
+    echoed = io.StringIO()
+    task = asyncio.create_task(serve.serve_on_node(Settings(), plan, where,
+                                                   tmp_path / "serve.log", echoed))
+    for _ in range(180):  # until its startup line is written (90 s at most)
+        if _lines() or task.done():
+            break
+        await asyncio.sleep(0.5)
+    (line,) = _lines()
+    assert line.node["node"].startswith("node-b [") and line.base_url.endswith(f":{port}")
+    assert port_in_use(address, port)
+    await asyncio.sleep(1.5)  # one round of the log's echo
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert "fake engine listening on" in echoed.getvalue()
+    assert not port_in_use(address, port)
+
+
+async def test_the_run_key_reaches_engines_and_proxy_by_environment_only(
+        tmp_path: Path) -> None:
+    from kvlab.cluster.runner import place, secret_env
+
+    session = _session((tmp_path, tmp_path))
+    session.placement = Placement(cluster="fake:6379", prefill_host="a", decode_host="b",
+                                  proxy_node="a")
+    session.by_name[("--proxy-node", "a")] = session.by_name[("PREFILL_HOST", "a")]
+    free = {"free_port": lambda host: 41000}
+    for placed in session.by_name.values():
+        placed.agent = type("Ports", (), {"__getattr__": lambda self, n: _Remote(free[n])})()
+    engine = EnginePlan(engine="vllm", role="decode", command=("vllm", "serve"),
+                        flags=(Flag("--host", "127.0.0.1"), Flag("--port", "8200")))
+    proxy = EnginePlan(engine="kvlab-proxy", role="proxy", command=("python", "-m", "kvlab"),
+                       flags=(Flag("--host", "127.0.0.1"), Flag("--port", "8000")))
+    placed_engine, _ = await place(session, engine)
+    placed_proxy, _ = await place(session, proxy)
+    assert placed_engine.base_url == placed_proxy.base_url == "http://10.0.0.1:41000"
+    assert secret_env(Settings(), placed_engine, session) == {"VLLM_API_KEY": session.api_key}
+    assert secret_env(Settings(), placed_proxy, session) == {"LOADTEST_API_KEY":
+                                                             session.api_key}
+    # a proxy on a node asks its clients for the key too; the plans name variables, no key
+    assert placed_proxy.env == {"LOADTEST_API_KEY_ENV": "LOADTEST_API_KEY",
+                                "PROXY_API_KEY_ENV": "LOADTEST_API_KEY"}
+    assert session.api_key not in json.dumps([placed_engine.as_dict(), placed_proxy.as_dict()])
+    assert len(session.api_key) >= 32

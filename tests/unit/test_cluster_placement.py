@@ -93,7 +93,7 @@ def test_where_each_role_goes() -> None:
 
 
 def test_a_cluster_run_that_cannot_say_where_is_refused() -> None:
-    with pytest.raises(SettingError, match="set both .*or pass --node NAME"):
+    with pytest.raises(SettingError, match=r"set both .*or pass --node NAME"):
         placement.from_options(Settings(prefill_host="a"), "head:6379", environ={})
     with pytest.raises(SettingError, match="--node names a Ray node, and no cluster is given"):
         placement.from_options(Settings(), node="a", environ={})
@@ -176,3 +176,37 @@ def test_the_single_machine_path_never_imports_ray(tmp_path: Path) -> None:
     assert [p["label"] for p in plans][:3] == ["prefill", "decode", "proxy"]
     imported = json.loads(done.stderr.strip().splitlines()[-1])
     assert imported == ["kvlab.cluster.placement"]  # data only: no Ray, no agent, no session
+
+
+def _kvlab(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k != placement.RAY_ADDRESS}
+    return subprocess.run([sys.executable, "-m", "kvlab", *args], capture_output=True,
+                          text=True, timeout=120, check=False, env={**base, **env}, cwd=cwd)
+
+
+def test_a_cluster_dry_run_names_each_plans_node_and_joins_nothing(tmp_path: Path) -> None:
+    done = _kvlab(["run", "disagg", "--dry-run", "--json", "--cluster", "192.0.2.99:6379",
+                   "--proxy-node", "node-c"], tmp_path, PREFILL_HOST="node-a",
+                  DECODE_HOST="node-b")  # no cluster there: a dry run never joins it
+    assert done.returncode == 0, done.stderr[-2000:]
+    where = {p["label"]: p.get("node") for p in json.loads(done.stdout)["plans"]}
+    assert where == {"prefill": "PREFILL_HOST=node-a", "decode": "DECODE_HOST=node-b",
+                     "proxy": "--proxy-node=node-c", "baseline": "DECODE_HOST=node-b",
+                     "disagg-two-machines": None, "disagg-nixl": None}
+    refused = _kvlab(["run", "offload", "--dry-run", "--cluster", "192.0.2.99:6379"], tmp_path)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert "set both" in refused.stderr and "--node NAME" in refused.stderr
+
+
+def test_a_cluster_run_keeps_its_store_on_the_shared_mount(tmp_path: Path) -> None:
+    from kvlab.experiments.lab import Lab
+
+    settings = Settings(kv_shared_path=str(tmp_path / "mnt"))
+    on_ray = Lab(settings, run_id="r1", placement=placement.Placement(cluster="h:6379", node="a"))
+    assert on_ray.store_path("pd") == tmp_path / "mnt" / "kvlab-r1" / "pd"
+    store = on_ray.store("pd")
+    assert store.is_dir() and (store.stat().st_mode & 0o777) == 0o700
+    on_ray.cleanup()
+    assert not (tmp_path / "mnt" / "kvlab-r1").exists() and (tmp_path / "mnt").is_dir()
+    here = Lab(settings, run_id="r1")  # this machine: the run's own private store, as before
+    assert here.store_path("pd") == settings.paths().store("r1", "pd")

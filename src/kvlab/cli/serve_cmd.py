@@ -9,7 +9,8 @@ terminal sends SIGHUP). kvlab then exits with the engine's status (128 + N for a
 and says so when the engine died by itself. On Linux the engine also stops if kvlab is
 killed outright (`engines/process.py`), unless `--detach` asked for it to keep running.
 `--dry-run` prints the plan and starts nothing; arguments after `--` reach the engine as is;
-secrets among them are shown as `<redacted>`.
+secrets among them are shown as `<redacted>`. `--node NAME` (with `--cluster ADDRESS` or
+RAY_ADDRESS) serves the engine on that Ray node instead (`cluster/serve.py`).
 """
 
 from __future__ import annotations
@@ -125,11 +126,14 @@ def _summary_word(key: str) -> str | None:
 @click.option("--connector", help="Override CONNECTOR for this instance.")
 @click.option("--offload/--no-offload", default=None, help="Override OFFLOAD (offload role).")
 @detach_option
+@click.option("--node", metavar="NAME", help="Serve on this Ray node (its address, host name, "
+              "node id or kvlab-host label) of the --cluster (default: RAY_ADDRESS).")
+@click.option("--cluster", metavar="ADDRESS", help="The Ray cluster --node is in.")
 @json_option
 @click.pass_context
 def serve_command(ctx: click.Context, role: str, engine_args: tuple[str, ...], model: str | None,
                   port: int | None, dry_run: bool, connector: str | None, offload: bool | None,
-                  detach: bool, as_json: bool) -> None:
+                  detach: bool, node: str | None, cluster: str | None, as_json: bool) -> None:
     """Start one engine in a lab ROLE in the foreground (Ctrl-C, SIGTERM or SIGHUP stops it;
     kvlab exits with the engine's status).
 
@@ -154,8 +158,40 @@ def serve_command(ctx: click.Context, role: str, engine_args: tuple[str, ...], m
                    lambda console: print_summary(console, plan))
         return
     print_summary(out.err if as_json else out.console, plan)
-    result = asyncio.run(serve_foreground(loaded.values, plan, detach=detach))
+    if node or cluster:
+        if detach:
+            raise click.UsageError("--detach with --node: an engine on a node lives as long as "
+                                   "the kvlab that placed it")
+        from kvlab.cluster.placement import from_options
+
+        where = from_options(loaded.values, cluster, node or "")
+        result = asyncio.run(serve_on_node(loaded.values, plan, where))
+    else:
+        result = asyncio.run(serve_foreground(loaded.values, plan, detach=detach))
     finish(ctx, out, result)
+
+
+async def serve_on_node(settings: Settings, plan: EnginePlan, where: Any) -> dict[str, Any]:
+    """`plan` served on its Ray node until it exits or a stop signal (`cluster/serve.py`)."""
+    from kvlab.cluster import serve
+
+    plan = plan.with_secrets(settings.known_secrets())
+    log = serve_log(settings, plan)
+    received: list[int] = []
+    found: dict[str, Any] = {"log": str(log)}
+    with _stopped_by_signals(received):
+        try:
+            found = await serve.serve_on_node(settings, plan, where, log, sys.stderr, found)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not received or task is None:
+                raise
+            task.uncancel()  # our own signal handler's cancel: the engine is stopped
+    code = found.get("exit_code")
+    status = 128 + received[0] if received else exit_status(code)
+    return {**found, "exit_status": status,
+            "stopped_by": _signal_name(received[0]) if received else None,
+            "outcome": _outcome(plan, code, received) + f" (on node {where.target(plan.role)[1]})"}
 
 
 def finish(ctx: click.Context, out: Output, result: dict[str, Any]) -> None:

@@ -56,12 +56,12 @@ async def run(lab: Lab, spec: SharedSpec) -> list[Record]:
     store = lab.store("shared")
     plans = pair_plans(lab, str(store))
     settings = lab.settings
-    urls = [p.base_url + "/v1" for p in plans]
     name, key = settings.served_name, settings.api_key()
     out: list[Record] = []
     try:
-        async with engines(lab, plans, labels=["shared-store-a", "shared-store-b"]):
-            await compat.check(urls)
+        async with engines(lab, plans, labels=["shared-store-a", "shared-store-b"]) as procs:
+            urls = [p.plan.base_url + "/v1" for p in procs]  # as started (a cluster node's)
+            await compat.check(urls, headers={"Authorization": f"Bearer {key}"} if key else None)
             lab.say(f"==> shared-store: {spec.turns} turns alternating between two instances")
             alternating = await run_reuse(ReuseOptions(
                 urls, name, turns=spec.turns, preamble_words=spec.preamble_words,

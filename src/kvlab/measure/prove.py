@@ -206,9 +206,11 @@ async def prove(opts: ProveOptions, say: Say = quiet) -> ProofRun:
     """Run the proof against one endpoint or two (then the shared-store cases)."""
     run = ProofRun(opts, nonce=secrets.token_hex(4))
     timeout = httpx.Timeout(opts.timeout_s, connect=10.0)
-    async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
+    # the key on every request: an engine with one guards /v1/models as well as the chats
+    headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else None
+    async with httpx.AsyncClient(timeout=timeout, trust_env=False, headers=headers) as client:
         if len(opts.urls) > 1:
-            facts = await check(opts.urls, ignore=opts.ignore)
+            facts = await check(opts.urls, ignore=opts.ignore, headers=headers)
             run.instances = {f.url: f for f in facts}
         else:
             run.instances = {api_base(opts.urls[0]): await probe(client, opts.urls[0])}

@@ -139,7 +139,9 @@ async def run_reuse(opts: ReuseOptions, say: Say = quiet) -> ReuseRun:
     """Send the growing conversation, turn by turn, alternating over `opts.urls`."""
     run = ReuseRun(opts, nonce=opts.nonce if opts.nonce is not None else secrets.token_hex(4))
     timeout = httpx.Timeout(opts.timeout_s, connect=10.0)
-    async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
+    # the key on every request: an engine with one guards /v1/models as well as the chats
+    headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else None
+    async with httpx.AsyncClient(timeout=timeout, trust_env=False, headers=headers) as client:
         for url in opts.urls:
             run.instances[api_base(url)] = await probe(client, url)
         run.fitted = await fit_conversation(client, list(run.instances.values()),

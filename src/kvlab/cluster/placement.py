@@ -1,0 +1,113 @@
+"""Where a run's engines go: this machine (the default), or the nodes of a Ray cluster.
+
+A `Placement` is data, read from the settings and flags before anything starts:
+
+- no cluster (neither `--cluster ADDRESS` nor Ray's own `RAY_ADDRESS`): every engine on this
+  machine, as kvlab always ran them (`LOCAL`);
+- a cluster and `--node NAME`: every engine of the run on that one node (the offload lab on a
+  GPU box, driven from a laptop);
+- a cluster and PREFILL_HOST / DECODE_HOST: the prefill side (`prefill`, `shared-a`) on
+  PREFILL_HOST's node and every other engine (decode, the baseline, as the seed's
+  serve-decode.sh serves it) on DECODE_HOST's node.
+
+kvlab's proxy and its load generator run where kvlab runs, unless `--proxy-node NAME` puts the
+proxy on a node. Which node a name means is decided against the live cluster (`nodes.py`).
+This module imports no Ray: the single-machine path reads it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from kvlab.core.errors import SettingError
+from kvlab.core.settings import Settings
+from kvlab.engines.plan import EnginePlan, Flag
+
+RAY_ADDRESS = "RAY_ADDRESS"  # Ray's own variable naming the cluster to join
+PREFILL_SIDE = ("prefill", "shared-a")
+PROXY = "proxy"
+# every plan kvlab makes (vLLM, llama-server, kvlab's proxy) names where it listens so
+HOST_FLAG, PORT_FLAG = "--host", "--port"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where each role of a run goes; `cluster` empty = this machine."""
+
+    cluster: str = ""
+    origin: str = ""  # "--cluster" or RAY_ADDRESS
+    node: str = ""  # --node: every engine on one node
+    prefill_host: str = ""
+    decode_host: str = ""
+    proxy_node: str = ""
+
+    @property
+    def remote(self) -> bool:
+        return bool(self.cluster)
+
+    def target(self, role: str) -> tuple[str, str] | None:
+        """(setting, name) of the node `role` goes to; None: where kvlab runs."""
+        if not self.remote:
+            return None
+        if role == PROXY:
+            return ("--proxy-node", self.proxy_node) if self.proxy_node else None
+        if self.node:
+            return "--node", self.node
+        if role in PREFILL_SIDE:
+            return "PREFILL_HOST", self.prefill_host
+        return "DECODE_HOST", self.decode_host
+
+    def targets(self) -> list[tuple[str, str]]:
+        """Every (setting, name) this placement names, once each."""
+        roles = ("prefill", "decode", PROXY)
+        found = [t for t in (self.target(r) for r in roles) if t is not None]
+        return list(dict.fromkeys(found))
+
+    def describe(self) -> dict[str, Any]:
+        if not self.remote:
+            return {"placement": "local"}
+        roles = {r: (t[1] if (t := self.target(r)) else "where kvlab runs")
+                 for r in ("prefill", "decode", "baseline", PROXY)}
+        return {"placement": "ray", "cluster": self.cluster, "from": self.origin,
+                "roles": roles}
+
+
+LOCAL = Placement()
+
+
+def from_options(settings: Settings, cluster: str | None = None, node: str | None = None,
+                 proxy_node: str | None = None,
+                 environ: Mapping[str, str] | None = None) -> Placement:
+    """The placement the flags and settings ask for; refused when a cluster run cannot say
+    where its engines go, or a node is named with no cluster to find it in."""
+    env = os.environ if environ is None else environ
+    address = cluster or env.get(RAY_ADDRESS, "")
+    origin = "--cluster" if cluster else RAY_ADDRESS
+    if not address:
+        if node or proxy_node:
+            flag = "--node" if node else "--proxy-node"
+            raise SettingError(f"{flag} names a Ray node, and no cluster is given: pass "
+                               "--cluster ADDRESS or set RAY_ADDRESS (kvlab joins a running "
+                               "cluster; it never starts one)")
+        return LOCAL
+    if not node and not (settings.prefill_host and settings.decode_host):
+        raise SettingError(
+            "a cluster run places prefill on PREFILL_HOST's node and decode on DECODE_HOST's: "
+            "set both (a node's address, host name or kvlab-host label), or pass --node NAME "
+            "to place every engine on one node")
+    return Placement(cluster=address, origin=origin, node=node or "",
+                     prefill_host=settings.prefill_host, decode_host=settings.decode_host,
+                     proxy_node=proxy_node or "")
+
+
+def rebind(plan: EnginePlan, host: str, port: int) -> EnginePlan:
+    """`plan` listening on `host:port` (a node's address and a port free there)."""
+    flags = tuple(Flag(f.name, host) if f.name == HOST_FLAG
+                  else Flag(f.name, str(port)) if f.name == PORT_FLAG else f
+                  for f in plan.flags)
+    summary = tuple((k, f"http://{host}:{port}") if k == "listening on" else (k, v)
+                    for k, v in plan.summary)
+    return replace(plan, flags=flags, host=host, port=port, summary=summary)

