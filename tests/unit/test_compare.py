@@ -298,3 +298,11 @@ def test_cli_compare_refuses_a_changed_per_request_file(tmp_path: Path) -> None:
     assert len(run.stderr.strip().splitlines()) == 1
     assert "sha256 differs from the notebook row's requests_sha256" in run.stderr
     assert not notebook.read(path).by_record("comparison")  # nothing appended
+
+
+def test_prompts_of_different_sizes_are_not_the_same_experiment() -> None:
+    records = [row("baseline", 1, 0.2, 0.01, 90, prompt_tokens_mean=519.0),
+               row("disagg", 1, 0.3, 0.01, 95, prompt_tokens_mean=1389.0)]
+    result = compare.compare(records, "b", "disagg", "baseline")
+    assert result.record["same_experiment"] is False
+    assert "1,389 prompt tokens a request against 519" in "\n".join(result.warnings)

@@ -198,6 +198,15 @@ def test_ctrl_c_keeps_measured_levels(home: Path, tmp_path: Path) -> None:
     (["--slo", "ttft=5"], "--slo"),
     (["--concurrency", "1,x"], "CONCURRENCY"),
     (["--prompt-set", "nope"], "PROMPT_SET"),
+    (["--slo", "ttft_p90<=0.5"], "is for --find-capacity"),
+    (["--find-capacity"], "--find-capacity needs --slo"),
+    (["--find-capacity", "--slo", "ttft_p90<=0.5", "--capacity-knob", "users"], "--users"),
+    (["--users", "2", "--think-time", "soon"], "--think-time"),
+    (["--users", "2", "--rate", "3"], "--rate"),
+    (["--rate", "1,x"], "--rate"),
+    (["--prompt-set", "shared-prefix", "--prefix-groups", "2", "--group-shares", "1"],
+     "--group-shares"),
+    (["--trace", "/nonexistent/trace.jsonl"], "--trace"),
 ])
 def test_bad_input_is_one_line_exit_2(args: list[str], message: str, home: Path) -> None:
     run = kvlab("load", "--base-url", "http://127.0.0.1:9/v1", *args)
@@ -253,3 +262,38 @@ def test_side_channel_bytes_are_compared_after_a_point_to_point_run(
                    env={**env, "CONNECTOR": "shared"})
     assert shared.returncode == 0, shared.stderr
     assert notebook.read(book).records[-1].get("side_channel") is None
+
+
+def test_load_user_sessions_and_a_rate_sweep(fake: str, home: Path, tmp_path: Path) -> None:
+    run = kvlab("load", "--base-url", fake, "--model", "fake", "--users", "2,3", "--turns", "2",
+                "--think-time", "fixed:0.05", "--max-tokens", "2", "--label", "u",
+                "--no-progress", "--json")
+    assert run.returncode == 0, run.stderr
+    rows = json.loads(run.stdout)["rows"]
+    assert [r["concurrency"] for r in rows] == [2, 3] and [r["ok"] for r in rows] == [4, 6]
+    assert all(r["workload"]["kind"] == "sessions" and r["sessions"]["conversations"] == r[
+        "concurrency"] for r in rows)
+    swept = kvlab("load", "--base-url", fake, "--model", "fake", "--concurrency", "4",
+                  "--rate", "20,40", "--arrivals", "even", "--requests", "6", "--warmup", "0",
+                  "--max-tokens", "2", "--label", "r", "--no-progress", "--json")
+    assert swept.returncode == 0, swept.stderr
+    assert [(r["concurrency"], r["rate"], r["arrivals"], r["ok"])
+            for r in json.loads(swept.stdout)["rows"]] == [(4, 20.0, "even", 6),
+                                                          (4, 40.0, "even", 6)]
+
+
+def test_find_capacity_writes_its_probes_and_one_capacity_line(fake: str, home: Path,
+                                                               tmp_path: Path) -> None:
+    run = kvlab("load", "--base-url", fake, "--model", "fake", "--find-capacity",
+                "--slo", "ttft_p90<=5,tpot_p90<=1", "--capacity-knob", "concurrency",
+                "--capacity-steps", "2", "--duration", "0.3", "--min-requests", "5",
+                "--max-tokens", "2", "--label", "c", "--json")
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    capacity = out["capacity"]
+    assert capacity["record"] == "capacity" and capacity["knob"] == "concurrency"
+    assert [s["load"] for s in capacity["steps"]] == [1, 2] and capacity["verdict"] == "at-least"
+    assert capacity["target"]["bounds"] == {"ttft_p90": 5.0, "tpot_p90": 1.0}
+    book = notebook.read(tmp_path / "labbook.md")
+    assert [r["label"] for r in book.by_record("load")] == ["c-capacity"] * 2
+    assert book.by_record("capacity")[0]["capacity"] == 2.0

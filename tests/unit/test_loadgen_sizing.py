@@ -69,6 +69,16 @@ async def test_the_preamble_is_fitted_to_the_token() -> None:
     assert abs(len(fake_tokens(workloads.preamble(7, 1000))) - 1000) > 300
 
 
+async def test_a_metrics_url_is_asked_at_its_servers_root() -> None:
+    # behind a proxy, run-load names the engines by --metrics-url .../metrics; their
+    # tokenizer is at the server's root (found on the H200 rehearsal: it fell back to the
+    # estimate, so split and baseline prompts differed 2.7x)
+    async with tokenizer_server([], ("http://engine:8200",)) as client:
+        sizing = await prompt_sizing(VLLM, ["http://proxy:8000/v1",
+                                            "http://engine:8200/metrics"], 7, 1000, client)
+    assert sizing.method == "tokenizer" and "http://engine:8200" in sizing.source
+
+
 async def test_no_tokenizer_anywhere_falls_back_to_the_estimate_and_says_so() -> None:
     async with tokenizer_server([], ()) as client:
         sizing = await prompt_sizing(LLAMA_CPP, ["http://a:1/v1", "http://a:1/v1"], 0, 500,

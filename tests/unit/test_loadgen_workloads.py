@@ -92,3 +92,48 @@ def test_calibration_fits_the_preamble_with_the_models_tokenizer() -> None:
 def test_best_fit_prefers_the_closest_count_not_above() -> None:
     assert workloads.best_fit({10: 98, 11: 101, 12: 103}, 100) == 10
     assert workloads.best_fit({10: 102, 11: 101}, 100) == 11  # all above: the smallest
+
+
+def test_prefix_groups_split_the_requests_by_their_shares() -> None:
+    shares = workloads.check_shares(3, (2, 1, 1))
+    assert shares == (0.5, 0.25, 0.25)
+    prompts = workloads.build("shared-prefix", 400, seed=5, preamble_tokens=300, shares=shares)
+    by_group: dict[int, set[str]] = {}
+    for p in prompts:
+        assert p.group is not None
+        by_group.setdefault(p.group, set()).add(p.messages[0][1])
+    assert sorted(by_group) == [0, 1, 2]
+    assert all(len(texts) == 1 for texts in by_group.values())  # one preamble per group
+    assert len({next(iter(t)) for t in by_group.values()}) == 3  # and three different ones
+    counts = [sum(p.group == g for p in prompts) for g in range(3)]
+    assert 160 <= counts[0] <= 240 and all(70 <= c <= 130 for c in counts[1:])
+    # group 0's preamble is the one-group set's; the same index picks the same group again
+    assert by_group[0] == {workloads.build("shared-prefix", 1, seed=5,
+                                           preamble_tokens=300)[0].messages[0][1]}
+    again = workloads.build("shared-prefix", 400, seed=5, preamble_tokens=300, shares=shares)
+    assert [p.group for p in again] == [p.group for p in prompts]
+    described = workloads.describe("shared-prefix", 5, 300, shares)
+    assert described["prefix_groups"] == {"groups": 3, "shares": [0.5, 0.25, 0.25]}
+
+
+@pytest.mark.parametrize(("groups", "shares"), [(0, ()), (2, (1.0,)), (2, (1.0, 0.0))])
+def test_bad_prefix_groups_are_refused(groups: int, shares: tuple[float, ...]) -> None:
+    with pytest.raises(InputError, match=r"--prefix-groups|--group-shares"):
+        workloads.check_shares(groups, shares)
+
+
+def test_session_turn_carries_the_real_history() -> None:
+    first = workloads.session_turn(7, seed=1, conversation=3, turn=0, history=(), tokens=80)
+    assert [r for r, _ in first.messages] == ["system", "user"]
+    assert (first.conversation, first.turn, first.document_tokens) == (3, 0, 80)
+    history = (first.messages[-1], ("assistant", "a reply the server really sent"))
+    second = workloads.session_turn(8, seed=1, conversation=3, turn=1, history=history,
+                                    tokens=80)
+    assert second.messages[:3] == (first.messages[0], *history)
+    assert second.messages[-1][0] == "user" and second.messages[-1] != first.messages[-1]
+    # the same conversation's opening and questions as the multi-turn set
+    multi = workloads.build("multi-turn", 2, seed=1, preamble_tokens=80, turns=2, start=3,
+                            conversations=1)
+    assert first.messages == multi[0].messages and second.messages[-1] == multi[1].messages[-1]
+    with pytest.raises(ValueError, match="history"):
+        workloads.session_turn(9, seed=1, conversation=3, turn=2, history=history, tokens=80)

@@ -1,7 +1,10 @@
 """`kvlab load`, `kvlab run-load LABEL URL`, `kvlab compare`: the P/D lab's measurement chain.
 
 `load` takes exactly what the seed's run-load.sh passes to Part 9's load-test.py (plus kvlab's
-own options) and writes one notebook row per concurrency level; `run-load` is run-load.sh
+own options) and writes one notebook row per concurrency level; its workloads are the prompt
+sets (shared-prefix optionally in prefix groups), user sessions (`--users`) and trace replay
+(`--trace`), at concurrencies or open-loop rates; `--find-capacity` searches the load for the
+highest that meets a latency target and writes a `capacity` line; `run-load` is run-load.sh
 (byte counters around a load run, one `link` line); `compare` is compare-disagg.py plus
 kvlab's checks. Each parses, makes one library call, renders. Ctrl-C during a load stops it
 cleanly: in-flight requests are recorded as cancelled, measured levels are kept, exit 130.
@@ -31,6 +34,7 @@ from kvlab.records.models import Record
 T = TypeVar("T")
 ENGINES = (*ENGINE_NAMES, *ENGINE_ALIASES)  # the seed's load-test.py says llamacpp
 PROGRESS_REDRAWS_PER_S = 2
+TRACE_IN_FLIGHT = 256  # a trace's in-flight cap unless CONCURRENCY is set
 POINT_TO_POINT = ("nixl", "mooncake")  # connectors that advertise SIDE_CHANNEL_ADDR
 
 
@@ -141,42 +145,118 @@ def requests_setting(loaded: LoadedSettings) -> int | None:
     return None if loaded.sources.get("requests") == "default" else loaded.values.requests
 
 
+def _floats(option: str, text: str | None) -> tuple[float, ...]:
+    if not text:
+        return ()
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise InputError(f"{option} {text!r}: give numbers separated by commas") from None
+    if any(not v > 0 for v in values):
+        raise InputError(f"{option} {text!r}: every value must be above 0")
+    return values
+
+
+def workload_fields(loaded: LoadedSettings, o: dict[str, Any]) -> dict[str, Any]:
+    """The LoadSpec fields of the workload options: rates, prefix groups, user sessions
+    (the levels become user counts), a trace (token prompts to /v1/completions)."""
+    from kvlab.loadgen.sessions import SessionSpec, ThinkTime
+    from kvlab.loadgen.trace import TraceSpec
+
+    rates = _floats("--rate", o["rate"])
+    out: dict[str, Any] = {"rate": rates[0] if len(rates) == 1 else None,
+                           "rates": rates if len(rates) > 1 else (),
+                           "groups": o["prefix_groups"],
+                           "group_shares": _floats("--group-shares", o["group_shares"])}
+    if o["users"]:
+        out["levels"] = tuple(int(v) for v in _floats("--users", o["users"]))
+        out["sessions"] = SessionSpec(turns=o["turns"], think=ThinkTime.parse(o["think_time"]),
+                                      user_rate=o["user_rate"],
+                                      cache_block_tokens=o["cache_block"])
+    if o["trace"]:
+        out["trace"] = TraceSpec(o["trace"], o["trace_block_size"], o["trace_speedup"],
+                                 o["trace_limit"], o["trace_max_input"])
+        out["endpoint"] = "completions"
+        source = loaded.sources.get("concurrency", "default")
+        if source == "default" or source.startswith("profile"):  # nobody asked for a cap
+            out["levels"] = (TRACE_IN_FLIGHT,)
+    return out
+
+
 def load_spec(loaded: LoadedSettings, *, base_url: str, label: str, engine: str,
               options: dict[str, Any], lab: str, metrics_url: str = "") -> Any:
     """A LoadSpec from settings (SERVED_NAME, CONCURRENCY, ...) and the command's options
     (`generator_options`' values by name)."""
+    from kvlab.loadgen.capacity import is_target
     from kvlab.loadgen.stats import Slo
     from kvlab.loadgen.sweep import LoadSpec
 
     settings, o = loaded.values, options
+    if is_target(o["slo"]) and not o.get("find_capacity"):
+        raise InputError(f"--slo {o['slo']!r}: a latency target (<=) is for --find-capacity; "
+                         "goodput bounds are written ttft_ms=500,tpot_ms=50")
     extra: dict[str, Any] = {"context_length": settings.ctx,
                              "mem_fraction": settings.mem_fraction,
                              **split_topology(settings, base_url)}
     if o["kv_cache_type"]:
         extra["kv_cache_type"] = o["kv_cache_type"]
-    return LoadSpec(
+    fields: dict[str, Any] = dict(
         base_url=base_url, model=settings.served_name, levels=tuple(settings.concurrency),
         requests=requests_setting(loaded), max_tokens=settings.max_tokens,
         prompt_set=settings.prompt_set, label=label, engine=canonical_name(engine),
-        endpoint=o["endpoint"], timeout_s=o["timeout"], rate=o["rate"],
-        poisson=o["arrivals"] == "poisson", slo=Slo.parse(o["slo"]) if o["slo"] else None,
+        endpoint=o["endpoint"], timeout_s=o["timeout"],
+        poisson=o["arrivals"] == "poisson",
+        slo=Slo.parse(o["slo"]) if o["slo"] and not is_target(o["slo"]) else None,
         preamble_tokens=o["preamble_tokens"] or settings.preamble_tokens, seed=o["seed"],
         ignore_eos=o["ignore_eos"], scrape_metrics=not o["no_metrics"],
         metrics_url=metrics_url, lab=lab, extra=extra, min_requests=o["min_requests"],
         duration_s=o["duration"], warmup=o["warmup"], labbook=settings.labbook,
         size_prompts=o["prompt_sizing"] == "tokenizer", tokenize_url=o["tokenize_url"])
+    return LoadSpec(**{**fields, **workload_fields(loaded, o)})
 
 
 def generator_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """kvlab's own load options, shared by `load` and `run-load`."""
     options = [
-        click.option("--slo", help="Goodput bounds, e.g. ttft_ms=500,tpot_ms=50 (e2e_ms too)."),
+        click.option("--slo", help="Goodput bounds, e.g. ttft_ms=500,tpot_ms=50 (e2e_ms too); "
+                                   "with --find-capacity the target, e.g. "
+                                   "'ttft_p90<=0.5,tpot_p90<=0.05' (seconds; errors<=0.01)."),
         click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0,
                      show_default=True, help="Seconds one request may take; then it failed."),
-        click.option("--rate", type=click.FloatRange(min=0, min_open=True),
-                     help="Open loop: requests per second, capped at the concurrency."),
+        click.option("--rate", help="Open loop: requests per second, capped at the "
+                                    "concurrency; several (1,2,4) sweep them, one level each."),
         click.option("--arrivals", type=click.Choice(["poisson", "even"]), default="poisson",
-                     show_default=True, help="Open-loop arrival gaps."),
+                     show_default=True, help="Open-loop arrival gaps (even: a constant rate)."),
+        click.option("--users", help="User sessions: users per level, e.g. 4,8 (they replace "
+                                     "--concurrency and the prompt set)."),
+        click.option("--turns", type=click.IntRange(min=1), default=4, show_default=True,
+                     help="User sessions: turns per conversation."),
+        click.option("--think-time", default="exponential:1", show_default=True,
+                     help="User sessions: seconds between a reply and the next turn: fixed:S, "
+                          "exponential:S (mean), trace:FILE (one value a line) or paced:N (about "
+                          "N users in flight, from the warm-up's request time)."),
+        click.option("--user-rate", type=click.FloatRange(min=0, min_open=True),
+                     help="User sessions: new users a second (Poisson), each for one "
+                          "conversation [default: all users there from the start]."),
+        click.option("--cache-block", type=click.IntRange(min=1),
+                     help="User sessions: the cache's block in tokens, for counting turns that "
+                          "came back after eviction [default: read from the cached counts]."),
+        click.option("--prefix-groups", type=click.IntRange(min=1), default=1,
+                     show_default=True, help="shared-prefix: how many preambles."),
+        click.option("--group-shares", help="shared-prefix: each group's share of the "
+                                            "requests, e.g. 0.5,0.3,0.2 [default: equal]."),
+        click.option("--trace", type=click.Path(dir_okay=False),
+                     help="Replay a Mooncake-format trace (JSON lines: timestamp ms, "
+                          "input_length, output_length, hash_ids) as token prompts to "
+                          "/v1/completions."),
+        click.option("--trace-block-size", type=click.IntRange(min=1), default=512,
+                     show_default=True, help="Tokens per hash id in the trace."),
+        click.option("--trace-speedup", type=click.FloatRange(min=0, min_open=True),
+                     default=1.0, show_default=True, help="Replay this many times faster."),
+        click.option("--trace-limit", type=click.IntRange(min=1),
+                     help="Replay the first N requests only."),
+        click.option("--trace-max-input", type=click.IntRange(min=1),
+                     help="Leave out requests with longer prompts (counted in the row)."),
         click.option("--preamble-tokens", type=click.IntRange(min=1),
                      help="Preamble size, approximate tokens (default: PREAMBLE_TOKENS)."),
         click.option("--seed", type=int, default=0, show_default=True, help="Workload seed."),
@@ -227,6 +307,25 @@ def generator_options(fn: Callable[..., Any]) -> Callable[..., Any]:
               help="The engine's /metrics for the counter deltas (default: the URL's server; "
                    "behind a proxy, give the decode engine's).")
 @generator_options
+@click.option("--find-capacity", is_flag=True,
+              help="Search the load for the highest that meets --slo's target (one row per "
+                   "probe, labelled LABEL-capacity, then one capacity line).")
+@click.option("--capacity-knob", type=click.Choice(["rate", "concurrency", "users", "speedup"]),
+              help="What the search raises [default: users with --users, speedup with "
+                   "--trace, else the open-loop rate].")
+@click.option("--capacity-start", type=click.FloatRange(min=0, min_open=True), default=1.0,
+              show_default=True, help="The first load tried.")
+@click.option("--capacity-max", type=click.FloatRange(min=0, min_open=True),
+              help="The highest load tried.")
+@click.option("--capacity-steps", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Probes at most.")
+@click.option("--capacity-resolution", type=click.FloatRange(min=0, min_open=True),
+              default=0.1, show_default=True,
+              help="Stop when the loads that met and missed are this close (share of the "
+                   "load that met; whole numbers: one apart).")
+@click.option("--capacity-repeats", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Measure a probe again, up to this many times, while its interval "
+                   "straddles a bound.")
 @click.option("--print-load-test-path", is_flag=True,
               help="Print a file that works as LOAD_TEST for the seed's run-load.sh, and exit.")
 @json_option
@@ -255,6 +354,9 @@ def load_command(ctx: click.Context, /, base_url: str | None, model: str | None,
     spec = load_spec(loaded, base_url=base_url, label=label, engine=engine, options=options,
                      lab=notebook.LAB_PD if lab == "pd" else notebook.LAB_OFFLOAD,
                      metrics_url=metrics_url)
+    if options["find_capacity"]:
+        _find_capacity(out, spec, options, settings)
+        return
     with level_progress(out, not options["no_progress"]) as hook:
         result = run_interruptible(out, lambda stop: run_sweep(
             spec, api_key=settings.api_key(), stop=stop, progress=hook,
@@ -270,6 +372,54 @@ def load_command(ctx: click.Context, /, base_url: str | None, model: str | None,
                 "interrupted": result.interrupted}, human)
     if result.interrupted:
         sys.exit(130)
+
+
+def _find_capacity(out: Output, spec: Any, o: dict[str, Any], settings: Any) -> None:
+    """`--find-capacity`: the search, its rows and its capacity line, rendered."""
+    from kvlab.loadgen.capacity import Knob, SearchPlan, Target, check_knob, search
+    from kvlab.records import notebook
+
+    if not o["slo"]:
+        raise InputError("--find-capacity needs --slo with the target, e.g. "
+                         "--slo 'ttft_p90<=0.5,tpot_p90<=0.05'")
+    target = Target.parse(o["slo"])
+    knob = Knob.of(o["capacity_knob"] or ("users" if spec.sessions else "speedup"
+                                          if spec.trace else "rate"))
+    check_knob(knob, spec)
+    plan = SearchPlan(start=o["capacity_start"], max_load=o["capacity_max"],
+                      max_steps=o["capacity_steps"], resolution=o["capacity_resolution"],
+                      repeats=o["capacity_repeats"], duration_s=o["duration"] or 15.0,
+                      min_requests=o["min_requests"] or 20,
+                      warmup=2 if o["warmup"] is None else o["warmup"])
+    book = settings.labbook
+    result = run_interruptible(out, lambda stop: search(
+        spec, target, knob, plan, api_key=settings.api_key(), stop=stop,
+        on_row=lambda row: notebook.append(book, row), say=out.note))
+    notebook.append(book, result.record)
+
+    def human(console: Console) -> None:
+        from rich.table import Table
+
+        table = Table(knob.name, "met", *result.record.target["bounds"], "failed", "why",
+                      title=f"capacity search: {target.text()} (percentiles in seconds, "
+                            "95% intervals)")
+        for step in result.record.steps:
+            cells = [_figure(step["figures"].get(k) or {}) for k in result.record.target["bounds"]]
+            table.add_row(f"{step['load']:g}", "yes" if step["met"] else "no", *cells,
+                          f"{step['failed_share']:.1%}", step["why"])
+        console.print(table)
+        console.print(f"==> capacity: {result.record.statement}")
+        console.print(f"    Appended {len(result.rows)} probe row(s) and one capacity line to "
+                      f"{book}")
+
+    out.result({"capacity": result.record, "rows": result.rows, "labbook": book}, human)
+
+
+def _figure(f: dict[str, Any]) -> str:
+    if f.get("value") is None:
+        return "-"
+    band = f" [{f['low']:.3g}, {f['high']:.3g}]" if f.get("low") is not None else ""
+    return f"{f['value']:.3g}{band}"
 
 
 def _link_lines(console: Console, record: dict[str, Any], labbook: str) -> None:

@@ -35,6 +35,25 @@ node_option = click.option(
     "--node", metavar="NAME",
     help="On the cluster, every engine of the run on this node (its address, host name, "
          "node id or kvlab-host label); default: PREFILL_HOST's and DECODE_HOST's nodes.")
+slo_option = click.option(
+    "--slo", default="",
+    help="The latency target whose capacity is searched, e.g. 'ttft_p90<=0.5,tpot_p90<=0.05' "
+         "[default: ttft_p90<=0.5,tpot_p90<=0.05 on a GPU, ttft_p90<=0.25,tpot_p90<=0.05 on "
+         "vllm-cpu]; 'none' skips the search.")
+
+
+def _capacity(slo: str) -> Any:
+    """The experiments' capacity search at `--slo` (None: `--slo none`)."""
+    from kvlab.experiments.everything import LAB_SEARCH
+    from kvlab.loadgen.capacity import CapacityAsk, Target
+
+    if slo == "none":
+        return None
+    if slo:
+        Target.parse(slo)  # refused now, before any engine starts
+    return CapacityAsk(slo, LAB_SEARCH)
+
+
 proxy_node_option = click.option(
     "--proxy-node", metavar="NAME",
     help="On the cluster, kvlab's proxy on this node (default: where kvlab runs).")
@@ -258,13 +277,14 @@ def _ms(seconds: float | None) -> str:
 @click.option("--part", type=click.Choice(["all", "quiet", "pressure"]), default="all",
               show_default=True, help="Run only the quiet pair or only the pressure pair.")
 @click.option("--dry-run", is_flag=True, help="Print the plans and start nothing.")
+@slo_option
 @cluster_option
 @node_option
 @json_option
 @click.pass_context
 def offload(ctx: click.Context, turns: int, preamble_words: int | None, concurrency: int,
-            min_requests: int, part: str, dry_run: bool, cluster: str | None, node: str | None,
-            as_json: bool) -> None:
+            min_requests: int, part: str, dry_run: bool, slo: str, cluster: str | None,
+            node: str | None, as_json: bool) -> None:
     """The host-memory tier: off and on, quiet and under found pressure."""
     from kvlab.experiments import offload as experiment
 
@@ -275,7 +295,8 @@ def offload(ctx: click.Context, turns: int, preamble_words: int | None, concurre
                                   preamble_words=preamble_words or settings.preamble_words,
                                   concurrency=concurrency, min_requests=min_requests, part=part,
                                   load_max_tokens=settings.max_tokens,
-                                  preamble_tokens=settings.preamble_tokens)
+                                  preamble_tokens=settings.preamble_tokens,
+                                  capacity=_capacity(slo))
     _plans_or_run(out, settings, "offload", spec, dry_run,
                   lambda p: part == "all" or p["label"].endswith("-load") == (part == "pressure"),
                   _placement(settings, cluster, node))
@@ -325,6 +346,7 @@ def shared(ctx: click.Context, turns: int, preamble_words: int | None, dry_run: 
               help="--part cancel: tokens received before the client closes the stream "
                    "(default 4).")
 @click.option("--dry-run", is_flag=True, help="Print the plans and start nothing.")
+@slo_option
 @cluster_option
 @node_option
 @proxy_node_option
@@ -333,8 +355,8 @@ def shared(ctx: click.Context, turns: int, preamble_words: int | None, dry_run: 
 def disagg(ctx: click.Context, link_gbps: float | None, parts: tuple[str, ...],
            lengths: str | None, boundary_concurrency: str | None,
            boundary_requests: int | None, cancel_prompt_tokens: int | None,
-           cancel_after: int | None, dry_run: bool, cluster: str | None, node: str | None,
-           proxy_node: str | None, as_json: bool) -> None:
+           cancel_after: int | None, dry_run: bool, slo: str, cluster: str | None,
+           node: str | None, proxy_node: str | None, as_json: bool) -> None:
     """Prediction, the split behind kvlab's proxy, the baseline, the comparison; with --part,
     the lab's procedure steps (a cancel and a worker restart; the prompt-length boundary)."""
     from dataclasses import replace
@@ -348,7 +370,7 @@ def disagg(ctx: click.Context, link_gbps: float | None, parts: tuple[str, ...],
     spec = experiment.DisaggSpec(levels=s.concurrency, requests=requests_setting(loaded),
                                  max_tokens=s.max_tokens, preamble_tokens=s.preamble_tokens,
                                  prompt_set=s.prompt_set, link_gbps=link_gbps,
-                                 parts=_disagg_parts(parts))
+                                 parts=_disagg_parts(parts), capacity=_capacity(slo))
     spec = replace(spec, boundary=replace(spec.boundary, **_given(
         lengths=_ints("--lengths", lengths),
         levels=_ints("--boundary-concurrency", boundary_concurrency),
@@ -473,8 +495,16 @@ def _render_lines(console: Console, records: list[Record], labbook: str) -> None
 
 def summarise(record: Record) -> str:
     """One line of what a record says, for the end-of-run listing."""
-    from kvlab.records.models import LoadRecord, NotRunRecord, ProofRecord, ReuseRecord
+    from kvlab.records.models import (
+        CapacityRecord,
+        LoadRecord,
+        NotRunRecord,
+        ProofRecord,
+        ReuseRecord,
+    )
 
+    if isinstance(record, CapacityRecord):
+        return record.statement
     if isinstance(record, NotRunRecord):
         return f"not run: {record.reason}"
     if isinstance(record, ReuseRecord):

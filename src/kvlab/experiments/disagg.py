@@ -48,10 +48,11 @@ from kvlab.experiments.boundary import (
 )
 from kvlab.experiments.cancel_step import cancel_restart
 from kvlab.experiments.lab import Lab, engines
-from kvlab.experiments.offload import require_successes
+from kvlab.experiments.offload import measure_capacity, require_successes
 from kvlab.experiments.pressure import count_tokens, fit_preamble
 from kvlab.experiments.procedure import CancelSpec
 from kvlab.loadgen import topology
+from kvlab.loadgen.capacity import CapacityAsk
 from kvlab.loadgen.linkrun import LinkSpec, run_load
 from kvlab.loadgen.sweep import LoadSpec
 from kvlab.measure import kvmath, workloads
@@ -72,8 +73,9 @@ TOPOLOGY = topology.loopback_split(
 BASELINE = topology.one_instance("http://127.0.0.1", "kvlab run disagg started the baseline "
                                  "on this machine").fields()
 TWO_MACHINES = (
-    "needs two machines: PREFILL_HOST and DECODE_HOST name one machine each, and kvlab runs "
-    "one machine's engines; this run took the single-machine path (loopback). Run `kvlab serve "
+    "needs two machines: PREFILL_HOST and DECODE_HOST name one machine each, and this run took "
+    "the single-machine path (loopback). With a Ray cluster across the two, `kvlab run disagg "
+    "--cluster ADDRESS` runs it (README, Two machines (Ray)); without one, run `kvlab serve "
     "prefill` and `kvlab serve decode` on the two machines, `kvlab proxy`, then `kvlab run-load "
     "disagg URL` and `kvlab compare`"
 )
@@ -96,6 +98,7 @@ class DisaggSpec:
     parts: tuple[str, ...] = (LOAD,)
     cancel: CancelSpec = field(default_factory=CancelSpec)
     boundary: BoundarySpec = field(default_factory=BoundarySpec)
+    capacity: CapacityAsk | None = None  # --part load: the highest request rate at a target
 
     def has(self, part: str) -> bool:
         return part in self.parts
@@ -232,7 +235,7 @@ def _writer(lab: Lab, roles: tuple[str, ...], store: str = "") -> Callable[[Reco
     """How the load's rows are written: on a cluster, with each node's counters."""
     if lab.cluster is None:
         return lab.record
-    return lab.cluster.counters(roles, store).writer(lab.record)  # type: ignore[no-any-return]
+    return lab.cluster.counters(roles, store).writer(lab.record)
 
 
 async def _preflight(lab: Lab, spec: DisaggSpec, store: Path) -> None:
@@ -302,6 +305,9 @@ async def _split_session(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured
                 api_key=lab.api_key())
             got.sweeps["disagg"] = sweep.rows if sweep else []
             got.records += [*got.sweeps["disagg"], row_link]
+            if spec.capacity is not None:  # the split's rate at the target, beside the baseline's
+                got.records.append(await measure_capacity(lab, spec.capacity, _load_spec(
+                    lab, spec, "disagg", proxy.plan.base_url, where), "rate"))
         if spec.has(BOUNDARY):
             await _boundary_side(lab, spec, got, proxy, decode.metrics_url, "split", where)
         if spec.has(CANCEL):  # last: it leaves decode restarted and then stopped
@@ -320,6 +326,9 @@ async def _baseline_session(lab: Lab, spec: DisaggSpec, store: Path, got: _Measu
                 _writer(lab, ("baseline",)), api_key=lab.api_key())
             got.sweeps["baseline"] = sweep_b.rows if sweep_b else []
             got.records += [*got.sweeps["baseline"], row_link_b]
+            if spec.capacity is not None:
+                got.records.append(await measure_capacity(lab, spec.capacity, _load_spec(
+                    lab, spec, "baseline", base.base_url, where), "rate"))
         if spec.has(BOUNDARY):
             await _boundary_side(lab, spec, got, engine, base.metrics_url, "baseline", where)
 

@@ -5,7 +5,9 @@ experiments (offload, shared store, prefill/decode). Each experiment starts and 
 engines; one that fails (an engine that dies, a refused configuration) is recorded as a
 `not-run` line for each of its report rows, with the error, everything it started is stopped,
 and the rest still run. Sizes: `AllSpec.lab()` are the labs' own; `AllSpec.quick()` are for CI
-and a first look.
+and a first look. Both search the capacity at the platform's latency target (the offload
+lab's users with the tier off, and on where it runs; the P/D lab's request rate, baseline and
+split): a few probes of a few seconds in `quick()`, more and longer in `lab()`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,12 @@ from kvlab.core.errors import KvlabError
 from kvlab.engines import llamacpp
 from kvlab.experiments import DISAGG_PARTS, EXPERIMENTS, RUN_ALL
 from kvlab.experiments.lab import Lab
+from kvlab.loadgen.capacity import CapacityAsk, SearchPlan
 from kvlab.records.models import Record
+
+# capacity searches: the labs' (six probes of six seconds) and quick ones (two of two)
+LAB_SEARCH = SearchPlan(start=2.0, max_steps=6, duration_s=6.0, min_requests=20, warmup=2)
+QUICK_SEARCH = SearchPlan(start=2.0, max_steps=2, duration_s=2.0, min_requests=6, warmup=1)
 
 NO_LLAMA = ("llama-server is not installed on this machine: `kvlab engines install` builds it "
             "(CPU), or set LLAMA_BIN to a build for this machine's accelerator")
@@ -37,17 +44,19 @@ class AllSpec:
     disk_prompt_tokens: int
     prompt_set: str = "shared-prefix"
     only: tuple[str, ...] = ()
+    capacity: CapacityAsk | None = None  # the target "" is the platform's
 
     @classmethod
     def lab(cls, levels: tuple[int, ...], requests: int, max_tokens: int,
             preamble_tokens: int, preamble_words: int, prompt_set: str,
             only: tuple[str, ...] = ()) -> AllSpec:
         return cls(6, preamble_words, 8, levels, requests, max_tokens, preamble_tokens, 3500,
-                   prompt_set, only)
+                   prompt_set, only, CapacityAsk("", LAB_SEARCH))
 
     @classmethod
     def quick(cls, prompt_set: str, only: tuple[str, ...] = ()) -> AllSpec:
-        return cls(3, 400, 2, (1, 2), 4, 8, 300, 3000, prompt_set, only)
+        return cls(3, 400, 2, (1, 2), 4, 8, 300, 3000, prompt_set, only,
+                   CapacityAsk("", QUICK_SEARCH))
 
 
 def specs(lab: Lab, spec: AllSpec) -> dict[str, Any]:
@@ -67,12 +76,13 @@ def specs(lab: Lab, spec: AllSpec) -> dict[str, Any]:
         "offload": OffloadSpec(turns=spec.turns, preamble_words=spec.preamble_words,
                                concurrency=spec.offload_concurrency,
                                load_max_tokens=spec.max_tokens,
-                               preamble_tokens=spec.preamble_tokens),
+                               preamble_tokens=spec.preamble_tokens, capacity=spec.capacity),
         "shared": SharedSpec(turns=spec.turns, preamble_words=spec.preamble_words,
                              proof_preamble_words=min(600, spec.preamble_words)),
         "disagg": DisaggSpec(levels=spec.levels, requests=spec.requests,
                              max_tokens=spec.max_tokens, preamble_tokens=spec.preamble_tokens,
-                             prompt_set=spec.prompt_set, parts=DISAGG_PARTS),  # + the procedures
+                             prompt_set=spec.prompt_set, parts=DISAGG_PARTS,  # + the procedures
+                             capacity=spec.capacity),
     }
 
 

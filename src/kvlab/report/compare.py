@@ -118,12 +118,26 @@ def experiment_warnings(a: str, b: str, rows_a: dict[int, LoadRecord],
             if d.get(key) != base.get(key):
                 out.append(f"  concurrency {level}: {key} differs "
                            f"({d.get(key)!r} against {base.get(key)!r})")
+        out += _prompt_size_warning(level, d, base)
     if set(rows_a) != set(rows_b):
         out.append(f"  concurrency levels differ ({sorted(rows_a)} against {sorted(rows_b)})")
     for key in _FACTS:
         if key in facts_a and key in facts_b and facts_a[key] != facts_b[key]:
             out.append(f"  {key} differs ({facts_a[key]!r} against {facts_b[key]!r})")
     return out
+
+
+PROMPT_SIZE_TOLERANCE = 0.05  # the same prompts, counted by the server, differ by less
+
+
+def _prompt_size_warning(level: int, a: LoadRecord, b: LoadRecord) -> list[str]:
+    """The servers' own prompt-token counts: the same workload sized two ways is two
+    experiments (e.g. one side sized by the tokenizer, the other by the word estimate)."""
+    ma, mb = a.prompt_tokens_mean, b.prompt_tokens_mean
+    if not ma or not mb or abs(ma - mb) <= PROMPT_SIZE_TOLERANCE * max(ma, mb):
+        return []
+    return [f"  concurrency {level}: the server counted {ma:,.0f} prompt tokens a request "
+            f"against {mb:,.0f}: the prompts differ in size"]
 
 
 @dataclass

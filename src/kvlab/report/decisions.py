@@ -8,8 +8,10 @@ run here, a cache that was never under pressure, two runs that are not the same 
 split whose cache did not cross, a topology that was not recorded, or a difference whose 95%
 interval spans 1 (`intervals.py`: no measurable difference). Rows without per-request files
 have no interval: their point ratio decides as before (within 10% of 1 is no difference), and
-the answer says "no interval: no per-request data". Read from the notebook and the per-request
-files it names; nothing here measures.
+the answer says "no interval: no per-request data". Where capacity searches were recorded,
+the host tier's answer adds the most users at the target with the tier off and on, and the P/D
+answer the baseline's and the split's request rate at the target. Read from the notebook and
+the per-request files it names; nothing here measures.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from kvlab.records.models import ComparisonRecord, LoadRecord, Record
 from kvlab.records.notebook import Notebook
 from kvlab.report import compare, intervals, pressure
 from kvlab.report.common import fixed_kv_bytes, latest, not_run, num
-from kvlab.report.offload import seed_summary
+from kvlab.report.offload import capacity_words, seed_summary
 from kvlab.report.placement import Group, split_groups
 
 NOT_ENOUGH = "Not enough evidence"
@@ -54,8 +56,12 @@ def _absent(book: Notebook, label: str, what: str) -> str:
 
 
 def decide(book: Notebook) -> list[Decision]:
-    """The offload lab's three answers, then the P/D lab's one."""
-    return [host_tier(book), store(book), disk(book), configuration(book)]
+    """The offload lab's three answers, then the P/D lab's one (with the capacities)."""
+    tier = [(compare.OFFLOAD_OFF, "tier off"), (compare.OFFLOAD_ON, "tier on")]
+    split = [("baseline", "baseline"), *((g.label, f"split `{g.label}`")
+                                         for g in split_groups(book))]
+    return [with_capacity(host_tier(book), book, tier), store(book), disk(book),
+            with_capacity(configuration(book), book, split)]
 
 
 # ---------------------------------------------------------------- offload: the host tier
@@ -94,6 +100,21 @@ def host_tier(book: Notebook) -> Decision:
                                        f"{_settings(a, level)}")
     iv = intervals.ttft(book.path, records, a, b)
     return _host_decision(a, b, level, why, iv)
+
+
+def with_capacity(found: Decision, book: Notebook,
+                  sides: list[tuple[str, str]]) -> Decision:
+    """The answer with each side's capacity at the target (or why it was not measured),
+    where a search was recorded or recorded as not run."""
+    said = [f"{name}: {capacity_words(book, label).removeprefix('capacity at the target: ')}"
+            for label, name in sides
+            if latest(book, "capacity", f"{label}-capacity") is not None
+            or not_run(book, f"{label}-capacity") is not None]
+    if not said:
+        return found
+    return Decision(found.lab, found.question,
+                    f"{found.answer.rstrip('.')}. Capacity at the target, {'; '.join(said)}.",
+                    found.decided)
 
 
 def _host_decision(a: LoadRecord, b: LoadRecord, level: int, why: str,

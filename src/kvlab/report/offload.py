@@ -3,12 +3,16 @@ store, and llama.cpp's disk tier. The tier-on row under pressure also carries it
 against the tier-off row's, with the 95% interval from the per-request files
 (`intervals.py`), or the point ratio and why there is no interval. A pressure row states
 `report/pressure.py`'s judgement of its run first (the one `kvlab compare` gives); a run
-judged quiet shows no figures there."""
+judged quiet shows no figures there. A pressure row run as user sessions also states the
+returning turns and how many came back after eviction, the measured working set, the device
+cache and the host tier against the working set it would have had to hold; and the capacity at the
+latency target (`capacity` lines, `capacity_words`), or why it was not measured."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from kvlab.core.sizes import human_bytes
 from kvlab.observe.metrics import hit_rate
 from kvlab.records.models import Record
 from kvlab.records.notebook import Notebook
@@ -19,6 +23,7 @@ from kvlab.report.common import (
     load_rows,
     measured_on,
     missing,
+    not_run,
     num,
     pct,
     said,
@@ -134,7 +139,12 @@ def _pressure_row(book: Notebook, tier: str, label: str) -> list[str]:
                            else ""))
     judged = judge_pressure(book.records, r)
     evidence.insert(0, f"{judged.words}: {judged.why}")
-    how = f"load generator at concurrency {r.concurrency}, {r.requests} requests"
+    evidence[2:2] = _sessions_evidence(r)
+    fit = tier_fit(planned)
+    if fit:
+        evidence.append(fit)
+    evidence.append(capacity_words(book, label))
+    how = _how(r)
     if judged.state is False:  # a quiet run is no answer to the pressure row's question
         quiet = (f"not measured under pressure: this run was quiet ({judged.why}); the row "
                  "needs a run whose cache was (`kvlab run offload --part pressure`)")
@@ -157,16 +167,70 @@ def _tier_against_none(book: Notebook) -> str | None:
     return f"TTFT p50 against the tier off at c={level}: {iv.cell()}"
 
 
+def _how(r: Record) -> str:
+    work = r.get("workload") or {}
+    if work.get("kind") != "sessions":
+        return f"load generator at concurrency {r.get('concurrency')}, {r.get('requests')} requests"
+    think = work.get("think_time") or {}
+    return (f"user sessions: {work.get('users')} users, {work.get('turns')} turns each, think "
+            f"time {think.get('kind')} {said(think.get('mean_s'), '?')} s, "
+            f"{r.get('requests')} turns")
+
+
+def _sessions_evidence(r: Record) -> list[str]:
+    s = r.get("sessions") or {}
+    if not s:
+        return []
+    rate = s.get("returning_hit_rate")
+    return [f"{s.get('evicted_turns')} of {s.get('returning_turns')} returning turns came back "
+            f"after eviction (cached tokens at least one {s.get('cache_block_tokens')}-token "
+            f"block below the previous turn's prompt), returning turns' hit rate "
+            f"{pct(rate) if rate is not None else 'not recorded'}",
+            f"measured working set {int(s.get('working_set_tokens') or 0):,} tokens (the peak "
+            "of the live conversations' contexts)"]
+
+
+def tier_fit(planned: dict[str, Any]) -> str | None:
+    """Whether the host tier could hold the working set (None: no tier, or the plan does not
+    say enough). vLLM's tier keeps a copy of every block it stores, so it must hold the whole
+    working set, not only what the device lost, for no returning conversation to be lost."""
+    tier, per_token = planned.get("host_tier_bytes"), planned.get("bytes_per_token")
+    ws = planned.get("working_set_tokens")
+    if not tier or not per_token or ws is None:
+        return None
+    held = float(tier) / float(per_token)
+    sizes = (f"the host tier ({human_bytes(float(tier))}, {held:,.0f} tokens) {{}} the "
+             f"working set ({int(ws):,} tokens, {human_bytes(int(ws) * float(per_token))})")
+    if held < int(ws):
+        return sizes.format("was smaller than") + ": it could not hold every conversation " \
+            "it would have had to bring back"
+    return sizes.format("could hold")
+
+
+def capacity_words(book: Notebook, label: str) -> str:
+    """`<label>-capacity`'s capacity at the target, or why it was not measured."""
+    found = latest(book, "capacity", f"{label}-capacity")
+    if found is not None:
+        return f"capacity at the target: {found.get('statement')}"
+    skipped = not_run(book, f"{label}-capacity")
+    if skipped is not None:
+        return f"capacity at the target: not run here ({skipped.reason})"
+    return "capacity at the target: not measured (kvlab run with a target, or kvlab load " \
+           "--find-capacity)"
+
+
 def _working_set(planned: dict[str, Any], prompt_set: str | None) -> str:
     if planned.get("oversubscription") is None:
         return ("pressure not planned: this row records no working set or device cache size "
                 "(a manual `kvlab load`; `kvlab run offload` sizes the cache to be too small)")
     cache = planned.get("cache_tokens")
     conversations = planned.get("conversations")
+    users = planned.get("users")
     return (f"working set {planned['oversubscription']}x the device cache"
             + (f" of {int(cache):,} tokens" if cache is not None else "")
-            + f" ({said(conversations, 'an unrecorded number of')} conversations, "
-            f"{prompt_set or 'prompt set not recorded'})")
+            + (f" ({users} users' live conversations, {prompt_set})" if users else
+               f" ({said(conversations, 'an unrecorded number of')} conversations, "
+               f"{prompt_set or 'prompt set not recorded'})"))
 
 
 def _disk_row(book: Notebook) -> list[str]:

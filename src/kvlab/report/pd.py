@@ -4,7 +4,8 @@ placed by the connector and topology they recorded (`placement.py`); a run that 
 row of the lab's table gets a row of its own that says what was recorded, "unknown" included.
 A split's TTFT against the baseline, and the interference row's 4 slots against 1, carry their
 95% intervals from the per-request files (`intervals.py`), or the point ratio and "no interval"
-with the reason."""
+with the reason. The baseline and each split also state their capacity at the latency target
+(the highest request rate that met it), where a `capacity` line was recorded."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from kvlab.report.common import (
     missing,
     num,
 )
+from kvlab.report.offload import capacity_words
 from kvlab.report.placement import Group, split_groups, take
 
 PD_COLUMNS = ["Configuration", "Link", "TTFT p50 (s)", "TPOT p50 (s)", "Output tokens/s",
@@ -76,7 +78,8 @@ def _baseline_row(book: Notebook) -> list[str]:
     if not rows:
         return missing(name, link, book, "baseline", 6)
     return [name, link, *_figures(rows), "none",
-            "; ".join(_row_evidence(rows, book.of(LinkRecord, "baseline"), None)),
+            "; ".join([*_row_evidence(rows, book.of(LinkRecord, "baseline"), None),
+                       capacity_words(book, "baseline")]),
             measured_on(book, rows[-1])]
 
 
@@ -92,7 +95,7 @@ def _split_row(book: Notebook, name: str, link: str | None, group: Group) -> lis
         link_cell = f"{link} (recorded: {recorded})"
     evidence = [group.where(), *_row_evidence(group.rows, [group.link] if group.link else [],
                                               group.comparison),
-                *_against_baseline(book, group)]
+                *_against_baseline(book, group), capacity_words(book, group.label)]
     return [name, link_cell, *_figures(group.rows), _bytes_cell(group.comparison, group.rows),
             "; ".join(evidence), measured_on(book, group.rows[-1])]
 

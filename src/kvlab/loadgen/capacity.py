@@ -1,0 +1,398 @@
+"""Capacity at a latency target: the highest load whose measured percentiles meet it.
+
+The target (`Target.parse`): `ttft_p90<=0.5,tpot_p90<=0.05`, seconds, any of ttft, tpot, itl
+and e2e at p50/p90/p95/p99, and `errors<=F`, the share of requests that may fail (0.01 unless
+given). TTFT and E2E count from when the request was due (its schedule, its think time's end),
+not from when the client sent it, so a queue in the client counts against the target as a
+queue in the server would.
+
+The load is one knob (`Knob`): an open-loop request rate (Poisson), a closed-loop concurrency,
+a number of users (user sessions) or a trace's replay speed. The search (`search`) measures a
+probe (one level of its own fresh prompts, `duration_s` long, a row labelled
+`<label>-capacity` with its per-request file) at `start`, multiplies by `factor` while probes
+meet the target (divides while they miss), then bisects between the highest load that met and
+the lowest that missed until they are within `resolution` of each other (one unit for whole
+numbers) or `max_steps` probes were spent. A probe meets the target when every bound's
+percentile over its successes is within it and no more than `errors` failed; each percentile
+also gets a 95% bootstrap interval (requests resampled, numpy, seeded), and a probe whose
+interval straddles a bound is measured again (`repeats`) and judged on the pooled requests.
+Capacity is the highest load that met the target below the lowest that missed; it assumes
+latency grows with load, and says so when a probe contradicts that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import numpy as np
+
+from kvlab.core.errors import InputError
+from kvlab.core.say import Say, quiet
+from kvlab.loadgen import stats
+from kvlab.loadgen.client import Target as Endpoint
+from kvlab.loadgen.record import RequestRecord
+from kvlab.loadgen.spec import LoadSpec
+from kvlab.loadgen.sweep import Measured, measure_level, metrics_client, prepare_inputs
+from kvlab.records.models import CapacityRecord, LoadRecord
+
+KnobName = Literal["rate", "concurrency", "users", "speedup"]
+METRICS = ("ttft", "tpot", "itl", "e2e")
+QUANTILES = (50, 90, 95, 99)
+DEFAULT_ERRORS = 0.01
+MIN_OK = 5  # fewer successes than this: a probe cannot meet anything
+RESAMPLES = 1000
+SEED = 17
+CAPACITY_BLOCK = 10_000  # probes' prompt blocks start here: no probe reuses a sweep's prompt
+_TERM = re.compile(r"^(ttft|tpot|itl|e2e)_p(\d+)\s*<=\s*(\S+)$")
+_ERRORS = re.compile(r"^errors\s*<=\s*(\S+)$")
+
+
+@dataclass(frozen=True)
+class Bound:
+    metric: str
+    q: int
+    limit_s: float
+
+    @property
+    def key(self) -> str:
+        return f"{self.metric}_p{self.q}"
+
+
+@dataclass(frozen=True)
+class Target:
+    """Percentile bounds in seconds, and the share of requests that may fail."""
+
+    bounds: tuple[Bound, ...]
+    errors: float = DEFAULT_ERRORS
+
+    @classmethod
+    def parse(cls, text: str) -> Target:
+        bounds, errors = [], DEFAULT_ERRORS
+        for part in (p.strip() for p in text.split(",") if p.strip()):
+            if m := _ERRORS.match(part):
+                errors = _number(text, m.group(1), share=True)
+                continue
+            m = _TERM.match(part)
+            if not m or int(m.group(2)) not in QUANTILES:
+                raise InputError(f"--slo {text!r}: {part!r} is not a bound; use e.g. "
+                                 "ttft_p90<=0.5,tpot_p90<=0.05 (seconds; ttft, tpot, itl, e2e "
+                                 "at p50/p90/p95/p99) and errors<=0.01")
+            bounds.append(Bound(m.group(1), int(m.group(2)), _number(text, m.group(3))))
+        if not bounds:
+            raise InputError(f"--slo {text!r}: give at least one latency bound, e.g. "
+                             "ttft_p90<=0.5")
+        return cls(tuple(bounds), errors)
+
+    def text(self) -> str:
+        return ",".join([*(f"{b.key}<={b.limit_s:g}" for b in self.bounds),
+                         f"errors<={self.errors:g}"])
+
+
+def _number(text: str, raw: str, share: bool = False) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InputError(f"--slo {text!r}: {raw!r} is not a number") from None
+    if not (0 <= value <= 1 if share else 0 < value < math.inf):
+        raise InputError(f"--slo {text!r}: {raw} must be "
+                         + ("a share from 0 to 1" if share else "above 0 seconds"))
+    return value
+
+
+def is_target(text: str | None) -> bool:
+    """An `--slo` in the target form (`<=`) rather than goodput's `ttft_ms=500`."""
+    return bool(text) and "<=" in (text or "")
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: KnobName
+    unit: str
+    integer: bool
+    lowest: float
+    highest: float
+
+    @classmethod
+    def of(cls, name: str) -> Knob:
+        knobs = {"rate": cls("rate", "requests/s", False, 0.01, 10_000.0),
+                 "concurrency": cls("concurrency", "concurrent requests", True, 1, 4096),
+                 "users": cls("users", "users", True, 1, 4096),
+                 "speedup": cls("speedup", "x the trace's speed", False, 0.01, 10_000.0)}
+        if name not in knobs:
+            raise InputError(f"--capacity-knob {name!r}: choose one of {', '.join(knobs)}")
+        return knobs[name]
+
+    def clamp(self, value: float) -> float:
+        value = min(max(value, self.lowest), self.highest)
+        return float(max(1, round(value))) if self.integer else float(f"{value:.3g}")
+
+
+@dataclass(frozen=True)
+class SearchPlan:
+    start: float = 1.0
+    factor: float = 2.0
+    max_load: float | None = None  # None: the knob's own limit
+    max_steps: int = 8
+    resolution: float = 0.1  # bracket width, as a share of the load that met
+    duration_s: float = 15.0  # per probe
+    min_requests: int = 20
+    warmup: int = 2
+    repeats: int = 1  # probes measured at most this many times when the interval straddles
+    in_flight_cap: int = 256  # open-loop knobs: the client's cap, high enough not to bind
+
+    def __post_init__(self) -> None:
+        if not self.factor > 1:
+            raise InputError(f"--capacity-factor {self.factor}: must be above 1")
+        if self.max_steps < 1 or self.repeats < 1:
+            raise InputError("--capacity-steps and repeats: give at least 1")
+        if not self.start > 0 or not self.duration_s > 0:
+            raise InputError("--capacity-start and --duration: must be above 0")
+
+
+# --- judging one probe ------------------------------------------------------------------
+
+def _due(r: RequestRecord) -> float:
+    return max(0.0, stats.lag_s(r) or 0.0)
+
+
+def values(records: Sequence[RequestRecord], metric: str) -> list[float]:
+    """A metric over the successes; TTFT and E2E from when each request was due."""
+    ok = [r for r in records if r.ok]
+    if metric == "ttft":
+        return [stats.ttft_s(r) + _due(r) for r in ok]
+    if metric == "e2e":
+        return [stats.e2e_s(r) + _due(r) for r in ok]
+    if metric == "itl":
+        return [v for r in ok for v in stats.itl_s(r)]
+    return [v for v in (stats.tpot_s(r) for r in ok) if v is not None]
+
+
+def interval(sample: Sequence[float], q: int, seed: int = SEED) -> tuple[float, float] | None:
+    """The 95% percentile-bootstrap interval of the q-th percentile (None: too few values)."""
+    if len(sample) < MIN_OK:
+        return None
+    data = np.asarray(sample, dtype=np.float64)
+    draws = max(200, min(RESAMPLES, 5_000_000 // len(data)))
+    rng = np.random.default_rng(seed)
+    picked = data[rng.integers(0, len(data), size=(draws, len(data)))]
+    found = np.percentile(picked, q, axis=1)
+    low, high = np.quantile(found, [0.025, 0.975])
+    return float(low), float(high)
+
+
+@dataclass
+class Probe:
+    load: float
+    records: list[RequestRecord]
+    rows: list[LoadRecord]
+    figures: dict[str, dict[str, Any]] = field(default_factory=dict)
+    failed_share: float = 0.0
+    passed: bool = False
+    why: str = ""
+
+    @property
+    def straddles(self) -> bool:
+        return any(f["low"] is not None and f["low"] <= f["bound"] < f["high"]
+                   for f in self.figures.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        ok = sum(r.ok for r in self.records)
+        return {"load": self.load, "met": self.passed, "why": self.why, "ok": ok,
+                "failed_share": round(self.failed_share, 4), "figures": self.figures,
+                "repeats": len(self.rows),
+                "rows": [r.requests_file for r in self.rows if r.requests_file]}
+
+
+def judge(probe: Probe, target: Target) -> Probe:
+    """Fill the probe's figures and whether it met the target (see the module docstring)."""
+    counted = [r for r in probe.records if not r.cancelled]
+    probe.failed_share = sum(r.failed for r in counted) / len(counted) if counted else 1.0
+    missed = []
+    for b in target.bounds:
+        sample = values(probe.records, b.metric)
+        point = stats.percentile(sample, b.q) if sample else None
+        found = interval(sample, b.q)
+        probe.figures[b.key] = {"value": _r(point), "low": _r(found[0]) if found else None,
+                                "high": _r(found[1]) if found else None, "bound": b.limit_s,
+                                "n": len(sample)}
+        if point is None or point > b.limit_s:
+            missed.append(f"{b.key} {point:.3g} s > {b.limit_s:g} s" if point is not None
+                          else f"no {b.key}")
+    ok = sum(r.ok for r in probe.records)
+    if ok < MIN_OK:
+        missed.append(f"only {ok} successes")
+    if probe.failed_share > target.errors:
+        missed.append(f"{probe.failed_share:.1%} failed > {target.errors:.1%}")
+    probe.passed, probe.why = not missed, "; ".join(missed) or "met every bound"
+    return probe
+
+
+def _r(value: float | None) -> float | None:
+    return round(value, 6) if value is not None else None
+
+
+# --- the search ---------------------------------------------------------------------------
+
+def probe_spec(spec: LoadSpec, knob: Knob, plan: SearchPlan, load: float,
+               step: int) -> tuple[LoadSpec, int]:
+    """A probe's spec at `load`, with fresh prompts (its own block), and its level."""
+    level = max(spec.levels) if spec.levels else 1
+    changes: dict[str, Any] = {"rate": None, "rates": ()}
+    if knob.name == "rate":
+        level, changes["rate"] = plan.in_flight_cap, load
+    elif knob.name in ("concurrency", "users"):
+        level = int(load)
+    elif spec.trace is not None:
+        changes["trace"] = replace(spec.trace, speedup=load)
+    probe = {"knob": knob.name, "load": load, "step": step}
+    return replace(spec, **changes, levels=(level,), label=f"{spec.label}-capacity",
+                   requests=None, min_requests=plan.min_requests, duration_s=plan.duration_s,
+                   warmup=plan.warmup, repeat=None, block_offset=CAPACITY_BLOCK + step,
+                   extra={**spec.extra, "capacity_probe": probe}), level
+
+
+def next_load(knob: Knob, plan: SearchPlan, met: list[float],
+              missed: list[float]) -> float | None:
+    """The next load to try, or None when the search is done."""
+    top = knob.clamp(plan.max_load or knob.highest)
+    lo = max((x for x in met if not missed or x < min(missed)), default=None)
+    hi = min(missed, default=None)
+    if hi is None:
+        assert lo is not None
+        up = knob.clamp(max(lo * plan.factor, lo + 1 if knob.integer else lo))
+        return None if lo >= top else min(up, top)
+    if lo is None:
+        down = knob.clamp(hi / plan.factor)
+        return None if down >= hi else down
+    if converged(knob, plan, lo, hi):
+        return None
+    mid = knob.clamp((lo + hi) / 2)
+    return mid if lo < mid < hi else None
+
+
+def converged(knob: Knob, plan: SearchPlan, lo: float, hi: float) -> bool:
+    """Whether the load that met and the one that missed are within one step."""
+    return hi - lo <= max(1.0 if knob.integer else 0.0, plan.resolution * lo)
+
+
+@dataclass
+class CapacityResult:
+    record: CapacityRecord
+    rows: list[LoadRecord]
+    probes: list[Probe]
+
+
+async def search(spec: LoadSpec, target: Target, knob: Knob, plan: SearchPlan, *,
+                 api_key: str = "", stop: asyncio.Event | None = None,
+                 on_row: Callable[[LoadRecord], object] | None = None,
+                 say: Say = quiet) -> CapacityResult:
+    """Find the capacity (see the module docstring); every probe's row goes to `on_row`."""
+    inputs = await prepare_inputs(spec, api_key)
+    client = metrics_client(spec, api_key)
+    probes: list[Probe] = []
+    load: float | None = knob.clamp(plan.start)
+    try:
+        while load is not None and len(probes) < plan.max_steps:
+            probe = Probe(load, [], [])
+            for _ in range(plan.repeats):
+                step = len(probes) * plan.repeats + len(probe.rows)
+                probe_as, level = probe_spec(spec, knob, plan, load, step)
+                got: Measured = await measure_level(
+                    probe_as, Endpoint.from_url(spec.base_url), level, 0, api_key=api_key,
+                    stop=stop, client=client, inputs=inputs)
+                probe.rows.append(got.row)
+                probe.records += got.result.records
+                if on_row is not None:
+                    on_row(got.row)
+                judge(probe, target)
+                if not probe.straddles or got.row.get("interrupted"):
+                    break
+            probes.append(probe)
+            say(f"    capacity: {knob.name} {load:g} {'met' if probe.passed else 'missed'} "
+                f"the target ({probe.why})")
+            if stop is not None and stop.is_set():
+                break
+            load = next_load(knob, plan, [p.load for p in probes if p.passed],
+                             [p.load for p in probes if not p.passed])
+    finally:
+        if client is not None:
+            await client.aclose()
+    record = result_record(spec, target, knob, plan, probes)
+    return CapacityResult(record, [r for p in probes for r in p.rows], probes)
+
+
+def result_record(spec: LoadSpec, target: Target, knob: Knob, plan: SearchPlan,
+                  probes: list[Probe]) -> CapacityRecord:
+    """The search's notebook line: the capacity, the bracket, every probe."""
+    met = sorted(p.load for p in probes if p.passed)
+    missed = sorted(p.load for p in probes if not p.passed)
+    hi = missed[0] if missed else None
+    lo = max((x for x in met if hi is None or x < hi), default=None)
+    if lo is None:
+        verdict = "none-met"
+    elif hi is None:
+        verdict = "at-least"
+    else:
+        verdict = "found" if converged(knob, plan, lo, hi) else "not-converged"
+    out_of_order = [x for x in met if hi is not None and x > hi]
+    return CapacityRecord(
+        label=f"{spec.label}-capacity", lab=spec.lab, knob=knob.name, unit=knob.unit,
+        target={"slo": target.text(), "bounds": {b.key: b.limit_s for b in target.bounds},
+                "errors": target.errors},
+        capacity=lo, met_below=lo, missed_at=hi, verdict=verdict,
+        statement=statement(target, knob, verdict, lo, hi, probes),
+        steps=[p.as_dict() for p in probes], model=spec.model, base_url=spec.base_url,
+        workload=spec.workload(max(spec.levels) if spec.levels else 1),
+        prompt_set=spec.prompt_set, max_tokens=spec.max_tokens,
+        method={"start": plan.start, "factor": plan.factor, "resolution": plan.resolution,
+                "max_steps": plan.max_steps, "duration_s": plan.duration_s,
+                "min_requests": plan.min_requests, "repeats": plan.repeats,
+                "interval": "95% percentile bootstrap over the probe's successes",
+                "due": "TTFT and E2E from when each request was due"},
+        not_monotonic=out_of_order or None, **{k: v for k, v in spec.extra.items()
+                                               if k not in ("capacity_probe",)})
+
+
+def statement(target: Target, knob: Knob, verdict: str, lo: float | None, hi: float | None,
+              probes: list[Probe]) -> str:
+    slo = target.text()
+    by_load = {p.load: p for p in probes}
+    if verdict == "none-met":
+        low = min(by_load)
+        return (f"no load met {slo}: even {low:g} {knob.unit} missed it "
+                f"({by_load[low].why})")
+    assert lo is not None
+    if verdict == "at-least":
+        return (f"at least {lo:g} {knob.unit} at {slo}: every load tried met it, up to "
+                f"{lo:g} (the search stopped there)")
+    assert hi is not None
+    word = "" if verdict == "found" else " (not converged: the probes ran out)"
+    return (f"{lo:g} {knob.unit} at {slo}{word}: {lo:g} met it, {hi:g} missed it "
+            f"({by_load[hi].why})")
+
+
+def check_knob(knob: Knob, spec: LoadSpec) -> None:
+    """Refuse a knob the workload has no handle for."""
+    if knob.name == "users" and spec.sessions is None:
+        raise InputError("--capacity-knob users: give --users (user sessions)")
+    if knob.name == "speedup" and spec.trace is None:
+        raise InputError("--capacity-knob speedup: give --trace")
+    if knob.name in ("rate", "concurrency") and (spec.sessions or spec.trace):
+        raise InputError(f"--capacity-knob {knob.name}: user sessions search users, a trace "
+                         "its speed-up")
+
+
+@dataclass(frozen=True)
+class CapacityAsk:
+    """An experiment's capacity search: the target and how to search (`SearchPlan`)."""
+
+    slo: str
+    plan: SearchPlan = SearchPlan()
+
+    def target(self) -> Target:
+        return Target.parse(self.slo)

@@ -1,0 +1,162 @@
+"""What one load sweep is asked to do: `LoadSpec`, its levels and its defaults.
+
+A level is a concurrency (closed loop), a concurrency capping an open-loop rate (`rate`, or
+one level per rate of `rates`), a number of users (`sessions`: user sessions with think
+time), or an in-flight cap on a replayed trace (`trace`). The workload is a prompt set
+(`shared-prefix` optionally split into `groups` with `group_shares`, `mixed`, `multi-turn`),
+user sessions, or a trace; the spec checks once that the combination makes sense and owns
+the defaults (how many requests a level takes, how many warm-ups, which prompt indices).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from kvlab.core.errors import InputError
+from kvlab.loadgen import stats
+from kvlab.loadgen.sessions import SessionSpec
+from kvlab.loadgen.trace import TraceSpec
+from kvlab.measure import workloads
+from kvlab.records import notebook
+
+MIN_REQUESTS = 200  # a level's default: p99 of at least 200 values is not one request
+PER_CONCURRENCY = 10  # ... and at least 10 per concurrent slot
+BLOCK = 1_000_000  # prompt indices per (repeat, level): disjoint prompts everywhere
+WARMUP_OFFSET = BLOCK // 2  # a level's warm-up prompts, within its block
+TRACE_WARMUP = 1  # a trace's warm-up requests unless set (its own tokens, no shared block)
+
+
+def default_requests(concurrency: int) -> int:
+    """Requests per level when none are set: max(10 x concurrency, 200)."""
+    return max(PER_CONCURRENCY * concurrency, MIN_REQUESTS)
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """Everything one sweep needs, except the API key (passed apart, never stored)."""
+
+    base_url: str
+    model: str
+    levels: tuple[int, ...]
+    requests: int | None  # None: min_requests, else the default (`default_requests`)
+    max_tokens: int
+    prompt_set: str
+    label: str
+    engine: str = "vllm"  # as records spell it (engines.base.NAMES): whose /tokenize sizes
+    endpoint: Literal["chat", "completions"] = "chat"
+    timeout_s: float = 600.0
+    rate: float | None = None
+    poisson: bool = True
+    slo: stats.Slo | None = None
+    preamble_tokens: int = workloads.DEFAULT_PREAMBLE_TOKENS
+    seed: int = 0
+    ignore_eos: bool = False
+    scrape_metrics: bool = True
+    metrics_url: str = ""  # the engine's /metrics; empty = the base URL's own server
+    lab: str = notebook.LAB_PD
+    extra: dict[str, Any] = field(default_factory=dict)  # more fields for every row
+    min_requests: int | None = None  # at least this many measured requests per level
+    duration_s: float | None = None  # and at least this long
+    warmup: int | None = None  # requests first, left out of the statistics; None: concurrency
+    repeat: int | None = None  # which repeat of a run this sweep is (0-based)
+    labbook: str = ""  # per-request files go beside this notebook ("" = none written)
+    size_prompts: bool = False  # size prompts with the server's tokenizer (else the estimate)
+    tokenize_url: str = ""  # whose /tokenize; "" = the base URL's server, then metrics_url's
+    sizing: workloads.Sizing | None = None  # a sizing already made (the caller's plan's)
+    rates: tuple[float, ...] = ()  # open loop: one level per (concurrency, rate)
+    groups: int = 1  # shared-prefix: how many preambles
+    group_shares: tuple[float, ...] = ()  # their shares of the requests (equal when empty)
+    sessions: SessionSpec | None = None  # user sessions: the levels are user counts
+    trace: TraceSpec | None = None  # a trace replay: the levels are in-flight caps
+    block_offset: int = 0  # prompt blocks skipped (a capacity search's probes: fresh prompts)
+
+    def __post_init__(self) -> None:
+        for name in ("requests", "min_requests", "warmup"):
+            value = getattr(self, name)
+            if value is not None and value < (0 if name == "warmup" else 1):
+                raise InputError(f"--{name.replace('_', '-')} {value}: must be at least "
+                                 f"{0 if name == 'warmup' else 1}")
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise InputError(f"--duration {self.duration_s}: must be above 0 seconds")
+        if self.levels and max(self.floor(c) for c in self.levels) > WARMUP_OFFSET:
+            raise InputError(f"--requests/--min-requests: at most {WARMUP_OFFSET} per level")
+        if (self.warmup or 0) > WARMUP_OFFSET:
+            raise InputError(f"--warmup {self.warmup}: at most {WARMUP_OFFSET} per level")
+        if any(not r > 0 for r in self.rates):
+            raise InputError(f"--rate {self.rates}: every rate must be above 0 per second")
+        self._check_workload()
+
+    def _check_workload(self) -> None:
+        if self.sessions is not None and self.trace is not None:
+            raise InputError("--users and --trace: give one workload, not both")
+        if (self.sessions or self.trace) and (self.rate is not None or self.rates):
+            raise InputError("--rate: user sessions and traces set their own arrivals "
+                             "(--user-rate, the trace's timestamps with --trace-speedup)")
+        if self.trace is not None and self.endpoint != "completions":
+            raise InputError("--trace: a trace's prompts are token ids, sent to "
+                             "/v1/completions: use --endpoint completions")
+        workloads.check_shares(self.groups, self.group_shares)
+
+    @property
+    def shares(self) -> tuple[float, ...]:
+        """The prefix groups' normalised shares (one group: ())."""
+        return workloads.check_shares(self.groups, self.group_shares) if self.groups > 1 \
+            else ()
+
+    def points(self) -> list[tuple[int, float | None]]:
+        """Each level's (concurrency, rate), in the order they run."""
+        if not self.rates:
+            return [(c, self.rate) for c in self.levels]
+        return [(c, r) for c in self.levels for r in self.rates]
+
+    def floor(self, concurrency: int) -> int:
+        """The level's measured requests (a timed level's least)."""
+        given = [n for n in (self.requests, self.min_requests) if n is not None]
+        return max(given) if given else default_requests(concurrency)
+
+    def session_floor(self) -> int | None:
+        """User sessions: the turns a level sends at least, when set (else its conversations
+        decide)."""
+        given = [n for n in (self.requests, self.min_requests) if n is not None]
+        return max(given) if given else None
+
+    def warmup_for(self, concurrency: int) -> int:
+        """Warm-up requests: one per concurrent slot unless set, so every connection and the
+        engine's batch of `concurrency` sequences (and the shared preamble) were exercised."""
+        if self.warmup is not None:
+            return self.warmup
+        return TRACE_WARMUP if self.trace is not None else concurrency
+
+    def body(self, prompt: workloads.Prompt,
+             tokens: list[int] | None = None) -> dict[str, Any]:
+        """The request body: streamed, with the server's usage in the last chunk; `tokens`
+        (a trace's prompt) go to /v1/completions as token ids."""
+        body: dict[str, Any] = {"model": self.model,
+                                "max_tokens": prompt.max_tokens or self.max_tokens,
+                                "stream": True, "stream_options": {"include_usage": True}}
+        if tokens is not None:
+            body["prompt"] = tokens
+        elif self.endpoint == "chat":
+            body["messages"] = prompt.as_messages()
+        else:
+            body["prompt"] = prompt.as_text()
+        if self.ignore_eos or tokens is not None:
+            body["ignore_eos"] = True
+        return body
+
+    @property
+    def path(self) -> str:
+        return "/chat/completions" if self.endpoint == "chat" else "/completions"
+
+    def block(self, level_index: int) -> int:
+        """The level's block of prompt indices: disjoint per repeat, level and probe."""
+        return self.block_offset + (self.repeat or 0) * max(1, len(self.points())) + level_index
+
+    def workload(self, level: int) -> dict[str, Any]:
+        """What a row says about the kind of workload and its level."""
+        if self.sessions is not None:
+            return self.sessions.as_dict(level)
+        if self.trace is not None:
+            return {"kind": "trace", "in_flight_cap": level}
+        return {"kind": "prompt set", "concurrency": level}

@@ -1,0 +1,251 @@
+"""Trace replay: a published request trace, its prefix blocks rebuilt in the served model's
+tokens, sent at its own arrival times.
+
+The format is Mooncake's (kvcache-ai/Mooncake, `FAST25-release/traces/*.jsonl`), one JSON
+object a line: `timestamp` (ms since the first request), `input_length` and `output_length`
+(tokens), `hash_ids` (the prompt's blocks of `block_tokens` tokens, 512 in the published
+traces, numbered so that two requests whose first k ids agree share their first k blocks).
+
+Prompts are token ids, sent to /v1/completions, so every block is exactly `block_tokens` of the
+served model's tokens (no chat template shifts them off the cache's block boundaries): block
+`h` is drawn, seeded by (seed, h), from the tokens the engine's /tokenize gives for a long
+generated passage (`TokenPool`, through the engine adapter), and the tokens past the last
+hash id are the request's own. A block cut short by `input_length` is the first tokens of the
+same block. Each request asks for its `output_length` tokens (capped at the run's
+`max_tokens`, with `ignore_eos`), and is released at `timestamp / speedup`.
+
+`reuse` is what an infinite cache would serve: the leading blocks of each request that an
+earlier request already held. `synthetic` writes a trace of this format for tests and first
+looks. Not here: the schedule (`runner.Schedule.arrivals_ns`) and the row (`sweep`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from kvlab.core.errors import InputError
+from kvlab.engines.base import engine_for
+from kvlab.measure import workloads
+from kvlab.measure.chat import server_root
+
+BLOCK_TOKENS = 512  # the published Mooncake traces' block size
+POOL_WORDS = 2000  # the passage whose tokens every block is drawn from
+MOONCAKE_TRACES = "https://github.com/kvcache-ai/Mooncake/tree/main/FAST25-release/traces"
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    timestamp_ms: float
+    input_length: int
+    output_length: int
+    hash_ids: tuple[int, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"timestamp": self.timestamp_ms, "input_length": self.input_length,
+                "output_length": self.output_length, "hash_ids": list(self.hash_ids)}
+
+
+@dataclass(frozen=True)
+class TraceSpec:
+    """Which trace, how its blocks are sized, how fast it is replayed."""
+
+    path: str
+    block_tokens: int = BLOCK_TOKENS
+    speedup: float = 1.0  # 2.0 replays twice as fast
+    limit: int | None = None  # the first N requests only
+    max_input: int | None = None  # leave out longer prompts (counted)
+
+    def __post_init__(self) -> None:
+        if self.block_tokens < 1:
+            raise InputError(f"--trace-block-size {self.block_tokens}: give at least 1 token")
+        if not self.speedup > 0:
+            raise InputError(f"--trace-speedup {self.speedup}: must be above 0")
+        if self.limit is not None and self.limit < 1:
+            raise InputError(f"--trace-limit {self.limit}: give at least 1 request")
+
+
+@dataclass(frozen=True)
+class Trace:
+    requests: tuple[TraceRequest, ...]
+    sha256: str
+    left_out: int  # longer than `max_input`
+
+    def offsets_ns(self, speedup: float) -> tuple[int, ...]:
+        first = self.requests[0].timestamp_ms if self.requests else 0.0
+        return tuple(round((r.timestamp_ms - first) * 1e6 / speedup) for r in self.requests)
+
+
+def _request(obj: Any, where: str) -> TraceRequest:
+    if not isinstance(obj, dict):
+        raise InputError(f"{where}: a trace line is a JSON object")
+    try:
+        stamp, length = float(obj["timestamp"]), int(obj["input_length"])
+        request = TraceRequest(stamp, length, int(obj["output_length"]),
+                               tuple(int(h) for h in obj["hash_ids"]))
+    except KeyError as exc:
+        raise InputError(f"{where}: no {exc.args[0]!r} (a Mooncake trace line has timestamp, "
+                         "input_length, output_length, hash_ids)") from None
+    except (TypeError, ValueError):
+        raise InputError(f"{where}: timestamp, input_length, output_length and hash_ids must "
+                         "be numbers (hash_ids a list of whole numbers)") from None
+    if request.input_length < 1 or request.output_length < 0 or request.timestamp_ms < 0:
+        raise InputError(f"{where}: input_length must be at least 1, output_length and "
+                         "timestamp at least 0")
+    return request
+
+
+def read(spec: TraceSpec) -> Trace:
+    """The trace's requests in arrival order (the first `limit`, none over `max_input`)."""
+    path = Path(spec.path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"--trace {path}: cannot read it ({exc.strerror})") from None
+    out: list[TraceRequest] = []
+    left_out = 0
+    for number, raw in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            raise InputError(f"{path}:{number}: not a JSON line") from None
+        request = _request(obj, f"{path}:{number}")
+        if spec.max_input is not None and request.input_length > spec.max_input:
+            left_out += 1
+            continue
+        out.append(request)
+        if spec.limit is not None and len(out) == spec.limit:
+            break
+    if not out:
+        raise InputError(f"--trace {path}: no request to replay"
+                         + (f" ({left_out} longer than --trace-max-input)" if left_out else ""))
+    out.sort(key=lambda r: r.timestamp_ms)  # stable: simultaneous requests keep their order
+    return Trace(tuple(out), hashlib.sha256(data).hexdigest(), left_out)
+
+
+# --- tokens -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TokenPool:
+    """The served model's tokens every block is drawn from, and who counted them."""
+
+    tokens: tuple[int, ...]
+    source: str
+
+    def block(self, seed: int, salt: int, hash_id: int, count: int) -> list[int]:
+        """Block `hash_id`'s first `count` tokens: the same for every request of one replay
+        (`salt`: a level's own, so a second replay finds nothing of the first cached)."""
+        return self._draw((seed, salt, 0, hash_id), count)
+
+    def own(self, seed: int, salt: int, index: int, count: int) -> list[int]:
+        """Request `index`'s own tokens past its last block."""
+        return self._draw((seed, salt, 1, index), count)
+
+    def _draw(self, key: tuple[int, ...], count: int) -> list[int]:
+        rng = np.random.default_rng([abs(k) for k in key])
+        pool = np.asarray(self.tokens, dtype=np.int64)
+        return [int(t) for t in pool[rng.integers(0, len(pool), count)]]
+
+
+async def token_pool(engine: str, urls: Iterable[str], seed: int,
+                     client: httpx.AsyncClient) -> TokenPool:
+    """The distinct tokens of a long generated passage, from the first server whose /tokenize
+    answers; a trace cannot be replayed in the served model's tokens without one."""
+    text = workloads.passage(random.Random(f"trace-pool:{seed}"), POOL_WORDS)
+    adapter = engine_for(engine)
+    roots = list(dict.fromkeys(server_root(u.rstrip("/").removesuffix("/metrics"))
+                               for u in urls if u))  # a --metrics-url: its server's root
+    for root in roots:
+        tokens = await adapter.tokenize(client, root, text)
+        if tokens:
+            return TokenPool(tuple(sorted(set(tokens))), f"{engine} tokenizer at {root}")
+    raise InputError(f"--trace: no /tokenize answered ({', '.join(roots) or 'no server'}); "
+                     "trace prompts are built in the served model's tokens: give "
+                     "--tokenize-url the engine's URL")
+
+
+def prompt_tokens(request: TraceRequest, index: int, pool: TokenPool, seed: int, salt: int,
+                  block_tokens: int) -> list[int]:
+    """Request `index`'s prompt: its blocks, then its own tokens, `input_length` in all."""
+    out: list[int] = []
+    for hash_id in request.hash_ids:
+        left = request.input_length - len(out)
+        if left <= 0:
+            break
+        out += pool.block(seed, salt, hash_id, min(block_tokens, left))
+    if len(out) < request.input_length:
+        out += pool.own(seed, salt, index, request.input_length - len(out))
+    return out
+
+
+# --- what the trace asks of a cache -------------------------------------------------------
+
+def reusable_blocks(requests: Sequence[TraceRequest], block_tokens: int) -> list[int]:
+    """Per request, its leading whole blocks an earlier request already held in full (what an
+    infinite cache that kept everything would serve)."""
+    held: set[int] = set()
+    out = []
+    for r in requests:
+        whole = r.input_length // block_tokens
+        n = 0
+        while n < min(whole, len(r.hash_ids)) and r.hash_ids[n] in held:
+            n += 1
+        out.append(n)
+        held.update(r.hash_ids[:min(whole, len(r.hash_ids))])
+    return out
+
+
+def describe(spec: TraceSpec, trace: Trace, pool: TokenPool | None = None,
+             max_tokens: int | None = None) -> dict[str, Any]:
+    """What a row says about the trace it replayed."""
+    requests = trace.requests
+    reuse = reusable_blocks(requests, spec.block_tokens)
+    prompt = sum(r.input_length for r in requests)
+    offsets = trace.offsets_ns(spec.speedup)
+    return {"path": spec.path, "sha256": trace.sha256, "format": "mooncake",
+            "requests": len(requests), "left_out_over_max_input": trace.left_out,
+            "block_tokens": spec.block_tokens, "speedup": spec.speedup,
+            "span_s": round(offsets[-1] / 1e9, 3) if offsets else 0.0,
+            "distinct_blocks": len({h for r in requests for h in r.hash_ids}),
+            "reusable_fraction_infinite_cache": round(
+                sum(reuse) * spec.block_tokens / prompt, 4) if prompt else None,
+            "outputs_capped": sum(r.output_length > max_tokens for r in requests)
+            if max_tokens else 0,
+            "tokens_from": pool.source if pool else None}
+
+
+# --- a generated trace --------------------------------------------------------------------
+
+def synthetic(count: int, *, groups: int = 2, shared_blocks: int = 2,
+              own_blocks: tuple[int, int] = (1, 2), block_tokens: int = BLOCK_TOKENS,
+              rate: float = 1.0, output_length: int = 8, seed: int = 0) -> list[TraceRequest]:
+    """`count` requests: each opens with one of `groups` shared prefixes of `shared_blocks`
+    blocks, then its own blocks (a number in `own_blocks`, the last one cut short), arriving
+    at `rate` per second (seeded Poisson), in the Mooncake format."""
+    rng = random.Random(f"synthetic-trace:{seed}")
+    roots = [list(range(g * shared_blocks, (g + 1) * shared_blocks)) for g in range(groups)]
+    next_id, at, out = groups * shared_blocks, 0.0, []
+    for _ in range(count):
+        own = rng.randint(*own_blocks)
+        ids = [*roots[rng.randrange(groups)], *range(next_id, next_id + own)]
+        next_id += own
+        length = (len(ids) - 1) * block_tokens + rng.randint(1, block_tokens)
+        out.append(TraceRequest(round(at * 1000), length, output_length, tuple(ids)))
+        at += rng.expovariate(rate)
+    return out
+
+
+def write(path: Path, requests: Iterable[TraceRequest]) -> Path:
+    path.write_text("".join(json.dumps(r.as_dict()) + "\n" for r in requests),
+                    encoding="utf-8")
+    return path

