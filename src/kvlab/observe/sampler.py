@@ -11,17 +11,18 @@ The child runs at a lower CPU priority, stamps each reading when the page arrive
 one JSON line per reading; the caller's loop only reads those short lines. The child exits
 when its stdin closes, so it cannot outlive the process that started it.
 
-The child's CPU still competes with the load generator's on a small machine, so it parses no
-more than it reads: prometheus_client's parser yields one metric family at a time, and the
-child stops once it has read each evidence gauge's preferred name (vLLM exports its gauges
-before its histograms: about the first 12% of the page). A reading equals what a whole-page
-parse would give as long as each metric's lines form one group, as the exposition format
-requires; a page without the preferred names is parsed to its end.
+The child's CPU still competes with the load generator's on a small machine, so it does its
+imports before `ready` and parses no more than it needs: prometheus_client's parser yields
+one metric family at a time, and the child stops once it has read each evidence gauge's
+preferred name (vLLM exports its gauges before its histograms: about the first 12% of the
+page). A reading equals what a whole-page parse would give as long as each metric's lines
+form one group, as the exposition format requires; a page without the preferred names is
+parsed to its end. `benchmarks/loadgen_accuracy.py --sampler-ab` measures what is left.
 
 Protocol: the child prints `ready` once it can scrape; the parent answers with one line, the
 monotonic time that is t = 0 (CLOCK_MONOTONIC is one clock for every process on Linux); the
 child then scrapes at t = 0, interval, 2 x interval, ... (a late scrape skips the ticks it
-missed) until stdin reaches EOF. Not here: counter deltas and parsing (`metrics`).
+missed) until stdin reaches EOF. Not here: counter deltas, whole-page parses (`metrics`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvlab.engines.base import all_engines
 from kvlab.observe import metrics
 
 SCRAPE_TIMEOUT_S = 5.0
@@ -105,8 +107,8 @@ async def _read(proc: asyncio.subprocess.Process, samples: Samples) -> None:
     """Append each reading line to `samples` until the child's stdout closes."""
     assert proc.stdout is not None
     async for line in proc.stdout:
-        reading = json.loads(line)
-        samples.points.append((float(reading["t"]), reading["point"]))
+        got = json.loads(line)
+        samples.points.append((float(got["t"]), got["point"]))
 
 
 async def _stop(proc: asyncio.subprocess.Process, reader: asyncio.Task[None] | None) -> None:
@@ -137,7 +139,7 @@ def reading(snap: metrics.Snapshot) -> dict[str, float]:
     return {k.removesuffix("_end"): float(v) for k, v in gauges.items() if k.endswith("_end")}
 
 
-def gauges_read(text: str, url: str = "") -> metrics.Snapshot:
+def parse_until_gauges(text: str, url: str = "") -> metrics.Snapshot:
     """The page's families up to the last evidence gauge (all of them if one is missing)."""
     snap = metrics.Snapshot(url=url)
     engine = None
@@ -161,7 +163,7 @@ def _scrape(client: httpx.Client, url: str) -> tuple[float, dict[str, float]] | 
         arrived = time.monotonic()
         if response.status_code != 200:
             return None
-        return arrived, reading(gauges_read(response.text, url))
+        return arrived, reading(parse_until_gauges(response.text, url))
     except (httpx.HTTPError, ValueError):
         return None
 
@@ -175,6 +177,7 @@ def _stdin_closed(wait_s: float) -> bool:
 
 def _child(url: str, interval_s: float) -> None:
     os.nice(CHILD_NICE)
+    all_engines()  # imports every adapter (0.2 s of CPU) now rather than during the load
     with httpx.Client(timeout=SCRAPE_TIMEOUT_S, trust_env=False) as client:
         print("ready", flush=True)
         start = sys.stdin.readline()
