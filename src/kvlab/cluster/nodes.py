@@ -15,12 +15,12 @@ This module does not talk to Ray: it reads `ray.nodes()`'s entries as they are g
 from __future__ import annotations
 
 import ipaddress
-import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvlab.core.errors import RefusedError
+from kvlab.observe import netdev
 
 LABEL = "kvlab-host"  # a node label naming the node, for several nodes on one machine
 DIRECT = "-direct"  # the seed's suffix for a machine's name on its direct cable
@@ -78,19 +78,6 @@ def from_ray(entries: Iterable[dict[str, Any]]) -> list[Node]:
     return out
 
 
-def dns_lookup(name: str) -> tuple[str, ...]:
-    """The addresses `name` resolves to on this machine (none when it does not)."""
-    try:
-        return (str(ipaddress.ip_address(name)),)
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(name, None)
-    except (OSError, UnicodeError):
-        return ()
-    return tuple(dict.fromkeys(str(i[4][0]).split("%")[0] for i in infos))
-
-
 def undirected(name: str) -> tuple[str, bool]:
     """`node-a-direct.home.arpa` -> (`node-a.home.arpa`, True); other names unchanged."""
     first, dot, rest = name.partition(".")
@@ -125,7 +112,7 @@ def _matches(node: Node, name: str, addresses: tuple[str, ...]) -> str | None:
 
 
 def resolve(setting: str, name: str, nodes: list[Node], where: str,
-            lookup: Lookup = dns_lookup) -> Resolved:
+            lookup: Lookup = netdev.addresses_of) -> Resolved:
     """The one live node `name` names; refused (naming the host, listing the nodes) if none or
     several do. `where` is the cluster's address, for the message."""
     live = [n for n in nodes if n.alive]

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
@@ -44,6 +43,7 @@ from kvlab.cluster.agent import UNKNOWN_ENGINE
 from kvlab.cluster.placement import rebind
 from kvlab.cluster.session import ClusterSession, Placed
 from kvlab.core.errors import EngineError, KvlabError
+from kvlab.core.files import write_private
 from kvlab.core.settings import Settings
 from kvlab.engines import startup
 from kvlab.engines.base import known_engine
@@ -113,23 +113,16 @@ class RemoteEngine(EngineProcess):
 
     async def ship(self) -> None:
         """Copy the engine's log (secrets redacted on the node) into this run's logs."""
-        _write_private(self.log_path, await self.session.call(self.placed, "log_text", self.key))
+        write_private(self.log_path, await self.session.call(self.placed, "log_text", self.key))
 
     async def stop(self, grace_s: float | None = None) -> int | None:
         self.stopped = True
         grace = self.stop_grace_s if grace_s is None else grace_s
         code, log = await self.session.call(self.placed, "stop", self.key, grace)
         if log:
-            _write_private(self.log_path, log)
+            write_private(self.log_path, log)
         self._code = code
         return code  # type: ignore[no-any-return]
-
-
-def _write_private(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with open(fd, "w", encoding="utf-8") as f:
-        f.write(text)
 
 
 def secret_env(settings: Settings, plan: EnginePlan, session: ClusterSession) -> dict[str, str]:

@@ -146,16 +146,17 @@ def all_deltas(before: dict[str, IfaceCounters],
 
 
 def addresses_of(addr: str) -> tuple[str, ...]:
-    """The IP addresses `addr` names: itself when it is one, else what it resolves to here."""
+    """The IP addresses `addr` names: itself when it is one, else what it resolves to here
+    (none when it does not resolve), without IPv6 zone suffixes."""
     try:
         return (str(ipaddress.ip_address(addr)),)
     except ValueError:
         pass
     try:
         infos = socket.getaddrinfo(addr, None)
-    except OSError:
+    except (OSError, UnicodeError):
         return ()
-    return tuple(dict.fromkeys(str(info[4][0]) for info in infos))
+    return tuple(dict.fromkeys(str(info[4][0]).split("%")[0] for info in infos))
 
 
 def iface_addresses() -> dict[str, tuple[str, ...]]:

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import tempfile
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,6 +20,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvlab.core.errors import InputError
+from kvlab.core.files import write_private
 
 REQUESTS_DIR = "kvlab-requests"  # beside the notebook
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -93,17 +92,8 @@ def sha256_of(path: Path) -> str:
 def write(path: Path, lines: Iterable[RequestLine]) -> str:
     """Write the file whole, private, atomically; its sha256."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".jsonl")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for line in lines:
-                f.write(json.dumps(line.model_dump(mode="json"), sort_keys=True,
-                                   allow_nan=False) + "\n")
-        Path(tmp).chmod(0o600)
-        Path(tmp).replace(path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_private(path, "".join(json.dumps(line.model_dump(mode="json"), sort_keys=True,
+                                           allow_nan=False) + "\n" for line in lines))
     return sha256_of(path)
 
 

@@ -27,7 +27,6 @@ import hashlib
 import json
 import os
 import stat
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
@@ -36,6 +35,7 @@ from typing import Any
 
 from kvlab import __version__
 from kvlab.core.errors import InputError, RefusedError
+from kvlab.core.files import write_private
 from kvlab.engines import llamacpp
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget, SlotOp
 from kvlab.engines.process import make_private_dir
@@ -178,18 +178,7 @@ def _read_cache(cache: Path | None) -> dict[str, str]:
 
 
 def _write_private_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (temp file + rename) with mode 0600."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
-        Path(tmp).chmod(0o600)
-        Path(tmp).replace(path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_private(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 async def identity_of(client: LlamaClient, hash_cache: Path | None = None) -> ServerIdentity:
