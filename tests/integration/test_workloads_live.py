@@ -18,10 +18,9 @@ from typing import Any
 
 import pytest
 
-from integration.conftest import cpu_settings
+from integration.conftest import serve_baseline
 from kvlab.engines import vllm
 from kvlab.engines.models import TinyModels
-from kvlab.engines.process import EngineProcess, free_port
 from kvlab.loadgen import trace
 from kvlab.loadgen.sessions import SessionSpec, ThinkTime
 from kvlab.loadgen.spec import LoadSpec
@@ -34,18 +33,10 @@ BLOCK = 128
 SMALL_CACHE_BYTES = 36 * BLOCK * 2048  # the tiny model's KV is 2,048 bytes a token
 
 
-async def _serve(models: TinyModels, install: vllm.VllmInstall, log: Path,
-                 **values: Any) -> AsyncIterator[str]:
-    plan = vllm.plan(cpu_settings(model=models.hf, **values), "baseline", install,
-                     vllm.PlanOptions(port=free_port()))
-    async with EngineProcess(plan, log):
-        yield plan.base_url + "/v1"
-
-
 @pytest.fixture(scope="module")
 async def roomy(tiny_models: TinyModels, vllm_install: vllm.VllmInstall,
                 tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
-    async for url in _serve(tiny_models, vllm_install,
+    async for url in serve_baseline(tiny_models, vllm_install,
                             tmp_path_factory.mktemp("roomy") / "vllm.log"):
         yield url
 
@@ -80,8 +71,8 @@ async def test_returning_users_find_their_kv_unless_the_cache_is_too_small(
         # the previous turn's prompt came back whole blocks at a time
         assert (after.cached_tokens or 0) > (before.prompt_tokens or 0) - BLOCK
         assert (after.sent_s or 0) > (before.end_s or 0)  # the reply came first
-    async for small in _serve(tiny_models, vllm_install, tmp_path / "small.log",
-                              kv_cache_bytes=SMALL_CACHE_BYTES):
+    async for small in serve_baseline(tiny_models, vllm_install, tmp_path / "small.log",
+                                      kv_cache_bytes=SMALL_CACHE_BYTES):
         lost = (await run_sweep(users(small, book, "small"))).rows[0]
     t = lost["sessions"]
     assert lost["ok"] == 48 and t["returning_turns"] == 36, lost["failures"]
