@@ -10,6 +10,7 @@ finds it cached and without caching every request prefills it.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -83,3 +84,34 @@ async def test_prefix_caching_on_against_off_is_a_measured_difference(
     ttft = compared(book, "caching-off", "caching-on")["intervals"]["ttft_p50"]
     assert ttft["low"] > 1, ttft  # recomputing the preamble is slower, beyond the noise
     assert ttft["words"] == "slower"
+
+
+def test_run_load_repeat_writes_each_repeat_and_compare_pools_them(
+        caching: str, tmp_path: Path) -> None:
+    """`kvlab run-load --repeat 3`: three sweeps on prompts of their own, each with its rows,
+    per-request file and link line; compare's interval counts the three repeats."""
+    book = tmp_path / "labbook.md"
+    env = {"LABBOOK": str(book), "SERVED_NAME": SERVED, "CONCURRENCY": "2", "REQUESTS": "12",
+           "MAX_TOKENS": "4", "PROMPT_SET": "shared-prefix", "CLUSTER_IFACE": "lo",
+           "KVLAB_PROFILE": "none"}
+    for label, repeat in (("three", "3"), ("one", "1")):
+        run = subprocess.run(
+            [sys.executable, "-m", "kvlab", "run-load", label, caching, "--repeat", repeat,
+             "--warmup", "2", "--ignore-eos", "--preamble-tokens", "300", "--no-progress",
+             "--json"], capture_output=True, text=True, timeout=600,
+            env={**os.environ, **env})
+        assert run.returncode == 0, run.stderr[-2000:]
+    lines = [json.loads(line) for line in book.read_text().splitlines() if line.startswith("{")]
+    rows = [r for r in lines if r["record"] == "load" and r["label"] == "three"]
+    assert [r["repeat"] for r in rows] == [0, 1, 2]
+    assert len({r["run_id"] for r in rows}) == 1 and rows[0]["run_id"]
+    assert [f"-r{n}-" in r["requests_file"] for n, r in enumerate(rows)] == [True] * 3
+    assert len([r for r in lines if r["record"] == "link" and r["label"] == "three"]) == 3
+    measured = [[json.loads(x) for x in (book.parent / r["requests_file"]).read_text()
+                 .splitlines()] for r in rows]
+    prompts = [{x["prompt_index"] for x in run if not x["warmup"]} for run in measured]
+    assert not (prompts[0] & prompts[1]) and not (prompts[1] & prompts[2])  # prompts of its own
+    single = [r for r in lines if r["record"] == "load" and r["label"] == "one"]
+    assert len(single) == 1 and single[0].get("repeat") is None
+    ttft = compared(book, "three", "one")["intervals"]["ttft_p50"]
+    assert ttft["repeats"] == [3, 1] and ttft["requests"] == [36, 12], ttft

@@ -265,6 +265,26 @@ async def test_run_interference_writes_two_rows_and_a_comparison(
         assert "interference-parallel-1 against interference-parallel-4" in seed.stdout
 
 
+async def test_run_interference_repeats_alternate_and_pool_in_the_comparison(
+        tmp_path: Path, tiny_models: TinyModels, llama_binary: Path) -> None:
+    """--repeat 3: the order is 4 1 1 4 4 1, each row numbered, and the
+    comparison's intervals pool the three repeats of each side."""
+    book = tmp_path / "book.md"
+    run = run_lab(tmp_path, tiny_models, llama_binary)
+    spec = interference.InterferenceSpec(requests=6, max_tokens=4, ctx=2048, prompt_set="mixed",
+                                         repeat=3)
+    written = await interference.run(run, spec)
+    rows = [r for r in written if r.record == "load"]
+    assert [(r["llama_parallel"], r["repeat"]) for r in rows] == [
+        (4, 0), (1, 0), (1, 1), (4, 1), (4, 2), (1, 2)]
+    level = written[-1].line()["levels"][0]
+    assert level["repeats"] == 3
+    ttft = level["intervals"]["ttft_p50"]
+    assert ttft["repeats"] == [3, 3] and ttft["requests"] == [18, 18], ttft
+    assert ttft["low"] is not None and ttft["low"] <= ttft["ratio"] <= ttft["high"]
+    assert notebook.read(book).foreign_lines == 0
+
+
 def seed_compare(book: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     script = seeds.extract("compare-disagg.py", tmp_path)
     return subprocess.run([sys.executable, str(script), "--labbook", str(book), "--disagg",

@@ -305,3 +305,22 @@ async def test_the_run_key_reaches_engines_and_proxy_by_environment_only(
                                 "PROXY_API_KEY_ENV": "LOADTEST_API_KEY"}
     assert session.api_key not in json.dumps([placed_engine.as_dict(), placed_proxy.as_dict()])
     assert len(session.api_key) >= 32
+
+
+async def test_a_placed_engine_advertises_its_own_nodes_address_to_its_peer(
+        tmp_path: Path) -> None:
+    """NIXL's handshake address (planned as 127.0.0.1) becomes the node's address when the
+    engine is placed; the port and the other variables stay."""
+    from kvlab.cluster.runner import place
+
+    session = _session((tmp_path, tmp_path))
+    for placed in session.by_name.values():
+        placed.agent = type("Ports", (), {
+            "__getattr__": lambda self, n: _Remote(lambda host: 41000)})()
+    engine = EnginePlan(engine="vllm", role="decode", command=("vllm", "serve"),
+                        flags=(Flag("--host", "127.0.0.1"), Flag("--port", "8200")),
+                        env={"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+                             "VLLM_NIXL_SIDE_CHANNEL_PORT": "5601", "UCX_TLS": "tcp"})
+    placed_engine, _ = await place(session, engine)
+    assert placed_engine.env == {"VLLM_NIXL_SIDE_CHANNEL_HOST": "10.0.0.1",
+                                 "VLLM_NIXL_SIDE_CHANNEL_PORT": "5601", "UCX_TLS": "tcp"}

@@ -306,3 +306,21 @@ def test_prompts_of_different_sizes_are_not_the_same_experiment() -> None:
     result = compare.compare(records, "b", "disagg", "baseline")
     assert result.record["same_experiment"] is False
     assert "1,389 prompt tokens a request against 519" in "\n".join(result.warnings)
+
+
+def test_nixl_timing_from_its_own_histograms_beside_the_bytes(tmp_path: Path) -> None:
+    """Two transfers of 466,092,032 bytes in 1.1 s each (the one-GPU machine's UCX over TCP):
+    the comparison states them, the rate they imply, and no timing when none was exported."""
+    nixl = {"http://d/metrics": {"nixl_bytes": 932_184_064.0, "nixl_transfers": 2.0,
+                                 "nixl_transfer_s": 2.2}}
+    result = compare.compare([*pair(), link("disagg", 10_000, nixl=nixl)], "b", "disagg",
+                             "baseline", kv_bytes_per_token=114_688)
+    timing = result.record["bytes"]["nixl_transfer"]
+    assert timing == {"transfers": 2.0, "bytes_per_transfer": 466_092_032.0,
+                      "seconds_per_transfer": 1.1, "gbit_per_s": 3.39}
+    assert any(line.startswith("    NIXL's own timing: 2 transfers of") and "1.1000 s each "
+               "(3.39 Gbit/s)" in line for line in result.lines)
+    bare = {"http://d/metrics": {"nixl_bytes": 932_184_064.0, "nixl_transfers": 2.0}}
+    untimed = compare.compare([*pair(), link("disagg", 10_000, nixl=bare)], "b", "disagg",
+                              "baseline", kv_bytes_per_token=114_688).record
+    assert untimed["bytes"]["nixl_transfer"] is None

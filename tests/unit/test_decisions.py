@@ -13,7 +13,7 @@ from kvlab.loadgen import topology
 from kvlab.records import notebook
 from kvlab.records.models import Record, build
 from kvlab.report import build as report
-from kvlab.report import compare, decisions
+from kvlab.report import compare, decisions, intervals
 
 LAB_O, LAB_P = notebook.LAB_OFFLOAD, notebook.LAB_PD
 REUSABLE = 0.8
@@ -111,6 +111,39 @@ def test_the_store_and_the_disk_tier(tmp_path: Path) -> None:
     assert "warm-up is not ruled out" in answers(seed)[decisions.STORE_Q].answer
     assert answers(seed)[decisions.DISK_Q].answer.startswith("Not enough evidence: the disk "
                                                              "tier is not in the notebook")
+
+
+def conversation(label: str, later: list[float], repeat: int, endpoints: int) -> Record:
+    rows = [{"turn": 1, "endpoint": "a", "ttft_s": 0.5, "cached_tokens": 0}] + [
+        {"turn": n + 2, "endpoint": "ab"[(n + 1) % endpoints], "ttft_s": t,
+         "cached_tokens": 1536} for n, t in enumerate(later)]
+    summary = {"later_turn_verdicts": ["reused"] * len(later), "best_later_ttft_s": min(later),
+               "turn1_ttft_s": 0.5}
+    return build("reuse", label, LAB_O, endpoints=["a", "b"][:endpoints], rows=rows,
+                 connector="shared", summary=summary, repeat=repeat, run_id="r1")
+
+
+def test_the_store_control_pools_repeats_into_an_interval(tmp_path: Path) -> None:
+    """With --repeat, the later turns of every repeat of each side form the interval; a
+    store twice as slow as the control is measurably slower."""
+    alt = [conversation("shared-store", [0.20 + 0.01 * k for k in range(5)], r, 2)
+           for r in range(3)]
+    one = [conversation("shared-store-single", [0.10 + 0.005 * k for k in range(5)], r, 1)
+           for r in range(3)]
+    path = book(tmp_path, alt[0], one[0], one[1], alt[1], alt[2], one[2])
+    answer = answers(path)[decisions.STORE_Q].answer
+    assert "median later turn, alternating / one instance: 2.00x [" in answer
+    assert answer.endswith("] slower.")
+    (tmp_path / "same").mkdir()
+    same = book(tmp_path / "same", *[conversation(label, [0.1, 0.12, 0.11, 0.13, 0.1], r, e)
+                                     for r in range(2)
+                                     for label, e in (("shared-store", 2),
+                                                      ("shared-store-single", 1))])
+    assert f"1.00x [0.83, 1.20] {intervals.NO_DIFFERENCE}" in \
+        answers(same)[decisions.STORE_Q].answer
+    pooled = intervals.reuse_repeats(notebook.read(path).records,
+                                     notebook.read(path).records[-1])
+    assert [r.get("repeat") for r in pooled] == [0, 1, 2]
 
 
 def split(tmp_path: Path, where: dict[str, Any], ttft: float, **differ: Any) -> Path:

@@ -41,3 +41,15 @@ def test_a_dry_run_writes_nothing(tmp_path: Path, command: tuple[str, str]) -> N
         assert command == ("serve", "llama") and "LLAMA_MODEL" in result.stderr
     assert not home.exists(), _tree(home)
     assert _tree(tmp_path) == before  # no notebook, no store, no temporary directory left
+
+
+@pytest.mark.parametrize("args", [("disagg", "--label", "mine", "--dry-run"),
+                                  ("disagg", "--repeat", "0", "--dry-run"),
+                                  ("interference", "--parallel", "4,4")])
+def test_a_bad_run_option_is_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...]) -> None:
+    env = {**os.environ, "KVLAB_HOME": str(tmp_path / "home")}
+    result = subprocess.run([sys.executable, "-m", "kvlab", "run", *args], capture_output=True,
+                            text=True, env=env, check=False, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) <= 4 and "Traceback" not in result.stderr
+    assert args[1] in result.stderr

@@ -375,3 +375,13 @@ def test_the_ratio_panel_draws_each_interval(tmp_path: Path) -> None:
     assert lows_highs == pytest.approx([v for lv in (1, 4) for v in (
         found[lv]["ttft_p50"].low, found[lv]["ttft_p50"].high)])
     plots._pyplot().close(fig)
+
+
+def test_the_host_tier_row_states_vllms_own_transfer_counts() -> None:
+    from kvlab.report.offload import tier_transfers
+
+    said = tier_transfers({"offload_load_bytes": 21_460_156_416, "offload_load_s": 0.5,
+                           "offload_store_bytes": 4e10, "offload_store_s": None})
+    assert said == ("vLLM's own count: 21,460,156,416 bytes read back to the device in "
+                    "0.500 s, 42.9 GB/s; 40,000,000,000 bytes written to host memory")
+    assert tier_transfers({"prefix_cache_hits": 10}) is None

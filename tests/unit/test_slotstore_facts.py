@@ -119,7 +119,7 @@ def row(label: str, parallel: int, ttft: float, tpot: float, out: float,
 
 
 def test_interference_comparison_pairs_against_the_most_slots() -> None:
-    spec = interference.InterferenceSpec()
+    spec = interference.InterferenceSpec(label="i")
     rows = [row("i-parallel-4", 4, 2.0, 0.5, 10.0), row("i-parallel-1", 1, 3.0, 0.01, 20.0)]
     comp = interference.comparison(spec, rows)
     assert comp.record == "comparison" and comp.get("same_experiment") is True

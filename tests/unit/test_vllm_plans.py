@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -352,3 +353,32 @@ def test_a_side_channel_on_the_management_interface_is_pointed_out() -> None:
                           vllm.PlanOptions(interfaces=IFACES))
     assert elsewhere.startup_facts["side_channel"]["iface"] is None
     assert any("not an address of this machine" in n for n in elsewhere.notes)
+
+
+@pytest.mark.parametrize("connector", ["shared", "nixl"])
+def test_run_disagg_takes_connector_from_the_settings(tmp_path: Path, connector: str) -> None:
+    """`kvlab run disagg` splits with CONNECTOR: NixlConnector on both roles, the proxy told
+    so, each side channel on this machine's loopback when SIDE_CHANNEL_ADDR is unset; the
+    baseline has no connector either way."""
+    from kvlab.experiments import disagg
+    from kvlab.experiments.lab import Lab
+
+    lab = Lab(settings(connector=connector, kv_shared_path=str(tmp_path)))
+    lab.__dict__["vllm"] = GPU  # the cached choice: a GPU vLLM, as on the lent machine
+    plans = {p["label"]: p for p in disagg.dry_run(lab, disagg.DisaggSpec())}
+    prefill, decode, proxy = (plans[r]["plan"] for r in ("prefill", "decode", "proxy"))
+    name = {"shared": "ExampleConnector", "nixl": "NixlConnector"}[connector]
+    def flag(plan: dict[str, Any], name: str) -> str | None:
+        args = plan["argv"]
+        return args[args.index(name) + 1] if name in args else None
+
+    for role, leg in (("kv_producer", prefill), ("kv_consumer", decode)):
+        config = json.loads(flag(leg, "--kv-transfer-config") or "{}")
+        assert (config["kv_connector"], config["kv_role"]) == (name, role)
+    assert flag(plans["baseline"]["plan"], "--kv-transfer-config") is None
+    assert flag(proxy, "--connector") == connector
+    sides = [leg["env"].get("VLLM_NIXL_SIDE_CHANNEL_HOST") for leg in (prefill, decode)]
+    assert sides == (["127.0.0.1"] * 2 if connector == "nixl" else [None, None])
+    where = disagg.split_where(lab)
+    assert where["connector"] == connector and where["topology"] == "loopback"
+    assert ("transport" in where) == (connector == "nixl")

@@ -15,8 +15,10 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,7 +26,7 @@ import click
 from rich.console import Console
 
 from kvlab.cli.common import Output, json_option, settings_from
-from kvlab.core.errors import InputError
+from kvlab.core.errors import InputError, SettingError
 from kvlab.core.settings import LoadedSettings
 from kvlab.engines.base import ALIASES as ENGINE_ALIASES
 from kvlab.engines.base import NAMES as ENGINE_NAMES
@@ -457,11 +459,15 @@ def _topology_line(fields: dict[str, Any]) -> str:
 @click.option("--metrics-url", "metrics_urls", multiple=True,
               help="An engine's /metrics to read around the run (repeatable; default: the "
                    "URL's own server). Give the decode engine's to see NIXL bytes.")
+@click.option("--repeat", type=click.IntRange(1), default=1, show_default=True,
+              help="Run the sweep this many times, each on prompts of its own and with its "
+                   "own link line; rows carry the repeat, and compare's intervals pool them.")
 @generator_options
 @json_option
 @click.pass_context
 def run_load_command(ctx: click.Context, /, label: str, base_url: str,
-                     metrics_urls: tuple[str, ...], as_json: bool, **options: Any) -> None:
+                     metrics_urls: tuple[str, ...], repeat: int, as_json: bool,
+                     **options: Any) -> None:
     """The seed's run-load.sh: a load run with the link's byte counters around it."""
     from kvlab.loadgen import topology
     from kvlab.loadgen.linkrun import LinkSpec, check_load_test, run_load
@@ -484,21 +490,46 @@ def run_load_command(ctx: click.Context, /, label: str, base_url: str,
     out.note(f"    topology: {_topology_line(spec.extra)}")
     out.note(f"    reading byte counters on {settings.cluster_iface}" if settings.cluster_iface
              else "    no interface counters (CLUSTER_IFACE unset)")
-    with level_progress(out, not options["no_progress"] and not settings.load_test) as hook:
-        record, sweep = run_interruptible(out, lambda stop: run_load(
-            spec, link, settings.labbook, lambda line: notebook.append(settings.labbook, line),
-            api_key=settings.api_key(), stop=stop, progress=hook))
+    from kvlab.experiments.repeats import one_side
+
+    if repeat > 1 and settings.load_test:
+        raise SettingError("--repeat: LOAD_TEST's script numbers no repeats; leave LOAD_TEST "
+                           "empty to repeat with kvlab's generator")
+    if repeat > 1:  # the repeats of one invocation: compare pools them by this id
+        spec = replace(spec, extra={**spec.extra, "run_id": time.strftime("%Y%m%d-%H%M%S")})
+    results = []
+    for number in one_side(repeat):
+        if number is not None:
+            out.note(f"==> {label}: repeat {number + 1} of {repeat}")
+        this = replace(spec, repeat=number)
+        with level_progress(out, not options["no_progress"] and not settings.load_test) as hook:
+            record, sweep = run_interruptible(out, lambda stop: run_load(
+                this, link, settings.labbook,  # noqa: B023 (called before the loop goes on)
+                lambda line: notebook.append(settings.labbook, line),
+                api_key=settings.api_key(), stop=stop, progress=hook))
+        results.append((record, sweep))
+        if sweep is not None and sweep.interrupted:
+            break
+    _run_load_result(out, results, settings.labbook)
+
+
+def _run_load_result(out: Output, results: list[tuple[Any, Any]], labbook: str) -> None:
+    """Print each repeat's rows and link lines; exit 130 when interrupted, 1 when every
+    request failed."""
+    rows = [row for _, sweep in results if sweep is not None for row in sweep.rows]
 
     def human(console: Console) -> None:
-        if sweep is not None:
-            render_rows(console, sweep.rows)
-        _link_lines(console, record.line(), settings.labbook)
+        for record, sweep in results:
+            if sweep is not None:
+                render_rows(console, sweep.rows)
+            _link_lines(console, record.line(), labbook)
 
-    out.result({"link": record, "rows": sweep.rows if sweep else [],
-                "labbook": settings.labbook}, human)
-    if sweep is not None and sweep.interrupted:
+    last = results[-1][1]
+    out.result({"link": results[-1][0], "links": [r for r, _ in results], "rows": rows,
+                "labbook": labbook}, human)
+    if last is not None and last.interrupted:
         sys.exit(130)
-    if sweep is not None and sweep.rows and not any(int(r.get("ok", 0)) for r in sweep.rows):
+    if rows and not any(int(r.get("ok", 0)) for r in rows):
         out.err.print("kvlab: every request failed (see the failures above)")
         sys.exit(1)
 

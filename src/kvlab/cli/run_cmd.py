@@ -54,6 +54,10 @@ def _capacity(slo: str) -> Any:
     return CapacityAsk(slo, LAB_SEARCH)
 
 
+repeat_option = click.option(
+    "--repeat", type=click.IntRange(1), default=1, show_default=True,
+    help="Run each side of the comparison this many times, in alternating order (A B B A "
+         "...), each repeat on prompts of its own; the intervals pool the repeats.")
 proxy_node_option = click.option(
     "--proxy-node", metavar="NAME",
     help="On the cluster, kvlab's proxy on this node (default: where kvlab runs).")
@@ -171,15 +175,23 @@ def _render_disk(console: Console, r: dict[str, Any], labbook: str) -> None:
 @click.option("--prompt-set", help="Prompt set (default: PROMPT_SET).")
 @click.option("--label", default="interference", show_default=True,
               help="Label prefix: rows are LABEL-parallel-N.")
+@repeat_option
 @json_option
 @click.pass_context
 def interference(ctx: click.Context, concurrency: int, parallels: str, requests: int | None,
-                 ctx_size: int | None, prompt_set: str | None, label: str,
+                 ctx_size: int | None, prompt_set: str | None, label: str, repeat: int,
                  as_json: bool) -> None:
     """Prefill interference: the same load with --parallel 4, then 1 (one variable)."""
     from kvlab.core.errors import SettingError
     from kvlab.experiments.interference import InterferenceSpec
 
+    try:
+        values = tuple(int(p) for p in parallels.split(","))
+    except ValueError:
+        values = ()
+    if len(values) < 2 or min(values) < 1 or len(set(values)) < len(values):
+        raise SettingError(f"--parallel {parallels!r}: give two or more different slot counts, "
+                           "e.g. 4,1")
     out = Output(as_json)
     loaded = prepared_settings(ctx, out.err, requests=requests, prompt_set=prompt_set)
     settings = loaded.values
@@ -190,15 +202,10 @@ def interference(ctx: click.Context, concurrency: int, parallels: str, requests:
                  "override)")
     if ctx_size is not None:  # `ctx` is also the name of click's context argument
         settings = settings.model_copy(update={"ctx": ctx_size})
-    try:
-        values = tuple(int(p) for p in parallels.split(","))
-    except ValueError:
-        values = ()
-    if len(values) < 2 or min(values) < 1:
-        raise SettingError(f"--parallel {parallels!r}: give two or more slot counts, e.g. 4,1")
     spec = InterferenceSpec(concurrency=concurrency, parallels=values,
                             requests=requests_setting(loaded), max_tokens=settings.max_tokens,
-                            prompt_set=settings.prompt_set, ctx=settings.ctx, label=label)
+                            prompt_set=settings.prompt_set, ctx=settings.ctx, label=label,
+                            repeat=repeat)
     *rows, comparison = [r.line() for r in _execute(out, settings, "interference", spec)]
     data = {"rows": rows, "comparison": comparison}
     out.result(data, lambda console: _render_interference(console, data, settings.labbook))
@@ -278,13 +285,14 @@ def _ms(seconds: float | None) -> str:
               show_default=True, help="Run only the quiet pair or only the pressure pair.")
 @click.option("--dry-run", is_flag=True, help="Print the plans and start nothing.")
 @slo_option
+@repeat_option
 @cluster_option
 @node_option
 @json_option
 @click.pass_context
 def offload(ctx: click.Context, turns: int, preamble_words: int | None, concurrency: int,
-            min_requests: int, part: str, dry_run: bool, slo: str, cluster: str | None,
-            node: str | None, as_json: bool) -> None:
+            min_requests: int, part: str, dry_run: bool, slo: str, repeat: int,
+            cluster: str | None, node: str | None, as_json: bool) -> None:
     """The host-memory tier: off and on, quiet and under found pressure."""
     from kvlab.experiments import offload as experiment
 
@@ -296,7 +304,7 @@ def offload(ctx: click.Context, turns: int, preamble_words: int | None, concurre
                                   concurrency=concurrency, min_requests=min_requests, part=part,
                                   load_max_tokens=settings.max_tokens,
                                   preamble_tokens=settings.preamble_tokens,
-                                  capacity=_capacity(slo))
+                                  capacity=_capacity(slo), repeat=repeat)
     _plans_or_run(out, settings, "offload", spec, dry_run,
                   lambda p: part == "all" or p["label"].endswith("-load") == (part == "pressure"),
                   _placement(settings, cluster, node))
@@ -306,12 +314,13 @@ def offload(ctx: click.Context, turns: int, preamble_words: int | None, concurre
 @click.option("--turns", type=click.IntRange(2), default=6, show_default=True)
 @click.option("--preamble-words", type=click.IntRange(1), help="Default: PREAMBLE_WORDS.")
 @click.option("--dry-run", is_flag=True, help="Print the plans and start nothing.")
+@repeat_option
 @cluster_option
 @node_option
 @json_option
 @click.pass_context
 def shared(ctx: click.Context, turns: int, preamble_words: int | None, dry_run: bool,
-           cluster: str | None, node: str | None, as_json: bool) -> None:
+           repeat: int, cluster: str | None, node: str | None, as_json: bool) -> None:
     """Two instances, one KV store: alternating turns, a single-instance control, the proof."""
     from kvlab.experiments import shared as experiment
 
@@ -319,7 +328,8 @@ def shared(ctx: click.Context, turns: int, preamble_words: int | None, dry_run: 
     # a dry run installs nothing and makes no models: it only shows the plans
     settings = (settings_from(ctx) if dry_run else prepared_settings(ctx, out.err)).values
     spec = experiment.SharedSpec(turns=turns,
-                                 preamble_words=preamble_words or settings.preamble_words)
+                                 preamble_words=preamble_words or settings.preamble_words,
+                                 repeat=repeat)
     _plans_or_run(out, settings, "shared", spec, dry_run,
                   placement=_placement(settings, cluster, node))
 
@@ -345,8 +355,12 @@ def shared(ctx: click.Context, turns: int, preamble_words: int | None, dry_run: 
 @click.option("--cancel-after", type=click.IntRange(1),
               help="--part cancel: tokens received before the client closes the stream "
                    "(default 4).")
+@click.option("--label", default="disagg", show_default=True,
+              help="The split's label (the baseline's is baseline): one per configuration "
+                   "in a notebook, e.g. disagg-nixl-tcp.")
 @click.option("--dry-run", is_flag=True, help="Print the plans and start nothing.")
 @slo_option
+@repeat_option
 @cluster_option
 @node_option
 @proxy_node_option
@@ -355,8 +369,9 @@ def shared(ctx: click.Context, turns: int, preamble_words: int | None, dry_run: 
 def disagg(ctx: click.Context, link_gbps: float | None, parts: tuple[str, ...],
            lengths: str | None, boundary_concurrency: str | None,
            boundary_requests: int | None, cancel_prompt_tokens: int | None,
-           cancel_after: int | None, dry_run: bool, slo: str, cluster: str | None,
-           node: str | None, proxy_node: str | None, as_json: bool) -> None:
+           cancel_after: int | None, label: str, dry_run: bool, slo: str, repeat: int,
+           cluster: str | None, node: str | None, proxy_node: str | None,
+           as_json: bool) -> None:
     """Prediction, the split behind kvlab's proxy, the baseline, the comparison; with --part,
     the lab's procedure steps (a cancel and a worker restart; the prompt-length boundary)."""
     from dataclasses import replace
@@ -370,7 +385,8 @@ def disagg(ctx: click.Context, link_gbps: float | None, parts: tuple[str, ...],
     spec = experiment.DisaggSpec(levels=s.concurrency, requests=requests_setting(loaded),
                                  max_tokens=s.max_tokens, preamble_tokens=s.preamble_tokens,
                                  prompt_set=s.prompt_set, link_gbps=link_gbps,
-                                 parts=_disagg_parts(parts), capacity=_capacity(slo))
+                                 parts=_disagg_parts(parts), capacity=_capacity(slo),
+                                 repeat=repeat, label=_split_label(label))
     spec = replace(spec, boundary=replace(spec.boundary, **_given(
         lengths=_ints("--lengths", lengths),
         levels=_ints("--boundary-concurrency", boundary_concurrency),
@@ -384,6 +400,17 @@ def disagg(ctx: click.Context, link_gbps: float | None, parts: tuple[str, ...],
     out.result({"records": lines}, lambda c: _render_disagg(c, lines, s.labbook))
     if any(isinstance(r, ProcedureRecord) and r.verdict == "fail" for r in lines):
         ctx.exit(1)
+
+
+def _split_label(label: str) -> str:
+    """A split's label as the report finds it: disagg, or disagg-SOMETHING."""
+    from kvlab.core.errors import SettingError
+
+    if (label != "disagg" and not label.startswith("disagg-")) or not label.isprintable() \
+            or len(label) > 64:
+        raise SettingError(f"--label {label!r}: name the split disagg or disagg-SOMETHING "
+                           "(64 characters at most), so that the report finds it")
+    return label
 
 
 def _disagg_parts(given: tuple[str, ...]) -> tuple[str, ...]:

@@ -74,7 +74,9 @@ class NodeAgent:
                 "hostname": socket.gethostname(), "machine_id": machine_id(),
                 "interfaces": {k: list(v) for k, v in netdev.iface_addresses().items()},
                 "speeds": link_speeds(), "kvlab_version": __version__, "pid": os.getpid(),
-                "home": str(self.paths.home)}
+                "home": str(self.paths.home),
+                # the GPUs Ray gave this node's agent, which its engines inherit (None: all)
+                "gpus": os.environ.get("CUDA_VISIBLE_DEVICES") if ray.get_gpu_ids() else None}
 
     def missing(self, paths: dict[str, str]) -> dict[str, str]:
         """Those of `paths` (what -> path) that do not exist on this node."""

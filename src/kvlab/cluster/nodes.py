@@ -38,6 +38,7 @@ class Node:
     hostname: str
     labels: dict[str, str] = field(default_factory=dict)
     alive: bool = True
+    gpus: int = 0  # the node's GPU resource (its `ray start --num-gpus`, or what Ray found)
 
     @property
     def short_id(self) -> str:
@@ -74,7 +75,8 @@ def from_ray(entries: Iterable[dict[str, Any]]) -> list[Node]:
                   if not str(k).startswith("ray.io/")}
         out.append(Node(node_id=str(e["NodeID"]), address=str(e["NodeManagerAddress"]),
                         hostname=str(e.get("NodeManagerHostname") or e["NodeManagerAddress"]),
-                        labels=labels, alive=bool(e.get("Alive", True))))
+                        labels=labels, alive=bool(e.get("Alive", True)),
+                        gpus=int((e.get("Resources") or {}).get("GPU", 0))))
     return out
 
 

@@ -137,7 +137,8 @@ def secret_env(settings: Settings, plan: EnginePlan, session: ClusterSession) ->
 async def place(session: ClusterSession, plan: EnginePlan) -> tuple[EnginePlan, Placed | None]:
     """`plan` bound to its node's address and a port free there (None: it runs here)."""
     placed = session.where(plan.role)
-    if known_engine(plan.engine) is None:  # kvlab's proxy: the run's key, by its name
+    engine = known_engine(plan.engine)
+    if engine is None:  # kvlab's proxy: the run's key, by its name
         env = {**plan.env, "LOADTEST_API_KEY_ENV": session.key_var}
         if placed is not None:  # beyond loopback: clients must send the key too
             env["PROXY_API_KEY_ENV"] = session.key_var
@@ -146,6 +147,9 @@ async def place(session: ClusterSession, plan: EnginePlan) -> tuple[EnginePlan, 
         return plan, None
     if plan.host == placed.address and plan.port:
         return plan, placed  # placed before (a restart): keep the URL others know
+    if engine is not None and (names := set(engine.address_env) & set(plan.env)):
+        # what the engine advertises to its peer (NIXL's handshake) is its own node's address
+        plan = replace(plan, env={**plan.env, **dict.fromkeys(names, placed.address)})
     port = await session.call(placed, "free_port", placed.address)
     return rebind(plan, placed.address, port), placed
 

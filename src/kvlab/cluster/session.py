@@ -85,7 +85,8 @@ class Placed:
                 "address": self.address, "machine_id": self.facts.get("machine_id"),
                 "iface": iface, "link_speed_mbps": self.facts.get("speeds", {}).get(iface),
                 "named_by": f"{self.resolved.setting}={self.resolved.name} "
-                            f"({self.resolved.matched_by})"}
+                            f"({self.resolved.matched_by})",
+                "gpus": self.facts.get("gpus")}
 
 
 class ClusterSession:
@@ -115,7 +116,7 @@ class ClusterSession:
         agents: dict[str, Placed] = {}
         for r in resolved:  # one agent per node, however many names point at it
             if r.node.node_id not in agents:
-                agents[r.node.node_id] = Placed(r, self._agent(r.node.node_id))
+                agents[r.node.node_id] = Placed(r, self._agent(r.node))
             self.by_name[(r.setting, r.name)] = Placed(r, agents[r.node.node_id].agent)
         facts = {nid: await self.call(p, "facts") for nid, p in agents.items()}
         for placed in self.by_name.values():
@@ -145,9 +146,12 @@ class ClusterSession:
                 "others (kvlab never starts one)") from None
         self._joined = True
 
-    def _agent(self, node_id: str) -> Any:
-        strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-        return remote_class().options(scheduling_strategy=strategy).remote(self.run_id)
+    def _agent(self, node: nodes.Node) -> Any:
+        """The node's agent, holding all of the node's GPUs: Ray then sets CUDA_VISIBLE_DEVICES
+        to them for the agent and its engines (an actor that asks for none sees none)."""
+        strategy = NodeAffinitySchedulingStrategy(node_id=node.node_id, soft=False)
+        return remote_class().options(scheduling_strategy=strategy,
+                                      num_gpus=node.gpus).remote(self.run_id)
 
     def _check_node(self, placed: Placed) -> None:
         version = placed.facts.get("kvlab_version")

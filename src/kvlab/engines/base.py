@@ -200,6 +200,7 @@ class Engine(Protocol):
     gauges: GaugeTable
     transfer_counters: CounterTable  # KV moved between instances (NIXL's bytes), if any
     api_key_env: str  # the variable the server takes its API key from (kept out of argv)
+    address_env: tuple[str, ...]  # variables holding the address the engine advertises
     # the engine's own proof that two instances share KV; None: prove's generic cases apply
     two_endpoint_proof: TwoEndpointProof | None
 

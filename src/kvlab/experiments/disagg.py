@@ -26,6 +26,7 @@ since it restarts decode. `load` alone is the default, the steps above.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -37,7 +38,7 @@ from kvlab.engines import vllm
 from kvlab.engines.base import VLLM, engine_for
 from kvlab.engines.plan import EnginePlan, Flag
 from kvlab.engines.process import EngineProcess, free_port
-from kvlab.experiments import DISAGG_PARTS
+from kvlab.experiments import DISAGG_PARTS, repeats
 from kvlab.experiments.boundary import (
     BoundarySpec,
     Side,
@@ -68,8 +69,8 @@ from kvlab.records.models import (
 
 LAB = notebook.LAB_PD
 LOOPBACK = "lo0" if sys.platform == "darwin" else "lo"
-TOPOLOGY = topology.loopback_split(
-    "shared", "kvlab run disagg started prefill, decode and proxy on this machine").fields()
+STARTED_HERE = "kvlab run disagg started prefill, decode and proxy on this machine"
+TOPOLOGY = topology.loopback_split("shared", STARTED_HERE).fields()
 BASELINE = topology.one_instance("http://127.0.0.1", "kvlab run disagg started the baseline "
                                  "on this machine").fields()
 TWO_MACHINES = (
@@ -85,6 +86,7 @@ NO_NIXL = (
 )
 PARTS = DISAGG_PARTS
 LOAD, CANCEL, BOUNDARY = PARTS
+POINT_TO_POINT = ("nixl", "mooncake")  # connectors with a side channel (SIDE_CHANNEL_ADDR)
 
 
 @dataclass(frozen=True)
@@ -99,14 +101,34 @@ class DisaggSpec:
     cancel: CancelSpec = field(default_factory=CancelSpec)
     boundary: BoundarySpec = field(default_factory=BoundarySpec)
     capacity: CapacityAsk | None = None  # --part load: the highest request rate at a target
+    repeat: int = 1  # --part load: each side's load this many times, in alternating order
+    label: str = "disagg"  # the split's rows (the baseline's are `baseline`)
 
     def has(self, part: str) -> bool:
         return part in self.parts
 
 
 def _settings(lab: Lab, store: str) -> Settings:
-    return lab.settings.model_copy(update={"single_machine": True, "connector": "shared",
-                                           "kv_shared_path": store})
+    """CONNECTOR as set (shared by default; nixl and mooncake move the KV point to point,
+    the store then unused), both roles on this machine's one device unless placed."""
+    update: dict[str, Any] = {"single_machine": True, "kv_shared_path": store}
+    if connector(lab) in POINT_TO_POINT and not lab.settings.side_channel_addr:
+        # both on this machine (on a cluster, each node's own address replaces it)
+        update["side_channel_addr"] = "127.0.0.1"
+    return lab.settings.model_copy(update=update)
+
+
+def connector(lab: Lab) -> str:
+    return lab.settings.connector
+
+
+def transport(lab: Lab) -> dict[str, str]:
+    """What carried a point-to-point connector's KV, as far as settings force it: UCX_TLS
+    (NIXL's transport library reads it; unset, UCX picks, e.g. cuda_ipc between GPUs)."""
+    if connector(lab) != "nixl":
+        return {}
+    forced = os.environ.get("UCX_TLS")
+    return {"transport": f"UCX_TLS={forced}" if forced else "UCX's own choice (UCX_TLS unset)"}
 
 
 def pair_plans(lab: Lab, store: str) -> list[EnginePlan]:
@@ -119,14 +141,14 @@ def pair_plans(lab: Lab, store: str) -> list[EnginePlan]:
         for role, core in (("prefill", 0), ("decode", 1))]
 
 
-def proxy_plan(prefill: EnginePlan, decode: EnginePlan) -> EnginePlan:
+def proxy_plan(prefill: EnginePlan, decode: EnginePlan, via: str = "shared") -> EnginePlan:
     """kvlab's proxy as its own process, so it never shares an event loop with the load."""
     port = free_port()
     return EnginePlan(
         engine="kvlab-proxy", role="proxy", command=(sys.executable, "-m", "kvlab", "proxy"),
         flags=(Flag("--prefill", prefill.base_url), Flag("--decode", decode.base_url),
                Flag("--port", str(port)), Flag("--host", "127.0.0.1"),
-               Flag("--connector", "shared")),
+               Flag("--connector", via)),
         host="127.0.0.1", port=port, health_path="/health", label_hint="disagg-proxy",
         model=prefill.model, served_name=prefill.served_name)
 
@@ -139,9 +161,11 @@ def baseline_plan(lab: Lab, store: str) -> EnginePlan:
 def split_where(lab: Lab) -> dict[str, Any]:
     """The split's topology fields: loopback here, or as the cluster placed it."""
     if lab.cluster is None:
-        return TOPOLOGY
-    return lab.cluster.split_topology("shared", "kvlab run disagg placed prefill and decode "
-                                      "on Ray nodes (machine ids from their agents)")
+        return {**topology.loopback_split(connector(lab), STARTED_HERE).fields(),
+                **transport(lab)}
+    return {**lab.cluster.split_topology(connector(lab), "kvlab run disagg placed prefill and "
+                                         "decode on Ray nodes (machine ids from their agents)"),
+            **transport(lab)}
 
 
 def baseline_where(lab: Lab) -> dict[str, Any]:
@@ -179,9 +203,12 @@ def predict(lab: Lab, spec: DisaggSpec, block: int) -> PredictionRecord:
     if link is None:
         fields["ttft_prediction"] = (
             "worse at every concurrency on one device: the split adds a second prefill "
-            "request, a store write and read, and a proxy hop, and no network can be faster "
-            "than not moving the cache at all")
-    line = PredictionRecord(label="prediction", lab=LAB, **fields)
+            "request, " + ("a store write and read" if connector(lab) == "shared"
+                           else f"a {connector(lab)} transfer")
+            + ", and a proxy hop, and no network can be faster than not moving the cache at "
+            "all")
+    name = "prediction" if spec.label == "disagg" else f"prediction-{spec.label}"
+    line = PredictionRecord(label=name, lab=LAB, **fields)
     return lab.record(line)
 
 
@@ -212,11 +239,11 @@ def _checked(lab: Lab, spec: DisaggSpec) -> DisaggSpec:
 
 
 def _load_spec(lab: Lab, spec: DisaggSpec, label: str, url: str,
-               where: dict[str, Any]) -> LoadSpec:
+               where: dict[str, Any], repeat: int | None = None) -> LoadSpec:
     settings = lab.settings
     return LoadSpec(base_url=api_base(url), model=settings.served_name, levels=spec.levels,
                     requests=spec.requests, max_tokens=spec.max_tokens,
-                    prompt_set=spec.prompt_set, label=label,
+                    prompt_set=spec.prompt_set, label=label, repeat=repeat,
                     preamble_tokens=spec.preamble_tokens, lab=LAB,
                     extra={**where, "run_id": lab.run_id,
                            "memory_fraction": settings.split_mem_fraction})
@@ -224,10 +251,14 @@ def _load_spec(lab: Lab, spec: DisaggSpec, label: str, url: str,
 
 def _link_spec(lab: Lab, urls: tuple[str, ...], legs: dict[str, str], where: dict[str, Any],
                store_path: str = "") -> LinkSpec:
+    """The counters around a load: the split's (`legs` named) or the baseline's."""
     # this machine's counters: loopback, unless the cluster's nodes are other machines
     iface = LOOPBACK if where["link"] == topology.LOOPBACK else lab.settings.cluster_iface
-    return LinkSpec(connector="shared", context_length=lab.settings.ctx, iface=iface,
-                    metrics_urls=urls, store_path=store_path,
+    via = connector(lab) if legs else "none"
+    side = (lab.settings.side_channel_addr or "127.0.0.1") if via in POINT_TO_POINT else ""
+    return LinkSpec(connector=via, context_length=lab.settings.ctx, iface=iface,
+                    metrics_urls=urls, store_path=store_path if via == "shared" else "",
+                    side_channel_addr=side,
                     extra={**where, "run_id": lab.run_id, "legs": legs})
 
 
@@ -241,7 +272,7 @@ def _writer(lab: Lab, roles: tuple[str, ...], store: str = "") -> Callable[[Reco
 async def _preflight(lab: Lab, spec: DisaggSpec, store: Path) -> None:
     """On a cluster, before anything starts: engines and models on their nodes, one store."""
     prefill, decode = pair_plans(lab, str(store))
-    plans = [prefill, decode, proxy_plan(prefill, decode)]
+    plans = [prefill, decode, proxy_plan(prefill, decode, connector(lab))]
     if spec.has(LOAD) or spec.has(BOUNDARY):
         plans.append(baseline_plan(lab, str(store)))
     await lab.preflight(plans, store, "prefill", ("decode",))
@@ -263,9 +294,11 @@ async def run(lab: Lab, spec: DisaggSpec) -> list[Record]:
                 out.append(lab.not_run(LAB, "disagg-two-machines",
                                        "Two machines, shared-directory connector", why))
             out.append(lab.not_run(LAB, "disagg-nixl", "Two machines, NixlConnector", NO_NIXL))
-        await _split_session(lab, spec, store, got)
-        if spec.has(LOAD) or spec.has(BOUNDARY):
-            await _baseline_session(lab, spec, store, got)
+        for session in repeats.sessions(spec.repeat if spec.has(LOAD) else 1):
+            if session.side == 0:
+                await _split_session(lab, spec, store, got, session)
+            elif spec.has(LOAD) or spec.has(BOUNDARY):
+                await _baseline_session(lab, spec, store, got, session)
     finally:
         lab.cleanup()
     out += got.records
@@ -273,12 +306,14 @@ async def run(lab: Lab, spec: DisaggSpec) -> list[Record]:
         out += summarise(lab, spec.boundary, got.points)
         require_points(got.points)
     if prediction is not None:
-        out.append(_compare(lab, got, prediction))
+        out.append(_compare(lab, spec, got, prediction))
     return out
 
 
-async def _split_session(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured) -> None:
-    """The pair behind the proxy: the crossing check, then each part that needs the split."""
+async def _split_session(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured,
+                         session: repeats.Session) -> None:
+    """The pair behind the proxy: the crossing check, the session's load repeats, then (in
+    the pair's first session) each other part that needs the split."""
     from kvlab.proxy.check import crossing_check
 
     settings, where = lab.settings, split_where(lab)
@@ -286,51 +321,61 @@ async def _split_session(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured
     # are the started plans' (on a cluster, their nodes' addresses)
     async with engines(lab, pair_plans(lab, str(store)),
                        labels=["disagg-prefill", "disagg-decode"]) as pair, \
-            engines(lab, [proxy_plan(pair[0].plan, pair[1].plan)]) as (proxy,):
+            engines(lab, [proxy_plan(pair[0].plan, pair[1].plan, connector(lab))]) as (proxy,):
         prefill, decode = pair[0].plan, pair[1].plan
-        crossing = await crossing_check(proxy.plan.base_url, [prefill.base_url],
-                                        [decode.base_url], settings.served_name,
-                                        api_key=lab.api_key())
-        got.records.append(lab.record(CrossingRecord(
-            label="disagg", lab=LAB, **crossing.as_dict(), **where)))
-        lab.say(f"==> proxy check: crossed={crossing.crossed} "
-                + "; ".join(crossing.reasons))
+        if session.first:
+            crossing = await crossing_check(proxy.plan.base_url, [prefill.base_url],
+                                            [decode.base_url], settings.served_name,
+                                            api_key=lab.api_key())
+            got.records.append(lab.record(CrossingRecord(
+                label=spec.label, lab=LAB, **crossing.as_dict(), **where)))
+            lab.say(f"==> proxy check: crossed={crossing.crossed} "
+                    + "; ".join(crossing.reasons))
         if spec.has(LOAD):
-            row_link, sweep = await run_load(
-                _load_spec(lab, spec, "disagg", proxy.plan.base_url, where),
-                _link_spec(lab, (prefill.metrics_url, decode.metrics_url),
-                           {"prefill": prefill.metrics_url, "decode": decode.metrics_url},
-                           where, str(store)),
-                settings.labbook, _writer(lab, ("prefill", "decode"), str(store)),
-                api_key=lab.api_key())
-            got.sweeps["disagg"] = sweep.rows if sweep else []
-            got.records += [*got.sweeps["disagg"], row_link]
-            if spec.capacity is not None:  # the split's rate at the target, beside the baseline's
-                got.records.append(await measure_capacity(lab, spec.capacity, _load_spec(
-                    lab, spec, "disagg", proxy.plan.base_url, where), "rate"))
+            link = _link_spec(lab, (prefill.metrics_url, decode.metrics_url),
+                              {"prefill": prefill.metrics_url, "decode": decode.metrics_url},
+                              where, str(store))
+            await _loads(lab, spec, got, spec.label, proxy.plan.base_url, where, link,
+                         ("prefill", "decode"), session, str(store))
+        if not session.first:
+            return
         if spec.has(BOUNDARY):
             await _boundary_side(lab, spec, got, proxy, decode.metrics_url, "split", where)
         if spec.has(CANCEL):  # last: it leaves decode restarted and then stopped
             got.records.append(await cancel_restart(lab, spec.cancel, pair, proxy))
 
 
-async def _baseline_session(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured) -> None:
+async def _baseline_session(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured,
+                            session: repeats.Session) -> None:
     """The monolithic baseline, the one variable changed, for each part that compares."""
-    settings, where = lab.settings, baseline_where(lab)
+    where = baseline_where(lab)
     async with engines(lab, [baseline_plan(lab, str(store))], labels=["baseline"]) as (engine,):
         base = engine.plan
         if spec.has(LOAD):
-            row_link_b, sweep_b = await run_load(
-                _load_spec(lab, spec, "baseline", base.base_url, where),
-                _link_spec(lab, (base.metrics_url,), {}, where), settings.labbook,
-                _writer(lab, ("baseline",)), api_key=lab.api_key())
-            got.sweeps["baseline"] = sweep_b.rows if sweep_b else []
-            got.records += [*got.sweeps["baseline"], row_link_b]
-            if spec.capacity is not None:
-                got.records.append(await measure_capacity(lab, spec.capacity, _load_spec(
-                    lab, spec, "baseline", base.base_url, where), "rate"))
-        if spec.has(BOUNDARY):
+            await _loads(lab, spec, got, "baseline", base.base_url, where,
+                         _link_spec(lab, (base.metrics_url,), {}, where), ("baseline",),
+                         session)
+        if session.first and spec.has(BOUNDARY):
             await _boundary_side(lab, spec, got, engine, base.metrics_url, "baseline", where)
+
+
+async def _loads(lab: Lab, spec: DisaggSpec, got: _Measured, label: str, url: str,
+                 where: dict[str, Any], link: LinkSpec, roles: tuple[str, ...],
+                 session: repeats.Session, store: str = "") -> None:
+    """The session's load repeats, each with the link's counters around it; then, in the
+    side's first session, its capacity at the target."""
+    for repeat in session.repeats:
+        if repeat is not None:
+            lab.say(f"==> {label}: repeat {repeat + 1} of {spec.repeat}")
+        row_link, sweep = await run_load(
+            _load_spec(lab, spec, label, url, where, repeat), link, lab.settings.labbook,
+            _writer(lab, roles, store), api_key=lab.api_key())
+        rows = sweep.rows if sweep else []
+        got.sweeps.setdefault(label, []).extend(rows)
+        got.records += [*rows, row_link]
+    if session.first and spec.capacity is not None:
+        got.records.append(await measure_capacity(lab, spec.capacity, _load_spec(
+            lab, spec, label, url, where), "rate"))
 
 
 async def _boundary_side(lab: Lab, spec: DisaggSpec, got: _Measured, front: EngineProcess,
@@ -341,17 +386,22 @@ async def _boundary_side(lab: Lab, spec: DisaggSpec, got: _Measured, front: Engi
     got.records += points
 
 
-def _compare(lab: Lab, got: _Measured, prediction: PredictionRecord) -> Record:
+def _compare(lab: Lab, spec: DisaggSpec, got: _Measured,
+             prediction: PredictionRecord) -> Record:
     from kvlab.report.compare import compare
 
-    require_successes("disagg", got.sweeps.get("disagg", []))
+    require_successes(spec.label, got.sweeps.get(spec.label, []))
     require_successes("baseline", got.sweeps.get("baseline", []))
     labbook = lab.settings.labbook
     where = split_where(lab)
-    result = compare(notebook.read(labbook).records, labbook, "disagg", "baseline",
+    result = compare(notebook.read(labbook).records, labbook, spec.label, "baseline",
                      kv_bytes_per_token=prediction.get("bytes_per_token"),
                      prompt_tokens=prediction.get("prompt_tokens"), note=where["link"])
-    line = lab.record(result.record.with_fields(**where))
+    rate = prediction.get("link_bytes_per_s")
+    predicted = {"transfer_predicted_s": prediction.get("transfer_s"),
+                 "link_gbps_predicted": round(float(rate) * 8 / 1e9, 3)} \
+        if prediction.get("transfer_s") and rate else {}
+    line = lab.record(result.record.with_fields(**where, **predicted))
     for text in result.lines:
         lab.say(text)
     return line
@@ -366,7 +416,7 @@ def dry_run(lab: Lab, spec: DisaggSpec) -> list[dict[str, Any]]:
     # the decode plan checks that its store exists; a run makes a fresh one in KVLAB_HOME/stores
     with tempfile.TemporaryDirectory(prefix="kvlab-store-") as store:
         prefill, decode = pair_plans(lab, store)
-        plans = [prefill, decode, proxy_plan(prefill, decode)]
+        plans = [prefill, decode, proxy_plan(prefill, decode, connector(lab))]
         if spec.has(LOAD) or spec.has(BOUNDARY):
             plans.append(baseline_plan(lab, store))
     out: list[dict[str, Any]] = [{"label": p.role, "plan": p.as_dict(),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kvlab.engines import llamacpp, startup
@@ -28,10 +29,13 @@ from kvlab.engines.llamacpp.server import (
     server_plan,
     server_process,
 )
+from kvlab.engines.plan import EnginePlan
+from kvlab.experiments import repeats
 from kvlab.experiments.lab import Lab
 from kvlab.measure import workloads
 from kvlab.records import notebook
 from kvlab.records.models import ComparisonRecord, LoadRecord, Record
+from kvlab.report import intervals
 
 
 @dataclass(frozen=True)
@@ -46,14 +50,14 @@ class Workload:
 
 
 # (base_url with /v1, concurrency, requests, workload, label, extra row fields, api key,
-#  the notebook its per-request file goes beside) -> row
-LoadFn = Callable[[str, int, int, Workload, str, dict[str, Any], str, str],
+#  the notebook its per-request file goes beside, which repeat) -> row
+LoadFn = Callable[[str, int, int, Workload, str, dict[str, Any], str, str, int | None],
                   Awaitable[LoadRecord]]
 
 
 async def loadgen_level(base_url: str, concurrency: int, requests: int, workload: Workload,
                         label: str, extra: dict[str, Any], api_key: str,
-                        labbook: str) -> LoadRecord:
+                        labbook: str, repeat: int | None = None) -> LoadRecord:
     """One level of kvlab's load generator; its row, not yet appended."""
     from kvlab.loadgen.sweep import LoadSpec, run_sweep
 
@@ -61,7 +65,7 @@ async def loadgen_level(base_url: str, concurrency: int, requests: int, workload
                     requests=requests, max_tokens=workload.max_tokens,
                     prompt_set=workload.prompt_set, label=label, engine=LLAMA_CPP,
                     preamble_tokens=workload.preamble_tokens, seed=workload.seed, extra=extra,
-                    labbook=labbook)
+                    labbook=labbook, repeat=repeat)
     return (await run_sweep(spec, api_key=api_key)).rows[0]
 
 
@@ -77,6 +81,7 @@ class InterferenceSpec:
     ctx: int = 4096
     label: str = "interference"
     seed: int = 0
+    repeat: int = 1  # each run this many times, in alternating order (4 1 1 4 ...)
 
     def budget(self) -> int:
         """Most prompt tokens one request may carry at the largest --parallel."""
@@ -113,38 +118,52 @@ async def fit_preamble(client: LlamaClient, spec: InterferenceSpec) -> int:
 
 async def run(lab: Lab, spec: InterferenceSpec, *,
               load: LoadFn = loadgen_level) -> list[Record]:
-    """Both runs in order, each load row written as it ends, then the comparison."""
+    """The runs in alternating order (one server start per session), each load row written
+    as it ends, then the comparison."""
     spec.budget()
-    settings, binary = lab.settings, lab.llama_server()
+    binary = lab.llama_server()
     accepted = llamacpp.help_flags(binary)
-    slot_dir = settings.paths().scratch / "interference-slots"  # no slot is saved there
     workload: Workload | None = None
     rows: list[LoadRecord] = []
-    for parallel in spec.parallels:
-        plan = server_plan(settings, binary, role=f"interference-{parallel}",
-                                        ctx=spec.ctx, parallel=parallel, slot_dir=slot_dir,
-                                        accepted=accepted)
-        async with server_process(settings, plan) as proc:
-            version = await startup.server_version(plan)
-            async with LlamaClient(LlamaTarget.from_plan(plan), settings.api_key()) as client:
-                if workload is None:
-                    workload = Workload(settings.served_name, spec.prompt_set,
-                                        await fit_preamble(client, spec), spec.max_tokens,
-                                        spec.seed)
-                # model residency is not what is measured: one short request first
-                await client.chat("Warm up.", max_tokens=2, model=settings.served_name)
-            lab.say(f"--parallel {parallel}: {spec.count} requests at concurrency "
-                    f"{spec.concurrency} ({spec.prompt_set}, preamble "
-                    f"{workload.preamble_tokens})")
-            extra = {"engine_version": version, "llama_parallel": parallel,
-                     "varied": "llama_parallel",
-                     "server": {**server_fields(plan, spec.ctx, parallel, None),
-                                "capacity": startup.capacity(plan, proc.log_text())},
-                     **llamacpp.kv_label(*llamacpp.kv_types(plan))}
-            rows.append(lab.record(await load(
-                plan.base_url + "/v1", spec.concurrency, spec.count, workload,
-                spec.label_for(parallel), extra, settings.api_key(), settings.labbook)))
-    return [*rows, lab.record(comparison(spec, rows))]
+    for session in repeats.sessions(spec.repeat, len(spec.parallels)):
+        parallel = spec.parallels[session.side]
+        plan = server_plan(lab.settings, binary, role=f"interference-{parallel}", ctx=spec.ctx,
+                           parallel=parallel, accepted=accepted,
+                           slot_dir=lab.settings.paths().scratch / "interference-slots")
+        async with server_process(lab.settings, plan) as proc:
+            workload = workload or await _workload(lab, spec, plan)
+            extra = await _server_extra(plan, proc.log_text(), spec, parallel)
+            for repeat in session.repeats:
+                lab.say(f"--parallel {parallel}: {spec.count} requests at concurrency "
+                        f"{spec.concurrency} ({spec.prompt_set}, preamble "
+                        f"{workload.preamble_tokens})"
+                        + (f", repeat {repeat + 1} of {spec.repeat}" if repeat is not None
+                           else ""))
+                rows.append(lab.record(await load(
+                    plan.base_url + "/v1", spec.concurrency, spec.count, workload,
+                    spec.label_for(parallel), extra, lab.settings.api_key(),
+                    lab.settings.labbook, repeat)))
+    return [*rows, lab.record(comparison(spec, rows, Path(lab.settings.labbook)))]
+
+
+async def _workload(lab: Lab, spec: InterferenceSpec, plan: EnginePlan) -> Workload:
+    """The requests every run sends, their preamble fitted to a slot with this server's
+    tokenizer; then one short request, so that model residency is not what is measured."""
+    async with LlamaClient(LlamaTarget.from_plan(plan), lab.settings.api_key()) as client:
+        workload = Workload(lab.settings.served_name, spec.prompt_set,
+                            await fit_preamble(client, spec), spec.max_tokens, spec.seed)
+        await client.chat("Warm up.", max_tokens=2, model=lab.settings.served_name)
+    return workload
+
+
+async def _server_extra(plan: EnginePlan, log: str, spec: InterferenceSpec,
+                        parallel: int) -> dict[str, Any]:
+    """The fields every row of this server states: version, slots, capacity, KV types."""
+    return {"engine_version": await startup.server_version(plan), "llama_parallel": parallel,
+            "varied": "llama_parallel",
+            "server": {**server_fields(plan, spec.ctx, parallel, None),
+                       "capacity": startup.capacity(plan, log)},
+            **llamacpp.kv_label(*llamacpp.kv_types(plan))}
 
 
 def _p50(row: LoadRecord, key: str) -> float | None:
@@ -166,12 +185,18 @@ HELD_FIXED = ("model", "prompt_set", "preamble_tokens", "max_tokens", "concurren
               "requests", "kv_cache_type")
 
 
-def comparison(spec: InterferenceSpec, rows: list[LoadRecord]) -> ComparisonRecord:
-    """The runs paired against the first (most slots): TTFT, TPOT and throughput ratios."""
-    base = rows[0]
-    differs = sorted({f for row in rows[1:] for f in HELD_FIXED if row.get(f) != base.get(f)})
+def comparison(spec: InterferenceSpec, rows: list[LoadRecord],
+               book: Path | None = None) -> ComparisonRecord:
+    """Each run's newest row paired against the first run's (most slots): TTFT, TPOT and
+    throughput ratios, each with its interval over requests and repeats when the rows name
+    per-request files beside `book`."""
+    newest = {row.label: row for row in rows}
+    base, others = newest[spec.label_for(spec.parallels[0])], \
+        [newest[spec.label_for(p)] for p in spec.parallels[1:]]
+    differs = sorted({f for row in others for f in HELD_FIXED if row.get(f) != base.get(f)})
     levels = []
-    for row in rows[1:]:
+    for row in others:
+        found = intervals.between(book, rows, row, base) if book is not None else {}
         b_ttft, c_ttft = _p50(base, "ttft_s"), _p50(row, "ttft_s")
         b_tpot, c_tpot = _p50(base, "tpot_s"), _p50(row, "tpot_s")
         b_out, c_out = base.get("output_tokens_per_s"), row.get("output_tokens_per_s")
@@ -187,13 +212,16 @@ def comparison(spec: InterferenceSpec, rows: list[LoadRecord]) -> ComparisonReco
             "failed": row.get("failed"), "failed_baseline": base.get("failed"),
             "cached_tokens_mean_candidate": _cached_mean(row),
             "cached_tokens_mean_baseline": _cached_mean(base),
+            "intervals": {k: iv.as_dict() for k, iv in found.items()} or None,
+            "repeats": len(intervals.repeats(rows, row)),
         })
     return ComparisonRecord(
         label=spec.label, lab=notebook.LAB_PD, experiment="interference",
-        baseline_label=base.get("label"), candidate_labels=[r.get("label") for r in rows[1:]],
+        baseline_label=base.get("label"), candidate_labels=[r.get("label") for r in others],
         varied={"llama_parallel": list(spec.parallels)}, held_fixed=list(HELD_FIXED),
         same_experiment=not differs, differs=differs, model=base.get("model"),
         prompt_set=base.get("prompt_set"), ctx=spec.ctx, levels=levels,
+        interval_method=intervals.METHOD,
         note=("ratios are candidate / baseline (the run with the most slots); a TTFT ratio "
               "above 1 is the prefill interference that fewer slots cannot hide"),
     )

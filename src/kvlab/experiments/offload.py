@@ -29,6 +29,7 @@ from kvlab.engines import vllm
 from kvlab.engines.base import VLLM, engine_for
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import free_port
+from kvlab.experiments import repeats
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.pressure import TURNS, PressurePlan, plan_pressure
 from kvlab.loadgen.capacity import CapacityAsk
@@ -66,6 +67,7 @@ class OffloadSpec:
     block_size: int = 16  # the device's, set from the engine adapter when the run starts
     think_time: str = ""  # loadgen.sessions.ThinkTime; "": paced to `concurrency` in flight
     capacity: CapacityAsk | None = None  # the most users at a target, tier off and on
+    repeat: int = 1  # the pressure runs: each side this many times, in alternating order
 
 
 def _plan(lab: Lab, on: bool, *, kv_cache_bytes: int = 0, probe: bool = True,
@@ -128,39 +130,51 @@ def _sessions_load(lab: Lab, spec: OffloadSpec, pressure: PressurePlan, label: s
                     extra={"tier": tier, "memory_fraction": lab.settings.mem_fraction})
 
 
-async def under_pressure(lab: Lab, spec: OffloadSpec, on: bool,
-                         pressure: PressurePlan) -> list[Record]:
-    """User sessions against a cache sized to be too small, tier off or on; then, with a
-    target, the most users that meet it."""
-    from kvlab.loadgen.sweep import run_sweep
-
+async def under_pressure(lab: Lab, spec: OffloadSpec, on: bool, pressure: PressurePlan,
+                         session: repeats.Session) -> list[Record]:
+    """User sessions against a cache sized to be too small, tier off or on, once per repeat
+    of the session; then, in the side's first session and with a target, the most users
+    that meet it."""
     label = "offload-on-load" if on else "offload-off-load"
     gb = pressure.tier_gb(lab.settings.kv_offload_gb) if on else None
     rows: list[Record] = []
     async with engines(lab, [_plan(lab, on, kv_cache_bytes=pressure.kv_cache_bytes,
                                    tier_gb=gb)], labels=[label]) as (proc,):
         plan = proc.plan  # as started: on a cluster node, its address and port
-        lab.say(f"==> {label}: {pressure.users} users, {pressure.requests} turns over "
-                f"{pressure.conversations} conversations, working set "
-                f"{pressure.oversubscription:.1f}x the device cache"
-                + (f", host tier {gb:g} GiB" if on else ""))
         load = _sessions_load(lab, spec, pressure, label, plan.base_url, _tier(lab, on, gb))
-        async with sampling(plan.metrics_url) as samples:
-            result = await run_sweep(load, api_key=lab.api_key())
         planned = {**pressure.as_dict(), "host_tier_bytes": int((gb or 0) * 2**30)}
-        for row in result.rows:
-            reached = {"peak_kv_cache_usage": samples.peak("kv_cache_usage_perc"),
-                       "peak_requests_waiting": samples.peak("requests_waiting"),
-                       "preemptions": row.get("metric_deltas", {}).get("preemptions"),
-                       "prefix_hit_rate": row.get("prefix_hit_rate"),
-                       "evicted_turns": (row.get("sessions") or {}).get("evicted_turns")}
-            rows.append(lab.record(row.with_fields(
-                pressure={"state": "under pressure", "planned": planned, "reached": reached},
-                kv_usage_samples=samples.as_dict())))
+        for repeat in session.repeats:
+            lab.say(f"==> {label}: {pressure.users} users, {pressure.requests} turns over "
+                    f"{pressure.conversations} conversations, working set "
+                    f"{pressure.oversubscription:.1f}x the device cache"
+                    + (f", host tier {gb:g} GiB" if on else "")
+                    + (f" (repeat {repeat + 1} of {spec.repeat})" if repeat is not None else ""))
+            rows += await _pressure_rows(lab, replace(load, repeat=repeat), plan.metrics_url,
+                                         planned)
         require_successes(label, rows)
-        if spec.capacity is not None:
+        if session.first and spec.capacity is not None:
             rows.append(await users_capacity(lab, spec.capacity, load, planned,
                                              think_of(rows) or 0.0))
+    return rows
+
+
+async def _pressure_rows(lab: Lab, load: LoadSpec, metrics_url: str,
+                         planned: dict[str, Any]) -> list[Record]:
+    """One pressure run's rows, each with the pressure planned and reached."""
+    from kvlab.loadgen.sweep import run_sweep
+
+    async with sampling(metrics_url) as samples:
+        result = await run_sweep(load, api_key=lab.api_key())
+    rows: list[Record] = []
+    for row in result.rows:
+        reached = {"peak_kv_cache_usage": samples.peak("kv_cache_usage_perc"),
+                   "peak_requests_waiting": samples.peak("requests_waiting"),
+                   "preemptions": row.get("metric_deltas", {}).get("preemptions"),
+                   "prefix_hit_rate": row.get("prefix_hit_rate"),
+                   "evicted_turns": (row.get("sessions") or {}).get("evicted_turns")}
+        rows.append(lab.record(row.with_fields(
+            pressure={"state": "under pressure", "planned": planned, "reached": reached},
+            kv_usage_samples=samples.as_dict())))
     return rows
 
 
@@ -228,19 +242,24 @@ async def run(lab: Lab, spec: OffloadSpec) -> list[Record]:
     if spec.part == "quiet":
         return out
     pressure = pressure_plan(lab, spec)
-    off = await under_pressure(lab, spec, False, pressure)
-    out += off
     if cannot:
+        every = repeats.Session(0, repeats.one_side(spec.repeat), True)  # back to back
+        out += await under_pressure(lab, spec, False, pressure, every)
         out.append(lab.not_run(LAB, "offload-on-load", "Host memory, cache under pressure",
                                CPU_CANNOT_OFFLOAD))
         if spec.capacity is not None:
             out.append(lab.not_run(LAB, "offload-on-load-capacity",
                                    "Host memory, the most users at the target",
                                    CPU_CANNOT_OFFLOAD))
-    else:  # the tier-off run's think time, so that the tier is the one variable changed
-        think = think_of(off)
-        same = replace(spec, think_time=f"exponential:{think}") if think is not None else spec
-        out += await under_pressure(lab, same, True, pressure)
+        return out
+    for session in repeats.sessions(spec.repeat):
+        rows = await under_pressure(lab, spec, session.side == 1, pressure, session)
+        think = think_of(rows)
+        if session.side == 0 and think is not None and not spec.think_time:
+            # the first tier-off run's think time from then on, both sides: the tier is the
+            # one variable changed
+            spec = replace(spec, think_time=f"exponential:{think}")
+        out += rows
     return out
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from kvlab.engines import vllm
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import free_port
+from kvlab.experiments import repeats
 from kvlab.experiments.lab import Lab, engines
 from kvlab.measure import compat
 from kvlab.measure.conversation import PREAMBLE_WORDS, TURN_MAX_TOKENS
@@ -33,6 +34,7 @@ class SharedSpec:
     preamble_words: int = PREAMBLE_WORDS
     max_tokens: int = TURN_MAX_TOKENS
     proof_preamble_words: int = 600
+    repeat: int = 1  # the alternating run and its control, this many times each (A B B A)
 
 
 def pair_plans(lab: Lab, store: str) -> list[EnginePlan]:
@@ -51,6 +53,45 @@ def dry_run(lab: Lab, spec: SharedSpec) -> list[dict[str, Any]]:
             for p in pair_plans(lab, store)]
 
 
+async def _alternating(lab: Lab, spec: SharedSpec, urls: list[str],
+                       repeat: int | None) -> Record:
+    """The seed's alternating run: turns alternate between the two instances."""
+    lab.say(f"==> shared-store: {spec.turns} turns alternating between two instances"
+            + _of(repeat, spec))
+    run = await run_reuse(ReuseOptions(
+        urls, lab.settings.served_name, turns=spec.turns, preamble_words=spec.preamble_words,
+        max_tokens=spec.max_tokens, api_key=lab.settings.api_key(), connector="shared",
+        nonce=f"{lab.run_id}-alt{_tail(repeat)}"), say=lab.say)
+    return lab.record(reuse_record(run, "shared-store", LAB, "two instances, one shared "
+                                   "directory, kv_both on both").with_fields(**_numbered(repeat)))
+
+
+async def _single(lab: Lab, spec: SharedSpec, urls: list[str], repeat: int | None) -> Record:
+    """The control: the same turns on one instance with the same store."""
+    lab.say("==> shared-store-single: the same turns on one instance (the control)"
+            + _of(repeat, spec))
+    run = await run_reuse(ReuseOptions(
+        urls[:1], lab.settings.served_name, turns=spec.turns,
+        preamble_words=spec.preamble_words, max_tokens=spec.max_tokens,
+        api_key=lab.settings.api_key(), nonce=f"{lab.run_id}-single{_tail(repeat)}"),
+        say=lab.say)
+    return lab.record(reuse_record(run, "shared-store-single", LAB, "control: one instance "
+                                   "with the store").with_fields(**_numbered(repeat)))
+
+
+def _of(repeat: int | None, spec: SharedSpec) -> str:
+    return f" (repeat {repeat + 1} of {spec.repeat})" if repeat is not None else ""
+
+
+def _numbered(repeat: int | None) -> dict[str, int]:
+    """The repeat's number as a field (none without --repeat: the seed's shape)."""
+    return {"repeat": repeat} if repeat is not None else {}
+
+
+def _tail(repeat: int | None) -> str:
+    return f"-r{repeat}" if repeat is not None else ""
+
+
 async def run(lab: Lab, spec: SharedSpec) -> list[Record]:
     vllm.require_found(lab.vllm)
     store = lab.store("shared")
@@ -62,21 +103,10 @@ async def run(lab: Lab, spec: SharedSpec) -> list[Record]:
         async with engines(lab, plans, labels=["shared-store-a", "shared-store-b"]) as procs:
             urls = [p.plan.base_url + "/v1" for p in procs]  # as started (a cluster node's)
             await compat.check(urls, headers={"Authorization": f"Bearer {key}"} if key else None)
-            lab.say(f"==> shared-store: {spec.turns} turns alternating between two instances")
-            alternating = await run_reuse(ReuseOptions(
-                urls, name, turns=spec.turns, preamble_words=spec.preamble_words,
-                max_tokens=spec.max_tokens, api_key=key, connector="shared",
-                nonce=f"{lab.run_id}-alt"), say=lab.say)
-            out.append(lab.record(reuse_record(
-                alternating, "shared-store", LAB,
-                "two instances, one shared directory, kv_both on both")))
-            lab.say("==> shared-store-single: the same turns on one instance (the control)")
-            single = await run_reuse(ReuseOptions(
-                urls[:1], name, turns=spec.turns, preamble_words=spec.preamble_words,
-                max_tokens=spec.max_tokens, api_key=key, nonce=f"{lab.run_id}-single"),
-                say=lab.say)
-            out.append(lab.record(reuse_record(
-                single, "shared-store-single", LAB, "control: one instance with the store")))
+            for side, repeat in repeats.order(spec.repeat):
+                number = repeat if spec.repeat > 1 else None
+                out.append(await (_alternating if side == 0 else _single)(
+                    lab, spec, urls, number))
             lab.say("==> shared-store-proof")
             proof = await prove(ProveOptions(urls, name, preamble_words=spec.proof_preamble_words,
                                              api_key=key, connector="shared"), say=lab.say)

@@ -131,6 +131,7 @@ def link_record(load: LoadSpec, spec: LinkSpec, before: Readings, after: Reading
         "load_generator": spec.load_test or "kvlab",
         **topology.unknown(load.base_url, spec.connector).fields(),
         **spec.extra,
+        **({"repeat": load.repeat} if load.repeat is not None else {}),
     }
     if spec.side_channel_addr:
         fields["side_channel"] = sidechannel.check(

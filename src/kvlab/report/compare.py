@@ -151,6 +151,7 @@ class Bytes:
     verdict: str | None = None
     verdict_source: str | None = None
     decode_computed_share: float | None = None
+    transfer: dict[str, float] | None = None  # NIXL's own count and timing of its transfers
 
     def as_dict(self) -> dict[str, Any]:
         return {"predicted_bytes_per_request": self.predicted,
@@ -158,7 +159,8 @@ class Bytes:
                 "observed_bytes_per_request_by_source": {k: round(v, 1)
                                                           for k, v in self.observed.items()},
                 "verdict": self.verdict, "verdict_source": self.verdict_source,
-                "decode_computed_share": self.decode_computed_share}
+                "decode_computed_share": self.decode_computed_share,
+                "nixl_transfer": self.transfer}
 
 
 def _mean_prompt_tokens(rows: dict[int, LoadRecord], levels: list[int]) -> float | None:
@@ -176,6 +178,20 @@ def _nixl_total(link: LinkRecord) -> float | None:
     values = [float(v["nixl_bytes"]) for v in per_url.values()
               if isinstance(v, dict) and v.get("nixl_bytes") is not None]
     return sum(values) if values else None
+
+
+def nixl_timing(link: LinkRecord) -> dict[str, float] | None:
+    """NIXL's transfers over the run, by its own histograms: how many, bytes and seconds
+    each, and the rate they imply (None when the engine exported no timing)."""
+    per_url = [v for v in (link.nixl or {}).values() if isinstance(v, dict)]
+    count = sum(float(v.get("nixl_transfers") or 0) for v in per_url)
+    seconds = sum(float(v.get("nixl_transfer_s") or 0) for v in per_url)
+    moved = sum(float(v.get("nixl_bytes") or 0) for v in per_url)
+    if not count or not seconds:
+        return None
+    return {"transfers": count, "bytes_per_transfer": round(moved / count, 1),
+            "seconds_per_transfer": round(seconds / count, 6),
+            "gbit_per_s": round(moved * 8 / seconds / 1e9, 3)}
 
 
 def bytes_three_ways(link: LinkRecord | None, rows: dict[int, LoadRecord], levels: list[int],
@@ -201,6 +217,7 @@ def bytes_three_ways(link: LinkRecord | None, rows: dict[int, LoadRecord], level
     nixl = _nixl_total(link)
     if nixl is not None:
         out.observed["nixl"] = nixl / requests
+        out.transfer = nixl_timing(link)
     if link.store_bytes is not None:
         out.observed["store"] = link.store_bytes / requests
     loaded = _external_tokens(link)
@@ -407,6 +424,11 @@ def _link_lines(name: str, link: LinkRecord | None, seen: Bytes) -> list[str]:
         lines.append(f"    one request's cache, from arithmetic          "
                      f"{human_bytes(seen.predicted)}  "
                      f"({seen.prompt_tokens or 0:,.0f} prompt tokens, {seen.prompt_tokens_from})")
+    if seen.transfer:
+        t = seen.transfer
+        lines.append(f"    NIXL's own timing: {t['transfers']:,.0f} transfers of "
+                     f"{human_bytes(t['bytes_per_transfer'])}, {t['seconds_per_transfer']:.4f} s "
+                     f"each ({t['gbit_per_s']:.2f} Gbit/s)")
     lines += side_line
     if seen.verdict:
         lines.append(f"    verdict ({seen.verdict_source}): {seen.verdict}")

@@ -202,8 +202,11 @@ def _control(book: Notebook, alt: Record) -> str:
     best_one = (single.get("summary") or seed_summary(single)).get("best_later_ttft_s")
     if not best_alt or not best_one:
         return "the single-instance control recorded no later-turn TTFT"
+    spread = intervals.reuse_turns(book.records, alt, single)
     return (f"the best later turn took {num(best_alt)} s alternating against {num(best_one)} s "
-            f"on one instance with the same store (x{best_alt / best_one:.2f})")
+            f"on one instance with the same store (x{best_alt / best_one:.2f})"
+            + (f"; median later turn, alternating / one instance: {spread.cell()}"
+               if spread.measured else ""))
 
 
 # ---------------------------------------------------------------- offload: the disk tier

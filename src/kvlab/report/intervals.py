@@ -302,3 +302,27 @@ def pair_levels(notebook: Path, records: Sequence[Record], a: dict[int, LoadReco
     """`between` at every level both sides ran, by level."""
     return {level: between(notebook, records, a[level], b[level], metrics)
             for level in sorted(set(a) & set(b))}
+
+
+def reuse_repeats(records: Sequence[Record], newest: Record) -> list[Record]:
+    """A `reuse` line and the other repeats of its run (same label and run_id, numbered)."""
+    if newest.get("repeat") is None:
+        return [newest]
+    found = {r.get("repeat"): r for r in records
+             if r.record == "reuse" and r.label == newest.label and r.run_id == newest.run_id
+             and r.get("repeat") is not None}
+    return [found[k] for k in sorted(found)]
+
+
+def reuse_turns(records: Sequence[Record], a: Record, b: Record) -> Interval:
+    """TTFT p50 of the later turns (turn 2 on), A / B, each side pooled over its repeats;
+    the turns of one conversation are the requests of one repeat."""
+    def runs(newest: Record) -> list[Floats]:
+        out = []
+        for line in reuse_repeats(records, newest):
+            ttfts = [row.get("ttft_s") for row in (line.get("rows") or [])[1:]]
+            table = [[t, None, None, None] for t in ttfts if isinstance(t, (int, float))]
+            out.append(np.array(table, dtype=np.float64).reshape(len(table), len(_COLUMNS)))
+        return out
+
+    return ratio_interval(BY_KEY["ttft_p50"], runs(a), runs(b), (a.label, b.label))

@@ -137,6 +137,9 @@ def _pressure_row(book: Notebook, tier: str, label: str) -> list[str]:
         evidence.insert(1, f"the tier served {float(recalled):,.0f} prompt tokens"
                         + (f" ({float(recalled) * float(per_token):,.0f} bytes)" if per_token
                            else ""))
+    engine_side = tier_transfers(r.metric_deltas)
+    if engine_side:
+        evidence.insert(1, engine_side)
     judged = judge_pressure(book.records, r)
     evidence.insert(0, f"{judged.words}: {judged.why}")
     evidence[2:2] = _sessions_evidence(r)
@@ -153,6 +156,20 @@ def _pressure_row(book: Notebook, tier: str, label: str) -> list[str]:
             f"not applicable to a load run; p90 {said(ttft.get('p90'), 'not recorded')}, "
             f"p99 {said(ttft.get('p99'), 'not recorded')}",
             hit, "; ".join(evidence), measured_on(book, r)]
+
+
+def tier_transfers(deltas: dict[str, Any]) -> str | None:
+    """The tier's transfers as vLLM counted them: bytes and seconds each way, and the rate
+    (None when this vLLM exported no offload counters)."""
+    parts = []
+    for way, words in (("load", "read back to the device"), ("store", "written to host memory")):
+        moved, seconds = deltas.get(f"offload_{way}_bytes"), deltas.get(f"offload_{way}_s")
+        if moved is None:
+            continue
+        rate = (f", {float(moved) / float(seconds) / 1e9:.1f} GB/s" if seconds else "")
+        parts.append(f"{float(moved):,.0f} bytes {words}"
+                     + (f" in {float(seconds):.3f} s{rate}" if seconds is not None else ""))
+    return "vLLM's own count: " + "; ".join(parts) if parts else None
 
 
 def _tier_against_none(book: Notebook) -> str | None:

@@ -122,14 +122,31 @@ def _split_evidence(link: LinkRecord | None, comparison: Record | None) -> list[
     legs = (link.legs if link else None) or {}
     if legs.get("prefill") in deltas and legs.get("decode") in deltas:
         prefill, decode = deltas[legs["prefill"]], deltas[legs["decode"]]
+        source = "the store" if (link.connector if link else None) in (None, "shared") \
+            else f"prefill over {link.connector if link else 'the connector'}"
         out.append(f"both legs ran: prefill served {num(prefill.get('requests_succeeded'), 0)} "
                    f"requests, decode took {num(decode.get('external_prefix_cache_hits'), 0)} "
-                   "prompt tokens from the store")
+                   f"prompt tokens from {source}")
     if comparison:
-        verdict = (comparison.get("bytes") or {}).get("verdict")
-        if verdict:
-            out.append(str(verdict))
+        seen = comparison.get("bytes") or {}
+        if seen.get("verdict"):
+            out.append(str(seen["verdict"]))
+        if (timing := transfer_words(seen.get("nixl_transfer"), comparison)) is not None:
+            out.append(timing)
     return out
+
+
+def transfer_words(timing: dict[str, Any] | None, comparison: Record) -> str | None:
+    """NIXL's own timing of its transfers, against the time predicted before the run."""
+    if not timing:
+        return None
+    predicted = comparison.get("transfer_predicted_s")
+    return (f"NIXL's own timing: {num(timing['transfers'], 0)} transfers of "
+            f"{float(timing['bytes_per_transfer']):,.0f} bytes, "
+            f"{num(timing['seconds_per_transfer'], 4)} s each "
+            f"({num(timing['gbit_per_s'], 2)} Gbit/s)"
+            + (f" against {num(predicted, 4)} s predicted at "
+               f"{num(comparison.get('link_gbps_predicted'), 2)} Gbit/s" if predicted else ""))
 
 
 def _against_baseline(book: Notebook, group: Group) -> list[str]:

@@ -66,8 +66,10 @@ class Group:
         if (r.placement or (self.link.placement if self.link else None)) == RAY:
             text, named = self._on_ray(text, r.nodes or (self.link.nodes if self.link else None))
         link = r.link or (self.link.link if self.link else None) or UNKNOWN
+        carried = r.get("transport") or (self.link.get("transport") if self.link else None)
         return (f"topology: {text}" + (f" ({named})" if named else "")
                 + f"; connector {self.connector}; link {link}"
+                + (f"; transport {carried}" if carried else "")
                 + (f"; known from {how}" if how else ""))
 
 

@@ -41,6 +41,7 @@ class LlamaCppEngine:
     counters = facts.EVIDENCE_COUNTERS
     gauges = facts.EVIDENCE_GAUGES
     api_key_env = facts.API_KEY_ENV
+    address_env: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self.transfer_counters: CounterTable = {}  # llama-server moves no KV between instances

@@ -44,6 +44,8 @@ class VllmEngine:
     gauges = facts.EVIDENCE_GAUGES
     transfer_counters = facts.TRANSFER_COUNTERS
     api_key_env = facts.API_KEY_ENV
+    # NIXL's handshake advertises the node's own address
+    address_env: tuple[str, ...] = (facts.SIDE_CHANNEL_HOST_ENV,)
     two_endpoint_proof: TwoEndpointProof | None = None  # the generic cases suit its connectors
 
     def capacity(self, plan: EnginePlan, log_text: str) -> dict[str, Any]:

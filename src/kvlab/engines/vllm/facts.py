@@ -46,6 +46,15 @@ RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 CACHE_CONFIG_INFO = "vllm:cache_config_info"  # labels: block_size, cache_dtype, ...
 NIXL_BYTES = "vllm:nixl_bytes_transferred"  # histogram (_sum, _count), decode side
+SIDE_CHANNEL_HOST_ENV = "VLLM_NIXL_SIDE_CHANNEL_HOST"  # the address NIXL's handshake advertises
+SIDE_CHANNEL_PORT_ENV = "VLLM_NIXL_SIDE_CHANNEL_PORT"
+NIXL_TIME = "vllm:nixl_xfer_time_seconds"  # histogram: each transfer's duration, decode side
+NIXL_FAILED = "vllm:nixl_num_failed_transfers"  # counter
+# the host tier's own transfer counters (OffloadingConnector; vLLM 0.26 has them): bytes and seconds
+# per direction, "load" host -> device (a recall), "store" device -> host
+OFFLOAD_COUNTERS: dict[str, tuple[str, dict[str, str]]] = {
+    f"offload_{way}_{key}": (f"vllm:kv_offload_{way}_{name}", {})
+    for way in ("load", "store") for key, name in (("bytes", "bytes"), ("s", "time"))}
 
 # evidence key (as the notebook names it) -> (counter family, label filter). The first four
 # keys are the seed's measure-reuse.py names; the rest are kvlab's additions.
@@ -66,11 +75,14 @@ EVIDENCE_COUNTERS: dict[str, tuple[str, dict[str, str]]] = {
     # disconnect in it (the front end drops the request before its stats are taken); the
     # running gauge back at 0 and generation_tokens stopping short show the abort instead
     "requests_aborted": (REQUEST_SUCCESS, {"finished_reason": "abort"}),
+    **OFFLOAD_COUNTERS,
 }
 # KV moved between instances: the NIXL histogram's sum (bytes) and count (transfers)
 TRANSFER_COUNTERS: dict[str, tuple[str, dict[str, str]]] = {
     "nixl_bytes": (NIXL_BYTES + "_sum", {}),
     "nixl_transfers": (NIXL_BYTES + "_count", {}),
+    "nixl_transfer_s": (NIXL_TIME + "_sum", {}),
+    "nixl_failed_transfers": (NIXL_FAILED, {}),
 }
 EVIDENCE_GAUGES: dict[str, tuple[str, ...]] = {
     "kv_cache_usage_perc": (KV_USAGE, KV_USAGE_LEGACY),

@@ -28,6 +28,8 @@ from kvlab.engines.vllm.facts import (
     MEMORY_FRACTION_FLAG,
     MOONCAKE_BOOTSTRAP_PORT,
     ROLES,
+    SIDE_CHANNEL_HOST_ENV,
+    SIDE_CHANNEL_PORT_ENV,
     connector_config,
     offload_connector_config,
     to_json,
@@ -295,8 +297,8 @@ class _PlanBuilder:
                 f"{s.prefill_side_channel_port} and both instances run on this host: give "
                 "them distinct ports")
         port = s.prefill_side_channel_port if role == "prefill" else s.decode_side_channel_port
-        self.env |= {"VLLM_NIXL_SIDE_CHANNEL_HOST": s.side_channel_addr,
-                     "VLLM_NIXL_SIDE_CHANNEL_PORT": str(port)}
+        self.env |= {SIDE_CHANNEL_HOST_ENV: s.side_channel_addr,
+                     SIDE_CHANNEL_PORT_ENV: str(port)}
         if s.cluster_iface:
             self.env["UCX_NET_DEVICES"] = s.cluster_iface
         facts = side_channel(s.side_channel_addr, port, s.cluster_iface, ifaces)

@@ -1,0 +1,55 @@
+"""Repeats in alternating order, grouped into engine sessions (`experiments.repeats`)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvlab.core.errors import InputError
+from kvlab.experiments.repeats import Session, one_side, order, sessions
+
+
+def test_two_sides_alternate_a_b_b_a() -> None:
+    assert order(3) == [(0, 0), (1, 0), (1, 1), (0, 1), (0, 2), (1, 2)]
+
+
+def test_three_sides_run_forward_then_back() -> None:
+    assert [side for side, _ in order(2, sides=3)] == [0, 1, 2, 2, 1, 0]
+
+
+def test_consecutive_runs_of_a_side_share_one_session() -> None:
+    assert sessions(3) == [Session(0, (0,), True), Session(1, (0, 1), True),
+                           Session(0, (1, 2), False), Session(1, (2,), False)]
+
+
+def test_without_repeat_each_side_runs_once_unnumbered() -> None:
+    assert sessions(1) == [Session(0, (None,), True), Session(1, (None,), True)]
+    assert one_side(1) == (None,) and one_side(3) == (0, 1, 2)
+
+
+@pytest.mark.parametrize("count", [0, -2])
+def test_no_repeats_is_refused(count: int) -> None:
+    with pytest.raises(InputError, match="--repeat"):
+        order(count)
+    with pytest.raises(InputError, match="--repeat"):
+        one_side(count)
+
+
+@given(st.integers(1, 12), st.integers(1, 4))
+def test_every_side_runs_every_repeat_once_and_drift_is_balanced(count: int,
+                                                                 sides: int) -> None:
+    runs = order(count, sides)
+    assert sorted(runs) == sorted((s, r) for s in range(sides) for r in range(count))
+    grouped = sessions(count, sides)
+    assert [(g.side, r) for g in grouped for r in g.repeats] == [
+        (s, r if count > 1 else None) for s, r in runs]
+    assert all(a.side != b.side for a, b in itertools.pairwise(grouped))
+    assert [g.first for g in grouped] == [
+        g.side not in {h.side for h in grouped[:i]} for i, g in enumerate(grouped)]
+    if count % 2 == 0:  # over a whole number of A B B A cycles, no side sits earlier
+        positions = [[i for i, (s, _) in enumerate(runs) if s == side] for side in range(sides)]
+        assert len({sum(p) for p in positions}) == 1
+
