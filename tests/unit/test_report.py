@@ -385,3 +385,26 @@ def test_the_host_tier_row_states_vllms_own_transfer_counts() -> None:
     assert said == ("vLLM's own count: 21,460,156,416 bytes read back to the device in "
                     "0.500 s, 42.9 GB/s; 40,000,000,000 bytes written to host memory")
     assert tier_transfers({"prefix_cache_hits": 10}) is None
+
+
+def test_the_h200_nixl_run_reads_back_with_its_intervals_and_transfer_timing(
+        tmp_path: Path) -> None:
+    """The committed one-GPU H200 notebook (docs/validation/h200-redo): its per-request files
+    check against their sha256, the NIXL row is placed as one machine with its transport and
+    NIXL's own timing against the prediction, its startup line is found, and the decision
+    carries the pooled repeats' intervals."""
+    import shutil
+
+    from kvlab.report import build
+
+    source = Path(__file__).resolve().parents[2] / "docs" / "validation" / "h200-redo"
+    shutil.copytree(source, tmp_path / "redo", ignore=shutil.ignore_patterns("*.png", "*.md"))
+    text = build(tmp_path / "redo" / "notebook.jsonl").markdown()
+    row = next(line for line in text.splitlines() if line.startswith("| Two processes"))
+    assert "connector nixl; link loopback; transport UCX_TLS=tcp,cuda_copy" in row
+    assert "NIXL's own timing: 29 transfers of 569,801,622 bytes" in row
+    assert "against 1.2315 s predicted at 4.00 Gbit/s" in row
+    assert "c=1 TTFT 23.19x [15.32, 31.75] slower" in row
+    assert row.endswith("vllm 0.26.0, ctx 8192, mem fraction 0.4, KV cache 32,704 tokens, "
+                        "model models/shaped-qwen3-1.7b |")
+    assert "topology: one machine (prefill 127.0.0.1, decode 127.0.0.1" in row

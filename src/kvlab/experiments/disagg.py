@@ -323,7 +323,7 @@ async def _split_session(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured
     # the proxy starts once both legs are ready (it checks them as it starts); the legs' URLs
     # are the started plans' (on a cluster, their nodes' addresses)
     async with engines(lab, pair_plans(lab, str(store)),
-                       labels=["disagg-prefill", "disagg-decode"]) as pair, \
+                       labels=[f"{spec.label}-prefill", f"{spec.label}-decode"]) as pair, \
             engines(lab, [proxy_plan(pair[0].plan, pair[1].plan, connector(lab))]) as (proxy,):
         prefill, decode = pair[0].plan, pair[1].plan
         if session.first:

@@ -65,7 +65,9 @@ def measured_on(book: Notebook, record: Record) -> str:
     run_id, label = record.run_id, record.label
     same_run = [r for r in book.of(StartupRecord) if run_id is None or r.run_id == run_id]
     starts = [r for r in same_run if r.label == label] or \
-        [r for r in same_run if r.label.startswith(label + "-") and r.engine in ENGINE_NAMES]
+        [r for r in same_run if r.label.startswith(label + "-") and r.engine in ENGINE_NAMES] or \
+        [r for r in same_run if run_id is not None and r.label.endswith("-decode")
+         and record.get("topology") == "loopback"]  # a split whose engines carry older names
     parts = []
     model = record.get("model")
     fixed = fixed_kv_bytes(record)

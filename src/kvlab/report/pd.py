@@ -144,7 +144,8 @@ def transfer_words(timing: dict[str, Any] | None, comparison: Record) -> str | N
     return (f"NIXL's own timing: {num(timing['transfers'], 0)} transfers of "
             f"{float(timing['bytes_per_transfer']):,.0f} bytes, "
             f"{num(timing['seconds_per_transfer'], 4)} s each "
-            f"({num(timing['gbit_per_s'], 2)} Gbit/s)"
+            f"({num(timing['gbit_per_s'], 2)} Gbit/s; over every level, so at higher "
+            "concurrency transfers overlap and share the link)"
             + (f" against {num(predicted, 4)} s predicted at "
                f"{num(comparison.get('link_gbps_predicted'), 2)} Gbit/s" if predicted else ""))
 
