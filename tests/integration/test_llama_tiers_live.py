@@ -280,7 +280,8 @@ async def test_run_interference_repeats_alternate_and_pool_in_the_comparison(
     level = written[-1].line()["levels"][0]
     assert level["repeats"] == 3
     ttft = level["intervals"]["ttft_p50"]
-    assert ttft["repeats"] == [3, 3] and ttft["requests"] == [18, 18], ttft
+    # 6 requests a repeat; a random-weight reply that ends at once has no first token
+    assert ttft["repeats"] == [3, 3] and all(15 <= n <= 18 for n in ttft["requests"]), ttft
     assert ttft["low"] is not None and ttft["low"] <= ttft["ratio"] <= ttft["high"]
     assert notebook.read(book).foreign_lines == 0
 

@@ -176,11 +176,13 @@ def _render_disk(console: Console, r: dict[str, Any], labbook: str) -> None:
 @click.option("--label", default="interference", show_default=True,
               help="Label prefix: rows are LABEL-parallel-N.")
 @repeat_option
+@cluster_option
+@node_option
 @json_option
 @click.pass_context
 def interference(ctx: click.Context, concurrency: int, parallels: str, requests: int | None,
                  ctx_size: int | None, prompt_set: str | None, label: str, repeat: int,
-                 as_json: bool) -> None:
+                 cluster: str | None, node: str | None, as_json: bool) -> None:
     """Prefill interference: the same load with --parallel 4, then 1 (one variable)."""
     from kvlab.core.errors import SettingError
     from kvlab.experiments.interference import InterferenceSpec
@@ -206,7 +208,8 @@ def interference(ctx: click.Context, concurrency: int, parallels: str, requests:
                             requests=requests_setting(loaded), max_tokens=settings.max_tokens,
                             prompt_set=settings.prompt_set, ctx=settings.ctx, label=label,
                             repeat=repeat)
-    *rows, comparison = [r.line() for r in _execute(out, settings, "interference", spec)]
+    *rows, comparison = [r.line() for r in _execute(out, settings, "interference", spec,
+                                                     _placement(settings, cluster, node))]
     data = {"rows": rows, "comparison": comparison}
     out.result(data, lambda console: _render_interference(console, data, settings.labbook))
 
@@ -470,10 +473,12 @@ def _render_disagg(console: Console, records: list[Record], labbook: str) -> Non
               help="Run just these experiments (repeatable).")
 @click.option("--report-dir", type=click.Path(file_okay=False), default="kvlab-report",
               show_default=True, help="Where the report and its plots go.")
+@cluster_option
+@node_option
 @json_option
 @click.pass_context
 def run_all_command(ctx: click.Context, quick: bool, only: tuple[str, ...], report_dir: str,
-                    as_json: bool) -> None:
+                    cluster: str | None, node: str | None, as_json: bool) -> None:
     """Every experiment this machine can run, then `kvlab report` (the README's main command)."""
     from pathlib import Path
 
@@ -488,10 +493,15 @@ def run_all_command(ctx: click.Context, quick: bool, only: tuple[str, ...], repo
     spec = (everything.AllSpec.quick(s.prompt_set, only) if quick else everything.AllSpec.lab(
         s.concurrency, s.requests, s.max_tokens, s.preamble_tokens, s.preamble_words,
         s.prompt_set, only))
-    lab = Lab(s, say=out.note)
+    lab = Lab(s, say=out.note, placement=_placement(s, cluster, node))
     out.note(f"==> kvlab run all (run {lab.run_id}, profile {loaded.profile}, notebook "
              f"{s.labbook})")
-    asyncio.run(everything.run(lab, spec))
+
+    async def run() -> None:
+        async with lab.placed():
+            await everything.run(lab, spec)
+
+    asyncio.run(run())
     done = lab.outcomes
     report = build(s.labbook, Path(report_dir))
     text = report.markdown()

@@ -26,6 +26,10 @@ from kvlab.records.models import Record
 LAB_SEARCH = SearchPlan(start=2.0, max_steps=6, duration_s=6.0, min_requests=20, warmup=2)
 QUICK_SEARCH = SearchPlan(start=2.0, max_steps=2, duration_s=2.0, min_requests=6, warmup=1)
 
+# llama.cpp's slot experiments time files kvlab writes and reads where it runs
+SLOT_FILES_HERE = ("disk",)
+NOT_PLACED = ("not placed on a Ray node: kvlab times llama.cpp's slot files on the disk where "
+              "it runs; run `kvlab run disk` on that machine")
 NO_LLAMA = ("llama-server is not installed on this machine: `kvlab engines install` builds it "
             "(CPU), or set LLAMA_BIN to a build for this machine's accelerator")
 
@@ -98,6 +102,10 @@ async def run(lab: Lab, spec: AllSpec) -> list[Record]:
             continue
         lab.say(f"\n######## {name}")
         entry = EXPERIMENTS[name]
+        if lab.placement.remote and name in SLOT_FILES_HERE:
+            written += [lab.not_run(r.lab, r.label, r.row, NOT_PLACED) for r in entry.rows]
+            lab.outcomes[name] = {"ok": True, "lines": 0, "not_run": NOT_PLACED}
+            continue
         if entry.needs_llama_server and llamacpp.find_llama_server(lab.settings) is None:
             written += [lab.not_run(r.lab, r.label, r.row, NO_LLAMA) for r in entry.rows]
             lab.outcomes[name] = {"ok": True, "lines": 0, "not_run": NO_LLAMA}

@@ -27,11 +27,10 @@ from kvlab.engines.llamacpp.server import (
     check_fits,
     server_fields,
     server_plan,
-    server_process,
 )
 from kvlab.engines.plan import EnginePlan
 from kvlab.experiments import repeats
-from kvlab.experiments.lab import Lab
+from kvlab.experiments.lab import Lab, engines
 from kvlab.measure import workloads
 from kvlab.records import notebook
 from kvlab.records.models import ComparisonRecord, LoadRecord, Record
@@ -130,7 +129,8 @@ async def run(lab: Lab, spec: InterferenceSpec, *,
         plan = server_plan(lab.settings, binary, role=f"interference-{parallel}", ctx=spec.ctx,
                            parallel=parallel, accepted=accepted,
                            slot_dir=lab.settings.paths().scratch / "interference-slots")
-        async with server_process(lab.settings, plan) as proc:
+        async with engines(lab, [plan], labels=[spec.label_for(parallel)]) as (proc,):
+            plan = proc.plan  # as started: on a Ray node, its address and port
             workload = workload or await _workload(lab, spec, plan)
             extra = await _server_extra(plan, proc.log_text(), spec, parallel)
             for repeat in session.repeats:
@@ -141,7 +141,7 @@ async def run(lab: Lab, spec: InterferenceSpec, *,
                            else ""))
                 rows.append(lab.record(await load(
                     plan.base_url + "/v1", spec.concurrency, spec.count, workload,
-                    spec.label_for(parallel), extra, lab.settings.api_key(),
+                    spec.label_for(parallel), extra, lab.api_key(),
                     lab.settings.labbook, repeat)))
     return [*rows, lab.record(comparison(spec, rows, Path(lab.settings.labbook)))]
 
@@ -149,7 +149,7 @@ async def run(lab: Lab, spec: InterferenceSpec, *,
 async def _workload(lab: Lab, spec: InterferenceSpec, plan: EnginePlan) -> Workload:
     """The requests every run sends, their preamble fitted to a slot with this server's
     tokenizer; then one short request, so that model residency is not what is measured."""
-    async with LlamaClient(LlamaTarget.from_plan(plan), lab.settings.api_key()) as client:
+    async with LlamaClient(LlamaTarget.from_plan(plan), lab.api_key()) as client:
         workload = Workload(lab.settings.served_name, spec.prompt_set,
                             await fit_preamble(client, spec), spec.max_tokens, spec.seed)
         await client.chat("Warm up.", max_tokens=2, model=lab.settings.served_name)
