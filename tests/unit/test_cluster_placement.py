@@ -210,3 +210,19 @@ def test_a_cluster_run_keeps_its_store_on_the_shared_mount(tmp_path: Path) -> No
     assert not (tmp_path / "mnt" / "kvlab-r1").exists() and (tmp_path / "mnt").is_dir()
     here = Lab(settings, run_id="r1")  # this machine: the run's own private store, as before
     assert here.store_path("pd") == settings.paths().store("r1", "pd")
+
+
+async def test_run_all_on_a_node_records_the_disk_tier_as_not_run_there(tmp_path: Path) -> None:
+    """The disk tier times slot files where kvlab runs: placed on a Ray node, `run all` says
+    so in a not-run line instead of timing this machine's disk as the node's."""
+    from kvlab.experiments import everything
+    from kvlab.experiments.lab import Lab
+
+    book = tmp_path / "book.md"
+    lab = Lab(Settings(labbook=str(book)), placement=placement.Placement(cluster="10.0.0.1:6379",
+                                                                         node="gpu-box"))
+    written = await everything.run(lab, everything.AllSpec.quick("mixed", ("disk",)))
+    assert [r.record for r in written] == ["not-run"]
+    assert written[0].get("reason") == everything.NOT_PLACED
+    assert lab.outcomes["disk"]["not_run"] == everything.NOT_PLACED
+    assert notebook.read(book).records[0].label == written[0].label
