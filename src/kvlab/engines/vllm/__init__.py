@@ -25,7 +25,6 @@ from kvlab.engines.vllm.facts import (
     WAITING,
     StartupCapacity,
     connector_config,
-    nixl_transport,
     offload_connector_config,
     parse_startup,
 )
@@ -85,7 +84,6 @@ __all__ = [
     "cpu_build_wanted",
     "detect_hardware",
     "find_vllm",
-    "nixl_transport",
     "offload_connector_config",
     "parse_startup",
     "plan",
