@@ -37,7 +37,14 @@ if [ "${FAKE:-0}" != 1 ]; then
   if [ ! -f /tmp/raysite/.ok ]; then  # Ray after the image's own packages: only what is missing
     W=/tmp/raystage/ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl
     cat $W.part-* > $W && (cd /tmp/raystage && sha256sum -c ray.sha256) | tee -a "$S" || exit 1
-    $PY -m pip install -q --no-deps --no-index --no-compile --target /tmp/raysite /tmp/raystage/*.whl 2>&1 | grep -v WARN | tail -2
+    # a dependency the image (or the vLLM bundle) already has stays theirs: PYTHONPATH would
+    # put a carried copy ahead of site-packages
+    MISSING=$(PYTHONPATH=/tmp/site $PY -c 'import glob, importlib.metadata as m
+for w in sorted(glob.glob("/tmp/raystage/*.whl")):
+    try: m.version(w.split("/")[-1].split("-")[0])
+    except m.PackageNotFoundError: print(w)')
+    say "installing: $(echo $MISSING | tr ' ' '\n' | xargs -n1 basename | tr '\n' ' ')"
+    $PY -m pip install -q --no-deps --no-index --no-compile --target /tmp/raysite $MISSING 2>&1 | grep -v WARN | tail -2
     touch /tmp/raysite/.ok
   fi
   export PYTHONPATH=/tmp/site:/tmp/nixl:/tmp/kvdeps:$REPO/src:/tmp/raysite VLLM_CMD=/tmp/bin/vllm VLLM_USE_FLASHINFER_SAMPLER=0 \
