@@ -66,5 +66,5 @@ for i in $(seq 1 90); do [ -s "$WORK/address" ] && break; sleep 1; done
 say "$(tail -1 "$WORK/ray-$PHASE.log")"
 say "kvlab run disagg --cluster $(cat "$WORK/address") ($(left) s left)"
 timeout $(( $(left) - 30 )) $PY -m kvlab run disagg --cluster "$(cat "$WORK/address")" --link-gbps $LINK \
-  --label "disagg-nixl-ray-$PHASE" --slo none > "$WORK/run-$PHASE.log" 2>&1
+  --label "disagg-nixl-ray-$PHASE${LABEL_TAIL:-}" --slo "${SLO:-none}" --repeat "${REPEAT:-1}" > "$WORK/run-$PHASE.log" 2>&1
 say "rc=$?: $(grep -E '==>|x \[|node|Error|kvlab:' "$WORK/run-$PHASE.log" | tail -25 | cut -c1-300 | tr '\n' '|')"

@@ -23,6 +23,7 @@ from kvlab.records import notebook
 from kvlab.records.models import LoadRecord
 from kvlab.report import build as report
 
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "validation"
 LAB = notebook.LAB_PD
 A = Node("0c9ff01aba76d4896e637fae", "10.0.0.1", "node-a.home.arpa", {"kvlab-host": "pre"})
 B = Node("83f2f3dcfc8df69ea8f4f7b8", "10.0.0.2", "node-b")
@@ -128,9 +129,27 @@ def test_two_ray_nodes_on_one_machine_are_one_machine_by_machine_id() -> None:
                                         "proxy": proxy}, "placed").fields()
     assert (two["topology"], two["single_machine"], two["same_machine"], two["link"],
             two["link_speed_mbps"]) == (topology.TWO_MACHINES, False, False, "eth0", 10000)
-    unknown = topology.ray_split("shared", {"prefill": _node("a", ""), "decode": _node("b", "m"),
+    unknown = topology.ray_split("shared", {"prefill": _node("a", "", "10.0.0.1"),
+                                            "decode": _node("b", "m", "10.0.0.2"),
                                             "proxy": proxy}, "placed").fields()
     assert (unknown["topology"], unknown["same_machine"]) == (topology.UNKNOWN, None)
+
+
+def test_two_ray_nodes_at_one_address_are_one_machine_without_machine_ids() -> None:
+    """The x2 H200 has no /etc/machine-id: its two Ray nodes (one per GPU) were recorded as
+    'topology unknown' (docs/validation/h200-x2-ray). Their recorded node facts now say one
+    machine, two GPUs; a loopback address alone proves nothing."""
+    text = (DOCS / "h200-x2-ray" / "notebook.jsonl").read_text().splitlines()
+    line = next(json.loads(t) for t in text
+                if '"record": "link"' in t and "disagg-nixl-ray-ipc" in t)
+    nodes = line["nodes"]
+    assert nodes["prefill"]["machine_id"] is None and line["topology"] == topology.UNKNOWN
+    now = topology.ray_split("nixl", nodes, "placed").fields()
+    assert (now["topology"], now["same_machine"], now["link"]) == (
+        topology.LOOPBACK, True, topology.LOOPBACK)
+    assert now["topology_from"] == "placed: two Ray nodes on one machine, GPU 0 and GPU 1"
+    here = {**_node("a", "", "127.0.0.1")}
+    assert topology.same_machine(here, {**here, "node": "b"}) is None
 
 
 def _rows(label: str, ttft: float, where: dict[str, Any]) -> list[LoadRecord]:

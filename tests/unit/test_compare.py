@@ -324,3 +324,19 @@ def test_nixl_timing_from_its_own_histograms_beside_the_bytes(tmp_path: Path) ->
     untimed = compare.compare([*pair(), link("disagg", 10_000, nixl=bare)], "b", "disagg",
                               "baseline", kv_bytes_per_token=114_688).record
     assert untimed["bytes"]["nixl_transfer"] is None
+
+
+def test_a_split_is_set_against_the_baseline_of_its_own_run() -> None:
+    """Two splits, each run with its own baseline: the older split's comparison takes its
+    own run's baseline, not the newest one (the H200 notebook holds NIXL's and Mooncake's)."""
+    records = [row("baseline", 1, 0.065, 0.02, 80.0, run_id="nixl"),
+               row("nixl-split", 1, 1.55, 0.02, 14.0, run_id="nixl"),
+               row("mooncake-split", 1, 0.44, 0.02, 38.0, run_id="mooncake"),
+               row("baseline", 1, 0.048, 0.02, 79.0, run_id="mooncake")]
+    split, base = compare.paired_rows(records, "nixl-split", "baseline")
+    assert (split[1].run_id, base[1].run_id) == ("nixl", "nixl")
+    split, base = compare.paired_rows(records, "mooncake-split", "baseline")
+    assert base[1].ttft_s is not None and base[1].ttft_s.p50 == 0.048
+    alone = [row("baseline", 1, 0.065, 0.02, 80.0, run_id="a"),
+             row("split", 1, 1.5, 0.02, 14.0, run_id="b")]  # no shared run: the newest each
+    assert compare.paired_rows(alone, "split", "baseline")[1][1].run_id == "a"

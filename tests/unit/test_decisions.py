@@ -192,3 +192,33 @@ def test_the_report_writes_them_after_the_tables(tmp_path: Path) -> None:
     found = json.loads(run.stdout)["decisions"]
     assert [d["lab"] for d in found] == ["offload", "offload", "offload", "pd"]
     assert [d["decided"] for d in found] == [False, False, False, True]
+
+
+def test_the_host_tier_pairs_the_two_sides_of_one_run(tmp_path: Path) -> None:
+    """An older tier-off run at another level and a later one (a capacity search's) stay out:
+    the tier-on row is set against the tier-off row of its own run (H200, 2026-11-30)."""
+    path = book(tmp_path,
+                load("offload-off-load", 1.00, c=37, run_id="older", **pressed(0.2)),
+                load("offload-off-load", 0.30, c=18, run_id="pair", **pressed(0.2)),
+                load("offload-on-load", 0.12, c=18, run_id="pair", **pressed(0.2)),
+                load("offload-off-load", 0.50, c=18, run_id="later", **pressed(0.2)))
+    d = answers(path)[decisions.HOST_Q]
+    assert d.decided, d.answer
+    assert "0.120 s with it against 0.300 s without (x0.40) at concurrency 18" in d.answer
+    rows = {r[0]: r for r in report(path).tables[0].rows}
+    assert rows["None, cache under pressure"][2] == "p50 0.300 (load: no turn order)"
+    assert rows["Host memory, cache under pressure"][2] == "p50 0.120 (load: no turn order)"
+
+
+def test_a_capacity_search_cut_short_is_said_so_with_its_probes(tmp_path: Path) -> None:
+    from kvlab.report.offload import capacity_words
+
+    probe = {"knob": "users", "step": 0}
+    path = book(tmp_path, load("offload-off-load", 0.3, c=37, **pressed(0.2)),
+                load("offload-off-load-capacity", 1.1, c=37, capacity_probe={**probe, "load": 37}),
+                load("offload-off-load-capacity", 0.2, c=18, capacity_probe={**probe, "load": 18}),
+                load("offload-off-load-capacity", 0.1, c=9,
+                     capacity_probe={**probe, "load": 9, "step": 1}))
+    assert capacity_words(notebook.read(path), "offload-off-load") == (
+        "capacity at the target: the search did not finish (no capacity line); its probes "
+        "measured users 18, 9 (rows offload-off-load-capacity)")

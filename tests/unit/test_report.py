@@ -400,7 +400,8 @@ def test_the_h200_nixl_run_reads_back_with_its_intervals_and_transfer_timing(
     source = Path(__file__).resolve().parents[2] / "docs" / "validation" / "h200-redo"
     shutil.copytree(source, tmp_path / "redo", ignore=shutil.ignore_patterns("*.png", "*.md"))
     text = build(tmp_path / "redo" / "notebook.jsonl").markdown()
-    row = next(line for line in text.splitlines() if line.startswith("| Two processes"))
+    lines = text.splitlines()
+    row = next(line for line in lines if "connector nixl;" in line)
     assert "connector nixl; link loopback; transport UCX_TLS=tcp,cuda_copy" in row
     assert "NIXL's own timing: 29 transfers of 569,801,622 bytes" in row
     assert "against 1.2315 s predicted at 4.00 Gbit/s" in row
@@ -408,3 +409,12 @@ def test_the_h200_nixl_run_reads_back_with_its_intervals_and_transfer_timing(
     assert row.endswith("vllm 0.26.0, ctx 8192, mem fraction 0.4, KV cache 32,704 tokens, "
                         "model models/shaped-qwen3-1.7b |")
     assert "topology: one machine (prefill 127.0.0.1, decode 127.0.0.1" in row
+    mooncake = next(line for line in lines if line.startswith("| Two processes"))
+    assert "connector mooncake; link loopback" in mooncake
+    assert "c=1 TTFT 9.18x [6.38, 12.62] slower" in mooncake
+    # the tier pair of one run (two repeats each side), not the older 37-user tier-off runs
+    tier = next(line for line in lines if line.startswith("| Host memory, cache under pressure"))
+    assert "TTFT p50 against the tier off at c=18: 0.59x [0.52, 0.64] faster" in tier
+    assert "vLLM's own count: 34,627,387,392 bytes read back to the device in 0.812 s" in tier
+    off = next(line for line in lines if line.startswith("| None, cache under pressure"))
+    assert "| p50 0.183 (load: no turn order) |" in off

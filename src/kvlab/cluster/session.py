@@ -182,9 +182,9 @@ class ClusterSession:
                 "link_speed_mbps": None}
 
     def same_machine(self, a: str, b: str) -> bool | None:
-        """Whether roles `a` and `b` run on one machine (by machine id; None: not known)."""
-        one, two = self.node_facts(a).get("machine_id"), self.node_facts(b).get("machine_id")
-        return None if not one or not two else one == two
+        """Whether roles `a` and `b` run on one machine (by machine id, else by address;
+        None: not known)."""
+        return topology.same_machine(self.node_facts(a), self.node_facts(b))
 
     def split_topology(self, connector: str, how: str) -> dict[str, Any]:
         """The topology fields of a split placed on this cluster."""

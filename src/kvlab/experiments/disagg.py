@@ -180,12 +180,17 @@ def _two_machines(lab: Lab) -> str | None:
     """Why the two-machine row is not run here (None: this run is that row)."""
     if lab.cluster is None:
         return TWO_MACHINES
-    if lab.cluster.same_machine("prefill", "decode") is False:
+    same = lab.cluster.same_machine("prefill", "decode")
+    if same is False:
         return None
     p, d = lab.cluster.node_facts("prefill"), lab.cluster.node_facts("decode")
+    if same is None:
+        return (f"needs two machines known to be two: PREFILL_HOST's Ray node ({p['node']}) "
+                f"and DECODE_HOST's ({d['node']}) have no machine id and different addresses, "
+                "so whether they are one machine is unknown")
     return (f"needs two machines: PREFILL_HOST's Ray node ({p['node']}) and DECODE_HOST's "
-            f"({d['node']}) are one machine (the same machine id), so this run is two Ray "
-            "nodes on one machine, recorded under the one-machine row")
+            f"({d['node']}) are one machine (one machine id, or one address), so this run "
+            "is two Ray nodes on one machine, recorded under the one-machine row")
 
 
 def predict(lab: Lab, spec: DisaggSpec, block: int) -> PredictionRecord:

@@ -157,22 +157,35 @@ def derive(url: str, known: Known) -> Topology:
                     link, how, same_machine=together)
 
 
-def _same(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool | None:
-    """Whether two processes' machines are one, by machine id (None: not known)."""
-    if not a or not b or not a.get("machine_id") or not b.get("machine_id"):
+def same_machine(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool | None:
+    """Whether two processes' machines are one: by machine id where both have one, else by
+    address, since two Ray nodes at one non-loopback address are one host (a container often
+    has no /etc/machine-id: the H200 machines have none). None: not known."""
+    if not a or not b:
         return None
-    return bool(a["machine_id"] == b["machine_id"])
+    if a.get("machine_id") and b.get("machine_id"):
+        return bool(a["machine_id"] == b["machine_id"])
+    here, there = a.get("address"), b.get("address")
+    if here and here == there and not is_loopback(str(here)):
+        return True
+    return None
+
+
+def _gpus(nodes: dict[str, dict[str, Any]]) -> str:
+    """", GPU 0 and GPU 1" where the two nodes hold different GPUs of one host."""
+    p, d = nodes["prefill"].get("gpus"), nodes["decode"].get("gpus")
+    return f", GPU {p} and GPU {d}" if p and d and p != d else ""
 
 
 def ray_split(connector: str, nodes: dict[str, dict[str, Any]], how: str) -> Topology:
     """Prefill and decode on Ray nodes (`nodes` by role: prefill, decode, proxy), placed by
     kvlab: one machine or two by machine id, the link the prefill node's interface."""
     prefill, decode = nodes["prefill"], nodes["decode"]
-    same = _same(prefill, decode)
-    everything = None if same is None else bool(same and _same(prefill, nodes.get("proxy")))
+    same = same_machine(prefill, decode)
+    everything = None if same is None else bool(same and same_machine(prefill, nodes.get("proxy")))
     topo = LOOPBACK if same else TWO_MACHINES if same is False else UNKNOWN
-    words = RAY_ONE_MACHINE if same else RAY_TWO_MACHINES if same is False \
-        else "two Ray nodes, machines unknown (no machine id)"
+    words = RAY_ONE_MACHINE + _gpus(nodes) if same else RAY_TWO_MACHINES if same is False \
+        else "two Ray nodes, machines unknown (no machine id, different addresses)"
     link = LOOPBACK if same else (prefill.get("iface") or UNKNOWN)
     return Topology(topo, everything, _hosts(nodes), connector, link, f"{how}: {words}", RAY,
                     nodes, same, None if same else prefill.get("link_speed_mbps"))
@@ -180,7 +193,7 @@ def ray_split(connector: str, nodes: dict[str, dict[str, Any]], how: str) -> Top
 
 def ray_instance(nodes: dict[str, dict[str, Any]], how: str) -> Topology:
     """One engine on a Ray node (`nodes`: instance, and client: where the load came from)."""
-    together = _same(nodes["instance"], nodes.get("client"))
+    together = same_machine(nodes["instance"], nodes.get("client"))
     link = LOOPBACK if together else (nodes["instance"].get("iface") or UNKNOWN)
     return Topology(ONE_INSTANCE, together, _hosts(nodes), "none", link, how, RAY, nodes,
                     None, None if together else nodes["instance"].get("link_speed_mbps"))

@@ -65,6 +65,22 @@ def load_rows(records: list[Record], label: str) -> dict[int, LoadRecord]:
             if isinstance(r, LoadRecord) and r.label == label and r.ttft_s is not None}
 
 
+def paired_rows(records: list[Record], label_a: str,
+                label_b: str) -> tuple[dict[int, LoadRecord], dict[int, LoadRecord]]:
+    """Both labels' rows for comparing them: where the newest row of `label_a` comes from a
+    `kvlab run` that measured `label_b` too (one run_id), both sides come from that run
+    alone, so that a later or an older run of one side (a capacity search's, another split's
+    baseline) is never paired with it; otherwise each label's newest row per level."""
+    newest = next((r for r in reversed(records) if isinstance(r, LoadRecord)
+                   and r.label == label_a and r.ttft_s is not None), None)
+    if newest is not None and newest.run_id is not None:
+        run = [r for r in records if r.run_id == newest.run_id]
+        rows_b = load_rows(run, label_b)
+        if rows_b:
+            return load_rows(run, label_a), rows_b
+    return load_rows(records, label_a), load_rows(records, label_b)
+
+
 def link_line(records: list[Record], label: str) -> LinkRecord | None:
     """The most recent `link` record of one label."""
     found = [r for r in records if isinstance(r, LinkRecord) and r.label == label]
@@ -386,7 +402,7 @@ def _not_measured(d: LoadRecord, b: LoadRecord) -> dict[str, str]:
 
 def _pick(records: list[Record], disagg: str,
           baseline: str) -> tuple[dict[int, LoadRecord], dict[int, LoadRecord]]:
-    rows_d, rows_b = load_rows(records, disagg), load_rows(records, baseline)
+    rows_d, rows_b = paired_rows(records, disagg, baseline)
     missing = [name for name, rows in ((disagg, rows_d), (baseline, rows_b)) if not rows]
     if missing:
         present = ", ".join(sorted({r.label for r in records if r.label}))

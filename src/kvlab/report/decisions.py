@@ -71,8 +71,7 @@ HOST_Q = "Did the host tier pay?"
 
 def host_tier(book: Notebook) -> Decision:
     lab, records = "offload", book.records
-    on = compare.load_rows(records, compare.OFFLOAD_ON)
-    off = compare.load_rows(records, compare.OFFLOAD_OFF)
+    on, off = compare.paired_rows(records, compare.OFFLOAD_ON, compare.OFFLOAD_OFF)
     for rows, label, what in ((on, compare.OFFLOAD_ON, "the tier-on run under pressure"),
                               (off, compare.OFFLOAD_OFF, "the tier-off run under pressure")):
         if not rows:
@@ -258,7 +257,8 @@ def configuration(book: Notebook) -> Decision:
     base = compare.load_rows(book.records, "baseline")
     if not base:
         return _undecided(lab, PD_Q, _absent(book, "baseline", "the single-machine baseline"))
-    judged = [_judge(book, g, base) for g in split_groups(book)]
+    judged = [_judge(book, g, compare.paired_rows(book.records, g.label, "baseline")[1])
+              for g in split_groups(book)]  # each split against its own run's baseline
     if not judged:
         return _undecided(lab, PD_Q, "no split run is in the notebook, so there is nothing to "
                                      "choose against the baseline")

@@ -84,8 +84,7 @@ def _pairs(book: Notebook) -> list[tuple[str, str]]:
 def interval_rows(book: Notebook) -> list[list[Any]]:
     out: list[list[Any]] = []
     for a_label, b_label in _pairs(book):
-        a = compare.load_rows(book.records, a_label)
-        b = compare.load_rows(book.records, b_label)
+        a, b = compare.paired_rows(book.records, a_label, b_label)
         for level, found in intervals.pair_levels(book.path, book.records, a, b).items():
             for key, iv in found.items():
                 row = iv.as_dict()

@@ -20,7 +20,6 @@ from kvlab.report import compare, intervals
 from kvlab.report.common import (
     Table,
     latest,
-    load_rows,
     measured_on,
     missing,
     not_run,
@@ -108,10 +107,11 @@ def _turn2(r: Record) -> str:
 
 
 def _pressure_row(book: Notebook, tier: str, label: str) -> list[str]:
-    rows = load_rows(book, label)
+    on, off = compare.paired_rows(book.records, compare.OFFLOAD_ON, compare.OFFLOAD_OFF)
+    rows = on if label == compare.OFFLOAD_ON else off  # the two rows from one run
     if not rows:
         return missing(tier, "load generator under pressure", book, label, 5)
-    r = rows[-1]
+    r = rows[max(rows)]
     p = r.get("pressure") or {}
     planned, reached = p.get("planned") or {}, p.get("reached") or {}
     ttft = r.get("ttft_s") or {}
@@ -174,8 +174,7 @@ def tier_transfers(deltas: dict[str, Any]) -> str | None:
 
 def _tier_against_none(book: Notebook) -> str | None:
     """TTFT p50 with the host tier over without it, at the highest level both ran."""
-    on = compare.load_rows(book.records, compare.OFFLOAD_ON)
-    off = compare.load_rows(book.records, compare.OFFLOAD_OFF)
+    on, off = compare.paired_rows(book.records, compare.OFFLOAD_ON, compare.OFFLOAD_OFF)
     shared = sorted(set(on) & set(off))
     if not shared:
         return None
@@ -232,8 +231,22 @@ def capacity_words(book: Notebook, label: str) -> str:
     skipped = not_run(book, f"{label}-capacity")
     if skipped is not None:
         return f"capacity at the target: not run here ({skipped.reason})"
+    probes = [r.get("capacity_probe") or {} for r in book.records
+              if r.record == "load" and r.label == f"{label}-capacity"]
+    if probes:  # a search cut short (a time limit) leaves its probes and no capacity line
+        newest = probes[probes_start(probes):]
+        loads = ", ".join(f"{float(p.get('load') or 0):g}" for p in newest)
+        return (f"capacity at the target: the search did not finish (no capacity line); its "
+                f"probes measured {newest[0].get('knob', 'load')} {loads} (rows "
+                f"{label}-capacity)")
     return "capacity at the target: not measured (kvlab run with a target, or kvlab load " \
            "--find-capacity)"
+
+
+def probes_start(probes: list[dict[str, Any]]) -> int:
+    """Where the newest search begins among a label's probes (its step 0)."""
+    starts = [i for i, p in enumerate(probes) if p.get("step") == 0]
+    return starts[-1] if starts else 0
 
 
 def _working_set(planned: dict[str, Any], prompt_set: str | None) -> str:

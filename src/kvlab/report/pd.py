@@ -155,7 +155,7 @@ def _against_baseline(book: Notebook, group: Group) -> list[str]:
     95% interval where both sides have per-request data, else the comparison's ratio."""
     if group.comparison is None:
         return []
-    base = compare.load_rows(book.records, "baseline")
+    base = compare.paired_rows(book.records, group.label, "baseline")[1]  # its own run's
     mine = {r.concurrency: r for r in group.rows}
     cells = []
     for lv in group.comparison.levels:

@@ -78,7 +78,9 @@ def ttft_per_turn(book: Notebook, out: Path) -> Path | None:
 
 
 def by_concurrency(book: Notebook, out: Path, base: str, other: str) -> Path | None:
-    series = {label: load_rows(book, label) for label in (base, other)}
+    paired = compare.paired_rows(book.records, other, base)  # one run's two sides
+    series = {base: [paired[1][c] for c in sorted(paired[1])],
+              other: [paired[0][c] for c in sorted(paired[0])]}
     if not any(series.values()):
         return None
     plt = _pyplot()
@@ -102,8 +104,7 @@ def by_concurrency(book: Notebook, out: Path, base: str, other: str) -> Path | N
 
 def _ratio_panel(ax: Any, book: Notebook, base: str, other: str) -> None:
     """TTFT p50 other / base by level, each with its 95% interval as an error bar."""
-    a = compare.load_rows(book.records, other)
-    b = compare.load_rows(book.records, base)
+    a, b = compare.paired_rows(book.records, other, base)
     found = intervals.pair_levels(book.path, book.records, a, b, (intervals.BY_KEY["ttft_p50"],))
     ax.set(xlabel="concurrency", ylabel=f"TTFT p50, {other} / {base}",
            title="TTFT p50 ratio, 95% interval")
