@@ -218,7 +218,8 @@ def test_a_capacity_search_cut_short_is_said_so_with_its_probes(tmp_path: Path) 
                 load("offload-off-load-capacity", 1.1, c=37, capacity_probe={**probe, "load": 37}),
                 load("offload-off-load-capacity", 0.2, c=18, capacity_probe={**probe, "load": 18}),
                 load("offload-off-load-capacity", 0.1, c=9,
-                     capacity_probe={**probe, "load": 9, "step": 1}))
+                     capacity_probe={**probe, "load": 9, "step": 1}),
+                load("offload-off-load-capacity", 0.4, c=4))  # a run labelled so: no probe
     assert capacity_words(notebook.read(path), "offload-off-load") == (
         "capacity at the target: the search did not finish (no capacity line); its probes "
         "measured users 18, 9 (rows offload-off-load-capacity)")

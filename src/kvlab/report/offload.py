@@ -231,8 +231,8 @@ def capacity_words(book: Notebook, label: str) -> str:
     skipped = not_run(book, f"{label}-capacity")
     if skipped is not None:
         return f"capacity at the target: not run here ({skipped.reason})"
-    probes = [r.get("capacity_probe") or {} for r in book.records
-              if r.record == "load" and r.label == f"{label}-capacity"]
+    probes = [r.get("capacity_probe") for r in book.records
+              if r.record == "load" and r.label == f"{label}-capacity" and r.get("capacity_probe")]
     if probes:  # a search cut short (a time limit) leaves its probes and no capacity line
         newest = probes[probes_start(probes):]
         loads = ", ".join(f"{float(p.get('load') or 0):g}" for p in newest)
