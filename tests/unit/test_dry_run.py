@@ -53,3 +53,23 @@ def test_a_bad_run_option_is_one_line_and_exit_2(tmp_path: Path, args: tuple[str
     assert result.returncode == 2, result.stderr
     assert len(result.stderr.strip().splitlines()) <= 4 and "Traceback" not in result.stderr
     assert args[1] in result.stderr
+
+
+def test_one_tier_side_plans_only_that_side_of_the_pressure_pair(tmp_path: Path) -> None:
+    """`--tier on` (a capacity search with the tier on, in a call of its own) plans the
+    tier-on pressure engine and not the tier-off one; a GPU profile so the tier can run."""
+    env = {**os.environ, "KVLAB_HOME": str(tmp_path / "home"), "KV_OFFLOAD_GB": "0.5",
+           "KVLAB_PROFILE": "gpu-shaped", "VLLM_CMD": sys.executable,
+           "KV_OFFLOAD_ALLOW_SWAP": "1"}  # the planned tier, sized to the working set
+    result = subprocess.run([sys.executable, "-m", "kvlab", "run", "offload", "--part",
+                             "pressure", "--tier", "on", "--think-time", "exponential:7",
+                             "--dry-run", "--json"], capture_output=True, text=True, env=env,
+                            check=False, timeout=300)
+    assert result.returncode == 0, result.stderr
+    labels = [p["label"] for p in json.loads(result.stdout)["plans"]]
+    assert labels == ["offload-on-load"]
+    bad = subprocess.run([sys.executable, "-m", "kvlab", "run", "offload", "--think-time",
+                          "soon", "--dry-run"], capture_output=True, text=True, env=env,
+                         check=False, timeout=300)
+    assert bad.returncode == 2 and "--think-time 'soon'" in bad.stderr
+    assert "Traceback" not in bad.stderr

@@ -286,6 +286,14 @@ def _ms(seconds: float | None) -> str:
               help="At least this many requests per pressure run.")
 @click.option("--part", type=click.Choice(["all", "quiet", "pressure"]), default="all",
               show_default=True, help="Run only the quiet pair or only the pressure pair.")
+@click.option("--tier", type=click.Choice(["both", "off", "on"]), default="both",
+              show_default=True,
+              help="The pressure runs' sides: one alone runs its repeats (and capacity "
+                   "search) back to back, for a call too short for both; give --think-time "
+                   "the other side's so that the tier stays the one variable.")
+@click.option("--think-time", default="",
+              help="The pressure runs' think time, e.g. exponential:7.0 (seconds) [default: "
+                   "paced to --concurrency by the first tier-off run].")
 @click.option("--dry-run", is_flag=True, help="Print the plans and start nothing.")
 @slo_option
 @repeat_option
@@ -294,12 +302,15 @@ def _ms(seconds: float | None) -> str:
 @json_option
 @click.pass_context
 def offload(ctx: click.Context, turns: int, preamble_words: int | None, concurrency: int,
-            min_requests: int, part: str, dry_run: bool, slo: str, repeat: int,
-            cluster: str | None, node: str | None, as_json: bool) -> None:
+            min_requests: int, part: str, tier: str, think_time: str, dry_run: bool, slo: str,
+            repeat: int, cluster: str | None, node: str | None, as_json: bool) -> None:
     """The host-memory tier: off and on, quiet and under found pressure."""
     from kvlab.experiments import offload as experiment
+    from kvlab.loadgen.sessions import ThinkTime
 
     out = Output(as_json)
+    if think_time:
+        ThinkTime.parse(think_time)  # refused now, before any engine starts
     # a dry run installs nothing and makes no models: it only shows the plans
     settings = (settings_from(ctx) if dry_run else prepared_settings(ctx, out.err)).values
     spec = experiment.OffloadSpec(turns=turns,
@@ -307,7 +318,8 @@ def offload(ctx: click.Context, turns: int, preamble_words: int | None, concurre
                                   concurrency=concurrency, min_requests=min_requests, part=part,
                                   load_max_tokens=settings.max_tokens,
                                   preamble_tokens=settings.preamble_tokens,
-                                  capacity=_capacity(slo), repeat=repeat)
+                                  capacity=_capacity(slo), repeat=repeat, tier=tier,
+                                  think_time=think_time)
     _plans_or_run(out, settings, "offload", spec, dry_run,
                   lambda p: part == "all" or p["label"].endswith("-load") == (part == "pressure"),
                   _placement(settings, cluster, node))

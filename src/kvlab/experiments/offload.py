@@ -68,6 +68,8 @@ class OffloadSpec:
     think_time: str = ""  # loadgen.sessions.ThinkTime; "": paced to `concurrency` in flight
     capacity: CapacityAsk | None = None  # the most users at a target, tier off and on
     repeat: int = 1  # the pressure runs: each side this many times, in alternating order
+    tier: str = "both"  # the pressure runs' sides: "off", "on" or both (a side alone: its
+    # capacity search in a call of its own; the other side is another run's)
 
 
 def _plan(lab: Lab, on: bool, *, kv_cache_bytes: int = 0, probe: bool = True,
@@ -242,16 +244,8 @@ async def run(lab: Lab, spec: OffloadSpec) -> list[Record]:
     if spec.part == "quiet":
         return out
     pressure = pressure_plan(lab, spec)
-    if cannot:
-        every = repeats.Session(0, repeats.one_side(spec.repeat), True)  # back to back
-        out += await under_pressure(lab, spec, False, pressure, every)
-        out.append(lab.not_run(LAB, "offload-on-load", "Host memory, cache under pressure",
-                               CPU_CANNOT_OFFLOAD))
-        if spec.capacity is not None:
-            out.append(lab.not_run(LAB, "offload-on-load-capacity",
-                                   "Host memory, the most users at the target",
-                                   CPU_CANNOT_OFFLOAD))
-        return out
+    if cannot or spec.tier != "both":
+        return out + await _one_side(lab, spec, pressure, cannot)
     for session in repeats.sessions(spec.repeat):
         rows = await under_pressure(lab, spec, session.side == 1, pressure, session)
         think = think_of(rows)
@@ -260,6 +254,26 @@ async def run(lab: Lab, spec: OffloadSpec) -> list[Record]:
             # one variable changed
             spec = replace(spec, think_time=f"exponential:{think}")
         out += rows
+    return out
+
+
+async def _one_side(lab: Lab, spec: OffloadSpec, pressure: PressurePlan,
+                    cannot: bool) -> list[Record]:
+    """The pressure runs of one side, repeats back to back: `--tier off|on`, or tier off
+    alone where the tier cannot run (with the reason the other side is missing)."""
+    out: list[Record] = []
+    every = repeats.Session(0, repeats.one_side(spec.repeat), True)
+    if spec.tier in ("both", "off"):
+        out += await under_pressure(lab, spec, False, pressure, every)
+    if spec.tier in ("both", "on") and cannot:
+        out.append(lab.not_run(LAB, "offload-on-load", "Host memory, cache under pressure",
+                               CPU_CANNOT_OFFLOAD))
+        if spec.capacity is not None:
+            out.append(lab.not_run(LAB, "offload-on-load-capacity",
+                                   "Host memory, the most users at the target",
+                                   CPU_CANNOT_OFFLOAD))
+    elif spec.tier == "on":
+        out += await under_pressure(lab, spec, True, pressure, replace(every, side=1))
     return out
 
 
@@ -281,6 +295,8 @@ def dry_run(lab: Lab, spec: OffloadSpec) -> list[dict[str, Any]]:
     for label, on, kv in (("offload-off", False, 0), ("offload-on", True, 0),
                           ("offload-off-load", False, pressure.kv_cache_bytes),
                           ("offload-on-load", True, pressure.kv_cache_bytes)):
+        if kv and spec.tier != "both" and on != (spec.tier == "on"):
+            continue  # --tier: the pressure pair's other side is not run
         if on and cannot:
             out.append({"label": label, "reason": CPU_CANNOT_OFFLOAD})
             continue
