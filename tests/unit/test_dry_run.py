@@ -66,8 +66,14 @@ def test_one_tier_side_plans_only_that_side_of_the_pressure_pair(tmp_path: Path)
                              "--dry-run", "--json"], capture_output=True, text=True, env=env,
                             check=False, timeout=300)
     assert result.returncode == 0, result.stderr
-    labels = [p["label"] for p in json.loads(result.stdout)["plans"]]
-    assert labels == ["offload-on-load"]
+    plans = json.loads(result.stdout)["plans"]
+    assert [p["label"] for p in plans] == ["offload-on-load"]
+    raised = plans[0]["shell"]  # KV_OFFLOAD_GB 0.5 is raised to hold the working set
+    assert "--kv-offloading-size 0.5" not in raised and "--kv-offloading-size" in raised
+    small = subprocess.run([sys.executable, "-m", "kvlab", "run", "offload", "--part",
+                            "pressure", "--tier", "on", "--tier-gb", "3", "--dry-run", "--json"],
+                           capture_output=True, text=True, env=env, check=False, timeout=300)
+    assert "--kv-offloading-size 3 " in json.loads(small.stdout)["plans"][0]["shell"]
     bad = subprocess.run([sys.executable, "-m", "kvlab", "run", "offload", "--think-time",
                           "soon", "--dry-run"], capture_output=True, text=True, env=env,
                          check=False, timeout=300)

@@ -291,6 +291,10 @@ def _ms(seconds: float | None) -> str:
               help="The pressure runs' sides: one alone runs its repeats (and capacity "
                    "search) back to back, for a call too short for both; give --think-time "
                    "the other side's so that the tier stays the one variable.")
+@click.option("--tier-gb", type=click.FloatRange(min=0, min_open=True),
+              help="The pressure runs' host tier in GiB, as given [default: KV_OFFLOAD_GB, "
+                   "raised to hold the working set]; smaller than the working set measures a "
+                   "tier that cannot hold it.")
 @click.option("--think-time", default="",
               help="The pressure runs' think time, e.g. exponential:7.0 (seconds) [default: "
                    "paced to --concurrency by the first tier-off run].")
@@ -302,8 +306,9 @@ def _ms(seconds: float | None) -> str:
 @json_option
 @click.pass_context
 def offload(ctx: click.Context, turns: int, preamble_words: int | None, concurrency: int,
-            min_requests: int, part: str, tier: str, think_time: str, dry_run: bool, slo: str,
-            repeat: int, cluster: str | None, node: str | None, as_json: bool) -> None:
+            min_requests: int, part: str, tier: str, tier_gb: float | None, think_time: str,
+            dry_run: bool, slo: str, repeat: int, cluster: str | None, node: str | None,
+            as_json: bool) -> None:
     """The host-memory tier: off and on, quiet and under found pressure."""
     from kvlab.experiments import offload as experiment
     from kvlab.loadgen.sessions import ThinkTime
@@ -319,7 +324,7 @@ def offload(ctx: click.Context, turns: int, preamble_words: int | None, concurre
                                   load_max_tokens=settings.max_tokens,
                                   preamble_tokens=settings.preamble_tokens,
                                   capacity=_capacity(slo), repeat=repeat, tier=tier,
-                                  think_time=think_time)
+                                  tier_gb=tier_gb, think_time=think_time)
     _plans_or_run(out, settings, "offload", spec, dry_run,
                   lambda p: part == "all" or p["label"].endswith("-load") == (part == "pressure"),
                   _placement(settings, cluster, node))

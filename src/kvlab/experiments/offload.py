@@ -68,6 +68,8 @@ class OffloadSpec:
     think_time: str = ""  # loadgen.sessions.ThinkTime; "": paced to `concurrency` in flight
     capacity: CapacityAsk | None = None  # the most users at a target, tier off and on
     repeat: int = 1  # the pressure runs: each side this many times, in alternating order
+    tier_gb: float | None = None  # the pressure runs' host tier exactly (None: KV_OFFLOAD_GB,
+    # raised to hold the working set), to measure a tier that does not hold it
     tier: str = "both"  # the pressure runs' sides: "off", "on" or both (a side alone: its
     # capacity search in a call of its own; the other side is another run's)
 
@@ -116,6 +118,14 @@ def pressure_plan(lab: Lab, spec: OffloadSpec) -> PressurePlan:
                          min_requests=spec.min_requests)
 
 
+def _pressure_tier_gb(lab: Lab, spec: OffloadSpec, pressure: PressurePlan) -> float:
+    """The tier under pressure: `--tier-gb` as given, else KV_OFFLOAD_GB raised to hold the
+    working set."""
+    if spec.tier_gb is not None:
+        return spec.tier_gb
+    return pressure.tier_gb(lab.settings.kv_offload_gb)
+
+
 def _sessions_load(lab: Lab, spec: OffloadSpec, pressure: PressurePlan, label: str,
                    url: str, tier: str) -> LoadSpec:
     """The pressure run's user sessions: the planned users, their conversations, think time."""
@@ -138,7 +148,7 @@ async def under_pressure(lab: Lab, spec: OffloadSpec, on: bool, pressure: Pressu
     of the session; then, in the side's first session and with a target, the most users
     that meet it."""
     label = "offload-on-load" if on else "offload-off-load"
-    gb = pressure.tier_gb(lab.settings.kv_offload_gb) if on else None
+    gb = _pressure_tier_gb(lab, spec, pressure) if on else None
     rows: list[Record] = []
     async with engines(lab, [_plan(lab, on, kv_cache_bytes=pressure.kv_cache_bytes,
                                    tier_gb=gb)], labels=[label]) as (proc,):
@@ -301,7 +311,7 @@ def dry_run(lab: Lab, spec: OffloadSpec) -> list[dict[str, Any]]:
             out.append({"label": label, "reason": CPU_CANNOT_OFFLOAD})
             continue
         plan = _plan(lab, on, kv_cache_bytes=kv, probe=False,
-                     tier_gb=pressure.tier_gb(lab.settings.kv_offload_gb) if on and kv else None)
+                     tier_gb=_pressure_tier_gb(lab, spec, pressure) if on and kv else None)
         out.append({"label": label, "plan": plan.as_dict(), "shell": plan.shell_line(),
                     **({"pressure": pressure.as_dict()} if kv else {})})
     return out
