@@ -17,7 +17,6 @@ the fingerprint still is.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,10 +183,14 @@ def _show(name: str, value: Any) -> str:
 
 async def compare(urls: list[str], *, ignore: tuple[str, ...] = (), timeout_s: float = 20.0,
                   headers: dict[str, str] | None = None) -> Compatibility:
-    """Probe every instance (fingerprint included) and name what differs; refuses nothing."""
+    """Probe every instance (fingerprint included) and name what differs; refuses nothing.
+
+    One instance at a time: a split's producer saves the fingerprint prompt's KV to the store
+    its consumer reads, and vLLM's shared-storage connector takes an entry's directory for the
+    whole entry, so a consumer probed alongside found it half written and died on the missing
+    layer file (CI, 2026-11-30)."""
     async with httpx.AsyncClient(timeout=timeout_s, trust_env=False, headers=headers) as client:
-        facts = list(await asyncio.gather(*(probe(client, u, with_fingerprint=True)
-                                            for u in urls)))
+        facts = [await probe(client, u, with_fingerprint=True) for u in urls]
     return Compatibility(facts, differences(facts, ignore), notes(facts))
 
 
