@@ -148,6 +148,10 @@ def test_two_ray_nodes_at_one_address_are_one_machine_without_machine_ids() -> N
     assert (now["topology"], now["same_machine"], now["link"]) == (
         topology.LOOPBACK, True, topology.LOOPBACK)
     assert now["topology_from"] == "placed: two Ray nodes on one machine, GPU 0 and GPU 1"
+    veth = topology.ray_split("nixl", {"prefill": {**_node("a", "m1", "10.77.0.1"), "iface": "kv0"},
+                                       "decode": {**_node("b", "m1", "10.77.0.2"), "iface": "kv0"},
+                                       "proxy": {}}, "placed").fields()
+    assert (veth["same_machine"], veth["link"]) == (True, "kv0")  # two namespaces, one link
     here = {**_node("a", "", "127.0.0.1")}
     assert topology.same_machine(here, {**here, "node": "b"}) is None
 

@@ -186,7 +186,10 @@ def ray_split(connector: str, nodes: dict[str, dict[str, Any]], how: str) -> Top
     topo = LOOPBACK if same else TWO_MACHINES if same is False else UNKNOWN
     words = RAY_ONE_MACHINE + _gpus(nodes) if same else RAY_TWO_MACHINES if same is False \
         else "two Ray nodes, machines unknown (no machine id, different addresses)"
-    link = LOOPBACK if same else (prefill.get("iface") or UNKNOWN)
+    # one machine's two nodes at two addresses (network namespaces joined by a veth pair)
+    # still talk over a link: its interface, not loopback
+    apart = prefill.get("address") != decode.get("address")
+    link = LOOPBACK if same and not apart else (prefill.get("iface") or UNKNOWN)
     return Topology(topo, everything, _hosts(nodes), connector, link, f"{how}: {words}", RAY,
                     nodes, same, None if same else prefill.get("link_speed_mbps"))
 
