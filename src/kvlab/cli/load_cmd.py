@@ -27,7 +27,7 @@ from rich.console import Console
 
 from kvlab.cli.common import Output, json_option, settings_from
 from kvlab.core.errors import InputError, SettingError
-from kvlab.core.settings import LoadedSettings
+from kvlab.core.settings import POINT_TO_POINT, LoadedSettings
 from kvlab.engines.base import ALIASES as ENGINE_ALIASES
 from kvlab.engines.base import NAMES as ENGINE_NAMES
 from kvlab.engines.base import VLLM, canonical_name
@@ -37,7 +37,6 @@ T = TypeVar("T")
 ENGINES = (*ENGINE_NAMES, *ENGINE_ALIASES)  # the seed's load-test.py says llamacpp
 PROGRESS_REDRAWS_PER_S = 2
 TRACE_IN_FLIGHT = 256  # a trace's in-flight cap unless CONCURRENCY is set
-POINT_TO_POINT = ("nixl", "mooncake")  # connectors that advertise SIDE_CHANNEL_ADDR
 
 
 def run_interruptible(out: Output, body: Callable[[asyncio.Event], Awaitable[T]]) -> T:

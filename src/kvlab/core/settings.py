@@ -33,6 +33,7 @@ from kvlab.core.errors import SettingError
 from kvlab.core.paths import KvlabPaths
 
 Connector = Literal["shared", "nixl", "mooncake", "lmcache"]
+POINT_TO_POINT = ("nixl", "mooncake")  # connectors whose handshake uses SIDE_CHANNEL_ADDR
 OffloadBackend = Literal["native", "lmcache"]
 PromptSet = Literal["shared-prefix", "mixed", "multi-turn"]
 LlamaCacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]

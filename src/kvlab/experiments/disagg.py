@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kvlab.core.settings import Settings
+from kvlab.core.settings import POINT_TO_POINT, Settings
 from kvlab.engines import vllm
 from kvlab.engines.base import VLLM, engine_for
 from kvlab.engines.plan import EnginePlan, Flag
@@ -87,7 +87,6 @@ NO_NIXL = (
 PARTS = DISAGG_PARTS
 LOAD, CANCEL, BOUNDARY = PARTS
 PREDICTED_PROMPTS = 8  # the prompts whose mean length the prediction takes
-POINT_TO_POINT = ("nixl", "mooncake")  # connectors with a side channel (SIDE_CHANNEL_ADDR)
 
 
 @dataclass(frozen=True)
@@ -112,24 +111,21 @@ class DisaggSpec:
 def _settings(lab: Lab, store: str) -> Settings:
     """CONNECTOR as set (shared by default; nixl and mooncake move the KV point to point,
     the store then unused), both roles on this machine's one device unless placed."""
-    update: dict[str, Any] = {"single_machine": True, "kv_shared_path": store}
-    if connector(lab) in POINT_TO_POINT and not lab.settings.side_channel_addr:
-        # both on this machine (on a cluster, each node's own address replaces it)
-        update["side_channel_addr"] = "127.0.0.1"
-    return lab.settings.model_copy(update=update)
+    return lab.settings.model_copy(update={"single_machine": True, "kv_shared_path": store,
+                                           "side_channel_addr": _side_channel(lab)})
 
 
-def connector(lab: Lab) -> str:
-    return lab.settings.connector
+def _side_channel(lab: Lab) -> str:
+    """SIDE_CHANNEL_ADDR, or this machine's loopback for a point-to-point connector when it is
+    unset (both roles here; on a cluster each node's own address replaces it)."""
+    if lab.settings.connector in POINT_TO_POINT:
+        return lab.settings.side_channel_addr or "127.0.0.1"
+    return lab.settings.side_channel_addr
 
 
 def transport(lab: Lab) -> dict[str, str]:
-    """What carried a point-to-point connector's KV, as far as settings force it: UCX_TLS
-    (NIXL's transport library reads it; unset, UCX picks, e.g. cuda_ipc between GPUs)."""
-    if connector(lab) != "nixl":
-        return {}
-    forced = os.environ.get("UCX_TLS")
-    return {"transport": f"UCX_TLS={forced}" if forced else "UCX's own choice (UCX_TLS unset)"}
+    """What carried the KV, as far as the environment forces it (NIXL's UCX_TLS)."""
+    return vllm.nixl_transport(lab.settings.connector, dict(os.environ))
 
 
 def pair_plans(lab: Lab, store: str) -> list[EnginePlan]:
@@ -162,11 +158,10 @@ def baseline_plan(lab: Lab, store: str) -> EnginePlan:
 def split_where(lab: Lab) -> dict[str, Any]:
     """The split's topology fields: loopback here, or as the cluster placed it."""
     if lab.cluster is None:
-        return {**topology.loopback_split(connector(lab), STARTED_HERE).fields(),
+        return {**topology.loopback_split(lab.settings.connector, STARTED_HERE).fields(),
                 **transport(lab)}
-    return {**lab.cluster.split_topology(connector(lab), "kvlab run disagg placed prefill and "
-                                         "decode on Ray nodes (machine ids from their agents)"),
-            **transport(lab)}
+    how = "kvlab run disagg placed prefill and decode on Ray nodes (machine ids from their agents)"
+    return {**lab.cluster.split_topology(lab.settings.connector, how), **transport(lab)}
 
 
 def baseline_where(lab: Lab) -> dict[str, Any]:
@@ -211,8 +206,8 @@ def predict(lab: Lab, spec: DisaggSpec, block: int) -> PredictionRecord:
     if link is None:
         fields["ttft_prediction"] = (
             "worse at every concurrency on one device: the split adds a second prefill "
-            "request, " + ("a store write and read" if connector(lab) == "shared"
-                           else f"a {connector(lab)} transfer")
+            "request, " + ("a store write and read" if lab.settings.connector == "shared"
+                           else f"a {lab.settings.connector} transfer")
             + ", and a proxy hop, and no network can be faster than not moving the cache at "
             "all")
     name = "prediction" if spec.label == "disagg" else f"prediction-{spec.label}"
@@ -262,8 +257,8 @@ def _link_spec(lab: Lab, urls: tuple[str, ...], legs: dict[str, str], where: dic
     """The counters around a load: the split's (`legs` named) or the baseline's."""
     # this machine's counters: loopback, unless the cluster's nodes are other machines
     iface = LOOPBACK if where["link"] == topology.LOOPBACK else lab.settings.cluster_iface
-    via = connector(lab) if legs else "none"
-    side = (lab.settings.side_channel_addr or "127.0.0.1") if via in POINT_TO_POINT else ""
+    via = lab.settings.connector if legs else "none"
+    side = _side_channel(lab) if via in POINT_TO_POINT else ""
     return LinkSpec(connector=via, context_length=lab.settings.ctx, iface=iface,
                     metrics_urls=urls, store_path=store_path if via == "shared" else "",
                     side_channel_addr=side,
@@ -280,7 +275,7 @@ def _writer(lab: Lab, roles: tuple[str, ...], store: str = "") -> Callable[[Reco
 async def _preflight(lab: Lab, spec: DisaggSpec, store: Path) -> None:
     """On a cluster, before anything starts: engines and models on their nodes, one store."""
     prefill, decode = pair_plans(lab, str(store))
-    plans = [prefill, decode, proxy_plan(prefill, decode, connector(lab))]
+    plans = [prefill, decode, proxy_plan(prefill, decode, lab.settings.connector)]
     if spec.has(LOAD) or spec.has(BOUNDARY):
         plans.append(baseline_plan(lab, str(store)))
     await lab.preflight(plans, store, "prefill", ("decode",))
@@ -329,7 +324,8 @@ async def _split_session(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured
     # are the started plans' (on a cluster, their nodes' addresses)
     async with engines(lab, pair_plans(lab, str(store)),
                        labels=[f"{spec.label}-prefill", f"{spec.label}-decode"]) as pair, \
-            engines(lab, [proxy_plan(pair[0].plan, pair[1].plan, connector(lab))]) as (proxy,):
+            engines(lab, [proxy_plan(pair[0].plan, pair[1].plan,
+                                     lab.settings.connector)]) as (proxy,):
         prefill, decode = pair[0].plan, pair[1].plan
         if session.first:
             crossing = await crossing_check(proxy.plan.base_url, [prefill.base_url],
@@ -424,7 +420,7 @@ def dry_run(lab: Lab, spec: DisaggSpec) -> list[dict[str, Any]]:
     # the decode plan checks that its store exists; a run makes a fresh one in KVLAB_HOME/stores
     with tempfile.TemporaryDirectory(prefix="kvlab-store-") as store:
         prefill, decode = pair_plans(lab, store)
-        plans = [prefill, decode, proxy_plan(prefill, decode, connector(lab))]
+        plans = [prefill, decode, proxy_plan(prefill, decode, lab.settings.connector)]
         if spec.has(LOAD) or spec.has(BOUNDARY):
             plans.append(baseline_plan(lab, store))
     out: list[dict[str, Any]] = [{"label": p.role, "plan": p.as_dict(),

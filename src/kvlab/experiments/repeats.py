@@ -26,8 +26,7 @@ class Session:
 def order(count: int, sides: int = 2) -> list[tuple[int, int]]:
     """(side, repeat) in the order they run: A0 B0 B1 A1 A2 B2 ... (with three sides,
     A0 B0 C0 C1 B1 A1 ...)."""
-    if count < 1:
-        raise InputError(f"--repeat {count}: give at least 1")
+    _check(count)
     forward = list(range(sides))
     return [(side, r) for r in range(count)
             for side in (forward if r % 2 == 0 else forward[::-1])]
@@ -51,6 +50,10 @@ def sessions(count: int, sides: int = 2) -> list[Session]:
 
 def one_side(count: int) -> tuple[int | None, ...]:
     """The repeat numbers of a single-sided run (`kvlab run-load --repeat N`)."""
+    _check(count)
+    return tuple(range(count)) if count > 1 else (None,)
+
+
+def _check(count: int) -> None:
     if count < 1:
         raise InputError(f"--repeat {count}: give at least 1")
-    return tuple(range(count)) if count > 1 else (None,)

@@ -53,43 +53,28 @@ def dry_run(lab: Lab, spec: SharedSpec) -> list[dict[str, Any]]:
             for p in pair_plans(lab, store)]
 
 
-async def _alternating(lab: Lab, spec: SharedSpec, urls: list[str],
-                       repeat: int | None) -> Record:
-    """The seed's alternating run: turns alternate between the two instances."""
-    lab.say(f"==> shared-store: {spec.turns} turns alternating between two instances"
-            + _of(repeat, spec))
-    run = await run_reuse(ReuseOptions(
-        urls, lab.settings.served_name, turns=spec.turns, preamble_words=spec.preamble_words,
-        max_tokens=spec.max_tokens, api_key=lab.settings.api_key(), connector="shared",
-        nonce=f"{lab.run_id}-alt{_tail(repeat)}"), say=lab.say)
-    return lab.record(reuse_record(run, "shared-store", LAB, "two instances, one shared "
-                                   "directory, kv_both on both").with_fields(**_numbered(repeat)))
+# the alternating run (both instances, turns alternate) and its control (one instance)
+CONVERSATIONS = (("shared-store", "alt", "two instances, one shared directory, kv_both on both",
+                  "turns alternating between two instances"),
+                 ("shared-store-single", "single", "control: one instance with the store",
+                  "the same turns on one instance (the control)"))
 
 
-async def _single(lab: Lab, spec: SharedSpec, urls: list[str], repeat: int | None) -> Record:
-    """The control: the same turns on one instance with the same store."""
-    lab.say("==> shared-store-single: the same turns on one instance (the control)"
-            + _of(repeat, spec))
+async def _conversation(lab: Lab, spec: SharedSpec, urls: list[str], side: int,
+                        repeat: int | None) -> Record:
+    """One growing conversation: side 0 alternates between the instances, side 1 stays on
+    the first; with --repeat, numbered and on an opening of its own."""
+    label, nonce, note, what = CONVERSATIONS[side]
+    lab.say(f"==> {label}: {spec.turns} {what}"
+            + (f" (repeat {repeat + 1} of {spec.repeat})" if repeat is not None else ""))
     run = await run_reuse(ReuseOptions(
-        urls[:1], lab.settings.served_name, turns=spec.turns,
+        urls if side == 0 else urls[:1], lab.settings.served_name, turns=spec.turns,
         preamble_words=spec.preamble_words, max_tokens=spec.max_tokens,
-        api_key=lab.settings.api_key(), nonce=f"{lab.run_id}-single{_tail(repeat)}"),
+        api_key=lab.settings.api_key(), connector="shared",
+        nonce=f"{lab.run_id}-{nonce}" + (f"-r{repeat}" if repeat is not None else "")),
         say=lab.say)
-    return lab.record(reuse_record(run, "shared-store-single", LAB, "control: one instance "
-                                   "with the store").with_fields(**_numbered(repeat)))
-
-
-def _of(repeat: int | None, spec: SharedSpec) -> str:
-    return f" (repeat {repeat + 1} of {spec.repeat})" if repeat is not None else ""
-
-
-def _numbered(repeat: int | None) -> dict[str, int]:
-    """The repeat's number as a field (none without --repeat: the seed's shape)."""
-    return {"repeat": repeat} if repeat is not None else {}
-
-
-def _tail(repeat: int | None) -> str:
-    return f"-r{repeat}" if repeat is not None else ""
+    numbered = {"repeat": repeat} if repeat is not None else {}  # none: the seed's shape
+    return lab.record(reuse_record(run, label, LAB, note).with_fields(**numbered))
 
 
 async def run(lab: Lab, spec: SharedSpec) -> list[Record]:
@@ -105,8 +90,7 @@ async def run(lab: Lab, spec: SharedSpec) -> list[Record]:
             await compat.check(urls, headers={"Authorization": f"Bearer {key}"} if key else None)
             for side, repeat in repeats.order(spec.repeat):
                 number = repeat if spec.repeat > 1 else None
-                out.append(await (_alternating if side == 0 else _single)(
-                    lab, spec, urls, number))
+                out.append(await _conversation(lab, spec, urls, side, number))
             lab.say("==> shared-store-proof")
             proof = await prove(ProveOptions(urls, name, preamble_words=spec.proof_preamble_words,
                                              api_key=key, connector="shared"), say=lab.say)

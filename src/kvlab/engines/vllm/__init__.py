@@ -25,6 +25,7 @@ from kvlab.engines.vllm.facts import (
     WAITING,
     StartupCapacity,
     connector_config,
+    nixl_transport,
     offload_connector_config,
     parse_startup,
 )
@@ -84,6 +85,7 @@ __all__ = [
     "cpu_build_wanted",
     "detect_hardware",
     "find_vllm",
+    "nixl_transport",
     "offload_connector_config",
     "parse_startup",
     "plan",

@@ -48,6 +48,7 @@ CACHE_CONFIG_INFO = "vllm:cache_config_info"  # labels: block_size, cache_dtype,
 NIXL_BYTES = "vllm:nixl_bytes_transferred"  # histogram (_sum, _count), decode side
 SIDE_CHANNEL_HOST_ENV = "VLLM_NIXL_SIDE_CHANNEL_HOST"  # the address NIXL's handshake advertises
 SIDE_CHANNEL_PORT_ENV = "VLLM_NIXL_SIDE_CHANNEL_PORT"
+UCX_TLS_ENV = "UCX_TLS"  # NIXL's transport library: the transports it may use (unset: its choice)
 NIXL_TIME = "vllm:nixl_xfer_time_seconds"  # histogram: each transfer's duration, decode side
 NIXL_FAILED = "vllm:nixl_num_failed_transfers"  # counter
 # the host tier's own transfer counters (OffloadingConnector; vLLM 0.26 has them): bytes and seconds
@@ -208,6 +209,15 @@ def offload_connector_config(gib: float, backend: str) -> dict[str, Any]:
         "kv_role": "kv_both",
         "kv_connector_extra_config": {"cpu_bytes_to_use": int(gib * 2**30)},
     }
+
+
+def nixl_transport(connector: str, env: dict[str, str]) -> dict[str, str]:
+    """What carries NIXL's KV as far as the environment forces it ({} for other connectors)."""
+    if connector != "nixl":
+        return {}
+    forced = env.get(UCX_TLS_ENV)
+    return {"transport": f"{UCX_TLS_ENV}={forced}" if forced
+            else f"UCX's own choice ({UCX_TLS_ENV} unset)"}
 
 
 def to_json(obj: dict[str, Any]) -> str:
