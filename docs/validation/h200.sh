@@ -35,8 +35,12 @@ export LABBOOK=$WORK/labbook-$PHASE.md PYTHONUNBUFFERED=1 KVLAB_HOME=$WORK/home
 if [ "${FAKE:-0}" != 1 ]; then
   if [ ! -f /tmp/nixl/.ok ] && [ -d .whl4 ]; then
     $PY -m pip install -q --no-deps --no-index --no-compile --target /tmp/nixl .whl4/*.whl 2>&1 | grep -v WARN | tail -2
-    $PY -m pip install -q --no-deps --no-index --no-compile --target /tmp/kvdeps .whl5/*.whl 2>&1 | grep -v WARN | tail -2
     touch /tmp/nixl/.ok
+  fi
+  # kvlab's own dependencies (.whl5, 1.3 MB) travel with any phase; the tier phases need no nixl
+  if [ ! -f /tmp/kvdeps/.ok ] && [ -d .whl5 ]; then
+    $PY -m pip install -q --no-deps --no-index --no-compile --target /tmp/kvdeps .whl5/*.whl 2>&1 | grep -v WARN | tail -2
+    touch /tmp/kvdeps/.ok
   fi
   export PYTHONPATH=/tmp/site:/tmp/nixl:/tmp/kvdeps:$REPO/src VLLM_CMD=/tmp/bin/vllm \
          VLLM_USE_FLASHINFER_SAMPLER=0 KVLAB_PROFILE=gpu-shaped CTX=8192 MAX_SEQS=8 \
