@@ -107,8 +107,10 @@ llama-cuda)
   if [ "${FAKE:-0}" != 1 ]; then
     # the pinned llama.cpp (the llama-cpp-python 0.3.36 sdist's vendor/llama.cpp at commit
     # 0c1e57098, without models/, docs/, benches/ and .git: 12 MB) built for the H200 only
-    mkdir -p /tmp/llama && (cd .whl9 && sha256sum -c src.sha256) | tee -a "$S" || exit 1
-    tar -xzf .whl9/llama-cpp-0c1e57098-src.tar.gz -C /tmp/llama
+    # .whl9 rides with this call, or came earlier with a bundle chunk into /tmp/whl9
+    W9=.whl9; [ -d "$W9" ] || W9=/tmp/whl9
+    mkdir -p /tmp/llama && (cd "$W9" && sha256sum -c src.sha256) | tee -a "$S" || exit 1
+    tar -xzf "$W9"/llama-cpp-0c1e57098-src.tar.gz -C /tmp/llama
     export PATH=/usr/local/cuda/bin:$PATH
     say "nvcc: $(nvcc --version | tail -1)"
     cmake -S /tmp/llama/llama.cpp -B /tmp/llama/build -DCMAKE_BUILD_TYPE=Release \
