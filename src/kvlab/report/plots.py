@@ -24,7 +24,7 @@ import numpy as np
 from kvlab.records.models import LoadRecord
 from kvlab.records.notebook import Notebook
 from kvlab.report import compare, intervals
-from kvlab.report.common import latest, load_rows
+from kvlab.report.common import latest
 
 REUSE_LABELS = ("offload-off", "offload-on", "shared-store", "shared-store-single")
 LOAD_PAIRS = (("baseline", "disagg"), ("offload-off-load", "offload-on-load"),
@@ -51,6 +51,12 @@ def draw_all(book: Notebook, out: Path) -> list[Path]:
             written.append(path)
     for label in sorted({r.label for r in book.of(LoadRecord)}):
         path = ttft_cdf(book, out, label)
+        if path is not None:
+            written.append(path)
+    small = dict(zip((compare.OFFLOAD_ON, compare.OFFLOAD_OFF),
+                     compare.tier_pair(book.records, smaller_tier=True), strict=True))
+    for label, rows in small.items():  # the tier too small for the working set: its own run
+        path = ttft_cdf(book, out, label, rows, "the smaller-tier run")
         if path is not None:
             written.append(path)
     return written
@@ -126,16 +132,22 @@ def _ratio_panel(ax: Any, book: Notebook, base: str, other: str) -> None:
         ax.legend(fontsize="small")
 
 
-def ttft_cdf(book: Notebook, out: Path, label: str) -> Path | None:
-    """One TTFT CDF per run of `label` (each level, each repeat) from its per-request files."""
-    rows = compare.load_rows(book.records, label)
+def ttft_cdf(book: Notebook, out: Path, label: str, rows: dict[int, LoadRecord] | None = None,
+             run: str = "") -> Path | None:
+    """One TTFT CDF per run of `label` (each level, each repeat) from its per-request files:
+    the newest rows of `label` (the host tier's: a tier that held the working set), or `rows`,
+    one `run` of it named in the title and the file name."""
+    if rows is None:
+        tier = {compare.OFFLOAD_ON: 0, compare.OFFLOAD_OFF: 1}.get(label)
+        rows = (compare.tier_pair(book.records)[tier] if tier is not None
+                else compare.load_rows(book.records, label))
     curves = []
     for level in sorted(rows):
         side = intervals.side(book.path, book.records, rows[level])
         if side is None:
             continue
-        for row, run in zip(side.rows, side.runs, strict=True):
-            ttft = run[:, 0][np.isfinite(run[:, 0])]
+        for row, requests in zip(side.rows, side.runs, strict=True):
+            ttft = requests[:, 0][np.isfinite(requests[:, 0])]
             name = f"c={level}" + (f" repeat {row.repeat}" if row.repeat is not None else "")
             if len(ttft):
                 curves.append((f"{name} ({len(ttft)} requests)", ttft))
@@ -146,10 +158,11 @@ def ttft_cdf(book: Notebook, out: Path, label: str) -> Path | None:
     for name, ttft in curves:
         ax.ecdf(ttft, label=name)
     ax.set(xlabel="TTFT (s)", ylabel="share of requests", ylim=(0, 1.02),
-           title=f"TTFT distribution, {label} (ok requests, warm-up left out)")
+           title=f"TTFT distribution, {label}" + (f", {run}" if run else "")
+           + "\n(ok requests, warm-up left out)")
     ax.set_xlim(left=0)
     ax.legend(fontsize="small")
-    return _save(plt, fig, out / f"ttft-cdf-{_slug(label)}.png")
+    return _save(plt, fig, out / f"ttft-cdf-{_slug(label + ('-' + run if run else ''))}.png")
 
 
 def _slug(text: str) -> str:
@@ -174,9 +187,11 @@ def disk(book: Notebook, out: Path) -> Path | None:
 
 
 def kv_usage(book: Notebook, out: Path) -> Path | None:
-    sampled = [(label, rows[-1]["kv_usage_samples"])
-               for label in ("offload-off-load", "offload-on-load")
-               if (rows := load_rows(book, label)) and rows[-1].get("kv_usage_samples")]
+    pair = dict(zip((compare.OFFLOAD_ON, compare.OFFLOAD_OFF),
+                    compare.tier_pair(book.records), strict=True))  # a tier that held the set
+    sampled = [(label, rows[max(rows)]["kv_usage_samples"])
+               for label in (compare.OFFLOAD_OFF, compare.OFFLOAD_ON)
+               if (rows := pair[label]) and rows[max(rows)].get("kv_usage_samples")]
     if not sampled:
         return None
     plt = _pyplot()

@@ -117,3 +117,21 @@ def _quiet(ev: dict[str, Any], cache: int | None) -> str:
         return (f"no preemptions, and the {flight:,} prompt tokens in flight fit the cache "
                 f"of {cache:,}")
     return ""
+
+
+def tier_holds(planned: dict[str, Any]) -> bool | None:
+    """Could the run's host tier hold the working set it planned? None: no tier, or the plan
+    does not say enough. vLLM's tier keeps a copy of every block it stores, so it must hold the
+    whole working set, not only what the device lost, for no returning conversation to be
+    lost. A tier too small for it is another experiment than one that holds it."""
+    tier, per_token = planned.get("host_tier_bytes"), planned.get("bytes_per_token")
+    working_set = planned.get("working_set_tokens")
+    if not tier or not per_token or working_set is None:
+        return None
+    return float(tier) / float(per_token) >= int(working_set)
+
+
+def tier_too_small(row: Record) -> bool:
+    """Did this load row run with a host tier smaller than its planned working set?"""
+    planned = (row.get("pressure") or {}).get("planned") or {}
+    return tier_holds(planned) is False
