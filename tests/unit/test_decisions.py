@@ -205,9 +205,7 @@ def test_the_host_tier_pairs_the_two_sides_of_one_run(tmp_path: Path) -> None:
     d = answers(path)[decisions.HOST_Q]
     assert d.decided, d.answer
     assert "0.120 s with it against 0.300 s without (x0.40) at concurrency 18" in d.answer
-    rows = {r[0]: r for r in report(path).tables[0].rows}
-    assert rows["None, cache under pressure"][2] == "p50 0.300 (load: no turn order)"
-    assert rows["Host memory, cache under pressure"][2] == "p50 0.120 (load: no turn order)"
+    tier_rows(path, off=0.300, on=0.120)
 
 
 def test_a_capacity_search_cut_short_is_said_so_with_its_probes(tmp_path: Path) -> None:
@@ -225,30 +223,34 @@ def test_a_capacity_search_cut_short_is_said_so_with_its_probes(tmp_path: Path) 
         "measured users 18, 9 (rows offload-off-load-capacity)")
 
 
-def _tier_plan(tier_gib: float) -> dict[str, Any]:
-    """A pressure plan with a host tier of `tier_gib` against a 131,472-token working set at
-    147,456 bytes a token (18.1 GiB): the H200 runs' shapes."""
-    found = pressed(0.1)
-    found["pressure"]["planned"].update(host_tier_bytes=int(tier_gib * 2**30),
-                                        bytes_per_token=147_456.0, working_set_tokens=131_472)
-    return found
+def tier_run(run_id: str, off: float, on: float, tier_gib: float) -> tuple[Record, Record]:
+    """One run's tier-off and tier-on rows at 18 users, the tier `tier_gib` against a
+    131,472-token working set at 147,456 bytes a token (18.1 GiB): the H200 runs' shapes."""
+    def side(label: str, ttft: float, tier: float) -> Record:
+        found = pressed(0.1)
+        found["pressure"]["planned"].update(host_tier_bytes=int(tier * 2**30),
+                                            bytes_per_token=147_456.0, working_set_tokens=131_472)
+        return load(label, ttft, c=18, run_id=run_id, **found)
+    return side("offload-off-load", off, 0), side("offload-on-load", on, tier_gib)
+
+
+def tier_rows(path: Path, off: float, on: float) -> dict[str, list[str]]:
+    """The offload table's rows by name, after checking the tier pair's two TTFT cells."""
+    rows = {r[0]: r for r in report(path).tables[0].rows}
+    assert rows["None, cache under pressure"][2] == f"p50 {off:.3f} (load: no turn order)"
+    assert rows["Host memory, cache under pressure"][2] == f"p50 {on:.3f} (load: no turn order)"
+    return rows
 
 
 def test_a_tier_smaller_than_the_working_set_is_its_own_row(tmp_path: Path) -> None:
     """A later run with a 6 GiB tier (`--tier-gb 6`) does not take the place of the pair whose
     tier held the working set: it is another experiment, with a row of its own, set against
     its own run's tier-off side (H200, 2026-12-01)."""
-    path = book(tmp_path,
-                load("offload-off-load", 0.30, c=18, run_id="holds", **_tier_plan(0)),
-                load("offload-on-load", 0.12, c=18, run_id="holds", **_tier_plan(32)),
-                load("offload-off-load", 0.20, c=18, run_id="small", **_tier_plan(0)),
-                load("offload-on-load", 0.21, c=18, run_id="small", **_tier_plan(6)))
+    path = book(tmp_path, *tier_run("holds", 0.30, 0.12, 32), *tier_run("small", 0.20, 0.21, 6))
     d = answers(path)[decisions.HOST_Q]
     assert "0.120 s with it against 0.300 s without" in d.answer, d.answer
     assert "smaller than the working set" in d.answer and "0.210 s" in d.answer, d.answer
-    rows = {r[0]: r for r in report(path).tables[0].rows}
-    assert rows["None, cache under pressure"][2] == "p50 0.300 (load: no turn order)"
-    assert rows["Host memory, cache under pressure"][2] == "p50 0.120 (load: no turn order)"
+    rows = tier_rows(path, off=0.300, on=0.120)
     small = rows["Host memory smaller than the working set, under pressure"]
     assert small[2] == "p50 0.210 (load: no turn order)"
     assert "was smaller than the working set" in small[5]
@@ -256,9 +258,7 @@ def test_a_tier_smaller_than_the_working_set_is_its_own_row(tmp_path: Path) -> N
 
 
 def test_without_a_smaller_tier_its_row_says_how_to_measure_it(tmp_path: Path) -> None:
-    path = book(tmp_path,
-                load("offload-off-load", 0.30, c=18, run_id="holds", **_tier_plan(0)),
-                load("offload-on-load", 0.12, c=18, run_id="holds", **_tier_plan(32)))
+    path = book(tmp_path, *tier_run("holds", 0.30, 0.12, 32))
     rows = {r[0]: r for r in report(path).tables[0].rows}
     small = rows["Host memory smaller than the working set, under pressure"]
     assert small[2].startswith("not measured yet: no tier-on run with a tier smaller than")
