@@ -264,3 +264,16 @@ def test_without_a_smaller_tier_its_row_says_how_to_measure_it(tmp_path: Path) -
     assert small[2].startswith("not measured yet: no tier-on run with a tier smaller than")
     assert "--tier-gb" in small[2]
     assert "smaller than the working set" not in answers(path)[decisions.HOST_Q].answer
+
+
+def test_a_tier_that_churned_says_how_much_it_took_and_gave_back(tmp_path: Path) -> None:
+    """The 6 GiB tier of 2026-12-01 took in 8.4 times its size and gave back 1.1% of it:
+    the evidence that it evicted conversations before they came back."""
+    off, on = tier_run("small", 0.20, 0.21, 6)
+    on = on.with_fields(metric_deltas={"offload_store_bytes": 54_424_240_128.0,
+                                       "offload_load_bytes": 587_464_704.0})
+    path = book(tmp_path, off, on)
+    small = {r[0]: r for r in report(path).tables[0].rows}[
+        "Host memory smaller than the working set, under pressure"]
+    assert "the tier took in 8.4x its own size (54.42 GB into 6.44 GB) and gave back 1.1% " \
+           "of what it took" in small[5], small[5]

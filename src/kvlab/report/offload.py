@@ -153,6 +153,9 @@ def _pressure_row(book: Notebook, tier: str, label: str, *,
     engine_side = tier_transfers(r.metric_deltas)
     if engine_side:
         evidence.insert(1, engine_side)
+    turnover = tier_turnover(r.metric_deltas, planned)
+    if turnover:
+        evidence.insert(2, turnover)
     judged = judge_pressure(book.records, r)
     evidence.insert(0, f"{judged.words}: {judged.why}")
     evidence[2:2] = _sessions_evidence(r)
@@ -183,6 +186,18 @@ def tier_transfers(deltas: dict[str, Any]) -> str | None:
         parts.append(f"{float(moved):,.0f} bytes {words}"
                      + (f" in {float(seconds):.3f} s{rate}" if seconds is not None else ""))
     return "vLLM's own count: " + "; ".join(parts) if parts else None
+
+
+def tier_turnover(deltas: dict[str, Any], planned: dict[str, Any]) -> str | None:
+    """How many times over the tier filled, and what share of it came back: a tier that takes
+    in several times its size and gives little back evicted before anyone returned."""
+    stored, loaded = deltas.get("offload_store_bytes"), deltas.get("offload_load_bytes")
+    tier = planned.get("host_tier_bytes")
+    if not stored or loaded is None or not tier:
+        return None
+    return (f"the tier took in {float(stored) / float(tier):.1f}x its own size "
+            f"({human_bytes(float(stored))} into {human_bytes(float(tier))}) and gave back "
+            f"{float(loaded) / float(stored):.1%} of what it took")
 
 
 def _tier_against_none(book: Notebook, *, smaller_tier: bool = False) -> str | None:
