@@ -150,6 +150,24 @@ def test_offload_pairing_states_pressure() -> None:
     assert "offload-off-load: a cache of unknown size" in text and "pressure unknown" in text
 
 
+def test_compare_takes_the_newest_tier_run_whatever_its_size() -> None:
+    """`kvlab compare --offload` compares the run just made, as the seed's compare-disagg.py
+    does: a `--tier-gb` run below the working set too. Only the report keeps such a run apart
+    from the pair whose tier held the working set."""
+    def side(label: str, ttft: float, run: str, tier_gib: float) -> Record:
+        planned = {"host_tier_bytes": int(tier_gib * 2**30), "bytes_per_token": 147_456.0,
+                   "working_set_tokens": 131_472}
+        return row(label, 18, ttft, 0.02, 70, run_id=run, pressure={"planned": planned})
+    records = [side("offload-off-load", 0.30, "holds", 0),
+               side("offload-on-load", 0.12, "holds", 32),
+               side("offload-off-load", 0.20, "small", 0),
+               side("offload-on-load", 0.21, "small", 6)]
+    result = compare.compare(records, "b", compare.OFFLOAD_ON, compare.OFFLOAD_OFF, offload=True)
+    assert "1.05x" in result.lines[2], result.lines
+    on, off = compare.paired_rows(records, compare.OFFLOAD_ON, compare.OFFLOAD_OFF)
+    assert (on[18].ttft_s.p50, off[18].ttft_s.p50) == (0.12, 0.30)  # type: ignore[union-attr]
+
+
 def test_cli_compare_model_config_and_append(tmp_path: Path) -> None:
     path = book(tmp_path, *pair(), link("disagg", 16_000_000))
     run = subprocess.run([sys.executable, "-m", "kvlab", "compare", "--labbook", str(path),

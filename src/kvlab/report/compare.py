@@ -426,7 +426,9 @@ def _not_measured(d: LoadRecord, b: LoadRecord) -> dict[str, str]:
 
 def _pick(records: list[Record], disagg: str,
           baseline: str) -> tuple[dict[int, LoadRecord], dict[int, LoadRecord]]:
-    rows_d, rows_b = paired_rows(records, disagg, baseline)
+    """The newest run's rows, as the seed's compare-disagg.py takes them, whatever the tier
+    size: the run just made is the one a user compares (the report keeps sizes apart)."""
+    rows_d, rows_b = _paired(records, disagg, baseline)
     missing = [name for name, rows in ((disagg, rows_d), (baseline, rows_b)) if not rows]
     if missing:
         present = ", ".join(sorted({r.label for r in records if r.label}))

@@ -32,8 +32,6 @@ from kvlab.report.pressure import tier_holds
 
 OFFLOAD_COLUMNS = ["Tier", "How it was measured", "Turn 1 TTFT (s)", "Best later turn TTFT (s)",
                    "Prefix cache hit rate", "Evidence", "Measured on"]
-
-
 HOLDS = "Host memory, cache under pressure"
 SMALLER = "Host memory smaller than the working set, under pressure"
 NO_SMALLER = ("not measured yet: no tier-on run with a tier smaller than the working set "
