@@ -75,9 +75,6 @@ def paired_rows(records: list[Record], label_a: str,
     tier's pair is `tier_pair`'s: a tier that held the working set."""
     if (label_a, label_b) == (OFFLOAD_ON, OFFLOAD_OFF):
         return tier_pair(records)
-    if (label_a, label_b) == (OFFLOAD_OFF, OFFLOAD_ON):
-        on, off = tier_pair(records)
-        return off, on
     return _paired(records, label_a, label_b)
 
 
@@ -86,11 +83,19 @@ def tier_pair(records: list[Record], *, smaller_tier: bool = False
     """The host tier's (on, off) pair from the newest run whose tier could hold its working set
     (or did not record whether), or with `smaller_tier` the newest whose tier could not: a
     run with `--tier-gb` below the working set never stands in for one that held it."""
-    other = [r for r in records if isinstance(r, LoadRecord) and r.label == OFFLOAD_ON
-             and tier_too_small(r) != smaller_tier]
-    runs = {r.run_id for r in other if r.run_id is not None}
-    kept = [r for r in records if r.run_id not in runs and not any(r is o for o in other)]
+    def other_kind(r: Record) -> bool:
+        return (isinstance(r, LoadRecord) and r.label == OFFLOAD_ON
+                and tier_too_small(r) != smaller_tier)
+    runs = {r.run_id for r in records if other_kind(r) and r.run_id is not None}
+    kept = [r for r in records if r.run_id not in runs and not other_kind(r)]
     return _paired(kept, OFFLOAD_ON, OFFLOAD_OFF)
+
+
+def tier_sides(records: list[Record], *, smaller_tier: bool = False
+               ) -> dict[str, dict[int, LoadRecord]]:
+    """`tier_pair`'s two sides by label."""
+    on, off = tier_pair(records, smaller_tier=smaller_tier)
+    return {OFFLOAD_ON: on, OFFLOAD_OFF: off}
 
 
 def _paired(records: list[Record], label_a: str,

@@ -25,7 +25,7 @@ from kvlab.records.models import ComparisonRecord, LoadRecord, Record
 from kvlab.records.notebook import Notebook
 from kvlab.report import compare, intervals, pressure
 from kvlab.report.common import fixed_kv_bytes, latest, not_run, num
-from kvlab.report.offload import capacity_words, seed_summary
+from kvlab.report.offload import capacity_words, seed_summary, tier_against_none
 from kvlab.report.placement import Group, split_groups
 
 NOT_ENOUGH = "Not enough evidence"
@@ -60,9 +60,8 @@ def decide(book: Notebook) -> list[Decision]:
     tier = [(compare.OFFLOAD_OFF, "tier off"), (compare.OFFLOAD_ON, "tier on")]
     split = [("baseline", "baseline"), *((g.label, f"split `{g.label}`")
                                          for g in split_groups(book))]
-    return [with_capacity(with_smaller_tier(host_tier(book), book), book, tier), store(book),
-            disk(book),
-            with_capacity(configuration(book), book, split)]
+    return [with_capacity(with_smaller_tier(host_tier(book), book), book, tier),
+            store(book), disk(book), with_capacity(configuration(book), book, split)]
 
 
 # ---------------------------------------------------------------- offload: the host tier
@@ -105,16 +104,13 @@ def host_tier(book: Notebook) -> Decision:
 def with_smaller_tier(found: Decision, book: Notebook) -> Decision:
     """The answer with the run whose host tier was smaller than its working set, where one
     ran: another experiment than the tier that held it, said after it."""
-    on, off = compare.tier_pair(book.records, smaller_tier=True)
-    shared = sorted(set(on) & set(off))
-    if not shared:
+    small = tier_against_none(book, smaller_tier=True)
+    if small is None:
         return found
-    level = shared[-1]
-    a, b = on[level], off[level]
-    iv = intervals.ttft(book.path, book.records, a, b)
-    words = (f"With a tier smaller than the working set ({a.get('tier') or 'size not recorded'})"
-             f", TTFT p50 {num(_p50(a))} s against {num(_p50(b))} s without at concurrency "
-             f"{level}: {iv.cell()}")
+    words = (f"With a tier smaller than the working set "
+             f"({small.on.get('tier') or 'size not recorded'}), TTFT p50 {num(_p50(small.on))} s "
+             f"against {num(_p50(small.off))} s without at concurrency {small.level}: "
+             f"{small.ttft.cell()}")
     return Decision(found.lab, found.question, f"{found.answer.rstrip('.')}. {words}.",
                     found.decided)
 

@@ -10,11 +10,12 @@ latency target (`capacity` lines, `capacity_words`), or why it was not measured.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from kvlab.core.sizes import human_bytes
 from kvlab.observe.metrics import hit_rate
-from kvlab.records.models import Record
+from kvlab.records.models import LoadRecord, Record
 from kvlab.records.notebook import Notebook
 from kvlab.report import compare, intervals
 from kvlab.report.common import (
@@ -48,9 +49,10 @@ def offload_table(book: Notebook) -> Table:
     for smaller in (False, True):
         table.rows.append(_pressure_row(book, SMALLER if smaller else HOLDS, compare.OFFLOAD_ON,
                                         smaller_tier=smaller))
-        against = _tier_against_none(book, smaller_tier=smaller)
+        against = tier_against_none(book, smaller_tier=smaller)
         if against:
-            table.rows[-1][5] += f"; {against}"
+            table.rows[-1][5] += (f"; TTFT p50 against the tier off at c={against.level}: "
+                                  f"{against.ttft.cell()}")
     table.rows.append(_reuse_row(book, "Shared store, two instances", "six turns alternating",
                                  "shared-store"))
     table.rows.append(_disk_row(book))
@@ -198,15 +200,24 @@ def tier_turnover(deltas: dict[str, Any], planned: dict[str, Any]) -> str | None
             f"{float(loaded) / float(stored):.1%} of what it took")
 
 
-def _tier_against_none(book: Notebook, *, smaller_tier: bool = False) -> str | None:
-    """TTFT p50 with the host tier over without it, at the highest level both ran."""
+@dataclass(frozen=True)
+class TierAgainstNone:
+    """A tier run's on and off rows at the highest level both ran, and TTFT p50's interval."""
+
+    level: int
+    on: LoadRecord
+    off: LoadRecord
+    ttft: intervals.Interval
+
+
+def tier_against_none(book: Notebook, *, smaller_tier: bool = False) -> TierAgainstNone | None:
     on, off = compare.tier_pair(book.records, smaller_tier=smaller_tier)
     shared = sorted(set(on) & set(off))
     if not shared:
         return None
     level = shared[-1]
-    iv = intervals.ttft(book.path, book.records, on[level], off[level])
-    return f"TTFT p50 against the tier off at c={level}: {iv.cell()}"
+    return TierAgainstNone(level, on[level], off[level],
+                           intervals.ttft(book.path, book.records, on[level], off[level]))
 
 
 def _how(r: Record) -> str:

@@ -53,9 +53,8 @@ def draw_all(book: Notebook, out: Path) -> list[Path]:
         path = ttft_cdf(book, out, label)
         if path is not None:
             written.append(path)
-    small = dict(zip((compare.OFFLOAD_ON, compare.OFFLOAD_OFF),
-                     compare.tier_pair(book.records, smaller_tier=True), strict=True))
-    for label, rows in small.items():  # the tier too small for the working set: its own run
+    # the tier too small for the working set: its own run, in files of its own
+    for label, rows in compare.tier_sides(book.records, smaller_tier=True).items():
         path = ttft_cdf(book, out, label, rows, "the smaller-tier run")
         if path is not None:
             written.append(path)
@@ -138,9 +137,8 @@ def ttft_cdf(book: Notebook, out: Path, label: str, rows: dict[int, LoadRecord] 
     the newest rows of `label` (the host tier's: a tier that held the working set), or `rows`,
     one `run` of it named in the title and the file name."""
     if rows is None:
-        tier = {compare.OFFLOAD_ON: 0, compare.OFFLOAD_OFF: 1}.get(label)
-        rows = (compare.tier_pair(book.records)[tier] if tier is not None
-                else compare.load_rows(book.records, label))
+        tier = compare.tier_sides(book.records)
+        rows = tier[label] if label in tier else compare.load_rows(book.records, label)
     curves = []
     for level in sorted(rows):
         side = intervals.side(book.path, book.records, rows[level])
@@ -187,8 +185,7 @@ def disk(book: Notebook, out: Path) -> Path | None:
 
 
 def kv_usage(book: Notebook, out: Path) -> Path | None:
-    pair = dict(zip((compare.OFFLOAD_ON, compare.OFFLOAD_OFF),
-                    compare.tier_pair(book.records), strict=True))  # a tier that held the set
+    pair = compare.tier_sides(book.records)  # a tier that held the working set
     sampled = [(label, rows[max(rows)]["kv_usage_samples"])
                for label in (compare.OFFLOAD_OFF, compare.OFFLOAD_ON)
                if (rows := pair[label]) and rows[max(rows)].get("kv_usage_samples")]
