@@ -277,3 +277,33 @@ def test_a_tier_that_churned_says_how_much_it_took_and_gave_back(tmp_path: Path)
         "Host memory smaller than the working set, under pressure"]
     assert "the tier took in 8.4x its own size (54.42 GB into 6.44 GB) and gave back 1.1% " \
            "of what it took" in small[5], small[5]
+
+
+def tier_capacity(run_id: str, tier_gib: float, users: int) -> Record:
+    """A tier-on capacity search's line, the tier `tier_gib` against `tier_run`'s working set."""
+    planned = {"host_tier_bytes": int(tier_gib * 2**30), "bytes_per_token": 147_456.0,
+               "working_set_tokens": 131_472}
+    return build("capacity", "offload-on-load-capacity", LAB_O, run_id=run_id, knob="users",
+                 unit="users", target={"slo": "ttft_p90<=0.5"}, capacity=float(users),
+                 verdict="found", statement=f"{users} users at ttft_p90<=0.5",
+                 pressure={"planned": planned, "state": "under pressure"})
+
+
+def test_a_one_sided_run_after_the_pair_leaves_the_pair_alone(tmp_path: Path) -> None:
+    """`kvlab run offload --tier on` (a capacity search in a call of its own) after the pair:
+    its tier-on row has no tier-off side in its run, so the pair stays the newest run with both
+    sides, and the search's capacity goes to the row of its own tier size only (H200,
+    2026-12-01: the report had mixed the one-sided run with an older run's tier-off row, and
+    put the 32 GiB tier's capacity on the 6 GiB row)."""
+    one_side = tier_run("capacity-on", 0.50, 0.13, 32)[1]
+    path = book(tmp_path, *tier_run("holds", 0.30, 0.12, 32), *tier_run("small", 0.20, 0.21, 6),
+                one_side, tier_capacity("capacity-on", 32, 15))
+    rows = tier_rows(path, off=0.300, on=0.120)
+    assert "15 users" in rows["Host memory, cache under pressure"][5]
+    small = rows["Host memory smaller than the working set, under pressure"]
+    assert small[2] == "p50 0.210 (load: no turn order)"
+    assert "15 users" not in small[5], small[5]
+    assert "capacity at the target: not measured" in small[5], small[5]
+    d = answers(path)[decisions.HOST_Q]
+    assert "0.120 s with it against 0.300 s without" in d.answer, d.answer
+    assert "tier on: 15 users" in d.answer, d.answer

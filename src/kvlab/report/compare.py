@@ -100,10 +100,12 @@ def tier_sides(records: list[Record], *, smaller_tier: bool = False
 
 def _paired(records: list[Record], label_a: str,
             label_b: str) -> tuple[dict[int, LoadRecord], dict[int, LoadRecord]]:
-    newest = next((r for r in reversed(records) if isinstance(r, LoadRecord)
-                   and r.label == label_a and r.ttft_s is not None), None)
-    if newest is not None and newest.run_id is not None:
-        run = [r for r in records if r.run_id == newest.run_id]
+    """Both sides from the newest run that measured both: a later run of one side only (a
+    capacity search in a call of its own) is not set against another run's other side."""
+    newest_first = (r.run_id for r in reversed(records) if isinstance(r, LoadRecord)
+                    and r.label == label_a and r.ttft_s is not None and r.run_id is not None)
+    for run_id in dict.fromkeys(newest_first):
+        run = [r for r in records if r.run_id == run_id]
         rows_b = load_rows(run, label_b)
         if rows_b:
             return load_rows(run, label_a), rows_b

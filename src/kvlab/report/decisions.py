@@ -25,7 +25,7 @@ from kvlab.records.models import ComparisonRecord, LoadRecord, Record
 from kvlab.records.notebook import Notebook
 from kvlab.report import compare, intervals, pressure
 from kvlab.report.common import fixed_kv_bytes, latest, not_run, num
-from kvlab.report.offload import capacity_words, seed_summary, tier_against_none
+from kvlab.report.offload import capacity_line, capacity_words, seed_summary, tier_against_none
 from kvlab.report.placement import Group, split_groups
 
 NOT_ENOUGH = "Not enough evidence"
@@ -60,7 +60,8 @@ def decide(book: Notebook) -> list[Decision]:
     tier = [(compare.OFFLOAD_OFF, "tier off"), (compare.OFFLOAD_ON, "tier on")]
     split = [("baseline", "baseline"), *((g.label, f"split `{g.label}`")
                                          for g in split_groups(book))]
-    return [with_capacity(with_smaller_tier(host_tier(book), book), book, tier),
+    return [with_capacity(with_smaller_tier(host_tier(book), book), book, tier,
+                          smaller_tier=False),
             store(book), disk(book), with_capacity(configuration(book), book, split)]
 
 
@@ -115,13 +116,14 @@ def with_smaller_tier(found: Decision, book: Notebook) -> Decision:
                     found.decided)
 
 
-def with_capacity(found: Decision, book: Notebook,
-                  sides: list[tuple[str, str]]) -> Decision:
+def with_capacity(found: Decision, book: Notebook, sides: list[tuple[str, str]], *,
+                  smaller_tier: bool | None = None) -> Decision:
     """The answer with each side's capacity at the target (or why it was not measured),
-    where a search was recorded or recorded as not run."""
-    said = [f"{name}: {capacity_words(book, label).removeprefix('capacity at the target: ')}"
+    where a search was recorded or recorded as not run (`capacity_words`' `smaller_tier`)."""
+    said = [f"{name}: " + capacity_words(book, label, smaller_tier=smaller_tier)
+            .removeprefix("capacity at the target: ")
             for label, name in sides
-            if latest(book, "capacity", f"{label}-capacity") is not None
+            if capacity_line(book, label, smaller_tier=smaller_tier) is not None
             or not_run(book, f"{label}-capacity") is not None]
     if not said:
         return found

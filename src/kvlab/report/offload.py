@@ -29,7 +29,7 @@ from kvlab.report.common import (
     said,
 )
 from kvlab.report.pressure import judge as judge_pressure
-from kvlab.report.pressure import tier_holds
+from kvlab.report.pressure import tier_holds, tier_too_small
 
 OFFLOAD_COLUMNS = ["Tier", "How it was measured", "Turn 1 TTFT (s)", "Best later turn TTFT (s)",
                    "Prefix cache hit rate", "Evidence", "Measured on"]
@@ -162,7 +162,7 @@ def _pressure_row(book: Notebook, tier: str, label: str, *,
     fit = tier_fit(planned)
     if fit:
         evidence.append(fit)
-    evidence.append(capacity_words(book, label))
+    evidence.append(capacity_words(book, label, smaller_tier=smaller_tier))
     how = _how(r)
     if judged.state is False:  # a quiet run is no answer to the pressure row's question
         quiet = (f"not measured under pressure: this run was quiet ({judged.why}); the row "
@@ -259,16 +259,31 @@ def tier_fit(planned: dict[str, Any]) -> str | None:
     return sizes.format("could hold")
 
 
-def capacity_words(book: Notebook, label: str) -> str:
-    """`<label>-capacity`'s capacity at the target, or why it was not measured."""
-    found = latest(book, "capacity", f"{label}-capacity")
+def capacity_line(book: Notebook, label: str, *, smaller_tier: bool | None = None
+                  ) -> Record | None:
+    """`<label>-capacity`'s newest capacity line. With `smaller_tier`, only a search whose
+    host tier could (False) or could not (True) hold its working set counts: a capacity
+    belongs to the tier size it was measured with."""
+    return next((r for r in reversed(book.records) if r.record == "capacity"
+                 and _capacity_of(r, label, smaller_tier)), None)
+
+
+def _capacity_of(r: Record, label: str, smaller_tier: bool | None) -> bool:
+    return r.label == f"{label}-capacity" and (smaller_tier is None
+                                               or tier_too_small(r) == smaller_tier)
+
+
+def capacity_words(book: Notebook, label: str, *, smaller_tier: bool | None = None) -> str:
+    """`capacity_line`'s capacity at the target, or why it was not measured."""
+    found = capacity_line(book, label, smaller_tier=smaller_tier)
     if found is not None:
         return f"capacity at the target: {found.get('statement')}"
     skipped = not_run(book, f"{label}-capacity")
     if skipped is not None:
         return f"capacity at the target: not run here ({skipped.reason})"
     probes = [r.get("capacity_probe") for r in book.records
-              if r.record == "load" and r.label == f"{label}-capacity" and r.get("capacity_probe")]
+              if r.record == "load" and _capacity_of(r, label, smaller_tier)
+              and r.get("capacity_probe")]
     if probes:  # a search cut short (a time limit) leaves its probes and no capacity line
         newest = probes[probes_start(probes):]
         loads = ", ".join(f"{float(p.get('load') or 0):g}" for p in newest)
