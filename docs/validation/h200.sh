@@ -119,11 +119,13 @@ llama-cuda)
     tar -xzf "$W9"/llama-cpp-0c1e57098-src.tar.gz -C /tmp/llama
     export PATH=/usr/local/cuda/bin:$PATH
     say "nvcc: $(nvcc --version | tail -1)"
-    cmake -S /tmp/llama/llama.cpp -B /tmp/llama/build -DCMAKE_BUILD_TYPE=Release \
+    # 2026-12-01: with make -j16 the build reached 96% in 338 s; ninja keeps nvcc's 144 units busier
+    GEN=(); command -v ninja > /dev/null && GEN=(-G Ninja)
+    cmake "${GEN[@]}" -S /tmp/llama/llama.cpp -B /tmp/llama/build -DCMAKE_BUILD_TYPE=Release \
       -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
       -DLLAMA_CURL=OFF -DGGML_CCACHE=OFF > "$WORK/llama-cmake.log" 2>&1 || { tail -20 "$WORK/llama-cmake.log"; exit 1; }
-    timeout $(( $(left) - 200 )) cmake --build /tmp/llama/build -j"$(nproc)" --target llama-server \
+    timeout $(( $(left) - 120 )) cmake --build /tmp/llama/build -j"$(nproc)" --target llama-server \
       > "$WORK/llama-build.log" 2>&1 || { say "build: $(tail -5 "$WORK/llama-build.log" | tr '\n' '|')"; exit 1; }
     say "llama-server built ($(el) s): $(ls -la /tmp/llama/build/bin/llama-server)"
     export LLAMA_BIN=/tmp/llama/build/bin
