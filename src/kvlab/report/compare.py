@@ -88,7 +88,10 @@ def tier_pair(records: list[Record], *, smaller_tier: bool = False
                 and tier_too_small(r) != smaller_tier)
     runs = {r.run_id for r in records if other_kind(r) and r.run_id is not None}
     kept = [r for r in records if r.run_id not in runs and not other_kind(r)]
-    return _paired(kept, OFFLOAD_ON, OFFLOAD_OFF)
+    on, off = _paired(kept, OFFLOAD_ON, OFFLOAD_OFF)
+    if smaller_tier and not on:  # a tier-off run alone is no smaller-tier experiment
+        return {}, {}
+    return on, off
 
 
 def tier_sides(records: list[Record], *, smaller_tier: bool = False
