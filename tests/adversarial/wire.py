@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import httptools
@@ -59,7 +60,7 @@ def upstreams(tokens: int = 4) -> Iterator[Upstreams]:
              for p, name in zip(ports, ("prefill", "decode"), strict=True)]
     try:
         for port, proc in zip(ports, procs, strict=True):
-            _until(lambda p=port: _answers(f"http://127.0.0.1:{p}/health"), proc, "upstream")
+            _until(partial(_answers, f"http://127.0.0.1:{port}/health"), proc, "upstream")
         yield Upstreams(*ports)
     finally:
         for proc in procs:
