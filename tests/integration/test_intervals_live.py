@@ -119,7 +119,7 @@ def test_run_load_repeat_writes_each_repeat_and_compare_pools_them(
     for label, repeat in (("three", "3"), ("one", "1")):
         run = subprocess.run(
             [sys.executable, "-m", "kvlab", "run-load", label, caching, "--repeat", repeat,
-             "--warmup", "2", "--ignore-eos", "--preamble-tokens", "1500", "--no-progress",
+             "--warmup", "2", "--ignore-eos", "--preamble-tokens", "300", "--no-progress",
              "--json"], capture_output=True, text=True, timeout=600,
             env={**os.environ, **env})
         assert run.returncode == 0, run.stderr[-2000:]
