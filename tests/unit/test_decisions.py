@@ -9,11 +9,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from kvlab.loadgen import topology
 from kvlab.records import notebook
 from kvlab.records.models import Record, build
 from kvlab.report import build as report
 from kvlab.report import compare, decisions, intervals
+from perrequest import lognormal, run_row
 
 LAB_O, LAB_P = notebook.LAB_OFFLOAD, notebook.LAB_PD
 REUSABLE = 0.8
@@ -317,3 +320,24 @@ def test_a_tier_off_run_alone_is_no_smaller_tier_experiment(tmp_path: Path) -> N
     records = notebook.read(book(tmp_path, off)).records
     assert compare.tier_pair(records, smaller_tier=True) == ({}, {})
     assert list(compare.tier_pair(records)[1]) == [18]  # the None row still has its side
+
+
+def test_the_tier_answers_quote_the_p50s_their_ratio_pooled(tmp_path: Path) -> None:
+    """With `--repeat 2` the ratio pools each side's repeats, so the two p50s quoted beside it
+    are the pooled ones, not the newest repeat's (H200, 2026-12-01: "0.221 s against 0.200 s:
+    1.05x" quoted the newest rows beside the pooled ratio; 0.221 / 0.200 is 1.10)."""
+    path = tmp_path / "labbook.md"
+    medians = {("offload-off-load", 0): 0.20, ("offload-on-load", 0): 0.10,
+               ("offload-on-load", 1): 0.30, ("offload-off-load", 1): 0.40}
+    drawn = {}
+    for seed, ((label, repeat), median) in enumerate(medians.items()):
+        drawn[label, repeat] = lognormal(70 + seed, 40, median, 0.1)
+        run_row(path, label, 18, drawn[label, repeat], repeat=repeat, lab=LAB_O, run_id="pair",
+                **pressed(0.1))
+    pooled = {label: float(np.median(drawn[label, 0] + drawn[label, 1]))
+              for label in ("offload-on-load", "offload-off-load")}
+    d = answers(path)[decisions.HOST_Q]
+    assert (f"TTFT p50 {pooled['offload-on-load']:.3f} s with it against "
+            f"{pooled['offload-off-load']:.3f} s without, each side pooled over its 2 "
+            f"repeats (x{pooled['offload-on-load'] / pooled['offload-off-load']:.2f}") \
+        in d.answer, d.answer

@@ -108,9 +108,10 @@ def with_smaller_tier(found: Decision, book: Notebook) -> Decision:
     small = tier_against_none(book, smaller_tier=True)
     if small is None:
         return found
+    on_s, off_s, pooled = _quoted(small.on, small.off, small.ttft)
     words = (f"With a tier smaller than the working set "
-             f"({small.on.get('tier') or 'size not recorded'}), TTFT p50 {num(_p50(small.on))} s "
-             f"against {num(_p50(small.off))} s without at concurrency {small.level}: "
+             f"({small.on.get('tier') or 'size not recorded'}), TTFT p50 {num(on_s)} s "
+             f"against {num(off_s)} s without{pooled} at concurrency {small.level}: "
              f"{small.ttft.cell()}")
     return Decision(found.lab, found.question, f"{found.answer.rstrip('.')}. {words}.",
                     found.decided)
@@ -134,12 +135,12 @@ def with_capacity(found: Decision, book: Notebook, sides: list[tuple[str, str]],
 
 def _host_decision(a: LoadRecord, b: LoadRecord, level: int, why: str,
                    iv: intervals.Interval) -> Decision:
-    on_s, off_s = _p50(a), _p50(b)
+    on_s, off_s, pooled = _quoted(a, b, iv)
     if on_s is None or off_s is None or not off_s:
         return _undecided("offload", HOST_Q, f"a TTFT p50 is missing from the rows at "
                                              f"concurrency {level}")
     r = iv.ratio if iv.measured and iv.ratio is not None else on_s / off_s
-    figures = (f"TTFT p50 {num(on_s)} s with it against {num(off_s)} s without (x{r:.2f}"
+    figures = (f"TTFT p50 {num(on_s)} s with it against {num(off_s)} s without{pooled} (x{r:.2f}"
                + (f", 95% interval {iv.low:.2f} to {iv.high:.2f}" if iv.measured else "")
                + f") at concurrency {level}, with the cache under pressure ({why})")
     served = a.metric_deltas.get("external_prefix_cache_hits")
@@ -153,6 +154,17 @@ def _host_decision(a: LoadRecord, b: LoadRecord, level: int, why: str,
         verb = ("paid" if r <= 1 - SAME_WITHIN else "cost time" if r >= 1 + SAME_WITHIN
                 else "made no measurable difference (within 10%)")
     return Decision("offload", HOST_Q, f"The host tier {verb}: {figures}{tail}.", True)
+
+
+def _quoted(a: LoadRecord, b: LoadRecord, iv: intervals.Interval
+            ) -> tuple[float | None, float | None, str]:
+    """The two TTFT p50s quoted beside `iv`'s ratio: where it pooled repeats, the pooled
+    ones (the newest rows' would not give its ratio), and the words that say so."""
+    if iv.repeats is None or max(iv.repeats) < 2 or iv.values is None:
+        return _p50(a), _p50(b), ""
+    n_a, n_b = iv.repeats
+    counts = f"{n_a} repeats" if n_a == n_b else f"{n_a} and {n_b} repeats"
+    return iv.values[0], iv.values[1], f", each side pooled over its {counts}"
 
 
 def _settings(row: LoadRecord, level: int) -> str:

@@ -105,6 +105,7 @@ class Interval:
     words: str = NO_DATA
     requests: tuple[int, int] | None = None  # measured requests, A and B
     repeats: tuple[int, int] | None = None
+    values: tuple[float | None, float | None] | None = None  # A's and B's, repeats pooled
 
     @property
     def measured(self) -> bool:
@@ -250,15 +251,16 @@ def ratio_interval(metric: Metric, runs_a: Sequence[Floats], runs_b: Sequence[Fl
              for n, name in zip(counts, names, strict=True) if n < MIN_SAMPLES]
     if short:
         return Interval(metric.key, point, words=f"no interval: only {'; '.join(short)}",
-                        requests=counts, repeats=reps)
+                        requests=counts, repeats=reps, values=(top, bottom))
     ratios = _bootstrap(metric, a, b, seed)
     if len(ratios) < 0.9 * RESAMPLES:
         return Interval(metric.key, point, words=f"no interval: the {names[1]} side's "
                         f"{metric.name} is zero in too many resamples",
-                        requests=counts, repeats=reps)
+                        requests=counts, repeats=reps, values=(top, bottom))
     tail = (1 - CONFIDENCE) / 2
     low, high = (float(v) for v in np.quantile(ratios, [tail, 1 - tail]))
-    return Interval(metric.key, point, low, high, _words(metric, low, high), counts, reps)
+    return Interval(metric.key, point, low, high, _words(metric, low, high), counts, reps,
+                    (top, bottom))
 
 
 def row_ratio(metric: Metric, a: LoadRecord, b: LoadRecord) -> float | None:
