@@ -1,4 +1,5 @@
-"""Load rows with per-request files, written with `records.requests.write` as a run would."""
+"""Load rows with per-request files, written with `records.requests.write` as a run would, and
+the typed parts such rows carry (a pressure plan, a topology)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import Any
 import numpy as np
 
 from kvlab.records import notebook, requests
-from kvlab.records.models import LoadRecord, build
+from kvlab.records.evidence import Where
+from kvlab.records.load import PressurePlanned
+from kvlab.records.models import LoadRecord, Percentiles
 
 
 def lognormal(seed: int, n: int, median: float, sigma: float = 0.4) -> list[float]:
@@ -49,14 +52,29 @@ def run_row(book: Path, label: str, level: int, ttfts: Sequence[float], *,
     digest = requests.write(book.parent / relative,
                             lines(ttfts, level, repeat, warmup=warmup, failed=failed))
     p50 = float(np.median(ttfts))
-    row = build("load", label, lab, concurrency=level, requests=len(ttfts) + failed,
-                ok=len(ttfts), failed=failed, model="m", prompt_set="shared-prefix",
-                max_tokens=16, prompt_tokens_mean=1000.0,
-                ttft_s={"p50": p50, "p90": p50, "p99": p50, "mean": p50},
-                tpot_s={"p50": p50 / 10}, output_tokens_per_s=160.0 / p50,
-                requests_file=relative, requests_sha256=digest, warmup_requests=warmup,
-                repeat=repeat, **extra)
-    assert isinstance(row, LoadRecord)
+    row = LoadRecord(label=label, lab=lab, concurrency=level, requests=len(ttfts) + failed,
+                     ok=len(ttfts), failed=failed, model="m", prompt_set="shared-prefix",
+                     max_tokens=16, prompt_tokens_mean=1000.0,
+                     ttft_s=Percentiles(p50=p50, p90=p50, p99=p50, mean=p50),
+                     tpot_s=Percentiles(p50=p50 / 10), output_tokens_per_s=160.0 / p50,
+                     requests_file=relative, requests_sha256=digest, warmup_requests=warmup,
+                     repeat=repeat, **extra)
     if write:
         notebook.append(book, row)
     return row
+
+
+def plan(oversubscription: float = 3.0, reusable_fraction: float = 0.8,
+         **fields: Any) -> PressurePlanned:
+    """A pressure plan with these figures; the sizes not given are 0: no cache size a judgement
+    goes by, no bytes per token, the cache not fixed in bytes."""
+    sizes: dict[str, Any] = {"concurrency": 4, "requests": 48, "conversations": 12,
+                             "conversation_tokens": 1000, "working_set_tokens": 12_000,
+                             "cache_tokens": 0, "kv_cache_bytes": 0, "bytes_per_token": 0.0}
+    return PressurePlanned(oversubscription=oversubscription,
+                           reusable_fraction=reusable_fraction, **{**sizes, **fields})
+
+
+def where_fields(where: Where) -> dict[str, Any]:
+    """A topology as a row's keyword arguments (the fields it states)."""
+    return where.model_dump(exclude_none=True)

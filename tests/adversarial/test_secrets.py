@@ -11,18 +11,28 @@ from __future__ import annotations
 import json
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from adversarial.test_orphans import kvlab, kvlab_env, serving
-from kvlab.cli.serve_cmd import build_plan
 from kvlab.core.errors import EngineError, SettingError
 from kvlab.core.settings import Settings, load_settings
 from kvlab.engines import llamacpp, process, vllm
 from kvlab.engines.plan import EnginePlan
+from kvlab.engines.roles import plan_for_role as build_plan
 from kvlab.records import notebook
-from kvlab.records.models import build
+from kvlab.records.base import Record
+from kvlab.records.load import LinkRecord, NixlCounters
+from kvlab.records.runs import (
+    NotRunRecord,
+    PredictionRecord,
+    ProofCase,
+    ProofRecord,
+    ReuseRecord,
+    StartupRecord,
+)
 
 KEY = "sk-live-7f3a9c1e5b2d4f6a8c0e"
 TOKEN = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123"
@@ -114,37 +124,68 @@ def test_serve_passes_the_api_key_to_the_engine_and_writes_it_nowhere(tmp_path: 
 
 # ---- 11: the notebook refuses what slips past -------------------------------------------------
 
-@pytest.mark.parametrize("fields", [
-    {"Api-Key": "x"}, {"hf-token": "x"}, {"credentials": {"user": "u"}}, {"passwd": "x"},
-    {"nested": {"X-Api-Key": "x"}}, {"rows": [{"Authorization": "x"}]},
-    {"argv": ["vllm", "serve", "m", "--api-key", "abc123"]},
-    {"argv": ["vllm", "--token", "abc123"]},
-    {"shell": f"vllm serve m --api-key {KEY}"}, {"shell": "vllm serve m --api-key=abc123"},
-    {"note": f"the key was {KEY}"}, {"note": f"HF_TOKEN={TOKEN}"},
-    {"header": "Bearer abcdefghijklmnopqrstuvwxyz"},
-    {"deep": [[{"cmd": ["x", "--password", "hunter22"]}]]},
-], ids=lambda f: next(iter(f)))
+def _link(**maps: dict[str, str]) -> Record:
+    return LinkRecord(label="y", lab="z", **maps)
+
+
+def _startup(argv: list[str]) -> Record:
+    return StartupRecord(label="y", lab="z", engine="vllm", role="baseline", argv=argv)
+
+
+def _said(text: str) -> Record:
+    return NotRunRecord(label="y", lab="z", row="a row", reason=text)
+
+
+# every place a typed record can carry free text or a key chosen by data: a map's keys, an
+# argv, prose, nested lists
+CARRYING_A_SECRET: dict[str, Callable[[], Record]] = {
+    "Api-Key": lambda: _link(legs={"Api-Key": "x"}),
+    "hf-token": lambda: _link(hosts={"hf-token": "x"}),
+    "credentials": lambda: LinkRecord(label="y", lab="z",
+                                      nixl={"credentials": NixlCounters()}),
+    "passwd": lambda: _link(hosts={"passwd": "x"}),
+    "nested": lambda: ReuseRecord(label="y", lab="z", metric_deltas={"u": {"X-Api-Key": 1}}),
+    "rows": lambda: ProofRecord(label="y", lab="z", model="m", endpoints=[], verdicts={},
+                                cases=[ProofCase(case="c", endpoint="e",
+                                                 counter_deltas={"Authorization": 1})]),
+    "argv": lambda: _startup(["vllm", "serve", "m", "--api-key", "abc123"]),
+    "argv-token": lambda: _startup(["vllm", "--token", "abc123"]),
+    "shell": lambda: _said(f"vllm serve m --api-key {KEY}"),
+    "shell-equals": lambda: _said("vllm serve m --api-key=abc123"),
+    "note": lambda: _said(f"the key was {KEY}"),
+    "note-token": lambda: _said(f"HF_TOKEN={TOKEN}"),
+    "header": lambda: _said("Bearer abcdefghijklmnopqrstuvwxyz"),
+    "deep": lambda: ReuseRecord(label="y", lab="z",
+                                turn_reasons=[["x", "--password", "hunter22"]]),
+}
+
+
+@pytest.mark.parametrize("make", CARRYING_A_SECRET.values(), ids=CARRYING_A_SECRET.keys())
 def test_the_notebook_refuses_a_record_carrying_a_secret(tmp_path: Path,
-                                                         fields: dict[str, object]) -> None:
+                                                         make: Callable[[], Record]) -> None:
     book = tmp_path / "labbook.md"
     with pytest.raises(ValueError, match="secret") as err:
-        notebook.append(book, build("x", "y", "z", **fields))
+        notebook.append(book, make())
     assert not book.exists()
     assert KEY not in str(err.value) and TOKEN not in str(err.value) and "abc123" not in str(
         err.value)
 
 
-@pytest.mark.parametrize("fields", [
-    {"argv": ["vllm", "serve", "m", "--api-key", "<redacted>"]},
-    {"shell": "vllm serve m --api-key '<redacted>' --port 8000"},
-    {"argv": ["llama-server", "--api-key-file", "/etc/kvlab/key"]},
-    {"prompt_tokens": 3, "cached_tokens": 2, "bytes_per_token": 1.5, "max_tokens": 8},
-    {"note": "a request with a Bearer token is refused with 401"},
-], ids=["redacted-argv", "redacted-shell", "key-file", "token-counts", "prose"])
+HOLDING_NONE: dict[str, Callable[[], Record]] = {
+    "redacted-argv": lambda: _startup(["vllm", "serve", "m", "--api-key", "<redacted>"]),
+    "redacted-shell": lambda: _said("vllm serve m --api-key '<redacted>' --port 8000"),
+    "key-file": lambda: _startup(["llama-server", "--api-key-file", "/etc/kvlab/key"]),
+    "token-counts": lambda: PredictionRecord(label="y", lab="z", prompt_tokens=3,
+                                             bytes_per_token=1.5),
+    "prose": lambda: _said("a request with a Bearer token is refused with 401"),
+}
+
+
+@pytest.mark.parametrize("make", HOLDING_NONE.values(), ids=HOLDING_NONE.keys())
 def test_the_notebook_takes_what_holds_no_secret(tmp_path: Path,
-                                                 fields: dict[str, object]) -> None:
+                                                 make: Callable[[], Record]) -> None:
     book = tmp_path / "labbook.md"
-    notebook.append(book, build("x", "y", "z", **fields))
+    notebook.append(book, make())
     assert len(notebook.read(book).records) == 1
 
 

@@ -23,6 +23,14 @@ from kvlab.engines import vllm
 from kvlab.engines.models import TinyModels
 from kvlab.engines.process import port_in_use
 from kvlab.records import notebook
+from kvlab.records.models import (
+    ComparisonRecord,
+    CrossingRecord,
+    LinkRecord,
+    LoadRecord,
+    NotRunRecord,
+    StartupRecord,
+)
 from kvlab.report import build
 
 pytestmark = [pytest.mark.vllm, pytest.mark.cluster]
@@ -67,33 +75,39 @@ def test_kvlab_run_disagg_on_two_ray_nodes_of_one_machine(
     read = notebook.read(book)
     assert len({r.run_id for r in read.records}) == 1
 
-    starts = {r.label: r for r in read.by_record("startup")}
+    starts = {r.label: r for r in read.of(StartupRecord)}
     prefill, decode = starts["disagg-prefill"].node, starts["disagg-decode"].node
-    assert prefill["node"].startswith("node-a [") and decode["node"].startswith("node-b [")
-    assert starts["baseline"].node["node_id"] == decode["node_id"] != prefill["node_id"]
-    assert prefill["machine_id"] == decode["machine_id"]
+    baseline = starts["baseline"].node
+    assert prefill is not None and decode is not None and baseline is not None
+    assert str(prefill.node).startswith("node-a [") and str(decode.node).startswith("node-b [")
+    assert baseline.node_id == decode.node_id != prefill.node_id
+    assert prefill.machine_id == decode.machine_id
     assert starts["disagg-proxy"].node is None  # the proxy ran where kvlab ran
-    assert f"--host {prefill['address']}" in " ".join(starts["disagg-prefill"].argv)
+    assert f"--host {prefill.address}" in " ".join(starts["disagg-prefill"].argv)
 
-    (crossing,) = read.by_record("crossing")
-    assert crossing["crossed"] is True
-    rows = [r for r in read.by_record("load") if r.label == "disagg"]
+    (crossing,) = read.of(CrossingRecord)
+    assert crossing.crossed is True
+    rows = read.of(LoadRecord, "disagg")
     assert [r.concurrency for r in rows] == [1, 2] and all(r.failed == 0 for r in rows)
     for r in rows:
         assert (r.placement, r.topology, r.same_machine, r.single_machine, r.link) == (
             "ray", "loopback", True, True, "loopback")
-        assert r.topology_from.endswith("two Ray nodes on one machine")
-        assert r.hosts["prefill"] == prefill["address"] != "127.0.0.1"
+        assert str(r.topology_from).endswith("two Ray nodes on one machine")
+        assert r.hosts is not None and r.node_counters is not None
+        assert r.hosts["prefill"] == prefill.address != "127.0.0.1"
         assert set(r.node_counters) == {"prefill", "decode"}
-    assert rows[0].node_counters["prefill"]["store_bytes"] > 0  # the prefill wrote the store
+    assert rows[0].node_counters is not None
+    # the prefill wrote the store
+    assert (rows[0].node_counters["prefill"].store_bytes or 0) > 0
     assert f"{shared}/kvlab-{rows[0].run_id}/pd" in " ".join(starts["disagg-decode"].argv)
-    (link,) = [r for r in read.by_record("link") if r.label == "disagg"]
-    assert link.store_bytes > 0 and link.node_counters["decode"]["node"] == decode["node"]
-    base = [r for r in read.by_record("load") if r.label == "baseline"]
+    (link,) = read.of(LinkRecord, "disagg")
+    assert link.store_bytes is not None and link.store_bytes > 0
+    assert link.node_counters is not None and link.node_counters["decode"].node == decode.node
+    base = read.of(LoadRecord, "baseline")
     assert [(r.topology, r.placement) for r in base] == [("one instance", "ray")] * 2
-    (comparison,) = read.by_record("comparison")
-    assert comparison["levels"] and comparison["placement"] == "ray"
-    skipped = {r.label: r.reason for r in read.by_record("not-run")}
+    (comparison,) = read.of(ComparisonRecord)
+    assert comparison.levels and comparison.placement == "ray"
+    skipped = {r.label: r.reason for r in read.of(NotRunRecord)}
     assert "two Ray nodes on one machine" in skipped["disagg-two-machines"]
 
     table = {row[0]: row for row in build(book).tables[1].rows}
@@ -105,8 +119,8 @@ def test_kvlab_run_disagg_on_two_ray_nodes_of_one_machine(
         "not run here: needs two machines: PREFILL_HOST's Ray node (node-a [")
 
     # everything stopped, the store removed, the key written nowhere
-    ports = [int(r["argv"][r["argv"].index("--port") + 1]) for r in read.by_record("startup")]
-    hosts = [r["argv"][r["argv"].index("--host") + 1] for r in read.by_record("startup")]
+    ports = [int(r.argv[r.argv.index("--port") + 1]) for r in read.of(StartupRecord)]
+    hosts = [r.argv[r.argv.index("--host") + 1] for r in read.of(StartupRecord)]
     assert not any(port_in_use(h, p) for h, p in zip(hosts, ports, strict=True))
     run_id = read.records[0].run_id
     assert list(shared.iterdir()) == []  # kvlab-<run id>/pd made, used and removed

@@ -19,6 +19,7 @@ from kvlab.engines import llamacpp, startup, vllm
 from kvlab.engines.models import TinyModels
 from kvlab.engines.process import EngineProcess, free_port, group_alive
 from kvlab.records import notebook
+from kvlab.records.models import StartupRecord
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -39,7 +40,7 @@ async def test_vllm_cpu_lifecycle(tmp_path: Path, tiny_models: TinyModels,
     async with proc:
         version = await startup.server_version(plan)
         record = startup.record(plan, proc.log_text(), ready_s=proc.ready_s,
-                                engine_version=version)
+                                engine_version=version, label=startup.plan_label(plan))
         async with httpx.AsyncClient(base_url=plan.base_url, timeout=60) as client:
             metrics = (await client.get("/metrics")).text
             reply = await client.post("/v1/completions", json={
@@ -47,14 +48,15 @@ async def test_vllm_cpu_lifecycle(tmp_path: Path, tiny_models: TinyModels,
                 "ignore_eos": True})
         pgid = proc.pid
     assert version.startswith("0.32.0")
-    cap = record["capacity"]
-    assert cap["kv_cache_tokens"] == 524_288  # 1 GiB / 2,048 bytes per token
-    assert cap["max_concurrency"] == 128.0 and cap["device"] == "CPU"
+    cap = record.capacity
+    assert cap.kv_cache_tokens == 524_288  # 1 GiB / 2,048 bytes per token
+    assert cap.max_concurrency == 128.0 and cap.device == "CPU"
     assert "vllm:prefix_cache_queries_total" in metrics
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 4
     notebook.append(tmp_path / "book.md", record)
     line = notebook.read(tmp_path / "book.md").records[0]
-    assert line["record"] == "startup" and line["context_tokens"] == settings.ctx
+    assert isinstance(line, StartupRecord)
+    assert line.record == "startup" and line.context_tokens == settings.ctx
     assert pgid is not None and not group_alive(pgid)
     assert processes_mentioning(tiny_models.hf) == []
 
@@ -71,10 +73,10 @@ async def test_llama_server_lifecycle(tmp_path: Path, tiny_models: TinyModels,
             reply = await client.post("/v1/chat/completions", json={
                 "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
         record = startup.record(plan, proc.log_text(), ready_s=proc.ready_s,
-                                engine_version=version)
+                                engine_version=version, label=startup.plan_label(plan))
         pgid = proc.pid
     assert "0c1e570" in version
-    assert record["capacity"]["slots"] == 2 and record["capacity"]["tokens_per_slot"] == 2048
+    assert record.capacity.slots == 2 and record.capacity.tokens_per_slot == 2048
     assert llamacpp.PROMPT_TOKENS in metrics
     assert reply.json()["timings"]["prompt_n"] > 0
     assert (tmp_path / "slots").stat().st_mode & 0o777 == 0o700

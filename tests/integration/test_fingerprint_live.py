@@ -25,8 +25,9 @@ from kvlab.engines import llamacpp, vllm
 from kvlab.engines.models import TinyModels
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import EngineProcess, free_port
-from kvlab.measure import compat, fingerprint
+from kvlab.measure import compat
 from kvlab.measure.prove import ProveOptions, prove
+from kvlab.observe import fingerprint
 
 pytestmark = pytest.mark.vllm
 

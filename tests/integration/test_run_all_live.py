@@ -23,6 +23,14 @@ from kvlab.engines.process import port_in_use, stray_records
 from kvlab.experiments import shared
 from kvlab.experiments.lab import Lab
 from kvlab.records import notebook
+from kvlab.records.models import (
+    CrossingRecord,
+    DiskRecord,
+    NotRunRecord,
+    ProofRecord,
+    ReuseRecord,
+    StartupRecord,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -42,20 +50,22 @@ def test_run_all_quick_fills_every_cell_and_leaves_nothing(
         for row in table["rows"]:
             assert all(c.strip() and not c.startswith("not measured yet") for c in row), row
     read = notebook.read(book)
-    run = [r for r in read.records if r.get("run_id") == data["run_id"]]
-    verdicts = {r["label"]: r for r in run if r["record"] in ("reuse", "proof", "disk",
-                                                            "crossing")}
-    assert verdicts["offload-off"]["summary"]["reused_turns"] >= 1
-    assert verdicts["shared-store-proof"]["verdicts"]["identical-on-b"] == "reused"
-    assert verdicts["shared-store-proof"]["verdicts"]["changed-prefix-on-b"] == (
-        "no-reuse-expected")
-    assert verdicts["disk"]["verdict"] == "reuse proven"
-    assert verdicts["disagg"]["crossed"] is True
-    skipped = {r["label"]: r["reason"] for r in read.by_record("not-run")}
+    run = [r for r in read.records if r.run_id == data["run_id"]]
+    verdicts = {r.label: r for r in run if r.record in ("reuse", "proof", "disk", "crossing")}
+    quiet, proof = verdicts["offload-off"], verdicts["shared-store-proof"]
+    disk, crossing = verdicts["disk"], verdicts["disagg"]
+    assert isinstance(quiet, ReuseRecord) and quiet.summary is not None
+    assert quiet.summary.reused_turns >= 1
+    assert isinstance(proof, ProofRecord)
+    assert proof.verdicts["identical-on-b"] == "reused"
+    assert proof.verdicts["changed-prefix-on-b"] == "no-reuse-expected"
+    assert isinstance(disk, DiskRecord) and disk.verdict == "reuse proven"
+    assert isinstance(crossing, CrossingRecord) and crossing.crossed is True
+    skipped = {r.label: r.reason for r in read.of(NotRunRecord)}
     assert "cannot offload" in skipped["offload-on"]
     assert "two machines" in skipped["disagg-two-machines"]
-    ports = [int(r["argv"][r["argv"].index("--port") + 1]) for r in run
-             if r["record"] == "startup" and "--port" in r["argv"]]
+    ports = [int(r.argv[r.argv.index("--port") + 1]) for r in run
+             if isinstance(r, StartupRecord) and "--port" in r.argv]
     assert ports and not any(port_in_use("127.0.0.1", p) for p in ports)
     assert not (Settings().home() / "stores" / data["run_id"]).exists()
     assert (tmp_path / "report" / "report.md").is_file()

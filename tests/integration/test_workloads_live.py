@@ -14,7 +14,6 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -26,6 +25,7 @@ from kvlab.loadgen.sessions import SessionSpec, ThinkTime
 from kvlab.loadgen.spec import LoadSpec
 from kvlab.loadgen.sweep import run_sweep
 from kvlab.records import notebook, requests
+from kvlab.records.models import CapacityRecord, LoadRecord
 
 pytestmark = pytest.mark.vllm
 SERVED = "local-chat"
@@ -51,9 +51,11 @@ def users(url: str, book: Path, label: str) -> LoadSpec:
                     sessions=SessionSpec(turns=4, think=ThinkTime("fixed", 0.5)))
 
 
-def returning(book: Path, row: Any) -> list[tuple[requests.RequestLine, requests.RequestLine]]:
+def returning(book: Path, row: LoadRecord
+              ) -> list[tuple[requests.RequestLine, requests.RequestLine]]:
     """(previous turn, returning turn) pairs from the row's per-request file."""
-    lines = requests.read(requests.location(book, row["requests_file"]), row["requests_sha256"])
+    assert row.requests_file is not None
+    lines = requests.read(requests.location(book, row.requests_file), row.requests_sha256)
     turns = {(x.conversation, x.turn): x for x in lines if x.status == "ok"}
     return [(turns[(c, t - 1)], x) for (c, t), x in turns.items()
             if t and (c, t - 1) in turns]
@@ -64,9 +66,10 @@ async def test_returning_users_find_their_kv_unless_the_cache_is_too_small(
         tmp_path: Path) -> None:
     book = tmp_path / "labbook.md"
     held = (await run_sweep(users(roomy, book, "roomy"))).rows[0]
-    s = held["sessions"]
-    assert held["ok"] == 48 and s["returning_turns"] == 36, held["failures"]
-    assert s["cache_block_tokens"] == BLOCK and s["evicted_turns"] == 0
+    s = held.sessions
+    assert s is not None, held.failures
+    assert held.ok == 48 and s.returning_turns == 36, held.failures
+    assert s.cache_block_tokens == BLOCK and s.evicted_turns == 0
     for before, after in returning(book, held):
         # the previous turn's prompt came back whole blocks at a time
         assert (after.cached_tokens or 0) > (before.prompt_tokens or 0) - BLOCK
@@ -74,12 +77,16 @@ async def test_returning_users_find_their_kv_unless_the_cache_is_too_small(
     async for small in serve_baseline(tiny_models, vllm_install, tmp_path / "small.log",
                                       kv_cache_bytes=SMALL_CACHE_BYTES):
         lost = (await run_sweep(users(small, book, "small"))).rows[0]
-    t = lost["sessions"]
-    assert lost["ok"] == 48 and t["returning_turns"] == 36, lost["failures"]
-    assert lost["metric_deltas"]["kv_cache_tokens"] < t["working_set_tokens"]
-    assert t["evicted_turns"] >= 18, t  # most users came back to an evicted conversation
-    assert t["returning_hit_rate"] < s["returning_hit_rate"] / 2, (t, s)
-    assert lost["prefix_hit_rate"] < held["prefix_hit_rate"]
+    t = lost.sessions
+    assert t is not None, lost.failures
+    assert lost.ok == 48 and t.returning_turns == 36, lost.failures
+    small_cache = lost.metric_deltas["kv_cache_tokens"]
+    assert small_cache is not None and small_cache < t.working_set_tokens
+    assert t.evicted_turns >= 18, t  # most users came back to an evicted conversation
+    assert t.returning_hit_rate is not None and s.returning_hit_rate is not None, (t, s)
+    assert t.returning_hit_rate < s.returning_hit_rate / 2, (t, s)
+    assert lost.prefix_hit_rate is not None and held.prefix_hit_rate is not None
+    assert lost.prefix_hit_rate < held.prefix_hit_rate
 
 
 async def test_a_generated_trace_replays_its_prefix_blocks(roomy: str, tmp_path: Path) -> None:
@@ -91,16 +98,18 @@ async def test_a_generated_trace_replays_its_prefix_blocks(roomy: str, tmp_path:
                     prompt_set="trace", label="trace", timeout_s=120, labbook=str(book),
                     endpoint="completions", trace=trace.TraceSpec(str(path), BLOCK))
     row = (await run_sweep(spec)).rows[0]
-    assert row["ok"] == 16 and row["trace"]["requests"] == 16, row["failures"]
-    lines = [x for x in requests.read(requests.location(book, row["requests_file"]),
-                                      row["requests_sha256"]) if not x.warmup]
+    assert row.trace is not None and row.requests_file is not None, row.failures
+    assert row.ok == 16 and row.trace.requests == 16, row.failures
+    lines = [x for x in requests.read(requests.location(book, row.requests_file),
+                                      row.requests_sha256) if not x.warmup]
     expected = [n * BLOCK for n in trace.reusable_blocks(made, BLOCK)]
     assert [x.prompt_tokens for x in lines] == [r.input_length for r in made]  # to the token
     cached = [x.cached_tokens or 0 for x in lines]
     assert all(c <= e for c, e in zip(cached, expected, strict=True)), (cached, expected)
     assert sum(cached) >= 0.9 * sum(expected) > 0, (cached, expected)
-    assert row["prefix_hit_rate"] == pytest.approx(
-        row["trace"]["reusable_fraction_infinite_cache"], abs=0.1)
+    assert row.prefix_hit_rate is not None
+    assert row.prefix_hit_rate == pytest.approx(
+        row.trace.reusable_fraction_infinite_cache, abs=0.1)
 
 
 def test_find_capacity_end_to_end(roomy: str, tmp_path: Path) -> None:
@@ -116,10 +125,10 @@ def test_find_capacity_end_to_end(roomy: str, tmp_path: Path) -> None:
     capacity = json.loads(run.stdout)["capacity"]
     steps = capacity["steps"]
     assert steps[0]["load"] == 2 and steps[0]["met"], steps[0]  # two a second: easily met
-    assert len(steps) == 3 and capacity["capacity"] is not None
+    assert len(steps) == 3 and capacity.get("capacity") is not None  # a line leaves out None
     assert all(s["figures"]["ttft_p90"]["n"] >= 6 for s in steps)
     read = notebook.read(book)
-    probes = read.by_record("load")
-    assert len(probes) == 3 and all(p["rate"] == s["load"] for p, s in zip(probes, steps,
-                                                                           strict=True))
-    assert read.by_record("capacity")[0]["statement"] == capacity["statement"]
+    probes = read.of(LoadRecord)
+    assert len(probes) == 3 and all(p.rate == s["load"] for p, s in zip(probes, steps,
+                                                                       strict=True))
+    assert read.of(CapacityRecord)[0].statement == capacity["statement"]

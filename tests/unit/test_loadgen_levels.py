@@ -15,10 +15,10 @@ from kvlab.engines.process import free_port
 from kvlab.loadgen.client import Target
 from kvlab.loadgen.runner import LevelRun, Schedule, Until
 from kvlab.loadgen.sweep import WARMUP_OFFSET, LoadSpec, level_payloads, run_level, run_sweep
+from kvlab.measure import compare
 from kvlab.proxy import ProxyConfig, running
 from kvlab.records import notebook, requests
-from kvlab.records.models import LoadRecord, build
-from kvlab.report import compare
+from kvlab.records.models import LinkRecord, LoadRecord, Percentiles
 
 
 def spec(url: str, book: Path | None = None, **kw: object) -> LoadSpec:
@@ -46,9 +46,9 @@ async def test_warmup_is_sent_first_marked_and_left_out(tmp_path: Path) -> None:
         row = await run_level(spec(up.base_url, book, warmup=3), Target.from_url(up.base_url),
                               2, 0)
     assert up.counters.requests == 8  # 3 warm-up + 5 measured
-    assert row.warmup_requests == 3 and row["requests"] == row["ok"] == 5
-    assert row.ttft_s is not None and row.ttft_s.n == 5 and row["e2e_s"]["n"] == 5
-    assert row["output_tokens"] == 20  # the warm-up's 12 tokens are not in the throughput
+    assert row.warmup_requests == 3 and row.requests == row.ok == 5
+    assert row.ttft_s is not None and row.ttft_s.n == 5 and row.e2e_s.n == 5
+    assert row.output_tokens == 20  # the warm-up's 12 tokens are not in the throughput
     lines = file_lines(book, row)
     assert [x.warmup for x in lines] == [True] * 3 + [False] * 5
     assert [x.id for x in lines] == list(range(8)) and {x.level for x in lines} == {2}
@@ -78,11 +78,11 @@ async def test_timed_level_runs_its_duration_and_at_least_its_minimum(tmp_path: 
     async with SseUpstream(Behaviour(tokens=3, ttft_s=0.01, itl_s=0.005)) as up:
         s = spec(up.base_url, book, requests=None, min_requests=3, duration_s=0.6, warmup=1)
         row = await run_level(s, Target.from_url(up.base_url), 2, 0)
-    assert row["duration_reached"] is True and row["duration_s"] >= 0.6
-    assert row["requests"] > 3 and row["failed"] == 0 and row["min_requests"] == 3
+    assert row.duration_reached is True and row.duration_s >= 0.6
+    assert row.requests > 3 and row.failed == 0 and row.min_requests == 3
     lines = file_lines(book, row)
     measured = [x for x in lines if not x.warmup]
-    assert len(measured) == row["requests"]
+    assert len(measured) == row.requests
     start = measured[0].sent_s or 0.0
     assert max(x.sent_s or 0 for x in measured) - start < 0.6  # none released after the time
     assert len({x.prompt_index for x in measured}) == len(measured)
@@ -126,8 +126,8 @@ async def test_stopped_during_warmup_measures_nothing(tmp_path: Path) -> None:
         asyncio.get_running_loop().call_later(0.3, stop.set)
         row = await run_level(spec(up.base_url, book, warmup=2, max_tokens=20),
                               Target.from_url(up.base_url), 2, 0, stop=stop)
-    assert row["interrupted"] is True and row["requests"] == 0 and row["unsent"] == 5
-    assert row["warmup_cancelled"] == 2 and row.ttft_s is None
+    assert row.interrupted is True and row.requests == 0 and row.unsent == 5
+    assert row.warmup_cancelled == 2 and row.ttft_s is None
     assert [x.status for x in file_lines(book, row)] == ["cancelled", "cancelled"]
 
 
@@ -158,12 +158,14 @@ def test_link_bytes_per_request_count_the_warmup_requests_too(tmp_path: Path) ->
     book = tmp_path / "labbook.md"
     for label in ("disagg", "baseline"):
         for level in (1, 4):  # 8 measured requests after `level` warm-up ones
-            notebook.append(book, build("load", label, notebook.LAB_PD, concurrency=level,
-                                        requests=8, ok=8, failed=0, warmup_requests=level,
-                                        ttft_s={"p50": 0.1}, tpot_s={"p50": 0.01}))
-    notebook.append(book, build("link", "disagg", notebook.LAB_PD, base_url="u",
-                                connector="shared", iface="lo", rx_bytes=2_100_000,
-                                tx_bytes=0, requests=8))
+            notebook.append(book, LoadRecord(label=label, lab=notebook.LAB_PD,
+                                             concurrency=level, requests=8, ok=8, failed=0,
+                                             warmup_requests=level,
+                                             ttft_s=Percentiles(p50=0.1),
+                                             tpot_s=Percentiles(p50=0.01)))
+    notebook.append(book, LinkRecord(label="disagg", lab=notebook.LAB_PD, base_url="u",
+                                     connector="shared", iface="lo", rx_bytes=2_100_000,
+                                     tx_bytes=0, requests=8))
     result = compare.compare(notebook.read(book).records, str(book), "disagg", "baseline")
     # the counters ran over 16 measured and 5 warm-up requests
     assert result.record.line()["observed_bytes_per_request"] == 2_100_000 / 21

@@ -32,14 +32,15 @@ def test_rdma_words_ext_and_saturation(tmp_path: Path) -> None:
     (tmp_path / "mlx5_0/ports/1/counters/port_rcv_data").write_text("1250\n")
     after = netdev.read_rdma(tmp_path)
     delta = netdev.rdma_delta(before, after)
-    assert delta["ports"]["mlx5_0/1"]["rx_bytes"] == 1000
-    assert delta["rx_bytes"] == 1000 and delta["tx_bytes"] == 0
-    assert delta["saturated"] is True
+    assert delta is not None
+    assert delta.ports["mlx5_0/1"].rx_bytes == 1000
+    assert delta.rx_bytes == 1000 and delta.tx_bytes == 0
+    assert delta.saturated is True
 
 
 def test_no_infiniband_means_no_rdma(tmp_path: Path) -> None:
     assert netdev.read_rdma(tmp_path / "absent") == {}
-    assert netdev.rdma_delta({}, {}) == {}
+    assert netdev.rdma_delta({}, {}) is None
 
 
 def test_loopback_counters_move_with_traffic() -> None:
@@ -54,13 +55,13 @@ def test_loopback_counters_move_with_traffic() -> None:
         got += len(conn.recv(65536))
     for s in (client, conn, server):
         s.close()
-    delta = netdev.iface_delta(before, netdev.read_iface(iface))
-    assert delta["rx_bytes"] >= 200_000 and delta["tx_bytes"] >= 200_000
+    rx, tx = netdev.iface_delta(before, netdev.read_iface(iface))
+    assert rx is not None and rx >= 200_000 and tx is not None and tx >= 200_000
 
 
 def test_unknown_interface_is_refused_by_name() -> None:
     assert netdev.read_iface("nosuch9") is None
-    assert netdev.iface_delta(None, None) == {"rx_bytes": None, "tx_bytes": None}
+    assert netdev.iface_delta(None, None) == (None, None)
     with pytest.raises(InputError, match="CLUSTER_IFACE='nosuch9'"):
         netdev.require_iface("nosuch9")
     netdev.require_iface("")  # unset: the seed's "no counters" path

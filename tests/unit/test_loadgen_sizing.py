@@ -10,7 +10,8 @@ from pathlib import Path
 import httpx
 
 from fakes.sse_upstream import Behaviour, SseUpstream
-from kvlab.engines.base import LLAMA_CPP, VLLM, engine_for
+from kvlab.engines.base import LLAMA_CPP, VLLM
+from kvlab.engines.registry import engine_for
 from kvlab.loadgen.sizing import prompt_sizing
 from kvlab.loadgen.sweep import LoadSpec, run_sweep
 from kvlab.measure import workloads
@@ -62,7 +63,7 @@ async def test_the_preamble_is_fitted_to_the_token() -> None:
     assert sizing.method == "tokenizer" and "http://engine:8200" in sizing.source
     assert 2.0 < sizing.tokens_per_word < 3.0  # measured, not the estimate's 1.3
     counted = len(fake_tokens(workloads.preamble(7, 1000, sizing)))
-    assert sizing.as_dict(7, 1000)["preamble_tokens_actual"] == counted
+    assert sizing.as_record(7, 1000).preamble_tokens_actual == counted
     assert 1000 - 6 <= counted <= 1000  # within one word (at most 5 tokens here) below
     assert len(seen) <= 2 + 1 + workloads.SIZING_STEPS  # the proxy, the sample, the fitting
     # the estimate would have been far off with this tokenizer
@@ -105,10 +106,11 @@ async def test_a_sweep_records_its_sizing_and_each_request_what_was_asked(
         fallback = (await run_sweep(asked)).rows[0]
     sent = up.counters.bodies[0]["messages"][0]["content"]  # type: ignore[index]
     assert sent == workloads.preamble(0, 60, sizing)
-    assert row["prompt_sizing"]["method"] == "tokenizer"
-    assert row["prompt_sizing"]["preamble_tokens_actual"] == len(fake_tokens(sent))
-    assert fallback["prompt_sizing"]["method"] == "estimate"
-    assert root in fallback["prompt_sizing"]["source"]
+    assert row.prompt_sizing is not None and fallback.prompt_sizing is not None
+    assert row.prompt_sizing.method == "tokenizer"
+    assert row.prompt_sizing.preamble_tokens_actual == len(fake_tokens(sent))
+    assert fallback.prompt_sizing.method == "estimate"
+    assert root in fallback.prompt_sizing.source
     assert row.requests_file is not None
     lines = requests.read(requests.location(book, row.requests_file), row.requests_sha256)
     assert {x.prompt_tokens_requested for x in lines} == {60}

@@ -48,41 +48,42 @@ def test_per_request_formulas() -> None:
 
 def test_level_stats_over_successes_only() -> None:
     out = stats.level_stats(level(), stats.Slo(ttft_ms=80))
-    assert (out["ok"], out["failed"], out["cancelled"]) == (2, 1, 1)
-    assert out["errors"] == {"http 500": 1}
-    assert out["ttft_s"]["p50"] == pytest.approx(0.075)
-    assert out["ttft_s"]["p90"] == pytest.approx(0.095)
-    assert out["ttft_s"]["p99"] == pytest.approx(0.0995)
-    assert out["ttft_s"]["mean"] == pytest.approx(0.075)
-    assert out["tpot_s"]["p50"] == pytest.approx((0.020 + 0.010) / 2)
-    assert out["itl_s"]["p50"] == pytest.approx(0.010)
-    assert out["itl_s"]["p90"] == pytest.approx(0.026)
-    assert out["itl_s"]["mean"] == pytest.approx(0.016)
-    assert out["e2e_s"]["max"] == pytest.approx(0.170)
-    assert out["output_tokens"] == 7
-    assert out["output_tokens_per_s"] == pytest.approx(7 / 0.170, rel=1e-4)
-    assert out["requests_per_s"] == pytest.approx(2 / 0.170, rel=1e-4)
-    assert out["goodput"] == {"slo": {"ttft_ms": 80}, "requests": 1,
-                              "requests_per_s": pytest.approx(1 / 0.170, rel=1e-3),
-                              "fraction": 0.25}
-    assert out["schedule_lag_s"]["max"] == pytest.approx(0.030)
-    assert out["tokens_from"] == "usage"
-    assert out["prompt_tokens_mean"] == 50
+    assert (out.ok, out.failed, out.cancelled) == (2, 1, 1)
+    assert out.errors == {"http 500": 1}
+    assert out.ttft_s.p50 == pytest.approx(0.075)
+    assert out.ttft_s.p90 == pytest.approx(0.095)
+    assert out.ttft_s.p99 == pytest.approx(0.0995)
+    assert out.ttft_s.mean == pytest.approx(0.075)
+    assert out.tpot_s.p50 == pytest.approx((0.020 + 0.010) / 2)
+    assert out.itl_s.p50 == pytest.approx(0.010)
+    assert out.itl_s.p90 == pytest.approx(0.026)
+    assert out.itl_s.mean == pytest.approx(0.016)
+    assert out.e2e_s.max == pytest.approx(0.170)
+    assert out.output_tokens == 7
+    assert out.output_tokens_per_s == pytest.approx(7 / 0.170, rel=1e-4)
+    assert out.requests_per_s == pytest.approx(2 / 0.170, rel=1e-4)
+    assert out.goodput is not None
+    assert out.goodput.model_dump() == {"slo": {"ttft_ms": 80}, "requests": 1,
+                                        "requests_per_s": pytest.approx(1 / 0.170, rel=1e-3),
+                                        "fraction": 0.25}
+    assert out.schedule_lag_s.max == pytest.approx(0.030)
+    assert out.tokens_from == "usage"
+    assert out.prompt_tokens_mean == 50
 
 
 def test_no_success_leaves_timings_out() -> None:
     bad = RequestRecord(index=0, prompt_index=0, sent_ns=1, end_ns=2, status=503,
                         error="http 503")
     out = stats.level_stats(LevelResult([bad], 0, 2))
-    assert out["ok"] == 0 and out["failed"] == 1
-    assert "ttft_s" not in out and "tpot_s" not in out
+    assert out.ok == 0 and out.failed == 1
+    assert out.ttft_s is None and out.tpot_s is None
 
 
 def test_tokens_fall_back_to_chunks_and_say_so() -> None:
     r = ok(0, 0, [10, 20, 30], 40, 3)
     r.completion_tokens = None
     out = stats.level_stats(LevelResult([r], 0, 40 * MS))
-    assert out["tokens_from"] == "chunks" and out["output_tokens"] == 3
+    assert out.tokens_from == "chunks" and out.output_tokens == 3
 
 
 def test_slo_parsing() -> None:
@@ -99,18 +100,18 @@ def test_summary_has_p95_std_and_its_count() -> None:
     values = [float(v) for v in range(1, 101)]  # 1..100 s
     out = stats.summary(values)
     assert out is not None
-    assert out["p50"] == pytest.approx(50.5) and out["p95"] == pytest.approx(95.05)
-    assert out["p99"] == pytest.approx(99.01) and out["mean"] == pytest.approx(50.5)
+    assert out.p50 == pytest.approx(50.5) and out.p95 == pytest.approx(95.05)
+    assert out.p99 == pytest.approx(99.01) and out.mean == pytest.approx(50.5)
     # the sample standard deviation of 1..n is sqrt(n (n + 1) / 12)
-    assert out["std"] == pytest.approx((100 * 101 / 12) ** 0.5, rel=1e-6)
-    assert out["n"] == 100
+    assert out.std == pytest.approx((100 * 101 / 12) ** 0.5, rel=1e-6)
+    assert out.n == 100
     one = stats.summary([0.25])
-    assert one is not None and one["n"] == 1 and one["std"] is None and one["p99"] == 0.25
+    assert one is not None and one.n == 1 and one.std is None and one.p99 == 0.25
 
 
 def test_every_distribution_of_a_level_states_its_n() -> None:
     out = stats.level_stats(level())
     # two successes (a failure and a cancellation are not samples); a has 3 gaps, b has 2
-    assert [out[k]["n"] for k in ("ttft_s", "tpot_s", "e2e_s", "itl_s")] == [2, 2, 2, 5]
-    assert out["ttft_s"]["p95"] == pytest.approx(0.0975)
-    assert out["ttft_s"]["std"] == pytest.approx(0.035355, abs=1e-6)
+    assert [getattr(out, k).n for k in ("ttft_s", "tpot_s", "e2e_s", "itl_s")] == [2, 2, 2, 5]
+    assert out.ttft_s.p95 == pytest.approx(0.0975)
+    assert out.ttft_s.std == pytest.approx(0.035355, abs=1e-6)

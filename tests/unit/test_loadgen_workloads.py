@@ -6,6 +6,7 @@ import pytest
 
 from kvlab.core.errors import InputError
 from kvlab.measure import workloads
+from kvlab.records.load import PrefixGroups, PromptSizing
 
 
 def test_same_arguments_same_text() -> None:
@@ -78,10 +79,10 @@ def test_calibration_fits_the_preamble_with_the_models_tokenizer() -> None:
     assert sizing is not None and sizing.method == "tokenizer"
     assert sizing.tokens_per_word == pytest.approx(2.08, abs=0.03)
     actual = count(workloads.preamble(3, 1000, sizing))
-    assert sizing.as_dict(3, 1000) == {
-        "method": "tokenizer", "source": "a local tokenizer",
-        "tokens_per_word": round(sizing.tokens_per_word, 4),
-        "preamble_tokens_requested": 1000, "preamble_tokens_actual": actual}
+    assert sizing.as_record(3, 1000) == PromptSizing(
+        method="tokenizer", source="a local tokenizer",
+        tokens_per_word=round(sizing.tokens_per_word, 4),
+        preamble_tokens_requested=1000, preamble_tokens_actual=actual)
     assert 997 <= actual <= 1000  # a word costs 2 or 3 tokens: the closest at or below
     # other documents go by the measured tokens per word
     assert sizing.words(1000) == pytest.approx(1000 / sizing.tokens_per_word, abs=1)
@@ -112,8 +113,8 @@ def test_prefix_groups_split_the_requests_by_their_shares() -> None:
                                            preamble_tokens=300)[0].messages[0][1]}
     again = workloads.build("shared-prefix", 400, seed=5, preamble_tokens=300, shares=shares)
     assert [p.group for p in again] == [p.group for p in prompts]
-    described = workloads.describe("shared-prefix", 5, 300, shares)
-    assert described["prefix_groups"] == {"groups": 3, "shares": [0.5, 0.25, 0.25]}
+    assert workloads.prefix_groups("shared-prefix", shares) == PrefixGroups(
+        groups=3, shares=[0.5, 0.25, 0.25])
 
 
 @pytest.mark.parametrize(("groups", "shares"), [(0, ()), (2, (1.0,)), (2, (1.0, 0.0))])

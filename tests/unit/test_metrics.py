@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvlab.engines import registry
 from kvlab.observe import metrics
 
 VLLM_BEFORE = """\
@@ -25,11 +26,11 @@ VLLM_AFTER = VLLM_BEFORE.replace(
 
 def test_deltas_sum_over_engines_and_ignore_created() -> None:
     before, after = metrics.parse(VLLM_BEFORE), metrics.parse(VLLM_AFTER)
-    engine = after.engine()
+    engine = registry.source_of(after)
     assert engine is not None and engine.name == "vllm"
     assert before.total("vllm:prefix_cache_hits") == 150.0  # created timestamp not summed
     assert before.total("vllm:prefix_cache_hits_total") == 150.0
-    deltas = metrics.evidence_deltas(before, after)
+    deltas = metrics.evidence_deltas(before, after, engine)
     assert deltas["prefix_cache_hits"] == 1000.0
     assert deltas["prefix_cache_queries"] == 2000.0
     assert deltas["kv_cache_usage_perc_end"] == 0.25
@@ -51,7 +52,8 @@ def test_counter_reset_counts_the_new_value() -> None:
 def test_absent_metric_is_none_not_zero() -> None:
     snap = metrics.parse(VLLM_BEFORE)
     assert metrics.counter_delta(snap, snap, "vllm:nixl_bytes_transferred") is None
-    assert "external_prefix_cache_hits" not in metrics.evidence_deltas(snap, snap)
+    assert "external_prefix_cache_hits" not in metrics.evidence_deltas(snap, snap,
+                                                                        registry.source_of(snap))
 
 
 def test_llama_server_counters() -> None:
@@ -63,7 +65,7 @@ def test_llama_server_counters() -> None:
                           "llamacpp:prompt_tokens_total 2001\n"
                           "# TYPE llamacpp:prompt_tokens_cached_total counter\n"
                           "llamacpp:prompt_tokens_cached_total 1997\n")
-    deltas = metrics.evidence_deltas(before, after)
+    deltas = registry.evidence_deltas(before, after)  # the engine found from the scrape
     assert deltas == {"prompt_tokens_total": 1.0, "prompt_tokens_cached_total": 1997.0}
     assert metrics.hit_rate(deltas) == 1997 / 1998
 

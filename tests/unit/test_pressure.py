@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvlab.experiments.pressure import HEADROOM, OVERSUBSCRIPTION, plan_pressure
+from kvlab.experiments.pressure_plan import HEADROOM, OVERSUBSCRIPTION, plan_pressure
 
 
 def test_gpu_sized_plan_is_oversubscribed() -> None:

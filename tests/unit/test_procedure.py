@@ -8,14 +8,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from kvlab.core.errors import SettingError
-from kvlab.engines.base import VLLM, engine_for
+from kvlab.engines.base import VLLM
 from kvlab.engines.models import TinyModels
+from kvlab.engines.registry import engine_for, evidence_deltas
 from kvlab.experiments.boundary import (
     BoundarySpec,
     Point,
@@ -23,15 +23,7 @@ from kvlab.experiments.boundary import (
     sized_text,
     tokenizer_for,
 )
-from kvlab.experiments.procedure import (
-    CancelEvidence,
-    CancelSpec,
-    Fresh,
-    Restart,
-    StreamCut,
-    take_line,
-    verdict,
-)
+from kvlab.experiments.procedure import CancelSpec, take_line, verdict
 from kvlab.experiments.procedure import judge as judge_cancel
 from kvlab.observe import metrics
 from kvlab.records import notebook
@@ -41,6 +33,14 @@ from kvlab.records.models import (
     NotRunRecord,
     ProcedureRecord,
     Record,
+)
+from kvlab.records.runs import (
+    BoundaryCell,
+    CancelEvidence,
+    CancelSpecLine,
+    Fresh,
+    Restart,
+    StreamCut,
 )
 from kvlab.report import build
 
@@ -268,7 +268,7 @@ def test_the_abort_counter_is_vllms_request_success_with_reason_abort() -> None:
                                             {"finished_reason": "abort"})
     before = metrics.parse(VLLM_METRICS % ("1.0", "0.0"))
     after = metrics.parse(VLLM_METRICS % ("1.0", "2.0"))
-    deltas = metrics.evidence_deltas(before, after)
+    deltas = evidence_deltas(before, after)
     assert (deltas["requests_aborted"], deltas["requests_succeeded"]) == (2.0, 2.0)
     assert deltas["requests_running_end"] == 0.0
 
@@ -288,21 +288,26 @@ def test_the_report_has_a_row_per_step_with_its_verdict_and_figures(tmp_path: Pa
     checks = judge_cancel(ev)
     write(book, ProcedureRecord(
         label="cancel-restart", lab=LAB_PD, step="cancel-restart", verdict="fail",
-        checks=[asdict(c) for c in checks], failed=verdict(checks)[1],
-        evidence={"cut": {"tokens": 4, "closed_after_s": 0.6}, "settled_s": 0.4,
-                  "restart": {"ok": True, "stop_s": 2.0, "ready_s": 30.0},
-                  "fresh": {"completion_tokens": 16}, "expected_tokens": 16,
-                  "spec": {"prompt_tokens": 2048}}),
+        checks=checks, failed=verdict(checks)[1],
+        evidence=CancelEvidence(
+            max_tokens=1024, expected_tokens=16, cut=StreamCut(tokens=4, closed_after_s=0.6),
+            settled_s=0.4, restart=Restart(ok=True, stop_s=2.0, ready_s=30.0),
+            fresh=Fresh(completion_tokens=16),
+            spec=CancelSpecLine(prompt_tokens=2048, max_tokens=1024, cancel_after=4,
+                                fresh_prompt_tokens=64, fresh_max_tokens=16, settle_s=30.0))),
               BoundaryRecord(label="boundary", lab=LAB_PD, concurrency=1,
                              verdict="pays-above", statement="the split pays above 1,536 "
                              "tokens", crossing_tokens=1536.0,
-                             points=[{"prompt_tokens_target": 1024, "ratio": 1.2,
-                                      "split_ttft_p50_s": 0.12, "baseline_ttft_p50_s": 0.1}]))
+                             points=[BoundaryCell(prompt_tokens_target=1024, ratio=1.2,
+                                                  split_ttft_p50_s=0.12,
+                                                  baseline_ttft_p50_s=0.1)]))
     table = build(book).tables[-1]
     assert table.title == "P/D lab: procedure steps"
     cancel, lengths = table.rows
     assert cancel[2] == "FAIL: decode-healthy"
-    assert "cut after 4 tokens of a 2048-token prompt" in cancel[3]
+    assert cancel[3] == ("cut after 4 tokens of a 2048-token prompt (0.60 s); proxy and decode "
+                         "let go in 0.40 s; decode stopped in 2.0 s, ready again in 30.0 s; "
+                         "fresh request 16/16 tokens")
     assert "decode-healthy FAILED: exited with code 1" in cancel[4]
     assert lengths[2] == "the split pays above 1,536 tokens"
     assert "1024: x1.20" in lengths[3] and "split 0.120 s, baseline 0.100 s" in lengths[4]

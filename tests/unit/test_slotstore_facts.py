@@ -20,6 +20,7 @@ from kvlab.engines.llamacpp.server import check_fits
 from kvlab.engines.plan import EnginePlan
 from kvlab.experiments import disk, interference
 from kvlab.records import notebook
+from kvlab.records.evidence import CachedTokens, Percentiles
 from kvlab.records.models import LoadRecord
 
 # lines as llama-server 0c1e570 logs them around a failed restore
@@ -61,12 +62,12 @@ def test_flash_attention_and_kv_types_follow_the_command_line(tmp_path: Path) ->
 
 def test_quantised_kv_is_labelled() -> None:
     q8 = llamacpp.kv_label("q8_0")
-    assert q8["kv_cache_type"] == "q8_0" and q8["kv_quantised"] is True
-    assert "outputs change" in str(q8["kv_note"])
-    assert llamacpp.kv_label("q4_0", "q4_0")["kv_quantised"] is True
+    assert q8.kv_cache_type == "q8_0" and q8.kv_quantised is True
+    assert "outputs change" in str(q8.kv_note)
+    assert llamacpp.kv_label("q4_0", "q4_0").kv_quantised is True
     f16 = llamacpp.kv_label("f16", "f16")
-    assert f16 == {"kv_cache_type": "f16", "kv_quantised": False}
-    assert llamacpp.kv_label("q8_0", "f16")["kv_cache_type"] == "K q8_0 / V f16"
+    assert f16.model_dump(exclude_none=True) == {"kv_cache_type": "f16", "kv_quantised": False}
+    assert llamacpp.kv_label("q8_0", "f16").kv_cache_type == "K q8_0 / V f16"
 
 
 def test_every_flag_of_the_plan_is_checked_against_help(tmp_path: Path) -> None:
@@ -114,21 +115,22 @@ def row(label: str, parallel: int, ttft: float, tpot: float, out: float,
     return LoadRecord(
         label=label, lab=notebook.LAB_PD, concurrency=4, requests=8, model="m",
         prompt_set=prompt_set, preamble_tokens=300, max_tokens=16, kv_cache_type="q8_0",
-        llama_parallel=parallel, ttft_s={"p50": ttft}, tpot_s={"p50": tpot},
-        output_tokens_per_s=out, failed=0, cached_tokens_per_response={"mean": 2.0})
+        llama_parallel=parallel, ttft_s=Percentiles(p50=ttft), tpot_s=Percentiles(p50=tpot),
+        output_tokens_per_s=out, failed=0,
+        cached_tokens_per_response=CachedTokens(responses=8, total=16, mean=2.0))
 
 
 def test_interference_comparison_pairs_against_the_most_slots() -> None:
     spec = interference.InterferenceSpec(label="i")
     rows = [row("i-parallel-4", 4, 2.0, 0.5, 10.0), row("i-parallel-1", 1, 3.0, 0.01, 20.0)]
     comp = interference.comparison(spec, rows)
-    assert comp.record == "comparison" and comp.get("same_experiment") is True
+    assert comp.record == "comparison" and comp.same_experiment is True
     level = comp.levels[0]
-    assert (level["ttft_p50_ratio"], level["tpot_p50_ratio"]) == (1.5, 0.02)
-    assert level["output_tokens_per_s_ratio"] == 2.0
+    assert (level.ttft_p50_ratio, level.tpot_p50_ratio) == (1.5, 0.02)
+    assert level.output_tokens_per_s_ratio == 2.0
     notebook.encode(comp)  # writable as a notebook line
     rows[1] = row("i-parallel-1", 1, 3.0, 0.01, 20.0, prompt_set="shared-prefix")
-    assert interference.comparison(spec, rows).get("differs") == ["prompt_set"]
+    assert interference.comparison(spec, rows).differs == ["prompt_set"]
 
 
 def test_interference_prompt_budget_is_a_slot_at_the_most_slots() -> None:

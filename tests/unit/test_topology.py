@@ -14,8 +14,10 @@ from kvlab.loadgen.topology import Known
 from kvlab.observe import netdev
 from kvlab.proxy import ProxyConfig, running
 from kvlab.records import notebook
-from kvlab.records.models import LinkRecord, LoadRecord, build
+from kvlab.records.evidence import Percentiles, SideChannel, Where
+from kvlab.records.models import LinkRecord, LoadRecord, NotRunRecord
 from kvlab.report import build as report
+from perrequest import where_fields
 
 LAB = notebook.LAB_PD
 
@@ -23,12 +25,16 @@ LAB = notebook.LAB_PD
 def test_kvlab_run_disagg_and_manual_runs_record_the_same_fields() -> None:
     derived = topology.derive("http://127.0.0.1:8000/v1", Known(connector="nixl",
                                                                 proxy_port=8000))
-    assert set(disagg.TOPOLOGY) == set(disagg.BASELINE) == set(derived.fields()) == set(
-        topology.FIELDS)
-    assert disagg.TOPOLOGY["topology"] == topology.LOOPBACK
-    assert disagg.TOPOLOGY["hosts"] == {"prefill": "127.0.0.1", "decode": "127.0.0.1",
-                                        "proxy": "127.0.0.1"}
-    assert disagg.BASELINE["topology"] == topology.ONE_INSTANCE
+    stated = {"topology", "single_machine", "hosts", "connector", "link", "topology_from",
+              "placement"}  # what every row states, whoever started it
+    for where in (disagg.TOPOLOGY, disagg.BASELINE, derived):
+        assert isinstance(where, Where)
+        assert stated <= where.model_fields_set <= set(topology.FIELDS)
+    assert set(topology.FIELDS) <= set(Where.model_fields)
+    assert disagg.TOPOLOGY.topology == topology.LOOPBACK
+    assert disagg.TOPOLOGY.hosts == {"prefill": "127.0.0.1", "decode": "127.0.0.1",
+                                     "proxy": "127.0.0.1"}
+    assert disagg.BASELINE.topology == topology.ONE_INSTANCE
     for name in topology.FIELDS:  # declared on the record model, not an untyped extra
         assert name in LoadRecord.model_fields and name in LinkRecord.model_fields
 
@@ -75,8 +81,8 @@ async def test_kvlab_proxy_names_its_legs() -> None:
 def _rows(label: str, ttft: float, **where: Any) -> list[LoadRecord]:
     return [LoadRecord(label=label, lab=LAB, concurrency=c, requests=4, ok=4, failed=0,
                        model="m", prompt_set="shared-prefix", max_tokens=8,
-                       ttft_s={"p50": ttft}, tpot_s={"p50": 0.01}, output_tokens_per_s=50.0,
-                       **where) for c in (1, 4)]
+                       ttft_s=Percentiles(p50=ttft), tpot_s=Percentiles(p50=0.01),
+                       output_tokens_per_s=50.0, **where) for c in (1, 4)]
 
 
 def _book(tmp_path: Path, *groups: list[LoadRecord]) -> Path:
@@ -101,15 +107,16 @@ def test_a_run_with_no_topology_is_never_two_machines(tmp_path: Path) -> None:
 
 
 def test_rows_go_where_their_connector_and_topology_say(tmp_path: Path) -> None:
-    two = topology.derive("http://127.0.0.1:8000/v1", Known(
+    two = where_fields(topology.derive("http://127.0.0.1:8000/v1", Known(
         connector="mooncake", prefill_host="a", decode_host="b", proxy_port=8000,
-        cluster_iface="enp1s0")).fields()
+        cluster_iface="enp1s0")))
     shared = {**two, "connector": "shared"}
-    loop = topology.derive("http://127.0.0.1:8000/v1", Known(connector="nixl",
-                                                             proxy_port=8000)).fields()
+    loop = where_fields(topology.derive("http://127.0.0.1:8000/v1", Known(connector="nixl",
+                                                                          proxy_port=8000)))
     path = _book(tmp_path, _rows("disagg", 0.5, **two), _rows("disagg-shared", 0.4, **shared),
                  _rows("disagg-loop", 0.2, **loop))
-    notebook.append(path, build("not-run", "disagg-nixl", LAB, row="x", reason="needs RDMA"))
+    notebook.append(path, NotRunRecord(label="disagg-nixl", lab=LAB, row="x",
+                                       reason="needs RDMA"))
     table = _pd(path)
     # a mooncake run labelled disagg is not the shared-connector row
     assert table["Two machines, shared-directory connector"][2].startswith("0.400")
@@ -125,20 +132,22 @@ def test_the_side_channel_diagnosis_in_words() -> None:
     lo = netdev.iface_holding(("127.0.0.1",))
     assert lo is not None
     fine = sidechannel.check("127.0.0.1", "", {lo: 5_000_000, "eth9": 1_000})
-    assert fine["iface"] == lo and fine["verdict"].endswith(
+    assert isinstance(fine, SideChannel)
+    assert fine.iface == lo and str(fine.verdict).endswith(
         "the most of any interface: the traffic took the side channel's network")
     elsewhere = sidechannel.check("127.0.0.1", "", {lo: 1_000, "eth9": 9_000_000})
-    assert "but eth9 moved the most, 9.00 MB: the traffic crossed eth9" in elsewhere["verdict"]
-    assert "nothing in any log says so" in elsewhere["verdict"]
+    assert "but eth9 moved the most, 9.00 MB: the traffic crossed eth9" in str(elsewhere.verdict)
+    assert "nothing in any log says so" in str(elsewhere.verdict)
     # the address is on another interface than CLUSTER_IFACE, and that interface did the work
     wrong = sidechannel.check("127.0.0.1", "enp1s0", {lo: 9_000_000, "enp1s0": 2_000},
                               rdma_bytes=0)
-    assert wrong["verdict"] == (
+    assert wrong.verdict == (
         f"SIDE_CHANNEL_ADDR 127.0.0.1 is on {lo}, which moved 9.00 MB, not CLUSTER_IFACE "
         f"enp1s0, which moved 2.00 KB: the traffic took {lo}, not the cable; a side channel on a "
         "management address works and is slow, and nothing in any log says so; set "
         "SIDE_CHANNEL_ADDR to this machine's address on enp1s0")
     remote = sidechannel.check("192.0.2.7", "", {lo: 1})  # TEST-NET-1: never this machine's
-    assert remote["iface"] is None and "not an address of this machine" in remote["verdict"]
+    assert remote.iface is None and "not an address of this machine" in str(remote.verdict)
     rdma = sidechannel.check("127.0.0.1", "", {lo: 10}, rdma_bytes=4_000_000)
-    assert rdma["verdict"].endswith("RDMA ports moved 4.00 MB, which no interface counter shows")
+    assert str(rdma.verdict).endswith("RDMA ports moved 4.00 MB, which no interface counter "
+                                      "shows")

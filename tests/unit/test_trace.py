@@ -18,6 +18,7 @@ from kvlab.loadgen.client import Target
 from kvlab.loadgen.spec import LoadSpec
 from kvlab.loadgen.sweep import Inputs, measure_level, run_sweep
 from kvlab.loadgen.trace import TokenPool, TraceRequest, TraceSpec
+from kvlab.records.load import Workload
 
 POOL = TokenPool(tuple(range(1000, 1400)), "a test pool")
 # the first lines of Mooncake's FAST25-release/traces/conversation_trace.jsonl, shortened
@@ -50,8 +51,8 @@ def test_reads_the_mooncake_format(tmp_path: Path) -> None:
     # an infinite cache: request 2 finds block 0 held; the third too, and no more
     assert trace.reusable_blocks(got.requests, 512) == [0, 1, 1]
     described = trace.describe(spec, got, POOL, max_tokens=400)
-    assert described["outputs_capped"] == 2 and described["distinct_blocks"] == 31
-    assert described["reusable_fraction_infinite_cache"] == round(2 * 512 / 16092, 4)
+    assert described.outputs_capped == 2 and described.distinct_blocks == 31
+    assert described.reusable_fraction_infinite_cache == round(2 * 512 / 16092, 4)
 
 
 @pytest.mark.parametrize(("line", "message"), [
@@ -137,8 +138,9 @@ async def test_replay_sends_token_prompts_at_the_trace_times(tmp_path: Path) -> 
     sent = sorted(r.sent_ns for r in got.result.records)
     gaps = [(b - a) / 1e9 for a, b in itertools.pairwise(sent)]
     assert all(0.13 <= g <= 0.3 for g in gaps), gaps  # 300 ms apart at twice the speed
-    assert took < 3 and got.row["trace"]["requests"] == 3 and got.row["arrivals"] == "trace"
-    assert got.row["workload"] == {"kind": "trace", "in_flight_cap": 8}
+    assert took < 3 and got.row.trace is not None
+    assert got.row.trace.requests == 3 and got.row.arrivals == "trace"
+    assert got.row.workload == Workload(kind="trace", in_flight_cap=8)
 
 
 async def test_without_a_tokenizer_a_trace_is_refused(tmp_path: Path) -> None:

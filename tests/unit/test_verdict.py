@@ -4,7 +4,6 @@ fingerprint's distance on hand-made logprobs."""
 from __future__ import annotations
 
 from kvlab.engines.base import InstanceFacts
-from kvlab.measure.fingerprint import TOLERANCE, Fingerprint, distance, parse
 from kvlab.measure.reuse import exact_prompt_trap, off_by_one, store_expectation
 from kvlab.measure.verdict import (
     Evidence,
@@ -14,6 +13,7 @@ from kvlab.measure.verdict import (
     reusable_tokens,
     store_key,
 )
+from kvlab.observe.fingerprint import TOLERANCE, Fingerprint, distance, parse
 
 
 def test_reusable_tokens_whole_blocks_of_n_minus_one() -> None:
@@ -43,7 +43,7 @@ def test_store_expectation_exact_vs_prefix() -> None:
 def test_reused_with_faster_ttft() -> None:
     j = judge(Evidence(1920, cached_tokens=1920, counter_hits=1920, ttft_s=0.04,
                        cold_ttft_s=0.23))
-    assert j.verdict == "reused" and j.evidence["ttft_ratio"] == round(0.04 / 0.23, 3)
+    assert j.verdict == "reused" and j.evidence.ttft_ratio == round(0.04 / 0.23, 3)
 
 
 def test_one_signal_without_timing_is_inconclusive() -> None:
@@ -94,7 +94,7 @@ def test_a_miss_on_an_instance_with_caching_off_names_the_cause() -> None:
     j = judge(Evidence(1920, cached_tokens=0, counter_hits=0, ttft_s=0.22, cold_ttft_s=0.23),
               cause=cause)
     assert j.verdict == "silent-miss" and j.reasons[0].startswith("cause: prefix caching is OFF")
-    assert j.evidence["cause"] == cause
+    assert j.evidence.cause == cause
     assert no_reuse_cause(InstanceFacts(url="u", prefix_caching=True)) == ""
     assert no_reuse_cause(InstanceFacts(url="u")) == ""  # unknown is not a cause
     # a verdict of reuse is not blamed on anything

@@ -38,7 +38,7 @@ def test_baseline_is_serve_decode_monolithic_plus_kvlabs_additions() -> None:
         "vllm", "serve", "Qwen/Qwen3-8B", "--host", "127.0.0.1", "--port", "8200", *COMMON,
         "--gpu-memory-utilization", "0.85", *ADDED,
     ]
-    assert plan.startup_facts["added_flags"] == [
+    assert plan.startup_facts.added_flags == [
         "--enable-prefix-caching", "--enable-prompt-tokens-details",
         "--max-num-batched-tokens 65536"]
 
@@ -60,7 +60,7 @@ def test_offload_off_has_no_tier() -> None:
     plan = vllm.plan(settings(offload=False), "offload", GPU)
     assert not plan.has_flag("--kv-offloading-size") and plan.label_hint == "offload-off"
     assert plan.has_flag("--enable-prefix-caching")
-    assert "host_memory" not in plan.startup_facts
+    assert plan.startup_facts.host_memory is None
 
 
 @pytest.mark.parametrize("args", [("--cpu-offload-gb", "10"), ("--cpu-offload-gb=4",),
@@ -214,7 +214,7 @@ def test_baseline_and_the_split_pair_differ_only_in_the_connector(
                       ("baseline", "prefill", "decode"))
     assert _fixed(base) == _fixed(pre) == _fixed(dec)
     assert not base.has_flag("--kv-transfer-config") and pre.has_flag("--kv-transfer-config")
-    assert base.startup_facts["added_flags"] == pre.startup_facts["added_flags"]
+    assert base.startup_facts.added_flags == pre.startup_facts.added_flags
 
 
 @pytest.mark.parametrize("install", [GPU, CPU], ids=["cuda", "cpu"])
@@ -237,7 +237,7 @@ def test_the_shared_pair_and_the_baseline_differ_only_in_the_connector(
 def test_added_flags_are_what_the_seed_script_does_not_pass(tmp_path: Path) -> None:
     plan = vllm.plan(settings(kv_shared_path=str(tmp_path), enforce_eager=True), "shared-a",
                      CPU)
-    assert plan.startup_facts["added_flags"] == [
+    assert plan.startup_facts.added_flags == [
         "--enable-prompt-tokens-details", "--max-num-batched-tokens 65536", "--enforce-eager",
         "--dtype bfloat16"]  # serve-shared.sh passes --enable-prefix-caching itself
 
@@ -248,11 +248,12 @@ def test_the_startup_record_carries_the_choice_and_the_added_flags() -> None:
     install = vllm.VllmInstall(("/opt/vllm/bin/vllm",), "cuda", "PATH",
                                reason="a GPU is visible: the vllm on PATH")
     plan = vllm.plan(settings(), "baseline", install)
-    line = startup.record(plan, "", ready_s=1.0, engine_version="0.11.0").line()
+    line = startup.record(plan, "", ready_s=1.0, engine_version="0.11.0",
+                          label=startup.plan_label(plan)).line()
     assert line["engine_choice"] == {"command": "/opt/vllm/bin/vllm", "origin": "PATH",
                                      "platform": "cuda",
                                      "reason": "a GPU is visible: the vllm on PATH"}
-    assert line["added_flags"] == plan.startup_facts["added_flags"]
+    assert line["added_flags"] == plan.startup_facts.added_flags
     assert line["memory_kind"] == "unknown"  # a hand-made install: nothing was detected
 
 
@@ -302,7 +303,7 @@ def test_allow_swap_starts_it_and_records_the_figures() -> None:
     small = vllm.HostMemory(available=3 * 2**30, swap_free=0, total=16 * 2**30)
     plan = vllm.plan(settings(kv_offload_gb=8, kv_offload_allow_swap=True), "offload", GPU,
                      vllm.PlanOptions(host_memory=small))
-    assert plan.startup_facts["host_memory"] == {
+    assert plan.startup_facts.host_memory.model_dump() == {
         "tier_bytes": 8 * 2**30, "available_bytes": 3 * 2**30, "swap_free_bytes": 0,
         "engine_share_bytes": 0, "fits": False, "allowed_by": "KV_OFFLOAD_ALLOW_SWAP"}
 
@@ -316,9 +317,9 @@ def test_unified_memory_counts_the_engines_own_share() -> None:
                   vllm.PlanOptions(host_memory=memory))
     discrete = vllm.plan(settings(kv_offload_gb=8), "offload", GPU,
                          vllm.PlanOptions(host_memory=memory))
-    assert discrete.startup_facts["host_memory"]["fits"] is True
-    assert vllm.plan(settings(), "baseline", unified).startup_facts["memory_kind"] == "unified"
-    assert vllm.plan(settings(), "baseline", CPU).startup_facts["memory_kind"] == "none"
+    assert discrete.startup_facts.host_memory.fits is True
+    assert vllm.plan(settings(), "baseline", unified).startup_facts.memory_kind == "unified"
+    assert vllm.plan(settings(), "baseline", CPU).startup_facts.memory_kind == "none"
 
 
 # --- NIXL side channels ---------------------------------------------------------------------
@@ -338,7 +339,7 @@ def test_equal_side_channel_ports_on_one_host_are_refused_naming_both() -> None:
 def test_the_side_channel_address_and_its_interface_are_recorded() -> None:
     s = settings(connector="nixl", side_channel_addr="10.0.0.2", cluster_iface="enp1s0")
     plan = vllm.plan(s, "prefill", GPU, vllm.PlanOptions(interfaces=IFACES))
-    assert plan.startup_facts["side_channel"] == {
+    assert plan.startup_facts.side_channel.model_dump(exclude_none=True) == {
         "addr": "10.0.0.2", "port": 5600, "resolves_to": ["10.0.0.2"], "iface": "enp1s0",
         "cluster_iface": "enp1s0"}
     assert not any("SIDE_CHANNEL_ADDR" in n for n in plan.notes)
@@ -347,11 +348,11 @@ def test_the_side_channel_address_and_its_interface_are_recorded() -> None:
 def test_a_side_channel_on_the_management_interface_is_pointed_out() -> None:
     s = settings(connector="nixl", side_channel_addr="192.168.1.5", cluster_iface="enp1s0")
     plan = vllm.plan(s, "decode", GPU, vllm.PlanOptions(interfaces=IFACES))
-    assert plan.startup_facts["side_channel"]["iface"] == "eno1"
+    assert plan.startup_facts.side_channel.iface == "eno1"
     assert any("is on eno1, not CLUSTER_IFACE enp1s0" in n for n in plan.notes)
     elsewhere = vllm.plan(s.model_copy(update={"side_channel_addr": "10.9.9.9"}), "decode", GPU,
                           vllm.PlanOptions(interfaces=IFACES))
-    assert elsewhere.startup_facts["side_channel"]["iface"] is None
+    assert elsewhere.startup_facts.side_channel.iface is None
     assert any("not an address of this machine" in n for n in elsewhere.notes)
 
 
@@ -380,5 +381,5 @@ def test_run_disagg_takes_connector_from_the_settings(tmp_path: Path, connector:
     sides = [leg["env"].get("VLLM_NIXL_SIDE_CHANNEL_HOST") for leg in (prefill, decode)]
     assert sides == (["127.0.0.1"] * 2 if connector == "nixl" else [None, None])
     where = disagg.split_where(lab)
-    assert where["connector"] == connector and where["topology"] == "loopback"
-    assert ("transport" in where) == (connector == "nixl")
+    assert where.connector == connector and where.topology == "loopback"
+    assert (where.transport is not None) == (connector == "nixl")

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from kvlab.core.errors import EngineError
+from kvlab.core.hardware import Hardware, detect_hardware, memory_kind
 from kvlab.core.settings import Settings
 from kvlab.engines import install, vllm
-from kvlab.engines.vllm.host import Hardware, detect_hardware, memory_kind
 
 GPU_LIST = "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0f00)\n"
 H100_QUERY = "NVIDIA H100 80GB HBM3, 81559\n"

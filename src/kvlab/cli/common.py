@@ -10,7 +10,6 @@ import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import click
 from rich.console import Console
@@ -26,7 +25,7 @@ class GlobalOptions:
     env_file: str | None = None
 
 
-def settings_from(ctx: click.Context, **flags: Any) -> LoadedSettings:
+def settings_from(ctx: click.Context, **flags: object) -> LoadedSettings:
     """Settings with the embedded profile, `.env`, environment and these flags applied."""
     from kvlab.core.profiles import embedded
 
@@ -39,7 +38,7 @@ def settings_from(ctx: click.Context, **flags: Any) -> LoadedSettings:
     return loaded
 
 
-def prepared_settings(ctx: click.Context, console: Console, **flags: Any) -> LoadedSettings:
+def prepared_settings(ctx: click.Context, console: Console, **flags: object) -> LoadedSettings:
     """Settings, after making what their profile needs (engines, tiny models, shaped configs):
     every command that starts engines calls this, so each works on a fresh machine."""
     loaded = settings_from(ctx, **flags)
@@ -77,11 +76,18 @@ def ensure_cpu_prerequisites(loaded: LoadedSettings, console: Console) -> None:
             install.build_llama_server(home, say)
 
 
-def _jsonable(value: Any) -> Any:
-    """Typed records print as their notebook lines; anything else as its text."""
-    from kvlab.records.models import Record
+def _jsonable(value: object) -> object:
+    """Typed records print as their notebook lines, their parts as their fields (no nulls);
+    anything else as its text."""
+    from pydantic import BaseModel
 
-    return value.line() if isinstance(value, Record) else str(value)
+    from kvlab.records.base import Record
+
+    if isinstance(value, Record):
+        return value.line()
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", exclude_none=True)
+    return str(value)
 
 
 class Output:
@@ -93,7 +99,7 @@ class Output:
         self.console = Console(highlight=False, soft_wrap=True, markup=False)
         self.err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
-    def result(self, data: Any, human: Callable[[Console], None]) -> None:
+    def result(self, data: object, human: Callable[[Console], None]) -> None:
         if self.as_json:
             sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=_jsonable) + "\n")
         else:

@@ -53,11 +53,11 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
 
     def human(console: Console) -> None:
         _status_table(console, lines)
-        console.print(f"\nvllm used: {choice.as_dict()['command']} ({choice.origin}, "
+        console.print(f"\nvllm used: {choice.as_record().command} ({choice.origin}, "
                       f"{choice.platform}): {choice.reason}")
 
     Output(as_json).result({"engines": [s.as_dict() for s in lines],
-                            "vllm": choice.as_dict()}, human)
+                            "vllm": choice.as_record().model_dump()}, human)
 
 
 def _status_table(console: Console, lines: list) -> None:  # type: ignore[type-arg]

@@ -68,6 +68,7 @@ def serve(ctx: click.Context, engine_args: tuple[str, ...], model: str | None, p
     from kvlab.cli import serve_cmd
     from kvlab.engines import llamacpp
     from kvlab.engines.llamacpp.client import write_serve_record
+    from kvlab.experiments.serve import serve_here, serve_log
 
     loaded = settings_from(ctx, llama_port=port, llama_parallel=parallel,
                            llama_cache_type=cache_type)
@@ -84,14 +85,14 @@ def serve(ctx: click.Context, engine_args: tuple[str, ...], model: str | None, p
     plan = llamacpp.plan(settings, binary, opts).with_secrets(settings.known_secrets())
     llamacpp.check_plan_flags(plan, llamacpp.help_flags(binary))
     _summary(out.err if as_json else out.console, plan)
-    record = write_serve_record(settings, plan, serve_cmd.serve_log(settings, plan))
-    result: dict[str, Any] = {}
+    record = write_serve_record(settings, plan, serve_log(settings, plan))
+    served = None
     try:
-        result = asyncio.run(serve_cmd.serve_foreground(settings, plan, detach=detach))
+        served = asyncio.run(serve_here(settings, plan, detach=detach))
     finally:
-        if not (detach and result.get("pid")):  # a detached server keeps its record
+        if served is None or served.pid is None:  # a detached server keeps its record
             record.unlink(missing_ok=True)
-    serve_cmd.finish(ctx, out, result)
+    serve_cmd.finish(ctx, out, served)
 
 
 def _summary(console: Console, plan: EnginePlan) -> None:

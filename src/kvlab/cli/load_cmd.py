@@ -20,18 +20,22 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from rich.console import Console
 
 from kvlab.cli.common import Output, json_option, settings_from
 from kvlab.core.errors import InputError, SettingError
-from kvlab.core.settings import POINT_TO_POINT, LoadedSettings
+from kvlab.core.settings import POINT_TO_POINT, LoadedSettings, Settings
 from kvlab.engines.base import ALIASES as ENGINE_ALIASES
 from kvlab.engines.base import NAMES as ENGINE_NAMES
 from kvlab.engines.base import VLLM, canonical_name
-from kvlab.records.models import Record
+from kvlab.records.evidence import Percentiles, Where
+from kvlab.records.load import BoundFigure, LinkRecord, LoadRecord, RunContext
+
+if TYPE_CHECKING:
+    from kvlab.loadgen.sweep import SweepResult
 
 T = TypeVar("T")
 ENGINES = (*ENGINE_NAMES, *ENGINE_ALIASES)  # the seed's load-test.py says llamacpp
@@ -95,39 +99,39 @@ def level_progress(out: Output, enabled: bool) -> Iterator[Any]:
         yield hook
 
 
-def _ms(summary: dict[str, float] | None, key: str = "p50") -> str:
-    value = (summary or {}).get(key)
+def _ms(value: float | None) -> str:
     return f"{value * 1000:.1f}" if value is not None else "-"
 
 
-def render_rows(console: Console, rows: Sequence[Record]) -> None:
+def render_rows(console: Console, rows: Sequence[LoadRecord]) -> None:
     from rich.table import Table
 
     table = Table("conc", "ok", "fail", "warm-up", "TTFT p50", "TTFT p95", "TTFT p99",
                   "TPOT p50", "ITL p50", "tok/s", "req/s", "hits", "lag p99",
                   title="times in ms; percentiles over the ok requests")
-    for r in (row.line() for row in rows):
-        hits = r.get("prefix_hit_rate")
-        table.add_row(str(r["concurrency"]), str(r["ok"]), str(r["failed"] + r["cancelled"]),
-                      str(r.get("warmup_requests") or 0),
-                      _ms(r.get("ttft_s")), _ms(r.get("ttft_s"), "p95"),
-                      _ms(r.get("ttft_s"), "p99"), _ms(r.get("tpot_s")),
-                      _ms(r.get("itl_s")), f"{r['output_tokens_per_s']:.0f}",
-                      f"{r['requests_per_s']:.1f}",
+    none = Percentiles()
+    for r in rows:
+        ttft = r.ttft_s or none
+        hits = r.prefix_hit_rate
+        table.add_row(str(r.concurrency), str(r.ok), str((r.failed or 0) + (r.cancelled or 0)),
+                      str(r.warmup_requests or 0), _ms(ttft.p50), _ms(ttft.p95), _ms(ttft.p99),
+                      _ms((r.tpot_s or none).p50), _ms((r.itl_s or none).p50),
+                      f"{r.output_tokens_per_s or 0:.0f}", f"{r.requests_per_s or 0:.1f}",
                       f"{hits:.0%}" if hits is not None else "-",
-                      _ms(r.get("schedule_lag_s"), "p99"))
+                      _ms((r.schedule_lag_s or none).p99))
     console.print(table)
-    for r in (row.line() for row in rows):
-        if r.get("errors"):
-            console.print(f"    concurrency {r['concurrency']}: failures {r['errors']}; first: "
-                          f"{(r.get('failures') or [{}])[0].get('detail', '')[:160]}")
-        if r.get("goodput"):
-            g = r["goodput"]
-            console.print(f"    concurrency {r['concurrency']}: goodput "
-                          f"{g['requests_per_s']} req/s ({g['requests']} met {g['slo']})")
+    for r in rows:
+        if r.errors:
+            first = r.failures[0].detail if r.failures else ""
+            console.print(f"    concurrency {r.concurrency}: failures {r.errors}; first: "
+                          f"{first[:160]}")
+        if r.goodput:
+            g = r.goodput
+            console.print(f"    concurrency {r.concurrency}: goodput "
+                          f"{g.requests_per_s} req/s ({g.requests} met {g.slo})")
 
 
-def split_topology(settings: Any, base_url: str) -> dict[str, Any]:
+def split_topology(settings: Settings, base_url: str) -> Where:
     """What the URL and the settings honestly say about the machines behind `base_url`."""
     from kvlab.loadgen import topology
 
@@ -136,7 +140,7 @@ def split_topology(settings: Any, base_url: str) -> dict[str, Any]:
         decode_host=settings.decode_host, proxy_port=settings.proxy_port,
         cluster_iface=settings.cluster_iface,
         legs=topology.proxy_legs(base_url, settings.api_key()))
-    return topology.derive(base_url, known).fields()
+    return topology.derive(base_url, known)
 
 
 def requests_setting(loaded: LoadedSettings) -> int | None:
@@ -196,11 +200,9 @@ def load_spec(loaded: LoadedSettings, *, base_url: str, label: str, engine: str,
     if is_target(o["slo"]) and not o.get("find_capacity"):
         raise InputError(f"--slo {o['slo']!r}: a latency target (<=) is for --find-capacity; "
                          "goodput bounds are written ttft_ms=500,tpot_ms=50")
-    extra: dict[str, Any] = {"context_length": settings.ctx,
-                             "mem_fraction": settings.mem_fraction,
-                             **split_topology(settings, base_url)}
-    if o["kv_cache_type"]:
-        extra["kv_cache_type"] = o["kv_cache_type"]
+    context = RunContext(context_length=settings.ctx, memory_fraction=settings.mem_fraction,
+                         kv_cache_type=o["kv_cache_type"] or None)
+    context.overlay(split_topology(settings, base_url))
     fields: dict[str, Any] = dict(
         base_url=base_url, model=settings.served_name, levels=tuple(settings.concurrency),
         requests=requests_setting(loaded), max_tokens=settings.max_tokens,
@@ -210,7 +212,7 @@ def load_spec(loaded: LoadedSettings, *, base_url: str, label: str, engine: str,
         slo=Slo.parse(o["slo"]) if o["slo"] and not is_target(o["slo"]) else None,
         preamble_tokens=o["preamble_tokens"] or settings.preamble_tokens, seed=o["seed"],
         ignore_eos=o["ignore_eos"], scrape_metrics=not o["no_metrics"],
-        metrics_url=metrics_url, lab=lab, extra=extra, min_requests=o["min_requests"],
+        metrics_url=metrics_url, lab=lab, context=context, min_requests=o["min_requests"],
         duration_s=o["duration"], warmup=o["warmup"], labbook=settings.labbook,
         size_prompts=o["prompt_sizing"] == "tokenizer", tokenize_url=o["tokenize_url"])
     return LoadSpec(**{**fields, **workload_fields(loaded, o)})
@@ -401,13 +403,14 @@ def _find_capacity(out: Output, spec: Any, o: dict[str, Any], settings: Any) -> 
     def human(console: Console) -> None:
         from rich.table import Table
 
-        table = Table(knob.name, "met", *result.record.target["bounds"], "failed", "why",
+        bounds = result.record.target.bounds
+        table = Table(knob.name, "met", *bounds, "failed", "why",
                       title=f"capacity search: {target.text()} (percentiles in seconds, "
                             "95% intervals)")
         for step in result.record.steps:
-            cells = [_figure(step["figures"].get(k) or {}) for k in result.record.target["bounds"]]
-            table.add_row(f"{step['load']:g}", "yes" if step["met"] else "no", *cells,
-                          f"{step['failed_share']:.1%}", step["why"])
+            cells = [_figure(step.figures.get(k)) for k in bounds]
+            table.add_row(f"{step.load:g}", "yes" if step.met else "no", *cells,
+                          f"{step.failed_share:.1%}", step.why)
         console.print(table)
         console.print(f"==> capacity: {result.record.statement}")
         console.print(f"    Appended {len(result.rows)} probe row(s) and one capacity line to "
@@ -416,40 +419,39 @@ def _find_capacity(out: Output, spec: Any, o: dict[str, Any], settings: Any) -> 
     out.result({"capacity": result.record, "rows": result.rows, "labbook": book}, human)
 
 
-def _figure(f: dict[str, Any]) -> str:
-    if f.get("value") is None:
+def _figure(f: BoundFigure | None) -> str:
+    if f is None or f.value is None:
         return "-"
-    band = f" [{f['low']:.3g}, {f['high']:.3g}]" if f.get("low") is not None else ""
-    return f"{f['value']:.3g}{band}"
+    band = f" [{f.low:.3g}, {f.high:.3g}]" if f.low is not None and f.high is not None else ""
+    return f"{f.value:.3g}{band}"
 
 
-def _link_lines(console: Console, record: dict[str, Any], labbook: str) -> None:
-    if record.get("rx_bytes") is not None:
-        console.print(f"==> Link during this run, on {record['iface']}")
-        console.print(f"    received     {record['rx_bytes']} bytes")
-        console.print(f"    transmitted  {record['tx_bytes']} bytes")
+def _link_lines(console: Console, record: LinkRecord, labbook: str) -> None:
+    if record.rx_bytes is not None:
+        console.print(f"==> Link during this run, on {record.iface}")
+        console.print(f"    received     {record.rx_bytes} bytes")
+        console.print(f"    transmitted  {record.tx_bytes} bytes")
     else:
         console.print("==> No byte counters recorded. Set CLUSTER_IFACE to measure the link.")
-    rdma = record.get("rdma") or {}
+    rdma = record.rdma
     if rdma:
-        console.print(f"    RDMA ports   received {rdma['rx_bytes']}, transmitted "
-                      f"{rdma['tx_bytes']} bytes" + (" (a counter saturated)"
-                                                     if rdma.get("saturated") else ""))
-    for url, nixl in (record.get("nixl") or {}).items():
-        console.print(f"    NIXL         {nixl['nixl_bytes']:.0f} bytes in "
-                      f"{nixl['nixl_transfers']:.0f} transfers ({url})")
-    side = record.get("side_channel")
-    if side:
-        console.print(f"    side channel {side['verdict']}")
+        console.print(f"    RDMA ports   received {rdma.rx_bytes}, transmitted "
+                      f"{rdma.tx_bytes} bytes" + (" (a counter saturated)"
+                                                  if rdma.saturated else ""))
+    for url, nixl in (record.nixl or {}).items():
+        console.print(f"    NIXL         {nixl.nixl_bytes or 0:.0f} bytes in "
+                      f"{nixl.nixl_transfers or 0:.0f} transfers ({url})")
+    if record.side_channel and record.side_channel.verdict:
+        console.print(f"    side channel {record.side_channel.verdict}")
     console.print("    Per request, compare the larger figure with one request's KV cache "
                   "(kvlab predict); a thousand times smaller means no cache crossed.")
     console.print(f"    Appended one link line to {labbook}")
 
 
-def _topology_line(fields: dict[str, Any]) -> str:
-    hosts = ", ".join(f"{role} {host}" for role, host in (fields.get("hosts") or {}).items())
-    return (f"{fields.get('topology')} ({hosts}); connector {fields.get('connector')}; "
-            f"link {fields.get('link')}; from {fields.get('topology_from')}")
+def _topology_line(where: Where) -> str:
+    hosts = ", ".join(f"{role} {host}" for role, host in (where.hosts or {}).items())
+    return (f"{where.topology} ({hosts}); connector {where.connector}; "
+            f"link {where.link}; from {where.topology_from}")
 
 
 @click.command("run-load")
@@ -468,7 +470,6 @@ def run_load_command(ctx: click.Context, /, label: str, base_url: str,
                      metrics_urls: tuple[str, ...], repeat: int, as_json: bool,
                      **options: Any) -> None:
     """The seed's run-load.sh: a load run with the link's byte counters around it."""
-    from kvlab.loadgen import topology
     from kvlab.loadgen.linkrun import LinkSpec, check_load_test, run_load
     from kvlab.records import notebook
 
@@ -484,9 +485,9 @@ def run_load_command(ctx: click.Context, /, label: str, base_url: str,
                     metrics_urls=metrics_urls,
                     side_channel_addr=settings.side_channel_addr
                     if settings.connector in POINT_TO_POINT else "",
-                    extra={k: spec.extra[k] for k in topology.FIELDS})
+                    where=Where.part_of(spec.context))
     out.note(f"==> {label} against {base_url}")
-    out.note(f"    topology: {_topology_line(spec.extra)}")
+    out.note(f"    topology: {_topology_line(spec.context)}")
     out.note(f"    reading byte counters on {settings.cluster_iface}" if settings.cluster_iface
              else "    no interface counters (CLUSTER_IFACE unset)")
     from kvlab.experiments.repeats import one_side
@@ -495,7 +496,7 @@ def run_load_command(ctx: click.Context, /, label: str, base_url: str,
         raise SettingError("--repeat: LOAD_TEST's script numbers no repeats; leave LOAD_TEST "
                            "empty to repeat with kvlab's generator")
     if repeat > 1:  # the repeats of one invocation: compare pools them by this id
-        spec = replace(spec, extra={**spec.extra, "run_id": time.strftime("%Y%m%d-%H%M%S")})
+        spec = replace(spec, run_id=time.strftime("%Y%m%d-%H%M%S"))
     results = []
     for number in one_side(repeat):
         if number is not None:
@@ -512,7 +513,8 @@ def run_load_command(ctx: click.Context, /, label: str, base_url: str,
     _run_load_result(out, results, settings.labbook)
 
 
-def _run_load_result(out: Output, results: list[tuple[Any, Any]], labbook: str) -> None:
+def _run_load_result(out: Output, results: list[tuple[LinkRecord, SweepResult | None]],
+                     labbook: str) -> None:
     """Print each repeat's rows and link lines; exit 130 when interrupted, 1 when every
     request failed."""
     rows = [row for _, sweep in results if sweep is not None for row in sweep.rows]
@@ -521,14 +523,14 @@ def _run_load_result(out: Output, results: list[tuple[Any, Any]], labbook: str) 
         for record, sweep in results:
             if sweep is not None:
                 render_rows(console, sweep.rows)
-            _link_lines(console, record.line(), labbook)
+            _link_lines(console, record, labbook)
 
     last = results[-1][1]
     out.result({"link": results[-1][0], "links": [r for r, _ in results], "rows": rows,
                 "labbook": labbook}, human)
     if last is not None and last.interrupted:
         sys.exit(130)
-    if rows and not any(int(r.get("ok", 0)) for r in rows):
+    if rows and not any(r.ok for r in rows):
         out.err.print("kvlab: every request failed (see the failures above)")
         sys.exit(1)
 
@@ -556,9 +558,8 @@ def compare_command(ctx: click.Context, labbook: str | None, disagg: str | None,
                     kv_dtype: str | None, prompt_tokens: int, note: str, lab: str | None,
                     offload: bool, print_only: bool, as_json: bool) -> None:
     """The seed's compare-disagg.py, plus same-experiment checks and bytes three ways."""
-    from kvlab.measure import kvmath
+    from kvlab.measure import compare, kvmath
     from kvlab.records import notebook
-    from kvlab.report import compare
 
     out = Output(as_json)
     settings = settings_from(ctx, labbook=labbook).values

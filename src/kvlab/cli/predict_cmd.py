@@ -66,9 +66,9 @@ def predict_command(ctx: click.Context, config_path: Path | None, shape: str | N
         link_bytes_per_s=link, kv_cache_tokens=kv_cache_tokens, kv_cache_bytes=kv_cache_bytes,
         ctx=(ctx_len or settings.ctx) if (kv_cache_tokens or kv_cache_bytes) else None,
     )
-    data = result.as_dict()
+    data: dict[str, object] = result.model_dump(exclude_none=True)
     if record:
-        line = PredictionRecord(label=label, lab=notebook.LAB_PD, note=note, **data)
+        line = PredictionRecord(label=label, lab=notebook.LAB_PD, note=note).overlay(result)
         notebook.append(settings.labbook, line)
         data["recorded_to"] = settings.labbook
 

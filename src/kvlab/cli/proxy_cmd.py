@@ -156,7 +156,7 @@ async def _check(config: Any, model: str, url: str | None) -> dict[str, Any]:
         if same:  # the cause, before any symptom crossing_check read from the counters
             result["reasons"] = [f"{same[0]} is both the prefill and the decode leg: decode "
                                  "served the prompt from its own prefix cache, so nothing "
-                                 "crossed", *result["reasons"]]
+                                 "crossed", *crossing.reasons]
             result["crossed"] = False
         return result
     async with running(replace(config, host="127.0.0.1", port=0)) as app:

@@ -87,7 +87,7 @@ def reuse_command(ctx: click.Context, urls: tuple[str, ...], model: str | None, 
     if not print_only:
         notebook.append(settings.labbook, record)
     out.result(record, lambda c: _render_reuse(c, record.line(), print_only, settings.labbook))
-    failed = [f"turn {r['turn']}" for r in run.rows if r["verdict"] in FAILED]
+    failed = [f"turn {r.turn}" for r in run.rows if r.verdict in FAILED]
     if failed:
         out.err.print(f"kvlab: no reuse where reuse was expected ({', '.join(failed)}): exit 1")
         ctx.exit(1)
@@ -204,7 +204,8 @@ def check_command(urls: tuple[str, ...], ignore: tuple[str, ...], as_json: bool)
     tokens, model content, dtype, quantisation, KV type, numerics flags, store, and the
     behavioural fingerprint (the same probe's top-k logprobs). A different model path is a
     note. Exit 2 when refused; --json prints its document either way."""
-    from kvlab.measure import compat, fingerprint
+    from kvlab.measure import compat
+    from kvlab.observe import fingerprint
 
     if len(urls) < 2:
         raise InputError("check needs at least two URLs to compare")
@@ -218,9 +219,9 @@ def check_command(urls: tuple[str, ...], ignore: tuple[str, ...], as_json: bool)
     def human(console: Console) -> None:
         table = Table("field", *[f.url for f in facts], box=None)
         for name in (*compat.COMPARED, *compat.COMPARED_WHERE_KNOWN, *compat.NOTED):
-            table.add_row(name, *[str(f.as_dict()[name]) for f in facts])
+            table.add_row(name, *[str(getattr(f.as_record(), name)) for f in facts])
         table.add_row(compat.FINGERPRINT, *[
-            " ".join(repr(t) for t in (f.fingerprint.as_dict()["chosen"] if f.fingerprint
+            " ".join(repr(t) for t in (f.fingerprint.as_record().chosen if f.fingerprint
                                         else [])) or "no logprobs" for f in facts])
         console.print(table)
         for line in result.notes:

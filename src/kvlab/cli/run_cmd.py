@@ -470,17 +470,17 @@ def _render_disagg(console: Console, records: list[Record], labbook: str) -> Non
             failed = f" (failed: {', '.join(r.failed)})" if r.failed else ""
             console.print(f"==> {r.step}: {r.verdict}{failed}", markup=False)
             for c in r.checks:
-                console.print(f"    {'ok  ' if c['passed'] else 'FAIL'} {c['name']}: "
-                              f"{c['detail']}", markup=False)
+                console.print(f"    {'ok  ' if c.passed else 'FAIL'} {c.name}: {c.detail}",
+                              markup=False)
         elif isinstance(r, BoundaryRecord):
             console.print(f"==> boundary at concurrency {r.concurrency}: {r.statement}",
                           markup=False)
             console.print(f"    {'tokens':>7} {'split TTFT':>11} {'baseline':>11} {'ratio':>7}")
             for p in r.points:
-                ratio = f"x{p['ratio']:.2f}" if p.get("ratio") is not None else "n/a"
-                console.print(f"    {p['prompt_tokens_target']:>7} "
-                              f"{_ms(p.get('split_ttft_p50_s')):>11} "
-                              f"{_ms(p.get('baseline_ttft_p50_s')):>11} {ratio:>7}")
+                ratio = f"x{p.ratio:.2f}" if p.ratio is not None else "n/a"
+                console.print(f"    {p.prompt_tokens_target:>7} "
+                              f"{_ms(p.split_ttft_p50_s):>11} "
+                              f"{_ms(p.baseline_ttft_p50_s):>11} {ratio:>7}")
 
 
 @run_group.command("all")
@@ -556,15 +556,16 @@ def summarise(record: Record) -> str:
         ProofRecord,
         ReuseRecord,
     )
+    from kvlab.records.runs import ReuseSummary
 
     if isinstance(record, CapacityRecord):
         return record.statement
     if isinstance(record, NotRunRecord):
         return f"not run: {record.reason}"
     if isinstance(record, ReuseRecord):
-        s = record.get("summary") or {}
-        return (f"turn 1 {s.get('turn1_ttft_s')} s, best later {s.get('best_later_ttft_s')} s, "
-                f"reused turns {s.get('reused_turns')}/{len(s.get('later_turn_verdicts', []))}")
+        s = record.summary or ReuseSummary()
+        return (f"turn 1 {s.turn1_ttft_s} s, best later {s.best_later_ttft_s} s, "
+                f"reused turns {s.reused_turns}/{len(s.later_turn_verdicts)}")
     if isinstance(record, ProofRecord):
         return ", ".join(f"{k}={v}" for k, v in record.verdicts.items() if v)
     if isinstance(record, LoadRecord):

@@ -25,7 +25,7 @@ def settings_command(ctx: click.Context, as_json: bool) -> None:
     rows = loaded.rows()
     choice = vllm.find_vllm(loaded.values)
     data = {
-        "vllm": {**choice.as_dict(), "hardware": choice.hardware.as_dict()},
+        "vllm": {**choice.as_record().model_dump(), "hardware": choice.hardware.as_dict()},
         "env_file": str(loaded.env_file) if loaded.env_file else None,
         "profile": loaded.profile,
         "profile_reason": loaded.profile_reason,
@@ -41,7 +41,7 @@ def settings_command(ctx: click.Context, as_json: bool) -> None:
             table.add_row(key, value, source)
         console.print(table)
         console.print(f"\nprofile: {loaded.profile} ({loaded.profile_reason or 'none'})")
-        console.print(f"vllm: {choice.as_dict()['command']} ({choice.origin}, "
+        console.print(f"vllm: {choice.as_record().command} ({choice.origin}, "
                       f"{choice.platform}): {choice.reason}")
         console.print(f"settings file: {loaded.env_file or 'none (./.env not found)'}")
         if loaded.unknown_keys:

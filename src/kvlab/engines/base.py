@@ -1,9 +1,11 @@
 """The engine adapter: what the rest of kvlab may ask of an engine, without naming it.
 
 Each engine package (`engines/vllm`, `engines/llamacpp`) provides one `Engine`; everything
-outside `engines/` reaches an engine through `engine_for(name)` or `engine_of_metrics(names)`
-and never compares engine names itself. An adapter answers from data its package pins (metric
-names, log formats, endpoints) and from the running server (version, identity facts).
+outside `engines/` reaches an engine through `registry.engine_for(name)` or
+`registry.source_of(snapshot)` (and the evidence deltas of a scrape through
+`registry.evidence_deltas`), and never compares engine names itself. An adapter answers from
+data its package pins (metric names, log formats, endpoints) and from the running server
+(version, identity facts).
 
 Deliberately not here: starting processes (`process.py`, any plan), installing engines
 (`install.py`), and the per-engine plans, whose options differ too much to share a signature.
@@ -12,8 +14,11 @@ Deliberately not here: starting processes (`process.py`, any plan), installing e
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
+
+from kvlab.observe.metrics import CounterTable, GaugeTable, Snapshot
+from kvlab.records.evidence import InstanceLine, KvCapacity
 
 if TYPE_CHECKING:
     import httpx
@@ -21,9 +26,8 @@ if TYPE_CHECKING:
     from kvlab.core.say import Say
     from kvlab.core.settings import Settings
     from kvlab.engines.plan import EnginePlan
-    from kvlab.measure.chat import ChatResult
-    from kvlab.measure.fingerprint import Fingerprint
-    from kvlab.observe.metrics import Snapshot
+    from kvlab.observe.chat import ChatResult
+    from kvlab.observe.fingerprint import Fingerprint
 
 VLLM = "vllm"
 LLAMA_CPP = "llama.cpp"  # the one spelling, in plans, records and load rows
@@ -45,10 +49,7 @@ PROBE_MESSAGES = [
     {"role": "user", "content": "And «7 × 6»? Émoji ok: 🙂 — tabs\tand newlines\nalso."},
 ]
 
-# evidence key (as the notebook names it) -> (counter family, label filter)
-CounterTable = dict[str, tuple[str, dict[str, str]]]
-# evidence key -> metric names to try in order (a gauge renamed between versions)
-GaugeTable = dict[str, tuple[str, ...]]
+__all__ = ["NAMES", "CounterTable", "Engine", "GaugeTable", "InstanceFacts"]
 
 
 @dataclass
@@ -80,14 +81,20 @@ class InstanceFacts:
     fingerprint: Fingerprint | None = None
     notes: list[str] = field(default_factory=list)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_record(self) -> InstanceLine:
         """The facts for a notebook line (the template tokens as a count and a digest)."""
-        out = asdict(self)
-        if self.template_tokens is not None:
-            out["template_tokens"] = (f"{len(self.template_tokens)} tokens, sha "
-                                      + token_digest(self.template_tokens))
-        out["fingerprint"] = self.fingerprint.as_dict() if self.fingerprint else None
-        return out
+        template = (f"{len(self.template_tokens)} tokens, sha "
+                    + token_digest(self.template_tokens)) if self.template_tokens is not None \
+            else None
+        return InstanceLine(
+            url=self.url, engine=self.engine, version=self.version, model_id=self.model_id,
+            root=self.root, max_model_len=self.max_model_len, block_size=self.block_size,
+            cache_dtype=self.cache_dtype, prefix_caching=self.prefix_caching,
+            kv_cache_tokens=self.kv_cache_tokens, template_tokens=template,
+            content_digest=self.content_digest, dtype=self.dtype, quantization=self.quantization,
+            numerics_flags=self.numerics_flags, kv_store=self.kv_store,
+            fingerprint=self.fingerprint.as_record() if self.fingerprint else None,
+            notes=list(self.notes))
 
 
 @dataclass(frozen=True)
@@ -204,7 +211,7 @@ class Engine(Protocol):
     # the engine's own proof that two instances share KV; None: prove's generic cases apply
     two_endpoint_proof: TwoEndpointProof | None
 
-    def capacity(self, plan: EnginePlan, log_text: str) -> dict[str, Any]:
+    def capacity(self, plan: EnginePlan, log_text: str) -> KvCapacity:
         """KV capacity fields from the startup log (empty when none were found)."""
         ...
 
@@ -234,33 +241,3 @@ class Engine(Protocol):
         """`text` in the served model's tokens, without special tokens, by the server's own
         tokenizer endpoint (None: the server has none, or it did not answer)."""
         ...
-
-
-def engine_for(name: str) -> Engine:
-    """The adapter for an engine name as plans and records spell it."""
-    from kvlab.engines.llamacpp.adapter import LLAMA_CPP_ENGINE
-    from kvlab.engines.vllm.adapter import VLLM_ENGINE
-
-    engines: dict[str, Engine] = {VLLM: VLLM_ENGINE, LLAMA_CPP: LLAMA_CPP_ENGINE}
-    try:
-        return engines[name]
-    except KeyError:
-        raise ValueError(f"unknown engine {name!r}; kvlab knows {', '.join(NAMES)}") from None
-
-
-def known_engine(name: str) -> Engine | None:
-    """The adapter for `name`, or None for a process that is no engine (kvlab's own proxy)."""
-    return engine_for(name) if name in NAMES else None
-
-
-def all_engines() -> list[Engine]:
-    return [engine_for(name) for name in NAMES]
-
-
-def engine_of_metrics(metric_names: set[str]) -> Engine | None:
-    """The engine whose namespace a /metrics scrape uses (None: neither)."""
-    prefixes = {name.split(":", 1)[0] for name in metric_names if ":" in name}
-    for engine in all_engines():
-        if engine.metric_namespace in prefixes:
-            return engine
-    return None

@@ -23,6 +23,7 @@ from kvlab.core.secrets import (
     redact_text,
     secret_flag_values,
 )
+from kvlab.records.runs import StartupFacts
 
 
 def client_host(bind_host: str) -> str:
@@ -64,7 +65,7 @@ class EnginePlan:
     served_name: str = ""
     # what kvlab chose while planning (which build and why, flags beyond the seed script,
     # measured host figures): the startup record carries it
-    startup_facts: dict[str, Any] = field(default_factory=dict)
+    startup_facts: StartupFacts = field(default_factory=StartupFacts)
     # secrets settings know (HF_TOKEN, the servers' API key): never shown in any view
     secret_values: frozenset[str] = field(default_factory=frozenset, repr=False)
 
@@ -142,5 +143,5 @@ class EnginePlan:
             "served_name": self.served_name,
             "label_hint": self.label_hint,
             "notes": list(self.notes),
-            "startup_facts": self.startup_facts,
+            "startup_facts": self.startup_facts.model_dump(mode="json", exclude_none=True),
         }

@@ -163,6 +163,11 @@ class EngineProcess:
         self._forget_pid()
         return code
 
+    async def release(self) -> None:
+        """Leave a detached engine running: stop echoing its log, keep its PID record for
+        `kvlab clean`."""
+        await self._stop_echo()
+
     async def _stop_echo(self) -> None:
         if self._echo_task is not None:
             self._echo_task.cancel()
@@ -231,7 +236,7 @@ class EngineProcess:
         tb: TracebackType | None,
     ) -> None:
         if self.detached and exc_type is None and self.returncode is None:
-            await self._stop_echo()  # left running, its PID record kept for `kvlab clean`
+            await self.release()
             return
         await asyncio.shield(self.stop())
 

@@ -7,20 +7,26 @@ what the plan says kvlab chose (which build and why, the flags it added, host fi
 
 from __future__ import annotations
 
-from typing import Any
-
-from kvlab.engines.base import LaunchSettings, known_engine
+from kvlab.engines.base import LaunchSettings
 from kvlab.engines.plan import EnginePlan
+from kvlab.engines.registry import known_engine
 from kvlab.records import notebook
-from kvlab.records.models import StartupRecord
+from kvlab.records.evidence import KvCapacity, NodeInfo
+from kvlab.records.runs import StartupRecord
 
 _PD_ROLES = ("baseline", "prefill", "decode", "proxy")
 
 
-def capacity(plan: EnginePlan, log_text: str) -> dict[str, Any]:
+def capacity(plan: EnginePlan, log_text: str) -> KvCapacity:
     """KV capacity fields parsed from the engine's startup log (empty if none were found)."""
     engine = known_engine(plan.engine)
-    return engine.capacity(plan, log_text) if engine is not None else {}
+    return engine.capacity(plan, log_text) if engine is not None else KvCapacity()
+
+
+def plan_label(plan: EnginePlan) -> str:
+    """The label a plan's startup line takes when its caller gives none: the seed's name for
+    the role (`offload-off` for the offload role without a tier), else the role."""
+    return plan.label_hint or plan.role
 
 
 def lab_for(role: str) -> str:
@@ -28,19 +34,19 @@ def lab_for(role: str) -> str:
 
 
 def record(plan: EnginePlan, log_text: str, *, ready_s: float | None, engine_version: str,
-           label: str | None = None, lab: str | None = None, **extra: Any) -> StartupRecord:
+           label: str, lab: str | None = None, node: NodeInfo | None = None) -> StartupRecord:
     """A `startup` notebook record for one instance, with what kvlab chose while planning
     it (`plan.startup_facts`: the build and why, flags beyond the seed's, host figures)."""
     engine = known_engine(plan.engine)
     sized = engine.launch_settings(plan.argv()) if engine is not None else LaunchSettings()
-    return StartupRecord(
-        label=label or plan.label_hint or plan.role, lab=lab or lab_for(plan.role),
-        engine=plan.engine, engine_version=engine_version, role=plan.role, model=plan.model,
+    line = StartupRecord(
+        label=label, lab=lab or lab_for(plan.role), engine=plan.engine,
+        engine_version=engine_version, role=plan.role, model=plan.model,
         served_name=plan.served_name, base_url=plan.base_url, argv=plan.argv(),
         ready_s=round(ready_s, 2) if ready_s is not None else None,
         capacity=capacity(plan, log_text), context_tokens=sized.context_tokens,
-        memory_fraction=sized.memory_fraction, **{**plan.startup_facts, **extra},
-    )
+        memory_fraction=sized.memory_fraction, node=node)
+    return line.overlay(plan.startup_facts)
 
 
 async def server_version(plan: EnginePlan) -> str:

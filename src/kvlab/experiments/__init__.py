@@ -15,28 +15,17 @@ import importlib
 from dataclasses import dataclass
 from types import ModuleType
 
-from kvlab.records.models import LAB_OFFLOAD, LAB_PD
+from kvlab.records import rows
 
 # `kvlab run disagg --part`: the load comparison (the default) and the lab's procedure steps
 DISAGG_PARTS = ("load", "cancel", "boundary")
-CANCEL_ROW = "A request cancelled mid-stream, then the decode worker restarted"
-BOUNDARY_ROW = "Long against short prompts: where the split pays"
-
-
-@dataclass(frozen=True)
-class ReportRow:
-    """One row of a lab's "Expected outcome" table an experiment fills."""
-
-    lab: str
-    label: str
-    row: str
 
 
 @dataclass(frozen=True)
 class Registered:
     name: str
     module: str
-    rows: tuple[ReportRow, ...]
+    rows: tuple[rows.Row, ...]
     needs_llama_server: bool = False  # `kvlab run all` records its rows as not run without one
 
     def load(self) -> ModuleType:
@@ -44,23 +33,14 @@ class Registered:
 
 
 EXPERIMENTS: dict[str, Registered] = {e.name: e for e in (
-    Registered("disk", "kvlab.experiments.disk",
-               (ReportRow(LAB_OFFLOAD, "disk", "Disk, llama.cpp slot save and restore"),),
-               True),
-    Registered("interference", "kvlab.experiments.interference",
-               (ReportRow(LAB_PD, "interference", "llama-server, 4 slots against 1 slot"),),
-               True),
+    Registered("disk", "kvlab.experiments.disk", (rows.DISK,), True),
+    Registered("interference", "kvlab.experiments.interference", (rows.INTERFERENCE,), True),
     Registered("shared-slots", "kvlab.experiments.slot_share", (), True),
     Registered("offload", "kvlab.experiments.offload",
-               (ReportRow(LAB_OFFLOAD, "offload-off", "None, quiet server"),
-                ReportRow(LAB_OFFLOAD, "offload-off-load", "None, cache under pressure"))),
-    Registered("shared", "kvlab.experiments.shared",
-               (ReportRow(LAB_OFFLOAD, "shared-store", "Shared store, two instances"),)),
+               (rows.QUIET_OFF, rows.PRESSURE_OFF)),
+    Registered("shared", "kvlab.experiments.shared", (rows.SHARED_STORE,)),
     Registered("disagg", "kvlab.experiments.disagg",
-               (ReportRow(LAB_PD, "baseline", "One machine, no split (baseline)"),
-                ReportRow(LAB_PD, "disagg-loopback", "Two processes on one device"),
-                ReportRow(LAB_PD, "cancel-restart", CANCEL_ROW),
-                ReportRow(LAB_PD, "boundary", BOUNDARY_ROW))),
+               (rows.BASELINE, rows.LOOPBACK, rows.CANCEL, rows.BOUNDARY)),
 )}
 # what `kvlab run all` runs, in order: the llama.cpp tiers (seconds) before the vLLM labs
 RUN_ALL = ("disk", "interference", "offload", "shared", "disagg")

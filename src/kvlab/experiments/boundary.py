@@ -23,20 +23,24 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import httpx
 
 from kvlab.core.errors import EngineError, SettingError
+from kvlab.engines.registry import evidence_deltas
 from kvlab.experiments.lab import Lab
 from kvlab.loadgen import stats
 from kvlab.loadgen.client import Target
 from kvlab.loadgen.record import decode_events
 from kvlab.loadgen.runner import LevelResult, LevelRun, Schedule
 from kvlab.measure import workloads
-from kvlab.measure.chat import api_base
 from kvlab.observe import metrics
-from kvlab.records.models import LAB_PD, BoundaryPointRecord, BoundaryRecord
+from kvlab.observe.chat import api_base
+from kvlab.records.base import LAB_PD, JsonObject
+from kvlab.records.evidence import Failure, Where
+from kvlab.records.rows import BOUNDARY, BOUNDARY_BASELINE, BOUNDARY_SPLIT
+from kvlab.records.runs import BoundaryCell, BoundaryPointRecord, BoundaryRecord
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -98,7 +102,7 @@ class SideTarget:
     side: Side
     base_url: str
     metrics_url: str
-    where: dict[str, Any]  # topology fields, as the load rows record them
+    where: Where  # topology fields, as the load rows record them
 
 
 @dataclass(frozen=True)
@@ -209,7 +213,7 @@ async def measure(lab: Lab, spec: BoundarySpec, target: SideTarget,
 
     template = TEMPLATE_TOKENS
 
-    def body(tokens: int, name: str) -> dict[str, Any]:
+    def body(tokens: int, name: str) -> JsonObject:
         return {"model": settings.served_name,
                 "messages": messages(tokenizer, tokens, name, template),
                 "max_tokens": spec.max_tokens, "ignore_eos": True, "stream": True,
@@ -251,24 +255,23 @@ async def _point(client: httpx.AsyncClient, http: Target, payloads: list[tuple[i
     before = await metrics.scrape(client, target.metrics_url)
     result = await _level(http, payloads, level)
     after = await metrics.scrape(client, target.metrics_url)
-    figures = stats.level_stats(result)
-    return BoundaryPointRecord(
-        label=f"boundary-{target.side}", lab=LAB_PD, side=target.side,
-        prompt_tokens_target=tokens, concurrency=level, requests=len(result.records),
-        max_tokens=spec.max_tokens, metric_deltas=metrics.evidence_deltas(before, after),
-        base_url=target.base_url, failures=stats.failures(result.records),
-        **figures, **target.where)
+    point = BoundaryPointRecord(
+        label=(BOUNDARY_SPLIT if target.side == "split" else BOUNDARY_BASELINE).label,
+        lab=LAB_PD, side=target.side, prompt_tokens_target=tokens, concurrency=level,
+        requests=len(result.records), max_tokens=spec.max_tokens,
+        metric_deltas=evidence_deltas(before, after), base_url=target.base_url,
+        failures=stats.failures(result.records))
+    return point.overlay(stats.level_stats(result)).overlay(target.where)
 
 
 def require_points(rows: Sequence[BoundaryPointRecord]) -> None:
     """A point at which every request failed measured nothing: say so, as an error."""
     for row in rows:
         if not row.ok:
-            first = (row.get("failures") or [{}])[0]
+            first = row.failures[0] if row.failures else Failure(index=0)
             raise EngineError(f"boundary, {row.side}: all {row.requests} requests of "
                               f"{row.prompt_tokens_target} tokens failed at concurrency "
-                              f"{row.concurrency}: {first.get('error')} "
-                              f"{str(first.get('detail', ''))[:160]}")
+                              f"{row.concurrency}: {first.error} {first.detail[:160]}")
 
 
 # --- the summary --------------------------------------------------------------------------
@@ -291,21 +294,23 @@ def summarise(lab: Lab, spec: BoundarySpec,
     out = []
     for level in spec.levels:
         by = {(r.side, r.prompt_tokens_target): r for r in rows if r.concurrency == level}
-        points, cells = [], []
+        points: list[Point] = []
+        cells: list[BoundaryCell] = []
         for tokens in sorted(spec.sweep):
             split, base = by.get(("split", tokens)), by.get(("baseline", tokens))
             point = Point(tokens, _p50(split), _p50(base))
             points.append(point)
-            cells.append({"prompt_tokens_target": tokens, "split_ttft_p50_s": point.split_s,
-                          "baseline_ttft_p50_s": point.baseline_s,
-                          "ratio": round(point.ratio, 4) if point.ratio is not None else None,
-                          "split_prompt_tokens": split.prompt_tokens_mean if split else None,
-                          "baseline_prompt_tokens": base.prompt_tokens_mean if base else None,
-                          "split_tokens_from_store": _from_store(split)})
+            cells.append(BoundaryCell(
+                prompt_tokens_target=tokens, split_ttft_p50_s=point.split_s,
+                baseline_ttft_p50_s=point.baseline_s,
+                ratio=round(point.ratio, 4) if point.ratio is not None else None,
+                split_prompt_tokens=split.prompt_tokens_mean if split else None,
+                baseline_prompt_tokens=base.prompt_tokens_mean if base else None,
+                split_tokens_from_store=_from_store(split)))
         found = judge(points)
         lab.say(f"==> boundary at concurrency {level}: {found.statement}")
         out.append(lab.record(BoundaryRecord(
-            label="boundary", lab=LAB_PD, concurrency=level, verdict=found.verdict,
+            label=BOUNDARY.label, lab=LAB_PD, concurrency=level, verdict=found.verdict,
             statement=found.statement, crossing_tokens=found.crossing_tokens, points=cells,
             requests_per_point=max(spec.requests, level), max_tokens=spec.max_tokens)))
     return out

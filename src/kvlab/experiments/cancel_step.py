@@ -11,7 +11,7 @@ session), the step:
    first life's log kept beside the new one);
 4. asks prefill, decode and the proxy for /health, and sends a fresh request through the
    proxy, counting what each leg finished meanwhile.
-Engine metric names come from the engine's adapter (`observe.metrics.evidence_deltas`); the
+Engine metric names come from the engine's adapter (`engines.base.evidence_deltas`); the
 proxy's are kvlab's own.
 """
 
@@ -20,30 +20,29 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
 from functools import partial
-from typing import Any
 
 import httpx
 
 from kvlab.core.errors import KvlabError
 from kvlab.engines.process import EngineProcess
+from kvlab.engines.registry import evidence_deltas
 from kvlab.experiments.boundary import messages, tokenizer_for
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.procedure import (
     ATTEMPTS,
     PROXY_ABORTS,
     PROXY_REQUESTS,
-    CancelEvidence,
     CancelSpec,
-    StreamCut,
     judge,
     take_line,
     verdict,
 )
-from kvlab.measure.chat import api_base
 from kvlab.observe import metrics
-from kvlab.records.models import LAB_PD, ProcedureRecord
+from kvlab.observe.chat import api_base
+from kvlab.records.base import LAB_PD, JsonObject
+from kvlab.records.rows import CANCEL
+from kvlab.records.runs import CancelEvidence, ProcedureRecord, StreamCut
 
 Snaps = dict[str, metrics.Snapshot | None]
 AtCut = Callable[[], Awaitable[tuple[float | None, float | None]]]
@@ -60,7 +59,7 @@ async def cancel_restart(lab: Lab, spec: CancelSpec, pair: list[EngineProcess],
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     url = api_base(proxy.plan.base_url) + "/chat/completions"
 
-    def body(name: str, tokens: int, answer: int, stream: bool) -> dict[str, Any]:
+    def body(name: str, tokens: int, answer: int, stream: bool) -> JsonObject:
         return {"model": lab.settings.served_name, "max_tokens": answer, "stream": stream,
                 "ignore_eos": True, "messages": messages(tokenizer, tokens, name)}
 
@@ -86,10 +85,10 @@ async def cancel_restart(lab: Lab, spec: CancelSpec, pair: list[EngineProcess],
     outcome, failed = verdict(checks)
     for check in checks:
         lab.say(f"    {'ok  ' if check.passed else 'FAIL'} {check.name}: {check.detail}")
+    ev.spec = spec.as_record()
     return lab.record(ProcedureRecord(
-        label="cancel-restart", lab=LAB_PD, step="cancel-restart", verdict=outcome,
-        checks=[asdict(c) for c in checks], failed=failed,
-        evidence={**asdict(ev), "spec": asdict(spec)}))
+        label=CANCEL.label, lab=LAB_PD, step=CANCEL.label, verdict=outcome, checks=checks,
+        failed=failed, evidence=ev))
 
 
 async def _scrape(client: httpx.AsyncClient, procs: dict[str, EngineProcess]) -> Snaps:
@@ -102,11 +101,11 @@ async def _at_cut(client: httpx.AsyncClient, decode: EngineProcess,
     now = await _scrape(client, {"decode": decode})
     if now["decode"] is None:
         return None, None
-    deltas = metrics.evidence_deltas(before["decode"] or now["decode"], now["decode"])
+    deltas = evidence_deltas(before["decode"] or now["decode"], now["decode"])
     return deltas.get("generation_tokens"), _busy(before, now)
 
 
-async def _stream_and_cut(url: str, body: dict[str, Any], headers: dict[str, str],
+async def _stream_and_cut(url: str, body: JsonObject, headers: dict[str, str],
                           after: int, at_cut: AtCut) -> StreamCut:
     """Stream the request; once `after` tokens have arrived, read decode, then close."""
     cut = StreamCut()
@@ -144,8 +143,9 @@ def _busy(before: Snaps, now: Snaps) -> float | None:
     """Requests running or waiting on decode now (None: its /metrics could not be read)."""
     if now["decode"] is None:
         return None
-    gauges = metrics.evidence_deltas(before["decode"] or now["decode"], now["decode"])
-    return float(gauges.get("requests_running_end", 0) + gauges.get("requests_waiting_end", 0))
+    gauges = evidence_deltas(before["decode"] or now["decode"], now["decode"])
+    return float((gauges.get("requests_running_end") or 0)
+                 + (gauges.get("requests_waiting_end") or 0))
 
 
 def _proxy_delta(before: Snaps, now: Snaps, name: str, labels: dict[str, str]) -> float | None:
@@ -174,7 +174,7 @@ def _read_cancel(ev: CancelEvidence, before: Snaps, after: Snaps) -> None:
     ev.proxy_aborts_by_stage = {stage: _proxy_delta(before, after, PROXY_ABORTS,
                                                     {"stage": stage})
                                 for stage in ("prefill", "decode")}
-    ev.decode = metrics.evidence_deltas(before["decode"], after["decode"])
+    ev.decode = evidence_deltas(before["decode"], after["decode"])
 
 
 async def _restart(lab: Lab, ev: CancelEvidence, decode: EngineProcess) -> None:
@@ -194,7 +194,7 @@ async def _restart(lab: Lab, ev: CancelEvidence, decode: EngineProcess) -> None:
 
 async def _after_restart(lab: Lab, ev: CancelEvidence, client: httpx.AsyncClient,
                          prefill: EngineProcess, decode: EngineProcess, proxy: EngineProcess,
-                         fresh: tuple[str, dict[str, Any]]) -> None:
+                         fresh: tuple[str, JsonObject]) -> None:
     """Start decode again from the same plan, then ask everyone for health and a request."""
     try:
         async with engines(lab, [decode.plan], labels=["disagg-decode-restarted"]) as (again,):
@@ -231,7 +231,7 @@ async def _health(client: httpx.AsyncClient, prefill: EngineProcess,
 
 
 async def _fresh(ev: CancelEvidence, client: httpx.AsyncClient,
-                 procs: dict[str, EngineProcess], url: str, body: dict[str, Any]) -> None:
+                 procs: dict[str, EngineProcess], url: str, body: JsonObject) -> None:
     """One new request through the proxy; the answer and who served it."""
     before = await _scrape(client, procs)
     try:
@@ -247,6 +247,6 @@ async def _fresh(ev: CancelEvidence, client: httpx.AsyncClient,
         ev.fresh.error = f"{type(exc).__name__}: {exc}"
     after = await _scrape(client, procs)
     ev.fresh_served = {
-        role: metrics.evidence_deltas(before[role], after[role]).get("requests_succeeded")
+        role: evidence_deltas(before[role], after[role]).get("requests_succeeded")
         for role in ("prefill", "decode")}
     ev.fresh_served["proxy_ok"] = _proxy_delta(before, after, PROXY_REQUESTS, {"outcome": "ok"})

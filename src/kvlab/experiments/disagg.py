@@ -35,9 +35,10 @@ from typing import Any
 
 from kvlab.core.settings import POINT_TO_POINT, Settings
 from kvlab.engines import vllm
-from kvlab.engines.base import VLLM, engine_for
+from kvlab.engines.base import VLLM
 from kvlab.engines.plan import EnginePlan, Flag
 from kvlab.engines.process import EngineProcess, free_port
+from kvlab.engines.registry import engine_for
 from kvlab.experiments import DISAGG_PARTS, repeats
 from kvlab.experiments.boundary import (
     BoundarySpec,
@@ -50,29 +51,27 @@ from kvlab.experiments.boundary import (
 from kvlab.experiments.cancel_step import cancel_restart
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.offload import measure_capacity, require_successes
-from kvlab.experiments.pressure import count_tokens, fit_preamble
+from kvlab.experiments.pressure_plan import count_tokens, fit_preamble
 from kvlab.experiments.procedure import CancelSpec
 from kvlab.loadgen import topology
 from kvlab.loadgen.capacity import CapacityAsk
 from kvlab.loadgen.linkrun import LinkSpec, run_load
 from kvlab.loadgen.sweep import LoadSpec
 from kvlab.measure import kvmath, workloads
-from kvlab.measure.chat import api_base
-from kvlab.records import notebook
-from kvlab.records.models import (
-    BoundaryPointRecord,
-    CrossingRecord,
-    LoadRecord,
-    PredictionRecord,
-    Record,
-)
+from kvlab.observe.chat import api_base
+from kvlab.records import notebook, rows
+from kvlab.records.base import Record
+from kvlab.records.evidence import Where
+from kvlab.records.load import LoadRecord, RunContext
+from kvlab.records.rows import SPLIT
+from kvlab.records.runs import BoundaryPointRecord, PredictionRecord
 
 LAB = notebook.LAB_PD
 LOOPBACK = "lo0" if sys.platform == "darwin" else "lo"
 STARTED_HERE = "kvlab run disagg started prefill, decode and proxy on this machine"
-TOPOLOGY = topology.loopback_split("shared", STARTED_HERE).fields()
+TOPOLOGY = topology.loopback_split("shared", STARTED_HERE)
 BASELINE = topology.one_instance("http://127.0.0.1", "kvlab run disagg started the baseline "
-                                 "on this machine").fields()
+                                 "on this machine")
 TWO_MACHINES = (
     "needs two machines: PREFILL_HOST and DECODE_HOST name one machine each, and this run took "
     "the single-machine path (loopback). With a Ray cluster across the two, `kvlab run disagg "
@@ -123,7 +122,7 @@ def _side_channel(lab: Lab) -> str:
     return lab.settings.side_channel_addr
 
 
-def transport(lab: Lab) -> dict[str, str]:
+def transport(lab: Lab) -> str | None:
     """What carried the KV, as far as the environment forces it (NIXL's UCX_TLS)."""
     return vllm.nixl_transport(lab.settings.connector, dict(os.environ))
 
@@ -146,7 +145,7 @@ def proxy_plan(prefill: EnginePlan, decode: EnginePlan, via: str = "shared") -> 
         flags=(Flag("--prefill", prefill.base_url), Flag("--decode", decode.base_url),
                Flag("--port", str(port)), Flag("--host", "127.0.0.1"),
                Flag("--connector", via)),
-        host="127.0.0.1", port=port, health_path="/health", label_hint="disagg-proxy",
+        host="127.0.0.1", port=port, health_path="/health", label_hint=f"{SPLIT.label}-proxy",
         model=prefill.model, served_name=prefill.served_name)
 
 
@@ -155,16 +154,19 @@ def baseline_plan(lab: Lab, store: str) -> EnginePlan:
                      vllm.PlanOptions(port=free_port()))
 
 
-def split_where(lab: Lab) -> dict[str, Any]:
+def split_where(lab: Lab) -> Where:
     """The split's topology fields: loopback here, or as the cluster placed it."""
     if lab.cluster is None:
-        return {**topology.loopback_split(lab.settings.connector, STARTED_HERE).fields(),
-                **transport(lab)}
-    how = "kvlab run disagg placed prefill and decode on Ray nodes (machine ids from their agents)"
-    return {**lab.cluster.split_topology(lab.settings.connector, how), **transport(lab)}
+        where = topology.loopback_split(lab.settings.connector, STARTED_HERE)
+    else:
+        where = lab.cluster.split_topology(lab.settings.connector, "kvlab run disagg placed "
+                                           "prefill and decode on Ray nodes (machine ids from "
+                                           "their agents)")
+    where.transport = transport(lab)
+    return where
 
 
-def baseline_where(lab: Lab) -> dict[str, Any]:
+def baseline_where(lab: Lab) -> Where:
     if lab.cluster is None:
         return BASELINE
     return lab.cluster.instance_topology("baseline", "kvlab run disagg placed the baseline on "
@@ -180,11 +182,11 @@ def _two_machines(lab: Lab) -> str | None:
         return None
     p, d = lab.cluster.node_facts("prefill"), lab.cluster.node_facts("decode")
     if same is None:
-        return (f"needs two machines known to be two: PREFILL_HOST's Ray node ({p['node']}) "
-                f"and DECODE_HOST's ({d['node']}) have no machine id and different addresses, "
+        return (f"needs two machines known to be two: PREFILL_HOST's Ray node ({p.node}) "
+                f"and DECODE_HOST's ({d.node}) have no machine id and different addresses, "
                 "so whether they are one machine is unknown")
-    return (f"needs two machines: PREFILL_HOST's Ray node ({p['node']}) and DECODE_HOST's "
-            f"({d['node']}) are one machine (one machine id, or one address), so this run "
+    return (f"needs two machines: PREFILL_HOST's Ray node ({p.node}) and DECODE_HOST's "
+            f"({d.node}) are one machine (one machine id, or one address), so this run "
             "is two Ray nodes on one machine, recorded under the one-machine row")
 
 
@@ -197,21 +199,21 @@ def predict(lab: Lab, spec: DisaggSpec, block: int) -> PredictionRecord:
     tokens = round(sum(count_tokens(model, p.as_text()) for p in prompts) / len(prompts))
     shape = kvmath.load_shape(Path(model)) if Path(model).exists() else None
     where = split_where(lab)
-    gbps = spec.link_gbps or (where["link_speed_mbps"] or 0) / 1000  # the node's link speed
+    gbps = spec.link_gbps or (where.link_speed_mbps or 0) / 1000  # the node's link speed
     link = kvmath.gbps_to_bytes_per_s(gbps) if gbps else None
-    fields: dict[str, Any] = {"model": model, "prompt_tokens": tokens, **where}
+    line = PredictionRecord(label=rows.prediction_label(spec.label), lab=LAB, model=model,
+                            prompt_tokens=tokens)
     if shape is not None:
-        fields |= kvmath.predict(shape, prompt_tokens=tokens, block_size=block,
-                                 link_bytes_per_s=link).as_dict()
+        line.overlay(kvmath.predict(shape, prompt_tokens=tokens, block_size=block,
+                                    link_bytes_per_s=link))
+    line.overlay(where)
     if link is None:
-        fields["ttft_prediction"] = (
+        line.ttft_prediction = (
             "worse at every concurrency on one device: the split adds a second prefill "
             "request, " + ("a store write and read" if lab.settings.connector == "shared"
                            else f"a {lab.settings.connector} transfer")
             + ", and a proxy hop, and no network can be faster than not moving the cache at "
             "all")
-    name = "prediction" if spec.label == "disagg" else f"prediction-{spec.label}"
-    line = PredictionRecord(label=name, lab=LAB, **fields)
     return lab.record(line)
 
 
@@ -242,34 +244,36 @@ def _checked(lab: Lab, spec: DisaggSpec) -> DisaggSpec:
 
 
 def _load_spec(lab: Lab, spec: DisaggSpec, label: str, url: str,
-               where: dict[str, Any], repeat: int | None = None) -> LoadSpec:
+               where: Where, repeat: int | None = None) -> LoadSpec:
     settings = lab.settings
+    context = RunContext(memory_fraction=settings.split_mem_fraction).overlay(where)
     return LoadSpec(base_url=api_base(url), model=settings.served_name, levels=spec.levels,
                     requests=spec.requests, max_tokens=spec.max_tokens,
                     prompt_set=spec.prompt_set, label=label, repeat=repeat,
-                    preamble_tokens=spec.preamble_tokens, lab=LAB,
-                    extra={**where, "run_id": lab.run_id,
-                           "memory_fraction": settings.split_mem_fraction})
+                    preamble_tokens=spec.preamble_tokens, lab=LAB, context=context,
+                    run_id=lab.run_id)
 
 
-def _link_spec(lab: Lab, urls: tuple[str, ...], legs: dict[str, str], where: dict[str, Any],
+def _link_spec(lab: Lab, urls: tuple[str, ...], legs: dict[str, str], where: Where,
                store_path: str = "") -> LinkSpec:
     """The counters around a load: the split's (`legs` named) or the baseline's."""
     # this machine's counters: loopback, unless the cluster's nodes are other machines
-    iface = LOOPBACK if where["link"] == topology.LOOPBACK else lab.settings.cluster_iface
+    iface = LOOPBACK if where.link == topology.LOOPBACK else lab.settings.cluster_iface
     via = lab.settings.connector if legs else "none"
     side = _side_channel(lab) if via in POINT_TO_POINT else ""
     return LinkSpec(connector=via, context_length=lab.settings.ctx, iface=iface,
                     metrics_urls=urls, store_path=store_path if via == "shared" else "",
-                    side_channel_addr=side,
-                    extra={**where, "run_id": lab.run_id, "legs": legs})
+                    side_channel_addr=side, where=where, legs=legs or None,
+                    run_id=lab.run_id)
 
 
 def _writer(lab: Lab, roles: tuple[str, ...], store: str = "") -> Callable[[Record], object]:
     """How the load's rows are written: on a cluster, with each node's counters."""
     if lab.cluster is None:
         return lab.record
-    return lab.cluster.counters(roles, store).writer(lab.record)
+    from kvlab.cluster.runner import NodeReader
+
+    return NodeReader(lab.cluster.placed(roles), store).writer(lab.record)
 
 
 async def _preflight(lab: Lab, spec: DisaggSpec, store: Path) -> None:
@@ -294,9 +298,8 @@ async def run(lab: Lab, spec: DisaggSpec) -> list[Record]:
             prediction = predict(lab, spec, engine_for(VLLM).block_size(lab.vllm.platform))
             out.append(prediction)
             if (why := _two_machines(lab)) is not None:
-                out.append(lab.not_run(LAB, "disagg-two-machines",
-                                       "Two machines, shared-directory connector", why))
-            out.append(lab.not_run(LAB, "disagg-nixl", "Two machines, NixlConnector", NO_NIXL))
+                out.append(lab.not_run(rows.TWO_MACHINES_SHARED, why))
+            out.append(lab.not_run(rows.TWO_MACHINES_NIXL, NO_NIXL))
         for session in repeats.sessions(spec.repeat if spec.has(LOAD) else 1):
             if session.side == 0:
                 await _split_session(lab, spec, store, got, session)
@@ -323,7 +326,7 @@ async def _split_session(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured
     # the proxy starts once both legs are ready (it checks them as it starts); the legs' URLs
     # are the started plans' (on a cluster, their nodes' addresses)
     async with engines(lab, pair_plans(lab, str(store)),
-                       labels=[f"{spec.label}-prefill", f"{spec.label}-decode"]) as pair, \
+                       labels=list(rows.engine_labels(spec.label))) as pair, \
             engines(lab, [proxy_plan(pair[0].plan, pair[1].plan,
                                      lab.settings.connector)]) as (proxy,):
         prefill, decode = pair[0].plan, pair[1].plan
@@ -331,8 +334,7 @@ async def _split_session(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured
             crossing = await crossing_check(proxy.plan.base_url, [prefill.base_url],
                                             [decode.base_url], settings.served_name,
                                             api_key=lab.api_key())
-            got.records.append(lab.record(CrossingRecord(
-                label=spec.label, lab=LAB, **crossing.as_dict(), **where)))
+            got.records.append(lab.record(crossing.as_record(spec.label, LAB).overlay(where)))
             lab.say(f"==> proxy check: crossed={crossing.crossed} "
                     + "; ".join(crossing.reasons))
         if spec.has(LOAD):
@@ -364,7 +366,7 @@ async def _baseline_session(lab: Lab, spec: DisaggSpec, store: Path, got: _Measu
 
 
 async def _loads(lab: Lab, spec: DisaggSpec, got: _Measured, label: str, url: str,
-                 where: dict[str, Any], link: LinkSpec, roles: tuple[str, ...],
+                 where: Where, link: LinkSpec, roles: tuple[str, ...],
                  session: repeats.Session, store: str = "") -> None:
     """The session's load repeats, each with the link's counters around it; then, in the
     side's first session, its capacity at the target."""
@@ -383,7 +385,7 @@ async def _loads(lab: Lab, spec: DisaggSpec, got: _Measured, label: str, url: st
 
 
 async def _boundary_side(lab: Lab, spec: DisaggSpec, got: _Measured, front: EngineProcess,
-                         metrics_url: str, side: Side, where: dict[str, Any]) -> None:
+                         metrics_url: str, side: Side, where: Where) -> None:
     target = SideTarget(side, front.plan.base_url, metrics_url, where)
     points = await measure(lab, spec.boundary, target, lab.settings.small_model)
     got.points += points
@@ -392,20 +394,21 @@ async def _boundary_side(lab: Lab, spec: DisaggSpec, got: _Measured, front: Engi
 
 def _compare(lab: Lab, spec: DisaggSpec, got: _Measured,
              prediction: PredictionRecord) -> Record:
-    from kvlab.report.compare import compare
+    from kvlab.measure.compare import compare
 
     require_successes(spec.label, got.sweeps.get(spec.label, []))
     require_successes("baseline", got.sweeps.get("baseline", []))
     labbook = lab.settings.labbook
     where = split_where(lab)
     result = compare(notebook.read(labbook).records, labbook, spec.label, "baseline",
-                     kv_bytes_per_token=prediction.get("bytes_per_token"),
-                     prompt_tokens=prediction.get("prompt_tokens"), note=where["link"])
-    rate = prediction.get("link_bytes_per_s")
-    predicted = {"transfer_predicted_s": prediction.get("transfer_s"),
-                 "link_gbps_predicted": round(float(rate) * 8 / 1e9, 3)} \
-        if prediction.get("transfer_s") and rate else {}
-    line = lab.record(result.record.with_fields(**where, **predicted))
+                     kv_bytes_per_token=prediction.bytes_per_token,
+                     prompt_tokens=prediction.prompt_tokens, note=where.link or "")
+    line = result.record.overlay(where)
+    rate = prediction.link_bytes_per_s
+    if prediction.transfer_s and rate:
+        line.transfer_predicted_s = prediction.transfer_s
+        line.link_gbps_predicted = round(rate * 8 / 1e9, 3)
+    lab.record(line)
     for text in result.lines:
         lab.say(text)
     return line

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kvlab.engines import llamacpp, startup
 from kvlab.engines.base import LLAMA_CPP
@@ -33,9 +32,11 @@ from kvlab.engines.llamacpp.server import (
     server_process,
 )
 from kvlab.experiments.lab import Lab
-from kvlab.measure.chat import ChatResult
+from kvlab.observe.chat import ChatResult
 from kvlab.records import notebook
+from kvlab.records.evidence import LlamaServerLine
 from kvlab.records.models import DiskRecord, Record
+from kvlab.records.runs import SlotEvidence
 
 SLOT = 0
 
@@ -71,8 +72,8 @@ async def run(lab: Lab, spec: DiskSpec) -> list[Record]:
                 if not spec.keep_file:
                     store.remove(name)
         capacity = startup.capacity(plan, proc.log_text())
-    server = {**server_fields(plan, spec.ctx, spec.parallel, spec.cache_ram_mib),
-              "capacity": capacity}
+    server = server_fields(plan, spec.ctx, spec.parallel, spec.cache_ram_mib)
+    server.capacity = capacity
     return [lab.record(disk_record(spec, trip, server, version, plan.model,
                                    str(store.slot_path(name))))]
 
@@ -107,36 +108,36 @@ async def _round_trip(lab: Lab, client: LlamaClient, store: slotstore.SlotStore,
         lab.settings.paths().file_hashes, lab.say)
 
 
-def disk_record(spec: DiskSpec, trip: RoundTrip, server: dict[str, Any], version: str,
+def disk_record(spec: DiskSpec, trip: RoundTrip, server: LlamaServerLine, version: str,
                 model: str, slot_file: str) -> DiskRecord:
     cold, control, restored = trip.cold, trip.control, trip.restored
     save_op, restore_op = trip.save, trip.restore
     judged = roundtrip.judge(cold, control, restored)
     cold_ms = (cold.ttft_s or 0.0) * 1000
     cold_prompt_ms = float((cold.timings or {}).get("prompt_ms") or 0.0)
-    return DiskRecord(
+    line = DiskRecord(
         label=spec.label, lab=notebook.LAB_OFFLOAD,
         engine=LLAMA_CPP, engine_version=version, model=model,
         model_sha256=trip.manifest.model_sha256,
-        **llamacpp.kv_label(server["kv_type_k"], server["kv_type_v"]),
         prompt_tokens=judged.prompt_tokens, max_tokens=spec.max_tokens,
         cold_ttft_s=round(cold_ms / 1000, 4), save_ms=round(save_op.wall_ms, 3),
         save_server_ms=save_op.server_ms, restore_ms=round(restore_op.wall_ms, 3),
         restore_server_ms=restore_op.server_ms, file_bytes=save_op.n_bytes,
         saved_tokens=save_op.n_tokens, restored_tokens=restore_op.n_tokens,
-        post_restore_ttft_s=roundtrip.turn(restored)["ttft_s"],
-        post_restore_cached_tokens=(restored.timings or {}).get("cache_n"),
+        post_restore_ttft_s=roundtrip.turn(restored).ttft_s,
+        post_restore_cached_tokens=roundtrip.turn(restored).cache_n,
         restore_cold_ratio=round(restore_op.wall_ms / cold_ms, 5) if cold_ms else None,
         restore_cold_ratio_server=(round(restore_op.server_ms / cold_prompt_ms, 5)
                                    if restore_op.server_ms and cold_prompt_ms else None),
         verdict=judged.verdict, reasons=judged.reasons,
-        evidence={"cold": roundtrip.turn(cold), "control": roundtrip.turn(control),
-                  "restored": roundtrip.turn(restored),
-                  "logprob_max_abs_diff": judged.logprob_gap,
-                  "logprob_tolerance": roundtrip.LOGPROB_TOLERANCE,
-                  "save": save_op.as_dict(), "restore": restore_op.as_dict(),
-                  "slot_file": slot_file, "file_kept": spec.keep_file},
+        evidence=SlotEvidence(cold=roundtrip.turn(cold), control=roundtrip.turn(control),
+                              restored=roundtrip.turn(restored),
+                              logprob_max_abs_diff=judged.logprob_gap,
+                              logprob_tolerance=roundtrip.LOGPROB_TOLERANCE,
+                              save=save_op.as_record(), restore=restore_op.as_record(),
+                              slot_file=slot_file, file_kept=spec.keep_file),
         server=server,
         note=("restore_ms and save_ms are HTTP wall times measured by kvlab; *_server_ms are "
               "llama-server's own timings; the ratio is restore wall ms / cold TTFT ms"),
     )
+    return line.overlay(llamacpp.kv_label(server.kv_type_k or "f16", server.kv_type_v))

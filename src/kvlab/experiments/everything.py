@@ -20,7 +20,7 @@ from kvlab.engines import llamacpp
 from kvlab.experiments import DISAGG_PARTS, EXPERIMENTS, RUN_ALL
 from kvlab.experiments.lab import Lab
 from kvlab.loadgen.capacity import CapacityAsk, SearchPlan
-from kvlab.records.models import Record
+from kvlab.records.base import Record
 
 # capacity searches: the labs' (six probes of six seconds) and quick ones (two of two)
 LAB_SEARCH = SearchPlan(start=2.0, max_steps=6, duration_s=6.0, min_requests=20, warmup=2)
@@ -103,18 +103,18 @@ async def run(lab: Lab, spec: AllSpec) -> list[Record]:
         lab.say(f"\n######## {name}")
         entry = EXPERIMENTS[name]
         if lab.placement.remote and name in SLOT_FILES_HERE:
-            written += [lab.not_run(r.lab, r.label, r.row, NOT_PLACED) for r in entry.rows]
+            written += [lab.not_run(r, NOT_PLACED) for r in entry.rows]
             lab.outcomes[name] = {"ok": True, "lines": 0, "not_run": NOT_PLACED}
             continue
         if entry.needs_llama_server and llamacpp.find_llama_server(lab.settings) is None:
-            written += [lab.not_run(r.lab, r.label, r.row, NO_LLAMA) for r in entry.rows]
+            written += [lab.not_run(r, NO_LLAMA) for r in entry.rows]
             lab.outcomes[name] = {"ok": True, "lines": 0, "not_run": NO_LLAMA}
             continue
         try:
             lines = await entry.load().run(lab, own[name])
         except KvlabError as exc:
             lab.say(f"    {name} failed: {exc}")
-            written += [lab.not_run(r.lab, r.label, r.row, f"the {name} experiment failed: {exc}")
+            written += [lab.not_run(r, f"the {name} experiment failed: {exc}")
                         for r in entry.rows]
             lab.outcomes[name] = {"ok": False, "error": str(exc)}
             continue

@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kvlab.engines import llamacpp, startup
 from kvlab.engines.base import LLAMA_CPP
@@ -31,10 +30,13 @@ from kvlab.engines.llamacpp.server import (
 from kvlab.engines.plan import EnginePlan
 from kvlab.experiments import repeats
 from kvlab.experiments.lab import Lab, engines
-from kvlab.measure import workloads
+from kvlab.measure import intervals, workloads
 from kvlab.records import notebook
-from kvlab.records.models import ComparisonRecord, LoadRecord, Record
-from kvlab.report import intervals
+from kvlab.records.base import Record
+from kvlab.records.evidence import Percentiles
+from kvlab.records.load import LoadRecord, RunContext
+from kvlab.records.rows import INTERFERENCE, interference_label
+from kvlab.records.runs import ComparisonLevel, ComparisonRecord
 
 
 @dataclass(frozen=True)
@@ -48,14 +50,14 @@ class Workload:
     seed: int = 0
 
 
-# (base_url with /v1, concurrency, requests, workload, label, extra row fields, api key,
-#  the notebook its per-request file goes beside, which repeat) -> row
-LoadFn = Callable[[str, int, int, Workload, str, dict[str, Any], str, str, int | None],
+# (base_url with /v1, concurrency, requests, workload, label, what the rows state of the
+#  server, api key, the notebook its per-request file goes beside, which repeat) -> row
+LoadFn = Callable[[str, int, int, Workload, str, RunContext, str, str, int | None],
                   Awaitable[LoadRecord]]
 
 
 async def loadgen_level(base_url: str, concurrency: int, requests: int, workload: Workload,
-                        label: str, extra: dict[str, Any], api_key: str,
+                        label: str, context: RunContext, api_key: str,
                         labbook: str, repeat: int | None = None) -> LoadRecord:
     """One level of kvlab's load generator; its row, not yet appended."""
     from kvlab.loadgen.sweep import LoadSpec, run_sweep
@@ -63,7 +65,7 @@ async def loadgen_level(base_url: str, concurrency: int, requests: int, workload
     spec = LoadSpec(base_url=base_url, model=workload.model, levels=(concurrency,),
                     requests=requests, max_tokens=workload.max_tokens,
                     prompt_set=workload.prompt_set, label=label, engine=LLAMA_CPP,
-                    preamble_tokens=workload.preamble_tokens, seed=workload.seed, extra=extra,
+                    preamble_tokens=workload.preamble_tokens, seed=workload.seed, context=context,
                     labbook=labbook, repeat=repeat)
     return (await run_sweep(spec, api_key=api_key)).rows[0]
 
@@ -90,7 +92,8 @@ class InterferenceSpec:
         return budget
 
     def label_for(self, parallel: int) -> str:
-        return f"{self.label}-parallel-{parallel}"
+        return f"{self.label}-parallel-{parallel}" if self.label != INTERFERENCE.label \
+            else interference_label(parallel)
 
     @property
     def count(self) -> int:
@@ -132,7 +135,7 @@ async def run(lab: Lab, spec: InterferenceSpec, *,
         async with engines(lab, [plan], labels=[spec.label_for(parallel)]) as (proc,):
             plan = proc.plan  # as started: on a Ray node, its address and port
             workload = workload or await _workload(lab, spec, plan)
-            extra = await _server_extra(plan, proc.log_text(), spec, parallel)
+            context = await _server_context(plan, proc.log_text(), spec, parallel)
             for repeat in session.repeats:
                 lab.say(f"--parallel {parallel}: {spec.count} requests at concurrency "
                         f"{spec.concurrency} ({spec.prompt_set}, preamble "
@@ -141,7 +144,7 @@ async def run(lab: Lab, spec: InterferenceSpec, *,
                            else ""))
                 rows.append(lab.record(await load(
                     plan.base_url + "/v1", spec.concurrency, spec.count, workload,
-                    spec.label_for(parallel), extra, lab.api_key(),
+                    spec.label_for(parallel), context, lab.api_key(),
                     lab.settings.labbook, repeat)))
     return [*rows, lab.record(comparison(spec, rows, Path(lab.settings.labbook)))]
 
@@ -156,33 +159,61 @@ async def _workload(lab: Lab, spec: InterferenceSpec, plan: EnginePlan) -> Workl
     return workload
 
 
-async def _server_extra(plan: EnginePlan, log: str, spec: InterferenceSpec,
-                        parallel: int) -> dict[str, Any]:
+async def _server_context(plan: EnginePlan, log: str, spec: InterferenceSpec,
+                          parallel: int) -> RunContext:
     """The fields every row of this server states: version, slots, capacity, KV types."""
-    return {"engine_version": await startup.server_version(plan), "llama_parallel": parallel,
-            "varied": "llama_parallel",
-            "server": {**server_fields(plan, spec.ctx, parallel, None),
-                       "capacity": startup.capacity(plan, log)},
-            **llamacpp.kv_label(*llamacpp.kv_types(plan))}
+    server = server_fields(plan, spec.ctx, parallel, None)
+    server.capacity = startup.capacity(plan, log)
+    context = RunContext(engine_version=await startup.server_version(plan),
+                         llama_parallel=parallel, varied="llama_parallel", server=server)
+    return context.overlay(llamacpp.kv_label(*llamacpp.kv_types(plan)))
 
 
-def _p50(row: LoadRecord, key: str) -> float | None:
-    value = (row.get(key) or {}).get("p50")
-    return float(value) if value is not None else None
+def _p50(figures: Percentiles | None) -> float | None:
+    return figures.p50 if figures is not None else None
 
 
 def _cached_mean(row: LoadRecord) -> float | None:
     """Prompt tokens the server reused per response: reuse, not interference, if high."""
-    value = (row.get("cached_tokens_per_response") or {}).get("mean")
-    return float(value) if value is not None else None
+    cached = row.cached_tokens_per_response
+    return cached.mean if cached is not None else None
 
 
 def _ratio(new: float | None, old: float | None) -> float | None:
     return round(new / old, 3) if new is not None and old else None
 
 
+def _level(rows: list[LoadRecord], row: LoadRecord, base: LoadRecord,
+           book: Path | None) -> ComparisonLevel:
+    """One candidate against the baseline: both sides' p50s, the ratios, their intervals."""
+    found = intervals.between(book, rows, row, base) if book is not None else {}
+    b_ttft, c_ttft = _p50(base.ttft_s), _p50(row.ttft_s)
+    b_tpot, c_tpot = _p50(base.tpot_s), _p50(row.tpot_s)
+    b_out, c_out = base.output_tokens_per_s, row.output_tokens_per_s
+    return ComparisonLevel(
+        concurrency=row.concurrency, candidate_label=row.label,
+        llama_parallel=row.llama_parallel, ttft_p50_candidate_s=c_ttft,
+        ttft_p50_baseline_s=b_ttft, ttft_p50_ratio=_ratio(c_ttft, b_ttft),
+        tpot_p50_candidate_s=c_tpot, tpot_p50_baseline_s=b_tpot,
+        tpot_p50_ratio=_ratio(c_tpot, b_tpot), output_tokens_per_s_candidate=c_out,
+        output_tokens_per_s_baseline=b_out, output_tokens_per_s_ratio=_ratio(c_out, b_out),
+        failed=row.failed, failed_baseline=base.failed,
+        cached_tokens_mean_candidate=_cached_mean(row),
+        cached_tokens_mean_baseline=_cached_mean(base),
+        intervals={k: iv.as_record() for k, iv in found.items()} or None,
+        repeats=len(intervals.repeats(rows, row)))
+
+
+def held_fixed(row: LoadRecord) -> dict[str, object]:
+    """What every run must share for its ratio to be the slots' alone."""
+    return {"model": row.model, "prompt_set": row.prompt_set,
+            "preamble_tokens": row.preamble_tokens, "max_tokens": row.max_tokens,
+            "concurrency": row.concurrency, "requests": row.requests,
+            "kv_cache_type": row.kv_cache_type}
+
+
 HELD_FIXED = ("model", "prompt_set", "preamble_tokens", "max_tokens", "concurrency",
-              "requests", "kv_cache_type")
+              "requests", "kv_cache_type")  # the keys of held_fixed()
 
 
 def comparison(spec: InterferenceSpec, rows: list[LoadRecord],
@@ -193,34 +224,15 @@ def comparison(spec: InterferenceSpec, rows: list[LoadRecord],
     newest = {row.label: row for row in rows}
     base, others = newest[spec.label_for(spec.parallels[0])], \
         [newest[spec.label_for(p)] for p in spec.parallels[1:]]
-    differs = sorted({f for row in others for f in HELD_FIXED if row.get(f) != base.get(f)})
-    levels = []
-    for row in others:
-        found = intervals.between(book, rows, row, base) if book is not None else {}
-        b_ttft, c_ttft = _p50(base, "ttft_s"), _p50(row, "ttft_s")
-        b_tpot, c_tpot = _p50(base, "tpot_s"), _p50(row, "tpot_s")
-        b_out, c_out = base.get("output_tokens_per_s"), row.get("output_tokens_per_s")
-        levels.append({
-            "concurrency": row.get("concurrency"), "candidate_label": row.get("label"),
-            "llama_parallel": row.get("llama_parallel"),
-            "ttft_p50_candidate_s": c_ttft, "ttft_p50_baseline_s": b_ttft,
-            "ttft_p50_ratio": _ratio(c_ttft, b_ttft),
-            "tpot_p50_candidate_s": c_tpot, "tpot_p50_baseline_s": b_tpot,
-            "tpot_p50_ratio": _ratio(c_tpot, b_tpot),
-            "output_tokens_per_s_candidate": c_out, "output_tokens_per_s_baseline": b_out,
-            "output_tokens_per_s_ratio": _ratio(c_out, b_out),
-            "failed": row.get("failed"), "failed_baseline": base.get("failed"),
-            "cached_tokens_mean_candidate": _cached_mean(row),
-            "cached_tokens_mean_baseline": _cached_mean(base),
-            "intervals": {k: iv.as_dict() for k, iv in found.items()} or None,
-            "repeats": len(intervals.repeats(rows, row)),
-        })
+    fixed = held_fixed(base)
+    differs = sorted({f for row in others for f, v in held_fixed(row).items() if v != fixed[f]})
+    levels = [_level(rows, row, base, book) for row in others]
     return ComparisonRecord(
         label=spec.label, lab=notebook.LAB_PD, experiment="interference",
-        baseline_label=base.get("label"), candidate_labels=[r.get("label") for r in others],
+        baseline_label=base.label, candidate_labels=[r.label for r in others],
         varied={"llama_parallel": list(spec.parallels)}, held_fixed=list(HELD_FIXED),
-        same_experiment=not differs, differs=differs, model=base.get("model"),
-        prompt_set=base.get("prompt_set"), ctx=spec.ctx, levels=levels,
+        same_experiment=not differs, differs=differs, model=base.model,
+        prompt_set=base.prompt_set, ctx=spec.ctx, levels=levels,
         interval_method=intervals.METHOD,
         note=("ratios are candidate / baseline (the run with the most slots); a TTFT ratio "
               "above 1 is the prefill interference that fewer slots cannot hide"),

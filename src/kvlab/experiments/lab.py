@@ -2,15 +2,16 @@
 
 - `Lab`: the settings, a run id, where logs go, the notebook lines written so far, and the
   temporary KV stores (created private, always removed at the end: they hold prompts);
-- `engines(...)`: start several plans at once (secrets such as HF_TOKEN reach them through
-  their environment only, as `kvlab serve` passes them), wait until all are ready, write each
-  one's `startup` line, and stop them all however the block ends (error, Ctrl-C);
+- `host`: where the run's engines start (`engines/host.py`): this machine, or the Ray nodes
+  of the run's cluster session; `engines(...)` starts several plans at once on it, waits until
+  all are ready, writes each one's `startup` line, and stops them all however the block ends;
 - `not_run(...)`: the line that says why a lab row cannot run on this machine, so the report
   (which reads only the notebook) can say so too;
 - `placement`: where the engines run, this machine by default; on a Ray cluster (`--cluster`,
   RAY_ADDRESS) `placed()` opens the run's cluster session, and `engines(...)`, `preflight`,
   `api_key()` and the stores go through it (`kvlab.cluster`, imported only then: the
   single-machine path never imports Ray).
+`Lab` is the `engines.host.Scope` its hosts record through.
 """
 
 from __future__ import annotations
@@ -26,19 +27,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvlab.cluster.placement import LOCAL, Placement
-from kvlab.core.errors import EngineError
 from kvlab.core.say import Say, quiet
 from kvlab.core.settings import Settings
-from kvlab.engines import llamacpp, startup, vllm
+from kvlab.engines import llamacpp, vllm
+from kvlab.engines.host import EngineHost, LocalHost, Running
 from kvlab.engines.plan import EnginePlan
-from kvlab.engines.process import EngineProcess, make_private_dir
+from kvlab.engines.process import make_private_dir
 from kvlab.records import notebook
-from kvlab.records.models import NotRunRecord, Record
+from kvlab.records.base import Record
+from kvlab.records.rows import Row
+from kvlab.records.runs import NotRunRecord
 
 if TYPE_CHECKING:
     from kvlab.cluster.session import ClusterSession
 
 R = TypeVar("R", bound=Record)
+READY_TIMEOUT_S = 900.0  # a cold vLLM start on a loaded 2-core machine, or a GPU's first
 
 
 @dataclass
@@ -75,6 +79,17 @@ class Lab:
             self.cluster = None
             await asyncio.shield(session.close())
 
+    @property
+    def host(self) -> EngineHost:
+        """Where this run's engines start: the cluster's nodes while its session is open,
+        else this machine."""
+        logs = self.settings.paths().run_logs(self.run_id)
+        if self.cluster is not None:
+            from kvlab.cluster.runner import RayHost
+
+            return RayHost(self, self.cluster, logs, self.stores)
+        return LocalHost(self, logs)
+
     def api_key(self) -> str:
         """The key the run's engines expect: on a cluster the run's own (LOADTEST_API_KEY_ENV's
         or generated, never written down), else the one LOADTEST_API_KEY_ENV names."""
@@ -101,15 +116,16 @@ class Lab:
 
     def record(self, line: R) -> R:
         """Append one line to the notebook, stamped with this run, and keep it."""
-        line = line.with_fields(run_id=self.run_id)
+        line.run_id = self.run_id
         notebook.append(self.settings.labbook, line)
         self.written.append(line)
         return line
 
-    def not_run(self, lab: str, label: str, row: str, reason: str) -> NotRunRecord:
+    def not_run(self, row: Row, reason: str) -> NotRunRecord:
         """Record that a lab row cannot be measured here, and why."""
-        self.say(f"    {row}: not run here: {reason}")
-        return self.record(NotRunRecord(label=label, lab=lab, row=row, reason=reason))
+        self.say(f"    {row.title}: not run here: {reason}")
+        return self.record(NotRunRecord(label=row.label, lab=row.lab, row=row.title,
+                                        reason=reason))
 
     def store_path(self, name: str) -> Path:
         """Where this run's KV store `name` lives (nothing is created): on a cluster with
@@ -139,68 +155,8 @@ class Lab:
         self.stores.clear()
 
 
-@contextlib.asynccontextmanager
-async def engines(lab: Lab, plans: list[EnginePlan], *, labels: list[str] | None = None,
-                  ready_timeout_s: float = 900.0) -> AsyncIterator[list[EngineProcess]]:
-    """Start `plans` together, write their startup lines, always stop them all: on this
-    machine, or on the lab's cluster nodes (`cluster/runner.py`)."""
-    if lab.cluster is not None:
-        from kvlab.cluster.runner import cluster_engines
-
-        async with cluster_engines(lab, lab.cluster, plans, labels, ready_timeout_s) as procs:
-            yield procs
-        return
-    async with _local_engines(lab, plans, labels, ready_timeout_s) as procs:
-        yield procs
-
-
-@contextlib.asynccontextmanager
-async def _local_engines(lab: Lab, plans: list[EnginePlan], labels: list[str] | None,
-                         ready_timeout_s: float) -> AsyncIterator[list[EngineProcess]]:
-    logs = lab.settings.paths().run_logs(lab.run_id)
-    secrets = lab.settings.engine_secret_env()  # as `kvlab serve` passes them: env only
-    procs = [EngineProcess(p, logs / f"{p.role}-{p.port}.log",
-                           run_dir=lab.settings.paths().run, secret_env=secrets,
-                           ready_timeout_s=ready_timeout_s)
-             for p in plans]
-    try:
-        for proc in procs:
-            proc.start()
-        names = ", ".join(f"{p.role}:{p.port}" for p in plans)
-        lab.say(f"    starting {names}")
-        for choice in dict.fromkeys(_choice(p) for p in plans if _choice(p)):
-            lab.say(f"    {choice}")
-        await asyncio.gather(*(p.wait_ready() for p in procs))
-        for proc, label in zip(procs, labels or [p.label_hint for p in plans], strict=True):
-            version = await startup.server_version(proc.plan)
-            line = startup.record(proc.plan, proc.log_text(), ready_s=proc.ready_s,
-                                  engine_version=version, label=label)
-            lab.record(line)
-            lab.say(f"    {proc.plan.role} ready in {proc.ready_s or 0:.0f} s: "
-                    + "; ".join(line.capacity.get("lines", [])))
-        try:
-            yield procs
-        except Exception as exc:
-            for p in procs:  # say which engine died and why, rather than what its client saw
-                if not await p.healthy():
-                    raise EngineError(
-                        f"{p.plan.engine} ({p.plan.role}) stopped serving during the run "
-                        f"(exit {p.returncode}); {p.log_path}: {_error_tail(p)}") from exc
-            raise
-    finally:
-        await asyncio.shield(asyncio.gather(*(p.stop() for p in procs)))
-
-
-def _choice(plan: EnginePlan) -> str:
-    """Which build the plan runs and why, as the plan states it ("" if it does not)."""
-    choice = plan.startup_facts.get("engine_choice")
-    if not choice:
-        return ""
-    return f"{plan.engine}: {choice['command']} ({choice['origin']}): {choice['reason']}"
-
-
-def _error_tail(proc: EngineProcess) -> str:
-    """The engine log's last error line (the root cause), else its last lines."""
-    lines = [ln.strip() for ln in proc.log_text().splitlines() if ln.strip()]
-    errors = [ln for ln in lines if "Error" in ln and "Traceback" not in ln]
-    return errors[0][-300:] if errors else proc.log_tail(2)
+def engines(lab: Lab, plans: list[EnginePlan], *, labels: list[str] | None = None,
+            ready_timeout_s: float = READY_TIMEOUT_S) -> Running:
+    """Start `plans` together on the lab's host, write their startup lines, always stop them
+    all (`engines/host.py`)."""
+    return lab.host.running(plans, labels, ready_timeout_s=ready_timeout_s)

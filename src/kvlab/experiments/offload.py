@@ -26,21 +26,31 @@ from typing import Any
 
 from kvlab.core.errors import EngineError
 from kvlab.engines import vllm
-from kvlab.engines.base import VLLM, engine_for
+from kvlab.engines.base import VLLM
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import free_port
+from kvlab.engines.registry import engine_for
 from kvlab.experiments import repeats
 from kvlab.experiments.lab import Lab, engines
-from kvlab.experiments.pressure import TURNS, PressurePlan, plan_pressure
+from kvlab.experiments.pressure_plan import TURNS, PressurePlan, plan_pressure
 from kvlab.loadgen.capacity import CapacityAsk
 from kvlab.loadgen.spec import LoadSpec
 from kvlab.measure import kvmath
-from kvlab.measure.chat import api_base
 from kvlab.measure.conversation import PREAMBLE_WORDS, TURN_MAX_TOKENS
 from kvlab.measure.reuse import ReuseOptions, reuse_record, run_reuse
+from kvlab.observe.chat import api_base
 from kvlab.observe.sampler import sampling
 from kvlab.records import notebook
-from kvlab.records.models import Record
+from kvlab.records.base import Record
+from kvlab.records.evidence import Failure
+from kvlab.records.load import (
+    LoadRecord,
+    Pressure,
+    PressurePlanned,
+    PressureReached,
+    RunContext,
+)
+from kvlab.records.rows import PRESSURE_OFF, PRESSURE_ON, QUIET_OFF, QUIET_ON
 
 LAB = notebook.LAB_OFFLOAD
 # the capacity targets when none is given: an interactive chat service on a GPU (the issue's
@@ -90,7 +100,7 @@ def _plan(lab: Lab, on: bool, *, kv_cache_bytes: int = 0, probe: bool = True,
 
 async def quiet(lab: Lab, spec: OffloadSpec, on: bool) -> Record:
     """Six turns of one conversation against one instance, tier off or on."""
-    label = "offload-on" if on else "offload-off"
+    label = (QUIET_ON if on else QUIET_OFF).label
     async with engines(lab, [_plan(lab, on)], labels=[label]) as (proc,):
         plan = proc.plan  # as started: on a cluster node, its address and port
         lab.say(f"==> {label}: {spec.turns} turns on a quiet server")
@@ -99,7 +109,8 @@ async def quiet(lab: Lab, spec: OffloadSpec, on: bool) -> Record:
             preamble_words=spec.preamble_words, max_tokens=spec.turn_max_tokens,
             api_key=lab.settings.api_key(), nonce=f"{lab.run_id}-{label}"), say=lab.say)
     record = reuse_record(run, label, LAB, "quiet server: nothing evicted, nothing to recall")
-    return lab.record(record.with_fields(tier=_tier(lab, on), pressure={"state": "quiet"}))
+    record.tier, record.pressure = _tier(lab, on), Pressure(state="quiet")
+    return lab.record(record)
 
 
 def _tier(lab: Lab, on: bool, gb: float | None = None) -> str:
@@ -139,7 +150,7 @@ def _sessions_load(lab: Lab, spec: OffloadSpec, pressure: PressurePlan, label: s
                     max_tokens=spec.load_max_tokens, prompt_set="sessions", label=label,
                     preamble_tokens=pressure.preamble_tokens, lab=LAB,
                     labbook=lab.settings.labbook, sessions=sessions,
-                    extra={"tier": tier, "memory_fraction": lab.settings.mem_fraction})
+                    context=RunContext(tier=tier, memory_fraction=lab.settings.mem_fraction))
 
 
 async def under_pressure(lab: Lab, spec: OffloadSpec, on: bool, pressure: PressurePlan,
@@ -147,14 +158,15 @@ async def under_pressure(lab: Lab, spec: OffloadSpec, on: bool, pressure: Pressu
     """User sessions against a cache sized to be too small, tier off or on, once per repeat
     of the session; then, in the side's first session and with a target, the most users
     that meet it."""
-    label = "offload-on-load" if on else "offload-off-load"
+    label = (PRESSURE_ON if on else PRESSURE_OFF).label
     gb = _pressure_tier_gb(lab, spec, pressure) if on else None
     rows: list[Record] = []
     async with engines(lab, [_plan(lab, on, kv_cache_bytes=pressure.kv_cache_bytes,
                                    tier_gb=gb)], labels=[label]) as (proc,):
         plan = proc.plan  # as started: on a cluster node, its address and port
         load = _sessions_load(lab, spec, pressure, label, plan.base_url, _tier(lab, on, gb))
-        planned = {**pressure.as_dict(), "host_tier_bytes": int((gb or 0) * 2**30)}
+        planned = pressure.as_record()
+        planned.host_tier_bytes = int((gb or 0) * 2**30)
         for repeat in session.repeats:
             lab.say(f"==> {label}: {pressure.users} users, {pressure.requests} turns over "
                     f"{pressure.conversations} conversations, working set "
@@ -171,27 +183,29 @@ async def under_pressure(lab: Lab, spec: OffloadSpec, on: bool, pressure: Pressu
 
 
 async def _pressure_rows(lab: Lab, load: LoadSpec, metrics_url: str,
-                         planned: dict[str, Any]) -> list[Record]:
+                         planned: PressurePlanned) -> list[Record]:
     """One pressure run's rows, each with the pressure planned and reached."""
     from kvlab.loadgen.sweep import run_sweep
 
-    async with sampling(metrics_url) as samples:
+    async with sampling(metrics_url, engine_for(VLLM).gauges) as samples:
         result = await run_sweep(load, api_key=lab.api_key())
     rows: list[Record] = []
     for row in result.rows:
-        reached = {"peak_kv_cache_usage": samples.peak("kv_cache_usage_perc"),
-                   "peak_requests_waiting": samples.peak("requests_waiting"),
-                   "preemptions": row.get("metric_deltas", {}).get("preemptions"),
-                   "prefix_hit_rate": row.get("prefix_hit_rate"),
-                   "evicted_turns": (row.get("sessions") or {}).get("evicted_turns")}
-        rows.append(lab.record(row.with_fields(
-            pressure={"state": "under pressure", "planned": planned, "reached": reached},
-            kv_usage_samples=samples.as_dict())))
+        preemptions = row.metric_deltas.get("preemptions")
+        reached = PressureReached(
+            peak_kv_cache_usage=samples.peak("kv_cache_usage_perc"),
+            peak_requests_waiting=samples.peak("requests_waiting"),
+            preemptions=float(preemptions) if preemptions is not None else None,
+            prefix_hit_rate=row.prefix_hit_rate,
+            evicted_turns=row.sessions.evicted_turns if row.sessions else None)
+        row.pressure = Pressure(state="under pressure", planned=planned, reached=reached)
+        row.kv_usage_samples = samples.as_record()
+        rows.append(lab.record(row))
     return rows
 
 
 async def users_capacity(lab: Lab, ask: CapacityAsk, load: LoadSpec,
-                         planned: dict[str, Any], think_s: float) -> Record:
+                         planned: PressurePlanned, think_s: float) -> Record:
     """The most users that meet the target against this engine (the pressure run's
     sessions, one conversation per user, each probe for the plan's duration), starting at
     the planned population. Each user thinks as long as in the pressure run (a paced think
@@ -202,8 +216,8 @@ async def users_capacity(lab: Lab, ask: CapacityAsk, load: LoadSpec,
     probes = replace(load, requests=None,
                      sessions=replace(load.sessions, conversations=None,
                                       think=ThinkTime("exponential", float(think_s))),
-                     extra={**load.extra, "pressure": {"state": "capacity search",
-                                                       "planned": planned}})
+                     context=load.context.model_copy(update={"pressure": Pressure(
+                         state="capacity search", planned=planned)}))
     ask = replace(ask, plan=replace(ask.plan, start=float(load.levels[0])))
     return await measure_capacity(lab, ask, probes, "users")
 
@@ -232,11 +246,11 @@ async def measure_capacity(lab: Lab, ask: CapacityAsk, load: LoadSpec, knob: str
 def require_successes(label: str, rows: Sequence[Record]) -> None:
     """A load run in which nothing succeeded measured nothing: say so, as an error."""
     for row in rows:
-        if not row.get("ok"):
-            first = (row.get("failures") or [{}])[0]
-            raise EngineError(f"{label}: all {row.get('requests')} requests failed at "
-                              f"concurrency {row.get('concurrency')}: {first.get('error')} "
-                              f"{str(first.get('detail', ''))[:160]}")
+        if isinstance(row, LoadRecord) and not row.ok:
+            first = row.failures[0] if row.failures else Failure(index=0)
+            raise EngineError(f"{label}: all {row.requests} requests failed at "
+                              f"concurrency {row.concurrency}: {first.error} "
+                              f"{first.detail[:160]}")
 
 
 async def run(lab: Lab, spec: OffloadSpec) -> list[Record]:
@@ -247,8 +261,7 @@ async def run(lab: Lab, spec: OffloadSpec) -> list[Record]:
     if spec.part in ("all", "quiet"):
         out.append(await quiet(lab, spec, on=False))
         if cannot:
-            out.append(lab.not_run(LAB, "offload-on", "Host memory, quiet server",
-                                   CPU_CANNOT_OFFLOAD))
+            out.append(lab.not_run(QUIET_ON, CPU_CANNOT_OFFLOAD))
         else:
             out.append(await quiet(lab, spec, on=True))
     if spec.part == "quiet":
@@ -276,12 +289,9 @@ async def _one_side(lab: Lab, spec: OffloadSpec, pressure: PressurePlan,
     if spec.tier in ("both", "off"):
         out += await under_pressure(lab, spec, False, pressure, every)
     if spec.tier in ("both", "on") and cannot:
-        out.append(lab.not_run(LAB, "offload-on-load", "Host memory, cache under pressure",
-                               CPU_CANNOT_OFFLOAD))
+        out.append(lab.not_run(PRESSURE_ON, CPU_CANNOT_OFFLOAD))
         if spec.capacity is not None:
-            out.append(lab.not_run(LAB, "offload-on-load-capacity",
-                                   "Host memory, the most users at the target",
-                                   CPU_CANNOT_OFFLOAD))
+            out.append(lab.not_run(PRESSURE_ON.capacity_row(), CPU_CANNOT_OFFLOAD))
     elif spec.tier == "on":
         out += await under_pressure(lab, spec, True, pressure, replace(every, side=1))
     return out
@@ -290,9 +300,8 @@ async def _one_side(lab: Lab, spec: OffloadSpec, pressure: PressurePlan,
 def think_of(rows: Sequence[Record]) -> float | None:
     """The mean think time a pressure run's sessions used (a paced one, as resolved)."""
     for row in rows:
-        think = (row.get("workload") or {}).get("think_time") or {}
-        if think.get("mean_s") is not None:
-            return float(think["mean_s"])
+        if isinstance(row, LoadRecord) and row.workload and row.workload.think_time:
+            return row.workload.think_time.mean_s
     return None
 
 
@@ -302,9 +311,9 @@ def dry_run(lab: Lab, spec: OffloadSpec) -> list[dict[str, Any]]:
     pressure = pressure_plan(lab, spec)
     cannot = lab.vllm.platform == "cpu"
     out: list[dict[str, Any]] = []
-    for label, on, kv in (("offload-off", False, 0), ("offload-on", True, 0),
-                          ("offload-off-load", False, pressure.kv_cache_bytes),
-                          ("offload-on-load", True, pressure.kv_cache_bytes)):
+    for label, on, kv in ((QUIET_OFF.label, False, 0), (QUIET_ON.label, True, 0),
+                          (PRESSURE_OFF.label, False, pressure.kv_cache_bytes),
+                          (PRESSURE_ON.label, True, pressure.kv_cache_bytes)):
         if kv and spec.tier != "both" and on != (spec.tier == "on"):
             continue  # --tier: the pressure pair's other side is not run
         if on and cannot:
@@ -313,5 +322,6 @@ def dry_run(lab: Lab, spec: OffloadSpec) -> list[dict[str, Any]]:
         plan = _plan(lab, on, kv_cache_bytes=kv, probe=False,
                      tier_gb=_pressure_tier_gb(lab, spec, pressure) if on and kv else None)
         out.append({"label": label, "plan": plan.as_dict(), "shell": plan.shell_line(),
-                    **({"pressure": pressure.as_dict()} if kv else {})})
+                    **({"pressure": pressure.as_record().model_dump(mode="json")} if kv
+                       else {})})
     return out

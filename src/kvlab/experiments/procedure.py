@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Literal
 
 from kvlab.core.errors import SettingError
+from kvlab.records.runs import CancelEvidence, CancelSpecLine, Check, StreamCut
 
 ATTEMPTS = 3
 MIN_ANSWER = 256  # answer tokens the cancelled request may generate, at least
@@ -62,88 +63,34 @@ class CancelSpec:
                                f"{answer // 2 - 1} tokens (half the {answer}-token answer)")
         return replace(self, prompt_tokens=prompt, max_tokens=answer)
 
-
-@dataclass
-class StreamCut:
-    """The cancelled request as the client saw it."""
-
-    status: int | None = None
-    tokens: int = 0  # token chunks received before the connection was closed
-    finished: bool = False  # the answer ended before the cut (nothing was cancelled)
-    first_token_s: float | None = None
-    closed_after_s: float | None = None
-    error: str | None = None
-    # decode at the moment of the cut: tokens generated, requests running or waiting
-    decode_generated: float | None = None  # None: its /metrics could not be read
-    decode_running: float | None = None
-
-    @property
-    def late(self) -> bool:
-        """Decode had nothing running at the cut: it had already finished the answer."""
-        return self.decode_running is not None and self.decode_running < 1
+    def as_record(self) -> CancelSpecLine:
+        return CancelSpecLine(prompt_tokens=self.prompt_tokens, max_tokens=self.max_tokens,
+                              cancel_after=self.cancel_after,
+                              fresh_prompt_tokens=self.fresh_prompt_tokens,
+                              fresh_max_tokens=self.fresh_max_tokens, settle_s=self.settle_s)
 
 
-@dataclass
-class Restart:
-    ok: bool = False
-    exit_code: int | None = None
-    stop_s: float | None = None
-    ready_s: float | None = None
-    pids: list[int | None] = field(default_factory=list)
-    first_log: str | None = None
-    error: str | None = None
-
-
-@dataclass
-class Fresh:
-    status: int | None = None
-    completion_tokens: int | None = None
-    finish_reason: str | None = None
-    error: str | None = None
-
-
-@dataclass
-class CancelEvidence:
-    """Every figure the checks read, as gathered (None: could not be read)."""
-
-    max_tokens: int
-    expected_tokens: int
-    cut: StreamCut = field(default_factory=StreamCut)
-    attempts: int = 1  # cuts made: one more each time the cut came after decode finished
-    proxy_aborted: float | None = None
-    proxy_aborts_by_stage: dict[str, float | None] = field(default_factory=dict)
-    decode: dict[str, Any] = field(default_factory=dict)  # evidence deltas over the cancel
-    settled_s: float | None = None  # None: not settled within the spec's settle_s
-    restart: Restart = field(default_factory=Restart)
-    health: dict[str, str] = field(default_factory=dict)  # prefill, decode, proxy -> "ok"|why
-    fresh: Fresh = field(default_factory=Fresh)
-    fresh_served: dict[str, float | None] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    passed: bool
-    detail: str
+def _check(name: str, passed: bool, detail: str) -> Check:
+    return Check(name=name, passed=passed, detail=detail)
 
 
 def _cut_check(ev: CancelEvidence) -> Check:
     cut = ev.cut
     if cut.status != 200 or cut.error:
         why = cut.error or f"HTTP {cut.status}"
-        return Check("cancelled-mid-stream", False, f"the stream did not run: {why}")
+        return _check("cancelled-mid-stream", False, f"the stream did not run: {why}")
     if cut.finished or cut.tokens < 1:
-        return Check("cancelled-mid-stream", False, f"the answer ended after {cut.tokens} "
+        return _check("cancelled-mid-stream", False, f"the answer ended after {cut.tokens} "
                      "tokens, before the cut: nothing was cancelled")
     tries = f" (attempt {ev.attempts})" if ev.attempts > 1 else ""
     if cut.decode_running is None:
-        return Check("cancelled-mid-stream", False, "decode's /metrics could not be read at "
+        return _check("cancelled-mid-stream", False, "decode's /metrics could not be read at "
                      "the cut: whether it was still generating is not known")
     if cut.late:
-        return Check("cancelled-mid-stream", False, f"decode had finished "
+        return _check("cancelled-mid-stream", False, f"decode had finished "
                      f"({_n(cut.decode_generated)} tokens) before the client read "
                      f"{cut.tokens}: the cut cancelled nothing{tries}")
-    return Check("cancelled-mid-stream", True, f"closed after {cut.tokens} of {ev.max_tokens} "
+    return _check("cancelled-mid-stream", True, f"closed after {cut.tokens} of {ev.max_tokens} "
                  f"tokens, {cut.closed_after_s or 0:.2f} s after sending, decode at "
                  f"{_n(cut.decode_generated)} tokens{tries}")
 
@@ -154,9 +101,9 @@ def _n(value: float | None) -> str:
 
 def _proxy_check(ev: CancelEvidence) -> Check:
     if ev.proxy_aborted is None:
-        return Check("proxy-counted-abort", False, "the proxy's /metrics could not be read")
+        return _check("proxy-counted-abort", False, "the proxy's /metrics could not be read")
     stages = ", ".join(f"{k} +{v or 0:.0f}" for k, v in ev.proxy_aborts_by_stage.items())
-    return Check("proxy-counted-abort", ev.proxy_aborted >= 1,
+    return _check("proxy-counted-abort", ev.proxy_aborted >= 1,
                  f"requests aborted by the client +{ev.proxy_aborted:.0f}; legs closed: {stages}")
 
 
@@ -169,18 +116,18 @@ def _decode_check(ev: CancelEvidence) -> Check:
               f"+{aborted:.0f}, finished otherwise +{finished:.0f}; {busy:.0f} running or "
               "waiting afterwards")
     if ev.cut.late:
-        return Check("decode-let-go", False, "not tested: decode had finished before the cut")
+        return _check("decode-let-go", False, "not tested: decode had finished before the cut")
     if ev.settled_s is None:
-        return Check("decode-let-go", False, detail + "; still busy when the wait ended")
+        return _check("decode-let-go", False, detail + "; still busy when the wait ended")
     ok = generated is not None and generated < ev.max_tokens and finished == 0 and busy == 0
-    return Check("decode-let-go", ok, detail + f" ({ev.settled_s:.1f} s after the cut)")
+    return _check("decode-let-go", ok, detail + f" ({ev.settled_s:.1f} s after the cut)")
 
 
 def _restart_check(ev: CancelEvidence) -> Check:
     r = ev.restart
     if not r.ok:
-        return Check("decode-restarted", False, f"did not come back: {r.error}")
-    return Check("decode-restarted", True, f"stopped in {r.stop_s or 0:.1f} s (exit "
+        return _check("decode-restarted", False, f"did not come back: {r.error}")
+    return _check("decode-restarted", True, f"stopped in {r.stop_s or 0:.1f} s (exit "
                  f"{r.exit_code}), ready again in {r.ready_s or 0:.1f} s, pid "
                  f"{r.pids[0] if r.pids else '?'} -> {r.pids[-1] if r.pids else '?'}")
 
@@ -188,16 +135,16 @@ def _restart_check(ev: CancelEvidence) -> Check:
 def _fresh_checks(ev: CancelEvidence) -> list[Check]:
     f, served = ev.fresh, ev.fresh_served
     if f.status != 200 or f.error:
-        done = Check("fresh-request-completed", False,
+        done = _check("fresh-request-completed", False,
                      f"no answer: {f.error or f'HTTP {f.status}'}")
     else:
-        done = Check("fresh-request-completed", f.completion_tokens == ev.expected_tokens
+        done = _check("fresh-request-completed", f.completion_tokens == ev.expected_tokens
                      and f.finish_reason == "length",
                      f"{f.completion_tokens} of {ev.expected_tokens} tokens, finish reason "
                      f"{f.finish_reason}")
     counts = {k: served.get(k) for k in ("prefill", "decode", "proxy_ok")}
     crossed = all((v or 0) >= 1 for v in counts.values())
-    return [done, Check("fresh-request-crossed", crossed,
+    return [done, _check("fresh-request-crossed", crossed,
                         f"requests finished since: prefill +{counts['prefill'] or 0:.0f}, "
                         f"decode +{counts['decode'] or 0:.0f}; proxy ok "
                         f"+{counts['proxy_ok'] or 0:.0f}")]
@@ -207,7 +154,7 @@ def judge(ev: CancelEvidence) -> list[Check]:
     """Each check of the procedure, in order, with the figures that decided it."""
     said = {"prefill": "alive, /health answered 200", "decode": "alive, /health answered 200",
             "proxy": "/health answered 200: every leg ok"}
-    health = [Check(f"{role}-healthy", ev.health.get(role) == "ok",
+    health = [_check(f"{role}-healthy", ev.health.get(role) == "ok",
                     said[role] if ev.health.get(role) == "ok"
                     else ev.health.get(role, "not checked"))
               for role in ("prefill", "decode", "proxy")]
@@ -215,7 +162,7 @@ def judge(ev: CancelEvidence) -> list[Check]:
             *_fresh_checks(ev)]
 
 
-def verdict(checks: list[Check]) -> tuple[str, list[str]]:
+def verdict(checks: list[Check]) -> tuple[Literal["pass", "fail"], list[str]]:
     """"pass" when every check passed, else "fail" and the failed checks' names."""
     failed = [c.name for c in checks if not c.passed]
     return ("fail" if failed else "pass"), failed

@@ -73,8 +73,9 @@ async def _conversation(lab: Lab, spec: SharedSpec, urls: list[str], side: int,
         api_key=lab.settings.api_key(), connector="shared",
         nonce=f"{lab.run_id}-{nonce}" + (f"-r{repeat}" if repeat is not None else "")),
         say=lab.say)
-    numbered = {"repeat": repeat} if repeat is not None else {}  # none: the seed's shape
-    return lab.record(reuse_record(run, label, LAB, note).with_fields(**numbered))
+    record = reuse_record(run, label, LAB, note)
+    record.repeat = repeat  # none: the seed's shape
+    return lab.record(record)
 
 
 async def run(lab: Lab, spec: SharedSpec) -> list[Record]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kvlab.core.errors import SettingError
 from kvlab.engines import llamacpp, startup
@@ -32,9 +31,11 @@ from kvlab.engines.llamacpp.server import (
     server_process,
 )
 from kvlab.experiments.lab import Lab
-from kvlab.measure.chat import ChatResult
+from kvlab.observe.chat import ChatResult
 from kvlab.records import notebook
+from kvlab.records.evidence import LlamaServerLine
 from kvlab.records.models import Record, ReuseRecord
+from kvlab.records.runs import ReuseRow, SlotEvidence
 
 
 @dataclass(frozen=True)
@@ -111,28 +112,29 @@ async def _round_trip(lab: Lab, a: LlamaClient, b: LlamaClient, store: slotstore
         lab.say)
 
 
-def shared_record(spec: SharedSlotsSpec, trip: RoundTrip, server: dict[str, Any],
+def shared_record(spec: SharedSlotsSpec, trip: RoundTrip, server: LlamaServerLine,
                   version: str, model: str, endpoints: list[str]) -> ReuseRecord:
     cold_a, restored_b, cold_b = trip.cold, trip.restored, trip.control
     judged = roundtrip.judge(cold_a, cold_b, restored_b)
-    rows = [{"turn": 1, "endpoint": endpoints[0], "ttft_s": roundtrip.turn(cold_a)["ttft_s"],
-             "total_s": round(cold_a.total_s, 4), "chunks": cold_a.chunks},
-            {"turn": 2, "endpoint": endpoints[1], "ttft_s": roundtrip.turn(restored_b)["ttft_s"],
-             "total_s": round(restored_b.total_s, 4), "chunks": restored_b.chunks}]
-    return ReuseRecord(
+    rows = [ReuseRow(turn=1, endpoint=endpoints[0], ttft_s=roundtrip.turn(cold_a).ttft_s,
+                     total_s=round(cold_a.total_s, 4), chunks=cold_a.chunks),
+            ReuseRow(turn=2, endpoint=endpoints[1], ttft_s=roundtrip.turn(restored_b).ttft_s,
+                     total_s=round(restored_b.total_s, 4), chunks=restored_b.chunks)]
+    line = ReuseRecord(
         label=spec.label, lab=notebook.LAB_OFFLOAD, engine=LLAMA_CPP, engine_version=version,
         model=model, model_sha256=trip.manifest.model_sha256, endpoints=endpoints, turns=2,
         prompt_tokens=judged.prompt_tokens, max_tokens=spec.max_tokens, rows=rows,
         metric_deltas={},
         mechanism="llama.cpp slot store shared by two servers (save on A, restore on B)",
-        **llamacpp.kv_label(server["kv_type_k"], server["kv_type_v"]),
         verdict=judged.verdict, reasons=judged.reasons,
-        evidence={"cold_a": roundtrip.turn(cold_a), "restored_b": roundtrip.turn(restored_b),
-                  "cold_b_control": roundtrip.turn(cold_b),
-                  "logprob_max_abs_diff": judged.logprob_gap,
-                  "logprob_tolerance": roundtrip.LOGPROB_TOLERANCE,
-                  "save": trip.save.as_dict(), "restore": trip.restore.as_dict()},
+        evidence=SlotEvidence(cold_a=roundtrip.turn(cold_a),
+                              restored_b=roundtrip.turn(restored_b),
+                              cold_b_control=roundtrip.turn(cold_b),
+                              logprob_max_abs_diff=judged.logprob_gap,
+                              logprob_tolerance=roundtrip.LOGPROB_TOLERANCE,
+                              save=trip.save.as_record(), restore=trip.restore.as_record()),
         server=server,
         note=("turn 2 is the same prompt on the second server after restoring the first "
               "server's saved slot; the store is shared, the servers are not"),
     )
+    return line.overlay(llamacpp.kv_label(server.kv_type_k or "f16", server.kv_type_v))

@@ -27,7 +27,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -38,7 +38,16 @@ from kvlab.loadgen.client import Target as Endpoint
 from kvlab.loadgen.record import RequestRecord
 from kvlab.loadgen.spec import LoadSpec
 from kvlab.loadgen.sweep import Measured, measure_level, metrics_client, prepare_inputs
-from kvlab.records.models import CapacityRecord, LoadRecord
+from kvlab.records.load import (
+    BoundFigure,
+    CapacityMethod,
+    CapacityProbe,
+    CapacityRecord,
+    CapacityStep,
+    CapacityTarget,
+    LoadRecord,
+)
+from kvlab.records.rows import capacity_label
 
 KnobName = Literal["rate", "concurrency", "users", "speedup"]
 METRICS = ("ttft", "tpot", "itl", "e2e")
@@ -190,22 +199,23 @@ class Probe:
     load: float
     records: list[RequestRecord]
     rows: list[LoadRecord]
-    figures: dict[str, dict[str, Any]] = field(default_factory=dict)
+    figures: dict[str, BoundFigure] = field(default_factory=dict)
     failed_share: float = 0.0
     passed: bool = False
     why: str = ""
 
     @property
     def straddles(self) -> bool:
-        return any(f["low"] is not None and f["low"] <= f["bound"] < f["high"]
+        return any(f.low is not None and f.high is not None and f.low <= f.bound < f.high
                    for f in self.figures.values())
 
-    def as_dict(self) -> dict[str, Any]:
-        ok = sum(r.ok for r in self.records)
-        return {"load": self.load, "met": self.passed, "why": self.why, "ok": ok,
-                "failed_share": round(self.failed_share, 4), "figures": self.figures,
-                "repeats": len(self.rows),
-                "rows": [r.requests_file for r in self.rows if r.requests_file]}
+    def step(self) -> CapacityStep:
+        """The probe as its search's line states it."""
+        return CapacityStep(load=self.load, met=self.passed, why=self.why,
+                            ok=sum(r.ok for r in self.records),
+                            failed_share=round(self.failed_share, 4), figures=self.figures,
+                            repeats=len(self.rows),
+                            rows=[r.requests_file for r in self.rows if r.requests_file])
 
 
 def judge(probe: Probe, target: Target) -> Probe:
@@ -217,9 +227,9 @@ def judge(probe: Probe, target: Target) -> Probe:
         sample = values(probe.records, b.metric)
         point = stats.percentile(sample, b.q) if sample else None
         found = interval(sample, b.q)
-        probe.figures[b.key] = {"value": _r(point), "low": _r(found[0]) if found else None,
-                                "high": _r(found[1]) if found else None, "bound": b.limit_s,
-                                "n": len(sample)}
+        probe.figures[b.key] = BoundFigure(value=_r(point), low=_r(found[0]) if found else None,
+                                           high=_r(found[1]) if found else None,
+                                           bound=b.limit_s, n=len(sample))
         if point is None or point > b.limit_s:
             missed.append(f"{b.key} {point:.3g} s > {b.limit_s:g} s" if point is not None
                           else f"no {b.key}")
@@ -242,18 +252,20 @@ def probe_spec(spec: LoadSpec, knob: Knob, plan: SearchPlan, load: float,
                step: int) -> tuple[LoadSpec, int]:
     """A probe's spec at `load`, with fresh prompts (its own block), and its level."""
     level = max(spec.levels) if spec.levels else 1
-    changes: dict[str, Any] = {"rate": None, "rates": ()}
+    rate, trace = None, spec.trace
     if knob.name == "rate":
-        level, changes["rate"] = plan.in_flight_cap, load
+        level, rate = plan.in_flight_cap, load
     elif knob.name in ("concurrency", "users"):
         level = int(load)
     elif spec.trace is not None:
-        changes["trace"] = replace(spec.trace, speedup=load)
-    probe = {"knob": knob.name, "load": load, "step": step}
-    return replace(spec, **changes, levels=(level,), label=f"{spec.label}-capacity",
-                   requests=None, min_requests=plan.min_requests, duration_s=plan.duration_s,
+        trace = replace(spec.trace, speedup=load)
+    context = spec.context.model_copy(
+        update={"capacity_probe": CapacityProbe(knob=knob.name, load=load, step=step)})
+    return replace(spec, rate=rate, rates=(), trace=trace, levels=(level,),
+                   label=capacity_label(spec.label), requests=None,
+                   min_requests=plan.min_requests, duration_s=plan.duration_s,
                    warmup=plan.warmup, repeat=None, block_offset=CAPACITY_BLOCK + step,
-                   extra={**spec.extra, "capacity_probe": probe}), level
+                   context=context), level
 
 
 def next_load(knob: Knob, plan: SearchPlan, met: list[float],
@@ -310,7 +322,7 @@ async def search(spec: LoadSpec, target: Target, knob: Knob, plan: SearchPlan, *
                 if on_row is not None:
                     on_row(got.row)
                 judge(probe, target)
-                if not probe.straddles or got.row.get("interrupted"):
+                if not probe.straddles or got.row.interrupted:
                     break
             probes.append(probe)
             say(f"    capacity: {knob.name} {load:g} {'met' if probe.passed else 'missed'} "
@@ -333,6 +345,7 @@ def result_record(spec: LoadSpec, target: Target, knob: Knob, plan: SearchPlan,
     missed = sorted(p.load for p in probes if not p.passed)
     hi = missed[0] if missed else None
     lo = max((x for x in met if hi is None or x < hi), default=None)
+    verdict: Literal["found", "not-converged", "at-least", "none-met"]
     if lo is None:
         verdict = "none-met"
     elif hi is None:
@@ -340,22 +353,26 @@ def result_record(spec: LoadSpec, target: Target, knob: Knob, plan: SearchPlan,
     else:
         verdict = "found" if converged(knob, plan, lo, hi) else "not-converged"
     out_of_order = [x for x in met if hi is not None and x > hi]
-    return CapacityRecord(
-        label=f"{spec.label}-capacity", lab=spec.lab, knob=knob.name, unit=knob.unit,
-        target={"slo": target.text(), "bounds": {b.key: b.limit_s for b in target.bounds},
-                "errors": target.errors},
+    record = CapacityRecord(
+        label=capacity_label(spec.label), lab=spec.lab, run_id=spec.run_id, knob=knob.name,
+        unit=knob.unit,
+        target=CapacityTarget(slo=target.text(),
+                              bounds={b.key: b.limit_s for b in target.bounds},
+                              errors=target.errors),
         capacity=lo, met_below=lo, missed_at=hi, verdict=verdict,
         statement=statement(target, knob, verdict, lo, hi, probes),
-        steps=[p.as_dict() for p in probes], model=spec.model, base_url=spec.base_url,
+        steps=[p.step() for p in probes], model=spec.model, base_url=spec.base_url,
         workload=spec.workload(max(spec.levels) if spec.levels else 1),
         prompt_set=spec.prompt_set, max_tokens=spec.max_tokens,
-        method={"start": plan.start, "factor": plan.factor, "resolution": plan.resolution,
-                "max_steps": plan.max_steps, "duration_s": plan.duration_s,
-                "min_requests": plan.min_requests, "repeats": plan.repeats,
-                "interval": "95% percentile bootstrap over the probe's successes",
-                "due": "TTFT and E2E from when each request was due"},
-        not_monotonic=out_of_order or None, **{k: v for k, v in spec.extra.items()
-                                               if k not in ("capacity_probe",)})
+        method=CapacityMethod(start=plan.start, factor=plan.factor, resolution=plan.resolution,
+                              max_steps=plan.max_steps, duration_s=plan.duration_s,
+                              min_requests=plan.min_requests, repeats=plan.repeats,
+                              interval="95% percentile bootstrap over the probe's successes",
+                              due="TTFT and E2E from when each request was due"),
+        not_monotonic=out_of_order or None)
+    record.overlay(spec.context)
+    record.capacity_probe = None  # each probe's own, on its load rows
+    return record
 
 
 def statement(target: Target, knob: Knob, verdict: str, lo: float | None, hi: float | None,

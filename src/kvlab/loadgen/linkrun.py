@@ -20,17 +20,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from kvlab.core.errors import InputError
 from kvlab.core.sizes import tree_bytes
+from kvlab.engines.registry import evidence_deltas, transfer_deltas
 from kvlab.loadgen import sidechannel, topology
 from kvlab.loadgen.sweep import LoadSpec, ProgressHook, SweepResult, run_sweep
 from kvlab.observe import metrics, netdev
 from kvlab.records import notebook
-from kvlab.records.models import LinkRecord, Record
+from kvlab.records.base import Record
+from kvlab.records.evidence import Where
+from kvlab.records.load import LinkRecord, NixlCounters
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,9 @@ class LinkSpec:
     metrics_urls: tuple[str, ...] = ()  # engines to scrape; empty = the base URL's server
     store_path: str = ""  # a shared-directory connector's store: its growth is the transfer
     side_channel_addr: str = ""  # NIXL/Mooncake: check which interface carried the run
-    extra: dict[str, Any] = field(default_factory=dict)
+    where: Where | None = None  # where the engines ran, when the caller placed them
+    legs: dict[str, str] | None = None  # the proxy's upstreams by role
+    run_id: str | None = None
 
 
 @dataclass
@@ -110,41 +114,38 @@ def link_record(load: LoadSpec, spec: LinkSpec, before: Readings, after: Reading
                 wall_s: float, sweep: SweepResult | None) -> LinkRecord:
     """The `link` record: the seed's fields first, then kvlab's."""
     counters = netdev.iface_delta(before.iface, after.iface)
-    deltas = {url: metrics.evidence_deltas(before.snapshots[url], after.snapshots[url])
+    deltas = {url: evidence_deltas(before.snapshots[url], after.snapshots[url])
               for url in after.snapshots}
-    nixl = {url: metrics.transfer_deltas(before.snapshots[url], after.snapshots[url])
-            for url in after.snapshots}
-    fields: dict[str, Any] = {
-        "base_url": load.base_url, "connector": spec.connector,
-        "context_length": spec.context_length, "prompt_set": load.prompt_set,
-        "concurrency": ",".join(str(c) for c in load.levels),
-        "requests": load.requests if load.requests is not None
+    nixl = {url: NixlCounters.model_validate(v) for url in after.snapshots
+            if (v := transfer_deltas(before.snapshots[url], after.snapshots[url]))}
+    rdma = netdev.rdma_delta(before.rdma, after.rdma)
+    link = LinkRecord(
+        label=load.label, lab=notebook.LAB_PD, run_id=spec.run_id, base_url=load.base_url,
+        connector=spec.connector, context_length=spec.context_length,
+        prompt_set=load.prompt_set, concurrency=",".join(str(c) for c in load.levels),
+        requests=load.requests if load.requests is not None
         else max(load.floor(c) for c in load.levels),
-        "iface": spec.iface, "wall_s": round(wall_s, 3), **counters,
-        "rdma": netdev.rdma_delta(before.rdma, after.rdma) or None,
-        "metric_deltas": deltas,
-        "nixl": {url: v for url, v in nixl.items() if v} or None,
-        "store_bytes": (after.store_bytes - before.store_bytes
-                        if after.store_bytes is not None and before.store_bytes is not None
-                        else None),
-        "model": load.model, "max_tokens": load.max_tokens,
-        "load_generator": spec.load_test or "kvlab",
-        **topology.unknown(load.base_url, spec.connector).fields(),
-        **spec.extra,
-        **({"repeat": load.repeat} if load.repeat is not None else {}),
-    }
+        iface=spec.iface, wall_s=round(wall_s, 3), rx_bytes=counters[0], tx_bytes=counters[1],
+        rdma=rdma, metric_deltas=deltas, nixl=nixl or None,
+        store_bytes=(after.store_bytes - before.store_bytes
+                     if after.store_bytes is not None and before.store_bytes is not None
+                     else None),
+        model=load.model, max_tokens=load.max_tokens,
+        load_generator=spec.load_test or "kvlab", repeat=load.repeat, legs=spec.legs)
+    link.overlay(topology.unknown(load.base_url, spec.connector))
+    if spec.where is not None:
+        link.overlay(spec.where)
     if spec.side_channel_addr:
-        fields["side_channel"] = sidechannel.check(
+        link.side_channel = sidechannel.check(
             spec.side_channel_addr, spec.iface,
             netdev.all_deltas(before.every_iface, after.every_iface),
-            sum((fields["rdma"] or {}).get(k, 0) for k in ("rx_bytes", "tx_bytes")))
+            rdma.rx_bytes + rdma.tx_bytes if rdma else None)
     if sweep is not None:
-        fields["requests_sent"] = sum(int(r.get("requests", 0)) for r in sweep.rows)
-        fields["requests_ok"] = sum(int(r.get("ok", 0)) for r in sweep.rows)
-        fields["requests_failed"] = sum(int(r.get("failed", 0)) for r in sweep.rows)
-        if sweep.interrupted:
-            fields["interrupted"] = True
-    return LinkRecord(label=load.label, lab=notebook.LAB_PD, **fields)
+        link.requests_sent = sum(r.requests for r in sweep.rows)
+        link.requests_ok = sum(r.ok or 0 for r in sweep.rows)
+        link.requests_failed = sum(r.failed or 0 for r in sweep.rows)
+        link.interrupted = sweep.interrupted or None
+    return link
 
 
 async def run_load(load: LoadSpec, spec: LinkSpec, labbook: str,

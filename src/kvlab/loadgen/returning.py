@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 from kvlab.loadgen.record import RequestRecord
 from kvlab.measure.workloads import Prompt
+from kvlab.records.load import SessionsEvidence
 
 
 def cache_block(cached: Sequence[int], given: int | None) -> tuple[int, str]:
@@ -65,7 +65,7 @@ def working_set(by_conv: dict[int, list[tuple[int, RequestRecord]]]) -> int:
 
 
 def summary(records: Sequence[RequestRecord], prompts: dict[int, Prompt],
-            block_given: int | None = None) -> dict[str, Any]:
+            block_given: int | None = None) -> SessionsEvidence:
     """What the turns say: returning turns, how many came back after eviction, cached tokens
     on first and returning turns, the working set (see the module docstring)."""
     by_conv = _conversations(records, prompts)
@@ -83,18 +83,15 @@ def summary(records: Sequence[RequestRecord], prompts: dict[int, Prompt],
             previous = r
     prompt = sum(r.prompt_tokens or 0 for r in returning)
     cached = sum(r.cached_tokens or 0 for r in returning)
-    return {
-        "conversations": len(by_conv),
-        "turns": sum(len(t) for t in by_conv.values()),
-        "returning_turns": len(returning), "evicted_turns": evicted,
-        "held_turns": len(returning) - evicted,
-        "returning_hit_rate": round(cached / prompt, 4) if prompt else None,
-        "returning_cached_tokens_mean": round(cached / len(returning), 1) if returning
-        else None,
-        "first_turn_cached_tokens_mean": round(
+    return SessionsEvidence(
+        conversations=len(by_conv), turns=sum(len(t) for t in by_conv.values()),
+        returning_turns=len(returning), evicted_turns=evicted,
+        held_turns=len(returning) - evicted,
+        returning_hit_rate=round(cached / prompt, 4) if prompt else None,
+        returning_cached_tokens_mean=round(cached / len(returning), 1) if returning else None,
+        first_turn_cached_tokens_mean=round(
             sum(r.cached_tokens or 0 for r in first) / len(first), 1) if first else None,
-        "working_set_tokens": working_set(by_conv),
-        "cache_block_tokens": block, "cache_block_from": block_from,
-        "eviction_rule": "a returning turn whose cached tokens fell at least one cache block "
-                         "below the previous turn's prompt tokens came back after eviction",
-    }
+        working_set_tokens=working_set(by_conv), cache_block_tokens=block,
+        cache_block_from=block_from,
+        eviction_rule="a returning turn whose cached tokens fell at least one cache block "
+                      "below the previous turn's prompt tokens came back after eviction")

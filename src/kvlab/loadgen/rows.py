@@ -4,52 +4,53 @@
 into a `LoadRecord`: the fields compare-disagg.py reads (label, concurrency, requests, model,
 prompt_set, max_tokens, `ttft_s`/`tpot_s`, `output_tokens_per_s`), then the statistics of
 `stats`, the failures, the workload and where it ran. What a level adds of its own (its
-per-request file, its sessions or trace) comes in `more`.
+per-request file, its sessions or trace) comes in `own`; what the caller knows (where the
+engines ran, the tier, the pressure) in the spec's `context`, which has the last word.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from kvlab.loadgen import stats, topology
 from kvlab.loadgen.runner import LevelResult
 from kvlab.loadgen.spec import LoadSpec
 from kvlab.measure import workloads
 from kvlab.observe import metrics
-from kvlab.records.models import LoadRecord
+from kvlab.records.base import Deltas
+from kvlab.records.load import LevelOwn, LoadRecord
 
 
-def make_row(spec: LoadSpec, concurrency: int, result: LevelResult,
-             deltas: dict[str, Any], more: dict[str, Any] | None = None) -> LoadRecord:
-    """One level's notebook row (seed shape + kvlab's additions; `more` from the level)."""
+def make_row(spec: LoadSpec, concurrency: int, result: LevelResult, deltas: Deltas,
+             own: LevelOwn | None = None) -> LoadRecord:
+    """One level's notebook row (seed shape + kvlab's additions; `own` from the level)."""
     sent = len(result.records)
-    fields: dict[str, Any] = {
-        "concurrency": concurrency, "requests": sent, "requests_planned": sent + result.unsent,
-        "model": spec.model, "max_tokens": spec.max_tokens, "engine": spec.engine,
-        "base_url": spec.base_url, "endpoint": spec.endpoint,
-        "rate": spec.rate, "arrivals": ("poisson" if spec.poisson else "even") if spec.rate
-        else "closed-loop", "timeout_s": spec.timeout_s, "ignore_eos": spec.ignore_eos,
-        **workloads.describe(spec.prompt_set, spec.seed, spec.preamble_tokens, spec.shares),
-        "workload": spec.workload(concurrency),
-        **stats.level_stats(result, spec.slo),
-        "failures": stats.failures(result.records),
-        "connections_opened": result.connections_opened,
-        "metric_deltas": deltas, "prefix_hit_rate": _rounded(metrics.hit_rate(deltas)),
-        "metrics_url": (spec.metrics_url or metrics.metrics_url(spec.base_url))
+    row = LoadRecord(
+        label=spec.label, lab=spec.lab, run_id=spec.run_id, concurrency=concurrency,
+        requests=sent, requests_planned=sent + result.unsent, model=spec.model,
+        max_tokens=spec.max_tokens, engine=spec.engine, base_url=spec.base_url,
+        endpoint=spec.endpoint, rate=spec.rate,
+        arrivals=("poisson" if spec.poisson else "even") if spec.rate else "closed-loop",
+        timeout_s=spec.timeout_s, ignore_eos=spec.ignore_eos, prompt_set=spec.prompt_set,
+        workload_seed=spec.seed, preamble_tokens=spec.preamble_tokens,
+        prefix_groups=workloads.prefix_groups(spec.prompt_set, spec.shares),
+        workload=spec.workload(concurrency), failures=stats.failures(result.records),
+        connections_opened=result.connections_opened, metric_deltas=deltas,
+        prefix_hit_rate=_rounded(metrics.hit_rate(deltas)),
+        metrics_url=(spec.metrics_url or metrics.metrics_url(spec.base_url))
         if spec.scrape_metrics else None,
-        "min_requests": spec.session_floor() if spec.sessions else None if spec.trace
-        else spec.floor(concurrency), "repeat": spec.repeat,
-        **topology.unknown(spec.base_url).fields(),  # a caller that knows more says so in extra
-        **(more or {}),
-        **spec.extra,
-    }
+        min_requests=spec.session_floor() if spec.sessions else None if spec.trace
+        else spec.floor(concurrency), repeat=spec.repeat)
+    row.overlay(stats.level_stats(result, spec.slo))
+    row.overlay(topology.unknown(spec.base_url))  # a caller that knows more says so in context
+    if own is not None:
+        row.overlay(own)
+    row.overlay(spec.context)
     if spec.duration_s is not None:
-        fields["duration_s_requested"] = spec.duration_s
-        fields["duration_reached"] = not result.exhausted
-        fields["requests_built_during_level"] = result.built_during
+        row.duration_s_requested = spec.duration_s
+        row.duration_reached = not result.exhausted
+        row.requests_built_during_level = result.built_during
     if result.interrupted:
-        fields["interrupted"] = True
-    return LoadRecord(label=spec.label, lab=spec.lab, **fields)
+        row.interrupted = True
+    return row
 
 
 def _rounded(value: float | None) -> float | None:

@@ -27,13 +27,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from kvlab.core.errors import InputError
 from kvlab.loadgen.client import Connection, Target, open_connection
 from kvlab.loadgen.record import RequestRecord, decode_events, reply_text
 from kvlab.loadgen.runner import LevelResult, Progress
 from kvlab.measure.workloads import Prompt
+from kvlab.records.load import ThinkTimeLine, Workload
 
 History = tuple[tuple[str, str], ...]
 # (conversation number within the level, turn, history) -> the prompt and its request bytes
@@ -120,15 +121,12 @@ class ThinkTime:
             return self.values[rng.randrange(len(self.values))]
         return self.mean_s
 
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"kind": self.kind, "mean_s": round(self.mean_s, 4)}
-        if self.source and self.kind != "trace":
-            out["source"] = self.source
-        if self.kind == "paced":
-            out["in_flight"] = self.in_flight
-        if self.kind == "trace":
-            out |= {"source": self.source, "values": len(self.values)}
-        return out
+    def as_record(self) -> ThinkTimeLine:
+        """What a row says about the think time."""
+        return ThinkTimeLine(kind=self.kind, mean_s=round(self.mean_s, 4),
+                             source=self.source or None,
+                             in_flight=self.in_flight if self.kind == "paced" else None,
+                             values=len(self.values) if self.kind == "trace" else None)
 
 
 @dataclass(frozen=True)
@@ -154,10 +152,10 @@ class SessionSpec:
         wanted = math.ceil(min_requests / self.turns) if min_requests else 0
         return max(self.conversations or users, wanted)
 
-    def as_dict(self, users: int) -> dict[str, Any]:
-        return {"kind": "sessions", "users": users, "turns": self.turns,
-                "think_time": self.think.as_dict(), "user_rate": self.user_rate,
-                "arrivals": "poisson" if self.user_rate else "population"}
+    def workload(self, users: int) -> Workload:
+        return Workload(kind="sessions", users=users, turns=self.turns,
+                        think_time=self.think.as_record(), user_rate=self.user_rate,
+                        arrivals="poisson" if self.user_rate else "population")
 
 
 @dataclass

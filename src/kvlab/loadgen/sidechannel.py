@@ -13,30 +13,28 @@ machine's is reported as uncheckable here, never guessed.
 
 from __future__ import annotations
 
-from typing import Any
-
 from kvlab.core.sizes import human_bytes
 from kvlab.observe import netdev
+from kvlab.records.evidence import SideChannel
 
 MANAGEMENT = ("a side channel on a management address works and is slow, and nothing in any "
               "log says so")
 
 
 def check(addr: str, cluster_iface: str, moved: dict[str, int],
-          rdma_bytes: int | None = None) -> dict[str, Any]:
+          rdma_bytes: int | None = None) -> SideChannel:
     """The side-channel finding for the link record: where the address lives, the bytes each
     interface moved during the run, and a verdict in words."""
     resolved = netdev.addresses_of(addr)
     iface = netdev.iface_holding(resolved) if resolved else None
     busy = {name: n for name, n in sorted(moved.items(), key=lambda kv: -kv[1]) if n > 0}
-    out: dict[str, Any] = {"addr": addr, "resolves_to": list(resolved), "iface": iface,
-                           "cluster_iface": cluster_iface or None, "bytes_by_iface": busy,
-                           "iface_bytes": moved.get(iface) if iface else None}
-    out["verdict"] = _verdict(addr, iface, cluster_iface, busy, bool(resolved))
+    verdict = _verdict(addr, iface, cluster_iface, busy, bool(resolved))
     if rdma_bytes:
-        out["verdict"] += (f"; RDMA ports moved {human_bytes(rdma_bytes)}, which no interface "
-                           "counter shows")
-    return out
+        verdict += (f"; RDMA ports moved {human_bytes(rdma_bytes)}, which no interface counter "
+                    "shows")
+    return SideChannel(addr=addr, resolves_to=list(resolved), iface=iface,
+                       cluster_iface=cluster_iface or None, bytes_by_iface=busy,
+                       iface_bytes=moved.get(iface) if iface else None, verdict=verdict)
 
 
 def _verdict(addr: str, iface: str | None, cluster: str, busy: dict[str, int],

@@ -15,10 +15,10 @@ from collections.abc import Awaitable, Callable, Iterable
 
 import httpx
 
-from kvlab.engines.base import engine_for
+from kvlab.engines.registry import engine_for
 from kvlab.measure import workloads
-from kvlab.measure.chat import server_root
 from kvlab.measure.workloads import Sizing
+from kvlab.observe.chat import server_root
 
 Count = Callable[[str], Awaitable[int | None]]
 

@@ -11,7 +11,7 @@ the defaults (how many requests a level takes, how many warm-ups, which prompt i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from kvlab.core.errors import InputError
 from kvlab.loadgen import stats
@@ -19,6 +19,8 @@ from kvlab.loadgen.sessions import SessionSpec
 from kvlab.loadgen.trace import TraceSpec
 from kvlab.measure import workloads
 from kvlab.records import notebook
+from kvlab.records.base import JsonObject
+from kvlab.records.load import RunContext, Workload
 
 MIN_REQUESTS = 200  # a level's default: p99 of at least 200 values is not one request
 PER_CONCURRENCY = 10  # ... and at least 10 per concurrent slot
@@ -55,7 +57,8 @@ class LoadSpec:
     scrape_metrics: bool = True
     metrics_url: str = ""  # the engine's /metrics; empty = the base URL's own server
     lab: str = notebook.LAB_PD
-    extra: dict[str, Any] = field(default_factory=dict)  # more fields for every row
+    context: RunContext = field(default_factory=RunContext)  # what the caller knows, every row
+    run_id: str | None = None  # the run every row belongs to
     min_requests: int | None = None  # at least this many measured requests per level
     duration_s: float | None = None  # and at least this long
     warmup: int | None = None  # requests first, left out of the statistics; None: concurrency
@@ -128,11 +131,10 @@ class LoadSpec:
             return self.warmup
         return TRACE_WARMUP if self.trace is not None else concurrency
 
-    def body(self, prompt: workloads.Prompt,
-             tokens: list[int] | None = None) -> dict[str, Any]:
+    def body(self, prompt: workloads.Prompt, tokens: list[int] | None = None) -> JsonObject:
         """The request body: streamed, with the server's usage in the last chunk; `tokens`
         (a trace's prompt) go to /v1/completions as token ids."""
-        body: dict[str, Any] = {"model": self.model,
+        body: JsonObject = {"model": self.model,
                                 "max_tokens": prompt.max_tokens or self.max_tokens,
                                 "stream": True, "stream_options": {"include_usage": True}}
         if tokens is not None:
@@ -153,10 +155,10 @@ class LoadSpec:
         """The level's block of prompt indices: disjoint per repeat, level and probe."""
         return self.block_offset + (self.repeat or 0) * max(1, len(self.points())) + level_index
 
-    def workload(self, level: int) -> dict[str, Any]:
+    def workload(self, level: int) -> Workload:
         """What a row says about the kind of workload and its level."""
         if self.sessions is not None:
-            return self.sessions.as_dict(level)
+            return self.sessions.workload(level)
         if self.trace is not None:
-            return {"kind": "trace", "in_flight_cap": level}
-        return {"kind": "prompt set", "concurrency": level}
+            return Workload(kind="trace", in_flight_cap=level)
+        return Workload(kind="prompt set", concurrency=level)

@@ -25,11 +25,12 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any
 
 from kvlab.core.errors import InputError
 from kvlab.loadgen.record import RequestRecord
 from kvlab.loadgen.runner import LevelResult
+from kvlab.records.evidence import CachedTokens, Failure, Percentiles
+from kvlab.records.load import Goodput, LevelFigures
 
 NS = 1e9
 QUANTILES = (50, 90, 95, 99)
@@ -45,17 +46,17 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
 
 
-def summary(values: Sequence[float]) -> dict[str, Any] | None:
+def summary(values: Sequence[float]) -> Percentiles | None:
     """p50/p90/p95/p99/mean/std/min/max of `values` (seconds) and their count `n`, or None
     when there are none."""
     if not values:
         return None
-    out = {f"p{q}": percentile(values, q) for q in QUANTILES}
-    out.update(mean=statistics.fmean(values), min=min(values), max=max(values))
-    rounded: dict[str, Any] = {k: round(v, 6) for k, v in out.items()}
-    rounded["std"] = round(statistics.stdev(values), 6) if len(values) > 1 else None
-    rounded["n"] = len(values)
-    return rounded
+    p50, p90, p95, p99 = (round(percentile(values, q), 6) for q in QUANTILES)
+    return Percentiles(p50=p50, p90=p90, p95=p95, p99=p99,
+                       mean=round(statistics.fmean(values), 6), min=round(min(values), 6),
+                       max=round(max(values), 6),
+                       std=round(statistics.stdev(values), 6) if len(values) > 1 else None,
+                       n=len(values))
 
 
 def ttft_s(r: RequestRecord) -> float:
@@ -133,7 +134,7 @@ def _tokens_source(ok: list[RequestRecord]) -> str | None:
     return "usage" if with_usage == len(ok) else "chunks" if with_usage == 0 else "mixed"
 
 
-def level_stats(result: LevelResult, slo: Slo | None = None) -> dict[str, Any]:
+def level_stats(result: LevelResult, slo: Slo | None = None) -> LevelFigures:
     """A level's statistics: timings over successes only; failures and cancellations counted."""
     records = result.records
     ok = [r for r in records if r.ok]
@@ -141,48 +142,36 @@ def level_stats(result: LevelResult, slo: Slo | None = None) -> dict[str, Any]:
     duration = max((result.end_ns - result.start_ns) / NS, 1e-9)
     out_tokens = sum(r.output_tokens for r in ok)
     lags = [x for x in (lag_s(r) for r in records) if x is not None]
-    out: dict[str, Any] = {
-        "ok": len(ok), "failed": len(failed), "cancelled": sum(r.cancelled for r in records),
-        "unsent": result.unsent,
-        "errors": dict(Counter(str(r.error) for r in failed)),
-        "duration_s": round(duration, 4),
-        "output_tokens": out_tokens,
-        "output_tokens_per_s": round(out_tokens / duration, 3),
-        "requests_per_s": round(len(ok) / duration, 4),
-        "tokens_from": _tokens_source(ok),
-        "schedule_lag_s": summary(lags),
-    }
-    stats = {
-        "ttft_s": summary([ttft_s(r) for r in ok]),
-        "tpot_s": summary([x for x in (tpot_s(r) for r in ok) if x is not None]),
-        "itl_s": summary(_flat(itl_s(r) for r in ok)),
-        "e2e_s": summary([e2e_s(r) for r in ok]),
-    }
-    # a missing timing is left out rather than written as null: the seed's compare-disagg.py
-    # skips rows without ttft_s, and would crash on a null
-    out.update({k: v for k, v in stats.items() if v is not None})
-    out.update(_token_counts(ok))
+    prompts = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
+    figures = LevelFigures(
+        ok=len(ok), failed=len(failed), cancelled=sum(r.cancelled for r in records),
+        unsent=result.unsent, errors=dict(Counter(str(r.error) for r in failed)),
+        duration_s=round(duration, 4), output_tokens=out_tokens,
+        output_tokens_per_s=round(out_tokens / duration, 3),
+        requests_per_s=round(len(ok) / duration, 4), tokens_from=_tokens_source(ok),
+        schedule_lag_s=summary(lags),
+        ttft_s=summary([ttft_s(r) for r in ok]),
+        tpot_s=summary([x for x in (tpot_s(r) for r in ok) if x is not None]),
+        itl_s=summary(_flat(itl_s(r) for r in ok)), e2e_s=summary([e2e_s(r) for r in ok]),
+        prompt_tokens_mean=round(sum(prompts) / len(prompts), 1) if prompts else None,
+        cached_tokens_per_response=_cached(ok))
     if slo is not None:
         good = sum(1 for r in ok if slo.met(r))
-        out["goodput"] = {"slo": slo.as_dict(), "requests": good,
-                          "requests_per_s": round(good / duration, 4),
-                          "fraction": round(good / len(records), 4) if records else None}
-    return out
+        figures.goodput = Goodput(slo=slo.as_dict(), requests=good,
+                                  requests_per_s=round(good / duration, 4),
+                                  fraction=round(good / len(records), 4) if records else None)
+    return figures
 
 
-def _token_counts(ok: list[RequestRecord]) -> dict[str, Any]:
-    prompts = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
+def _cached(ok: list[RequestRecord]) -> CachedTokens | None:
     cached = [r.cached_tokens for r in ok if r.cached_tokens is not None]
-    out: dict[str, Any] = {
-        "prompt_tokens_mean": round(sum(prompts) / len(prompts), 1) if prompts else None,
-    }
-    if cached:
-        out["cached_tokens_per_response"] = {"responses": len(cached), "total": sum(cached),
-                                             "mean": round(sum(cached) / len(cached), 1)}
-    return out
+    if not cached:
+        return None
+    return CachedTokens(responses=len(cached), total=sum(cached),
+                        mean=round(sum(cached) / len(cached), 1))
 
 
-def failures(records: Sequence[RequestRecord], limit: int = 5) -> list[dict[str, Any]]:
+def failures(records: Sequence[RequestRecord], limit: int = 5) -> list[Failure]:
     """The first few failures as data: index, kind, status and a short detail."""
-    return [{"index": r.index, "error": r.error, "status": r.status,
-             "detail": r.error_detail[:200]} for r in records if r.failed][:limit]
+    return [Failure(index=r.index, error=r.error, status=r.status, detail=r.error_detail[:200])
+            for r in records if r.failed][:limit]

@@ -37,10 +37,10 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import httpx
 
+from kvlab.engines.registry import evidence_deltas
 from kvlab.loadgen import perrequest, returning, sessions, stats
 from kvlab.loadgen import trace as trace_replay
 from kvlab.loadgen.client import Target
@@ -52,7 +52,7 @@ from kvlab.loadgen.spec import BLOCK, MIN_REQUESTS, WARMUP_OFFSET, LoadSpec, def
 from kvlab.measure import workloads
 from kvlab.observe import metrics
 from kvlab.records import requests as request_files
-from kvlab.records.models import LoadRecord
+from kvlab.records.load import LevelOwn, LoadRecord
 
 ProgressHook = Callable[[int, int], Progress | None]  # (concurrency, requests) -> per-record
 Row = LoadRecord
@@ -113,8 +113,7 @@ class Inputs:
     trace: trace_replay.Trace | None = None
 
 
-Run = Callable[[asyncio.Event | None, Progress | None],
-               Awaitable[tuple[LevelResult, dict[str, Any]]]]
+Run = Callable[[asyncio.Event | None, Progress | None], Awaitable[tuple[LevelResult, LevelOwn]]]
 
 
 @dataclass
@@ -205,7 +204,7 @@ class _Level:
             payloads, schedule = self.payloads(count, False), self.schedule()
 
         async def run(stop: asyncio.Event | None,
-                      progress: Progress | None) -> tuple[LevelResult, dict[str, Any]]:
+                      progress: Progress | None) -> tuple[LevelResult, LevelOwn]:
             result = await LevelRun(self.target, payloads, schedule,
                                     timeout_s=self.spec.timeout_s, progress=progress,
                                     until=until).run(stop)
@@ -226,16 +225,16 @@ class _Level:
                                                      spec.trace.block_tokens))
         return self.encode(prompts, tokens)
 
-    def trace_fields(self) -> dict[str, Any]:
+    def trace_fields(self) -> LevelOwn:
         spec, trace = self.spec, self.inputs.trace
         if trace is None or spec.trace is None:
-            return {}
-        return {"prompt_set": "trace", "arrivals": "trace",
-                "trace": trace_replay.describe(spec.trace, trace, self.inputs.pool,
-                                               spec.max_tokens)}
+            return LevelOwn()
+        return LevelOwn(prompt_set="trace", arrivals="trace",
+                        trace=trace_replay.describe(spec.trace, trace, self.inputs.pool,
+                                                    spec.max_tokens))
 
     async def sessions(self, stop: asyncio.Event | None, progress: Progress | None,
-                       warm: LevelResult | None) -> tuple[LevelResult, dict[str, Any]]:
+                       warm: LevelResult | None) -> tuple[LevelResult, LevelOwn]:
         """A level of user sessions: each turn built from the conversation so far (a paced
         think time gets its mean from the warm-up's fastest request)."""
         spec, s = self.spec, self.spec.sessions
@@ -259,31 +258,29 @@ class _Level:
             min_requests=spec.session_floor(), progress=progress).run(stop)
         self.prompts.update(got.prompts)
         summary = returning.summary(got.level.records, got.prompts, s.cache_block_tokens)
-        return got.level, {
-            "prompt_set": "sessions", "workload": s.as_dict(self.concurrency),
-            "arrivals": s.as_dict(self.concurrency)["arrivals"],
-            "sessions": {**summary, "peak_active_users": got.peak_active_users,
-                         "conversations_started": got.conversations_started,
-                         "conversations_planned": s.planned(self.concurrency,
-                                                            spec.session_floor())}}
+        summary.peak_active_users = got.peak_active_users
+        summary.conversations_started = got.conversations_started
+        summary.conversations_planned = s.planned(self.concurrency, spec.session_floor())
+        workload = s.workload(self.concurrency)
+        return got.level, LevelOwn(prompt_set="sessions", workload=workload,
+                                   arrivals=workload.arrivals, sessions=summary)
 
-    def row_fields(self, warm: LevelResult | None, result: LevelResult) -> dict[str, Any]:
-        """The per-request file (written when the spec names a notebook), warm-up, sizing."""
+    def row_fields(self, warm: LevelResult | None, result: LevelResult,
+                   own: LevelOwn) -> LevelOwn:
+        """`own` with the per-request file (written when the spec names a notebook), the
+        warm-up and the sizing."""
         spec = self.spec
-        out: dict[str, Any] = {
-            "warmup_requests": len(warm.records) if warm else 0,
-            "prompt_sizing": self.inputs.sizing.as_dict(spec.seed, spec.preamble_tokens)}
-        for key, n in (("warmup_failed", sum(r.failed for r in warm.records) if warm else 0),
-                       ("warmup_cancelled", sum(r.cancelled for r in warm.records)
-                        if warm else 0)):
-            if n:
-                out[key] = n
+        own.warmup_requests = len(warm.records) if warm else 0
+        own.prompt_sizing = self.inputs.sizing.as_record(spec.seed, spec.preamble_tokens)
+        if warm is not None:
+            own.warmup_failed = sum(r.failed for r in warm.records) or None
+            own.warmup_cancelled = sum(r.cancelled for r in warm.records) or None
         if spec.labbook:
             lines = perrequest.level_lines(warm, result, self.prompts, level=self.concurrency,
                                            repeat=spec.repeat)
-            out["requests_file"], out["requests_sha256"] = request_files.write_beside(
+            own.requests_file, own.requests_sha256 = request_files.write_beside(
                 Path(spec.labbook), spec.label, self.concurrency, spec.repeat, lines)
-        return out
+        return own
 
 
 @dataclass
@@ -305,7 +302,7 @@ async def measure_level(spec: LoadSpec, target: Target, concurrency: int, level_
     warm = await level.warm_up(stop)
     url = spec.metrics_url or metrics.metrics_url(spec.base_url)
     before = after = None
-    more: dict[str, Any] = {}
+    own = LevelOwn()
     if warm is not None and warm.interrupted:  # stopped during the warm-up: nothing measured
         now = time.perf_counter_ns()
         result = LevelResult(records=[], start_ns=now, end_ns=now, interrupted=True,
@@ -313,10 +310,10 @@ async def measure_level(spec: LoadSpec, target: Target, concurrency: int, level_
     else:
         run = level.prepare(warm)
         before = await _scrape(client, url)
-        result, more = await run(stop, progress)
+        result, own = await run(stop, progress)
         after = await _scrape(client, url)
-    row = make_row(spec, concurrency, result, metrics.evidence_deltas(before, after),
-                   {**level.row_fields(warm, result), **more})
+    row = make_row(spec, concurrency, result, evidence_deltas(before, after),
+                   level.row_fields(warm, result, own))
     return Measured(row, result)
 
 
@@ -387,7 +384,7 @@ async def run_sweep(spec: LoadSpec, *, api_key: str = "", stop: asyncio.Event | 
             out.rows.append(row)
             if on_row is not None:
                 on_row(row)
-            if row.get("interrupted") or (stop is not None and stop.is_set()):
+            if row.interrupted or (stop is not None and stop.is_set()):
                 out.interrupted = True
                 break
     finally:

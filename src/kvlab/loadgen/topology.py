@@ -30,39 +30,29 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
-LOOPBACK, TWO_MACHINES, ONE_INSTANCE, UNKNOWN = "loopback", "two machines", "one instance", \
-    "unknown"
-FIELDS = ("topology", "single_machine", "hosts", "connector", "link", "topology_from",
-          "placement", "nodes", "same_machine", "link_speed_mbps")
-LOCAL, RAY, MANUAL = "local", "ray", "manual"  # who placed the processes
+from kvlab.records.evidence import (
+    LOCAL,
+    LOOPBACK,
+    MANUAL,
+    ONE_INSTANCE,
+    RAY,
+    TOPOLOGY_FIELDS,
+    TWO_MACHINES,
+    UNKNOWN,
+    NodeInfo,
+    Where,
+)
+
+FIELDS = TOPOLOGY_FIELDS
+__all__ = ["FIELDS", "LOCAL", "LOOPBACK", "MANUAL", "ONE_INSTANCE", "RAY", "TWO_MACHINES",
+           "UNKNOWN", "Known", "derive", "loopback_split", "one_instance", "proxy_legs",
+           "ray_instance", "ray_split", "same_machine", "unknown"]
 RAY_ONE_MACHINE = "two Ray nodes on one machine"
 RAY_TWO_MACHINES = "two Ray nodes on two machines"
-
-
-@dataclass(frozen=True)
-class Topology:
-    topology: str
-    single_machine: bool | None
-    hosts: dict[str, str]
-    connector: str
-    link: str
-    topology_from: str
-    placement: str = MANUAL
-    nodes: dict[str, dict[str, Any]] | None = None
-    same_machine: bool | None = None
-    link_speed_mbps: int | None = None
-
-    def fields(self) -> dict[str, Any]:
-        return {"topology": self.topology, "single_machine": self.single_machine,
-                "hosts": dict(self.hosts), "connector": self.connector, "link": self.link,
-                "topology_from": self.topology_from, "placement": self.placement,
-                "nodes": {k: dict(v) for k, v in self.nodes.items()} if self.nodes else None,
-                "same_machine": self.same_machine, "link_speed_mbps": self.link_speed_mbps}
 
 
 @dataclass(frozen=True)
@@ -90,24 +80,28 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def loopback_split(connector: str, how: str, host: str = "127.0.0.1") -> Topology:
+def loopback_split(connector: str, how: str, host: str = "127.0.0.1") -> Where:
     """Prefill, decode and proxy all on one machine (kvlab run disagg)."""
-    return Topology(LOOPBACK, True, {"prefill": host, "decode": host, "proxy": host},
-                    connector, LOOPBACK, how, LOCAL, same_machine=True)
+    return Where(topology=LOOPBACK, single_machine=True,
+                 hosts={"prefill": host, "decode": host, "proxy": host}, connector=connector,
+                 link=LOOPBACK, topology_from=how, placement=LOCAL, same_machine=True)
 
 
-def one_instance(url: str, how: str) -> Topology:
+def one_instance(url: str, how: str) -> Where:
     """One engine, no split (a baseline kvlab started itself)."""
     host = url_host(url)
-    return Topology(ONE_INSTANCE, True, {"instance": host}, "none",
-                    LOOPBACK if is_loopback(host) else UNKNOWN, how, LOCAL)
+    return Where(topology=ONE_INSTANCE, single_machine=True, hosts={"instance": host},
+                 connector="none", link=LOOPBACK if is_loopback(host) else UNKNOWN,
+                 topology_from=how, placement=LOCAL)
 
 
-def unknown(url: str, connector: str = UNKNOWN, how: str = "") -> Topology:
+def unknown(url: str, connector: str = UNKNOWN, how: str = "") -> Where:
     """Only the URL is known: which machines served behind it is not."""
-    return Topology(UNKNOWN, None, {"url": url_host(url), "prefill": UNKNOWN,
-                                    "decode": UNKNOWN}, connector, UNKNOWN,
-                    how or "the URL alone: the machines behind it were not recorded")
+    return Where(topology=UNKNOWN, single_machine=None,
+                 hosts={"url": url_host(url), "prefill": UNKNOWN, "decode": UNKNOWN},
+                 connector=connector, link=UNKNOWN,
+                 topology_from=how or "the URL alone: the machines behind it were not recorded",
+                 placement=MANUAL)
 
 
 def local_names() -> set[str]:
@@ -131,7 +125,7 @@ def _machine(host: str, proxy: str, local: set[str]) -> str:
     return "this machine" if is_loopback(host) or host.lower() in local else host.lower()
 
 
-def derive(url: str, known: Known) -> Topology:
+def derive(url: str, known: Known) -> Where:
     """What a manual run can honestly say about the split behind `url`."""
     host = url_host(url)
     parts = urlsplit(url)
@@ -151,33 +145,33 @@ def derive(url: str, known: Known) -> Topology:
     legs = {_machine(h, host, local) for h in (*prefill.split(","), *decode.split(","))}
     together = len(legs) == 1  # the KV stays on one machine
     link = LOOPBACK if together else (known.cluster_iface or UNKNOWN)
-    return Topology(LOOPBACK if together else TWO_MACHINES,
-                    legs == {_machine(host, host, local)},
-                    {"prefill": prefill, "decode": decode, "proxy": host}, known.connector,
-                    link, how, same_machine=together)
+    return Where(topology=LOOPBACK if together else TWO_MACHINES,
+                 single_machine=legs == {_machine(host, host, local)},
+                 hosts={"prefill": prefill, "decode": decode, "proxy": host},
+                 connector=known.connector, link=link, topology_from=how, placement=MANUAL,
+                 same_machine=together)
 
 
-def same_machine(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool | None:
+def same_machine(a: NodeInfo | None, b: NodeInfo | None) -> bool | None:
     """Whether two processes' machines are one: by machine id where both have one, else by
     address, since two Ray nodes at one non-loopback address are one host (a container often
     has no /etc/machine-id: the H200 machines have none). None: not known."""
-    if not a or not b:
+    if a is None or b is None:
         return None
-    if a.get("machine_id") and b.get("machine_id"):
-        return bool(a["machine_id"] == b["machine_id"])
-    here, there = a.get("address"), b.get("address")
-    if here and here == there and not is_loopback(str(here)):
+    if a.machine_id and b.machine_id:
+        return a.machine_id == b.machine_id
+    if a.address and a.address == b.address and not is_loopback(a.address):
         return True
     return None
 
 
-def _gpus(nodes: dict[str, dict[str, Any]]) -> str:
+def _gpus(nodes: dict[str, NodeInfo]) -> str:
     """", GPU 0 and GPU 1" where the two nodes hold different GPUs of one host."""
-    p, d = nodes["prefill"].get("gpus"), nodes["decode"].get("gpus")
+    p, d = nodes["prefill"].gpus, nodes["decode"].gpus
     return f", GPU {p} and GPU {d}" if p and d and p != d else ""
 
 
-def ray_split(connector: str, nodes: dict[str, dict[str, Any]], how: str) -> Topology:
+def ray_split(connector: str, nodes: dict[str, NodeInfo], how: str) -> Where:
     """Prefill and decode on Ray nodes (`nodes` by role: prefill, decode, proxy), placed by
     kvlab: one machine or two by machine id, the link the prefill node's interface."""
     prefill, decode = nodes["prefill"], nodes["decode"]
@@ -188,23 +182,26 @@ def ray_split(connector: str, nodes: dict[str, dict[str, Any]], how: str) -> Top
         else "two Ray nodes, machines unknown (no machine id, different addresses)"
     # one machine's two nodes at two addresses (network namespaces joined by a veth pair)
     # still talk over a link: its interface, not loopback
-    apart = prefill.get("address") != decode.get("address")
-    link = LOOPBACK if same and not apart else (prefill.get("iface") or UNKNOWN)
-    return Topology(topo, everything, _hosts(nodes), connector, link, f"{how}: {words}", RAY,
-                    nodes, same, None if same else prefill.get("link_speed_mbps"))
+    apart = prefill.address != decode.address
+    link = LOOPBACK if same and not apart else (prefill.iface or UNKNOWN)
+    return Where(topology=topo, single_machine=everything, hosts=_hosts(nodes),
+                 connector=connector, link=link, topology_from=f"{how}: {words}", placement=RAY,
+                 nodes=nodes, same_machine=same,
+                 link_speed_mbps=None if same else prefill.link_speed_mbps)
 
 
-def ray_instance(nodes: dict[str, dict[str, Any]], how: str) -> Topology:
+def ray_instance(nodes: dict[str, NodeInfo], how: str) -> Where:
     """One engine on a Ray node (`nodes`: instance, and client: where the load came from)."""
-    together = same_machine(nodes["instance"], nodes.get("client"))
-    link = LOOPBACK if together else (nodes["instance"].get("iface") or UNKNOWN)
-    return Topology(ONE_INSTANCE, together, _hosts(nodes), "none", link, how, RAY, nodes,
-                    None, None if together else nodes["instance"].get("link_speed_mbps"))
+    instance = nodes["instance"]
+    together = same_machine(instance, nodes.get("client"))
+    link = LOOPBACK if together else (instance.iface or UNKNOWN)
+    return Where(topology=ONE_INSTANCE, single_machine=together, hosts=_hosts(nodes),
+                 connector="none", link=link, topology_from=how, placement=RAY, nodes=nodes,
+                 link_speed_mbps=None if together else instance.link_speed_mbps)
 
 
-def _hosts(nodes: dict[str, dict[str, Any]]) -> dict[str, str]:
-    return {role: str(n.get("address") or n.get("hostname") or UNKNOWN)
-            for role, n in nodes.items()}
+def _hosts(nodes: dict[str, NodeInfo]) -> dict[str, str]:
+    return {role: n.address or n.hostname or UNKNOWN for role, n in nodes.items()}
 
 
 def proxy_legs(base_url: str, api_key: str = "", timeout_s: float = 3.0) -> dict[str, list[str]]:

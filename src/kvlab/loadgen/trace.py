@@ -27,15 +27,16 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import numpy as np
 
 from kvlab.core.errors import InputError
-from kvlab.engines.base import engine_for
+from kvlab.engines.registry import engine_for
 from kvlab.measure import workloads
-from kvlab.measure.chat import server_root
+from kvlab.observe.chat import server_root
+from kvlab.records.base import JsonObject
+from kvlab.records.load import TraceEvidence
 
 BLOCK_TOKENS = 512  # the published Mooncake traces' block size
 POOL_WORDS = 2000  # the passage whose tokens every block is drawn from
@@ -49,7 +50,7 @@ class TraceRequest:
     output_length: int
     hash_ids: tuple[int, ...]
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         return {"timestamp": self.timestamp_ms, "input_length": self.input_length,
                 "output_length": self.output_length, "hash_ids": list(self.hash_ids)}
 
@@ -84,7 +85,7 @@ class Trace:
         return tuple(round((r.timestamp_ms - first) * 1e6 / speedup) for r in self.requests)
 
 
-def _request(obj: Any, where: str) -> TraceRequest:
+def _request(obj: object, where: str) -> TraceRequest:
     if not isinstance(obj, dict):
         raise InputError(f"{where}: a trace line is a JSON object")
     try:
@@ -206,22 +207,21 @@ def reusable_blocks(requests: Sequence[TraceRequest], block_tokens: int) -> list
 
 
 def describe(spec: TraceSpec, trace: Trace, pool: TokenPool | None = None,
-             max_tokens: int | None = None) -> dict[str, Any]:
+             max_tokens: int | None = None) -> TraceEvidence:
     """What a row says about the trace it replayed."""
     requests = trace.requests
     reuse = reusable_blocks(requests, spec.block_tokens)
     prompt = sum(r.input_length for r in requests)
     offsets = trace.offsets_ns(spec.speedup)
-    return {"path": spec.path, "sha256": trace.sha256, "format": "mooncake",
-            "requests": len(requests), "left_out_over_max_input": trace.left_out,
-            "block_tokens": spec.block_tokens, "speedup": spec.speedup,
-            "span_s": round(offsets[-1] / 1e9, 3) if offsets else 0.0,
-            "distinct_blocks": len({h for r in requests for h in r.hash_ids}),
-            "reusable_fraction_infinite_cache": round(
-                sum(reuse) * spec.block_tokens / prompt, 4) if prompt else None,
-            "outputs_capped": sum(r.output_length > max_tokens for r in requests)
-            if max_tokens else 0,
-            "tokens_from": pool.source if pool else None}
+    return TraceEvidence(
+        path=spec.path, sha256=trace.sha256, format="mooncake", requests=len(requests),
+        left_out_over_max_input=trace.left_out, block_tokens=spec.block_tokens,
+        speedup=spec.speedup, span_s=round(offsets[-1] / 1e9, 3) if offsets else 0.0,
+        distinct_blocks=len({h for r in requests for h in r.hash_ids}),
+        reusable_fraction_infinite_cache=round(sum(reuse) * spec.block_tokens / prompt, 4)
+        if prompt else None,
+        outputs_capped=sum(r.output_length > max_tokens for r in requests) if max_tokens else 0,
+        tokens_from=pool.source if pool else None)
 
 
 # --- a generated trace --------------------------------------------------------------------

@@ -23,10 +23,10 @@ from typing import Any
 import httpx
 
 from kvlab.core.errors import RefusedError, UnreachableError
-from kvlab.engines.base import InstanceFacts, all_engines, token_digest
-from kvlab.measure import fingerprint
-from kvlab.measure.chat import api_base, server_root
-from kvlab.observe import metrics
+from kvlab.engines.base import InstanceFacts, token_digest
+from kvlab.engines.registry import all_engines, source_of
+from kvlab.observe import fingerprint, metrics
+from kvlab.observe.chat import api_base, server_root
 
 # compared on every instance, an unknown value included (the server answers these itself)
 COMPARED = ("engine", "version", "model_id", "max_model_len", "block_size", "template_tokens")
@@ -63,7 +63,7 @@ async def probe(client: httpx.AsyncClient, url: str, *,
     snap = await metrics.scrape(client, root + "/metrics")
     if with_fingerprint:
         facts.fingerprint = await fingerprint.take(client, base, facts.model_id)
-    named = snap.engine() if snap else None
+    named = source_of(snap)
     # the engine its metrics name first; then each engine in turn, for servers without /metrics
     for engine in ([named] if named else []) + [e for e in all_engines() if e is not named]:
         if await engine.describe(client, root, facts, snap):
@@ -109,7 +109,7 @@ class Compatibility:
 
     def as_dict(self) -> dict[str, Any]:
         return {"compatible": self.compatible,
-                "instances": [f.as_dict() for f in self.instances],
+                "instances": [f.as_record().model_dump(mode="json") for f in self.instances],
                 "mismatches": [m.as_dict() for m in self.mismatches], "notes": self.notes,
                 "compared": list(FIELDS),
                 "fingerprint_tolerance": fingerprint.TOLERANCE}

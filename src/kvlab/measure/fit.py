@@ -14,14 +14,15 @@ compatibility probe conversation, less its contents' tokens, per message.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import httpx
 
-from kvlab.engines.base import PROBE_MESSAGES, InstanceFacts, known_engine
-from kvlab.measure.chat import server_root
+from kvlab.engines.base import PROBE_MESSAGES, InstanceFacts
+from kvlab.engines.registry import known_engine
 from kvlab.measure.conversation import QUESTIONS, preamble
+from kvlab.observe.chat import server_root
+from kvlab.records.runs import Fitted as FittedLine
 
 TEMPLATE_TOKENS_GUESS = 8  # per message, when the instance cannot say
 ANSWER_SLACK = 1.1  # an answer re-tokenised from its text can take a few more tokens
@@ -38,8 +39,10 @@ class Fitted:
     last_turn_tokens: int | None  # the last turn's prompt, estimated with the fitted preamble
     counted_by: str
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def as_record(self) -> FittedLine:
+        return FittedLine(preamble_words=self.preamble_words, asked_words=self.asked_words,
+                          context_tokens=self.context_tokens,
+                          last_turn_tokens=self.last_turn_tokens, counted_by=self.counted_by)
 
     def line(self, turns: int) -> str:
         """What was fitted, in one line."""

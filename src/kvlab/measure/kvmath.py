@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvlab.core.errors import InputError
+from kvlab.records.runs import KvPrediction
 
 # Bytes per stored element. llama.cpp's block-quantised types carry a scale per 32 values:
 # q8_0 is 34 bytes per 32 values, q4_0 is 18 bytes per 32.
@@ -141,30 +142,7 @@ def max_concurrency(cache_tokens: int, ctx: int) -> float:
     return cache_tokens / ctx if ctx > 0 else 0.0
 
 
-@dataclass(frozen=True)
-class Prediction:
-    """Everything `kvlab predict` computes, in canonical units (bytes, seconds)."""
-
-    source: str
-    layers: int
-    kv_heads: int
-    head_dim: int
-    dtype: str
-    bytes_per_token: float
-    prompt_tokens: int | None = None
-    block_size: int | None = None
-    payload_bytes: float | None = None
-    payload_bytes_block_aligned: float | None = None
-    link_bytes_per_s: float | None = None
-    transfer_s: float | None = None
-    transfer_s_block_aligned: float | None = None
-    kv_cache_tokens: int | None = None
-    ctx: int | None = None
-    max_concurrency: float | None = None
-    ttft_prediction: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+Prediction = KvPrediction  # what `kvlab predict` computes, as records state it
 
 
 def predict(

@@ -22,14 +22,14 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import httpx
 
 from kvlab.core.say import Say, quiet
 from kvlab.core.settings import Settings
-from kvlab.engines.base import InstanceFacts, TwoEndpointProof, known_engine
-from kvlab.measure.chat import ChatResult, api_base, chat_body
+from kvlab.engines.base import InstanceFacts, TwoEndpointProof
+from kvlab.engines.registry import known_engine
 from kvlab.measure.compat import check, probe
 from kvlab.measure.conversation import Conversation, preamble
 from kvlab.measure.reuse import (
@@ -48,7 +48,9 @@ from kvlab.measure.verdict import (
     no_reuse_cause,
     reusable_tokens,
 )
-from kvlab.records.models import ProofRecord
+from kvlab.observe.chat import ChatResult, api_base, chat_body
+from kvlab.records.base import Deltas
+from kvlab.records.runs import ProofCase, ProofRecord
 
 
 @dataclass
@@ -98,20 +100,18 @@ class Case:
     endpoint: str
     judgement: Judgement | None
     result: ChatResult
-    deltas: dict[str, Any]
+    deltas: Deltas
 
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"case": self.name, "endpoint": self.endpoint,
-                               "ttft_s": self.result.row().get("ttft_s"),
-                               "prompt_tokens": self.result.prompt_tokens,
-                               "cached_tokens": self.result.reused_tokens,
-                               "counter_deltas": self.deltas}
+    def as_record(self) -> ProofCase:
+        case = ProofCase(case=self.name, endpoint=self.endpoint,
+                         ttft_s=self.result.timing().ttft_s,
+                         prompt_tokens=self.result.prompt_tokens,
+                         cached_tokens=self.result.reused_tokens, counter_deltas=self.deltas,
+                         reasons=["model residency only: not a reuse case"])
         if self.judgement is not None:
-            out |= {"verdict": self.judgement.verdict, "reasons": self.judgement.reasons,
-                    "evidence": self.judgement.evidence}
-        else:
-            out |= {"verdict": None, "reasons": ["model residency only: not a reuse case"]}
-        return out
+            case.verdict, case.reasons = self.judgement.verdict, self.judgement.reasons
+            case.evidence = self.judgement.evidence
+        return case
 
 
 @dataclass
@@ -150,11 +150,11 @@ class _Prover:
         self.run.explanations.append(text)
 
     async def case(self, name: str, url: str, messages: list[dict[str, str]],
-                   expect: Expect | None, **extra: Any) -> Case:
+                   expect: Expect | None, **extra: object) -> Case:
         """Send one request and judge it against `expect` (None: model residency only)."""
         # ignore_eos: a random-weight model may end at once, leaving no token to time
-        body = chat_body(self.opts.model, messages, self.opts.max_tokens, ignore_eos=True,
-                         **extra)
+        body = chat_body(self.opts.model, messages, self.opts.max_tokens,
+                         extra={"ignore_eos": True, **extra})
         result, deltas = await self.probe.send(url, body)
         judgement = None
         if expect is not None:
@@ -180,19 +180,19 @@ class _Prover:
                                      self.block(url))
         return expect.count, expect.why
 
-    async def cold(self, name: str, url: str, **extra: Any) -> Case:
+    async def cold(self, name: str, url: str, **extra: object) -> Case:
         """The prompt's first request anywhere; its TTFT is the ratios' denominator."""
         case = await self.case(name, url, self.messages(self.run.nonce), Expect.tokens(
             0, "first time this prompt was sent (its opening is unique to this run)"), **extra)
         self.cold_ttft = case.result.ttft_s
         return case
 
-    async def identical(self, name: str, url: str, why: str = "", **extra: Any) -> Case:
+    async def identical(self, name: str, url: str, why: str = "", **extra: object) -> Case:
         """The run's prompt again: every reusable token is expected from cache."""
         return await self.case(name, url, self.messages(self.run.nonce), Expect.reusable(why),
                                **extra)
 
-    async def control(self, name: str, url: str, why: str, **extra: Any) -> Case:
+    async def control(self, name: str, url: str, why: str, **extra: object) -> Case:
         """The same length with other first words: nothing cached can match it."""
         return await self.case(name, url, self.messages(self.run.nonce + "x"),
                                Expect.tokens(0, why), **extra)
@@ -298,7 +298,7 @@ def proof_record(run: ProofRun, label: str, lab: str, note: str) -> ProofRecord:
         label=label, lab=lab, model=o.model, endpoints=[api_base(u) for u in o.urls],
         preamble_words=o.preamble_words, max_tokens=o.max_tokens,
         connector=o.connector if len(o.urls) > 1 else None, salt=o.salt,
-        cases=[c.as_dict() for c in run.cases], verdicts=run.verdicts(),
+        cases=[c.as_record() for c in run.cases], verdicts=run.verdicts(),
         explanations=run.explanations, note=note,
-        instances={u: f.as_dict() for u, f in run.instances.items()},
+        instances={u: f.as_record() for u, f in run.instances.items()},
     )

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 
 from kvlab.core.say import Say, quiet
 from kvlab.engines.base import InstanceFacts
-from kvlab.measure.chat import ChatResult, api_base, chat_body, server_root, stream_chat
+from kvlab.engines.registry import evidence_deltas
 from kvlab.measure.compat import probe
 from kvlab.measure.conversation import (
     PREAMBLE_WORDS,
@@ -40,7 +39,9 @@ from kvlab.measure.verdict import (
     store_key,
 )
 from kvlab.observe import metrics
-from kvlab.records.models import ReuseRecord
+from kvlab.observe.chat import ChatResult, api_base, chat_body, server_root, stream_chat
+from kvlab.records.base import Deltas, JsonObject
+from kvlab.records.runs import ReuseRecord, ReuseRow, ReuseSummary
 
 
 def exact_prompt_trap(block: int) -> str:
@@ -73,26 +74,29 @@ class Probe:
     client: httpx.AsyncClient
     api_key: str = ""
 
-    async def send(self, url: str, body: dict[str, Any]) -> tuple[ChatResult, dict[str, Any]]:
+    async def send(self, url: str, body: JsonObject) -> tuple[ChatResult, Deltas]:
         murl = metrics.metrics_url(url)
         before = await metrics.scrape(self.client, murl)
         result = await stream_chat(self.client, url, body, self.api_key)
         after = await metrics.scrape(self.client, murl)
-        return result, metrics.evidence_deltas(before, after)
+        return result, evidence_deltas(before, after)
 
 
-def source_hits(deltas: dict[str, Any]) -> float | None:
+def _summed(deltas: Deltas, keys: tuple[str, ...]) -> float | None:
+    found = [float(v) for k in keys if (v := deltas.get(k)) is not None]
+    return sum(found) if found else None
+
+
+def source_hits(deltas: Deltas) -> float | None:
     """Prompt tokens vLLM's by-source counter attributes to a cache hit or a KV transfer."""
-    keys = ("prompt_tokens_local_cache_hit", "prompt_tokens_external_kv_transfer")
-    found = [float(deltas[k]) for k in keys if k in deltas]
-    return sum(found) if found else None
+    return _summed(deltas, ("prompt_tokens_local_cache_hit",
+                            "prompt_tokens_external_kv_transfer"))
 
 
-def counter_hits(deltas: dict[str, Any]) -> float | None:
+def counter_hits(deltas: Deltas) -> float | None:
     """Prompt tokens the engine's counters say came from cache (local + external)."""
-    keys = ("prefix_cache_hits", "external_prefix_cache_hits", "prompt_tokens_cached_total")
-    found = [float(deltas[k]) for k in keys if k in deltas]
-    return sum(found) if found else None
+    return _summed(deltas, ("prefix_cache_hits", "external_prefix_cache_hits",
+                            "prompt_tokens_cached_total"))
 
 
 @dataclass
@@ -115,24 +119,21 @@ class ReuseRun:
     options: ReuseOptions
     nonce: str = ""
     fitted: Fitted | None = None
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[ReuseRow] = field(default_factory=list)
     judgements: list[Judgement] = field(default_factory=list)
-    metric_deltas: dict[str, dict[str, Any]] = field(default_factory=dict)
+    metric_deltas: dict[str, Deltas] = field(default_factory=dict)
     instances: dict[str, InstanceFacts] = field(default_factory=dict)
     warm_up_ttft_s: dict[str, float | None] = field(default_factory=dict)
 
-    def summary(self) -> dict[str, Any]:
-        first = self.rows[0]["ttft_s"] if self.rows else None
-        later = [r["ttft_s"] for r in self.rows[1:] if r.get("ttft_s") is not None]
+    def summary(self) -> ReuseSummary:
+        first = self.rows[0].ttft_s if self.rows else None
+        later = [t for r in self.rows[1:] if (t := r.ttft_s) is not None]
         verdicts = [j.verdict for j in self.judgements[1:]]
-        return {
-            "turn1_ttft_s": first,
-            "best_later_ttft_s": min(later) if later else None,
-            "best_later_ratio": round(min(later) / first, 3) if later and first else None,
-            "later_turn_verdicts": verdicts,
-            "reused_turns": verdicts.count("reused"),
-            "hit_rate": {url: metrics.hit_rate(d) for url, d in self.metric_deltas.items()},
-        }
+        return ReuseSummary(
+            turn1_ttft_s=first, best_later_ttft_s=min(later) if later else None,
+            best_later_ratio=round(min(later) / first, 3) if later and first else None,
+            later_turn_verdicts=verdicts, reused_turns=verdicts.count("reused"),
+            hit_rate={url: metrics.hit_rate(d) for url, d in self.metric_deltas.items()})
 
 
 async def run_reuse(opts: ReuseOptions, say: Say = quiet) -> ReuseRun:
@@ -158,7 +159,7 @@ async def run_reuse(opts: ReuseOptions, say: Say = quiet) -> ReuseRun:
         end = {r: await metrics.scrape(client, r + "/metrics") for r in roots}
     for url in opts.urls:
         root = server_root(url)
-        deltas = metrics.evidence_deltas(start[root], end[root])
+        deltas = evidence_deltas(start[root], end[root])
         if deltas:
             run.metric_deltas[api_base(url)] = deltas
     return run
@@ -176,15 +177,15 @@ async def _turns(run: ReuseRun, tester: Probe, say: Say) -> None:
         result, deltas = await tester.send(url, body)
         chat.answer(result.text)
         expected, why = _expected(run, url, last_prompt, result.prompt_tokens)
-        cold = run.rows[0]["ttft_s"] if run.rows else None
+        cold = run.rows[0].ttft_s if run.rows else None
         judgement = judge(Evidence(expected, result.reused_tokens, counter_hits(deltas),
                                    result.ttft_s, cold, result.prompt_tokens,
                                    source_hits(deltas)),
                           context=why, cause=no_reuse_cause(run.instances[url]))
         run.judgements.append(judgement)
-        run.rows.append({"turn": turn + 1, "endpoint": url, **result.row(),
-                         "counter_deltas": deltas, "expected_tokens": expected,
-                         "verdict": judgement.verdict})
+        run.rows.append(ReuseRow(turn=turn + 1, endpoint=url, counter_deltas=deltas,
+                                 expected_tokens=expected, verdict=judgement.verdict)
+                        .overlay(result.timing()))
         if result.prompt_tokens is not None:
             last_prompt[url] = result.prompt_tokens
         say(_turn_line(run.rows[-1]))
@@ -228,13 +229,13 @@ def off_by_one(connector: str, prompt_tokens: int | None, block: int) -> str:
             "(an off-by-one in vLLM's example connector), and this prompt is one")
 
 
-def _turn_line(row: dict[str, Any]) -> str:
-    ttft = f"{row['ttft_s']:.3f}" if row.get("ttft_s") is not None else "  none"
-    cached = row.get("cached_tokens")
-    cached_text = f"cached {cached:>6}" if cached is not None else "cached    n/a"
-    return (f"    turn {row['turn']:>2}  {row['endpoint']:<34}  TTFT {ttft} s  total "
-            f"{row['total_s']:6.2f} s  prompt {row.get('prompt_tokens', '?'):>6}  "
-            f"{cached_text}  {row['verdict']}")
+def _turn_line(row: ReuseRow) -> str:
+    ttft = f"{row.ttft_s:.3f}" if row.ttft_s is not None else "  none"
+    cached = f"cached {row.cached_tokens:>6}" if row.cached_tokens is not None \
+        else "cached    n/a"
+    prompt = row.prompt_tokens if row.prompt_tokens is not None else "?"
+    return (f"    turn {row.turn:>2}  {row.endpoint:<34}  TTFT {ttft} s  total "
+            f"{row.total_s or 0:6.2f} s  prompt {prompt:>6}  {cached}  {row.verdict}")
 
 
 def reuse_record(run: ReuseRun, label: str, lab: str, note: str) -> ReuseRecord:
@@ -244,9 +245,9 @@ def reuse_record(run: ReuseRun, label: str, lab: str, note: str) -> ReuseRecord:
         label=label, lab=lab, model=o.model, endpoints=[api_base(u) for u in o.urls],
         turns=o.turns, preamble_words=run.fitted.preamble_words if run.fitted else
         o.preamble_words, max_tokens=o.max_tokens, nonce=run.nonce,
-        fitted=run.fitted.as_dict() if run.fitted else None,
+        fitted=run.fitted.as_record() if run.fitted else None,
         temperature=o.temperature, rows=run.rows, metric_deltas=run.metric_deltas, note=note,
         connector=o.connector if len(o.urls) > 1 else None, summary=run.summary(),
-        instances={u: f.as_dict() for u, f in run.instances.items()},
+        instances={u: f.as_record() for u, f in run.instances.items()},
         turn_reasons=[j.reasons for j in run.judgements], warm_up_ttft_s=run.warm_up_ttft_s,
     )

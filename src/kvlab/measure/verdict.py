@@ -9,13 +9,16 @@ length. Pure functions only: no I/O here.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from kvlab.records.runs import CaseEvidence
+from kvlab.records.runs import Verdict as VerdictName
 
 if TYPE_CHECKING:
     from kvlab.engines.base import InstanceFacts
 
-Verdict = Literal["reused", "silent-miss", "warm-up-only", "no-reuse-expected", "inconclusive"]
+Verdict = VerdictName
 # no reuse where reuse was expected: `kvlab reuse` and `kvlab prove` exit 1 on these
 FAILED: frozenset[Verdict] = frozenset({"silent-miss", "warm-up-only"})
 
@@ -86,10 +89,7 @@ class Evidence:
 class Judgement:
     verdict: Verdict
     reasons: list[str] = field(default_factory=list)
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    evidence: CaseEvidence = field(default_factory=CaseEvidence)
 
 
 def judge(ev: Evidence, *, context: str = "", cause: str = "") -> Judgement:
@@ -104,7 +104,7 @@ def judge(ev: Evidence, *, context: str = "", cause: str = "") -> Judgement:
         judgement.reasons.insert(0, context)
     if cause and judgement.verdict in FAILED:
         judgement.reasons.insert(0, f"cause: {cause}")
-        judgement.evidence["cause"] = cause
+        judgement.evidence.cause = cause
     return judgement
 
 
@@ -118,12 +118,11 @@ def no_reuse_cause(facts: InstanceFacts | None) -> str:
 
 def _judge(ev: Evidence, why_none_expected: str) -> Judgement:
     observed, ratio = ev.observed_tokens, ev.ttft_ratio
-    facts = {"expected_tokens": ev.expected_tokens, "observed_tokens": observed,
-             "cached_tokens": ev.cached_tokens, "counter_hits": ev.counter_hits,
-             "source_tokens": ev.source_tokens,
-             "prompt_tokens": ev.prompt_tokens, "ttft_s": ev.ttft_s,
-             "cold_ttft_s": ev.cold_ttft_s,
-             "ttft_ratio": round(ratio, 3) if ratio is not None else None}
+    facts = CaseEvidence(expected_tokens=ev.expected_tokens, observed_tokens=observed,
+                         cached_tokens=ev.cached_tokens, counter_hits=ev.counter_hits,
+                         source_tokens=ev.source_tokens, prompt_tokens=ev.prompt_tokens,
+                         ttft_s=ev.ttft_s, cold_ttft_s=ev.cold_ttft_s,
+                         ttft_ratio=round(ratio, 3) if ratio is not None else None)
     if observed is None:
         return Judgement("inconclusive", [
             "no reuse evidence: the response carried no cached-token count and /metrics had no "
@@ -132,7 +131,7 @@ def _judge(ev: Evidence, why_none_expected: str) -> Judgement:
     if ev.expected_tokens <= 0:
         return _none_expected(observed, ev, why_none_expected, facts)
     fraction = observed / ev.expected_tokens
-    facts["observed_fraction"] = round(fraction, 3)
+    facts.observed_fraction = round(fraction, 3)
     if fraction >= REUSED_FRACTION:
         reasons = [f"{observed:.0f} of {ev.expected_tokens} reusable tokens were served from "
                    "cache"]
@@ -163,7 +162,7 @@ def _judge(ev: Evidence, why_none_expected: str) -> Judgement:
 
 
 def _none_expected(observed: float, ev: Evidence, why: str,
-                   facts: dict[str, Any]) -> Judgement:
+                   facts: CaseEvidence) -> Judgement:
     tolerance = max(1.0, MISS_FRACTION * (ev.prompt_tokens or 0))
     if observed <= tolerance:
         reasons = [why] if why else []

@@ -36,9 +36,10 @@ import math
 import random
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Literal
 
 from kvlab.core.errors import InputError
+from kvlab.records.load import PrefixGroups, PromptSizing
 
 PROMPT_SETS = ("shared-prefix", "mixed", "multi-turn")
 DEFAULT_PREAMBLE_TOKENS = 4096
@@ -111,13 +112,13 @@ class Sizing:
         fitted = self._fitted(seed, tokens)
         return fitted[0] if fitted else self.words(tokens)
 
-    def as_dict(self, seed: int, preamble_tokens: int) -> dict[str, Any]:
+    def as_record(self, seed: int, preamble_tokens: int) -> PromptSizing:
         """What a row says about how its prompts were sized."""
         fitted = self._fitted(seed, preamble_tokens)
-        return {"method": self.method, "source": self.source,
-                "tokens_per_word": round(self.tokens_per_word, 4),
-                "preamble_tokens_requested": preamble_tokens,
-                "preamble_tokens_actual": fitted[1] if fitted else None}
+        return PromptSizing(method=self.method, source=self.source,
+                            tokens_per_word=round(self.tokens_per_word, 4),
+                            preamble_tokens_requested=preamble_tokens,
+                            preamble_tokens_actual=fitted[1] if fitted else None)
 
 
 ESTIMATE = Sizing()
@@ -270,15 +271,11 @@ def build(prompt_set: str, count: int, *, seed: int = 0,
             for i in indices]
 
 
-def describe(prompt_set: str, seed: int, preamble_tokens: int,
-             shares: tuple[float, ...] = ()) -> dict[str, Any]:
-    """What a notebook row says about the workload it measured."""
-    out: dict[str, Any] = {"prompt_set": prompt_set, "workload_seed": seed,
-                           "preamble_tokens": preamble_tokens}
-    if prompt_set == "shared-prefix" and len(shares) > 1:
-        out["prefix_groups"] = {"groups": len(shares),
-                                "shares": [round(s, 4) for s in shares]}
-    return out
+def prefix_groups(prompt_set: str, shares: tuple[float, ...] = ()) -> PrefixGroups | None:
+    """A shared-prefix set's groups and their shares, as a row states them (None: one)."""
+    if prompt_set != "shared-prefix" or len(shares) < 2:
+        return None
+    return PrefixGroups(groups=len(shares), shares=[round(s, 4) for s in shares])
 
 
 # --- sizing with the model's own tokenizer ------------------------------------------------

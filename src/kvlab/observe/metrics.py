@@ -4,24 +4,29 @@ Parsing is prometheus_client's. Counters are summed over every label set that ma
 filter (so over vLLM's `engine` label), `_created` series (unix timestamps) are ignored, and a
 counter that went down between two scrapes is taken as an engine restart: its delta is the new
 value, not a negative number. Both the old bare names (`vllm:prefix_cache_hits`) and the
-`_total` names on the wire are accepted. Which metric means what is each engine adapter's table.
-Beside the deltas, `evidence_deltas` states the KV cache's size in tokens where the engine's
-/metrics says it (`kv_cache_tokens`), so a run against an engine kvlab did not start still
-knows the cache it ran against.
+`_total` names on the wire are accepted. Which metric means what is each engine adapter's table,
+given to `evidence_deltas` as an `EvidenceSource` (this module finds no engine itself: which
+engine a scrape is from is `engines.base.source_of`). Beside the deltas, `evidence_deltas`
+states the KV cache's size in tokens where the engine's /metrics says it (`kv_cache_tokens`), so
+a run against an engine kvlab did not start still knows the cache it ran against.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvlab.engines.base import CounterTable, Engine, engine_of_metrics
+from kvlab.records.base import Deltas
 
 SeriesKey = tuple[str, frozenset[tuple[str, str]]]
+# evidence key (as the notebook names it) -> (counter family, label filter)
+CounterTable = dict[str, tuple[str, dict[str, str]]]
+# evidence key -> metric names to try in order (a gauge renamed between versions)
+GaugeTable = dict[str, tuple[str, ...]]
 
 
 @dataclass
@@ -36,9 +41,10 @@ class Snapshot:
     def names(self) -> set[str]:
         return {name for name, _ in self.series}
 
-    def engine(self) -> Engine | None:
-        """The engine whose metric namespace this scrape uses (None: no engine kvlab knows)."""
-        return engine_of_metrics(self.names)
+    @property
+    def namespaces(self) -> set[str]:
+        """The prefixes of its metric names (`vllm` of `vllm:num_requests_running`)."""
+        return {name.split(":", 1)[0] for name in self.names if ":" in name}
 
     def values(self, name: str,
                labels: dict[str, str] | None = None) -> dict[frozenset[tuple[str, str]], float]:
@@ -119,34 +125,61 @@ def table_deltas(before: Snapshot, after: Snapshot, table: CounterTable) -> dict
     return out
 
 
-def evidence_deltas(before: Snapshot | None, after: Snapshot | None) -> dict[str, Any]:
+class EvidenceSource(Protocol):
+    """What an engine's /metrics means: the tables an engine adapter pins."""
+
+    @property
+    def metric_namespace(self) -> str: ...
+
+    @property
+    def counters(self) -> CounterTable: ...
+
+    @property
+    def gauges(self) -> GaugeTable: ...
+
+    @property
+    def transfer_counters(self) -> CounterTable: ...
+
+    def cache_size(self, snap: Snapshot) -> int | None:
+        """The KV cache's size in tokens as the scrape states it (None: not exposed)."""
+        ...
+
+
+def evidence_deltas(before: Snapshot | None, after: Snapshot | None,
+                    engine: EvidenceSource | None) -> Deltas:
     """The engine's reuse counters' increases (seed key names), and end-of-run gauges."""
-    engine = after.engine() if after is not None else None
     if before is None or after is None or engine is None:
         return {}
-    out: dict[str, Any] = {key: round(value, 3)
-                           for key, value in table_deltas(before, after, engine.counters).items()}
-    for key, names in engine.gauges.items():
-        for name in names:
-            value = after.total(name)
-            if value is not None:
-                out[f"{key}_end"] = round(value, 4)
-                break
+    out: Deltas = {key: round(value, 3)
+                   for key, value in table_deltas(before, after, engine.counters).items()}
+    out.update({f"{key}_end": value for key, value in gauge_reading(after, engine.gauges).items()})
     size = engine.cache_size(after)
     if size is not None:  # not a delta: the cache the run ran against, as the engine states it
         out["kv_cache_tokens"] = size
     return out
 
 
-def transfer_deltas(before: Snapshot | None, after: Snapshot | None) -> dict[str, float]:
+def transfer_deltas(before: Snapshot | None, after: Snapshot | None,
+                    engine: EvidenceSource | None) -> dict[str, float]:
     """KV moved between instances (NIXL's bytes and transfers, on vLLM's decode side)."""
-    engine = after.engine() if after is not None else None
     if before is None or after is None or engine is None:
         return {}
     return table_deltas(before, after, engine.transfer_counters)
 
 
-def hit_rate(deltas: dict[str, Any]) -> float | None:
+def gauge_reading(snap: Snapshot, gauges: GaugeTable) -> dict[str, float]:
+    """The gauges of `gauges` one scrape holds, by evidence key."""
+    out = {}
+    for key, names in gauges.items():
+        for name in names:
+            value = snap.total(name)
+            if value is not None:
+                out[key] = round(value, 4)
+                break
+    return out
+
+
+def hit_rate(deltas: Deltas) -> float | None:
     """Δhits/Δqueries of the local prefix cache (tokens), or cached/prompt for llama-server."""
     hits, queries = deltas.get("prefix_cache_hits"), deltas.get("prefix_cache_queries")
     if hits is not None and queries:

@@ -20,11 +20,11 @@ import ipaddress
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psutil
 
 from kvlab.core.errors import InputError
+from kvlab.records.load import RdmaCounters, RdmaPortDelta
 
 INFINIBAND_ROOT = Path("/sys/class/infiniband")
 WORD_BYTES = 4
@@ -105,30 +105,25 @@ def read_rdma(root: Path = INFINIBAND_ROOT) -> dict[str, RdmaPort]:
     return out
 
 
-def iface_delta(before: IfaceCounters | None, after: IfaceCounters | None) -> dict[str, Any]:
+def iface_delta(before: IfaceCounters | None,
+                after: IfaceCounters | None) -> tuple[int | None, int | None]:
     """rx/tx bytes moved between two readings (None when either reading is missing)."""
     if before is None or after is None:
-        return {"rx_bytes": None, "tx_bytes": None}
-    return {"rx_bytes": after.rx_bytes - before.rx_bytes,
-            "tx_bytes": after.tx_bytes - before.tx_bytes}
+        return None, None
+    return after.rx_bytes - before.rx_bytes, after.tx_bytes - before.tx_bytes
 
 
-def rdma_delta(before: dict[str, RdmaPort], after: dict[str, RdmaPort]) -> dict[str, Any]:
-    """Per-port and total RDMA bytes moved; ports present in only one reading are skipped."""
-    ports: dict[str, dict[str, Any]] = {}
-    for name, end in after.items():
-        start = before.get(name)
-        if start is None:
-            continue
-        ports[name] = {"rx_bytes": max(end.rx_bytes - start.rx_bytes, 0),
-                       "tx_bytes": max(end.tx_bytes - start.tx_bytes, 0), "units": end.units,
-                       "saturated": start.saturated or end.saturated}
+def rdma_delta(before: dict[str, RdmaPort], after: dict[str, RdmaPort]) -> RdmaCounters | None:
+    """Per-port and total RDMA bytes moved (None: no port in both readings)."""
+    ports = {name: RdmaPortDelta(rx_bytes=max(end.rx_bytes - start.rx_bytes, 0),
+                                 tx_bytes=max(end.tx_bytes - start.tx_bytes, 0),
+                                 units=end.units, saturated=start.saturated or end.saturated)
+             for name, end in after.items() if (start := before.get(name)) is not None}
     if not ports:
-        return {}
-    return {"ports": ports,
-            "rx_bytes": sum(p["rx_bytes"] for p in ports.values()),
-            "tx_bytes": sum(p["tx_bytes"] for p in ports.values()),
-            "saturated": any(p["saturated"] for p in ports.values())}
+        return None
+    return RdmaCounters(ports=ports, rx_bytes=sum(p.rx_bytes for p in ports.values()),
+                        tx_bytes=sum(p.tx_bytes for p in ports.values()),
+                        saturated=any(p.saturated for p in ports.values()))
 
 
 def read_all() -> dict[str, IfaceCounters]:

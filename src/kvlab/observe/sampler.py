@@ -36,13 +36,12 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvlab.engines.base import all_engines
 from kvlab.observe import metrics
+from kvlab.records.load import KvSamples
 
 SCRAPE_TIMEOUT_S = 5.0
 READY_TIMEOUT_S = 30.0  # a cold interpreter on a loaded 2-core machine
@@ -62,20 +61,28 @@ class Samples:
         values = [p[key] for _, p in self.points if key in p]
         return max(values) if values else None
 
-    def as_dict(self) -> dict[str, Any]:
-        keys = sorted({k for _, p in self.points for k in p})
-        return {"t_s": [round(t, 2) for t, _ in self.points],
-                **{k: [p.get(k) for _, p in self.points] for k in keys}}
+    def as_record(self) -> KvSamples:
+        """The samples as a row states them: each gauge's series beside the times."""
+        def series(key: str) -> list[float | None] | None:
+            if not any(key in p for _, p in self.points):
+                return None
+            return [p.get(key) for _, p in self.points]
+        return KvSamples(t_s=[round(t, 2) for t, _ in self.points],
+                         kv_cache_usage_perc=series("kv_cache_usage_perc"),
+                         requests_running=series("requests_running"),
+                         requests_waiting=series("requests_waiting"))
 
 
 @contextlib.asynccontextmanager
-async def sampling(metrics_url: str, interval_s: float = 0.5) -> AsyncIterator[Samples]:
-    """Scrape `metrics_url` every `interval_s` (in a child process) while the block runs."""
+async def sampling(metrics_url: str, gauges: metrics.GaugeTable,
+                   interval_s: float = 0.5) -> AsyncIterator[Samples]:
+    """Scrape `metrics_url` every `interval_s` (in a child process) while the block runs,
+    reading the engine's `gauges` (its adapter's table)."""
     if not interval_s > 0:
         raise ValueError(f"interval_s must be positive, not {interval_s}")
     samples = Samples()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", __name__, metrics_url, repr(interval_s),
+        sys.executable, "-m", __name__, metrics_url, repr(interval_s), json.dumps(gauges),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         start_new_session=True)  # Ctrl-C reaches kvlab, which then stops the child
     reader: asyncio.Task[None] | None = None
@@ -133,37 +140,31 @@ async def _stop(proc: asyncio.subprocess.Process, reader: asyncio.Task[None] | N
 
 
 # --- the child process -----------------------------------------------------------------------
-def reading(snap: metrics.Snapshot) -> dict[str, float]:
-    """The engine's gauges in one scrape, by evidence key (empty for an unknown engine)."""
-    gauges = metrics.evidence_deltas(snap, snap)
-    return {k.removesuffix("_end"): float(v) for k, v in gauges.items() if k.endswith("_end")}
-
-
-def parse_until_gauges(text: str, url: str = "") -> metrics.Snapshot:
-    """The page's families up to the last evidence gauge (all of them if one is missing)."""
+def parse_until_gauges(text: str, gauges: metrics.GaugeTable,
+                       url: str = "") -> metrics.Snapshot:
+    """The page's families up to the last of `gauges` (all of them if one is missing)."""
     snap = metrics.Snapshot(url=url)
-    engine = None
-    unread: set[str] = set()
+    unread = {names[0] for names in gauges.values()}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:  # as metrics.parse does, one family at a time
             if not sample.name.endswith("_created"):
                 snap.series[(sample.name, frozenset(sample.labels.items()))] = float(sample.value)
-        if engine is None and (engine := snap.engine()) is not None:
-            unread = {names[0] for names in engine.gauges.values()}
         unread.discard(family.name)
-        if engine is not None and not unread:
+        if not unread:
             break
     return snap
 
 
-def _scrape(client: httpx.Client, url: str) -> tuple[float, dict[str, float]] | None:
+def _scrape(client: httpx.Client, url: str,
+            gauges: metrics.GaugeTable) -> tuple[float, dict[str, float]] | None:
     """(when the page arrived, its gauges), or None when the page could not be read."""
     try:
         response = client.get(url)
         arrived = time.monotonic()
         if response.status_code != 200:
             return None
-        return arrived, reading(parse_until_gauges(response.text, url))
+        return arrived, metrics.gauge_reading(parse_until_gauges(response.text, gauges, url),
+                                              gauges)
     except (httpx.HTTPError, ValueError):
         return None
 
@@ -175,9 +176,8 @@ def _stdin_closed(wait_s: float) -> bool:
     return bool(readable) and not os.read(fd, 4096)
 
 
-def _child(url: str, interval_s: float) -> None:
+def _child(url: str, interval_s: float, gauges: metrics.GaugeTable) -> None:
     os.nice(CHILD_NICE)
-    all_engines()  # imports every adapter (0.2 s of CPU) now rather than during the load
     with httpx.Client(timeout=SCRAPE_TIMEOUT_S, trust_env=False) as client:
         print("ready", flush=True)
         start = sys.stdin.readline()
@@ -186,7 +186,7 @@ def _child(url: str, interval_s: float) -> None:
         t0 = float(start)
         tick = 0
         while True:
-            got = _scrape(client, url)
+            got = _scrape(client, url, gauges)
             if got is not None:
                 print(json.dumps({"t": got[0] - t0, "point": got[1]}), flush=True)
             tick = max(tick + 1, int((time.monotonic() - t0) / interval_s) + 1)
@@ -195,9 +195,10 @@ def _child(url: str, interval_s: float) -> None:
 
 
 def main(argv: list[str]) -> None:
-    url, interval = argv
+    url, interval, table = argv
+    gauges = {str(k): tuple(str(n) for n in v) for k, v in json.loads(table).items()}
     with contextlib.suppress(BrokenPipeError, KeyboardInterrupt):
-        _child(url, float(interval))
+        _child(url, float(interval), gauges)
 
 
 if __name__ == "__main__":

@@ -19,12 +19,14 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 
 from kvlab.engines import vllm
+from kvlab.engines.registry import evidence_deltas
 from kvlab.observe import metrics
+from kvlab.records.base import Deltas, JsonObject
+from kvlab.records.runs import CrossingRecord
 
 WORDS = ("amber", "basalt", "cobalt", "delta", "ember", "fjord", "garnet", "harbor",
          "indigo", "juniper", "kestrel", "lagoon", "meadow", "nickel", "obsidian", "prairie")
@@ -34,6 +36,10 @@ def check_prompt(words: int = 200) -> str:
     """A long prompt no cache has seen: a nonce, then a fixed word sequence."""
     body = " ".join(WORDS[(i * 7 + i // 16) % len(WORDS)] for i in range(words))
     return f"kvlab proxy check {uuid.uuid4().hex}. {body}"
+
+
+CHECKED = ("proxy", "status", "request_id", "kv_transfer_header", "prompt_tokens", "block_size",
+           "expected_external_hits", "seconds", "prefill", "decode", "crossed", "reasons")
 
 
 @dataclass
@@ -48,8 +54,8 @@ class Crossing:
     block_size: int | None = None
     expected_external_hits: int | None = None
     seconds: float = 0.0
-    prefill: dict[str, dict[str, Any]] = field(default_factory=dict)
-    decode: dict[str, dict[str, Any]] = field(default_factory=dict)
+    prefill: dict[str, Deltas] = field(default_factory=dict)
+    decode: dict[str, Deltas] = field(default_factory=dict)
     reasons: list[str] = field(default_factory=list)
 
     @property
@@ -60,13 +66,18 @@ class Crossing:
         side = self.prefill if role == "prefill" else self.decode
         return sum(float(d.get(key, 0) or 0) for d in side.values())
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"proxy": self.proxy, "status": self.status, "request_id": self.request_id,
-                "kv_transfer_header": self.kv_transfer_header,
-                "prompt_tokens": self.prompt_tokens, "block_size": self.block_size,
-                "expected_external_hits": self.expected_external_hits,
-                "seconds": round(self.seconds, 4), "prefill": self.prefill,
-                "decode": self.decode, "crossed": self.crossed, "reasons": self.reasons}
+    def as_record(self, label: str, lab: str) -> CrossingRecord:
+        return CrossingRecord(
+            label=label, lab=lab, proxy=self.proxy, status=self.status,
+            request_id=self.request_id, kv_transfer_header=self.kv_transfer_header,
+            prompt_tokens=self.prompt_tokens, block_size=self.block_size,
+            expected_external_hits=self.expected_external_hits, seconds=round(self.seconds, 4),
+            prefill=self.prefill, decode=self.decode, crossed=self.crossed,
+            reasons=self.reasons)
+
+    def as_dict(self) -> JsonObject:
+        """The evidence alone (no notebook envelope), for `kvlab proxy --check --json`."""
+        return self.as_record("", "").model_dump(mode="json", include=set(CHECKED))
 
 
 async def _scrape_all(client: httpx.AsyncClient,
@@ -102,9 +113,9 @@ async def crossing_check(proxy_url: str, prefill: list[str], decode: list[str], 
         result.reasons.append(f"the proxy answered {response.status_code}: "
                               f"{response.text[:300]}")
     for url in prefill:
-        result.prefill[url] = metrics.evidence_deltas(before[url], after[url])
+        result.prefill[url] = evidence_deltas(before[url], after[url])
     for url in decode:
-        result.decode[url] = metrics.evidence_deltas(before[url], after[url])
+        result.decode[url] = evidence_deltas(before[url], after[url])
         snap = after[url]
         size = snap.label_value(vllm.CACHE_CONFIG_INFO, "block_size") if snap else None
         if size and size.isdigit():

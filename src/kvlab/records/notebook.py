@@ -6,8 +6,9 @@ threads) never interleave or lose a line, and a record that cannot be serialised
 before anything touches the file. Every record carries the envelope `lab`, `record`, `label`,
 `recorded_at`, `kvlab_version` and `schema`; the rest keeps the seed's shapes.
 
-Reading: every line becomes its typed record (`records.models.parse`); prose lines are skipped,
-lines that start like JSON but do not parse are counted as broken, never fatal.
+Reading: every line becomes its typed record (`records.models.parse`); prose lines are skipped;
+a line that starts like JSON but does not parse, or parses as no record kvlab reads, is counted
+and its reason kept (`Notebook.unreadable`), never fatal and never half-read.
 """
 
 from __future__ import annotations
@@ -20,15 +21,17 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from kvlab.core.errors import InputError
 from kvlab.core.secrets import is_secret_name, secret_in_list, secret_in_text
-from kvlab.records.models import LAB_OFFLOAD, LAB_PD, Record, now_stamp, parse
+from kvlab.records.base import LAB_OFFLOAD, LAB_PD, Record, now_stamp
+from kvlab.records.models import parse
 
 __all__ = ["LAB_OFFLOAD", "LAB_PD", "Notebook", "append", "encode", "now_stamp", "read"]
 
-def check_no_secrets(record: Mapping[str, Any], path: str = "") -> None:
+
+def check_no_secrets(record: Mapping[str, object], path: str = "") -> None:
     """Refuse a record that carries a secret: a key that names one (`api_key`, `Api-Key`,
     `hf-token`, `credentials`, `passwd`), or a value that holds one (`["--api-key", "sk-.."]`,
     a shell line with `--api-key=...`, a string shaped like a key). Plans and logs redact at
@@ -40,7 +43,7 @@ def check_no_secrets(record: Mapping[str, Any], path: str = "") -> None:
         _check_value(value, where)
 
 
-def _check_value(value: Any, where: str) -> None:
+def _check_value(value: object, where: str) -> None:
     found = None
     if isinstance(value, Mapping):
         check_no_secrets(value, where)
@@ -56,7 +59,7 @@ def _check_value(value: Any, where: str) -> None:
                          "(a secret)")
 
 
-def _clean(value: Any) -> Any:
+def _clean(value: object) -> object:
     """JSON has no NaN or infinity: write them as null so every reader can parse the line."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -110,6 +113,7 @@ class Notebook:
     prose_lines: int = 0
     broken_lines: int = 0
     foreign_lines: int = 0  # JSON objects that are no record kvlab or the seeds write
+    unreadable: list[str] = field(default_factory=list)  # kvlab-shaped lines that failed, why
 
     def by_record(self, kind: str) -> list[Record]:
         return [r for r in self.records if r.record == kind]
@@ -146,10 +150,15 @@ def read(path: Path | str) -> Notebook:
             continue
         if not isinstance(obj, dict):
             book.broken_lines += 1
-        elif (record := parse(obj)) is not None:
+            continue
+        record = parse(obj)
+        if isinstance(record, Record):
             book.records.append(record)
-        else:
+        elif record.foreign:
             book.foreign_lines += 1
+        else:
+            book.broken_lines += 1
+            book.unreadable.append(record.why)
     return book
 
 

@@ -17,16 +17,17 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from kvlab.core.errors import InputError
 from kvlab.core.files import write_private
+from kvlab.records.base import Strict
 
 REQUESTS_DIR = "kvlab-requests"  # beside the notebook
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-class Gaps(BaseModel):
+class Gaps(Strict):
     """A request's inter-token gaps, summarised (seconds)."""
 
     n: int
@@ -35,10 +36,8 @@ class Gaps(BaseModel):
     max: float | None = None
 
 
-class RequestLine(BaseModel):
+class RequestLine(Strict):
     """One request of a load level, as measured."""
-
-    model_config = ConfigDict(extra="allow")
 
     id: int = Field(description="The request's index within its level, in sending order "
                     "(warm-up requests first).")

@@ -74,5 +74,5 @@ def build(labbook: str | Path, plots_dir: Path | None = None,
     if csv_dir is not None:
         from kvlab.report.export import write_all
 
-        report.csv_files = write_all(report, book, csv_dir)
+        report.csv_files = write_all(report.tables, report.decisions, book, csv_dir)
     return report

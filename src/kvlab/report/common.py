@@ -6,14 +6,30 @@ label wins; a figure that was not recorded is said in words, never "None"."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
 
 from kvlab.core.sizes import human_bytes
 from kvlab.engines.base import NAMES as ENGINE_NAMES
-from kvlab.engines.base import LaunchSettings, known_engine
-from kvlab.records.models import LoadRecord, NotRunRecord, Record, StartupRecord
+from kvlab.engines.base import LaunchSettings
+from kvlab.engines.registry import known_engine
+from kvlab.measure import compare
+from kvlab.records.base import Number
+from kvlab.records.evidence import LOOPBACK, Where
+from kvlab.records.models import (
+    CapacityRecord,
+    ComparisonRecord,
+    DiskRecord,
+    LoadRecord,
+    NotRunRecord,
+    PredictionRecord,
+    ProofRecord,
+    Record,
+    ReuseRecord,
+    StartupRecord,
+)
 from kvlab.records.notebook import Notebook
-from kvlab.report import compare
+
+R = TypeVar("R", bound=Record)
 
 
 @dataclass
@@ -30,8 +46,9 @@ class Table:
         return "\n".join([f"### {self.title}", "", head, rule, *body])
 
 
-def latest(book: Notebook, record: str, label: str) -> Record | None:
-    found = [r for r in book.records if r.record == record and r.label == label]
+def latest(book: Notebook, kind: type[R], label: str) -> R | None:
+    """The newest line of one kind and label."""
+    found = book.of(kind, label)
     return found[-1] if found else None
 
 
@@ -42,11 +59,10 @@ def load_rows(book: Notebook, label: str) -> list[LoadRecord]:
 
 
 def not_run(book: Notebook, label: str) -> NotRunRecord | None:
-    found = book.of(NotRunRecord, label)
-    return found[-1] if found else None
+    return latest(book, NotRunRecord, label)
 
 
-def num(value: Any, digits: int = 3) -> str:
+def num(value: Number | None, digits: int = 3) -> str:
     if value is None:
         return "n/a"
     if isinstance(value, float):
@@ -56,20 +72,32 @@ def num(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
-def pct(value: Any) -> str:
+def pct(value: Number | None) -> str:
     return "n/a" if value is None else f"{float(value) * 100:.1f}%"
+
+
+def _own(record: Record) -> tuple[str | None, str | None, str | None]:
+    """The model, engine and engine version a line states of itself (None: it does not)."""
+    if isinstance(record, LoadRecord | ReuseRecord | DiskRecord | StartupRecord):
+        return record.model, record.engine, record.engine_version
+    if isinstance(record, CapacityRecord):
+        return record.model, None, record.engine_version
+    if isinstance(record, ProofRecord | ComparisonRecord | PredictionRecord):
+        return record.model, None, None
+    return None, None, None
 
 
 def measured_on(book: Notebook, record: Record) -> str:
     """Engine, version, model, context and memory fraction from the run's startup line."""
     run_id, label = record.run_id, record.label
     same_run = [r for r in book.of(StartupRecord) if run_id is None or r.run_id == run_id]
+    loopback = isinstance(record, Where) and record.topology == LOOPBACK
     starts = [r for r in same_run if r.label == label] or \
         [r for r in same_run if r.label.startswith(label + "-") and r.engine in ENGINE_NAMES] or \
         [r for r in same_run if run_id is not None and r.label.endswith("-decode")
-         and record.get("topology") == "loopback"]  # a split whose engines carry older names
+         and loopback]  # a split whose engines carry older names
     parts = []
-    model = record.get("model")
+    model, engine, version = _own(record)
     fixed = fixed_kv_bytes(record)
     if starts:
         s = starts[-1]
@@ -81,28 +109,30 @@ def measured_on(book: Notebook, record: Record) -> str:
             parts.append(f"KV cache fixed at {human_bytes(fixed)} ({fixed:,} bytes)")
         elif fraction is not None:
             parts.append(f"mem fraction {fraction:g}")
-        if s.capacity.get("kv_cache_tokens"):
-            parts.append(f"KV cache {s.capacity['kv_cache_tokens']:,} tokens")
+        if s.capacity.kv_cache_tokens:
+            parts.append(f"KV cache {s.capacity.kv_cache_tokens:,} tokens")
     else:
-        engine = f"{record.get('engine') or ''} {record.get('engine_version') or ''}".strip()
-        parts += [engine] if engine else []
+        said_engine = f"{engine or ''} {version or ''}".strip()
+        parts += [said_engine] if said_engine else []
         parts.append("no startup line for this run (context and KV cache size not recorded)")
         if fixed is not None:
             parts.append(f"KV cache fixed at {human_bytes(fixed)} ({fixed:,} bytes)")
     if model:
-        parts.append(f"model {'/'.join(str(model).rstrip('/').split('/')[-2:])}")
+        parts.append(f"model {'/'.join(model.rstrip('/').split('/')[-2:])}")
     return ", ".join(parts)
 
 
 def fixed_kv_bytes(record: Record) -> int | None:
     """The KV cache size in bytes when the run fixed it (kvlab's pressure plan sizes the device
-    cache in bytes; a row may also state `kv_cache_bytes`), else None."""
-    planned = (record.get("pressure") or {}).get("planned") or {}
-    value = planned.get("kv_cache_bytes") or record.get("kv_cache_bytes")
+    cache in bytes), else None."""
+    pressure = record.pressure if isinstance(
+        record, LoadRecord | CapacityRecord | ReuseRecord) else None
+    planned = pressure.planned if pressure is not None else None
+    value = planned.kv_cache_bytes if planned is not None else None
     return int(value) if value else None
 
 
-def said(value: Any, missing_words: str, digits: int = 3) -> str:
+def said(value: Number | None, missing_words: str, digits: int = 3) -> str:
     """A figure, or what is missing in words (a cell never reads "None" or "n/a" alone)."""
     return missing_words if value is None else num(value, digits)
 

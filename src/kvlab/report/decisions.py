@@ -18,14 +18,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from statistics import mean
-from typing import Any
+from typing import Literal
 
 from kvlab.engines.llamacpp.roundtrip import PROVEN
-from kvlab.records.models import ComparisonRecord, LoadRecord, Record
+from kvlab.measure import compare, intervals, pressure
+from kvlab.records.evidence import LOOPBACK, TWO_MACHINES, UNKNOWN
+from kvlab.records.models import (
+    BoundaryRecord,
+    ComparisonRecord,
+    DiskRecord,
+    LoadRecord,
+    Record,
+    ReuseRecord,
+)
 from kvlab.records.notebook import Notebook
-from kvlab.report import compare, intervals, pressure
+from kvlab.records.rows import (
+    BASELINE,
+    BOUNDARY,
+    DISK,
+    PRESSURE_OFF,
+    PRESSURE_ON,
+    SHARED_SINGLE,
+    SHARED_STORE,
+    capacity_label,
+)
 from kvlab.report.common import fixed_kv_bytes, latest, not_run, num
-from kvlab.report.offload import capacity_line, capacity_words, seed_summary, tier_against_none
+from kvlab.report.offload import capacity_line, capacity_words, summary, tier_against_none
 from kvlab.report.placement import Group, split_groups
 
 NOT_ENOUGH = "Not enough evidence"
@@ -39,7 +57,7 @@ class Decision:
     answer: str
     decided: bool  # False: the rows do not decide it, and `answer` says why
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, str | bool]:
         return {"lab": self.lab, "question": self.question, "answer": self.answer,
                 "decided": self.decided}
 
@@ -57,9 +75,9 @@ def _absent(book: Notebook, label: str, what: str) -> str:
 
 def decide(book: Notebook) -> list[Decision]:
     """The offload lab's three answers, then the P/D lab's one (with the capacities)."""
-    tier = [(compare.OFFLOAD_OFF, "tier off"), (compare.OFFLOAD_ON, "tier on")]
-    split = [("baseline", "baseline"), *((g.label, f"split `{g.label}`")
-                                         for g in split_groups(book))]
+    tier = [(PRESSURE_OFF.label, "tier off"), (PRESSURE_ON.label, "tier on")]
+    split = [(BASELINE.label, "baseline"), *((g.label, f"split `{g.label}`")
+                                             for g in split_groups(book))]
     return [with_capacity(with_smaller_tier(host_tier(book), book), book, tier,
                           smaller_tier=False),
             store(book), disk(book), with_capacity(configuration(book), book, split)]
@@ -72,19 +90,19 @@ HOST_Q = "Did the host tier pay?"
 
 def host_tier(book: Notebook) -> Decision:
     lab, records = "offload", book.records
-    on, off = compare.paired_rows(records, compare.OFFLOAD_ON, compare.OFFLOAD_OFF)
-    for rows, label, what in ((on, compare.OFFLOAD_ON, "the tier-on run under pressure"),
-                              (off, compare.OFFLOAD_OFF, "the tier-off run under pressure")):
+    on_label, off_label = PRESSURE_ON.label, PRESSURE_OFF.label
+    on, off = compare.paired_rows(records, on_label, off_label)
+    for rows, label, what in ((on, on_label, "the tier-on run under pressure"),
+                              (off, off_label, "the tier-off run under pressure")):
         if not rows:
             return _undecided(lab, HOST_Q, _absent(book, label, what))
     shared = sorted(set(on) & set(off))
     if not shared:
         return _undecided(lab, HOST_Q, f"the two runs share no concurrency level (tier on "
                                         f"{sorted(on)}, off {sorted(off)})")
-    facts_on = compare.label_facts(records, compare.OFFLOAD_ON)
-    facts_off = compare.label_facts(records, compare.OFFLOAD_OFF)
-    differ = compare.experiment_warnings(compare.OFFLOAD_ON, compare.OFFLOAD_OFF, on, off,
-                                         facts_on, facts_off)
+    facts_on = compare.label_facts(records, on_label)
+    facts_off = compare.label_facts(records, off_label)
+    differ = compare.experiment_warnings(on_label, off_label, on, off, facts_on, facts_off)
     if differ:
         return _undecided(lab, HOST_Q, "the tier-on and tier-off runs are not the same "
                                        "experiment (" + "; ".join(d.strip() for d in differ) + ")")
@@ -110,7 +128,7 @@ def with_smaller_tier(found: Decision, book: Notebook) -> Decision:
         return found
     on_s, off_s, pooled = _quoted(small.on, small.off, small.ttft)
     words = (f"With a tier smaller than the working set "
-             f"({small.on.get('tier') or 'size not recorded'}), TTFT p50 {num(on_s)} s "
+             f"({small.on.tier or 'size not recorded'}), TTFT p50 {num(on_s)} s "
              f"against {num(off_s)} s without{pooled} at concurrency {small.level}: "
              f"{small.ttft.cell()}")
     return Decision(found.lab, found.question, f"{found.answer.rstrip('.')}. {words}.",
@@ -125,7 +143,7 @@ def with_capacity(found: Decision, book: Notebook, sides: list[tuple[str, str]],
             .removeprefix("capacity at the target: ")
             for label, name in sides
             if capacity_line(book, label, smaller_tier=smaller_tier) is not None
-            or not_run(book, f"{label}-capacity") is not None]
+            or not_run(book, capacity_label(label)) is not None]
     if not said:
         return found
     return Decision(found.lab, found.question,
@@ -169,17 +187,17 @@ def _quoted(a: LoadRecord, b: LoadRecord, iv: intervals.Interval
 
 def _settings(row: LoadRecord, level: int) -> str:
     fixed = fixed_kv_bytes(row)
-    fraction = row.get("memory_fraction") or row.get("mem_fraction")
+    fraction = row.memory_fraction
     size = (f"device KV cache fixed at {fixed:,} bytes" if fixed is not None
             else f"memory fraction {fraction}" if fraction is not None
             else "memory fraction not recorded")
-    tier = row.get("tier") or "tier size not recorded"
+    tier = row.tier or "tier size not recorded"
     return f"measured at concurrency {level}, {size}, tier {tier}"
 
 
 def _pressure(records: list[Record], off: LoadRecord) -> tuple[bool | None, str]:
     """Was the cache under pressure without the tier, and the figure that says so (the one
-    judgement `kvlab compare` and the report's pressure rows give: `report/pressure.py`)."""
+    judgement `kvlab compare` and the report's pressure rows give: `measure/pressure.py`)."""
     judged = pressure.judge(records, off)
     return judged.state, judged.why
 
@@ -195,21 +213,21 @@ STORE_Q = "Did the store pay?"
 
 def store(book: Notebook) -> Decision:
     lab = "offload"
-    alt = latest(book, "reuse", "shared-store")
+    alt = latest(book, ReuseRecord, SHARED_STORE.label)
     if alt is None:
-        return _undecided(lab, STORE_Q, _absent(book, "shared-store", "the alternating run"))
-    rows = alt.get("rows") or []
-    if len(alt.get("endpoints") or []) < 2 or len(rows) < 2:
+        return _undecided(lab, STORE_Q, _absent(book, SHARED_STORE.label, "the alternating run"))
+    rows = alt.rows
+    if len(alt.endpoints) < 2 or len(rows) < 2:
         return _undecided(lab, STORE_Q, "the shared-store line has one endpoint or one turn: "
                                         "no turn ran on the second instance")
-    t1, t2 = rows[0].get("ttft_s"), rows[1].get("ttft_s")
-    verdicts = (alt.get("summary") or {}).get("later_turn_verdicts")
+    t1, t2 = rows[0].ttft_s, rows[1].ttft_s
+    verdicts = alt.summary.later_turn_verdicts if alt.summary is not None else None
     if not verdicts:
         return _undecided(lab, STORE_Q, f"turn 2 on the second instance took {num(t2)} s "
                                         f"against turn 1's {num(t1)} s, but no per-turn cache "
                                         "evidence was recorded, so warm-up is not ruled out")
-    store_kind = f"a {alt.get('connector')} store" if alt.get("connector") else "a store"
-    cached = rows[1].get("cached_tokens")
+    store_kind = f"a {alt.connector} store" if alt.connector else "a store"
+    cached = rows[1].cached_tokens
     head = (f"The store paid: turn 2 on the second instance took {num(t2)} s against turn 1's "
             f"{num(t1)} s on the first" + (f" ({cached:,} prompt tokens from the store)"
                                             if cached else "")
@@ -220,13 +238,13 @@ def store(book: Notebook) -> Decision:
                                   f"{_control(book, alt)}.", True)
 
 
-def _control(book: Notebook, alt: Record) -> str:
-    single = latest(book, "reuse", "shared-store-single")
+def _control(book: Notebook, alt: ReuseRecord) -> str:
+    single = latest(book, ReuseRecord, SHARED_SINGLE.label)
     if single is None:
         return ("whether the store adds latency of its own is not measured (no "
-                "shared-store-single control)")
-    best_alt = (alt.get("summary") or seed_summary(alt)).get("best_later_ttft_s")
-    best_one = (single.get("summary") or seed_summary(single)).get("best_later_ttft_s")
+                f"{SHARED_SINGLE.label} control)")
+    best_alt = summary(alt).best_later_ttft_s
+    best_one = summary(single).best_later_ttft_s
     if not best_alt or not best_one:
         return "the single-instance control recorded no later-turn TTFT"
     spread = intervals.reuse_turns(book.records, alt, single)
@@ -243,23 +261,23 @@ DISK_Q = "What did the disk tier cost, and what would it save?"
 
 def disk(book: Notebook) -> Decision:
     lab = "offload"
-    r = latest(book, "disk", "disk")
+    r = latest(book, DiskRecord, DISK.label)
     if r is None:
-        return _undecided(lab, DISK_Q, _absent(book, "disk", "the disk tier"))
-    if r.get("verdict") != PROVEN:
+        return _undecided(lab, DISK_Q, _absent(book, DISK.label, "the disk tier"))
+    if r.verdict != PROVEN:
         return _undecided(lab, DISK_Q, f"the restore was not shown to reuse the cache "
-                                       f"({r.get('verdict')}: "
-                                       f"{'; '.join(r.get('reasons') or []) or 'no reason'})")
-    cold, after = r.get("cold_ttft_s"), r.get("post_restore_ttft_s")
-    save, restore = r.get("save_ms"), r.get("restore_ms")
-    if None in (cold, after, save, restore, r.get("prompt_tokens")):
+                                       f"({r.verdict}: "
+                                       f"{'; '.join(r.reasons) or 'no reason'})")
+    cold, after = r.cold_ttft_s, r.post_restore_ttft_s
+    save, restore = r.save_ms, r.restore_ms
+    if cold is None or after is None or save is None or restore is None:
         return _undecided(lab, DISK_Q, "the save, restore or cold-prefill time (or the prompt "
                                        "length) is missing from the disk line")
-    size = r.get("file_bytes")
+    size = r.file_bytes
     return Decision(lab, DISK_Q, (
         f"The disk tier cost {num(save, 1)} ms to save and {num(restore, 1)} ms to restore a "
-        f"{r.get('prompt_tokens'):,}-token slot"
-        + (f" ({size:,} bytes on disk, KV {r.get('kv_cache_type')})" if size else "")
+        f"{r.prompt_tokens:,}-token slot"
+        + (f" ({size:,} bytes on disk, KV {r.kv_cache_type})" if size else "")
         + f"; after the restore the first token took {num(after)} s against {num(cold)} s "
         f"from cold, saving {num(cold - after)} s each time the conversation comes back."),
         True)
@@ -282,10 +300,10 @@ class Judged:
 
 def configuration(book: Notebook) -> Decision:
     lab = "pd"
-    base = compare.load_rows(book.records, "baseline")
+    base = compare.load_rows(book.records, BASELINE.label)
     if not base:
-        return _undecided(lab, PD_Q, _absent(book, "baseline", "the single-machine baseline"))
-    judged = [_judge(book, g, compare.paired_rows(book.records, g.label, "baseline")[1])
+        return _undecided(lab, PD_Q, _absent(book, BASELINE.label, "the single-machine baseline"))
+    judged = [_judge(book, g, compare.paired_rows(book.records, g.label, BASELINE.label)[1])
               for g in split_groups(book)]  # each split against its own run's baseline
     if not judged:
         return _undecided(lab, PD_Q, "no split run is in the notebook, so there is nothing to "
@@ -294,23 +312,23 @@ def configuration(book: Notebook) -> Decision:
     if not valid:
         return _undecided(lab, PD_Q, "; ".join(j.problem for j in judged))
     best = min(valid, key=Judged.mean_ratio)
-    boundary = latest(book, "boundary", "boundary")
+    boundary = latest(book, BoundaryRecord, BOUNDARY.label)
     return _pd_decision(best, judged, boundary)
 
 
 def _judge(book: Notebook, group: Group, base: dict[int, LoadRecord]) -> Judged:
     name = _name(group)
     c = group.comparison
-    if group.topology == "unknown":
+    if group.topology == UNKNOWN:
         return Judged(group, [], f"{name}: its topology was not recorded, so which "
                                  "configuration it measured is unknown")
     if c is None:
         return Judged(group, [], f"{name} has no comparison against the baseline (kvlab "
                                  "compare)")
-    if c.get("same_experiment") is False:
+    if c.same_experiment is False:
         return Judged(group, [], f"{name} is not the same experiment as the baseline ("
-                                 + "; ".join(c.get("differences") or []) + ")")
-    if (c.get("bytes") or {}).get("verdict") == compare.NOT_CROSSED:
+                                 + "; ".join(c.differences) + ")")
+    if c.bytes is not None and c.bytes.verdict == compare.NOT_CROSSED:
         return Judged(group, [], f"{name}: the cache did not cross, decode prefilled by itself")
     ttft = _ttft(book, group, c, base)
     if not ttft:
@@ -323,7 +341,7 @@ def _ttft(book: Notebook, group: Group, c: ComparisonRecord,
     """The split's TTFT p50 over the baseline's at each level the comparison paired: from the
     per-request files with an interval where both sides have them, else the recorded ratio."""
     mine = {r.concurrency: r for r in group.rows}
-    recorded = dict(_ratios(c, "ttft_p50"))
+    recorded = dict(_ratios(c, "ttft"))
     out = []
     for level in sorted(recorded):
         if level in mine and level in base:
@@ -335,17 +353,19 @@ def _ttft(book: Notebook, group: Group, c: ComparisonRecord,
     return out
 
 
-def _ratios(c: ComparisonRecord, key: str) -> list[tuple[int, float]]:
+def _ratios(c: ComparisonRecord, key: Literal["ttft", "tpot"]) -> list[tuple[int, float]]:
+    """The comparison's recorded p50 ratios, split over baseline, by level."""
     out = []
     for lv in c.levels:
-        d, b = lv.get(f"{key}_disagg_s"), lv.get(f"{key}_baseline_s")
+        d, b = ((lv.ttft_p50_disagg_s, lv.ttft_p50_baseline_s) if key == "ttft"
+                else (lv.tpot_p50_disagg_s, lv.tpot_p50_baseline_s))
         if d is not None and b:
-            out.append((int(lv["concurrency"]), float(d) / float(b)))
+            out.append((lv.concurrency, d / b))
     return out
 
 
 def _name(group: Group) -> str:
-    where = {"loopback": "on one machine", "two machines": "across two machines"}.get(
+    where = {LOOPBACK: "on one machine", TWO_MACHINES: "across two machines"}.get(
         group.topology, group.topology)
     return f"the split `{group.label}` ({where}, {group.connector} connector)"
 
@@ -365,7 +385,8 @@ def _figure(level: int, iv: intervals.Interval) -> str:
     return f"c={level} x{iv.ratio:.2f} [{iv.low:.2f}, {iv.high:.2f}]"
 
 
-def _pd_decision(best: Judged, judged: list[Judged], boundary: Record | None) -> Decision:
+def _pd_decision(best: Judged, judged: list[Judged],
+                 boundary: BoundaryRecord | None) -> Decision:
     c = best.group.comparison
     assert c is not None
     ttft = ", ".join(_figure(lv, iv) for lv, iv in best.ttft)
@@ -395,19 +416,19 @@ def _pd_decision(best: Judged, judged: list[Judged], boundary: Record | None) ->
     return Decision("pd", PD_Q, f"{head} ({'; '.join(_notes(best, judged, boundary))}).", True)
 
 
-def _notes(best: Judged, judged: list[Judged], boundary: Record | None) -> list[str]:
+def _notes(best: Judged, judged: list[Judged], boundary: BoundaryRecord | None) -> list[str]:
     c = best.group.comparison
     assert c is not None
-    tpot = ", ".join(f"c={lv} x{r:.2f}" for lv, r in _ratios(c, "tpot_p50")) or "not measured"
+    tpot = ", ".join(f"c={lv} x{r:.2f}" for lv, r in _ratios(c, "tpot")) or "not measured"
     notes = [f"TPOT {tpot}"]
     unmeasured = {iv.words for _, iv in best.ttft if not iv.measured}
     if unmeasured:
         notes.append("TTFT " + "; ".join(sorted(unmeasured)) + ", so the ratios are points")
-    if best.group.topology == "loopback":
+    if best.group.topology == LOOPBACK:
         notes.append("measured on one machine, which moves no KV over a network: a "
                      "two-machine split is not measured here")
-    if boundary is not None and boundary.get("statement"):  # the lab's routing boundary
-        notes.append(f"by prompt length: {boundary.get('statement')}")
+    if boundary is not None and boundary.statement:  # the lab's routing boundary
+        notes.append(f"by prompt length: {boundary.statement}")
     skipped = [j.problem for j in judged if j.problem]
     if skipped:
         notes.append("not considered: " + "; ".join(skipped))

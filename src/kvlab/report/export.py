@@ -19,21 +19,21 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
+from kvlab.measure import compare, intervals
 from kvlab.records import requests
 from kvlab.records.models import LoadRecord
 from kvlab.records.notebook import Notebook
-from kvlab.report import compare, intervals
+from kvlab.records.rows import BASELINE
+from kvlab.report.common import Table
+from kvlab.report.decisions import Decision
 from kvlab.report.placement import split_groups
 from kvlab.report.plots import LOAD_PAIRS
-
-if TYPE_CHECKING:
-    from kvlab.report import Report
 
 INTERVAL_COLUMNS = ["label_a", "label_b", "concurrency", "metric", "ratio", "low", "high",
                     "words", "requests_a", "requests_b", "repeats_a", "repeats_b"]
 ITL_COLUMNS = {"n": "itl_n", "p50": "itl_p50_s", "p99": "itl_p99_s", "max": "itl_max_s"}
+Cell = str | int | float | bool | None  # one CSV cell: None is written empty
 
 
 def _request_columns() -> list[str]:
@@ -53,17 +53,19 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "table"
 
 
-def write_all(report: Report, book: Notebook, out: Path) -> list[Path]:
-    """Every table, the intervals and each run's requests under `out`; the files written."""
+def write_all(tables: Sequence[Table], decisions: Sequence[Decision], book: Notebook,
+              out: Path) -> list[Path]:
+    """Every table, the decisions, the intervals and each run's requests under `out`; the
+    files written."""
     out.mkdir(parents=True, exist_ok=True)
-    written = [_write(out / f"{slug(t.title)}.csv", t.columns, t.rows) for t in report.tables]
+    written = [_write(out / f"{slug(t.title)}.csv", t.columns, t.rows) for t in tables]
     written.append(_write(out / "decisions.csv", ["lab", "question", "answer", "decided"],
-                          [[d.lab, d.question, d.answer, d.decided] for d in report.decisions]))
+                          [[d.lab, d.question, d.answer, d.decided] for d in decisions]))
     written.append(_write(out / "intervals.csv", INTERVAL_COLUMNS, interval_rows(book)))
     return written + request_files(book, out)
 
 
-def _write(path: Path, header: Sequence[str], rows: Iterable[Sequence[Any]],
+def _write(path: Path, header: Sequence[str], rows: Iterable[Sequence[Cell]],
            private: bool = False) -> Path:
     """One CSV file; `private` ones (a user's requests) are created 0600, like their source."""
     path.unlink(missing_ok=True)
@@ -77,18 +79,18 @@ def _write(path: Path, header: Sequence[str], rows: Iterable[Sequence[Any]],
 
 def _pairs(book: Notebook) -> list[tuple[str, str]]:
     """(A, B) label pairs: A / B as the plots and the P/D table show them."""
-    splits = [(g.label, "baseline") for g in split_groups(book)]
+    splits = [(g.label, BASELINE.label) for g in split_groups(book)]
     return list(dict.fromkeys([(other, base) for base, other in LOAD_PAIRS] + splits))
 
 
-def interval_rows(book: Notebook) -> list[list[Any]]:
-    out: list[list[Any]] = []
+def interval_rows(book: Notebook) -> list[list[Cell]]:
+    out: list[list[Cell]] = []
     for a_label, b_label in _pairs(book):
         a, b = compare.paired_rows(book.records, a_label, b_label)
         for level, found in intervals.pair_levels(book.path, book.records, a, b).items():
             for key, iv in found.items():
-                row = iv.as_dict()
-                out.append([a_label, b_label, level, key, row["ratio"], row["low"], row["high"],
+                row = iv.as_record()
+                out.append([a_label, b_label, level, key, row.ratio, row.low, row.high,
                             iv.words, *(iv.requests or (None, None)),
                             *(iv.repeats or (None, None))])
     return out
@@ -112,10 +114,22 @@ def request_files(book: Notebook, out: Path) -> list[Path]:
 
 
 def _request_row(label: str, level: int, repeat: int | None,
-                 line: requests.RequestLine) -> list[Any]:
-    data = line.model_dump()
-    gaps = data.pop("itl_s") or {}
-    data.update({column: gaps.get(key) for key, column in ITL_COLUMNS.items()})
+                 line: requests.RequestLine) -> list[Cell]:
+    """One request's cells, in `REQUEST_COLUMNS`' order (its inter-token gaps flattened)."""
+    data: dict[str, Cell] = {}
+    for name, value in line:  # the line's fields, by name (a line's own extras after them)
+        if name != "itl_s":
+            data[name] = _cell(value)
+    gaps = line.itl_s
+    data.update({"itl_n": gaps.n if gaps else None, "itl_p50_s": gaps.p50 if gaps else None,
+                 "itl_p99_s": gaps.p99 if gaps else None,
+                 "itl_max_s": gaps.max if gaps else None})
     data.update(label=label, level=level,
                 repeat=line.repeat if line.repeat is not None else repeat)
     return [data.get(column) for column in REQUEST_COLUMNS]
+
+
+def _cell(value: object) -> Cell:
+    """A request field as a CSV cell: a figure or words as it is, anything else as text."""
+    return value if value is None or isinstance(value, str | int | float | bool) \
+        else str(value)

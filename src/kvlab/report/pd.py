@@ -9,13 +9,24 @@ with the reason. The baseline and each split also state their capacity at the la
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
-from kvlab.loadgen.topology import LOOPBACK, TWO_MACHINES, UNKNOWN
-from kvlab.records.models import LinkRecord, LoadRecord, Record
+from kvlab.measure import compare, intervals
+from kvlab.records.evidence import LOOPBACK, TWO_MACHINES, UNKNOWN, Percentiles
+from kvlab.records.models import ComparisonRecord, LinkRecord, LoadRecord
 from kvlab.records.notebook import Notebook
-from kvlab.report import compare, intervals
+from kvlab.records.rows import (
+    BASELINE,
+    INTERFERENCE,
+    TWO_MACHINES_NIXL,
+    TWO_MACHINES_SHARED,
+    Row,
+    interference_label,
+)
+from kvlab.records.rows import (
+    LOOPBACK as LOOPBACK_ROW,
+)
+from kvlab.records.runs import ComparisonLevel, NixlTransfer
 from kvlab.report.common import (
     Table,
     latest,
@@ -31,23 +42,24 @@ PD_COLUMNS = ["Configuration", "Link", "TTFT p50 (s)", "TPOT p50 (s)", "Output t
               "Bytes per request", "Evidence", "Measured on"]
 
 
-# (row, the lab's link, connector (None: any), topology, the not-run label that explains it)
-SPLIT_ROWS = (
-    ("Two machines, shared-directory connector", "house Ethernet", "shared", TWO_MACHINES,
-     "disagg-two-machines"),
-    ("Two machines, NixlConnector", "direct RDMA cable", "nixl", TWO_MACHINES, "disagg-nixl"),
-    ("Two processes on one device", "loopback", None, LOOPBACK, "disagg-loopback"),
+# (row: its title, the lab's link and the not-run label that explains it; connector (None:
+# any), topology)
+SPLIT_ROWS: tuple[tuple[Row, str | None, str], ...] = (
+    (TWO_MACHINES_SHARED, "shared", TWO_MACHINES),
+    (TWO_MACHINES_NIXL, "nixl", TWO_MACHINES),
+    (LOOPBACK_ROW, None, LOOPBACK),
 )
+Figure = Callable[[LoadRecord], float | None]
 
 
 def pd_table(book: Notebook) -> Table:
     table = Table("P/D lab: the split against one machine", PD_COLUMNS)
     table.rows.append(_baseline_row(book))
     groups = split_groups(book)
-    for name, link, connector, topology, skip_label in SPLIT_ROWS:
+    for row, connector, topology in SPLIT_ROWS:
         group = take(groups, topology, connector)
-        table.rows.append(_split_row(book, name, link, group) if group
-                          else missing(name, link, book, skip_label, 6))
+        table.rows.append(_split_row(book, row.title, row.how, group) if group
+                          else missing(row.title, row.how, book, row.label, 6))
     for group in groups:  # what matched no row of the lab's table, named as recorded
         table.rows.append(_split_row(book, _own_name(group), None, group))
     table.rows.append(_interference_row(book))
@@ -60,26 +72,40 @@ def _own_name(group: Group) -> str:
     return f"Split `{group.label}`: {group.topology}, {group.connector} connector"
 
 
-def by_level(rows: Sequence[Record], key: str, field: str | None = "p50") -> str:
-    """One cell for a sweep: each level's value, then the levels, e.g. `0.21 / 0.35 (c=1/4)`."""
-    values = []
-    for r in rows:
-        value = r.get(key)
-        values.append(num(value.get(field) if isinstance(value, dict) and field else value))
-    levels = "/".join(str(r.get("concurrency")) for r in rows)
+def _p50(p: Percentiles | None) -> float | None:
+    return p.p50 if p is not None else None
+
+
+def ttft_p50(row: LoadRecord) -> float | None:
+    return _p50(row.ttft_s)
+
+
+def tpot_p50(row: LoadRecord) -> float | None:
+    return _p50(row.tpot_s)
+
+
+def throughput(row: LoadRecord) -> float | None:
+    return row.output_tokens_per_s
+
+
+def by_level(rows: Sequence[LoadRecord], key: str, figure: Figure) -> str:
+    """One cell for a sweep: each level's `figure` (of the rows' `key`), then the levels,
+    e.g. `0.21 / 0.35 (c=1/4)`."""
+    values = [num(figure(r)) for r in rows]
+    levels = "/".join(str(r.concurrency) for r in rows)
     if all(v == "n/a" for v in values):
         return f"n/a: no {key} in the load rows (c={levels})"
     return f"{' / '.join(values)} (c={levels})"
 
 
 def _baseline_row(book: Notebook) -> list[str]:
-    name, link = "One machine, no split (baseline)", "none"
-    rows = load_rows(book, "baseline")
+    name, link = BASELINE.title, BASELINE.how
+    rows = load_rows(book, BASELINE.label)
     if not rows:
-        return missing(name, link, book, "baseline", 6)
+        return missing(name, link, book, BASELINE.label, 6)
     return [name, link, *_figures(rows), "none",
-            "; ".join([*_row_evidence(rows, book.of(LinkRecord, "baseline"), None),
-                       capacity_words(book, "baseline")]),
+            "; ".join([*_row_evidence(rows, book.of(LinkRecord, BASELINE.label), None),
+                       capacity_words(book, BASELINE.label)]),
             measured_on(book, rows[-1])]
 
 
@@ -101,22 +127,22 @@ def _split_row(book: Notebook, name: str, link: str | None, group: Group) -> lis
 
 
 def _figures(rows: list[LoadRecord]) -> list[str]:
-    return [by_level(rows, "ttft_s"), by_level(rows, "tpot_s"),
-            by_level(rows, "output_tokens_per_s", None)]
+    return [by_level(rows, "ttft_s", ttft_p50), by_level(rows, "tpot_s", tpot_p50),
+            by_level(rows, "output_tokens_per_s", throughput)]
 
 
 def _row_evidence(rows: list[LoadRecord], links: list[LinkRecord],
-                  comparison: Record | None) -> list[str]:
+                  comparison: ComparisonRecord | None) -> list[str]:
     evidence = [f"{sum(r.ok or 0 for r in rows)} ok / {sum(r.failed or 0 for r in rows)} failed",
                 f"prompt set {rows[0].prompt_set or 'not recorded'}, max_tokens "
                 f"{rows[0].max_tokens or 'not recorded'}"]
-    hit = [r.get("prefix_hit_rate") for r in rows]
+    hit = [r.prefix_hit_rate for r in rows]
     if any(h is not None for h in hit):
         evidence.append("prefix hit rate " + " / ".join(num(h, 2) for h in hit))
     return evidence + _split_evidence(links[-1] if links else None, comparison)
 
 
-def _split_evidence(link: LinkRecord | None, comparison: Record | None) -> list[str]:
+def _split_evidence(link: LinkRecord | None, comparison: ComparisonRecord | None) -> list[str]:
     out = []
     deltas = link.metric_deltas if link else {}
     legs = (link.legs if link else None) or {}
@@ -128,26 +154,27 @@ def _split_evidence(link: LinkRecord | None, comparison: Record | None) -> list[
                    f"requests, decode took {num(decode.get('external_prefix_cache_hits'), 0)} "
                    f"prompt tokens from {source}")
     if comparison:
-        seen = comparison.get("bytes") or {}
-        if seen.get("verdict"):
-            out.append(str(seen["verdict"]))
-        if (timing := transfer_words(seen.get("nixl_transfer"), comparison)) is not None:
+        seen = comparison.bytes
+        if seen is not None and seen.verdict:
+            out.append(str(seen.verdict))
+        if (timing := transfer_words(seen.nixl_transfer if seen is not None else None,
+                                     comparison)) is not None:
             out.append(timing)
     return out
 
 
-def transfer_words(timing: dict[str, Any] | None, comparison: Record) -> str | None:
+def transfer_words(timing: NixlTransfer | None, comparison: ComparisonRecord) -> str | None:
     """NIXL's own timing of its transfers, against the time predicted before the run."""
     if not timing:
         return None
-    predicted = comparison.get("transfer_predicted_s")
-    return (f"NIXL's own timing: {num(timing['transfers'], 0)} transfers of "
-            f"{float(timing['bytes_per_transfer']):,.0f} bytes, "
-            f"{num(timing['seconds_per_transfer'], 4)} s each "
-            f"({num(timing['gbit_per_s'], 2)} Gbit/s; over every level, so at higher "
+    predicted = comparison.transfer_predicted_s
+    return (f"NIXL's own timing: {num(timing.transfers, 0)} transfers of "
+            f"{float(timing.bytes_per_transfer):,.0f} bytes, "
+            f"{num(timing.seconds_per_transfer, 4)} s each "
+            f"({num(timing.gbit_per_s, 2)} Gbit/s; over every level, so at higher "
             "concurrency transfers overlap and share the link)"
             + (f" against {num(predicted, 4)} s predicted at "
-               f"{num(comparison.get('link_gbps_predicted'), 2)} Gbit/s" if predicted else ""))
+               f"{num(comparison.link_gbps_predicted, 2)} Gbit/s" if predicted else ""))
 
 
 def _against_baseline(book: Notebook, group: Group) -> list[str]:
@@ -155,11 +182,11 @@ def _against_baseline(book: Notebook, group: Group) -> list[str]:
     95% interval where both sides have per-request data, else the comparison's ratio."""
     if group.comparison is None:
         return []
-    base = compare.paired_rows(book.records, group.label, "baseline")[1]  # its own run's
+    base = compare.paired_rows(book.records, group.label, BASELINE.label)[1]  # its own run's
     mine = {r.concurrency: r for r in group.rows}
     cells = []
     for lv in group.comparison.levels:
-        level = lv.get("concurrency")
+        level = lv.concurrency
         if level in mine and level in base:
             iv = intervals.ttft(book.path, book.records, mine[level], base[level])
             cells.append(f"c={level} TTFT {iv.cell()}")
@@ -168,46 +195,45 @@ def _against_baseline(book: Notebook, group: Group) -> list[str]:
     return ["against the baseline: " + ", ".join(cells)] if cells else []
 
 
-def _ratio(level: dict[str, Any]) -> float | None:
-    d, b = level.get("ttft_p50_disagg_s"), level.get("ttft_p50_baseline_s")
+def _ratio(level: ComparisonLevel) -> float | None:
+    d, b = level.ttft_p50_disagg_s, level.ttft_p50_baseline_s
     return d / b if d and b else None
 
 
-def _bytes_cell(comparison: Record | None, rows: list[LoadRecord]) -> str:
+def _bytes_cell(comparison: ComparisonRecord | None, rows: list[LoadRecord]) -> str:
     if comparison is None:
         return "n/a: no comparison line yet (kvlab compare)"
-    seen = comparison.get("bytes") or {}
-    observed = seen.get("observed_bytes_per_request_by_source") or {}
-    parts = [f"{source} {float(v):,.0f}" for source, v in observed.items() if v is not None]
-    predicted = seen.get("predicted_bytes_per_request")
-    if predicted:
-        parts.append(f"predicted {float(predicted):,.0f}")
-    if seen.get("verdict"):
-        parts.append(f"({seen['verdict_source']}: {seen['verdict']})")
+    seen = comparison.bytes
+    if seen is None:
+        return "not recorded: the comparison saw no byte counters"
+    parts = [f"{source} {float(v):,.0f}"
+             for source, v in seen.observed_bytes_per_request_by_source.items()]
+    if seen.predicted_bytes_per_request:
+        parts.append(f"predicted {float(seen.predicted_bytes_per_request):,.0f}")
+    if seen.verdict:
+        parts.append(f"({seen.verdict_source}: {seen.verdict})")
     return "; ".join(parts) or "not recorded: the comparison saw no byte counters"
 
 
 def _interference_row(book: Notebook) -> list[str]:
-    name, link = "llama-server, 4 slots against 1 slot", "none"
-    four = load_rows(book, "interference-parallel-4")
-    one = load_rows(book, "interference-parallel-1")
+    name, link = INTERFERENCE.title, "none"
+    four = load_rows(book, interference_label(4))
+    one = load_rows(book, interference_label(1))
     if not four or not one:
-        return missing(name, link, book, "interference", 6)
+        return missing(name, link, book, INTERFERENCE.label, 6)
     a, b = four[-1], one[-1]
 
-    def pair(key: str, field: str | None = "p50") -> str:
-        va = a.get(key, {}).get(field) if field else a.get(key)
-        vb = b.get(key, {}).get(field) if field else b.get(key)
-        return f"{num(va)} vs {num(vb)}"
+    def pair(figure: Figure) -> str:
+        return f"{num(figure(a))} vs {num(figure(b))}"
 
-    comparison = latest(book, "comparison", "interference")
+    comparison = latest(book, ComparisonRecord, INTERFERENCE.label)
     evidence = [f"concurrency {a.concurrency}, {a.requests} requests each, "
                 f"prompt set {a.prompt_set}",
                 "4 slots first, 1 slot second: the one variable changed"]
-    if comparison and not comparison.get("same_experiment", True):
-        evidence.append("NOT the same experiment: " + ", ".join(comparison.get("differs", [])))
+    if comparison and comparison.same_experiment is False:
+        evidence.append("NOT the same experiment: " + ", ".join(comparison.differs or []))
     if a.concurrency == b.concurrency:
         iv = intervals.ttft(book.path, book.records, a, b)
         evidence.append(f"TTFT p50, 4 slots against 1: {iv.cell()}")
-    return [name, link, pair("ttft_s"), pair("tpot_s"), pair("output_tokens_per_s", None),
+    return [name, link, pair(ttft_p50), pair(tpot_p50), pair(throughput),
             "none", "; ".join(evidence), measured_on(book, a)]

@@ -18,22 +18,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from kvlab.loadgen.topology import (
-    LOOPBACK,
-    ONE_INSTANCE,
-    RAY,
-    RAY_ONE_MACHINE,
-    RAY_TWO_MACHINES,
-    TWO_MACHINES,
-    UNKNOWN,
-)
+from kvlab.loadgen.topology import RAY_ONE_MACHINE, RAY_TWO_MACHINES
+from kvlab.measure.compare import comparison_label
+from kvlab.records.evidence import LOOPBACK, ONE_INSTANCE, RAY, TWO_MACHINES, UNKNOWN, NodeInfo
 from kvlab.records.models import ComparisonRecord, LinkRecord, LoadRecord
 from kvlab.records.notebook import Notebook
+from kvlab.records.rows import BASELINE, INTERFERENCE, SPLIT, TWO_MACHINES_NIXL
 
-NOT_SPLIT = ("baseline", "interference-")
-SEED_LABELS = ("disagg", "disagg-nixl")  # the labels the P/D lab's tasks use
+NOT_SPLIT = (BASELINE.label, f"{INTERFERENCE.label}-")
+SEED_LABELS = (SPLIT.label, TWO_MACHINES_NIXL.label)  # the labels the P/D lab's tasks use
 R = TypeVar("R", LinkRecord, ComparisonRecord)
 
 
@@ -66,34 +61,33 @@ class Group:
         if (r.placement or (self.link.placement if self.link else None)) == RAY:
             text, named = self._on_ray(text, r.nodes or (self.link.nodes if self.link else None))
         link = r.link or (self.link.link if self.link else None) or UNKNOWN
-        carried = r.get("transport") or (self.link.get("transport") if self.link else None)
+        carried = r.transport or (self.link.transport if self.link else None)
         return (f"topology: {text}" + (f" ({named})" if named else "")
                 + f"; connector {self.connector}; link {link}"
                 + (f"; transport {carried}" if carried else "")
                 + (f"; known from {how}" if how else ""))
 
-
-    def _on_ray(self, text: str, nodes: dict[str, Any] | None) -> tuple[str, str]:
+    def _on_ray(self, text: str, nodes: dict[str, NodeInfo] | None) -> tuple[str, str]:
         """The topology in words and the nodes by role, for a run placed on Ray nodes."""
         words = {LOOPBACK: RAY_ONE_MACHINE, TWO_MACHINES: RAY_TWO_MACHINES}.get(self.topology)
         nodes = nodes or {}
         order = dict.fromkeys(["prefill", "decode", "proxy", *sorted(nodes)])  # notebook sorts
-        shown = ", ".join(f"{role} node {nodes[role].get('node')} ({nodes[role].get('address')})"
-                          for role in order if nodes.get(role, {}).get("node_id"))
+        shown = ", ".join(f"{role} node {node.node} ({node.address})"
+                          for role in order if (node := nodes.get(role)) is not None
+                          and node.node_id)
         return (f"{text}, {words}" if words else f"{text}, on Ray nodes"), shown
 
 
-def _recorded(row: LoadRecord, link: LinkRecord | None, key: str) -> str:
-    value = row.get(key)
-    if value is None and link is not None:
-        value = link.get(key)
-    return str(value) if value is not None else UNKNOWN
+def _recorded(row: str | None, link: str | None) -> str:
+    """What the row recorded, else its label's link line, else "unknown"."""
+    value = row if row is not None else link
+    return value if value is not None else UNKNOWN
 
 
 def _is_split(label: str, rows: list[LoadRecord]) -> bool:
     if label.startswith(NOT_SPLIT):
         return False
-    named = label == "disagg" or label.startswith("disagg-")
+    named = label == SPLIT.label or label.startswith(f"{SPLIT.label}-")
     return named or any(r.topology in (LOOPBACK, TWO_MACHINES) for r in rows)
 
 
@@ -101,7 +95,7 @@ def _pick(records: Sequence[R], topology: str, alone: bool) -> R | None:
     """The newest record stating this topology; one stating none only if the label has a
     single group (otherwise it could belong to any of them)."""
     for record in reversed(records):
-        stated = record.get("topology")
+        stated = record.topology
         if stated == topology or (stated is None and alone):
             return record
     return None
@@ -121,10 +115,11 @@ def split_groups(book: Notebook) -> list[Group]:
         newest_link = links[-1] if links else None
         keyed: dict[tuple[str, str], dict[int, LoadRecord]] = {}
         for r in rows:
-            key = (_recorded(r, newest_link, "connector"), _recorded(r, newest_link, "topology"))
+            key = (_recorded(r.connector, newest_link.connector if newest_link else None),
+                   _recorded(r.topology, newest_link.topology if newest_link else None))
             keyed.setdefault(key, {})[r.concurrency] = r
         alone = len(keyed) == 1
-        comparisons = book.of(ComparisonRecord, f"{label}-vs-baseline")
+        comparisons = book.of(ComparisonRecord, comparison_label(label, BASELINE.label))
         for (connector, topology), levels in keyed.items():
             groups.append(Group(label, connector, topology, [levels[c] for c in sorted(levels)],
                                 _pick(links, topology, alone),

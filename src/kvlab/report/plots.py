@@ -17,21 +17,39 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvlab.records.models import LoadRecord
+from kvlab.measure import compare, intervals
+from kvlab.records.models import DiskRecord, LoadRecord, ReuseRecord
 from kvlab.records.notebook import Notebook
-from kvlab.report import compare, intervals
+from kvlab.records.rows import (
+    BASELINE,
+    DISK,
+    PRESSURE_OFF,
+    PRESSURE_ON,
+    QUIET_OFF,
+    QUIET_ON,
+    SHARED_SINGLE,
+    SHARED_STORE,
+    SPLIT,
+    interference_label,
+)
 from kvlab.report.common import latest
 
-REUSE_LABELS = ("offload-off", "offload-on", "shared-store", "shared-store-single")
-LOAD_PAIRS = (("baseline", "disagg"), ("offload-off-load", "offload-on-load"),
-              ("interference-parallel-4", "interference-parallel-1"))
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+REUSE_LABELS = (QUIET_OFF.label, QUIET_ON.label, SHARED_STORE.label, SHARED_SINGLE.label)
+LOAD_PAIRS = ((BASELINE.label, SPLIT.label), (PRESSURE_OFF.label, PRESSURE_ON.label),
+              (interference_label(4), interference_label(1)))
 
 
-def _pyplot() -> Any:
+def _pyplot() -> ModuleType:
+    """matplotlib.pyplot on the Agg backend (imported when a plot is drawn)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -67,14 +85,14 @@ def _style(count: int) -> str:
 
 
 def ttft_per_turn(book: Notebook, out: Path) -> Path | None:
-    runs = [(label, r) for label in REUSE_LABELS if (r := latest(book, "reuse", label))]
+    runs = [(label, r) for label in REUSE_LABELS if (r := latest(book, ReuseRecord, label))]
     if not runs:
         return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, r in runs:
-        turns = [row["turn"] for row in r["rows"]]
-        ttft = [row.get("ttft_s") for row in r["rows"]]
+        turns = [row.turn for row in r.rows]
+        ttft = [row.ttft_s for row in r.rows]
         ax.plot(turns, ttft, _style(len(turns)), label=label)
     ax.set(xlabel="turn", ylabel="TTFT (s)", title="Time to first token per turn")
     ax.set_ylim(bottom=0)
@@ -107,7 +125,7 @@ def by_concurrency(book: Notebook, out: Path, base: str, other: str) -> Path | N
     return _save(plt, fig, out / f"{base}-vs-{other}.png")
 
 
-def _ratio_panel(ax: Any, book: Notebook, base: str, other: str) -> None:
+def _ratio_panel(ax: Axes, book: Notebook, base: str, other: str) -> None:
     """TTFT p50 other / base by level, each with its 95% interval as an error bar."""
     a, b = compare.paired_rows(book.records, other, base)
     found = intervals.pair_levels(book.path, book.records, a, b, (intervals.BY_KEY["ttft_p50"],))
@@ -115,8 +133,8 @@ def _ratio_panel(ax: Any, book: Notebook, base: str, other: str) -> None:
            title="TTFT p50 ratio, 95% interval")
     ax.axhline(1.0, color="#999999", linewidth=1)
     with_bars = [(lv, m["ttft_p50"]) for lv, m in found.items() if m["ttft_p50"].measured]
-    points = [(lv, m["ttft_p50"]) for lv, m in found.items()
-              if not m["ttft_p50"].measured and m["ttft_p50"].ratio is not None]
+    points = [(lv, point) for lv, m in found.items()
+              if not m["ttft_p50"].measured and (point := m["ttft_p50"].ratio) is not None]
     if with_bars:
         x = [lv for lv, _ in with_bars]
         y = np.array([iv.ratio for _, iv in with_bars], dtype=float)
@@ -125,7 +143,7 @@ def _ratio_panel(ax: Any, book: Notebook, base: str, other: str) -> None:
         ax.errorbar(x, y, yerr=[y - low, high - y], fmt=_style(len(x)), capsize=4,
                     label="with interval")
     if points:
-        ax.plot([lv for lv, _ in points], [iv.ratio for _, iv in points], "x",
+        ax.plot([lv for lv, _ in points], [point for _, point in points], "x",
                 label=intervals.NO_DATA)
     if with_bars or points:
         ax.legend(fontsize="small")
@@ -168,34 +186,32 @@ def _slug(text: str) -> str:
 
 
 def disk(book: Notebook, out: Path) -> Path | None:
-    r = latest(book, "disk", "disk")
-    if r is None or r.get("cold_ttft_s") is None:
+    r = latest(book, DiskRecord, DISK.label)
+    if r is None or r.cold_ttft_s is None:
         return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     names = ["cold prefill", "restore", "TTFT after restore"]
-    values = [r["cold_ttft_s"] * 1000, r.get("restore_ms") or 0,
-              (r.get("post_restore_ttft_s") or 0) * 1000]
+    values = [r.cold_ttft_s * 1000, r.restore_ms or 0, (r.post_restore_ttft_s or 0) * 1000]
     bars = ax.bar(names, values, color=["#999999", "#2a7ab9", "#5aae61"])
     ax.bar_label(bars, labels=[f"{v:,.1f} ms" for v in values])  # small bars stay readable
     ax.set(ylabel="milliseconds",
-           title=f"Disk tier: {r.get('prompt_tokens')} tokens, {r.get('kv_cache_type')} KV")
+           title=f"Disk tier: {r.prompt_tokens} tokens, {r.kv_cache_type} KV")
     ax.set_ylim(bottom=0)
     return _save(plt, fig, out / "disk-restore-vs-cold.png")
 
 
 def kv_usage(book: Notebook, out: Path) -> Path | None:
     pair = compare.tier_sides(book.records)  # a tier that held the working set
-    sampled = [(label, rows[max(rows)]["kv_usage_samples"])
-               for label in (compare.OFFLOAD_OFF, compare.OFFLOAD_ON)
-               if (rows := pair[label]) and rows[max(rows)].get("kv_usage_samples")]
+    sampled = [(label, samples) for label in (PRESSURE_OFF.label, PRESSURE_ON.label)
+               if (rows := pair[label]) and (samples := rows[max(rows)].kv_usage_samples)]
     if not sampled:
         return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, samples in sampled:
-        usage = [v * 100 if v is not None else None for v in samples.get("kv_cache_usage_perc", [])]
-        times = samples.get("t_s", [])[: len(usage)]
+        usage = [v * 100 if v is not None else None for v in samples.kv_cache_usage_perc or []]
+        times = samples.t_s[: len(usage)]
         ax.plot(times, usage, "-" if len(usage) > 1 else "o", label=label)
     ax.set(xlabel="seconds into the run", ylabel="KV cache usage (%)", ylim=(0, 105),
            title="Device KV cache under pressure")
@@ -203,7 +219,7 @@ def kv_usage(book: Notebook, out: Path) -> Path | None:
     return _save(plt, fig, out / "kv-usage.png")
 
 
-def _save(plt: Any, fig: Any, path: Path) -> Path:
+def _save(plt: ModuleType, fig: Figure, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

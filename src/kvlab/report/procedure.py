@@ -11,17 +11,15 @@ A step with no line says how to get one, or why it could not run (a `not-run` li
 
 from __future__ import annotations
 
-from typing import Any
-
-from kvlab.experiments import BOUNDARY_ROW, CANCEL_ROW
 from kvlab.records.models import BoundaryRecord, ProcedureRecord, Record
 from kvlab.records.notebook import Notebook
+from kvlab.records.rows import BOUNDARY, CANCEL, SPLIT
+from kvlab.records.runs import CancelEvidence
 from kvlab.report.common import Table, measured_on, missing, num
 
 COLUMNS = ["Step", "Command", "Result", "Figures", "Evidence", "Measured on"]
 CANCEL_HOW = "kvlab run disagg --part cancel"
 BOUNDARY_HOW = "kvlab run disagg --part boundary"
-SPLIT_LABEL = "disagg"  # the pair's startup lines are disagg-prefill and disagg-decode
 
 
 def procedure_table(book: Notebook) -> Table:
@@ -32,59 +30,65 @@ def procedure_table(book: Notebook) -> Table:
 
 
 def _on(book: Notebook, record: Record) -> str:
-    return measured_on(book, record.with_fields(label=SPLIT_LABEL))
+    """What the split measured on: its pair's startup lines are `disagg-prefill` and
+    `disagg-decode`."""
+    return measured_on(book, record.model_copy(update={"label": SPLIT.label}))
 
 
 def _cancel_row(book: Notebook) -> list[str]:
-    found = [r for r in book.of(ProcedureRecord, "cancel-restart") if r.step == "cancel-restart"]
+    found = [r for r in book.of(ProcedureRecord, CANCEL.label) if r.step == CANCEL.label]
     if not found:
-        return missing(CANCEL_ROW, CANCEL_HOW, book, "cancel-restart", len(COLUMNS) - 2)
+        return missing(CANCEL.title, CANCEL_HOW, book, CANCEL.label, len(COLUMNS) - 2)
     r = found[-1]
     result = (f"pass: all {len(r.checks)} checks" if r.verdict == "pass"
               else f"FAIL: {', '.join(r.failed)}")
-    evidence = "; ".join(f"{c.get('name')} {'ok' if c.get('passed') else 'FAILED'}: "
-                         f"{c.get('detail')}" for c in r.checks)
-    return [CANCEL_ROW, CANCEL_HOW, result, _cancel_figures(r.evidence), evidence,
+    evidence = "; ".join(f"{c.name} {'ok' if c.passed else 'FAILED'}: {c.detail}"
+                         for c in r.checks)
+    return [CANCEL.title, CANCEL_HOW, result, _cancel_figures(r.evidence), evidence,
             _on(book, r)]
 
 
-def _cancel_figures(ev: dict[str, Any]) -> str:
-    cut, restart, fresh = ev.get("cut") or {}, ev.get("restart") or {}, ev.get("fresh") or {}
-    spec = ev.get("spec") or {}
-    parts = [f"cut after {cut.get('tokens', 'n/a')} tokens of a {spec.get('prompt_tokens', '?')}"
-             f"-token prompt ({num(cut.get('closed_after_s'), 2)} s)"]
-    if ev.get("settled_s") is not None:
-        parts.append(f"proxy and decode let go in {num(ev['settled_s'], 2)} s")
-    if restart.get("ok"):
-        parts.append(f"decode stopped in {num(restart.get('stop_s'), 1)} s, ready again in "
-                     f"{num(restart.get('ready_s'), 1)} s")
+def _cancel_figures(ev: CancelEvidence | None) -> str:
+    cut = ev.cut if ev is not None else None
+    spec = ev.spec if ev is not None else None
+    prompt = spec.prompt_tokens if spec is not None else None
+    parts = [f"cut after {cut.tokens if cut is not None else 'n/a'} tokens of a "
+             f"{prompt if prompt is not None else '?'}-token prompt "
+             f"({num(cut.closed_after_s if cut is not None else None, 2)} s)"]
+    if ev is not None and ev.settled_s is not None:
+        parts.append(f"proxy and decode let go in {num(ev.settled_s, 2)} s")
+    if ev is not None and ev.restart.ok:
+        parts.append(f"decode stopped in {num(ev.restart.stop_s, 1)} s, ready again in "
+                     f"{num(ev.restart.ready_s, 1)} s")
     else:
         parts.append("decode did not come back")
-    parts.append(f"fresh request {fresh.get('completion_tokens', 'n/a')}/"
-                 f"{ev.get('expected_tokens', '?')} tokens")
+    fresh = ev.fresh.completion_tokens if ev is not None else None
+    parts.append(f"fresh request {fresh if fresh is not None else 'n/a'}/"
+                 f"{ev.expected_tokens if ev is not None else '?'} tokens")
     return "; ".join(parts)
 
 
 def _boundary_rows(book: Notebook) -> list[list[str]]:
     newest: dict[int, BoundaryRecord] = {}
-    for r in book.of(BoundaryRecord, "boundary"):
+    for r in book.of(BoundaryRecord, BOUNDARY.label):
         newest[r.concurrency] = r
     if not newest:
-        return [missing(BOUNDARY_ROW, BOUNDARY_HOW, book, "boundary", len(COLUMNS) - 2)]
+        return [missing(BOUNDARY.title, BOUNDARY_HOW, book, BOUNDARY.label, len(COLUMNS) - 2)]
     return [_boundary_row(book, newest[c]) for c in sorted(newest)]
 
 
 def _boundary_row(book: Notebook, r: BoundaryRecord) -> list[str]:
-    ratios = ", ".join(f"{p.get('prompt_tokens_target')}: x{num(p.get('ratio'), 2)}"
-                       for p in r.points)
-    ttfts = "; ".join(f"{p.get('prompt_tokens_target')} tokens: split "
-                      f"{num(p.get('split_ttft_p50_s'))} s, baseline "
-                      f"{num(p.get('baseline_ttft_p50_s'))} s" for p in r.points)
-    evidence = (f"TTFT p50 {ttfts}; {r.get('requests_per_point', '?')} cold prompts per length "
-                f"and side, {r.get('max_tokens', '?')} answer tokens each")
-    moved = [f"{p.get('prompt_tokens_target')}: {num(p['split_tokens_from_store'], 0)}"
-             for p in r.points if p.get("split_tokens_from_store") is not None]
+    ratios = ", ".join(f"{p.prompt_tokens_target}: x{num(p.ratio, 2)}" for p in r.points)
+    ttfts = "; ".join(f"{p.prompt_tokens_target} tokens: split "
+                      f"{num(p.split_ttft_p50_s)} s, baseline "
+                      f"{num(p.baseline_ttft_p50_s)} s" for p in r.points)
+    per_point = r.requests_per_point if r.requests_per_point is not None else "?"
+    answer = r.max_tokens if r.max_tokens is not None else "?"
+    evidence = (f"TTFT p50 {ttfts}; {per_point} cold prompts per length "
+                f"and side, {answer} answer tokens each")
+    moved = [f"{p.prompt_tokens_target}: {num(p.split_tokens_from_store, 0)}"
+             for p in r.points if p.split_tokens_from_store is not None]
     if moved:
         evidence += "; prompt tokens decode took from the store, per request: " + ", ".join(moved)
-    return [f"{BOUNDARY_ROW} (concurrency {r.concurrency})", BOUNDARY_HOW, r.statement,
+    return [f"{BOUNDARY.title} (concurrency {r.concurrency})", BOUNDARY_HOW, r.statement,
             f"split/baseline TTFT p50 by prompt tokens: {ratios}", evidence, _on(book, r)]

@@ -9,7 +9,7 @@ llama-server reuses a prompt prefix token by token, so its block size is 1.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvlab.engines import local
 from kvlab.engines.base import (
@@ -26,6 +26,7 @@ from kvlab.engines.base import (
 from kvlab.engines.http import get_json, post_json
 from kvlab.engines.llamacpp import facts
 from kvlab.engines.llamacpp.prove import slot_store_proof
+from kvlab.records.evidence import KvCapacity
 
 if TYPE_CHECKING:
     import httpx
@@ -48,13 +49,13 @@ class LlamaCppEngine:
         # two llama-servers share KV only through a slot file moved between them
         self.two_endpoint_proof: TwoEndpointProof | None = slot_store_proof
 
-    def capacity(self, plan: EnginePlan, log_text: str) -> dict[str, Any]:
+    def capacity(self, plan: EnginePlan, log_text: str) -> KvCapacity:
         m = facts.STARTUP_SLOTS_LINE.search(log_text)
         if m is None:
-            return {}
+            return KvCapacity()
         slots, per_slot = int(m.group(1)), int(m.group(2))
-        return {"slots": slots, "tokens_per_slot": per_slot, "kv_cache_tokens": slots * per_slot,
-                "lines": [m.group(0)]}
+        return KvCapacity(slots=slots, tokens_per_slot=per_slot,
+                          kv_cache_tokens=slots * per_slot, lines=[m.group(0)])
 
     def launch_settings(self, argv: list[str]) -> LaunchSettings:
         return launch_settings_from(argv, facts.CONTEXT_FLAGS, None,  # no memory fraction

@@ -29,7 +29,9 @@ from kvlab.core.errors import EngineError, RefusedError, UnreachableError
 from kvlab.core.settings import Settings
 from kvlab.engines import llamacpp
 from kvlab.engines.plan import EnginePlan, client_host
-from kvlab.measure.chat import ChatResult, chat_body, stream_chat
+from kvlab.observe.chat import ChatResult, chat_body, stream_chat
+from kvlab.records.base import JsonObject
+from kvlab.records.runs import SlotOpLine
 
 DEFAULT_TIMEOUT_S = 600.0  # a cold prefill of a long prompt on two CPU cores takes a while
 
@@ -101,10 +103,13 @@ class SlotOp:
     server_ms: float | None
     wall_ms: float
 
-    def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["wall_ms"] = round(self.wall_ms, 3)
-        return out
+    def as_dict(self) -> dict[str, object]:
+        return self.as_record().model_dump(mode="json")
+
+    def as_record(self) -> SlotOpLine:
+        return SlotOpLine(action=self.action, slot=self.slot, filename=self.filename,
+                          n_tokens=self.n_tokens, n_bytes=self.n_bytes, server_ms=self.server_ms,
+                          wall_ms=round(self.wall_ms, 3))
 
 
 class LlamaClient:
@@ -254,11 +259,10 @@ class LlamaClient:
     async def chat(self, prompt: str, *, slot: int | None = None, max_tokens: int = 8,
                    top_logprobs: int = 5, model: str = "local-chat") -> ChatResult:
         """One greedy streamed chat turn on `slot`: TTFT, timings.cache_n/prompt_n, logprobs."""
-        extra: dict[str, Any] = {"cache_prompt": True, "logprobs": True,
-                                 "top_logprobs": top_logprobs}
+        extra: JsonObject = {"cache_prompt": True, "logprobs": True, "top_logprobs": top_logprobs}
         if slot is not None:
             extra["id_slot"] = slot
-        body = chat_body(model, [{"role": "user", "content": prompt}], max_tokens, **extra)
+        body = chat_body(model, [{"role": "user", "content": prompt}], max_tokens, extra=extra)
         return await stream_chat(self.http, self.target.base_url, body, self._api_key)
 
 

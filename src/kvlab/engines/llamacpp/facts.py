@@ -27,6 +27,7 @@ from kvlab.core.settings import Settings
 from kvlab.engines import install
 from kvlab.engines.base import LLAMA_CPP
 from kvlab.engines.plan import EnginePlan, Flag
+from kvlab.records.evidence import KvType
 
 # the server's bearer key when --api-key is absent (common/arg.cpp: `--api-key`, env)
 API_KEY_ENV = "LLAMA_API_KEY"
@@ -230,18 +231,14 @@ def kv_types(plan: EnginePlan) -> tuple[str, str]:
     return k, v
 
 
-def kv_label(kv_type_k: str, kv_type_v: str | None = None) -> dict[str, object]:
+def kv_label(kv_type_k: str, kv_type_v: str | None = None) -> KvType:
     """Record fields that say whether a run's KV cache was quantised (outputs then change)."""
     v = kv_type_v or kv_type_k
     quantised = kv_type_k in QUANTISED_KV_TYPES or v in QUANTISED_KV_TYPES
-    label: dict[str, object] = {
-        "kv_cache_type": kv_type_k if kv_type_k == v else f"K {kv_type_k} / V {v}",
-        "kv_quantised": quantised,
-    }
-    if quantised:
-        label["kv_note"] = ("quantised KV rounds the stored keys and values, so outputs change: "
-                            "do not pair this run with an f16 one")
-    return label
+    return KvType(kv_cache_type=kv_type_k if kv_type_k == v else f"K {kv_type_k} / V {v}",
+                  kv_quantised=quantised,
+                  kv_note="quantised KV rounds the stored keys and values, so outputs change: "
+                          "do not pair this run with an f16 one" if quantised else None)
 
 
 def slot_failure_reason(log_text: str) -> str | None:

@@ -22,7 +22,7 @@ from kvlab.core.settings import Settings
 from kvlab.engines.base import CaseRunner
 from kvlab.engines.llamacpp import roundtrip, slotstore
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget, target_from_settings
-from kvlab.measure.chat import ChatResult, server_root
+from kvlab.observe.chat import ChatResult, server_root
 
 LOGPROBS: dict[str, Any] = {"logprobs": True, "top_logprobs": 5}  # for the logprob evidence
 IDENTICAL_WHY = "the slot file saved on A was restored into this slot of B"

@@ -18,12 +18,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 from kvlab.core.say import Say, quiet
 from kvlab.engines.llamacpp import slotstore
 from kvlab.engines.llamacpp.client import LlamaClient, SlotOp, logprob_gap
-from kvlab.measure.chat import ChatResult
+from kvlab.observe.chat import ChatResult
+from kvlab.records.runs import Turn
 
 REUSE_FRACTION = 0.95    # the post-restore cache_n must cover this share of the prompt
 CONTROL_FRACTION = 0.05  # the control may reuse at most this share (template tokens)
@@ -135,10 +136,13 @@ def judge(cold: ChatResult, control: ChatResult, restored: ChatResult) -> Judgem
     return Judgement(NOT_PROVEN if reasons else PROVEN, reasons, gap, total)
 
 
-def turn(result: ChatResult) -> dict[str, Any]:
+def turn(result: ChatResult) -> Turn:
     """One request's evidence for a notebook line: client TTFT and the server's reuse counts."""
     t = result.timings or {}
-    return {"ttft_s": round(result.ttft_s, 4) if result.ttft_s is not None else None,
-            "total_s": round(result.total_s, 4), "cache_n": t.get("cache_n"),
-            "prompt_n": t.get("prompt_n"), "prompt_ms": t.get("prompt_ms"),
-            "top_logprobs": [[tok, round(lp, 6)] for tok, lp in result.first_logprobs]}
+    cache_n, prompt_n = t.get("cache_n"), t.get("prompt_n")
+    return Turn(ttft_s=round(result.ttft_s, 4) if result.ttft_s is not None else None,
+                total_s=round(result.total_s, 4),
+                cache_n=int(cache_n) if cache_n is not None else None,
+                prompt_n=int(prompt_n) if prompt_n is not None else None,
+                prompt_ms=t.get("prompt_ms"),
+                top_logprobs=[(tok, round(lp, 6)) for tok, lp in result.first_logprobs])

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kvlab.core.errors import SettingError
 from kvlab.core.settings import Settings
@@ -19,6 +18,7 @@ from kvlab.engines.llamacpp.client import LlamaClient
 from kvlab.engines.models import corpus
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import EngineProcess, free_port
+from kvlab.records.evidence import LlamaServerLine
 
 TEMPLATE_MARGIN = 32  # chat-template tokens around a user message, with room to spare
 
@@ -74,16 +74,14 @@ def server_process(settings: Settings, plan: EnginePlan) -> EngineProcess:
 
 
 def server_fields(plan: EnginePlan, ctx: int, parallel: int,
-                  cache_ram_mib: int | None) -> dict[str, Any]:
+                  cache_ram_mib: int | None) -> LlamaServerLine:
     """The server settings an experiment chose, for its notebook line."""
     k, v = llamacpp.kv_types(plan)
-    return {
-        "ctx": ctx, "parallel": parallel, "tokens_per_slot": ctx // parallel,
-        "cache_ram_mib": (cache_ram_mib if cache_ram_mib is not None
-                          else llamacpp.CACHE_RAM_DEFAULT_MIB),
-        "flash_attn": llamacpp.flash_attn_mode(plan), "kv_type_k": k, "kv_type_v": v,
-        "argv": plan.argv(),
-    }
+    return LlamaServerLine(
+        ctx=ctx, parallel=parallel, tokens_per_slot=ctx // parallel,
+        cache_ram_mib=cache_ram_mib if cache_ram_mib is not None
+        else llamacpp.CACHE_RAM_DEFAULT_MIB,
+        flash_attn=llamacpp.flash_attn_mode(plan), kv_type_k=k, kv_type_v=v, argv=plan.argv())
 
 
 def _text(lines: int, seed: int) -> str:

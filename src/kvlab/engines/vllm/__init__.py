@@ -1,5 +1,6 @@
 """vLLM: everything kvlab knows about it, in this package."""
 
+from kvlab.core.hardware import Hardware, detect_hardware
 from kvlab.engines.vllm.facts import (
     CACHE_CONFIG_INFO,
     CONNECTOR_CLASS,
@@ -29,11 +30,7 @@ from kvlab.engines.vllm.facts import (
     offload_connector_config,
     parse_startup,
 )
-from kvlab.engines.vllm.host import (
-    Hardware,
-    HostMemory,
-    detect_hardware,
-)
+from kvlab.engines.vllm.host import HostMemory
 from kvlab.engines.vllm.plans import (
     SEED_FLAGS,
     VARIABLE_FLAGS,

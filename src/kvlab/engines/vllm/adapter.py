@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvlab.engines import local
 from kvlab.engines.base import (
@@ -28,6 +28,7 @@ from kvlab.engines.base import (
 from kvlab.engines.http import get_json, post_json
 from kvlab.engines.vllm import facts
 from kvlab.engines.vllm.plans import TRANSFER_CONFIG
+from kvlab.records.evidence import KvCapacity
 
 if TYPE_CHECKING:
     import httpx
@@ -48,8 +49,8 @@ class VllmEngine:
     address_env: tuple[str, ...] = (facts.SIDE_CHANNEL_HOST_ENV,)
     two_endpoint_proof: TwoEndpointProof | None = None  # the generic cases suit its connectors
 
-    def capacity(self, plan: EnginePlan, log_text: str) -> dict[str, Any]:
-        return facts.parse_startup(log_text).as_dict()
+    def capacity(self, plan: EnginePlan, log_text: str) -> KvCapacity:
+        return facts.parse_startup(log_text).as_record()
 
     def launch_settings(self, argv: list[str]) -> LaunchSettings:
         return launch_settings_from(argv, (facts.CONTEXT_FLAG,), facts.MEMORY_FRACTION_FLAG,
@@ -65,7 +66,7 @@ class VllmEngine:
     async def describe(self, client: httpx.AsyncClient, root: str, facts_out: InstanceFacts,
                        snap: Snapshot | None) -> bool:
         version = await self.version(client, root)
-        if version is None and (snap is None or snap.engine() is not self):
+        if version is None and (snap is None or self.metric_namespace not in snap.namespaces):
             return False
         facts_out.engine, facts_out.version = VLLM, version
         if snap is not None:

@@ -11,6 +11,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kvlab.records.evidence import KvCapacity
+
 CONTEXT_FLAG = "--max-model-len"
 BLOCK_SIZE_FLAG = "--block-size"
 MEMORY_FRACTION_FLAG = "--gpu-memory-utilization"
@@ -148,6 +150,15 @@ class StartupCapacity:
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v not in (None, [])}
 
+    def as_record(self) -> KvCapacity:
+        """The capacity as a startup line states it."""
+        return KvCapacity(device=self.device, kv_cache_tokens=self.kv_cache_tokens,
+                          max_concurrency=self.max_concurrency,
+                          concurrency_tokens=self.concurrency_tokens,
+                          legacy_blocks=self.legacy_blocks,
+                          available_kv_gib=self.available_kv_gib, cpu_kv_gib=self.cpu_kv_gib,
+                          init_s=self.init_s, lines=list(self.lines))
+
     @property
     def found(self) -> bool:
         return self.kv_cache_tokens is not None or self.legacy_blocks is not None
@@ -211,13 +222,13 @@ def offload_connector_config(gib: float, backend: str) -> dict[str, Any]:
     }
 
 
-def nixl_transport(connector: str, env: dict[str, str]) -> dict[str, str]:
-    """What carries NIXL's KV as far as the environment forces it ({} for other connectors)."""
+def nixl_transport(connector: str, env: dict[str, str]) -> str | None:
+    """What carries NIXL's KV as far as the environment forces it (None for other
+    connectors)."""
     if connector != "nixl":
-        return {}
+        return None
     forced = env.get(UCX_TLS_ENV)
-    return {"transport": f"{UCX_TLS_ENV}={forced}" if forced
-            else f"UCX's own choice ({UCX_TLS_ENV} unset)"}
+    return f"{UCX_TLS_ENV}={forced}" if forced else f"UCX's own choice ({UCX_TLS_ENV} unset)"
 
 
 def to_json(obj: dict[str, Any]) -> str:

@@ -17,7 +17,6 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kvlab.core.errors import RefusedError
 from kvlab.core.settings import Settings
@@ -36,6 +35,7 @@ from kvlab.engines.vllm.facts import (
 )
 from kvlab.engines.vllm.host import HostMemory, check_offload_memory, side_channel
 from kvlab.engines.vllm.selection import VllmInstall, base_env
+from kvlab.records.runs import StartupFacts
 
 WEIGHT_OFFLOAD_FLAG = "--cpu-offload-gb"
 PREFIX_CACHING = "--enable-prefix-caching"
@@ -157,7 +157,7 @@ class _PlanBuilder:
         self.notes: list[str] = []
         self.summary: list[tuple[str, str]] = []
         self.private_dirs: list[str] = []
-        self.facts: dict[str, Any] = {}
+        self.facts = StartupFacts()
         self.flags = [
             Flag("--host", settings.serve_host), Flag("--port", str(port)),
             Flag("--served-model-name", settings.served_name),
@@ -212,10 +212,12 @@ class _PlanBuilder:
         """unified or discrete GPU memory; none on the CPU build (the KV cache is host memory)."""
         return "none" if self.vllm.platform == "cpu" else self.vllm.hardware.memory
 
-    def startup_facts(self, role: str) -> dict[str, Any]:
-        return {"engine_choice": self.vllm.as_dict(),
-                "added_flags": added_flags(role, tuple(self.flags)),
-                "memory_kind": self.memory_kind, **self.facts}
+    def startup_facts(self, role: str) -> StartupFacts:
+        facts = self.facts.model_copy()
+        facts.engine_choice = self.vllm.as_record()
+        facts.added_flags = added_flags(role, tuple(self.flags))
+        facts.memory_kind = self.memory_kind
+        return facts
 
     def offload(self, on: bool, flags: frozenset[str] | None,
                 memory: HostMemory | None) -> str:
@@ -223,7 +225,7 @@ class _PlanBuilder:
             self.summary.append(("cache tier", "none: device memory only"))
             return "offload-off"
         s = self.settings
-        self.facts["host_memory"] = check_offload_memory(
+        self.facts.host_memory = check_offload_memory(
             s.kv_offload_gb, memory or HostMemory.now(), unified=self.memory_kind == "unified",
             device_fraction=self.fraction, allow_swap=s.kv_offload_allow_swap)
         if flags is None or "--kv-offloading-size" in flags:
@@ -304,11 +306,11 @@ class _PlanBuilder:
         if s.cluster_iface:
             self.env["UCX_NET_DEVICES"] = s.cluster_iface
         facts = side_channel(s.side_channel_addr, port, s.cluster_iface, ifaces)
-        self.facts["side_channel"] = facts
+        self.facts.side_channel = facts
         self.summary.append(("side channel", f"{s.side_channel_addr}:{port} on "
-                                             f"{facts['iface'] or 'no interface of this host'}"))
-        if "note" in facts:
-            self.notes.append(facts["note"])
+                                             f"{facts.iface or 'no interface of this host'}"))
+        if facts.note:
+            self.notes.append(facts.note)
 
     def platform_tuning(self, opts: PlanOptions) -> None:
         s = self.settings

@@ -18,12 +18,12 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kvlab.core.errors import EngineError
+from kvlab.core.hardware import UNDETECTED, Hardware, detect_hardware
 from kvlab.core.settings import Settings
 from kvlab.engines import install
-from kvlab.engines.vllm.host import UNDETECTED, Hardware, detect_hardware
+from kvlab.records.runs import EngineChoice
 
 GPU_PROFILES = ("gpu", "gpu-shaped")
 CPU_PROFILE = "cpu-tiny"
@@ -44,10 +44,10 @@ class VllmInstall:
     def found(self) -> bool:
         return self.origin != "not found"
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_record(self) -> EngineChoice:
         """The choice as the startup line and `kvlab settings` state it."""
-        return {"command": shlex.join(self.command), "origin": self.origin,
-                "platform": self.platform, "reason": self.reason}
+        return EngineChoice(command=shlex.join(self.command), origin=self.origin,
+                            platform=self.platform, reason=self.reason)
 
 
 def _target_platform(gpu: bool) -> str:

@@ -30,6 +30,8 @@ from typing import Any
 
 import httpx
 
+from kvlab.records.evidence import Fingerprint as FingerprintLine
+
 TOP_K = 10
 MAX_TOKENS = 4
 # above the same-model noise (0) and below the smallest numeric change seen (7.8e-4)
@@ -49,12 +51,12 @@ class Fingerprint:
 
     positions: tuple[Position, ...]
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_record(self) -> FingerprintLine:
         """Compact, for a notebook line: chosen tokens and the first position's top-k."""
         first = self.positions[0][1] if self.positions else ()
-        return {"chosen": [p[0] for p in self.positions],
-                "first_top_k": [[t, round(lp, 6)] for t, lp in first],
-                "top_k": TOP_K, "max_tokens": MAX_TOKENS}
+        return FingerprintLine(chosen=[p[0] for p in self.positions],
+                               first_top_k=[(t, round(lp, 6)) for t, lp in first],
+                               top_k=TOP_K, max_tokens=MAX_TOKENS)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ quantised KV cache is never paired with an unquantised one), bytes per request t
 a verdict, the disaggregated run's recorded topology and (NIXL, Mooncake) which network its
 side channel used, and for the offload lab (`offload=True`, or the offload labels, or rows that
 planned pressure) the pressure each side ran under, judged as the report judges it
-(`report/pressure.py`), since a tier measured without pressure shows nothing. A level
+(`measure/pressure.py`), since a tier measured without pressure shows nothing. A level
 without a TPOT (MAX_TOKENS=1) is "n/a" in the table and null in the record, with the reason in
 words beside it.
 
@@ -28,22 +28,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from kvlab.core.errors import InputError, RefusedError
 from kvlab.core.sizes import human_bytes
-from kvlab.loadgen.topology import FIELDS as TOPOLOGY_FIELDS
+from kvlab.measure import intervals
+from kvlab.measure.pressure import judge as judge_pressure
+from kvlab.measure.pressure import same_engines, tier_too_small
 from kvlab.records import notebook
+from kvlab.records.evidence import Where
 from kvlab.records.models import (
+    CapacityRecord,
     ComparisonRecord,
+    CrossingRecord,
+    DiskRecord,
     LinkRecord,
     LoadRecord,
     Percentiles,
+    PredictionRecord,
     Record,
+    ReuseRecord,
+    StartupRecord,
 )
-from kvlab.report import intervals
-from kvlab.report.pressure import judge as judge_pressure
-from kvlab.report.pressure import tier_too_small
+from kvlab.records.rows import PRESSURE_OFF, PRESSURE_ON
+from kvlab.records.runs import BytesEvidence, ComparisonLevel, NixlTransfer, SidePressure
 
 CROSSED = "the cache crossed the link"
 NOT_CROSSED = "it did not: decode is prefilling by itself"
@@ -53,10 +61,13 @@ DECODE_DID_NOT_PREFILL = (
     "(the rest it loaded, once per distinct prefix, and then found in its own prefix cache)"
 )
 QUANTISED = frozenset({"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"})
-# facts beyond the seed's three that make two runs the same experiment (first found wins)
-_FACTS = ("context_length", "mem_fraction", "preamble_tokens", "workload_seed", "endpoint",
-          "engine", "block_size", "kv_cache_type")
-OFFLOAD_ON, OFFLOAD_OFF = "offload-on-load", "offload-off-load"
+OFFLOAD_ON, OFFLOAD_OFF = PRESSURE_ON.label, PRESSURE_OFF.label
+T = TypeVar("T")
+
+
+def comparison_label(disagg: str, baseline: str) -> str:
+    """The label of the comparison line that pairs two labels' load rows."""
+    return f"{disagg}-vs-{baseline}"
 
 
 def load_rows(records: list[Record], label: str) -> dict[int, LoadRecord]:
@@ -134,23 +145,85 @@ def _round(value: float | None, digits: int) -> float | None:
     return round(value, digits) if value is not None else None
 
 
-def label_facts(records: list[Record], label: str) -> dict[str, Any]:
+Fact = str | int | float
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Facts beyond the seed's three that make two runs the same experiment, as the records
+    of one label stated them (None: none did)."""
+
+    context_length: int | None = None
+    memory_fraction: float | None = None
+    preamble_tokens: int | None = None
+    workload_seed: int | None = None
+    endpoint: str | None = None
+    engine: str | None = None
+    block_size: int | None = None
+    kv_cache_type: str | None = None
+
+    def named(self) -> tuple[tuple[str, Fact | None], ...]:
+        """Each fact by its field name, in the order the warnings say them."""
+        return (("context_length", self.context_length),
+                ("memory_fraction", self.memory_fraction),
+                ("preamble_tokens", self.preamble_tokens),
+                ("workload_seed", self.workload_seed), ("endpoint", self.endpoint),
+                ("engine", self.engine), ("block_size", self.block_size),
+                ("kv_cache_type", self.kv_cache_type))
+
+    def then(self, newer: Facts) -> Facts:
+        """These facts, each that `newer` states replaced by its value."""
+        return Facts(context_length=_newer(self.context_length, newer.context_length),
+                     memory_fraction=_newer(self.memory_fraction, newer.memory_fraction),
+                     preamble_tokens=_newer(self.preamble_tokens, newer.preamble_tokens),
+                     workload_seed=_newer(self.workload_seed, newer.workload_seed),
+                     endpoint=_newer(self.endpoint, newer.endpoint),
+                     engine=_newer(self.engine, newer.engine),
+                     block_size=_newer(self.block_size, newer.block_size),
+                     kv_cache_type=_newer(self.kv_cache_type, newer.kv_cache_type))
+
+
+def _newer(old: T | None, new: T | None) -> T | None:
+    return new if new is not None else old
+
+
+def stated(record: Record) -> Facts:
+    """The facts one record states, by the fields its kind declares."""
+    if isinstance(record, LoadRecord):
+        return Facts(context_length=record.context_length,
+                     memory_fraction=record.memory_fraction,
+                     preamble_tokens=record.preamble_tokens, workload_seed=record.workload_seed,
+                     endpoint=record.endpoint, engine=record.engine,
+                     kv_cache_type=record.kv_cache_type)
+    if isinstance(record, CapacityRecord):
+        return Facts(context_length=record.context_length,
+                     memory_fraction=record.memory_fraction, kv_cache_type=record.kv_cache_type)
+    if isinstance(record, StartupRecord):
+        return Facts(memory_fraction=record.memory_fraction, engine=record.engine)
+    if isinstance(record, ReuseRecord | DiskRecord):
+        return Facts(engine=record.engine, kv_cache_type=record.kv_cache_type)
+    if isinstance(record, LinkRecord):
+        return Facts(context_length=record.context_length)
+    if isinstance(record, PredictionRecord | CrossingRecord):
+        return Facts(block_size=record.block_size)
+    return Facts()
+
+
+def label_facts(records: list[Record], label: str) -> Facts:
     """Facts any record of `label` states (load rows, link, startup), the latest winning."""
-    out: dict[str, Any] = {}
+    out, labels = Facts(), same_engines(label)
     for record in records:
-        if record.label not in (label, label.removesuffix("-load")):
-            continue
-        line = record.line()
-        out.update({key: line[key] for key in _FACTS if line.get(key) is not None})
+        if record.label in labels:
+            out = out.then(stated(record))
     return out
 
 
-def check_kv_types(a: str, b: str, facts_a: dict[str, Any], facts_b: dict[str, Any]) -> None:
+def check_kv_types(a: str, b: str, facts_a: Facts, facts_b: Facts) -> None:
     """Refuse to pair a quantised KV cache (q8_0, q4_0, ...) with an unquantised one."""
-    ta, tb = facts_a.get("kv_cache_type"), facts_b.get("kv_cache_type")
+    ta, tb = facts_a.kv_cache_type, facts_b.kv_cache_type
     if ta is None or tb is None or ta == tb:
         return
-    if (str(ta) in QUANTISED) != (str(tb) in QUANTISED):
+    if (ta in QUANTISED) != (tb in QUANTISED):
         raise RefusedError(
             f"{a} ran with kv_cache_type {ta} and {b} with {tb}: a quantised KV cache against an "
             "unquantised one measures the quantisation, not the tier; run both with the same "
@@ -159,21 +232,23 @@ def check_kv_types(a: str, b: str, facts_a: dict[str, Any], facts_b: dict[str, A
 
 def experiment_warnings(a: str, b: str, rows_a: dict[int, LoadRecord],
                         rows_b: dict[int, LoadRecord],
-                        facts_a: dict[str, Any], facts_b: dict[str, Any]) -> list[str]:
+                        facts_a: Facts, facts_b: Facts) -> list[str]:
     """Every way the two runs differ; empty when they are the same experiment."""
     out = []
     for level in sorted(set(rows_a) & set(rows_b)):
         d, base = rows_a[level], rows_b[level]
-        for key in ("model", "prompt_set", "max_tokens"):
-            if d.get(key) != base.get(key):
-                out.append(f"  concurrency {level}: {key} differs "
-                           f"({d.get(key)!r} against {base.get(key)!r})")
+        seeds: tuple[tuple[str, Fact | None, Fact | None], ...] = (
+            ("model", d.model, base.model), ("prompt_set", d.prompt_set, base.prompt_set),
+            ("max_tokens", d.max_tokens, base.max_tokens))
+        for key, mine, theirs in seeds:
+            if mine != theirs:
+                out.append(f"  concurrency {level}: {key} differs ({mine!r} against {theirs!r})")
         out += _prompt_size_warning(level, d, base)
     if set(rows_a) != set(rows_b):
         out.append(f"  concurrency levels differ ({sorted(rows_a)} against {sorted(rows_b)})")
-    for key in _FACTS:
-        if key in facts_a and key in facts_b and facts_a[key] != facts_b[key]:
-            out.append(f"  {key} differs ({facts_a[key]!r} against {facts_b[key]!r})")
+    for (key, mine), (_, theirs) in zip(facts_a.named(), facts_b.named(), strict=True):
+        if mine is not None and theirs is not None and mine != theirs:
+            out.append(f"  {key} differs ({mine!r} against {theirs!r})")
     return out
 
 
@@ -201,16 +276,17 @@ class Bytes:
     verdict: str | None = None
     verdict_source: str | None = None
     decode_computed_share: float | None = None
-    transfer: dict[str, float] | None = None  # NIXL's own count and timing of its transfers
+    transfer: NixlTransfer | None = None  # NIXL's own count and timing of its transfers
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"predicted_bytes_per_request": self.predicted,
-                "prompt_tokens": self.prompt_tokens, "prompt_tokens_from": self.prompt_tokens_from,
-                "observed_bytes_per_request_by_source": {k: round(v, 1)
-                                                          for k, v in self.observed.items()},
-                "verdict": self.verdict, "verdict_source": self.verdict_source,
-                "decode_computed_share": self.decode_computed_share,
-                "nixl_transfer": self.transfer}
+    def as_record(self) -> BytesEvidence:
+        """The bytes as a comparison line holds them (observed to one decimal)."""
+        return BytesEvidence(
+            predicted_bytes_per_request=self.predicted, prompt_tokens=self.prompt_tokens,
+            prompt_tokens_from=self.prompt_tokens_from,
+            observed_bytes_per_request_by_source={k: round(v, 1)
+                                                  for k, v in self.observed.items()},
+            verdict=self.verdict, verdict_source=self.verdict_source,
+            decode_computed_share=self.decode_computed_share, nixl_transfer=self.transfer)
 
 
 def _mean_prompt_tokens(rows: dict[int, LoadRecord], levels: list[int]) -> float | None:
@@ -224,24 +300,23 @@ def _mean_prompt_tokens(rows: dict[int, LoadRecord], levels: list[int]) -> float
 
 
 def _nixl_total(link: LinkRecord) -> float | None:
-    per_url = link.nixl or {}
-    values = [float(v["nixl_bytes"]) for v in per_url.values()
-              if isinstance(v, dict) and v.get("nixl_bytes") is not None]
+    values = [float(v.nixl_bytes) for v in (link.nixl or {}).values()
+              if v.nixl_bytes is not None]
     return sum(values) if values else None
 
 
-def nixl_timing(link: LinkRecord) -> dict[str, float] | None:
+def nixl_timing(link: LinkRecord) -> NixlTransfer | None:
     """NIXL's transfers over the run, by its own histograms: how many, bytes and seconds
     each, and the rate they imply (None when the engine exported no timing)."""
-    per_url = [v for v in (link.nixl or {}).values() if isinstance(v, dict)]
-    count = sum(float(v.get("nixl_transfers") or 0) for v in per_url)
-    seconds = sum(float(v.get("nixl_transfer_s") or 0) for v in per_url)
-    moved = sum(float(v.get("nixl_bytes") or 0) for v in per_url)
+    per_url = list((link.nixl or {}).values())
+    count = sum(float(v.nixl_transfers or 0) for v in per_url)
+    seconds = sum(float(v.nixl_transfer_s or 0) for v in per_url)
+    moved = sum(float(v.nixl_bytes or 0) for v in per_url)
     if not count or not seconds:
         return None
-    return {"transfers": count, "bytes_per_transfer": round(moved / count, 1),
-            "seconds_per_transfer": round(seconds / count, 6),
-            "gbit_per_s": round(moved * 8 / seconds / 1e9, 3)}
+    return NixlTransfer(transfers=count, bytes_per_transfer=round(moved / count, 1),
+                        seconds_per_transfer=round(seconds / count, 6),
+                        gbit_per_s=round(moved * 8 / seconds / 1e9, 3))
 
 
 def bytes_three_ways(link: LinkRecord | None, rows: dict[int, LoadRecord], levels: list[int],
@@ -261,9 +336,8 @@ def bytes_three_ways(link: LinkRecord | None, rows: dict[int, LoadRecord], level
         return out
     if link.rx_bytes is not None and link.tx_bytes is not None:
         out.observed["iface"] = max(link.rx_bytes, link.tx_bytes) / requests
-    rdma = link.rdma or {}
-    if rdma.get("rx_bytes") is not None:
-        out.observed["rdma"] = max(int(rdma["rx_bytes"]), int(rdma["tx_bytes"])) / requests
+    if link.rdma is not None:
+        out.observed["rdma"] = max(link.rdma.rx_bytes, link.rdma.tx_bytes) / requests
     nixl = _nixl_total(link)
     if nixl is not None:
         out.observed["nixl"] = nixl / requests
@@ -293,7 +367,7 @@ def _decode_computed_share(link: LinkRecord) -> float | None:
     """The share of decode's prompt tokens it computed itself (needs the link's `legs`)."""
     decode_url = (link.legs or {}).get("decode")
     deltas = link.metric_deltas.get(decode_url) if decode_url else None
-    if not isinstance(deltas, dict):
+    if deltas is None:
         return None
     computed, total = deltas.get("prompt_tokens_local_compute"), deltas.get("prompt_tokens")
     return float(computed) / float(total) if computed is not None and total else None
@@ -301,9 +375,8 @@ def _decode_computed_share(link: LinkRecord) -> float | None:
 
 def _external_tokens(link: LinkRecord) -> float | None:
     """Prompt tokens the engines loaded through the connector during the run."""
-    found = [float(d["prompt_tokens_external_kv_transfer"])
-             for d in link.metric_deltas.values()
-             if isinstance(d, dict) and d.get("prompt_tokens_external_kv_transfer") is not None]
+    found = [float(loaded) for d in link.metric_deltas.values()
+             if (loaded := d.get("prompt_tokens_external_kv_transfer")) is not None]
     return sum(found) if found else None
 
 
@@ -320,8 +393,8 @@ def _verdict(out: Bytes, iface_blind: bool = False) -> None:
     out.verdict = CROSSED if share >= 0.1 else NOT_CROSSED if share < 0.01 else UNCLEAR
 
 
-def pressure(records: list[Record], label: str, rows: dict[int, LoadRecord]) -> dict[str, Any]:
-    """The pressure on `label`'s KV cache, level by level (`report/pressure.py`'s judgement:
+def pressure(records: list[Record], label: str, rows: dict[int, LoadRecord]) -> SidePressure:
+    """The pressure on `label`'s KV cache, level by level (`measure/pressure.py`'s judgement:
     the same one the report and the decisions give); under pressure if any level was, quiet
     if every level was, else unknown."""
     judged = {level: judge_pressure(records, row) for level, row in sorted(rows.items())}
@@ -329,23 +402,22 @@ def pressure(records: list[Record], label: str, rows: dict[int, LoadRecord]) -> 
     overall = True if True in states else False if states and all(
         s is False for s in states) else None
     cache = next((j for j in judged.values() if j.cache_tokens), None)
-    return {"kv_cache_tokens": cache.cache_tokens if cache else None,
-            "kv_cache_tokens_from": cache.cache_from if cache else None,
-            "levels": {level: {**j.evidence, "state": j.words, "why": j.why}
-                       for level, j in judged.items()},
-            "under_pressure": overall}
+    return SidePressure(kv_cache_tokens=cache.cache_tokens if cache else None,
+                        kv_cache_tokens_from=cache.cache_from if cache else None,
+                        levels={str(level): j.level() for level, j in judged.items()},
+                        under_pressure=overall)
 
 
-def pressure_line(name: str, p: dict[str, Any]) -> str:
-    cache = p.get("kv_cache_tokens")
-    size = (f"a cache of {cache:,} tokens (from {p.get('kv_cache_tokens_from')})" if cache
+def pressure_line(name: str, p: SidePressure) -> str:
+    cache = p.kv_cache_tokens
+    size = (f"a cache of {cache:,} tokens (from {p.kv_cache_tokens_from})" if cache
             else "a cache of unknown size")
-    whys = "; ".join(f"c={level}: {v['why']}" for level, v in p["levels"].items())
+    whys = "; ".join(f"c={level}: {v.why}" for level, v in p.levels.items())
     state = {True: "under pressure",
              False: "quiet: not under pressure, so the tier had nothing to do and this pair "
                     "cannot show what it is worth",
              None: "pressure unknown: nothing measured shows whether blocks were evicted"}[
-        p.get("under_pressure")]
+        p.under_pressure]
     return f"    {name}: {size}; {whys} -> {state}"
 
 
@@ -353,7 +425,7 @@ def offload_pair(disagg: str, baseline: str, rows: list[LoadRecord]) -> bool:
     """Whether two labels are the offload lab's pressure pair (by label, or a row that
     recorded a pressure plan): their comparison states the pressure, asked or not."""
     return {disagg, baseline} == {OFFLOAD_ON, OFFLOAD_OFF} or any(
-        isinstance(r.get("pressure"), dict) for r in rows)
+        r.pressure is not None for r in rows)
 
 
 def read_records(path: Path | str) -> list[Record]:
@@ -374,7 +446,7 @@ class Comparison:
 
 
 def _level_lines(disagg: dict[int, LoadRecord], base: dict[int, LoadRecord],
-                 shared: list[int]) -> tuple[list[str], list[dict[str, Any]]]:
+                 shared: list[int]) -> tuple[list[str], list[ComparisonLevel]]:
     lines = [f"    {'conc':>4}  {'TTFT p50':>18}  {'TPOT p50':>18}  {'out tok/s':>18}"]
     levels = []
     for level in shared:
@@ -387,36 +459,34 @@ def _level_lines(disagg: dict[int, LoadRecord], base: dict[int, LoadRecord],
             f"    {level:>4}  {ratio(d_ttft, b_ttft):>8} {signed_pct(d_ttft, b_ttft):>9}  "
             f"{ratio(d_tpot, b_tpot):>8} {signed_pct(d_tpot, b_tpot):>9}  "
             f"{ratio(d_thru, b_thru):>8} {signed_pct(d_thru, b_thru):>9}")
-        levels.append({"concurrency": level,
-                       "ttft_p50_disagg_s": _round(d_ttft, 4),
-                       "ttft_p50_baseline_s": _round(b_ttft, 4),
-                       "tpot_p50_disagg_s": _round(d_tpot, 5),
-                       "tpot_p50_baseline_s": _round(b_tpot, 5),
-                       "output_tokens_per_s_disagg": _round(d_thru, 2),
-                       "output_tokens_per_s_baseline": _round(b_thru, 2),
-                       "failed_disagg": d.failed, "failed_baseline": b.failed,
-                       **_not_measured(d, b)})
-    lines += [f"    concurrency {lv['concurrency']}: TPOT p50 {lv['tpot_p50']}"
-              for lv in levels if "tpot_p50" in lv]
+        levels.append(ComparisonLevel(
+            concurrency=level, ttft_p50_disagg_s=_round(d_ttft, 4),
+            ttft_p50_baseline_s=_round(b_ttft, 4), tpot_p50_disagg_s=_round(d_tpot, 5),
+            tpot_p50_baseline_s=_round(b_tpot, 5),
+            output_tokens_per_s_disagg=_round(d_thru, 2),
+            output_tokens_per_s_baseline=_round(b_thru, 2),
+            failed_disagg=d.failed, failed_baseline=b.failed, tpot_p50=_not_measured(d, b)))
+    lines += [f"    concurrency {lv.concurrency}: TPOT p50 {lv.tpot_p50}"
+              for lv in levels if lv.tpot_p50 is not None]
     return lines, levels
 
 
 def _interval_lines(found: dict[int, dict[str, intervals.Interval]],
-                    levels: list[dict[str, Any]]) -> list[str]:
+                    levels: list[ComparisonLevel]) -> list[str]:
     """The level table again, each ratio with its 95% interval; the record's levels gain
     `intervals` (by metric)."""
     lines = ["", f"==> Ratios with {intervals.CONFIDENCE:.0%} intervals (bootstrap over requests "
              f"and repeats, seed {intervals.SEED})",
              f"    {'conc':>4}  {'metric':<13}  ratio [interval] and what it shows"]
     for entry in levels:
-        by_metric = found[entry["concurrency"]]
-        entry["intervals"] = {key: iv.as_dict() for key, iv in by_metric.items()}
+        by_metric = found[entry.concurrency]
+        entry.intervals = {key: iv.as_record() for key, iv in by_metric.items()}
         for metric in intervals.METRICS:
             iv = by_metric[metric.key]
             counts = (f" ({iv.requests[0]} / {iv.requests[1]} requests"
                       + (f", {iv.repeats[0]} / {iv.repeats[1]} repeats" if iv.repeats
                          and max(iv.repeats) > 1 else "") + ")") if iv.requests else ""
-            lines.append(f"    {entry['concurrency']:>4}  {metric.name:<13}  {iv.cell()}{counts}")
+            lines.append(f"    {entry.concurrency:>4}  {metric.name:<13}  {iv.cell()}{counts}")
     return lines
 
 
@@ -424,14 +494,14 @@ def _p50(p: Percentiles | None) -> float | None:
     return p.p50 if p is not None else None
 
 
-def _not_measured(d: LoadRecord, b: LoadRecord) -> dict[str, str]:
+def _not_measured(d: LoadRecord, b: LoadRecord) -> str | None:
     """Say in words which TPOT a level lacks (a null in the record is not an explanation)."""
     gone = [f"the {side} row has no tpot_s (max_tokens {row.max_tokens})"
             for side, row in (("disagg", d), ("baseline", b)) if _p50(row.tpot_s) is None]
     if not gone:
-        return {}
-    return {"tpot_p50": "n/a: " + "; ".join(gone) + "; a request that returns one token "
-            "has no time per output token"}
+        return None
+    return ("n/a: " + "; ".join(gone) + "; a request that returns one token has no time per "
+            "output token")
 
 
 def _pick(records: list[Record], disagg: str,
@@ -450,12 +520,14 @@ def _pick(records: list[Record], disagg: str,
     return rows_d, rows_b
 
 
-def recorded_topology(link: LinkRecord | None, rows: dict[int, LoadRecord]) -> dict[str, Any]:
-    """The run's topology fields as its link line recorded them, else its newest load row
-    (nothing when neither did: a reader then says "unknown")."""
-    newest = rows[max(rows)]
-    source: Record = link if link is not None and link.topology is not None else newest
-    return {key: source.get(key) for key in TOPOLOGY_FIELDS if source.get(key) is not None}
+def recorded_topology(link: LinkRecord | None, rows: dict[int, LoadRecord]) -> Where:
+    """The run's topology fields (`TOPOLOGY_FIELDS`) as its link line recorded them, else its
+    newest load row (all None when neither did: a reader then says "unknown")."""
+    s: Where = link if link is not None and link.topology is not None else rows[max(rows)]
+    return Where(topology=s.topology, single_machine=s.single_machine, hosts=s.hosts,
+                 connector=s.connector, link=s.link, topology_from=s.topology_from,
+                 placement=s.placement, nodes=s.nodes, same_machine=s.same_machine,
+                 link_speed_mbps=s.link_speed_mbps)
 
 
 def _link_lines(name: str, link: LinkRecord | None, seen: Bytes) -> list[str]:
@@ -463,7 +535,7 @@ def _link_lines(name: str, link: LinkRecord | None, seen: Bytes) -> list[str]:
         return [f"==> No link line for label {name}. "
                 "Run it through kvlab run-load (or run-load.sh)."]
     side = link.side_channel  # which network a NIXL/Mooncake run crossed, if checked
-    side_line = [f"    side channel: {side['verdict']}"] if side and side.get("verdict") else []
+    side_line = [f"    side channel: {side.verdict}"] if side and side.verdict else []
     if not seen.observed:
         return [f"==> The {name} run recorded no byte counters. Set CLUSTER_IFACE.", *side_line]
     lines = [f"==> Link during the {name} run (iface {link.iface or '-'})"]
@@ -478,9 +550,9 @@ def _link_lines(name: str, link: LinkRecord | None, seen: Bytes) -> list[str]:
                      f"({seen.prompt_tokens or 0:,.0f} prompt tokens, {seen.prompt_tokens_from})")
     if seen.transfer:
         t = seen.transfer
-        lines.append(f"    NIXL's own timing: {t['transfers']:,.0f} transfers of "
-                     f"{human_bytes(t['bytes_per_transfer'])}, {t['seconds_per_transfer']:.4f} s "
-                     f"each ({t['gbit_per_s']:.2f} Gbit/s)")
+        lines.append(f"    NIXL's own timing: {t.transfers:,.0f} transfers of "
+                     f"{human_bytes(t.bytes_per_transfer)}, {t.seconds_per_transfer:.4f} s "
+                     f"each ({t.gbit_per_s:.2f} Gbit/s)")
     lines += side_line
     if seen.verdict:
         lines.append(f"    verdict ({seen.verdict_source}): {seen.verdict}")
@@ -512,34 +584,37 @@ def compare(records: list[Record], book: str, disagg: str, baseline: str, *,
     lines += _interval_lines(intervals.pair_levels(Path(book), records, rows_d, rows_b), levels)
     link = link_line(records, disagg)
     seen = bytes_three_ways(link, rows_d, shared, kv_bytes_per_token, prompt_tokens)
-    extra: dict[str, Any] = {}
-    where: dict[str, Any] = {}
+    where = Where()  # a tier pair's comparison states its pressure, not a topology
+    sides: dict[str, SidePressure] | None = None
     offload = offload or offload_pair(disagg, baseline, [*rows_d.values(), *rows_b.values()])
     if offload:
         p_on, p_off = pressure(records, disagg, rows_d), pressure(records, baseline, rows_b)
         lines += ["", "==> Pressure on the KV cache", pressure_line(disagg, p_on),
                   pressure_line(baseline, p_off)]
-        extra["pressure"] = {disagg: p_on, baseline: p_off}
+        sides = {disagg: p_on, baseline: p_off}
     else:
         where = recorded_topology(link, rows_d)
         lines += ["", *_link_lines(disagg, link, seen),
-                  f"    topology of {disagg}, as recorded: {where.get('topology', 'unknown')}"
-                  f", link {where.get('link', 'unknown')}"]
-        extra |= {k: v for k, v in where.items() if k != "connector"}
+                  f"    topology of {disagg}, as recorded: "
+                  f"{where.topology if where.topology is not None else 'unknown'}, link "
+                  f"{where.link if where.link is not None else 'unknown'}"]
     observed = seen.observed.get("iface")
     record = ComparisonRecord(
-        label=f"{disagg}-vs-{baseline}", lab=lab,
+        label=comparison_label(disagg, baseline), lab=lab,
         disagg_label=disagg, baseline_label=baseline,
         model=rows_d[shared[0]].model, prompt_set=rows_d[shared[0]].prompt_set,
-        connector=link.connector if link else where.get("connector"),
+        connector=link.connector if link else where.connector,
         iface=link.iface if link else None,
         kv_bytes_per_token=kv_bytes_per_token or None, prompt_tokens=prompt_tokens or None,
         predicted_bytes_per_request=seen.predicted,
         observed_bytes_per_request=round(observed, 1) if observed is not None else None,
         levels=levels, same_experiment=not warnings, note=note,
-        differences=[w.strip() for w in warnings], bytes=seen.as_dict(),
-        kv_cache_type={disagg: facts_d.get("kv_cache_type"),
-                       baseline: facts_b.get("kv_cache_type")},
+        differences=[w.strip() for w in warnings], bytes=seen.as_record(),
+        kv_cache_type={disagg: facts_d.kv_cache_type, baseline: facts_b.kv_cache_type},
         side_channel=link.side_channel if link else None, offload=offload,
-        interval_method=intervals.METHOD, **extra)
+        interval_method=intervals.METHOD, pressure=sides,
+        topology=where.topology, single_machine=where.single_machine, hosts=where.hosts,
+        link=where.link, topology_from=where.topology_from, placement=where.placement,
+        nodes=where.nodes, same_machine=where.same_machine,
+        link_speed_mbps=where.link_speed_mbps)
     return Comparison(lines, record, warnings)

@@ -35,13 +35,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from kvlab.records import requests
-from kvlab.records.models import LoadRecord, Record
+from kvlab.records.models import LoadRecord, Record, ReuseRecord
+from kvlab.records.runs import IntervalMethod, RatioInterval
 
 SEED = 16  # issue 16; any fixed seed makes a report reproducible
 RESAMPLES = 2000
@@ -50,11 +50,12 @@ MIN_SAMPLES = 5  # fewer requests than this on a side: a bootstrap says nothing 
 _CHUNK_VALUES = 2_000_000  # resampled values held at once (memory, not accuracy)
 NO_DIFFERENCE = "no measurable difference"
 NO_DATA = "no interval: no per-request data"
-METHOD = {"confidence": CONFIDENCE, "resamples": RESAMPLES, "seed": SEED,
-          "scheme": "percentile bootstrap: repeats with replacement, then requests within each "
-                    "drawn repeat; ok, non-warm-up requests only",
-          "output_tokens_per_s": "sum(output tokens) / sum(end_s - sent_s) per side (closed "
-                                 "loop, Little's law: the concurrency cancels in the ratio)"}
+METHOD = IntervalMethod(
+    confidence=CONFIDENCE, resamples=RESAMPLES, seed=SEED,
+    scheme="percentile bootstrap: repeats with replacement, then requests within each drawn "
+           "repeat; ok, non-warm-up requests only",
+    output_tokens_per_s="sum(output tokens) / sum(end_s - sent_s) per side (closed loop, "
+                        "Little's law: the concurrency cancels in the ratio)")
 
 Floats = NDArray[np.float64]
 _COLUMNS = ("ttft_s", "tpot_s", "output_tokens", "duration_s")
@@ -125,10 +126,12 @@ class Interval:
             return f"{point} ({self.words})"
         return f"{point} [{self.low:.2f}, {self.high:.2f}] {self.words}"
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"ratio": _round(self.ratio), "low": _round(self.low), "high": _round(self.high),
-                "words": self.words, "requests": list(self.requests) if self.requests else None,
-                "repeats": list(self.repeats) if self.repeats else None}
+    def as_record(self) -> RatioInterval:
+        """The interval as a comparison line holds it (figures to four places)."""
+        return RatioInterval(ratio=_round(self.ratio), low=_round(self.low),
+                             high=_round(self.high), words=self.words,
+                             requests=list(self.requests) if self.requests else None,
+                             repeats=list(self.repeats) if self.repeats else None)
 
 
 def _round(value: float | None) -> float | None:
@@ -146,7 +149,7 @@ class Side:
 
     @property
     def open_loop(self) -> bool:
-        return any(r.get("rate") is not None for r in self.rows)
+        return any(r.rate is not None for r in self.rows)
 
 
 def select(runs: Sequence[Floats], metric: Metric) -> list[Floats]:
@@ -306,24 +309,24 @@ def pair_levels(notebook: Path, records: Sequence[Record], a: dict[int, LoadReco
             for level in sorted(set(a) & set(b))}
 
 
-def reuse_repeats(records: Sequence[Record], newest: Record) -> list[Record]:
+def reuse_repeats(records: Sequence[Record], newest: ReuseRecord) -> list[ReuseRecord]:
     """A `reuse` line and the other repeats of its run (same label and run_id, numbered)."""
-    if newest.get("repeat") is None:
+    if newest.repeat is None:
         return [newest]
-    found = {r.get("repeat"): r for r in records
-             if r.record == "reuse" and r.label == newest.label and r.run_id == newest.run_id
-             and r.get("repeat") is not None}
+    found = {r.repeat: r for r in records
+             if isinstance(r, ReuseRecord) and r.label == newest.label
+             and r.run_id == newest.run_id and r.repeat is not None}
     return [found[k] for k in sorted(found)]
 
 
-def reuse_turns(records: Sequence[Record], a: Record, b: Record) -> Interval:
+def reuse_turns(records: Sequence[Record], a: ReuseRecord, b: ReuseRecord) -> Interval:
     """TTFT p50 of the later turns (turn 2 on), A / B, each side pooled over its repeats;
     the turns of one conversation are the requests of one repeat."""
-    def runs(newest: Record) -> list[Floats]:
+    def runs(newest: ReuseRecord) -> list[Floats]:
         out = []
         for line in reuse_repeats(records, newest):
-            ttfts = [row.get("ttft_s") for row in (line.get("rows") or [])[1:]]
-            table = [[t, None, None, None] for t in ttfts if isinstance(t, (int, float))]
+            ttfts = [row.ttft_s for row in line.rows[1:]]
+            table = [[t, None, None, None] for t in ttfts if t is not None]
             out.append(np.array(table, dtype=np.float64).reshape(len(table), len(_COLUMNS)))
         return out
 

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from kvlab.core.errors import EngineError, UnreachableError
+from kvlab.records.base import JsonObject
+from kvlab.records.runs import ChatTiming
 
 
 def api_base(url: str) -> str:
@@ -45,7 +47,7 @@ class ChatResult:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
-    timings: dict[str, Any] | None = None
+    timings: dict[str, float] | None = None  # llama-server's own, its numbers only
     first_logprobs: list[tuple[str, float]] = field(default_factory=list)
     first_choice_s: float | None = None
     ttft_from: str = "first content"
@@ -57,27 +59,27 @@ class ChatResult:
             return int(self.timings["cache_n"])
         return self.cached_tokens
 
-    def row(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.pop("text")
-        out.pop("first_logprobs")
-        out.pop("first_choice_s")
-        if self.ttft_from == "first content":
-            out.pop("ttft_from")
-        out["ttft_s"] = round(self.ttft_s, 4) if self.ttft_s is not None else None
-        out["total_s"] = round(self.total_s, 4)
-        return {k: v for k, v in out.items() if v is not None}
+    def timing(self) -> ChatTiming:
+        """The answer as a notebook row states it (seconds rounded to 0.1 ms)."""
+        return ChatTiming(endpoint=self.endpoint,
+                          ttft_s=round(self.ttft_s, 4) if self.ttft_s is not None else None,
+                          total_s=round(self.total_s, 4), chunks=self.chunks,
+                          prompt_tokens=self.prompt_tokens,
+                          completion_tokens=self.completion_tokens,
+                          cached_tokens=self.cached_tokens, timings=self.timings,
+                          ttft_from=None if self.ttft_from == "first content" else self.ttft_from)
 
 
 def chat_body(model: str, messages: list[dict[str, str]], max_tokens: int,
-              temperature: float = 0.0, **extra: Any) -> dict[str, Any]:
-    """A streamed chat request that asks for usage in the last chunk."""
+              temperature: float = 0.0, extra: JsonObject | None = None) -> JsonObject:
+    """A streamed chat request that asks for usage in the last chunk (`extra`: more fields,
+    e.g. cache_salt, slot_id)."""
     return {"model": model, "messages": messages, "max_tokens": max_tokens,
             "temperature": temperature, "stream": True,
-            "stream_options": {"include_usage": True}, **extra}
+            "stream_options": {"include_usage": True}, **(extra or {})}
 
 
-async def stream_chat(client: httpx.AsyncClient, url: str, body: dict[str, Any],
+async def stream_chat(client: httpx.AsyncClient, url: str, body: JsonObject,
                       api_key: str = "") -> ChatResult:
     """Send one streamed chat completion and time it; user-facing errors are KvlabErrors."""
     endpoint = api_base(url)
@@ -137,8 +139,10 @@ def _absorb(line: str, result: ChatResult, pieces: list[str], started: float) ->
         details = usage.get("prompt_tokens_details") or {}
         if details.get("cached_tokens") is not None:
             result.cached_tokens = int(details["cached_tokens"])
-    if chunk.get("timings"):
-        result.timings = chunk["timings"]
+    timings = chunk.get("timings")
+    if isinstance(timings, dict) and timings:
+        result.timings = {str(k): v for k, v in timings.items()
+                          if isinstance(v, int | float) and not isinstance(v, bool)}
     for choice in chunk.get("choices") or []:
         if result.first_choice_s is None:
             result.first_choice_s = time.perf_counter() - started

@@ -15,11 +15,11 @@ arithmetic; the run records the pressure actually reached beside it.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kvlab.measure import workloads
+from kvlab.records.load import PressurePlanned
 
 TURNS = workloads.DEFAULT_TURNS
 HEADROOM = 1.5  # the cache holds this many times the concurrent requests' tokens
@@ -60,10 +60,16 @@ class PressurePlan:
         GiB)."""
         return max(asked_gb, float(math.ceil(self.tier_bytes_needed / 2**30)))
 
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "oversubscription": round(self.oversubscription, 2),
-                "tier_tokens_needed": self.tier_tokens_needed,
-                "tier_bytes_needed": self.tier_bytes_needed}
+    def as_record(self) -> PressurePlanned:
+        return PressurePlanned(
+            concurrency=self.concurrency, requests=self.requests,
+            conversations=self.conversations, conversation_tokens=self.conversation_tokens,
+            working_set_tokens=self.working_set_tokens, cache_tokens=self.cache_tokens,
+            kv_cache_bytes=self.kv_cache_bytes, bytes_per_token=self.bytes_per_token,
+            reusable_fraction=self.reusable_fraction, preamble_tokens=self.preamble_tokens,
+            users=self.users, turns=self.turns,
+            oversubscription=round(self.oversubscription, 2),
+            tier_tokens_needed=self.tier_tokens_needed, tier_bytes_needed=self.tier_bytes_needed)
 
 
 def count_tokens(model: str, text: str) -> int:

@@ -20,13 +20,26 @@ the notebook's records.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
+from kvlab.records.load import PressurePlanned, RunContext
 from kvlab.records.models import LoadRecord, Record, StartupRecord
+from kvlab.records.rows import PRESSURE_OFF, PRESSURE_ON
+from kvlab.records.runs import LevelPressure
 
 FULL = 0.95  # peak KV usage at or above this: the cache was full
 EVICTED = 0.9  # a hit rate below this share of the reusable share: blocks were evicted
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """The figures a judgement reads, as the run measured them (None: not measured)."""
+
+    preemptions: float | None = None
+    peak_kv_cache_usage: float | None = None
+    prefix_hit_rate: float | None = None
+    reusable_fraction: float | None = None
+    prompt_tokens_in_flight: int | None = None
 
 
 @dataclass(frozen=True)
@@ -37,28 +50,55 @@ class Pressure:
     why: str
     cache_tokens: int | None = None
     cache_from: str | None = None
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: Evidence = field(default_factory=Evidence)
 
     @property
     def words(self) -> str:
         return {True: "under pressure", False: "quiet (not under pressure)",
                 None: "pressure unknown"}[self.state]
 
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "words": self.words}
+    def level(self) -> LevelPressure:
+        """The judgement as a comparison line holds it for one level."""
+        ev = self.evidence
+        return LevelPressure(state=self.words, why=self.why, preemptions=ev.preemptions,
+                             peak_kv_cache_usage=ev.peak_kv_cache_usage,
+                             prefix_hit_rate=ev.prefix_hit_rate,
+                             reusable_fraction=ev.reusable_fraction,
+                             prompt_tokens_in_flight=ev.prompt_tokens_in_flight)
+
+
+def same_engines(label: str) -> tuple[str, ...]:
+    """`label`, and the label whose startup lines a tier's load under pressure may share its
+    engines with (`Row.startup`: an older notebook started `offload-on-load`'s engines as
+    `offload-on`)."""
+    rows = [row for row in (PRESSURE_OFF, PRESSURE_ON) if row.label == label]
+    return (label, *(startup for row in rows for startup in row.startup))
+
+
+def planned(row: RunContext) -> PressurePlanned | None:
+    """The pressure a row's run was sized for, if it was."""
+    return row.pressure.planned if row.pressure is not None else None
+
+
+def preemptions(row: LoadRecord) -> float | None:
+    """Preemptions over the run: as the pressure it reached recorded them, else the engine's
+    own counter delta."""
+    reached = row.pressure.reached if row.pressure is not None else None
+    if reached is not None and reached.preemptions is not None:
+        return reached.preemptions
+    return row.metric_deltas.get("preemptions")
 
 
 def cache_size(records: list[Record], row: LoadRecord) -> tuple[int | None, str | None]:
     """The device KV cache's size in tokens for a load row, and where it was read."""
-    label = row.label
-    starts = [r for r in records if isinstance(r, StartupRecord)
-              and r.label in (label, label.removesuffix("-load"))]
-    size = (starts[-1].capacity or {}).get("kv_cache_tokens") if starts else None
+    labels = same_engines(row.label)
+    starts = [r for r in records if isinstance(r, StartupRecord) and r.label in labels]
+    size = starts[-1].capacity.kv_cache_tokens if starts else None
     if size:
         return int(size), "the startup line"
-    planned = ((row.get("pressure") or {}).get("planned") or {}).get("cache_tokens")
-    if planned:
-        return int(planned), "the pressure plan"
+    plan = planned(row)
+    if plan is not None and plan.cache_tokens:
+        return int(plan.cache_tokens), "the pressure plan"
     told = row.metric_deltas.get("kv_cache_tokens")
     if told:
         return int(told), "the engine's /metrics"
@@ -67,15 +107,15 @@ def cache_size(records: list[Record], row: LoadRecord) -> tuple[int | None, str 
 
 def judge(records: list[Record], row: LoadRecord) -> Pressure:
     """Under pressure, quiet, or unknown, for one load row (see the module docstring)."""
-    p = row.get("pressure") or {}
-    planned, reached = p.get("planned") or {}, p.get("reached") or {}
+    plan = planned(row)
+    reached = row.pressure.reached if row.pressure is not None else None
     cache, source = cache_size(records, row)
-    ev = {"preemptions": reached.get("preemptions", row.metric_deltas.get("preemptions")),
-          "peak_kv_cache_usage": reached.get("peak_kv_cache_usage"),
-          "prefix_hit_rate": row.get("prefix_hit_rate"),
-          "reusable_fraction": planned.get("reusable_fraction"),
-          "prompt_tokens_in_flight": round(row.concurrency * row.prompt_tokens_mean)
-          if row.prompt_tokens_mean else None}
+    ev = Evidence(preemptions=preemptions(row),
+                  peak_kv_cache_usage=reached.peak_kv_cache_usage if reached else None,
+                  prefix_hit_rate=row.prefix_hit_rate,
+                  reusable_fraction=plan.reusable_fraction if plan else None,
+                  prompt_tokens_in_flight=round(row.concurrency * row.prompt_tokens_mean)
+                  if row.prompt_tokens_mean else None)
     pressed = _pressed(ev, cache)
     if pressed:
         return Pressure(True, pressed, cache, source, ev)
@@ -86,10 +126,10 @@ def judge(records: list[Record], row: LoadRecord) -> Pressure:
                           "was recorded", cache, source, ev)
 
 
-def _pressed(ev: dict[str, Any], cache: int | None) -> str:
-    preempted, peak = ev["preemptions"], ev["peak_kv_cache_usage"]
-    hit, reusable, flight = ev["prefix_hit_rate"], ev["reusable_fraction"], \
-        ev["prompt_tokens_in_flight"]
+def _pressed(ev: Evidence, cache: int | None) -> str:
+    preempted, peak = ev.preemptions, ev.peak_kv_cache_usage
+    hit, reusable, flight = ev.prefix_hit_rate, ev.reusable_fraction, \
+        ev.prompt_tokens_in_flight
     if preempted:
         return f"{float(preempted):g} preemptions"
     if peak is not None and peak >= FULL:
@@ -102,10 +142,10 @@ def _pressed(ev: dict[str, Any], cache: int | None) -> str:
     return ""
 
 
-def _quiet(ev: dict[str, Any], cache: int | None) -> str:
-    preempted, peak = ev["preemptions"], ev["peak_kv_cache_usage"]
-    hit, reusable, flight = ev["prefix_hit_rate"], ev["reusable_fraction"], \
-        ev["prompt_tokens_in_flight"]
+def _quiet(ev: Evidence, cache: int | None) -> str:
+    preempted, peak = ev.preemptions, ev.peak_kv_cache_usage
+    hit, reusable, flight = ev.prefix_hit_rate, ev.reusable_fraction, \
+        ev.prompt_tokens_in_flight
     if hit is not None and reusable:  # nothing evicted that was wanted again
         return (f"prefix hit rate {hit:.1%} of {reusable:.1%} reusable, "
                 + ("no preemptions" if preempted is not None else "preemptions not recorded"))
@@ -119,19 +159,17 @@ def _quiet(ev: dict[str, Any], cache: int | None) -> str:
     return ""
 
 
-def tier_holds(planned: dict[str, Any]) -> bool | None:
+def tier_holds(plan: PressurePlanned | None) -> bool | None:
     """Could the run's host tier hold the working set it planned? None: no tier, or the plan
     does not say enough. vLLM's tier keeps a copy of every block it stores, so it must hold the
     whole working set, not only what the device lost, for no returning conversation to be
     lost. A tier too small for it is another experiment than one that holds it."""
-    tier, per_token = planned.get("host_tier_bytes"), planned.get("bytes_per_token")
-    working_set = planned.get("working_set_tokens")
-    if not tier or not per_token or working_set is None:
+    if plan is None or not plan.host_tier_bytes or not plan.bytes_per_token:
         return None
-    return float(tier) / float(per_token) >= int(working_set)
+    return float(plan.host_tier_bytes) / float(plan.bytes_per_token) >= plan.working_set_tokens
 
 
-def tier_too_small(row: Record) -> bool:
-    """Did this load row run with a host tier smaller than its planned working set?"""
-    planned = (row.get("pressure") or {}).get("planned") or {}
-    return tier_holds(planned) is False
+def tier_too_small(row: RunContext) -> bool:
+    """Did this row (a load row, a capacity search) run with a host tier smaller than its
+    planned working set?"""
+    return tier_holds(planned(row)) is False

@@ -1,0 +1,167 @@
+"""Where engines run, and the one way kvlab starts them.
+
+An `EngineHost` starts a step's plans together, waits until every one is ready, writes each
+one's `startup` line through its scope's `record`, yields the running processes, and stops
+them all however the block ends (an error, Ctrl-C, a cancelled task). An engine that stops
+serving while the block runs turns the block's error into one line naming it and its log.
+`LocalHost` runs the plans on this machine; `cluster.ray_host.RayHost` runs them on Ray nodes,
+one agent per node. `kvlab run` (through `experiments.Lab`), `kvlab serve`, `kvlab llama
+serve`, `kvlab demo` and `kvlab serve --node` all start engines through a host, so the
+startup line, the secrets kept to the environment (as `kvlab serve` passes them) and the
+teardown exist once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, TextIO
+
+from kvlab.core.errors import EngineError
+from kvlab.core.say import Say
+from kvlab.core.settings import Settings
+from kvlab.engines import startup
+from kvlab.engines.plan import EnginePlan
+from kvlab.engines.process import DEFAULT_READY_TIMEOUT_S, EngineProcess
+from kvlab.records.evidence import NodeInfo
+from kvlab.records.runs import StartupRecord
+
+Running = contextlib.AbstractAsyncContextManager[list[EngineProcess]]
+
+
+class Scope(Protocol):
+    """What a host needs of the run it starts engines for (`experiments.Lab` is one)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def say(self) -> Say: ...
+
+    def record(self, line: StartupRecord) -> object:
+        """Keep one startup line (append it to the notebook)."""
+        ...
+
+
+class EngineHost(Protocol):
+    """Starts plans, records them, always stops them."""
+
+    def running(self, plans: Sequence[EnginePlan], labels: Sequence[str] | None = None, *,
+                ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> Running:
+        """The plans started and ready, each one's startup line written (`labels[i]` names
+        the i-th, else the plan's own label), stopped when the block ends."""
+        ...
+
+
+def labels_for(plans: Sequence[EnginePlan], labels: Sequence[str] | None) -> list[str]:
+    """Each plan's startup label: the one given, else the seed's name for its role."""
+    chosen = list(labels) if labels is not None else [startup.plan_label(p) for p in plans]
+    if len(chosen) != len(plans):
+        raise ValueError(f"{len(plans)} plans but {len(chosen)} labels")
+    return chosen
+
+
+async def record_ready(scope: Scope, proc: EngineProcess, label: str,
+                       node: NodeInfo | None = None) -> StartupRecord:
+    """The ready engine's startup line (its own version, its log's capacity), recorded and
+    said in one line."""
+    version = await startup.server_version(proc.plan)
+    line = startup.record(proc.plan, proc.log_text(), ready_s=proc.ready_s,
+                          engine_version=version, label=label, node=node)
+    scope.record(line)
+    on = f" on node {node.node}" if node is not None else ""
+    scope.say(f"    {proc.plan.role} ready in {proc.ready_s or 0:.0f} s{on}: "
+              + "; ".join(line.capacity.lines))
+    return line
+
+
+def choice_line(plan: EnginePlan) -> str:
+    """Which build the plan runs and why, as the plan states it ("" if it does not)."""
+    choice = plan.startup_facts.engine_choice
+    if choice is None:
+        return ""
+    return f"{plan.engine}: {choice.command} ({choice.origin}): {choice.reason}"
+
+
+def error_tail(proc: EngineProcess) -> str:
+    """The engine log's first error line (the root cause), else its last lines."""
+    lines = [ln.strip() for ln in proc.log_text().splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "Error" in ln and "Traceback" not in ln]
+    return errors[0][-300:] if errors else proc.log_tail(2)
+
+
+@dataclass
+class LocalHost:
+    """Engines on this machine, each in its own process group, logs under `log_dir`.
+
+    `echo` copies each log as it grows (a foreground `kvlab serve`); `detached` leaves the
+    engines running once ready (`kvlab serve --detach`; `kvlab clean` stops them). A log is
+    `<log_prefix><role>-<port>.log`, fresh at each start. `started` holds the last block's
+    processes, so a caller still has them after the block ends (their exit codes).
+    """
+
+    scope: Scope
+    log_dir: Path
+    echo: TextIO | None = None
+    detached: bool = False
+    log_prefix: str = ""
+    started: list[EngineProcess] = field(default_factory=list)
+
+    @contextlib.asynccontextmanager
+    async def running(self, plans: Sequence[EnginePlan], labels: Sequence[str] | None = None,
+                      *, ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
+                      ) -> AsyncIterator[list[EngineProcess]]:
+        names = labels_for(plans, labels)
+        settings = self.scope.settings
+        procs = [EngineProcess(p, self.log_dir / f"{self.log_prefix}{p.role}-{p.port}.log",
+                               run_dir=settings.paths().run,
+                               secret_env=settings.engine_secret_env(),
+                               ready_timeout_s=ready_timeout_s, detached=self.detached)
+                 for p in plans]
+        self.started = procs
+        stopping = True
+        try:
+            for proc in procs:
+                proc.log_path.unlink(missing_ok=True)
+                proc.start()
+                if self.echo is not None:
+                    proc.echo_log(self.echo)
+            self.scope.say("    starting " + ", ".join(f"{p.role}:{p.port}" for p in plans))
+            for choice in dict.fromkeys(c for p in plans if (c := choice_line(p))):
+                self.scope.say(f"    {choice}")
+            await asyncio.gather(*(p.wait_ready() for p in procs))
+            for proc, label in zip(procs, names, strict=True):
+                await record_ready(self.scope, proc, label)
+            async with _watched(procs):
+                yield procs
+            stopping = not self.detached
+        finally:
+            await asyncio.shield(asyncio.gather(*(_stop(p, stopping) for p in procs)))
+
+
+async def _stop(proc: EngineProcess, stopping: bool) -> None:
+    if stopping or proc.returncode is not None:
+        await proc.stop()
+    else:
+        await proc.release()
+
+
+@contextlib.asynccontextmanager
+async def _watched(procs: Sequence[EngineProcess]) -> AsyncIterator[None]:
+    """An error inside names the engine that stopped serving, if one did: its death, not
+    what its client saw, is the cause."""
+    try:
+        yield
+    except Exception as exc:
+        for p in procs:
+            if not await p.healthy():
+                raise EngineError(
+                    f"{p.plan.engine} ({p.plan.role}) stopped serving during the run "
+                    f"(exit {p.returncode}); {p.log_path}: {error_tail(p)}") from exc
+        raise

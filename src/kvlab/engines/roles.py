@@ -1,0 +1,84 @@
+"""A lab role's engine plan, as `kvlab serve ROLE` starts it, and the plan's summary as the
+engine will really run it.
+
+The roles are the seed scripts': vLLM's (`vllm.ROLES`: baseline, offload, shared-a,
+shared-b, prefill, decode) and llama-server's (`llama`). Arguments after `--` come last on an
+engine's command line and win, so the summary states the context, slots and block size they
+set rather than the settings'.
+"""
+
+from __future__ import annotations
+
+from kvlab.core.settings import LoadedSettings
+from kvlab.engines import llamacpp, vllm
+from kvlab.engines.plan import EnginePlan
+from kvlab.engines.registry import known_engine
+
+LLAMA_ROLE = "llama"
+ENGINE_ROLES = (*vllm.ROLES, LLAMA_ROLE)
+TITLES = {"baseline": "monolithic baseline (no connector, no split)",
+          "offload": "with a key-value cache tier", "prefill": "prefill instance (producer)",
+          "decode": "decode instance (consumer)", LLAMA_ROLE: "llama-server with its cache tiers",
+          "shared-a": "instance a, sharing a key-value store",
+          "shared-b": "instance b, sharing a key-value store"}
+
+
+def plan_for_role(loaded: LoadedSettings, role: str, model: str | None, port: int | None,
+                  extra: tuple[str, ...], *, probe: bool) -> EnginePlan:
+    """The plan for `role`, probing vLLM's flags only where the role needs them (`probe`:
+    the engine must exist, as for a start; a dry run only shows the plan)."""
+    settings = loaded.values
+    if role == LLAMA_ROLE:
+        binary = llamacpp.find_llama_server(settings) or "llama-server"
+        opts = llamacpp.LlamaOptions(model=model, port=port, extra_args=extra)
+        return llamacpp.plan(settings, binary, opts).with_secrets(settings.known_secrets())
+    install = vllm.find_vllm(settings)
+    if probe:
+        vllm.require_found(install)
+    flags = None
+    if probe and role == "offload" and settings.offload:
+        flags = vllm.accepted_flags(install, settings.paths().flag_probes)
+    opts_v = vllm.PlanOptions(model=model, port=port, extra_args=extra, monolithic_switch=True)
+    return vllm.plan(settings, role, install, opts_v, flags).with_secrets(
+        settings.known_secrets())
+
+
+def as_started(plan: EnginePlan) -> list[tuple[str, str]]:
+    """The plan's summary with the context, block size and slots the engine will really use:
+    arguments after `--` come last on its command line, and the last value wins."""
+    engine = known_engine(plan.engine)
+    summary = list(plan.summary)
+    if engine is None or not plan.extra_args:
+        return summary
+    own = engine.launch_settings(plan.argv()[:len(plan.argv()) - len(plan.extra_args)])
+    real = engine.launch_settings(plan.argv())
+    ctx = real.context_tokens or own.context_tokens
+    slots = real.slots or own.slots
+    changed = {
+        "context": (own.context_tokens, real.context_tokens),
+        "slots": (own.slots, real.slots),
+        "per slot": ((own.context_tokens or 0) // (own.slots or 1),
+                     (ctx or 0) // (slots or 1) if ctx and slots else None),
+        "block": (own.block_size, real.block_size),
+    }
+    out = []
+    for key, value in summary:
+        word = _summary_word(key)
+        before, after = changed.get(word, (None, None)) if word else (None, None)
+        if after is not None and str(before) == value and after != before:
+            value = f"{after} (set by the engine arguments after --; the settings say {before})"
+        out.append((key, value))
+    if real.block_size is not None and own.block_size is None:
+        out.append(("block size", f"{real.block_size} (set by the engine arguments after --)"))
+    return out
+
+
+def _summary_word(key: str) -> str | None:
+    """Which launch setting a summary line states, by its words (plans name them so)."""
+    if "per slot" in key:
+        return "per slot"
+    if "context" in key or "model length" in key:
+        return "context"
+    if key == "slots":
+        return "slots"
+    return "block" if "block" in key else None

