@@ -296,9 +296,9 @@ async def test_a_detached_engine_process_is_left_running_with_its_record(
     assert pgid is not None
     try:
         assert process.group_alive(pgid)
-        assert [r["pid"] for r in process.live_strays(run)] == [pgid]
+        assert [r.pid for r in process.live_strays(run)] == [pgid]
     finally:
-        assert [r["pid"] for r in process.stop_strays(run)] == [pgid]
+        assert [r.pid for r in process.stop_strays(run)] == [pgid]
     assert gone(pgid, port, timeout=2)
     assert proc.returncode is not None  # reaped by `stop_strays`
 

@@ -20,6 +20,7 @@ from kvlab.engines.models import TinyModels
 from kvlab.engines.process import EngineProcess, free_port, group_alive
 from kvlab.records import notebook
 from kvlab.records.models import StartupRecord
+from kvlab.records.rows import serve_label
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -40,7 +41,8 @@ async def test_vllm_cpu_lifecycle(tmp_path: Path, tiny_models: TinyModels,
     async with proc:
         version = await startup.server_version(plan)
         record = startup.record(plan, proc.log_text(), ready_s=proc.ready_s,
-                                engine_version=version, label=startup.plan_label(plan))
+                                engine_version=version,
+                                label=serve_label(plan.role, plan.host_tier))
         async with httpx.AsyncClient(base_url=plan.base_url, timeout=60) as client:
             metrics = (await client.get("/metrics")).text
             reply = await client.post("/v1/completions", json={
@@ -73,7 +75,8 @@ async def test_llama_server_lifecycle(tmp_path: Path, tiny_models: TinyModels,
             reply = await client.post("/v1/chat/completions", json={
                 "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
         record = startup.record(plan, proc.log_text(), ready_s=proc.ready_s,
-                                engine_version=version, label=startup.plan_label(plan))
+                                engine_version=version,
+                                label=serve_label(plan.role, plan.host_tier))
         pgid = proc.pid
     assert "0c1e570" in version
     assert record.capacity.slots == 2 and record.capacity.tokens_per_slot == 2048

@@ -28,8 +28,10 @@ from kvlab.core.errors import EngineError, InputError, RefusedError
 from kvlab.engines import llamacpp
 from kvlab.engines.llamacpp import slotstore
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget, logprob_gap
-from kvlab.engines.llamacpp.server import prompt_of, server_plan, server_process
+from kvlab.engines.llamacpp.server import READY_S, prompt_of, server_plan
 from kvlab.engines.models import TinyModels
+from kvlab.engines.plan import EnginePlan
+from kvlab.engines.process import EngineProcess
 from kvlab.experiments import disk, interference, slot_share
 from kvlab.experiments.lab import Lab as RunLab
 from kvlab.records import notebook
@@ -69,11 +71,15 @@ async def lab(tmp_path_factory: pytest.TempPathFactory, tiny_models: TinyModels,
             plan = server_plan(
                 settings, llama_binary, role=f"test-tiers-{name}", ctx=4096, parallel=parallel,
                 slot_dir=store.directory, cache_ram_mib=0, accepted=accepted)
-            proc = await stack.enter_async_context(server_process(settings, plan))
+            proc = await stack.enter_async_context(_process(root, plan))
             clients[name] = await stack.enter_async_context(
                 LlamaClient(LlamaTarget.from_plan(plan, proc.log_path)))
         prompt = await prompt_of(clients["a"], PROMPT_TOKENS)
         yield Lab(store, root / "sha.json", prompt=prompt, **clients)
+
+
+def _process(root: Path, plan: EnginePlan) -> EngineProcess:
+    return EngineProcess(plan, root / f"{plan.role}.log", run_dir=root, ready_timeout_s=READY_S)
 
 
 async def test_save_erase_restore_round_trip(lab: Lab) -> None:
@@ -213,7 +219,8 @@ async def test_run_disk_done_criterion(tmp_path: Path, tiny_models: TinyModels,
     book, store = tmp_path / "book.md", tmp_path / "slots"
     run = run_lab(tmp_path, tiny_models, llama_binary)
     written = await disk.run(run, disk.DiskSpec(prompt_tokens=3000))
-    assert written == run.written and len(written) == 1
+    assert len(written) == 1 and written[0] in run.written
+    assert [r.line()["record"] for r in run.written] == ["startup", "disk"]
     record = written[0].line()
     assert record["record"] == "disk" and record["run_id"] == run.run_id
     assert record["verdict"] == "reuse proven", record["reasons"]

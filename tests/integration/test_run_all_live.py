@@ -94,8 +94,8 @@ async def test_engine_death_mid_experiment_is_a_clear_error_and_tears_down(
                                                                  preamble_words=300)))
     victim = await _wait_healthy_b(captured, task)
     for record in stray_records(settings.home() / "run"):
-        if record["port"] == victim.port:  # type: ignore[attr-defined]
-            os.killpg(int(record["pid"]), signal.SIGKILL)
+        if record.port == victim.port:  # type: ignore[attr-defined]
+            os.killpg(record.pid, signal.SIGKILL)
     with pytest.raises(KvlabError) as err:
         await task
     assert "\n" not in str(err.value)

@@ -13,9 +13,9 @@ from fakes.sse_upstream import Behaviour, SseUpstream
 from kvlab.core.errors import InputError
 from kvlab.loadgen.capacity import (
     Knob,
+    LatencyTarget,
     Probe,
     SearchPlan,
-    Target,
     judge,
     next_load,
     search,
@@ -77,14 +77,14 @@ def spec(url: str, book: Path | None = None, **kw: Any) -> LoadSpec:
 
 
 def test_target_grammar() -> None:
-    t = Target.parse("ttft_p90<=0.5, tpot_p99<=0.05,errors<=0")
+    t = LatencyTarget.parse("ttft_p90<=0.5, tpot_p99<=0.05,errors<=0")
     assert [(b.key, b.limit_s) for b in t.bounds] == [("ttft_p90", 0.5), ("tpot_p99", 0.05)]
     assert t.errors == 0 and t.text() == "ttft_p90<=0.5,tpot_p99<=0.05,errors<=0"
-    assert Target.parse("e2e_p50<=2").errors == 0.01
+    assert LatencyTarget.parse("e2e_p50<=2").errors == 0.01
     for bad in ("ttft_p91<=0.5", "ttft_ms=500", "ttft_p90<=-1", "errors<=0.1", "ttft_p90<=x",
                 "errors<=2,ttft_p90<=1"):
         with pytest.raises(InputError, match="--slo"):
-            Target.parse(bad)
+            LatencyTarget.parse(bad)
 
 
 def test_next_load_brackets_then_bisects() -> None:
@@ -111,7 +111,7 @@ def _record(ttft_s: float, ok: bool = True) -> RequestRecord:
 
 
 def test_judge_reads_percentiles_failures_and_intervals() -> None:
-    target = Target.parse("ttft_p90<=0.1,errors<=0.05")
+    target = LatencyTarget.parse("ttft_p90<=0.1,errors<=0.05")
     fast = judge(Probe(1, [_record(0.05) for _ in range(20)], []), target)
     assert fast.passed and fast.figures["ttft_p90"].value == pytest.approx(0.05)
     assert fast.figures["ttft_p90"].low == pytest.approx(0.05)
@@ -127,7 +127,7 @@ def test_judge_reads_percentiles_failures_and_intervals() -> None:
 
 async def test_rate_search_finds_a_queue_that_falls_behind(tmp_path: Path) -> None:
     book = tmp_path / "labbook.md"
-    target = Target.parse("ttft_p90<=0.125")
+    target = LatencyTarget.parse("ttft_p90<=0.125")
     plan = SearchPlan(start=4, duration_s=1.5, min_requests=5, warmup=1, max_steps=9)
     async with OneAtATime(service_s=0.05) as up:  # keeps up with 20 requests a second
         result = await search(spec(up.base_url, book, poisson=False), target, Knob.of("rate"),
@@ -150,7 +150,7 @@ async def test_rate_search_finds_a_queue_that_falls_behind(tmp_path: Path) -> No
 
 
 async def test_concurrency_search_lands_on_the_known_curve() -> None:
-    target = Target.parse("ttft_p90<=0.1")  # 0.01 + 0.02 x c: c=4 meets it, c=5 does not
+    target = LatencyTarget.parse("ttft_p90<=0.1")  # 0.01 + 0.02 x c: c=4 meets it, c=5 does not
     plan = SearchPlan(start=1, duration_s=0.4, min_requests=6, warmup=0)
     async with SlowerWhenBusy(0.01, 0.02) as up:
         result = await search(spec(up.base_url), target, Knob.of("concurrency"), plan)
@@ -163,7 +163,7 @@ async def test_concurrency_search_lands_on_the_known_curve() -> None:
 async def test_nothing_meets_an_impossible_target() -> None:
     plan = SearchPlan(start=2, duration_s=0.3, min_requests=4, warmup=0, max_steps=3)
     async with SlowerWhenBusy(0.05, 0.0) as up:
-        result = await search(spec(up.base_url), Target.parse("ttft_p50<=0.01"),
+        result = await search(spec(up.base_url), LatencyTarget.parse("ttft_p50<=0.01"),
                               Knob.of("concurrency"), plan)
     assert result.record.capacity is None and result.record.verdict == "none-met"
     assert [s.load for s in result.record.steps] == [2, 1]

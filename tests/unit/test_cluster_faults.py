@@ -66,7 +66,8 @@ async def main():
     where = Placement(cluster=address, origin="--cluster", prefill_host="node-a",
                       decode_host="node-b")
     lab = Lab(Settings(), placement=where)
-    async with lab.placed(), engines(lab, [plan("prefill"), plan("decode")]) as procs:
+    async with lab.placed(), engines(lab, [plan("prefill"), plan("decode")],
+                                         labels=["prefill", "decode"]) as procs:
         print(json.dumps([p.pid for p in procs]), flush=True)
         await asyncio.sleep(600)
 asyncio.run(main())
@@ -138,7 +139,8 @@ async def test_a_model_missing_on_its_node_is_refused_naming_node_and_path(
     async with lab.placed():
         with pytest.raises(RefusedError) as caught:
             async with engines(lab, [fake_plan("prefill"),
-                                     fake_plan("decode", "/nonexistent/kvlab-model")]):
+                                     fake_plan("decode", "/nonexistent/kvlab-model")],
+                               labels=["prefill", "decode"]):
                 pytest.fail("an engine started")
     assert str(caught.value).startswith("node node-b [")
     assert "(decode): the model /nonexistent/kvlab-model does not exist there" in str(
@@ -151,7 +153,8 @@ async def test_an_engine_lost_mid_run_ends_it_naming_node_and_role(cluster: str)
     async with lab.placed():
         started = time.monotonic()
         with pytest.raises(EngineError) as caught:
-            async with engines(lab, [fake_plan("prefill"), fake_plan("decode")]) as procs:
+            async with engines(lab, [fake_plan("prefill"), fake_plan("decode")],
+                                     labels=["prefill", "decode"]) as procs:
                 prefill, decode = procs
                 assert {p.plan.host for p in procs} == {lab.cluster.where("decode").address}
                 os.kill(int(decode.pid or 0), signal.SIGKILL)

@@ -49,9 +49,9 @@ async def test_hf_token_from_dotenv_reaches_a_run_engine_and_nothing_written(
     port = free_port()
     plan = EnginePlan(engine="env-reporter", role="baseline",
                       command=(sys.executable, str(script)), positional=(str(port), str(seen)),
-                      port=port, label_hint="secret-check")
+                      port=port)
     lab = Lab(settings)
-    async with engines(lab, [plan], ready_timeout_s=60) as (proc,):
+    async with engines(lab, [plan], labels=["secret-check"], ready_timeout_s=60) as (proc,):
         log = proc.log_path
     assert seen.read_text(encoding="utf-8") == "set"
     written = [log, Path(settings.labbook), *(tmp_path / "home").rglob("*")]

@@ -13,7 +13,7 @@ from fakes.sse_upstream import Behaviour, SseUpstream
 from kvlab.core.errors import UnreachableError
 from kvlab.engines.process import free_port
 from kvlab.loadgen import stats
-from kvlab.loadgen.client import Target
+from kvlab.loadgen.client import Endpoint
 from kvlab.loadgen.record import RequestRecord
 from kvlab.loadgen.runner import LevelRun, Schedule
 from kvlab.loadgen.sweep import LoadSpec, level_payloads, run_level
@@ -32,7 +32,7 @@ def spec(url: str, requests: int, **kw: object) -> LoadSpec:
 async def test_one_in_three_fails_and_percentiles_use_successes_only() -> None:
     async with SseUpstream(Behaviour(fail_every=3)) as up:
         s = spec(up.base_url, 9)
-        row = await run_level(s, Target.from_url(up.base_url), 2, 0)
+        row = await run_level(s, Endpoint.from_url(up.base_url), 2, 0)
     assert up.counters.requests == 9 and up.counters.failed == 3
     assert (row.ok, row.failed, row.cancelled) == (6, 3, 0)
     assert row.errors == {"http 500": 3}
@@ -44,7 +44,7 @@ async def test_one_in_three_fails_and_percentiles_use_successes_only() -> None:
 
 async def test_stalled_stream_is_a_timeout_failure() -> None:
     async with SseUpstream(Behaviour(stall_every=2, tokens=4)) as up:
-        row = await run_level(spec(up.base_url, 4, timeout_s=0.5), Target.from_url(up.base_url),
+        row = await run_level(spec(up.base_url, 4, timeout_s=0.5), Endpoint.from_url(up.base_url),
                               2, 0)
     assert up.counters.stalled == 2
     assert (row.ok, row.failed) == (2, 2)
@@ -57,7 +57,7 @@ async def test_stop_keeps_what_was_measured() -> None:
     async with SseUpstream(Behaviour(tokens=10, itl_s=0.02)) as up:
         stop = asyncio.Event()
         asyncio.get_running_loop().call_later(0.5, stop.set)
-        row = await run_level(spec(up.base_url, 12), Target.from_url(up.base_url), 2, 0,
+        row = await run_level(spec(up.base_url, 12), Endpoint.from_url(up.base_url), 2, 0,
                               stop=stop)
     assert row.interrupted is True
     assert row.cancelled >= 1 and row.ok >= 1
@@ -68,7 +68,7 @@ async def test_stop_keeps_what_was_measured() -> None:
 
 async def test_server_closing_each_connection() -> None:
     async with SseUpstream(Behaviour(close_after=True, tokens=3)) as up:
-        row = await run_level(spec(up.base_url, 6), Target.from_url(up.base_url), 2, 0)
+        row = await run_level(spec(up.base_url, 6), Endpoint.from_url(up.base_url), 2, 0)
     assert row.ok == 6 and row.failed == 0
     assert row.connections_opened >= 6
 
@@ -85,7 +85,7 @@ async def test_counter_deltas_across_an_engine_restart() -> None:
 
         s = spec(up.base_url, 4, scrape_metrics=True)
         async with httpx.AsyncClient(trust_env=False) as client:
-            row = await run_level(s, Target.from_url(up.base_url), 1, 0,
+            row = await run_level(s, Endpoint.from_url(up.base_url), 1, 0,
                                   progress=restart_after_first, client=client)
     # after the reset the counters restarted from zero: the delta is what was counted since
     assert row.metric_deltas["prefix_cache_hits"] == 150
@@ -95,7 +95,7 @@ async def test_counter_deltas_across_an_engine_restart() -> None:
 
 async def test_open_loop_keeps_its_schedule() -> None:
     async with SseUpstream(Behaviour(tokens=2, ttft_s=0.001, itl_s=0.001)) as up:
-        target = Target.from_url(up.base_url)
+        target = Endpoint.from_url(up.base_url)
         payloads = level_payloads(spec(up.base_url, 20), target, 0)
         result = await LevelRun(target, payloads, Schedule(concurrency=8, rate=100.0,
                                                            poisson=False),
@@ -110,7 +110,7 @@ async def test_open_loop_keeps_its_schedule() -> None:
 
 async def test_api_key_is_sent_and_never_recorded() -> None:
     async with SseUpstream(Behaviour(tokens=2)) as up:
-        row = await run_level(spec(up.base_url, 2), Target.from_url(up.base_url), 1, 0,
+        row = await run_level(spec(up.base_url, 2), Endpoint.from_url(up.base_url), 1, 0,
                               api_key="sk-test-do-not-write")
     assert up.counters.authorization == ["Bearer sk-test-do-not-write"] * 2
     assert "sk-test-do-not-write" not in json.dumps(row.line())
@@ -120,4 +120,4 @@ async def test_api_key_is_sent_and_never_recorded() -> None:
 async def test_unreachable_server_is_one_clear_error() -> None:
     url = f"http://127.0.0.1:{free_port()}/v1"
     with pytest.raises(UnreachableError, match="cannot connect"):
-        await run_level(spec(url, 2), Target.from_url(url), 1, 0)
+        await run_level(spec(url, 2), Endpoint.from_url(url), 1, 0)

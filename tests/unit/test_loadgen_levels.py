@@ -12,7 +12,7 @@ from fakes.fault_upstream import FaultUpstream
 from fakes.sse_upstream import Behaviour, SseUpstream
 from kvlab.core.errors import InputError
 from kvlab.engines.process import free_port
-from kvlab.loadgen.client import Target
+from kvlab.loadgen.client import Endpoint
 from kvlab.loadgen.runner import LevelRun, Schedule, Until
 from kvlab.loadgen.sweep import WARMUP_OFFSET, LoadSpec, level_payloads, run_level, run_sweep
 from kvlab.measure import compare
@@ -43,7 +43,7 @@ def question(body: dict[str, object]) -> str:
 async def test_warmup_is_sent_first_marked_and_left_out(tmp_path: Path) -> None:
     book = tmp_path / "labbook.md"
     async with SseUpstream(Behaviour(tokens=4)) as up:
-        row = await run_level(spec(up.base_url, book, warmup=3), Target.from_url(up.base_url),
+        row = await run_level(spec(up.base_url, book, warmup=3), Endpoint.from_url(up.base_url),
                               2, 0)
     assert up.counters.requests == 8  # 3 warm-up + 5 measured
     assert row.warmup_requests == 3 and row.requests == row.ok == 5
@@ -77,7 +77,7 @@ async def test_timed_level_runs_its_duration_and_at_least_its_minimum(tmp_path: 
     book = tmp_path / "labbook.md"
     async with SseUpstream(Behaviour(tokens=3, ttft_s=0.01, itl_s=0.005)) as up:
         s = spec(up.base_url, book, requests=None, min_requests=3, duration_s=0.6, warmup=1)
-        row = await run_level(s, Target.from_url(up.base_url), 2, 0)
+        row = await run_level(s, Endpoint.from_url(up.base_url), 2, 0)
     assert row.duration_reached is True and row.duration_s >= 0.6
     assert row.requests > 3 and row.failed == 0 and row.min_requests == 3
     lines = file_lines(book, row)
@@ -90,7 +90,7 @@ async def test_timed_level_runs_its_duration_and_at_least_its_minimum(tmp_path: 
 
 async def test_timed_level_without_more_requests_says_it_stopped_short() -> None:
     async with SseUpstream(Behaviour(tokens=2)) as up:
-        target = Target.from_url(up.base_url)
+        target = Endpoint.from_url(up.base_url)
         payloads = level_payloads(spec(up.base_url, requests=4), target, 0)
         result = await LevelRun(target, payloads, Schedule(concurrency=2), timeout_s=5,
                                 until=Until(2, 5.0)).run()
@@ -125,7 +125,7 @@ async def test_stopped_during_warmup_measures_nothing(tmp_path: Path) -> None:
         stop = asyncio.Event()
         asyncio.get_running_loop().call_later(0.3, stop.set)
         row = await run_level(spec(up.base_url, book, warmup=2, max_tokens=20),
-                              Target.from_url(up.base_url), 2, 0, stop=stop)
+                              Endpoint.from_url(up.base_url), 2, 0, stop=stop)
     assert row.interrupted is True and row.requests == 0 and row.unsent == 5
     assert row.warmup_cancelled == 2 and row.ttft_s is None
     assert [x.status for x in file_lines(book, row)] == ["cancelled", "cancelled"]
@@ -139,13 +139,13 @@ async def test_the_failed_leg_through_kvlabs_proxy_is_in_the_file(tmp_path: Path
         async with running(config) as app:
             s = spec(app.url + "/v1", book, model="fake-model", endpoint="completions",
                      requests=2, warmup=1, max_tokens=6, label="split")
-            row = await run_level(s, Target.from_url(s.base_url), 1, 0)
+            row = await run_level(s, Endpoint.from_url(s.base_url), 1, 0)
         config = ProxyConfig(prefill=(f"127.0.0.1:{free_port()}",), decode=(decode.url,),
                              port=0, compat=None)  # nothing listens where prefill should be
         async with running(config) as app:
             s = spec(app.url + "/v1", book, model="fake-model", endpoint="completions",
                      requests=2, warmup=0, max_tokens=6, label="split-down")
-            down = await run_level(s, Target.from_url(s.base_url), 1, 0)
+            down = await run_level(s, Endpoint.from_url(s.base_url), 1, 0)
     mid = file_lines(book, row)
     assert [(x.status, x.failed_leg) for x in mid] == [("failed", "decode")] * 3
     assert all(x.error == "error event" and "mid-stream" in (x.error_detail or "")

@@ -1,5 +1,5 @@
 """`kvlab run offload --tier off|on`: one side of the pressure pair, its repeats back to
-back in one engine session, and where the tier cannot run, the reason recorded."""
+back in one stint of its engines, and where the tier cannot run, the reason recorded."""
 
 from __future__ import annotations
 
@@ -9,22 +9,23 @@ from typing import Any
 
 import pytest
 
+from kvlab.engines.vllm.selection import VllmInstall
 from kvlab.experiments import offload, repeats
 from kvlab.records.models import NotRunRecord, Record
 
 
 def _run(monkeypatch: pytest.MonkeyPatch, platform: str,
          **spec: Any) -> tuple[list[Any], list[Record]]:
-    calls: list[tuple[bool, repeats.Session]] = []
+    calls: list[tuple[bool, repeats.Stint]] = []
 
     async def fake_pressure(lab: Any, spec: Any, on: bool, pressure: Any,
-                            session: repeats.Session) -> list[Record]:
-        calls.append((on, session))
+                            stint: repeats.Stint) -> list[Record]:
+        calls.append((on, stint))
         return []
 
     monkeypatch.setattr(offload, "under_pressure", fake_pressure)
     monkeypatch.setattr(offload, "pressure_plan", lambda lab, spec: object())
-    lab = SimpleNamespace(vllm=SimpleNamespace(platform=platform),
+    lab = SimpleNamespace(vllm=VllmInstall(("vllm",), platform, "PATH"),
                           not_run=lambda row, reason: NotRunRecord(
                               label=row.label, lab=row.lab, row=row.title, reason=reason))
     spec_ = offload.OffloadSpec(part="pressure", **spec)

@@ -93,7 +93,7 @@ def test_stop_strays_stops_a_recorded_group(tmp_path: Path) -> None:
     (pids / f"{child.pid}.json").write_text(json.dumps({  # a record as kvlab 0.1 wrote it
         "pid": child.pid, "argv0": sys.executable, "started": time.time()}))
     stopped = process.stop_strays(tmp_path / "run")
-    assert [r["pid"] for r in stopped] == [child.pid]
+    assert [r.pid for r in stopped] == [child.pid]
     assert child.wait(timeout=5) is not None
     assert not list(pids.glob("*.json"))
     assert os.getpgid(os.getpid()) != child.pid

@@ -1,4 +1,4 @@
-"""Repeats in alternating order, grouped into engine sessions (`experiments.repeats`)."""
+"""Repeats in alternating order, grouped into stints (`experiments.repeats`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvlab.core.errors import InputError
-from kvlab.experiments.repeats import Session, one_side, order, sessions
+from kvlab.experiments.repeats import Stint, one_side, order, stints
 
 
 def test_two_sides_alternate_a_b_b_a() -> None:
@@ -21,12 +21,12 @@ def test_three_sides_run_forward_then_back() -> None:
 
 
 def test_consecutive_runs_of_a_side_share_one_session() -> None:
-    assert sessions(3) == [Session(0, (0,), True), Session(1, (0, 1), True),
-                           Session(0, (1, 2), False), Session(1, (2,), False)]
+    assert stints(3) == [Stint(0, (0,), True), Stint(1, (0, 1), True),
+                           Stint(0, (1, 2), False), Stint(1, (2,), False)]
 
 
 def test_without_repeat_each_side_runs_once_unnumbered() -> None:
-    assert sessions(1) == [Session(0, (None,), True), Session(1, (None,), True)]
+    assert stints(1) == [Stint(0, (None,), True), Stint(1, (None,), True)]
     assert one_side(1) == (None,) and one_side(3) == (0, 1, 2)
 
 
@@ -43,7 +43,7 @@ def test_every_side_runs_every_repeat_once_and_drift_is_balanced(count: int,
                                                                  sides: int) -> None:
     runs = order(count, sides)
     assert sorted(runs) == sorted((s, r) for s in range(sides) for r in range(count))
-    grouped = sessions(count, sides)
+    grouped = stints(count, sides)
     assert [(g.side, r) for g in grouped for r in g.repeats] == [
         (s, r if count > 1 else None) for s, r in runs]
     assert all(a.side != b.side for a, b in itertools.pairwise(grouped))

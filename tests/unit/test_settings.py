@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.cli.settings_cmd import env_example_text
+from kvlab.core.env_example import env_example_text
 from kvlab.core.errors import SettingError
 from kvlab.core.settings import load_settings
 

@@ -14,7 +14,7 @@ import pytest
 from fakes.sse_upstream import Behaviour, SseUpstream
 from kvlab.core.errors import InputError
 from kvlab.loadgen import trace
-from kvlab.loadgen.client import Target
+from kvlab.loadgen.client import Endpoint
 from kvlab.loadgen.spec import LoadSpec
 from kvlab.loadgen.sweep import Inputs, measure_level, run_sweep
 from kvlab.loadgen.trace import TokenPool, TraceRequest, TraceSpec
@@ -125,7 +125,7 @@ async def test_replay_sends_token_prompts_at_the_trace_times(tmp_path: Path) -> 
                         max_tokens=5, prompt_set="mixed", label="tr", scrape_metrics=False,
                         endpoint="completions", trace=spec, warmup=1)
         started = time.perf_counter()
-        got = await measure_level(load, Target.from_url(up.base_url), 8, 0,
+        got = await measure_level(load, Endpoint.from_url(up.base_url), 8, 0,
                                   inputs=Inputs(pool=POOL, trace=trace.read(spec)))
         took = time.perf_counter() - started
     bodies = up.counters.bodies

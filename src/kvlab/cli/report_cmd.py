@@ -23,13 +23,11 @@ from kvlab.cli.common import Output, json_option, settings_from
 def report_command(ctx: click.Context, labbook: str | None, out_dir: Path, no_plots: bool,
                    csv_dir: Path | None, as_json: bool) -> None:
     """Fill the labs' "Expected outcome" tables from the notebook, with evidence."""
-    from kvlab.report import build
+    from kvlab.report import write
 
     settings = settings_from(ctx, labbook=labbook).values
-    out_dir.mkdir(parents=True, exist_ok=True)
-    report = build(settings.labbook, None if no_plots else out_dir, csv_dir)
+    report = write(settings.labbook, out_dir, plots=not no_plots, csv_dir=csv_dir)
     text = report.markdown()
-    (out_dir / "report.md").write_text(text + "\n", encoding="utf-8")
     data = {**report.as_dict(), "written": str(out_dir / "report.md")}
     where = f"\n(written to {out_dir}/report.md" + (
         f"; {len(report.csv_files)} CSV files in {csv_dir}" if csv_dir is not None else "") + ")"

@@ -16,31 +16,16 @@ import asyncio
 from typing import TYPE_CHECKING
 
 import click
-from rich.console import Console
 
 from kvlab.cli.common import Output, json_option, settings_from
-from kvlab.engines.roles import ENGINE_ROLES, TITLES, as_started, plan_for_role
+from kvlab.engines.roles import ENGINE_ROLES, plan_for_role
 
 if TYPE_CHECKING:
-    from kvlab.engines.plan import EnginePlan
     from kvlab.experiments.serve import Served
 
 detach_option = click.option(
     "--detach", is_flag=True,
     help="Leave the engine running once it is ready (`kvlab clean` stops it).")
-
-
-def print_summary(console: Console, plan: EnginePlan) -> None:
-    console.print(f"==> {plan.engine} {TITLES.get(plan.role, plan.role)}")
-    summary = as_started(plan)
-    width = max(len(k) for k, _ in summary) if summary else 0
-    for key, value in summary:
-        console.print(f"    {key:<{width}}  {value}")
-    if plan.label_hint and plan.label_hint != plan.role:
-        console.print(f"\n    Suggested label for the measurement:  {plan.label_hint}")
-    for note in plan.notes:
-        console.print(f"    note: {note}")
-    console.print(f"\n    {plan.shell_line()}\n")
 
 
 @click.command("serve", context_settings={"ignore_unknown_options": False})
@@ -77,15 +62,16 @@ def serve_command(ctx: click.Context, role: str, engine_args: tuple[str, ...], m
         ctx.invoke(proxy_command, port=port, connector=connector, as_json=as_json)
         return
     from kvlab.experiments import serve
+    from kvlab.report import console
 
     loaded = settings_from(ctx, connector=connector, offload=offload)
     plan = plan_for_role(loaded, role, model, port, tuple(engine_args), probe=not dry_run)
     out = Output(as_json)
     if dry_run:
         out.result({"plan": plan.as_dict(), "dry_run": True},
-                   lambda console: print_summary(console, plan))
+                   lambda c: console.plan(c, plan))
         return
-    print_summary(out.err if as_json else out.console, plan)
+    console.plan(out.err if as_json else out.console, plan)
     if node or cluster:
         if detach:
             raise click.UsageError("--detach with --node: an engine on a node lives as long as "

@@ -71,6 +71,28 @@ class Counters:
     store_bytes: int | None = None
 
 
+@dataclass(frozen=True)
+class NodeFacts:
+    """What a node's agent reports about its node when a run joins it."""
+
+    node_id: str
+    hostname: str
+    machine_id: str | None
+    interfaces: dict[str, list[str]]  # name -> addresses
+    speeds: dict[str, int | None]  # name -> Mb/s
+    kvlab_version: str
+    pid: int
+    home: str
+    gpus: str | None  # the GPUs Ray gave this node's agent, which its engines inherit
+
+    def iface_of(self, address: str) -> str | None:
+        """The interface holding `address`, if this node has one."""
+        return next((n for n, held in sorted(self.interfaces.items()) if address in held), None)
+
+    def addresses(self) -> list[str]:
+        return sorted({a for held in self.interfaces.values() for a in held})
+
+
 class NodeAgent:
     """One node's engines and facts; made a Ray actor by `remote_class()`."""
 
@@ -80,18 +102,18 @@ class NodeAgent:
         self.procs: dict[str, EngineProcess] = {}
         atexit.register(self.stop_all)
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> NodeFacts:
         import ray
 
         from kvlab.observe import netdev
 
-        return {"node_id": ray.get_runtime_context().get_node_id(),
-                "hostname": socket.gethostname(), "machine_id": machine_id(),
-                "interfaces": {k: list(v) for k, v in netdev.iface_addresses().items()},
-                "speeds": link_speeds(), "kvlab_version": __version__, "pid": os.getpid(),
-                "home": str(self.paths.home),
-                # the GPUs Ray gave this node's agent, which its engines inherit (None: all)
-                "gpus": os.environ.get("CUDA_VISIBLE_DEVICES") if ray.get_gpu_ids() else None}
+        return NodeFacts(
+            node_id=ray.get_runtime_context().get_node_id(), hostname=socket.gethostname(),
+            machine_id=machine_id(),
+            interfaces={k: list(v) for k, v in netdev.iface_addresses().items()},
+            speeds=link_speeds(), kvlab_version=__version__, pid=os.getpid(),
+            home=str(self.paths.home),
+            gpus=os.environ.get("CUDA_VISIBLE_DEVICES") if ray.get_gpu_ids() else None)
 
     def missing(self, paths: dict[str, str]) -> dict[str, str]:
         """Those of `paths` (what -> path) that do not exist on this node."""
@@ -153,7 +175,7 @@ class NodeAgent:
         proc = self.procs.get(key)
         return proc.returncode if proc is not None else UNKNOWN_ENGINE
 
-    def status(self, key: str) -> dict[str, Any]:
+    def status(self, key: str) -> dict[str, object]:
         proc = self.procs.get(key)
         if proc is None:
             return {"returncode": None, "healthy": False, "known": False}

@@ -17,7 +17,6 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from kvlab.core.errors import RefusedError
 from kvlab.observe import netdev
@@ -67,17 +66,22 @@ class Resolved:
     direct: bool = False
 
 
-def from_ray(entries: Iterable[dict[str, Any]]) -> list[Node]:
+def from_ray(entries: Iterable[dict[str, object]]) -> list[Node]:
     """`ray.nodes()` entries as nodes (dead ones kept, marked, for the listing)."""
     out = []
     for e in entries:
-        labels = {str(k): str(v) for k, v in (e.get("Labels") or {}).items()
+        labels = {str(k): str(v) for k, v in _mapping(e.get("Labels")).items()
                   if not str(k).startswith("ray.io/")}
+        gpus = _mapping(e.get("Resources")).get("GPU", 0)
         out.append(Node(node_id=str(e["NodeID"]), address=str(e["NodeManagerAddress"]),
                         hostname=str(e.get("NodeManagerHostname") or e["NodeManagerAddress"]),
                         labels=labels, alive=bool(e.get("Alive", True)),
-                        gpus=int((e.get("Resources") or {}).get("GPU", 0))))
+                        gpus=int(gpus) if isinstance(gpus, int | float) else 0))
     return out
+
+
+def _mapping(value: object) -> dict[object, object]:
+    return value if isinstance(value, dict) else {}
 
 
 def undirected(name: str) -> tuple[str, bool]:

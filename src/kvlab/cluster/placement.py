@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 from kvlab.core.errors import SettingError
 from kvlab.core.settings import Settings
@@ -66,7 +65,7 @@ class Placement:
         found = [t for t in (self.target(r) for r in roles) if t is not None]
         return list(dict.fromkeys(found))
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         if not self.remote:
             return {"placement": "local"}
         roles = {r: (t[1] if (t := self.target(r)) else "where kvlab runs")

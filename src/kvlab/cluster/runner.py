@@ -168,7 +168,7 @@ class RayHost:
     echo: TextIO | None = None
 
     @contextlib.asynccontextmanager
-    async def running(self, plans: Sequence[EnginePlan], labels: Sequence[str] | None = None,
+    async def running(self, plans: Sequence[EnginePlan], labels: Sequence[str],
                       *, ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
                       ) -> AsyncIterator[list[EngineProcess]]:
         names = labels_for(plans, labels)

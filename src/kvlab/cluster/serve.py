@@ -26,7 +26,7 @@ from kvlab.core.errors import SettingError
 from kvlab.core.settings import Settings
 from kvlab.engines.host import Scope
 from kvlab.engines.plan import EnginePlan
-from kvlab.engines.startup import plan_label
+from kvlab.records.rows import serve_label
 
 POLL_S = 1.0
 
@@ -57,7 +57,8 @@ async def on_node(scope: Scope, plan: EnginePlan, placement: Placement,
         bound = rebind(plan, placed.address, plan.port)
         proc: RemoteEngine | None = None
         try:
-            async with host.running([bound], [plan_label(plan)]) as (started,):
+            label = serve_label(plan.role, plan.host_tier)
+            async with host.running([bound], [label]) as (started,):
                 assert isinstance(started, RemoteEngine)
                 proc = started
                 yield started

@@ -29,7 +29,7 @@ import signal
 import socket
 import threading
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from kvlab import __version__
 from kvlab.cluster import nodes
-from kvlab.cluster.agent import machine_id, remote_class
+from kvlab.cluster.agent import NodeFacts, machine_id, remote_class
 from kvlab.cluster.placement import Placement
 from kvlab.core.errors import EngineError, KvlabError, RefusedError, SettingError
 from kvlab.core.say import Say, quiet
@@ -58,7 +58,7 @@ class Placed:
 
     resolved: nodes.Resolved
     agent: Any  # the Ray actor handle
-    facts: dict[str, Any] = field(default_factory=dict)
+    facts: NodeFacts | None = None  # once joined
 
     @property
     def name(self) -> str:
@@ -72,19 +72,19 @@ class Placed:
     @property
     def iface(self) -> str | None:
         """The node's interface holding that address."""
-        held = self.facts.get("interfaces", {})
-        return next((n for n, addrs in sorted(held.items()) if self.address in addrs), None)
+        return self.facts.iface_of(self.address) if self.facts else None
 
     def describe(self) -> NodeInfo:
         """What every row records about the node."""
-        iface = self.iface
+        iface, facts = self.iface, self.facts
         return NodeInfo(node=self.name, node_id=self.resolved.node.node_id,
-                        hostname=self.facts.get("hostname", self.resolved.node.hostname),
-                        address=self.address, machine_id=self.facts.get("machine_id"),
-                        iface=iface, link_speed_mbps=self.facts.get("speeds", {}).get(iface),
+                        hostname=facts.hostname if facts else self.resolved.node.hostname,
+                        address=self.address, machine_id=facts.machine_id if facts else None,
+                        iface=iface,
+                        link_speed_mbps=facts.speeds.get(iface) if facts and iface else None,
                         named_by=f"{self.resolved.setting}={self.resolved.name} "
                                  f"({self.resolved.matched_by})",
-                        gpus=self.facts.get("gpus"))
+                        gpus=facts.gpus if facts else None)
 
 
 class ClusterSession:
@@ -116,7 +116,8 @@ class ClusterSession:
             if r.node.node_id not in agents:
                 agents[r.node.node_id] = Placed(r, self._agent(r.node))
             self.by_name[(r.setting, r.name)] = Placed(r, agents[r.node.node_id].agent)
-        facts = {nid: await self.call(p, "facts") for nid, p in agents.items()}
+        facts: dict[str, NodeFacts] = {nid: await self.call(p, "facts")
+                                       for nid, p in agents.items()}
         for placed in self.by_name.values():
             placed.facts = facts[placed.resolved.node.node_id]
             self._check_node(placed)
@@ -152,13 +153,12 @@ class ClusterSession:
                                       num_gpus=node.gpus).remote(self.run_id)
 
     def _check_node(self, placed: Placed) -> None:
-        version = placed.facts.get("kvlab_version")
+        version = placed.facts.kvlab_version if placed.facts else None
         if version != __version__:
             raise RefusedError(f"node {placed.name} runs kvlab {version}, this machine "
                                f"{__version__}: install the same kvlab on every node")
         if placed.iface is None:
-            held = sorted({a for addrs in placed.facts.get("interfaces", {}).values()
-                           for a in addrs})
+            held = placed.facts.addresses() if placed.facts else []
             raise RefusedError(
                 f"{placed.resolved.setting}={placed.resolved.name}: node {placed.name} holds "
                 f"no interface with address {placed.address} (it has {', '.join(held)}); name "

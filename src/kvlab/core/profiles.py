@@ -10,7 +10,6 @@ always wins over the profile.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from kvlab.core.settings import Settings
 
@@ -30,7 +29,7 @@ def tiny_paths(home: Path) -> tuple[Path, Path]:
     return root / "hf", root / "tiny.gguf"
 
 
-def cpu_tiny_values(home: Path) -> dict[str, Any]:
+def cpu_tiny_values(home: Path) -> dict[str, object]:
     hf, gguf = tiny_paths(home)
     return {
         "model": str(hf),
@@ -56,7 +55,7 @@ def shaped_paths(home: Path) -> tuple[Path, Path]:
     return home / "models" / "shaped-qwen3-8b", home / "models" / "shaped-qwen3-1.7b"
 
 
-def gpu_shaped_values(home: Path) -> dict[str, Any]:
+def gpu_shaped_values(home: Path) -> dict[str, object]:
     """The GPU validation: the labs' real shapes with random weights made on the device.
 
     vLLM builds the weights itself (--load-format dummy), eager mode keeps each start near a
@@ -67,7 +66,7 @@ def gpu_shaped_values(home: Path) -> dict[str, Any]:
             "kv_offload_gb": 32, "llama_slot_save_path": str(home / "slots")}
 
 
-def embedded(first: Settings) -> tuple[str, str, dict[str, Any]]:
+def embedded(first: Settings) -> tuple[str, str, dict[str, object]]:
     """(profile, reason, values) for `load_settings(profile_values=...)`."""
     choice = first.kvlab_profile
     if choice == "none" or choice == "gpu":

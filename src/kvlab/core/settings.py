@@ -19,7 +19,7 @@ from __future__ import annotations
 import io
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -175,7 +175,7 @@ class Settings(BaseSettings):
 
     @field_validator("concurrency", mode="before")
     @classmethod
-    def _levels(cls, value: Any) -> Any:
+    def _levels(cls, value: object) -> object:
         if isinstance(value, str):
             parts = [p.strip() for p in value.split(",") if p.strip()]
             if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
@@ -258,11 +258,15 @@ def shown_value(settings: Settings, name: str) -> str:
     return str(value)
 
 
+# the embedded profile's answer for first-pass settings: (profile name, reason, {field: value})
+ProfileValues = Callable[["Settings"], tuple[str, str, dict[str, object]]]
+
+
 def load_settings(
     env_file: Path | str | None = None,
-    overrides: dict[str, Any] | None = None,
+    overrides: dict[str, object] | None = None,
     *,
-    profile_values: Any = None,
+    profile_values: ProfileValues | None = None,
 ) -> LoadedSettings:
     """Read flags (`overrides`), environment, `.env` and the profile into validated settings.
 
@@ -280,7 +284,7 @@ def load_settings(
     from_file = {k.lower(): v for k, v in dotenv.items()
                  if sources.get(k.lower()) == str(path)}
     first = _validate({**from_file, **flags}, sources)
-    profile, reason, extra = ("none", "", {})
+    profile, reason, extra = "none", "", dict[str, object]()
     if profile_values is not None:
         profile, reason, extra = profile_values(first)
     from_profile = {k: v for k, v in extra.items() if sources.get(k) == "default"}
@@ -345,7 +349,7 @@ def _duplicates(path: Path, bindings: Iterable[Binding]) -> list[str]:
     return [f"{path} sets {'; '.join(twice)} more than once: the last line counts"]
 
 
-def _sources(flags: dict[str, Any], dotenv: dict[str, str], path: Path | None) -> dict[str, str]:
+def _sources(flags: dict[str, object], dotenv: dict[str, str], path: Path | None) -> dict[str, str]:
     env_keys = {k.lower() for k, v in os.environ.items() if v != ""}
     dot_keys = {k.lower() for k in dotenv}
     sources = {}
@@ -384,7 +388,7 @@ def hides_value(name: str) -> bool:
     return name in SECRET_FIELDS or name.endswith("_env") or "key" in name or "token" in name
 
 
-def _shown_input(given: Any) -> str:
+def _shown_input(given: object) -> str:
     """An invalid value as an error shows it: quoted, and cut short if long."""
     text = repr(given)
     if len(text) <= _SHOWN_INPUT_CHARS:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kvlab.observe.metrics import CounterTable, GaugeTable, Snapshot
 from kvlab.records.evidence import InstanceLine, KvCapacity
@@ -49,7 +49,15 @@ PROBE_MESSAGES = [
     {"role": "user", "content": "And «7 × 6»? Émoji ok: 🙂 — tabs\tand newlines\nalso."},
 ]
 
-__all__ = ["NAMES", "CounterTable", "Engine", "GaugeTable", "InstanceFacts"]
+__all__ = ["NAMES", "CounterTable", "Engine", "GaugeTable", "InstanceFacts", "Support"]
+
+
+@dataclass(frozen=True)
+class Support:
+    """Whether an install can do a thing here, and if not, why (said in a not-run line)."""
+
+    ok: bool
+    reason: str = ""
 
 
 @dataclass
@@ -125,9 +133,16 @@ def has_flag(argv: list[str], name: str) -> bool:
     return any(arg == name or arg.startswith(name + "=") for arg in argv)
 
 
-def _number(text: str | None, kind: type[int] | type[float]) -> Any:
+def _int(text: str | None) -> int | None:
     try:
-        return kind(text) if text is not None else None
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _float(text: str | None) -> float | None:
+    try:
+        return float(text) if text is not None else None
     except ValueError:
         return None
 
@@ -140,11 +155,10 @@ def launch_settings_from(argv: list[str], ctx_flags: tuple[str, ...],
     fraction = flag_value(argv, fraction_flag) if fraction_flag else None
     block = flag_value(argv, *block_flags) if block_flags else None
     slots = flag_value(argv, *slot_flags) if slot_flags else None
-    return LaunchSettings(_number(ctx, int), _number(fraction, float), _number(block, int),
-                          _number(slots, int))
+    return LaunchSettings(_int(ctx), _float(fraction), _int(block), _int(slots))
 
 
-def token_list(body: dict[str, Any] | None) -> list[int] | None:
+def token_list(body: dict[str, object] | None) -> list[int] | None:
     """The "tokens" list of a /tokenize answer (both engines name it so), or None."""
     tokens = body.get("tokens") if body else None
     if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
@@ -174,15 +188,15 @@ class CaseRunner(Protocol):
         """The run's nonce: its prompts open with it, so nothing else shares them."""
         ...
 
-    async def cold(self, name: str, url: str, **extra: Any) -> Asked:
+    async def cold(self, name: str, url: str, **extra: object) -> Asked:
         """The run's prompt, the first time anywhere."""
         ...
 
-    async def identical(self, name: str, url: str, why: str, **extra: Any) -> Asked:
+    async def identical(self, name: str, url: str, why: str, **extra: object) -> Asked:
         """The run's prompt again: every reusable token is expected from cache."""
         ...
 
-    async def control(self, name: str, url: str, why: str, **extra: Any) -> Asked:
+    async def control(self, name: str, url: str, why: str, **extra: object) -> Asked:
         """The same length with other first words: nothing cached can match it."""
         ...
 

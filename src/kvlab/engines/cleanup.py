@@ -14,9 +14,8 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import psutil
 
@@ -31,13 +30,14 @@ _ENTRY = re.compile(r"^[0-9a-f]{32}$")
 
 @dataclass
 class CleanReport:
-    stopped: list[dict[str, Any]] = field(default_factory=list)
+    stopped: list[process.PidRecord] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
     bytes_freed: int = 0
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def as_dict(self) -> dict[str, object]:
+        return {"stopped": [r.model_dump(mode="json", exclude_none=True) for r in self.stopped],
+                "removed": self.removed, "kept": self.kept, "bytes_freed": self.bytes_freed}
 
 
 def _is_store_entry(path: Path) -> bool:

@@ -52,19 +52,18 @@ class Scope(Protocol):
 class EngineHost(Protocol):
     """Starts plans, records them, always stops them."""
 
-    def running(self, plans: Sequence[EnginePlan], labels: Sequence[str] | None = None, *,
+    def running(self, plans: Sequence[EnginePlan], labels: Sequence[str], *,
                 ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> Running:
         """The plans started and ready, each one's startup line written (`labels[i]` names
-        the i-th, else the plan's own label), stopped when the block ends."""
+        the i-th), stopped when the block ends."""
         ...
 
 
-def labels_for(plans: Sequence[EnginePlan], labels: Sequence[str] | None) -> list[str]:
-    """Each plan's startup label: the one given, else the seed's name for its role."""
-    chosen = list(labels) if labels is not None else [startup.plan_label(p) for p in plans]
-    if len(chosen) != len(plans):
-        raise ValueError(f"{len(plans)} plans but {len(chosen)} labels")
-    return chosen
+def labels_for(plans: Sequence[EnginePlan], labels: Sequence[str]) -> list[str]:
+    """Each plan's startup label, one per plan (the caller names them: `records/rows.py`)."""
+    if len(labels) != len(plans):
+        raise ValueError(f"{len(plans)} plans but {len(labels)} labels")
+    return list(labels)
 
 
 async def record_ready(scope: Scope, proc: EngineProcess, label: str,
@@ -114,7 +113,7 @@ class LocalHost:
     started: list[EngineProcess] = field(default_factory=list)
 
     @contextlib.asynccontextmanager
-    async def running(self, plans: Sequence[EnginePlan], labels: Sequence[str] | None = None,
+    async def running(self, plans: Sequence[EnginePlan], labels: Sequence[str],
                       *, ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
                       ) -> AsyncIterator[list[EngineProcess]]:
         names = labels_for(plans, labels)

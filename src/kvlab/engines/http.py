@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import httpx
 
 
-async def get_json(client: httpx.AsyncClient, url: str) -> dict[str, Any] | None:
+async def get_json(client: httpx.AsyncClient, url: str) -> dict[str, object] | None:
     """The JSON object at `url`, or None (no answer, not 200, not an object)."""
     try:
         response = await client.get(url)
@@ -18,7 +16,7 @@ async def get_json(client: httpx.AsyncClient, url: str) -> dict[str, Any] | None
 
 
 async def post_json(client: httpx.AsyncClient, url: str,
-                    payload: dict[str, Any]) -> dict[str, Any] | None:
+                    payload: dict[str, object]) -> dict[str, object] | None:
     """The JSON object answered to a POST of `payload`, or None."""
     try:
         response = await client.post(url, json=payload)

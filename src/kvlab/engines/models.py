@@ -18,9 +18,16 @@ import json
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kvlab.core.errors import InputError
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+    from tokenizers import Tokenizer
+
+    Array = NDArray[np.float32]
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>")
 CHAT_TEMPLATE = (
@@ -87,7 +94,7 @@ def corpus(lines: int, seed: int) -> list[str]:
     return out
 
 
-def train_tokenizer(vocab: int, seed: int) -> Any:
+def train_tokenizer(vocab: int, seed: int) -> Tokenizer:
     """A byte-level BPE (GPT-2 pre-tokenizer, so llama.cpp's "gpt-2" pre matches it)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -103,9 +110,12 @@ def train_tokenizer(vocab: int, seed: int) -> Any:
     return tok
 
 
-def _write_tokenizer(tok: Any, out: Path) -> dict[str, int]:
+def _write_tokenizer(tok: Tokenizer, out: Path) -> dict[str, int]:
     tok.save(str(out / "tokenizer.json"))
-    ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+    found = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+    ids = {t: i for t, i in found.items() if i is not None}
+    if len(ids) < len(found):
+        raise InputError(f"the trained tokenizer lost special tokens {set(found) - set(ids)}")
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "pad_token": "<|pad|>",
@@ -127,11 +137,11 @@ def _write_tokenizer(tok: Any, out: Path) -> dict[str, int]:
     return ids
 
 
-def _dump(path: Path, obj: Any) -> None:
+def _dump(path: Path, obj: object) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def hf_config(shape: Shape, vocab: int, ids: dict[str, int]) -> dict[str, Any]:
+def hf_config(shape: Shape, vocab: int, ids: dict[str, int]) -> dict[str, object]:
     """config.json for a Qwen3ForCausalLM of `shape`."""
     return {
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
@@ -146,16 +156,16 @@ def hf_config(shape: Shape, vocab: int, ids: dict[str, int]) -> dict[str, Any]:
     }
 
 
-def random_weights(shape: Shape, vocab: int, seed: int) -> dict[str, Any]:
+def random_weights(shape: Shape, vocab: int, seed: int) -> dict[str, Array]:
     """Qwen3 weights as float32 numpy arrays under HF names: N(0, 0.02) matrices, unit norms."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
 
-    def mat(rows: int, cols: int) -> Any:
+    def mat(rows: int, cols: int) -> Array:
         return rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(0.02)
 
-    def ones(n: int) -> Any:
+    def ones(n: int) -> Array:
         return np.ones((n,), dtype=np.float32)
 
     q, kv, h = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.hidden
@@ -179,7 +189,7 @@ def random_weights(shape: Shape, vocab: int, seed: int) -> dict[str, Any]:
     return weights
 
 
-def _bf16_bytes(array: Any) -> bytes:
+def _bf16_bytes(array: Array) -> bytes:
     """float32 -> bfloat16 with round-to-nearest-even, as raw little-endian bytes."""
     import numpy as np
 
@@ -188,7 +198,7 @@ def _bf16_bytes(array: Any) -> bytes:
     return bytes((rounded >> np.uint32(16)).astype("<u2").tobytes())
 
 
-def write_safetensors_bf16(weights: dict[str, Any], path: Path) -> None:
+def write_safetensors_bf16(weights: dict[str, Array], path: Path) -> None:
     """Write arrays as a bf16 safetensors file (numpy has no bf16, so bytes are built here)."""
     import ctypes
 
@@ -204,7 +214,7 @@ def write_safetensors_bf16(weights: dict[str, Any], path: Path) -> None:
     serialize_file(specs, str(path), metadata={"format": "pt"})
 
 
-def write_gguf(weights: dict[str, Any], shape: Shape, tok: Any, ids: dict[str, int],
+def write_gguf(weights: dict[str, Array], shape: Shape, tok: Tokenizer, ids: dict[str, int],
                path: Path) -> None:
     """The same Qwen3 weights as a GGUF (f16 matrices, f32 norms) with the same tokenizer."""
     import gguf
@@ -243,7 +253,7 @@ def write_gguf(weights: dict[str, Any], shape: Shape, tok: Any, ids: dict[str, i
     w.add_add_bos_token(False)
     w.add_chat_template(CHAT_TEMPLATE)
 
-    def put(name: str, array: Any) -> None:
+    def put(name: str, array: Array) -> None:
         w.add_tensor(name, array.astype(np.float16 if array.ndim == 2 else np.float32))
 
     put("token_embd.weight", weights["model.embed_tokens.weight"])
@@ -330,7 +340,7 @@ def has_weights(model_dir: Path) -> bool:
     return any(model_dir.glob("*.safetensors")) or any(model_dir.glob("*.bin"))
 
 
-def _read_json(path: Path) -> Any:
+def _read_json(path: Path) -> object:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):

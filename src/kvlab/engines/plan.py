@@ -14,7 +14,6 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from kvlab.core.secrets import (
     REDACTED,
@@ -60,7 +59,7 @@ class EnginePlan:
     private_dirs: tuple[str, ...] = ()  # created 0700 before start: they will hold prompts
     summary: tuple[tuple[str, str], ...] = ()
     notes: tuple[str, ...] = ()
-    label_hint: str = ""
+    host_tier: bool = False  # the engine gets a host-memory KV tier under its own cache
     model: str = ""
     served_name: str = ""
     # what kvlab chose while planning (which build and why, flags beyond the seed script,
@@ -127,7 +126,7 @@ class EnginePlan:
         cmd = " ".join(shlex.quote(a) for a in self.argv())
         return f"{env} {cmd}".strip()
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """A JSON-ready view for `--dry-run --json` and notebook records."""
         return {
             "engine": self.engine,
@@ -141,7 +140,7 @@ class EnginePlan:
             "private_dirs": list(self.private_dirs),
             "model": self.model,
             "served_name": self.served_name,
-            "label_hint": self.label_hint,
+            "host_tier": self.host_tier,
             "notes": list(self.notes),
             "startup_facts": self.startup_facts.model_dump(mode="json", exclude_none=True),
         }

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import json
 import os
 import signal
 import socket
@@ -33,18 +32,51 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvlab.core.errors import EngineError, RefusedError
 from kvlab.core.secrets import redact_text
 from kvlab.engines.plan import EnginePlan
 
+if TYPE_CHECKING:
+    import psutil
+
 DEFAULT_READY_TIMEOUT_S = 600.0
 STOP_GRACE_S = 15.0
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _START_SLACK_S = 2.0  # a recorded start time against psutil's (clock ticks, rounding)
+
+
+class PidRecord(BaseModel):
+    """What kvlab writes under KVLAB_HOME/run/pids when it starts an engine, so `kvlab clean`
+    can find it if kvlab did not stop it. Older kvlabs wrote fewer keys (pid, argv0,
+    started); keys this one does not know are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    pid: int
+    pgid: int | None = None  # the group the engine leads (its pid)
+    engine: str = ""
+    role: str = ""
+    port: int = 0
+    argv0: str = ""
+    started: float | None = None  # time.time() when spawned
+    create_time: float | None = None  # the kernel's, through psutil
+    detached: bool = False
+    log: str = ""
+    identified_by: str | None = None  # set when found running: how it was proven ours
+    file: str = Field("", exclude=True)  # where the record was read from
+
+    @property
+    def group(self) -> int:
+        return self.pgid if self.pgid is not None else self.pid
+
+    @property
+    def start(self) -> float | None:
+        return self.create_time or self.started
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -250,11 +282,11 @@ class EngineProcess:
         if path is None or self._proc is None:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        record = {"pid": self._proc.pid, "pgid": self._proc.pid, "engine": self.plan.engine,
-                  "role": self.plan.role, "port": self.plan.port, "argv0": self.plan.argv()[0],
-                  "started": time.time(), "create_time": _create_time(self._proc.pid),
-                  "detached": self.detached, "log": str(self.log_path)}
-        path.write_text(json.dumps(record) + "\n", encoding="utf-8")
+        record = PidRecord(pid=self._proc.pid, pgid=self._proc.pid, engine=self.plan.engine,
+                           role=self.plan.role, port=self.plan.port, argv0=self.plan.argv()[0],
+                           started=time.time(), create_time=_create_time(self._proc.pid),
+                           detached=self.detached, log=str(self.log_path))
+        path.write_text(record.model_dump_json(exclude_none=True) + "\n", encoding="utf-8")
 
     def _forget_pid(self) -> None:
         path = self._pid_file()
@@ -376,40 +408,40 @@ def _waitpid(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
-def stray_records(run_dir: Path) -> list[dict[str, Any]]:
-    """PID records of engines kvlab started that were not stopped through kvlab."""
+def stray_records(run_dir: Path) -> list[PidRecord]:
+    """PID records of engines kvlab started that were not stopped through kvlab (an
+    unreadable one is removed: it can prove nothing)."""
     out = []
     for path in sorted((run_dir / "pids").glob("*.json")):
         try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
+            record = PidRecord.model_validate_json(path.read_bytes())
+        except (OSError, ValidationError):
             path.unlink(missing_ok=True)
             continue
-        record["_file"] = str(path)
+        record.file = str(path)
         out.append(record)
     return out
 
 
-def live_strays(run_dir: Path) -> list[dict[str, Any]]:
+def live_strays(run_dir: Path) -> list[PidRecord]:
     """The recorded engines still running, each proven to be the one kvlab started."""
     found = [(r, identify(r)) for r in stray_records(run_dir)]
-    return [{**r, "identified_by": how} for r, how in found if how is not None]
+    return [r.model_copy(update={"identified_by": how}) for r, how in found if how is not None]
 
 
-def stop_strays(run_dir: Path, grace_s: float = 5.0) -> list[dict[str, Any]]:
+def stop_strays(run_dir: Path, grace_s: float = 5.0) -> list[PidRecord]:
     """Stop every recorded engine group still alive; remove the records. Returns those stopped."""
     stopped = []
     for record in stray_records(run_dir):
-        pid = int(record["pid"])
         how = identify(record)
         if how is not None:
-            stop_group(pid, grace_s)
-            stopped.append({**record, "identified_by": how})
-        Path(record["_file"]).unlink(missing_ok=True)
+            stop_group(record.pid, grace_s)
+            stopped.append(record.model_copy(update={"identified_by": how}))
+        Path(record.file).unlink(missing_ok=True)
     return stopped
 
 
-def identify(record: dict[str, Any]) -> str | None:
+def identify(record: PidRecord) -> str | None:
     """How a PID record is proven to still be kvlab's engine group, or None (gone, or the PID
     now belongs to another program).
 
@@ -420,13 +452,11 @@ def identify(record: dict[str, Any]) -> str | None:
     """
     import psutil
 
-    pgid = int(record.get("pgid", record["pid"]))
-    started = record.get("create_time") or record.get("started")
+    pgid, started = record.group, record.start
     try:
         leader = psutil.Process(pgid)
         if leader.status() != psutil.STATUS_ZOMBIE:
-            same = started is not None and abs(leader.create_time() - float(started)) \
-                <= _START_SLACK_S
+            same = started is not None and abs(leader.create_time() - started) <= _START_SLACK_S
             return "start time" if same else None
     except psutil.NoSuchProcess:
         pass
@@ -435,16 +465,16 @@ def identify(record: dict[str, Any]) -> str | None:
     members = group_members(pgid)
     if not members:
         return None
-    if any(_serves_port(m, int(record.get("port", 0))) for m in members):
+    if any(_serves_port(m, record.port) for m in members):
         return "process group and port"
-    if started is not None and all(_created(m) >= float(started) - _START_SLACK_S
+    if started is not None and all(_created(m) >= started - _START_SLACK_S
                                    for m in members):
         return "process group and start time"
     return None
 
 
-def group_members(pgid: int) -> list[Any]:
-    """The live processes of a process group (psutil.Process objects)."""
+def group_members(pgid: int) -> list[psutil.Process]:
+    """The live processes of a process group."""
     import psutil
 
     out = []
@@ -455,7 +485,7 @@ def group_members(pgid: int) -> list[Any]:
     return out
 
 
-def _serves_port(proc: Any, port: int) -> bool:
+def _serves_port(proc: psutil.Process, port: int) -> bool:
     import psutil
 
     if port <= 0:
@@ -468,7 +498,7 @@ def _serves_port(proc: Any, port: int) -> bool:
                for c in conns)
 
 
-def _created(proc: Any) -> float:
+def _created(proc: psutil.Process) -> float:
     import psutil
 
     try:

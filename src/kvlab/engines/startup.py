@@ -23,12 +23,6 @@ def capacity(plan: EnginePlan, log_text: str) -> KvCapacity:
     return engine.capacity(plan, log_text) if engine is not None else KvCapacity()
 
 
-def plan_label(plan: EnginePlan) -> str:
-    """The label a plan's startup line takes when its caller gives none: the seed's name for
-    the role (`offload-off` for the offload role without a tier), else the role."""
-    return plan.label_hint or plan.role
-
-
 def lab_for(role: str) -> str:
     return notebook.LAB_PD if role in _PD_ROLES else notebook.LAB_OFFLOAD
 

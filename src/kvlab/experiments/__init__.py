@@ -15,6 +15,7 @@ import importlib
 from dataclasses import dataclass
 from types import ModuleType
 
+from kvlab.engines.prepare import LLAMA_NEEDED, VLLM_NEEDED
 from kvlab.records import rows
 
 # `kvlab run disagg --part`: the load comparison (the default) and the lab's procedure steps
@@ -26,16 +27,22 @@ class Registered:
     name: str
     module: str
     rows: tuple[rows.Row, ...]
-    needs_llama_server: bool = False  # `kvlab run all` records its rows as not run without one
+    needs: tuple[str, ...] = (VLLM_NEEDED,)  # only these are installed before it runs
+
+    @property
+    def needs_llama_server(self) -> bool:
+        """`kvlab run all` records its rows as not run without one."""
+        return LLAMA_NEEDED in self.needs
 
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
 
 
 EXPERIMENTS: dict[str, Registered] = {e.name: e for e in (
-    Registered("disk", "kvlab.experiments.disk", (rows.DISK,), True),
-    Registered("interference", "kvlab.experiments.interference", (rows.INTERFERENCE,), True),
-    Registered("shared-slots", "kvlab.experiments.slot_share", (), True),
+    Registered("disk", "kvlab.experiments.disk", (rows.DISK,), (LLAMA_NEEDED,)),
+    Registered("interference", "kvlab.experiments.interference", (rows.INTERFERENCE,),
+               (LLAMA_NEEDED,)),
+    Registered("shared-slots", "kvlab.experiments.slot_share", (), (LLAMA_NEEDED,)),
     Registered("offload", "kvlab.experiments.offload",
                (rows.QUIET_OFF, rows.PRESSURE_OFF)),
     Registered("shared", "kvlab.experiments.shared", (rows.SHARED_STORE,)),
@@ -48,3 +55,8 @@ RUN_ALL = ("disk", "interference", "offload", "shared", "disagg")
 
 def registered(name: str) -> Registered:
     return EXPERIMENTS[name]
+
+
+def needs_of(names: tuple[str, ...]) -> tuple[str, ...]:
+    """What the experiments `names` need installed, together."""
+    return tuple(dict.fromkeys(n for name in names for n in EXPERIMENTS[name].needs))

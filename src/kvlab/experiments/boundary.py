@@ -28,16 +28,17 @@ from typing import TYPE_CHECKING, Literal
 import httpx
 
 from kvlab.core.errors import EngineError, SettingError
+from kvlab.core.jsondata import JsonObject
 from kvlab.engines.registry import evidence_deltas
 from kvlab.experiments.lab import Lab
 from kvlab.loadgen import stats
-from kvlab.loadgen.client import Target
+from kvlab.loadgen.client import Endpoint
 from kvlab.loadgen.record import decode_events
 from kvlab.loadgen.runner import LevelResult, LevelRun, Schedule
 from kvlab.measure import workloads
 from kvlab.observe import metrics
 from kvlab.observe.chat import api_base
-from kvlab.records.base import LAB_PD, JsonObject
+from kvlab.records.base import LAB_PD
 from kvlab.records.evidence import Failure, Where
 from kvlab.records.rows import BOUNDARY, BOUNDARY_BASELINE, BOUNDARY_SPLIT
 from kvlab.records.runs import BoundaryCell, BoundaryPointRecord, BoundaryRecord
@@ -206,7 +207,7 @@ def template_tokens(result: LevelResult, content_tokens: int) -> int:
 async def measure(lab: Lab, spec: BoundarySpec, target: SideTarget,
                   model: str) -> list[BoundaryPointRecord]:
     """Every length at every level on one side; one `boundary-point` line each."""
-    http = Target.from_url(api_base(target.base_url))
+    http = Endpoint.from_url(api_base(target.base_url))
     settings = lab.settings
     key = settings.api_key()
     tokenizer = tokenizer_for(model)
@@ -242,14 +243,14 @@ async def measure(lab: Lab, spec: BoundarySpec, target: SideTarget,
     return out
 
 
-async def _level(http: Target, payloads: list[tuple[int, bytes]], level: int) -> LevelResult:
+async def _level(http: Endpoint, payloads: list[tuple[int, bytes]], level: int) -> LevelResult:
     result = await LevelRun(http, payloads, Schedule(concurrency=level), timeout_s=600.0).run()
     for record in result.records:
         decode_events(record)
     return result
 
 
-async def _point(client: httpx.AsyncClient, http: Target, payloads: list[tuple[int, bytes]],
+async def _point(client: httpx.AsyncClient, http: Endpoint, payloads: list[tuple[int, bytes]],
                  level: int, tokens: int, spec: BoundarySpec,
                  target: SideTarget) -> BoundaryPointRecord:
     before = await metrics.scrape(client, target.metrics_url)

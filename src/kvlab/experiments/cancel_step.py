@@ -25,6 +25,7 @@ from functools import partial
 import httpx
 
 from kvlab.core.errors import KvlabError
+from kvlab.core.jsondata import JsonObject
 from kvlab.engines.process import EngineProcess
 from kvlab.engines.registry import evidence_deltas
 from kvlab.experiments.boundary import messages, tokenizer_for
@@ -40,7 +41,7 @@ from kvlab.experiments.procedure import (
 )
 from kvlab.observe import metrics
 from kvlab.observe.chat import api_base
-from kvlab.records.base import LAB_PD, JsonObject
+from kvlab.records.base import LAB_PD
 from kvlab.records.rows import CANCEL
 from kvlab.records.runs import CancelEvidence, ProcedureRecord, StreamCut
 

@@ -20,7 +20,7 @@ around each load level; the proxy and the load generator run where kvlab runs.
 The lab's procedure steps are parts of the same run (`DisaggSpec.parts`, `--part`): `cancel`
 (a request cancelled mid-stream, then the decode worker restarted, `procedure.py`) and
 `boundary` (prompt lengths through the split and the baseline, `boundary.py`). The parts
-share one pair session and one baseline session; `cancel` goes last in the pair's session,
+share one pair stint and one baseline stint; `cancel` goes last in the pair's stint,
 since it restarts decode. `load` alone is the default, the steps above.
 """
 
@@ -31,7 +31,6 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from kvlab.core.settings import POINT_TO_POINT, Settings
 from kvlab.engines import vllm
@@ -63,7 +62,7 @@ from kvlab.records import notebook, rows
 from kvlab.records.base import Record
 from kvlab.records.evidence import Where
 from kvlab.records.load import LoadRecord, RunContext
-from kvlab.records.rows import SPLIT
+from kvlab.records.rows import PROXY_LABEL
 from kvlab.records.runs import BoundaryPointRecord, PredictionRecord
 
 LAB = notebook.LAB_PD
@@ -145,7 +144,7 @@ def proxy_plan(prefill: EnginePlan, decode: EnginePlan, via: str = "shared") -> 
         flags=(Flag("--prefill", prefill.base_url), Flag("--decode", decode.base_url),
                Flag("--port", str(port)), Flag("--host", "127.0.0.1"),
                Flag("--connector", via)),
-        host="127.0.0.1", port=port, health_path="/health", label_hint=f"{SPLIT.label}-proxy",
+        host="127.0.0.1", port=port, health_path="/health",
         model=prefill.model, served_name=prefill.served_name)
 
 
@@ -219,7 +218,7 @@ def predict(lab: Lab, spec: DisaggSpec, block: int) -> PredictionRecord:
 
 @dataclass
 class _Measured:
-    """What the engine sessions produced, for the steps after the engines are stopped."""
+    """What the engines' stints produced, for the steps after the engines are stopped."""
 
     records: list[Record] = field(default_factory=list)
     sweeps: dict[str, list[LoadRecord]] = field(default_factory=dict)
@@ -300,11 +299,11 @@ async def run(lab: Lab, spec: DisaggSpec) -> list[Record]:
             if (why := _two_machines(lab)) is not None:
                 out.append(lab.not_run(rows.TWO_MACHINES_SHARED, why))
             out.append(lab.not_run(rows.TWO_MACHINES_NIXL, NO_NIXL))
-        for session in repeats.sessions(spec.repeat if spec.has(LOAD) else 1):
-            if session.side == 0:
-                await _split_session(lab, spec, store, got, session)
+        for stint in repeats.stints(spec.repeat if spec.has(LOAD) else 1):
+            if stint.side == 0:
+                await _split_stint(lab, spec, store, got, stint)
             elif spec.has(LOAD) or spec.has(BOUNDARY):
-                await _baseline_session(lab, spec, store, got, session)
+                await _baseline_stint(lab, spec, store, got, stint)
     finally:
         lab.cleanup()
     out += got.records
@@ -316,10 +315,10 @@ async def run(lab: Lab, spec: DisaggSpec) -> list[Record]:
     return out
 
 
-async def _split_session(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured,
-                         session: repeats.Session) -> None:
-    """The pair behind the proxy: the crossing check, the session's load repeats, then (in
-    the pair's first session) each other part that needs the split."""
+async def _split_stint(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured,
+                         stint: repeats.Stint) -> None:
+    """The pair behind the proxy: the crossing check, the stint's load repeats, then (in
+    the pair's first stint) each other part that needs the split."""
     from kvlab.proxy.check import crossing_check
 
     settings, where = lab.settings, split_where(lab)
@@ -327,10 +326,10 @@ async def _split_session(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured
     # are the started plans' (on a cluster, their nodes' addresses)
     async with engines(lab, pair_plans(lab, str(store)),
                        labels=list(rows.engine_labels(spec.label))) as pair, \
-            engines(lab, [proxy_plan(pair[0].plan, pair[1].plan,
-                                     lab.settings.connector)]) as (proxy,):
+            engines(lab, [proxy_plan(pair[0].plan, pair[1].plan, lab.settings.connector)],
+                    labels=[PROXY_LABEL]) as (proxy,):
         prefill, decode = pair[0].plan, pair[1].plan
-        if session.first:
+        if stint.first:
             crossing = await crossing_check(proxy.plan.base_url, [prefill.base_url],
                                             [decode.base_url], settings.served_name,
                                             api_key=lab.api_key())
@@ -342,8 +341,8 @@ async def _split_session(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured
                               {"prefill": prefill.metrics_url, "decode": decode.metrics_url},
                               where, str(store))
             await _loads(lab, spec, got, spec.label, proxy.plan.base_url, where, link,
-                         ("prefill", "decode"), session, str(store))
-        if not session.first:
+                         ("prefill", "decode"), stint, str(store))
+        if not stint.first:
             return
         if spec.has(BOUNDARY):
             await _boundary_side(lab, spec, got, proxy, decode.metrics_url, "split", where)
@@ -351,8 +350,8 @@ async def _split_session(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured
             got.records.append(await cancel_restart(lab, spec.cancel, pair, proxy))
 
 
-async def _baseline_session(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured,
-                            session: repeats.Session) -> None:
+async def _baseline_stint(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured,
+                            stint: repeats.Stint) -> None:
     """The monolithic baseline, the one variable changed, for each part that compares."""
     where = baseline_where(lab)
     async with engines(lab, [baseline_plan(lab, str(store))], labels=["baseline"]) as (engine,):
@@ -360,17 +359,17 @@ async def _baseline_session(lab: Lab, spec: DisaggSpec, store: Path, got: _Measu
         if spec.has(LOAD):
             await _loads(lab, spec, got, "baseline", base.base_url, where,
                          _link_spec(lab, (base.metrics_url,), {}, where), ("baseline",),
-                         session)
-        if session.first and spec.has(BOUNDARY):
+                         stint)
+        if stint.first and spec.has(BOUNDARY):
             await _boundary_side(lab, spec, got, engine, base.metrics_url, "baseline", where)
 
 
 async def _loads(lab: Lab, spec: DisaggSpec, got: _Measured, label: str, url: str,
                  where: Where, link: LinkSpec, roles: tuple[str, ...],
-                 session: repeats.Session, store: str = "") -> None:
-    """The session's load repeats, each with the link's counters around it; then, in the
-    side's first session, its capacity at the target."""
-    for repeat in session.repeats:
+                 stint: repeats.Stint, store: str = "") -> None:
+    """The stint's load repeats, each with the link's counters around it; then, in the
+    side's first stint, its capacity at the target."""
+    for repeat in stint.repeats:
         if repeat is not None:
             lab.say(f"==> {label}: repeat {repeat + 1} of {spec.repeat}")
         row_link, sweep = await run_load(
@@ -379,7 +378,7 @@ async def _loads(lab: Lab, spec: DisaggSpec, got: _Measured, label: str, url: st
         rows = sweep.rows if sweep else []
         got.sweeps.setdefault(label, []).extend(rows)
         got.records += [*rows, row_link]
-    if session.first and spec.capacity is not None:
+    if stint.first and spec.capacity is not None:
         got.records.append(await measure_capacity(lab, spec.capacity, _load_spec(
             lab, spec, label, url, where), "rate"))
 
@@ -414,7 +413,7 @@ def _compare(lab: Lab, spec: DisaggSpec, got: _Measured,
     return line
 
 
-def dry_run(lab: Lab, spec: DisaggSpec) -> list[dict[str, Any]]:
+def dry_run(lab: Lab, spec: DisaggSpec) -> list[dict[str, object]]:
     import tempfile
 
     # the steps' sizes are refused as a run would refuse them (the load's preamble is fitted
@@ -426,7 +425,7 @@ def dry_run(lab: Lab, spec: DisaggSpec) -> list[dict[str, Any]]:
         plans = [prefill, decode, proxy_plan(prefill, decode, lab.settings.connector)]
         if spec.has(LOAD) or spec.has(BOUNDARY):
             plans.append(baseline_plan(lab, store))
-    out: list[dict[str, Any]] = [{"label": p.role, "plan": p.as_dict(),
+    out: list[dict[str, object]] = [{"label": p.role, "plan": p.as_dict(),
                                   "shell": p.shell_line(), **_node(lab, p.role)} for p in plans]
     if spec.has(LOAD):
         out += [{"label": "disagg-two-machines", "reason": TWO_MACHINES},

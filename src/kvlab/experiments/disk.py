@@ -25,13 +25,13 @@ from kvlab.engines.llamacpp import roundtrip, slotstore
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget
 from kvlab.engines.llamacpp.roundtrip import RoundTrip
 from kvlab.engines.llamacpp.server import (
+    READY_S,
     SlotRunSpec,
     prompt_of,
     server_fields,
     server_plan,
-    server_process,
 )
-from kvlab.experiments.lab import Lab
+from kvlab.experiments.lab import Lab, engines
 from kvlab.observe.chat import ChatResult
 from kvlab.records import notebook
 from kvlab.records.evidence import LlamaServerLine
@@ -55,14 +55,12 @@ async def run(lab: Lab, spec: DiskSpec) -> list[Record]:
     spec.check()
     settings, binary = lab.settings, lab.llama_server()
     store = slotstore.SlotStore(Path(settings.llama_slot_save_path))
-    plan = server_plan(settings, binary, role="disk", ctx=spec.ctx,
-                                    parallel=spec.parallel, slot_dir=store.directory,
-                                    cache_ram_mib=spec.cache_ram_mib)
+    plan = server_plan(settings, binary, role="disk", ctx=spec.ctx, parallel=spec.parallel,
+                       slot_dir=store.directory, cache_ram_mib=spec.cache_ram_mib)
     name = f"kvlab-disk-{plan.port}.bin"
     lab.say(f"starting llama-server (ctx {spec.ctx}, {spec.parallel} slots, "
             f"--cache-ram {spec.cache_ram_mib}) on {plan.base_url}")
-    proc = server_process(settings, plan)
-    async with proc:
+    async with engines(lab, [plan], labels=[spec.label], ready_timeout_s=READY_S) as (proc,):
         version = await startup.server_version(plan)
         async with LlamaClient(LlamaTarget.from_plan(plan, proc.log_path),
                                settings.api_key()) as client:

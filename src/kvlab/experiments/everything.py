@@ -12,10 +12,13 @@ split): a few probes of a few seconds in `quick()`, more and longer in `lab()`.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
-from typing import Any
 
+from kvlab.cluster.placement import LOCAL, Placement
 from kvlab.core.errors import KvlabError
+from kvlab.core.say import Say, quiet
+from kvlab.core.settings import Settings
 from kvlab.engines import llamacpp
 from kvlab.experiments import DISAGG_PARTS, EXPERIMENTS, RUN_ALL
 from kvlab.experiments.lab import Lab
@@ -63,7 +66,7 @@ class AllSpec:
                    CapacityAsk("", QUICK_SEARCH))
 
 
-def specs(lab: Lab, spec: AllSpec) -> dict[str, Any]:
+def specs(lab: Lab, spec: AllSpec) -> dict[str, object]:
     """Each experiment's own spec, at this run's sizes."""
     from kvlab.experiments.disagg import DisaggSpec
     from kvlab.experiments.disk import DiskSpec
@@ -121,3 +124,18 @@ async def run(lab: Lab, spec: AllSpec) -> list[Record]:
         written += lines
         lab.outcomes[name] = {"ok": True, "lines": len(lines)}
     return written
+
+
+def run_all(settings: Settings, spec: AllSpec, placement: Placement = LOCAL,
+            say: Say = quiet) -> Lab:
+    """`kvlab run all`'s experiments in one lab (its placement open throughout); the lab,
+    with each experiment's outcome."""
+    lab = Lab(settings, say=say, placement=placement)
+    say(f"==> kvlab run all (run {lab.run_id}, notebook {settings.labbook})")
+
+    async def go() -> None:
+        async with lab.placed():
+            await run(lab, spec)
+
+    asyncio.run(go())
+    return lab

@@ -120,15 +120,15 @@ async def fit_preamble(client: LlamaClient, spec: InterferenceSpec) -> int:
 
 async def run(lab: Lab, spec: InterferenceSpec, *,
               load: LoadFn = loadgen_level) -> list[Record]:
-    """The runs in alternating order (one server start per session), each load row written
+    """The runs in alternating order (one server start per stint), each load row written
     as it ends, then the comparison."""
     spec.budget()
     binary = lab.llama_server()
     accepted = llamacpp.help_flags(binary)
     workload: Workload | None = None
     rows: list[LoadRecord] = []
-    for session in repeats.sessions(spec.repeat, len(spec.parallels)):
-        parallel = spec.parallels[session.side]
+    for stint in repeats.stints(spec.repeat, len(spec.parallels)):
+        parallel = spec.parallels[stint.side]
         plan = server_plan(lab.settings, binary, role=f"interference-{parallel}", ctx=spec.ctx,
                            parallel=parallel, accepted=accepted,
                            slot_dir=lab.settings.paths().scratch / "interference-slots")
@@ -136,7 +136,7 @@ async def run(lab: Lab, spec: InterferenceSpec, *,
             plan = proc.plan  # as started: on a Ray node, its address and port
             workload = workload or await _workload(lab, spec, plan)
             context = await _server_context(plan, proc.log_text(), spec, parallel)
-            for repeat in session.repeats:
+            for repeat in stint.repeats:
                 lab.say(f"--parallel {parallel}: {spec.count} requests at concurrency "
                         f"{spec.concurrency} ({spec.prompt_set}, preamble "
                         f"{workload.preamble_tokens})"

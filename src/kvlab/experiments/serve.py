@@ -30,10 +30,10 @@ from kvlab.core.settings import Settings
 from kvlab.engines.host import LocalHost
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import EngineProcess
-from kvlab.engines.startup import plan_label
 from kvlab.measure.compat import probe
 from kvlab.records import notebook
 from kvlab.records.evidence import KvCapacity, NodeInfo
+from kvlab.records.rows import serve_label
 from kvlab.records.runs import StartupRecord
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -92,7 +92,7 @@ async def serve_here(settings: Settings, plan: EnginePlan, *, detach: bool = Fal
     served = Served(plan, serve_log(settings, plan))
     received: list[int] = []
     with _stopped_by_signals(received), _our_cancel(received):
-        async with host.running([plan], [plan_label(plan)]) as (proc,):
+        async with host.running([plan], [serve_label(plan.role, plan.host_tier)]) as (proc,):
             await _ready(served, proc, scope, "`kvlab clean` stops it" if detach
                          else "Ctrl-C stops it")
             if not detach:

@@ -11,7 +11,6 @@ changed prefix on B, a growing conversation moving from A to B).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from kvlab.engines import vllm
 from kvlab.engines.plan import EnginePlan
@@ -47,7 +46,7 @@ def pair_plans(lab: Lab, store: str) -> list[EnginePlan]:
         for role, core in (("shared-a", 0), ("shared-b", 1))]
 
 
-def dry_run(lab: Lab, spec: SharedSpec) -> list[dict[str, Any]]:
+def dry_run(lab: Lab, spec: SharedSpec) -> list[dict[str, object]]:
     store = str(lab.store_path("shared"))
     return [{"label": p.role, "plan": p.as_dict(), "shell": p.shell_line()}
             for p in pair_plans(lab, store)]

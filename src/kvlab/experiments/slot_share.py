@@ -24,13 +24,13 @@ from kvlab.engines.llamacpp import roundtrip, slotstore
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget
 from kvlab.engines.llamacpp.roundtrip import RoundTrip
 from kvlab.engines.llamacpp.server import (
+    READY_S,
     SlotRunSpec,
     prompt_of,
     server_fields,
     server_plan,
-    server_process,
 )
-from kvlab.experiments.lab import Lab
+from kvlab.experiments.lab import Lab, engines
 from kvlab.observe.chat import ChatResult
 from kvlab.records import notebook
 from kvlab.records.evidence import LlamaServerLine
@@ -65,8 +65,8 @@ async def run(lab: Lab, spec: SharedSlotsSpec) -> list[Record]:
     name = f"kvlab-shared-{plans[0].port}.bin"
     lab.say(f"servers A {plans[0].base_url} and B {plans[1].base_url}, "
             f"one store {store.directory}")
-    async with server_process(settings, plans[0]) as proc_a, \
-            server_process(settings, plans[1]) as proc_b:
+    async with engines(lab, plans, labels=[f"{spec.label}-slots-{n}" for n in ("a", "b")],
+                       ready_timeout_s=READY_S) as (proc_a, proc_b):
         version = await startup.server_version(plans[0])
         async with LlamaClient(LlamaTarget.from_plan(plans[0], proc_a.log_path),
                                settings.api_key()) as a, \

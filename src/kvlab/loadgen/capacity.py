@@ -1,6 +1,6 @@
 """Capacity at a latency target: the highest load whose measured percentiles meet it.
 
-The target (`Target.parse`): `ttft_p90<=0.5,tpot_p90<=0.05`, seconds, any of ttft, tpot, itl
+The target (`LatencyTarget.parse`): `ttft_p90<=0.5,tpot_p90<=0.05`, seconds, any of ttft, tpot, itl
 and e2e at p50/p90/p95/p99, and `errors<=F`, the share of requests that may fail (0.01 unless
 given). TTFT and E2E count from when the request was due (its schedule, its think time's end),
 not from when the client sent it, so a queue in the client counts against the target as a
@@ -34,7 +34,7 @@ import numpy as np
 from kvlab.core.errors import InputError
 from kvlab.core.say import Say, quiet
 from kvlab.loadgen import stats
-from kvlab.loadgen.client import Target as Endpoint
+from kvlab.loadgen.client import Endpoint
 from kvlab.loadgen.record import RequestRecord
 from kvlab.loadgen.spec import LoadSpec
 from kvlab.loadgen.sweep import Measured, measure_level, metrics_client, prepare_inputs
@@ -73,14 +73,14 @@ class Bound:
 
 
 @dataclass(frozen=True)
-class Target:
+class LatencyTarget:
     """Percentile bounds in seconds, and the share of requests that may fail."""
 
     bounds: tuple[Bound, ...]
     errors: float = DEFAULT_ERRORS
 
     @classmethod
-    def parse(cls, text: str) -> Target:
+    def parse(cls, text: str) -> LatencyTarget:
         bounds, errors = [], DEFAULT_ERRORS
         for part in (p.strip() for p in text.split(",") if p.strip()):
             if m := _ERRORS.match(part):
@@ -218,7 +218,7 @@ class Probe:
                             rows=[r.requests_file for r in self.rows if r.requests_file])
 
 
-def judge(probe: Probe, target: Target) -> Probe:
+def judge(probe: Probe, target: LatencyTarget) -> Probe:
     """Fill the probe's figures and whether it met the target (see the module docstring)."""
     counted = [r for r in probe.records if not r.cancelled]
     probe.failed_share = sum(r.failed for r in counted) / len(counted) if counted else 1.0
@@ -299,7 +299,7 @@ class CapacityResult:
     probes: list[Probe]
 
 
-async def search(spec: LoadSpec, target: Target, knob: Knob, plan: SearchPlan, *,
+async def search(spec: LoadSpec, target: LatencyTarget, knob: Knob, plan: SearchPlan, *,
                  api_key: str = "", stop: asyncio.Event | None = None,
                  on_row: Callable[[LoadRecord], object] | None = None,
                  say: Say = quiet) -> CapacityResult:
@@ -338,7 +338,7 @@ async def search(spec: LoadSpec, target: Target, knob: Knob, plan: SearchPlan, *
     return CapacityResult(record, [r for p in probes for r in p.rows], probes)
 
 
-def result_record(spec: LoadSpec, target: Target, knob: Knob, plan: SearchPlan,
+def result_record(spec: LoadSpec, target: LatencyTarget, knob: Knob, plan: SearchPlan,
                   probes: list[Probe]) -> CapacityRecord:
     """The search's notebook line: the capacity, the bracket, every probe."""
     met = sorted(p.load for p in probes if p.passed)
@@ -375,7 +375,7 @@ def result_record(spec: LoadSpec, target: Target, knob: Knob, plan: SearchPlan,
     return record
 
 
-def statement(target: Target, knob: Knob, verdict: str, lo: float | None, hi: float | None,
+def statement(target: LatencyTarget, knob: Knob, verdict: str, lo: float | None, hi: float | None,
               probes: list[Probe]) -> str:
     slo = target.text()
     by_load = {p.load: p for p in probes}
@@ -411,5 +411,5 @@ class CapacityAsk:
     slo: str
     plan: SearchPlan = SearchPlan()
 
-    def target(self) -> Target:
-        return Target.parse(self.slo)
+    def target(self) -> LatencyTarget:
+        return LatencyTarget.parse(self.slo)

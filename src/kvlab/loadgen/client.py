@@ -20,7 +20,7 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -32,7 +32,7 @@ _ERROR_BODY_LIMIT = 4096
 
 
 @dataclass(frozen=True)
-class Target:
+class Endpoint:
     """Where requests go: host, port, TLS, and the path prefix (normally `/v1`)."""
 
     host: str
@@ -41,7 +41,7 @@ class Target:
     prefix: str
 
     @classmethod
-    def from_url(cls, base_url: str) -> Target:
+    def from_url(cls, base_url: str) -> Endpoint:
         """Parse an OpenAI base URL such as http://127.0.0.1:8200/v1."""
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -57,7 +57,7 @@ class Target:
         default = 443 if self.tls else 80
         return self.host if self.port == default else f"{self.host}:{self.port}"
 
-    def request_bytes(self, path: str, body: dict[str, Any], api_key: str = "") -> bytes:
+    def request_bytes(self, path: str, body: dict[str, object], api_key: str = "") -> bytes:
         """A complete POST with a JSON body, built once before any clock starts."""
         data = json.dumps(body, separators=(",", ":")).encode()
         auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
@@ -208,11 +208,11 @@ class Connection(asyncio.Protocol):
         self._on_done(self, record)
 
 
-def tls_context(target: Target) -> ssl.SSLContext | None:
+def tls_context(target: Endpoint) -> ssl.SSLContext | None:
     return ssl.create_default_context() if target.tls else None
 
 
-async def open_connection(loop: asyncio.AbstractEventLoop, target: Target,
+async def open_connection(loop: asyncio.AbstractEventLoop, target: Endpoint,
                           on_done: Callable[[Connection, RequestRecord], None],
                           timeout_s: float) -> Connection:
     """A new connection to the target, within `timeout_s`."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
 
 
 @dataclass(slots=True)
@@ -62,14 +61,15 @@ class RequestRecord:
         return self.chunks
 
 
-def _has_output(choice: dict[str, Any]) -> bool:
+def _has_output(choice: dict[str, object]) -> bool:
     if choice.get("text"):
         return True
-    delta = choice.get("delta") or {}
-    return bool(delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"))
+    delta = choice.get("delta")
+    return isinstance(delta, dict) and bool(
+        delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"))
 
 
-def _take_usage(record: RequestRecord, obj: dict[str, Any]) -> None:
+def _take_usage(record: RequestRecord, obj: dict[str, object]) -> None:
     usage = obj.get("usage")
     if isinstance(usage, dict):
         if isinstance(usage.get("completion_tokens"), int):
@@ -87,7 +87,7 @@ def _take_usage(record: RequestRecord, obj: dict[str, Any]) -> None:
 LEGS = ("prefill", "decode")
 
 
-def leg_of(error: Any) -> str | None:
+def leg_of(error: object) -> str | None:
     """The leg kvlab's proxy names in an error object (`{"leg": "decode", ...}`), if any."""
     leg = error.get("leg") if isinstance(error, dict) else None
     return leg if leg in LEGS else None

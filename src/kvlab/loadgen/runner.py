@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kvlab.core.errors import UnreachableError
-from kvlab.loadgen.client import Connection, Target, open_connection
+from kvlab.loadgen.client import Connection, Endpoint, open_connection
 from kvlab.loadgen.record import RequestRecord
 
 Progress = Callable[[RequestRecord], None]
@@ -105,7 +105,7 @@ class LevelResult:
 class LevelRun:
     """Drive one level; `await run()` once."""
 
-    def __init__(self, target: Target, payloads: Sequence[tuple[int, bytes]], schedule: Schedule,
+    def __init__(self, target: Endpoint, payloads: Sequence[tuple[int, bytes]], schedule: Schedule,
                  *, timeout_s: float, connect_timeout_s: float = 10.0,
                  progress: Progress | None = None, until: Until | None = None) -> None:
         self._target = target

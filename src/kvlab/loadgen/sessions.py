@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Literal
 
 from kvlab.core.errors import InputError
-from kvlab.loadgen.client import Connection, Target, open_connection
+from kvlab.loadgen.client import Connection, Endpoint, open_connection
 from kvlab.loadgen.record import RequestRecord, decode_events, reply_text
 from kvlab.loadgen.runner import LevelResult, Progress
 from kvlab.measure.workloads import Prompt
@@ -220,7 +220,7 @@ class _User:
 class SessionRun:
     """Drive one level of `users` users; `await run()` once."""
 
-    def __init__(self, target: Target, users: int, spec: SessionSpec, build: Build, *,
+    def __init__(self, target: Endpoint, users: int, spec: SessionSpec, build: Build, *,
                  timeout_s: float, seed: int = 0, duration_s: float | None = None,
                  min_requests: int | None = None, connect_timeout_s: float = 10.0,
                  progress: Progress | None = None) -> None:

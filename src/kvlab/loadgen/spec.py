@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from kvlab.core.errors import InputError
+from kvlab.core.jsondata import JsonObject
 from kvlab.loadgen import stats
 from kvlab.loadgen.sessions import SessionSpec
 from kvlab.loadgen.trace import TraceSpec
 from kvlab.measure import workloads
 from kvlab.records import notebook
-from kvlab.records.base import JsonObject
 from kvlab.records.load import RunContext, Workload
 
 MIN_REQUESTS = 200  # a level's default: p99 of at least 200 values is not one request

@@ -43,7 +43,7 @@ import httpx
 from kvlab.engines.registry import evidence_deltas
 from kvlab.loadgen import perrequest, returning, sessions, stats
 from kvlab.loadgen import trace as trace_replay
-from kvlab.loadgen.client import Target
+from kvlab.loadgen.client import Endpoint
 from kvlab.loadgen.record import decode_events
 from kvlab.loadgen.rows import make_row
 from kvlab.loadgen.runner import LevelResult, LevelRun, Progress, Schedule, Until
@@ -83,7 +83,7 @@ def level_prompts(spec: LoadSpec, level_index: int, count: int, *, warmup: bool 
                            shares=spec.shares)
 
 
-def payloads_of(spec: LoadSpec, target: Target, prompts: list[workloads.Prompt],
+def payloads_of(spec: LoadSpec, target: Endpoint, prompts: list[workloads.Prompt],
                 api_key: str = "",
                 tokens: list[list[int]] | None = None) -> list[tuple[int, bytes]]:
     """(prompt index, request bytes), built before any clock starts."""
@@ -92,7 +92,7 @@ def payloads_of(spec: LoadSpec, target: Target, prompts: list[workloads.Prompt],
             for p, t in zip(prompts, ids, strict=True)]
 
 
-def level_payloads(spec: LoadSpec, target: Target, level_index: int,
+def level_payloads(spec: LoadSpec, target: Endpoint, level_index: int,
                    api_key: str = "") -> list[tuple[int, bytes]]:
     """The measured requests of a level at its (least) count, with the estimated sizing."""
     count = spec.floor(spec.points()[level_index][0])
@@ -121,7 +121,7 @@ class _Level:
     """One level's two phases and the prompts they sent."""
 
     spec: LoadSpec
-    target: Target
+    target: Endpoint
     concurrency: int
     index: int
     inputs: Inputs
@@ -291,7 +291,7 @@ class Measured:
     result: LevelResult
 
 
-async def measure_level(spec: LoadSpec, target: Target, concurrency: int, level_index: int, *,
+async def measure_level(spec: LoadSpec, target: Endpoint, concurrency: int, level_index: int, *,
                         api_key: str = "", stop: asyncio.Event | None = None,
                         progress: Progress | None = None,
                         client: httpx.AsyncClient | None = None,
@@ -317,7 +317,7 @@ async def measure_level(spec: LoadSpec, target: Target, concurrency: int, level_
     return Measured(row, result)
 
 
-async def run_level(spec: LoadSpec, target: Target, concurrency: int, level_index: int, *,
+async def run_level(spec: LoadSpec, target: Endpoint, concurrency: int, level_index: int, *,
                     api_key: str = "", stop: asyncio.Event | None = None,
                     progress: Progress | None = None,
                     client: httpx.AsyncClient | None = None,
@@ -370,7 +370,7 @@ async def run_sweep(spec: LoadSpec, *, api_key: str = "", stop: asyncio.Event | 
                     progress: ProgressHook | None = None,
                     on_row: Callable[[Row], object] | None = None) -> SweepResult:
     """Every level in order; stops after the level during which `stop` was set."""
-    target = Target.from_url(spec.base_url)
+    target = Endpoint.from_url(spec.base_url)
     out = SweepResult(rows=[])
     inputs = await prepare_inputs(spec, api_key)
     client = metrics_client(spec, api_key)

@@ -32,10 +32,10 @@ import httpx
 import numpy as np
 
 from kvlab.core.errors import InputError
+from kvlab.core.jsondata import JsonObject
 from kvlab.engines.registry import engine_for
 from kvlab.measure import workloads
 from kvlab.observe.chat import server_root
-from kvlab.records.base import JsonObject
 from kvlab.records.load import TraceEvidence
 
 BLOCK_TOKENS = 512  # the published Mooncake traces' block size

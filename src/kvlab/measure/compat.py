@@ -18,7 +18,6 @@ the fingerprint still is.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 
@@ -85,7 +84,7 @@ class Mismatch:
             return f"numerics differ (behavioural fingerprint): {self.detail}: {shown}"
         return f"instances disagree on {self.field}: {shown}"
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {"field": self.field, "values": self.values, "detail": self.detail,
                 "message": self.message()}
 
@@ -107,7 +106,7 @@ class Compatibility:
         return ("; ".join(m.message() for m in self.mismatches) + "; start both from the same "
                 "settings, or pass --ignore FIELD if you know why")
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {"compatible": self.compatible,
                 "instances": [f.as_record().model_dump(mode="json") for f in self.instances],
                 "mismatches": [m.as_dict() for m in self.mismatches], "notes": self.notes,
@@ -175,7 +174,7 @@ def notes(instances: list[InstanceFacts]) -> list[str]:
     return out
 
 
-def _show(name: str, value: Any) -> str:
+def _show(name: str, value: object) -> str:
     if name == "template_tokens" and isinstance(value, list):
         return f"{len(value)} tokens (sha {token_digest(value)})"
     return "unknown" if value is None else str(value)

@@ -14,7 +14,8 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kvlab.core.errors import InputError
 from kvlab.records.runs import KvPrediction
@@ -68,20 +69,42 @@ def shape_from_hf_config(path: Path) -> KvShape:
     return shape_from_config_dict(config, str(file))
 
 
-def shape_from_config_dict(config: dict[str, Any], source: str) -> KvShape:
+class _HfConfig(BaseModel):
+    """The fields of an HF config.json the arithmetic reads (the rest are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    num_hidden_layers: int | None = None
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    hidden_size: int | None = None
+    torch_dtype: str | None = None
+    dtype: str | None = None
+    kv_lora_rank: int | None = None
+    q_lora_rank: int | None = None
+    text_config: _HfConfig | None = None
+
+
+def shape_from_config_dict(config: dict[str, object], source: str) -> KvShape:
     """The same, from an already parsed config (nested `text_config` is followed)."""
-    text = config.get("text_config") or config
-    if text.get("kv_lora_rank") or text.get("q_lora_rank"):
-        raise InputError(f"{source}: MLA attention (kv_lora_rank) does not follow the formula")
     try:
-        layers = int(text["num_hidden_layers"])
-        heads = int(text["num_attention_heads"])
-        kv_heads = int(text.get("num_key_value_heads") or heads)
-        head_dim = int(text.get("head_dim") or text["hidden_size"] // heads)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InputError(f"{source}: missing or invalid field {exc} for KV arithmetic") from None
-    dtype = str(text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or "bf16")
-    return KvShape(source, layers, kv_heads, head_dim, head_dim, dtype)
+        outer = _HfConfig.model_validate(config)
+    except ValidationError as exc:
+        where = ".".join(str(p) for p in exc.errors()[0]["loc"])
+        raise InputError(f"{source}: invalid field {where!r} for KV arithmetic") from None
+    text = outer.text_config or outer
+    if text.kv_lora_rank or text.q_lora_rank:
+        raise InputError(f"{source}: MLA attention (kv_lora_rank) does not follow the formula")
+    layers, heads = text.num_hidden_layers, text.num_attention_heads
+    head_dim = text.head_dim or (text.hidden_size // heads if text.hidden_size and heads
+                                 else None)
+    if not layers or not heads or not head_dim:
+        missing = ("num_hidden_layers" if not layers else "num_attention_heads" if not heads
+                   else "hidden_size")
+        raise InputError(f"{source}: missing or invalid field {missing!r} for KV arithmetic")
+    dtype = text.torch_dtype or text.dtype or outer.torch_dtype or "bf16"
+    return KvShape(source, layers, text.num_key_value_heads or heads, head_dim, head_dim, dtype)
 
 
 def shape_from_gguf(path: Path) -> KvShape:
@@ -95,22 +118,25 @@ def shape_from_gguf(path: Path) -> KvShape:
     except (ValueError, OSError) as exc:
         raise InputError(f"{path}: not a readable GGUF file ({exc})") from None
 
-    def value(key: str) -> Any:
+    def value(key: str) -> object:
         f = reader.fields.get(key)
         return None if f is None else f.contents()
 
+    def number(key: str) -> int | None:
+        found = value(f"{arch}.{key}")
+        return int(found) if isinstance(found, int) and found > 0 else None
+
     arch = value("general.architecture")
-    if not arch:
+    if not arch or not isinstance(arch, str):
         raise InputError(f"{path}: GGUF has no general.architecture")
-    layers = value(f"{arch}.block_count")
-    heads = value(f"{arch}.attention.head_count")
-    kv_heads = value(f"{arch}.attention.head_count_kv") or heads
-    embd = value(f"{arch}.embedding_length")
+    layers, heads = number("block_count"), number("attention.head_count")
+    embd = number("embedding_length")
     if layers is None or heads is None or embd is None:
         raise InputError(f"{path}: GGUF lacks {arch}.block_count/head_count/embedding_length")
-    key_dim = value(f"{arch}.attention.key_length") or embd // heads
-    value_dim = value(f"{arch}.attention.value_length") or embd // heads
-    return KvShape(str(path), int(layers), int(kv_heads), int(key_dim), int(value_dim), "f16")
+    kv_heads = number("attention.head_count_kv") or heads
+    key_dim = number("attention.key_length") or embd // heads
+    value_dim = number("attention.value_length") or embd // heads
+    return KvShape(str(path), layers, kv_heads, key_dim, value_dim, "f16")
 
 
 def load_shape(path: Path) -> KvShape:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from kvlab.core.jsondata import JsonObject
 from kvlab.core.say import Say, quiet
 from kvlab.engines.base import InstanceFacts
 from kvlab.engines.registry import evidence_deltas
@@ -40,7 +41,7 @@ from kvlab.measure.verdict import (
 )
 from kvlab.observe import metrics
 from kvlab.observe.chat import ChatResult, api_base, chat_body, server_root, stream_chat
-from kvlab.records.base import Deltas, JsonObject
+from kvlab.records.base import Deltas
 from kvlab.records.runs import ReuseRecord, ReuseRow, ReuseSummary
 
 

@@ -16,12 +16,11 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 
 from kvlab.core.errors import EngineError, UnreachableError
-from kvlab.records.base import JsonObject
+from kvlab.core.jsondata import JsonObject, dig, items, number
 from kvlab.records.runs import ChatTiming
 
 
@@ -156,9 +155,13 @@ def _absorb(line: str, result: ChatResult, pieces: list[str], started: float) ->
             result.first_logprobs = _top_logprobs(choice)
 
 
-def _top_logprobs(choice: dict[str, Any]) -> list[tuple[str, float]]:
-    content = (choice.get("logprobs") or {}).get("content") or []
-    if not content:
-        return []
-    top = content[0].get("top_logprobs") or []
-    return [(str(t.get("token")), float(t.get("logprob"))) for t in top]
+def _top_logprobs(choice: JsonObject) -> list[tuple[str, float]]:
+    return list(top_logprobs(dig(choice, "logprobs", "content", 0)))
+
+
+def top_logprobs(position: object) -> tuple[tuple[str, float], ...]:
+    """One position's alternatives in an OpenAI `logprobs.content` item: (token, logprob)
+    pairs, those without a numeric logprob left out."""
+    pairs = ((str(dig(t, "token")), number(dig(t, "logprob")))
+             for t in items(dig(position, "top_logprobs")))
+    return tuple((token, lp) for token, lp in pairs if lp is not None)

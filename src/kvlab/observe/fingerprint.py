@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 
+from kvlab.core.jsondata import dig, items
+from kvlab.observe.chat import top_logprobs
 from kvlab.records.evidence import Fingerprint as FingerprintLine
 
 TOP_K = 10
@@ -80,11 +81,11 @@ class Distance:
         return f"{self.token!r}: {self.seen_a} against {self.seen_b}"
 
 
-def probe_body(model: str | None) -> dict[str, Any]:
+def probe_body(model: str | None) -> dict[str, object]:
     """The probe request. Computed afresh every time: logits from a cached prefix differ from
     a whole prefill's in the last digits (llama-server f16: 1e-3), so the probe asks for no
     prefix reuse (llama-server's `cache_prompt`; a fresh `cache_salt` for vLLM)."""
-    body: dict[str, Any] = {"messages": PROBE, "max_tokens": MAX_TOKENS, "temperature": 0.0,
+    body: dict[str, object] = {"messages": PROBE, "max_tokens": MAX_TOKENS, "temperature": 0.0,
                             "logprobs": True, "top_logprobs": TOP_K, "stream": False,
                             "ignore_eos": True, "seed": 0, "cache_prompt": False,
                             "cache_salt": secrets.token_hex(8)}
@@ -104,17 +105,14 @@ async def take(client: httpx.AsyncClient, base_url: str, model: str | None) -> F
     return parse(body) if isinstance(body, dict) else None
 
 
-def parse(body: dict[str, Any]) -> Fingerprint | None:
+def parse(body: dict[str, object]) -> Fingerprint | None:
     """A chat completion's logprobs as a Fingerprint (None when it carries none)."""
-    choices = body.get("choices") or []
-    content = ((choices[0] if choices else {}).get("logprobs") or {}).get("content") or []
     positions: list[Position] = []
-    for item in content:
-        top = tuple((str(t.get("token")), float(t.get("logprob")))
-                    for t in item.get("top_logprobs") or [] if t.get("logprob") is not None)
+    for item in items(dig(body, "choices", 0, "logprobs", "content")):
+        top = top_logprobs(item)
         if not top:
             break
-        positions.append((str(item.get("token")), top))
+        positions.append((str(dig(item, "token")), top))
     return Fingerprint(tuple(positions)) if positions else None
 
 

@@ -33,7 +33,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
 
 from kvlab.engines.plan import client_host
 from kvlab.proxy import pd
@@ -60,7 +59,7 @@ class Failed(Exception):
     """A request that ends with an error response (and one outcome count)."""
 
     def __init__(self, status: int, message: str, kind: str, outcome: str, leg: str = "",
-                 **extra: Any) -> None:
+                 **extra: object) -> None:
         super().__init__(message)
         self.status, self.outcome, self.leg = status, outcome, leg
         fields = {"leg": leg, **extra} if leg else extra
@@ -102,7 +101,7 @@ def upstream_message(raw: bytes) -> str:
     return shown(raw, 300).strip() or "(empty body)"
 
 
-def parse_body(raw: bytes) -> dict[str, Any]:
+def parse_body(raw: bytes) -> dict[str, object]:
     """The client's JSON request, or Failed(400) naming what is wrong."""
     try:
         body = json.loads(raw)
@@ -129,7 +128,7 @@ def too_deep() -> Failed:
                   "invalid_request_error", "rejected", "client")
 
 
-def encode(body: dict[str, Any]) -> bytes:
+def encode(body: dict[str, object]) -> bytes:
     """A leg's body; Failed(400) when the client's JSON is nested too deeply to write back."""
     try:
         return pd.dumps(body)
@@ -264,8 +263,8 @@ class ProxyApp:
         extra = b"x-request-id: %s\r\n%s" % (rid, self._up_auth)
         return request_head(b"POST", path, leg.origin.host_header, len(data), extra) + data
 
-    async def _prefill(self, req: Request, body: dict[str, Any],
-                       rid: bytes) -> tuple[dict[str, Any] | None, Leg, int]:
+    async def _prefill(self, req: Request, body: dict[str, object],
+                       rid: bytes) -> tuple[dict[str, object] | None, Leg, int]:
         connector = self.config.connector
         data = encode(pd.prefill_body(body, connector, rid.decode()))
         leg = self.prefill.pick()
@@ -290,8 +289,8 @@ class ProxyApp:
                               "not a JSON object", "bad_gateway", "upstream_error", "prefill")
         return reply, leg, took
 
-    async def _decode(self, conn: ClientConnection, req: Request, body: dict[str, Any],
-                      rid: bytes, reply: dict[str, Any] | None, prefill_leg: Leg,
+    async def _decode(self, conn: ClientConnection, req: Request, body: dict[str, object],
+                      rid: bytes, reply: dict[str, object] | None, prefill_leg: Leg,
                       prefill_ns: int) -> None:
         plan = pd.decode_plan(body, self.config.connector, rid.decode(), reply,
                               prefill_leg.peer)

@@ -22,10 +22,12 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from kvlab.core.jsondata import JsonObject
 from kvlab.engines import vllm
 from kvlab.engines.registry import evidence_deltas
 from kvlab.observe import metrics
-from kvlab.records.base import Deltas, JsonObject
+from kvlab.proxy.config import ProxyConfig
+from kvlab.records.base import Deltas
 from kvlab.records.runs import CrossingRecord
 
 WORDS = ("amber", "basalt", "cobalt", "delta", "ember", "fjord", "garnet", "harbor",
@@ -57,6 +59,7 @@ class Crossing:
     prefill: dict[str, Deltas] = field(default_factory=dict)
     decode: dict[str, Deltas] = field(default_factory=dict)
     reasons: list[str] = field(default_factory=list)
+    legs_from: str = ""  # where the legs' URLs came from (kvlab proxy --check --url)
 
     @property
     def crossed(self) -> bool:
@@ -77,7 +80,8 @@ class Crossing:
 
     def as_dict(self) -> JsonObject:
         """The evidence alone (no notebook envelope), for `kvlab proxy --check --json`."""
-        return self.as_record("", "").model_dump(mode="json", include=set(CHECKED))
+        found = self.as_record("", "").model_dump(mode="json", include=set(CHECKED))
+        return {**found, "legs_from": self.legs_from} if self.legs_from else found
 
 
 async def _scrape_all(client: httpx.AsyncClient,
@@ -146,3 +150,51 @@ def _judge(result: Crossing, before: dict[str, metrics.Snapshot | None]) -> None
     elif hits <= 0:
         result.reasons.append("decode's external prefix-cache hits did not grow: decode "
                               "recomputed the prompt")
+
+
+async def check_proxy(config: ProxyConfig, model: str, url: str | None = None) -> Crossing:
+    """One request through the proxy at `url` (its legs read from its own /health, else the
+    settings'), or through kvlab's own proxy started here for the request; one engine on
+    both legs is named as the cause."""
+    from dataclasses import replace
+
+    from kvlab.proxy.app import running
+
+    urls = config.urls
+    if url is None:
+        async with running(replace(config, host="127.0.0.1", port=0)) as app:
+            crossing = await crossing_check(app.url, urls["prefill"], urls["decode"], model,
+                                            api_key=config.api_key)
+        crossing.legs_from = "this proxy's settings"
+        return crossing
+    proxy = url.rstrip("/")
+    legs = await running_legs(proxy, config.api_key)
+    urls = legs or urls
+    crossing = await crossing_check(proxy, urls["prefill"], urls["decode"], model,
+                                    api_key=config.api_key)
+    crossing.legs_from = (f"{proxy}/health" if legs is not None else "the settings (the "
+                          "proxy's /health did not name its legs: send its key)")
+    same = sorted(set(urls["prefill"]) & set(urls["decode"]))
+    if same:  # the cause, before any symptom crossing_check read from the counters
+        crossing.reasons.insert(0, f"{same[0]} is both the prefill and the decode leg: decode "
+                                "served the prompt from its own prefix cache, so nothing "
+                                "crossed")
+    return crossing
+
+
+async def running_legs(proxy: str, api_key: str) -> dict[str, list[str]] | None:
+    """The legs a running proxy names on /health ("prefill URL": state), by role; None when
+    it names none by URL (a keyed proxy asked without its key, or another kind of proxy)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
+            doc = (await client.get(f"{proxy}/health", headers=headers)).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    names = (doc.get("legs") or {}) if isinstance(doc, dict) else {}
+    legs: dict[str, list[str]] = {"prefill": [], "decode": []}
+    for name in names:
+        role, _, where = str(name).partition(" ")
+        if role in legs and "://" in where:
+            legs[role].append(where)
+    return legs if legs["prefill"] and legs["decode"] else None

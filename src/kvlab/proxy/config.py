@@ -18,7 +18,6 @@ import ipaddress
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from kvlab.core.errors import SettingError
 from kvlab.core.settings import Settings
@@ -78,7 +77,7 @@ class ProxyConfig:
         return {"prefill": [parse_url(u)[2] for u in self.prefill],
                 "decode": [parse_url(u)[2] for u in self.decode]}
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, object]:
         """What a person (or --json) should see; never a key."""
         lim = self.limits
         return {**self.urls, "listen": listen_url(self.host, self.port),
@@ -103,22 +102,29 @@ class ProxyConfig:
 
     @classmethod
     def from_settings(cls, settings: Settings, prefill: tuple[str, ...] = (),
-                      decode: tuple[str, ...] = (), ignore: tuple[str, ...] = (),
-                      **overrides: Any) -> ProxyConfig:
-        """A config from settings; repeated --prefill/--decode URLs replace the defaults.
+                      decode: tuple[str, ...] = (), ignore: tuple[str, ...] = (), *,
+                      host: str | None = None, port: int | None = None,
+                      balance: Balance | None = None, workers: int | None = None,
+                      decode_timeout_s: float | None = None) -> ProxyConfig:
+        """A config from settings; repeated --prefill/--decode URLs replace the defaults, and
+        each keyword given (not None) its setting.
 
         `ignore`: compatibility fields the start-up check leaves out (as `kvlab check`)."""
-        values: dict[str, Any] = {
-            "prefill": prefill or (f"{settings.prefill_host or '127.0.0.1'}:"
-                                   f"{settings.prefill_port}",),
-            "decode": decode or (f"{settings.decode_host or '127.0.0.1'}:"
-                                 f"{settings.decode_port}",),
-            "host": settings.serve_host, "port": settings.proxy_port,
-            "connector": settings.connector,
-            "connect_timeout_s": settings.proxy_connect_timeout_s,
-            "prefill_timeout_s": settings.proxy_prefill_timeout_s,
-            "decode_timeout_s": settings.proxy_decode_timeout_s,
-            "limits": ClientLimits(
+        # the engines protect /v1/* with the key the load generator also uses
+        auth = {"Authorization": f"Bearer {settings.api_key()}"} if settings.api_key() else None
+        return cls(
+            prefill=prefill or (f"{settings.prefill_host or '127.0.0.1'}:"
+                                f"{settings.prefill_port}",),
+            decode=decode or (f"{settings.decode_host or '127.0.0.1'}:"
+                              f"{settings.decode_port}",),
+            host=settings.serve_host if host is None else host,
+            port=settings.proxy_port if port is None else port,
+            connector=settings.connector, balance=balance or "round-robin",
+            connect_timeout_s=settings.proxy_connect_timeout_s,
+            prefill_timeout_s=settings.proxy_prefill_timeout_s,
+            decode_timeout_s=(settings.proxy_decode_timeout_s if decode_timeout_s is None
+                              else decode_timeout_s),
+            limits=ClientLimits(
                 max_body_bytes=settings.proxy_max_body_bytes,
                 max_request_line_bytes=settings.proxy_max_request_line_bytes,
                 max_header_bytes=settings.proxy_max_header_bytes,
@@ -128,14 +134,10 @@ class ProxyConfig:
                 keepalive_timeout_s=settings.proxy_keepalive_timeout_s,
                 stall_timeout_s=settings.proxy_client_stall_timeout_s,
                 max_connections=settings.proxy_max_connections),
-            "workers": settings.proxy_workers,
-            "api_key": client_key(settings), "upstream_key": settings.api_key(),
-        }
-        # the engines protect /v1/* with the key the load generator also uses
-        auth = {"Authorization": f"Bearer {settings.api_key()}"} if settings.api_key() else None
-        values["compat"] = functools.partial(check_legs, headers=auth, ignore=ignore)
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+            workers=settings.proxy_workers if workers is None else workers,
+            api_key=client_key(settings), upstream_key=settings.api_key(),
+            compat=functools.partial(check_legs, headers=auth, ignore=ignore),
+        )
 
 
 def same_instance(prefill: tuple[str, ...], decode: tuple[str, ...]) -> str | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import httpx
 
@@ -22,6 +22,9 @@ from kvlab.core.errors import RefusedError, UnreachableError
 from kvlab.measure import compat
 from kvlab.proxy.pd import PrefillPeer
 from kvlab.proxy.upstream import Origin
+
+if TYPE_CHECKING:
+    from prometheus_client import Gauge
 
 Balance = Literal["round-robin", "least-outstanding"]
 BALANCES: tuple[Balance, ...] = ("round-robin", "least-outstanding")
@@ -37,7 +40,7 @@ class Leg:
         self.origin = origin
         self.outstanding = 0
         self.peer = PrefillPeer()
-        self.gauge: Any = None  # a prometheus Gauge child, when metrics are kept
+        self.gauge: Gauge | None = None  # a child of the outstanding gauge, when metrics are kept
 
     @property
     def url(self) -> str:
@@ -89,7 +92,7 @@ class LegFacts:
     model_id: str | None
     max_model_len: int | None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {"role": self.role, "url": self.url, "model_id": self.model_id,
                 "max_model_len": self.max_model_len}
 

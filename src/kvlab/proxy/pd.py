@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
 
 CONNECTORS = ("shared", "lmcache", "nixl", "mooncake")
 CONTENT_ADDRESSED = frozenset({"shared", "lmcache"})
@@ -44,7 +43,7 @@ class PrefillPeer:
 class DecodePlan:
     """The decode leg's body (None: forward the client's bytes unchanged) and the verdict."""
 
-    body: dict[str, Any] | None
+    body: dict[str, object] | None
     params_missing: bool = False
 
 
@@ -59,7 +58,7 @@ def transfer_id(request_id: str) -> str:
     return f"xfer-{request_id}"
 
 
-def prefill_body(body: dict[str, Any], connector: str, request_id: str) -> dict[str, Any]:
+def prefill_body(body: dict[str, object], connector: str, request_id: str) -> dict[str, object]:
     """The prefill leg's request: one token, not streamed, with the connector's params."""
     out = {k: v for k, v in body.items() if k not in _PREFILL_DROPS and k != PARAMS}
     out["stream"] = False
@@ -82,8 +81,8 @@ def prefill_reply_needed(connector: str) -> bool:
     return connector == "nixl"
 
 
-def decode_plan(body: dict[str, Any], connector: str, request_id: str,
-                prefill_reply: dict[str, Any] | None = None,
+def decode_plan(body: dict[str, object], connector: str, request_id: str,
+                prefill_reply: dict[str, object] | None = None,
                 peer: PrefillPeer | None = None) -> DecodePlan:
     """The decode leg's request, and whether the KV hand-over is known to be missing."""
     if connector in CONTENT_ADDRESSED:
@@ -107,7 +106,7 @@ def decode_plan(body: dict[str, Any], connector: str, request_id: str,
     return DecodePlan(out)
 
 
-def parse_reply(raw: bytes) -> dict[str, Any] | None:
+def parse_reply(raw: bytes) -> dict[str, object] | None:
     """Prefill's JSON answer as a dict; None when it is not a JSON object."""
     try:
         value = json.loads(raw)
@@ -116,5 +115,5 @@ def parse_reply(raw: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def dumps(body: dict[str, Any]) -> bytes:
+def dumps(body: dict[str, object]) -> bytes:
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()

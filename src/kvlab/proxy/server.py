@@ -49,7 +49,7 @@ JSON = b"application/json"
 REFUSED_LINGER_S = 2.0
 
 
-def error_body(status: int, message: str, kind: str, **extra: Any) -> bytes:
+def error_body(status: int, message: str, kind: str, **extra: object) -> bytes:
     """An OpenAI-style error document."""
     err = {"message": message, "type": kind, "param": None, "code": status, **extra}
     return json.dumps({"error": err}).encode()

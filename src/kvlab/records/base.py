@@ -15,14 +15,11 @@ from typing import ClassVar, Self
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvlab import SCHEMA, __version__
+from kvlab.core.jsondata import JsonObject
 
 LAB_OFFLOAD = "part-22/lab-kv-cache-offload-and-sharing"
 LAB_PD = "part-22/lab-two-machine-prefill-decode"
 
-JsonObject = dict[str, object]
-"""A JSON object as it came off the wire or goes onto it (a request body, an engine's own
-answer): a reader narrows each value it uses with isinstance, so a server's surprise is a
-handled case, never an AttributeError."""
 
 Number = int | float
 Deltas = dict[str, Number | None]

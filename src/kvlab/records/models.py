@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from kvlab.records.base import LAB_OFFLOAD, LAB_PD, JsonObject, Record, now_stamp
+from kvlab.core.jsondata import JsonObject
+from kvlab.records.base import LAB_OFFLOAD, LAB_PD, Record, now_stamp
 from kvlab.records.evidence import Percentiles
 from kvlab.records.load import CapacityRecord, LinkRecord, LoadRecord
 from kvlab.records.runs import (

@@ -106,6 +106,17 @@ ROWS: tuple[Row, ...] = (
 )
 
 
+PROXY_LABEL = f"{SPLIT.label}-proxy"  # the startup line of kvlab's proxy in front of a split
+
+
+def serve_label(role: str, host_tier: bool) -> str:
+    """The label of a startup line of `kvlab serve ROLE`: the seed's name for the offload
+    role (`offload-off`, `offload-on`: the quiet rows' labels), else the role."""
+    if role == "offload":
+        return (QUIET_ON if host_tier else QUIET_OFF).label
+    return role
+
+
 def interference_label(parallel: int) -> str:
     """The load label of the interference run with `parallel` slots."""
     return f"{INTERFERENCE.label}-parallel-{parallel}"

@@ -76,3 +76,13 @@ def build(labbook: str | Path, plots_dir: Path | None = None,
 
         report.csv_files = write_all(report.tables, report.decisions, book, csv_dir)
     return report
+
+
+def write(labbook: str | Path, out_dir: Path, *, plots: bool = True,
+          csv_dir: Path | None = None) -> Report:
+    """The report (with its plots unless `plots` is false, and CSV files in `csv_dir`),
+    written as `out_dir`/report.md."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = build(labbook, out_dir if plots else None, csv_dir)
+    (out_dir / "report.md").write_text(report.markdown() + "\n", encoding="utf-8")
+    return report

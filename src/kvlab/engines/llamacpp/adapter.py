@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kvlab.core.jsondata import dig, integer, integers, text
 from kvlab.engines import local
 from kvlab.engines.base import (
     LLAMA_CPP,
@@ -77,8 +78,8 @@ class LlamaCppEngine:
         out.engine = LLAMA_CPP
         out.version = str(props.get(facts.PROPS_BUILD, "unknown"))
         out.root = str(props.get(facts.PROPS_MODEL_PATH, out.root))
-        slot_ctx = (props.get("default_generation_settings") or {}).get(facts.SLOT_N_CTX)
-        out.max_model_len = int(slot_ctx) if slot_ctx else out.max_model_len
+        slot_ctx = integer(dig(props, "default_generation_settings", facts.SLOT_N_CTX))
+        out.max_model_len = slot_ctx or out.max_model_len
         out.block_size = 1
         out.prefix_caching = True
         out.dtype = str(props[facts.PROPS_FTYPE]) if props.get(facts.PROPS_FTYPE) else None
@@ -112,11 +113,12 @@ def argv_facts(argv: list[str], out: InstanceFacts) -> None:
 async def _template_tokens(client: httpx.AsyncClient, root: str) -> list[int] | None:
     template = await post_json(client, root + facts.APPLY_TEMPLATE_PATH,
                                {"messages": PROBE_MESSAGES})
-    if not template or "prompt" not in template:
+    prompt = text(dig(template, "prompt"))
+    if prompt is None:
         return None
     tokens = await post_json(client, root + facts.TOKENIZE_PATH,
-                             {"content": template["prompt"], "parse_special": True})
-    return [int(t) for t in tokens["tokens"]] if tokens and "tokens" in tokens else None
+                             {"content": prompt, "parse_special": True})
+    return integers(dig(tokens, "tokens"))
 
 
 LLAMA_CPP_ENGINE = LlamaCppEngine()

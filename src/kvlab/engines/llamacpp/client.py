@@ -21,16 +21,15 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 import httpx
 
 from kvlab.core.errors import EngineError, RefusedError, UnreachableError
+from kvlab.core.jsondata import JsonObject, dig, integer, integers, number, obj
 from kvlab.core.settings import Settings
 from kvlab.engines import llamacpp
 from kvlab.engines.plan import EnginePlan, client_host
 from kvlab.observe.chat import ChatResult, chat_body, stream_chat
-from kvlab.records.base import JsonObject
 from kvlab.records.runs import SlotOpLine
 
 DEFAULT_TIMEOUT_S = 600.0  # a cold prefill of a long prompt on two CPU cores takes a while
@@ -134,7 +133,8 @@ class LlamaClient:
                         exc: BaseException | None, tb: TracebackType | None) -> None:
         await self.http.aclose()
 
-    async def _json(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    async def _json(self, method: str, path: str,
+                    body: JsonObject | None = None) -> tuple[int, object]:
         try:
             response = await self.http.request(method, path, json=body)
         except httpx.HTTPError as exc:
@@ -147,22 +147,22 @@ class LlamaClient:
         except ValueError:
             return response.status_code, {"error": {"message": response.text[:200]}}
 
-    async def props(self) -> dict[str, Any]:
+    async def props(self) -> dict[str, object]:
         code, body = await self._json("GET", llamacpp.PROPS_PATH)
         if code != 200 or not isinstance(body, dict):
             raise EngineError(f"{self.target.base_url}{llamacpp.PROPS_PATH} answered HTTP {code}")
         return body
 
-    async def slots(self) -> list[dict[str, Any]]:
+    async def slots(self) -> list[dict[str, object]]:
         code, body = await self._json("GET", llamacpp.SLOTS_PATH)
         if code != 200 or not isinstance(body, list):
             raise EngineError(f"{self.target.base_url}{llamacpp.SLOTS_PATH} answered HTTP {code}"
                               " (the server needs --slots)")
-        return body
+        return [obj(slot) for slot in body]
 
     async def check_slot(self, slot: int) -> int:
         """Refuse a slot id the server does not have (it would wrap around silently)."""
-        count = int((await self.props()).get(llamacpp.PROPS_SLOTS, 0))
+        count = integer((await self.props()).get(llamacpp.PROPS_SLOTS)) or 0
         if not 0 <= slot < count:
             raise RefusedError(
                 f"slot {slot} does not exist: this server has {count} slot(s) "
@@ -182,7 +182,7 @@ class LlamaClient:
 
     async def _slot_action(self, action: str, slot: int, filename: str | None) -> SlotOp:
         url = llamacpp.slot_url("", slot, action)
-        body = {"filename": filename} if filename is not None else None
+        body: JsonObject | None = {"filename": filename} if filename is not None else None
         offset = self._log_size()
         started = time.perf_counter()
         code, answer = await self._json("POST", url, body)
@@ -190,11 +190,11 @@ class LlamaClient:
         if code != 200 or not isinstance(answer, dict):
             raise EngineError(await self._failure(action, slot, filename, code, answer, offset))
         tokens_key, bytes_key, ms_key = llamacpp.SLOT_RESULT_KEYS[action]
-        timings = answer.get("timings") or {}
         return SlotOp(
-            action=action, slot=slot, filename=filename, n_tokens=int(answer.get(tokens_key, 0)),
-            n_bytes=int(answer[bytes_key]) if bytes_key and bytes_key in answer else None,
-            server_ms=float(timings[ms_key]) if ms_key and ms_key in timings else None,
+            action=action, slot=slot, filename=filename,
+            n_tokens=integer(answer.get(tokens_key)) or 0,
+            n_bytes=integer(answer.get(bytes_key)) if bytes_key else None,
+            server_ms=number(dig(answer, "timings", ms_key)) if ms_key else None,
             wall_ms=wall_ms,
         )
 
@@ -206,11 +206,11 @@ class LlamaClient:
             return 0
 
     async def _failure(self, action: str, slot: int, filename: str | None, code: int,
-                       answer: Any, offset: int) -> str:
+                       answer: object, offset: int) -> str:
         message = ""
         if isinstance(answer, dict):
             err = answer.get("error")
-            message = str(err.get("message", "")) if isinstance(err, dict) else str(err or "")
+            message = str(dig(err, "message") or "") if isinstance(err, dict) else str(err or "")
         what = f"{action} of slot {slot}" + (f" as {filename}" if filename else "")
         reason = await self._log_reason(offset)
         if reason:
@@ -236,25 +236,27 @@ class LlamaClient:
             await asyncio.sleep(0.05)
         return None
 
+    async def _answer(self, path: str, body: JsonObject) -> JsonObject:
+        """The JSON object a POST to `path` answers (EngineError naming the path if none)."""
+        code, answer = await self._json("POST", path, body)
+        if code != 200 or not isinstance(answer, dict):
+            raise EngineError(f"{path} answered HTTP {code}")
+        return answer
+
     async def tokenize(self, text: str) -> list[int]:
-        code, body = await self._json("POST", llamacpp.TOKENIZE_PATH, {"content": text})
-        if code != 200:
-            raise EngineError(f"{llamacpp.TOKENIZE_PATH} answered HTTP {code}")
-        return [int(t) for t in body["tokens"]]
+        body = await self._answer(llamacpp.TOKENIZE_PATH, {"content": text})
+        if (tokens := integers(body.get("tokens"))) is None:
+            raise EngineError(f"{llamacpp.TOKENIZE_PATH} answered no token list")
+        return tokens
 
     async def detokenize(self, tokens: list[int]) -> str:
-        code, body = await self._json("POST", llamacpp.DETOKENIZE_PATH, {"tokens": tokens})
-        if code != 200:
-            raise EngineError(f"{llamacpp.DETOKENIZE_PATH} answered HTTP {code}")
-        return str(body["content"])
+        body = await self._answer(llamacpp.DETOKENIZE_PATH, {"tokens": list(tokens)})
+        return str(body.get("content", ""))
 
     async def chat_tokens(self, messages: list[dict[str, str]]) -> int:
         """Tokens a chat conversation takes once this server's template is applied."""
-        code, body = await self._json("POST", llamacpp.APPLY_TEMPLATE_PATH,
-                                      {"messages": messages})
-        if code != 200:
-            raise EngineError(f"{llamacpp.APPLY_TEMPLATE_PATH} answered HTTP {code}")
-        return len(await self.tokenize(str(body["prompt"])))
+        body = await self._answer(llamacpp.APPLY_TEMPLATE_PATH, {"messages": list(messages)})
+        return len(await self.tokenize(str(body.get("prompt", ""))))
 
     async def chat(self, prompt: str, *, slot: int | None = None, max_tokens: int = 8,
                    top_logprobs: int = 5, model: str = "local-chat") -> ChatResult:

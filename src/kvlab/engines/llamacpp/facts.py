@@ -139,7 +139,7 @@ def plan(settings: Settings, binary: Path | str, opts: LlamaOptions | None = Non
     return EnginePlan(
         engine=LLAMA_CPP, role=opts.role, command=(str(binary),), flags=tuple(flags),
         extra_args=opts.extra_args, host=settings.serve_host, port=port, health_path="/health",
-        private_dirs=(slot_path,), summary=summary, notes=tuple(notes), label_hint=opts.role,
+        private_dirs=(slot_path,), summary=summary, notes=tuple(notes),
         model=model, served_name=settings.served_name,
     )
 

@@ -15,7 +15,6 @@ its two-endpoint proof, and prove runs it with its `CaseRunner` (`engines/base.p
 from __future__ import annotations
 
 import contextlib
-from typing import Any
 
 from kvlab.core.errors import RefusedError
 from kvlab.core.settings import Settings
@@ -24,7 +23,7 @@ from kvlab.engines.llamacpp import roundtrip, slotstore
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget, target_from_settings
 from kvlab.observe.chat import ChatResult, server_root
 
-LOGPROBS: dict[str, Any] = {"logprobs": True, "top_logprobs": 5}  # for the logprob evidence
+LOGPROBS: dict[str, object] = {"logprobs": True, "top_logprobs": 5}  # for the logprob evidence
 IDENTICAL_WHY = "the slot file saved on A was restored into this slot of B"
 CONTROL_WHY = "the first words differ, and slot 1 never held this prompt"
 

@@ -17,7 +17,7 @@ from kvlab.engines import llamacpp
 from kvlab.engines.llamacpp.client import LlamaClient
 from kvlab.engines.models import corpus
 from kvlab.engines.plan import EnginePlan
-from kvlab.engines.process import EngineProcess, free_port
+from kvlab.engines.process import free_port
 from kvlab.records.evidence import LlamaServerLine
 
 TEMPLATE_MARGIN = 32  # chat-template tokens around a user message, with room to spare
@@ -65,12 +65,7 @@ def server_plan(settings: Settings, binary: Path, *, role: str, ctx: int, parall
     return plan
 
 
-def server_process(settings: Settings, plan: EnginePlan) -> EngineProcess:
-    """The process for a plan, logging under KVLAB_HOME/run/logs."""
-    paths = settings.paths()
-    log = paths.log(f"{plan.role}-{plan.port}")
-    log.unlink(missing_ok=True)
-    return EngineProcess(plan, log, run_dir=paths.run, ready_timeout_s=120)
+READY_S = 120.0  # llama-server loads a tiny GGUF in seconds; a real one in well under this
 
 
 def server_fields(plan: EnginePlan, ctx: int, parallel: int,

@@ -36,6 +36,7 @@ from typing import Any
 from kvlab import __version__
 from kvlab.core.errors import InputError, RefusedError
 from kvlab.core.files import write_private
+from kvlab.core.jsondata import integer
 from kvlab.engines import llamacpp
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget, SlotOp
 from kvlab.engines.process import make_private_dir
@@ -78,7 +79,7 @@ class ServerIdentity(SavedWith):
 
     tokens_per_slot: int
 
-    def saved_with(self) -> dict[str, Any]:
+    def saved_with(self) -> dict[str, Any]:  # Manifest(**...): its fields' own types
         return {f.name: getattr(self, f.name) for f in fields(SavedWith)}
 
 
@@ -97,8 +98,8 @@ class Manifest(SavedWith):
     schema: int = MANIFEST_SCHEMA
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any], where: Path) -> Manifest:
-        values: dict[str, Any] = {}
+    def from_dict(cls, raw: dict[str, object], where: Path) -> Manifest:
+        values: dict[str, Any] = {}  # each value checked against its field's type below
         for f in fields(cls):
             if f.name not in raw:
                 if f.name == "schema":
@@ -177,7 +178,7 @@ def _read_cache(cache: Path | None) -> dict[str, str]:
     return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
 
 
-def _write_private_json(path: Path, data: Any) -> None:
+def _write_private_json(path: Path, data: object) -> None:
     write_private(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
@@ -189,7 +190,7 @@ async def identity_of(client: LlamaClient, hash_cache: Path | None = None) -> Se
     return await asyncio.to_thread(_identity, client.target, props, slots, hash_cache)
 
 
-def _identity(target: LlamaTarget, props: dict[str, Any], slots: list[dict[str, Any]],
+def _identity(target: LlamaTarget, props: dict[str, object], slots: list[dict[str, object]],
               hash_cache: Path | None) -> ServerIdentity:
     model_path = str(props.get(llamacpp.PROPS_MODEL_PATH, ""))
     if target.model and Path(target.model).resolve() != Path(model_path).resolve():
@@ -205,13 +206,15 @@ def _identity(target: LlamaTarget, props: dict[str, Any], slots: list[dict[str, 
     return ServerIdentity(
         model_path=model_path, model_sha256=file_sha256(Path(model_path), hash_cache),
         kv_type_k=target.kv_type_k, kv_type_v=target.kv_type_v,
-        parallel=int(props.get(llamacpp.PROPS_SLOTS, len(slots))),
+        parallel=integer(props.get(llamacpp.PROPS_SLOTS)) or len(slots),
         flash_attn=target.flash_attn, server_build=str(props.get(llamacpp.PROPS_BUILD, "")),
-        tokens_per_slot=min(int(s.get(llamacpp.SLOT_N_CTX, 0)) for s in slots) if slots else 0,
+        tokens_per_slot=min(integer(s.get(llamacpp.SLOT_N_CTX)) or 0 for s in slots) if slots
+        else 0,
     )
 
 
-def mismatches(manifest: Manifest, identity: ServerIdentity) -> list[tuple[str, Any, Any]]:
+def mismatches(manifest: Manifest,
+               identity: ServerIdentity) -> list[tuple[str, object, object]]:
     """(field, file's value, server's value) for every field that must match and does not."""
     return [(name, getattr(manifest, name), getattr(identity, name)) for name in MATCHED
             if getattr(manifest, name) != getattr(identity, name)]
@@ -377,7 +380,7 @@ def _read_small(path: Path) -> str:
     return data.decode("utf-8")
 
 
-def _shown(field: str, value: Any, model_path: str) -> str:
+def _shown(field: str, value: object, model_path: str) -> str:
     if field == "model_sha256":
         return f"model {Path(model_path).name} (sha256 {str(value)[:12]}…)"
     return f"{field} {value}"

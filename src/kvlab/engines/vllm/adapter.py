@@ -13,6 +13,7 @@ import json
 import os
 from typing import TYPE_CHECKING
 
+from kvlab.core.jsondata import dig, integers
 from kvlab.engines import local
 from kvlab.engines.base import (
     PROBE_MESSAGES,
@@ -74,8 +75,8 @@ class VllmEngine:
         tokens = await post_json(client, root + facts.TOKENIZE_PATH, {
             "model": facts_out.model_id, "messages": PROBE_MESSAGES,
             "add_generation_prompt": True})
-        if tokens and "tokens" in tokens:
-            facts_out.template_tokens = [int(t) for t in tokens["tokens"]]
+        if (found := integers(dig(tokens, "tokens"))) is not None:
+            facts_out.template_tokens = found
         facts_out.content_digest = local.content_digest(facts_out.root)
         argv = local.listening_argv(root)
         if argv is not None and facts.SERVE_WORD in argv:

