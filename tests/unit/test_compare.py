@@ -384,3 +384,11 @@ def test_a_split_is_set_against_the_baseline_of_its_own_run() -> None:
     alone = [row("baseline", 1, 0.065, 0.02, 80.0, run_id="a"),
              row("split", 1, 1.5, 0.02, 14.0, run_id="b")]  # no shared run: the newest each
     assert compare.paired_rows(alone, "split", "baseline")[1][1].run_id == "a"
+
+
+def test_a_changed_memory_fraction_is_a_stated_difference() -> None:
+    # the committed H200 notebook's split ran at 0.4 against a baseline at 0.85
+    records = [row("baseline", 1, 0.2, 0.01, 90, memory_fraction=0.85),
+               row("disagg", 1, 0.3, 0.01, 95, memory_fraction=0.4)]
+    text = "\n".join(compare.compare(records, "b", "disagg", "baseline").lines)
+    assert "memory_fraction differs (0.4 against 0.85)" in text

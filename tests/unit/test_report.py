@@ -439,3 +439,18 @@ def test_the_h200_nixl_run_reads_back_with_its_intervals_and_transfer_timing(
     assert "vLLM's own count: 34,627,387,392 bytes read back to the device in 0.812 s" in tier
     off = next(line for line in lines if line.startswith("| None, cache under pressure"))
     assert "| p50 0.183 (load: no turn order) |" in off
+
+
+def test_an_interference_row_without_tpot_is_n_a_not_a_crash(tmp_path: Path) -> None:
+    from kvlab.records.rows import interference_label
+    from kvlab.report.pd import pd_table
+
+    path = tmp_path / "labbook.md"
+    for parallel in (4, 1):
+        notebook.append(path, LoadRecord(
+            label=interference_label(parallel), lab=notebook.LAB_PD, concurrency=4,
+            requests=8, ok=8, failed=0, model="m", prompt_set="shared-prefix", max_tokens=1,
+            ttft_s=Percentiles(p50=0.2), output_tokens_per_s=50.0, engine="llama.cpp"))
+    table = pd_table(notebook.read(path))
+    cells = next(r for r in table.rows if r[0].startswith("llama-server, 4 slots"))
+    assert cells[2] == "0.200 vs 0.200" and "n/a" in cells[3]
