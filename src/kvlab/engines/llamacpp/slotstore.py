@@ -31,7 +31,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+
+from pydantic import TypeAdapter
 
 from kvlab import __version__
 from kvlab.core.errors import InputError, RefusedError
@@ -79,8 +80,9 @@ class ServerIdentity(SavedWith):
 
     tokens_per_slot: int
 
-    def saved_with(self) -> dict[str, Any]:  # Manifest(**...): its fields' own types
-        return {f.name: getattr(self, f.name) for f in fields(SavedWith)}
+    def saved_with(self) -> SavedWith:
+        return SavedWith(self.model_path, self.model_sha256, self.kv_type_k, self.kv_type_v,
+                         self.parallel, self.flash_attn, self.server_build)
 
 
 @dataclass(frozen=True)
@@ -98,8 +100,17 @@ class Manifest(SavedWith):
     schema: int = MANIFEST_SCHEMA
 
     @classmethod
+    def of(cls, saved: SavedWith, op: SlotOp, st: os.stat_result, digest: str) -> Manifest:
+        """The manifest of the slot file `op` saved, `st` its stat and `digest` its sha256."""
+        assert op.filename is not None, "a save names its file"
+        return cls(**asdict(saved), filename=op.filename, n_tokens=op.n_tokens,
+                   file_bytes=st.st_size, file_sha256=digest, file_mtime_ns=st.st_mtime_ns,
+                   saved_from_slot=op.slot, kvlab_version=__version__,
+                   saved_at=notebook.now_stamp())
+
+    @classmethod
     def from_dict(cls, raw: dict[str, object], where: Path) -> Manifest:
-        values: dict[str, Any] = {}  # each value checked against its field's type below
+        values: dict[str, object] = {}
         for f in fields(cls):
             if f.name not in raw:
                 if f.name == "schema":
@@ -114,11 +125,14 @@ class Manifest(SavedWith):
                 raise InputError(f"manifest {where}: {f.name} is {value}, below 0; "
                                  "save the slot again")
             values[f.name] = value
-        manifest = cls(**values)
+        manifest = _MANIFEST.validate_python(values)  # every value checked above
         if where.name != manifest.filename + MANIFEST_SUFFIX:
             raise InputError(f"manifest {where} describes another file "
                              f"({manifest.filename!r}); save the slot again")
         return manifest
+
+
+_MANIFEST = TypeAdapter(Manifest)
 
 
 def file_sha256(path: Path, cache: Path | None = None) -> str:
@@ -304,11 +318,7 @@ class SlotStore:
                 digest = _sha256_of(fd)
         except FileNotFoundError:
             raise elsewhere from None
-        manifest = Manifest(
-            **identity.saved_with(), filename=op.filename, n_tokens=op.n_tokens,
-            file_bytes=st.st_size, file_sha256=digest, file_mtime_ns=st.st_mtime_ns,
-            saved_from_slot=op.slot, kvlab_version=__version__, saved_at=notebook.now_stamp(),
-        )
+        manifest = Manifest.of(identity.saved_with(), op, st, digest)
         _write_private_json(self.manifest_path(op.filename), asdict(manifest))
         return manifest
 
