@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from kvlab.core.errors import EngineError, UnreachableError
-from kvlab.core.jsondata import JsonObject, dig, items, number
+from kvlab.core.jsondata import JsonObject, dig, integer, items, number, obj
 from kvlab.records.runs import ChatTiming
 
 
@@ -128,25 +128,23 @@ def _absorb(line: str, result: ChatResult, pieces: list[str], started: float) ->
     if payload == "[DONE]":
         return
     try:
-        chunk = json.loads(payload)
+        chunk = obj(json.loads(payload))
     except json.JSONDecodeError:
         return
-    usage = chunk.get("usage")
-    if usage:
-        result.prompt_tokens = usage.get("prompt_tokens")
-        result.completion_tokens = usage.get("completion_tokens")
-        details = usage.get("prompt_tokens_details") or {}
-        if details.get("cached_tokens") is not None:
-            result.cached_tokens = int(details["cached_tokens"])
-    timings = chunk.get("timings")
-    if isinstance(timings, dict) and timings:
+    if usage := obj(chunk.get("usage")):
+        result.prompt_tokens = integer(usage.get("prompt_tokens"))
+        result.completion_tokens = integer(usage.get("completion_tokens"))
+        cached = integer(dig(usage, "prompt_tokens_details", "cached_tokens"))
+        if cached is not None:
+            result.cached_tokens = cached
+    if timings := obj(chunk.get("timings")):
         result.timings = {str(k): v for k, v in timings.items()
                           if isinstance(v, int | float) and not isinstance(v, bool)}
-    for choice in chunk.get("choices") or []:
+    for choice in items(chunk.get("choices")):
         if result.first_choice_s is None:
             result.first_choice_s = time.perf_counter() - started
-        piece = (choice.get("delta") or {}).get("content")
-        if piece:
+        piece = dig(choice, "delta", "content")
+        if isinstance(piece, str) and piece:
             if result.ttft_s is None:
                 result.ttft_s = time.perf_counter() - started
             result.chunks += 1
@@ -155,7 +153,7 @@ def _absorb(line: str, result: ChatResult, pieces: list[str], started: float) ->
             result.first_logprobs = _top_logprobs(choice)
 
 
-def _top_logprobs(choice: JsonObject) -> list[tuple[str, float]]:
+def _top_logprobs(choice: object) -> list[tuple[str, float]]:
     return list(top_logprobs(dig(choice, "logprobs", "content", 0)))
 
 

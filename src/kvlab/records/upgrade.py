@@ -16,7 +16,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from kvlab import SCHEMA
-from kvlab.core.jsondata import JsonObject
+from kvlab.core.jsondata import JsonObject, integer
 
 SEED_SCHEMA = 0  # a seed script's line: no envelope beyond lab, record, label, recorded_at
 SEED_VERSION = "none (a seed script's line)"
@@ -60,10 +60,7 @@ def upgraded(obj: JsonObject, declared: frozenset[str]) -> tuple[JsonObject, lis
         out.setdefault("label", "")
         out.setdefault("recorded_at", "")
         return out, left_out
-    for step in range(_int(version), SCHEMA):
+    for step in range(found if (found := integer(version)) is not None else SCHEMA, SCHEMA):
         out = STEPS[step](out) if step in STEPS else out
     return out, left_out
 
-
-def _int(value: object) -> int:
-    return value if isinstance(value, int) else SCHEMA
