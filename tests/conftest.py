@@ -1,13 +1,16 @@
-"""Shared fixtures: isolation of settings and notebook per test, the tiny models once."""
+"""Shared fixtures: isolation of settings and notebook per test, the tiny models once; at the
+end, no process the suite started left running."""
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from children import session_leftovers
 from kvlab.core.settings import Settings
 from kvlab.engines.models import TinyModels, make_tiny
 
@@ -52,3 +55,23 @@ def collect_garbage() -> Iterator[None]:
     import gc
 
     gc.collect()
+
+
+LEAK_WARNING = "WARNING: the suite left processes running; stopped now:"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The safety net behind `children`: whatever the suite started and left running (its
+    process tree, and marked processes that left it) is stopped and named, so a leak shows
+    rather than outliving the suite. It warns; it does not fail the run."""
+    left = session_leftovers()
+    if not left:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.ensure_newline()
+    for line in [LEAK_WARNING, *(f"  {x}" for x in left)]:
+        if reporter is not None:
+            reporter.write_line(line, yellow=True, bold=True)
+        else:
+            print(line, file=sys.stderr)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from children import running, spawn, stop
 from kvlab.core.settings import Settings
 from kvlab.engines import install, process
 from kvlab.engines.cleanup import clean
@@ -94,8 +95,8 @@ def serving(tmp_path: Path, env: dict[str, str], *args: str,
     port = process.free_port()
     out, err = tmp_path / "serve.out", tmp_path / "serve.err"
     with open(out, "wb") as o, open(err, "wb") as e:
-        proc = subprocess.Popen([sys.executable, "-m", "kvlab", *command, "--port", str(port),
-                                 *args], stdout=o, stderr=e, env=env, start_new_session=True)
+        proc = spawn([sys.executable, "-m", "kvlab", *command, "--port", str(port), *args],
+                     stdout=o, stderr=e, env=env)
     served = Served(proc, Path(env["KVLAB_HOME"]), port, out, err)
     try:
         _wait_ready(served, Path(env["LABBOOK"]))
@@ -115,9 +116,7 @@ def _wait_ready(served: Served, labbook: Path) -> None:
 
 
 def _tear_down(served: Served) -> None:
-    if served.proc.poll() is None:
-        served.proc.kill()
-        served.proc.wait(timeout=10)
+    stop(served.proc, None)  # SIGTERM, SIGKILL, and whatever it started
     for record in (served.home / "run" / "pids").glob("*.json"):
         process.stop_group(int(json.loads(record.read_text(encoding="utf-8"))["pid"]), 1.0)
 
@@ -209,25 +208,16 @@ asyncio.run(main())
 
 def test_a_test_suite_killed_from_outside_leaves_no_engine(tmp_path: Path) -> None:
     port = process.free_port()
-    suite = subprocess.Popen([sys.executable, "-c", KILLED_SUITE, str(port), str(FAKE),
-                              str(tmp_path / "engine.log")], stdout=subprocess.PIPE,
-                             start_new_session=True)
-    pgid = 0
-    try:
+    # what a failed assertion leaves running is stopped by `running`: the engine, and its
+    # helper, carry the suite's marker
+    with running([sys.executable, "-c", KILLED_SUITE, str(port), str(FAKE),
+                  str(tmp_path / "engine.log")], stdout=subprocess.PIPE) as suite:
         assert suite.stdout is not None and suite.stdout.readline() == b"ready\n"
         pgid = os.getpgid(listener_pid(port))
         assert pgid != suite.pid  # the engine runs in its own session
         suite.kill()
         suite.wait(timeout=10)
         assert gone(pgid, port, timeout=10)
-    finally:
-        if suite.poll() is None:
-            suite.kill()
-        suite.wait(timeout=10)
-        if suite.stdout is not None:
-            suite.stdout.close()
-        if pgid:  # what a failed assertion left running
-            process.stop_group(pgid, 1.0)
 
 
 def listener_pid(port: int) -> int:
@@ -264,9 +254,7 @@ def test_clean_stops_a_detached_engine_started_through_a_wrapper(tmp_path: Path)
 
 
 def test_clean_leaves_a_process_that_reused_a_recorded_pid(tmp_path: Path) -> None:
-    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                                start_new_session=True)
-    try:
+    with running([sys.executable, "-c", "import time; time.sleep(60)"]) as stranger:
         settings = Settings(kvlab_home=str(tmp_path / "home"),
                             llama_slot_save_path=str(tmp_path / "slots"))
         pids = settings.paths().run / "pids"
@@ -279,9 +267,6 @@ def test_clean_leaves_a_process_that_reused_a_recorded_pid(tmp_path: Path) -> No
         assert clean(settings).stopped == []
         assert stranger.poll() is None  # alive: it is not kvlab's
         assert not list(pids.glob("*.json"))  # the stale record is gone
-    finally:
-        stranger.kill()
-        stranger.wait(timeout=10)
 
 
 async def test_a_detached_engine_process_is_left_running_with_its_record(
@@ -319,9 +304,7 @@ def test_serve_reports_an_engine_that_died_with_its_status(tmp_path: Path) -> No
 
 def test_run_load_fails_when_every_request_failed(tmp_path: Path) -> None:
     port = process.free_port()
-    engine = subprocess.Popen([sys.executable, str(FAKE), str(port)], start_new_session=True,
-                              stdout=subprocess.DEVNULL)
-    try:
+    with running([sys.executable, str(FAKE), str(port)], stdout=subprocess.DEVNULL):
         deadline = time.monotonic() + 30
         while not process.port_in_use("127.0.0.1", port) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -329,7 +312,5 @@ def test_run_load_fails_when_every_request_failed(tmp_path: Path) -> None:
         # the fake engine answers every POST with 501
         result = kvlab(env, "run-load", "x", f"http://127.0.0.1:{port}/v1", "--no-metrics",
                        "--no-progress", "--timeout", "5")
-    finally:
-        process.stop_group(engine.pid, 1.0, engine.poll)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "every request failed" in result.stderr

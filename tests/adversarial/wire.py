@@ -1,8 +1,9 @@
 """Tools of the adversarial tier: the proxy as a person runs it, and raw bytes against it.
 
 `upstreams()` starts the benchmarks' synthetic engine twice (prefill, decode);
-`proxy_process()` starts `kvlab proxy --workers 1` in front of them, in its own session,
-with its settings from a clean environment and its output in a log file; `send()` writes
+`proxy_process()` starts `kvlab proxy --workers 1` in front of them, in its own session
+(`children`: the signals at their defaults), with its settings from a clean environment and
+its output in a log file; `send()` writes
 raw bytes on a fresh connection and reads until the proxy closes it (or a deadline);
 `ask()` reads only the first reply; `replies()` parses what came back into (status, headers,
 body).
@@ -24,8 +25,9 @@ from pathlib import Path
 import httptools
 import httpx
 
+from children import spawn, stop
 from kvlab.core.settings import Settings
-from kvlab.engines.process import free_port, stop_group
+from kvlab.engines.process import free_port
 from kvlab.observe import metrics
 
 BENCH = Path(__file__).parents[2] / "benchmarks" / "synthetic_upstream.py"
@@ -54,9 +56,9 @@ class Upstreams:
 @contextmanager
 def upstreams(tokens: int = 4) -> Iterator[Upstreams]:
     ports = free_port(), free_port()
-    procs = [subprocess.Popen([sys.executable, str(BENCH), "--port", str(p), "--ttft-ms", "1",
-                               "--itl-ms", "1", "--tokens", str(tokens), "--name", name],
-                              stderr=subprocess.DEVNULL, start_new_session=True)
+    procs = [spawn([sys.executable, str(BENCH), "--port", str(p), "--ttft-ms", "1",
+                    "--itl-ms", "1", "--tokens", str(tokens), "--name", name],
+                   stderr=subprocess.DEVNULL)
              for p, name in zip(ports, ("prefill", "decode"), strict=True)]
     try:
         for port, proc in zip(ports, procs, strict=True):
@@ -64,7 +66,7 @@ def upstreams(tokens: int = 4) -> Iterator[Upstreams]:
         yield Upstreams(*ports)
     finally:
         for proc in procs:
-            stop_group(proc.pid, 5.0, proc.poll)
+            stop(proc, None)
 
 
 @dataclass
@@ -100,15 +102,14 @@ def proxy_process(ups: Upstreams, tmp: Path, *args: str, env: dict[str, str] | N
             "--decode", f"127.0.0.1:{ups.decode}", "--port", str(port), "--workers", "1",
             *args]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=tmp,
-                                env=clean_env(**(env or {})), preexec_fn=preexec,
-                                start_new_session=True)
+        proc = spawn(argv, stdout=out, stderr=subprocess.STDOUT, cwd=tmp,
+                     env=clean_env(**(env or {})), preexec=preexec)
     proxy = ProxyProcess(proc, port, log)
     try:
         _until(lambda: "==> ready" in proxy.log_text(), proc, "kvlab proxy", proxy.log)
         yield proxy
     finally:
-        stop_group(proc.pid, 5.0, proc.poll)
+        stop(proc, None)
 
 
 def _answers(url: str) -> bool:

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from children import running
 from integration.conftest import cpu_settings
 from kvlab.engines import llamacpp
 from kvlab.engines.models import TinyModels
@@ -44,9 +45,24 @@ def test_serve_summary_and_slots_say_what_the_engine_holds(tmp_path: Path,
     env = {**os.environ, "LLAMA_MODEL": tiny_models.gguf, "LLAMA_PORT": str(port),
            "LLAMA_SLOT_SAVE_PATH": str(tmp_path / "slots"), "LABBOOK": str(tmp_path / "b.md"),
            "KVLAB_HOME": os.environ.get("KVLAB_HOME", str(Path.home() / ".cache" / "kvlab"))}
-    child = subprocess.Popen([sys.executable, "-m", "kvlab", "llama", "serve", "--", "-c",
-                              "2048"], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    with running([sys.executable, "-m", "kvlab", "llama", "serve", "--", "-c", "2048"],
+                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        out, err, slots = _fill_save_restore(child, tmp_path, env, port)
+    assert "context          2048 (set by the engine arguments after --; the settings say " \
+           "4096)" in out
+    assert "tokens per slot  1024 (set by the engine arguments" in out
+    assert "the engine reports: context 1024, block size 1" in err  # per slot, from /props
+    assert slots.returncode == 0, slots.stderr
+    slot_lines = [ln for ln in slots.stdout.splitlines() if ln.strip().startswith("slot ")]
+    assert "holds" in slot_lines[0] and "holds 0 " not in slot_lines[0]
+    assert "holds 0 prompt tokens" not in slot_lines[1]
+    assert "prompt tokens not reported" in slot_lines[1]
+
+
+def _fill_save_restore(child: subprocess.Popen[str], tmp_path: Path, env: dict[str, str],
+                       port: int) -> tuple[str, str, subprocess.CompletedProcess[str]]:
+    """Fill slot 0 of the running `kvlab llama serve`, save it, restore it into slot 1,
+    list the slots; then Ctrl-C it. Its output, and what `kvlab llama slots` said."""
     try:
         _wait_for(tmp_path / "b.md")
         base = f"http://127.0.0.1:{port}"
@@ -62,15 +78,7 @@ def test_serve_summary_and_slots_say_what_the_engine_holds(tmp_path: Path,
     finally:
         child.send_signal(signal.SIGINT)
         out, err = child.communicate(timeout=60)
-    assert "context          2048 (set by the engine arguments after --; the settings say " \
-           "4096)" in out
-    assert "tokens per slot  1024 (set by the engine arguments" in out
-    assert "the engine reports: context 1024, block size 1" in err  # per slot, from /props
-    assert slots.returncode == 0, slots.stderr
-    slot_lines = [ln for ln in slots.stdout.splitlines() if ln.strip().startswith("slot ")]
-    assert "holds" in slot_lines[0] and "holds 0 " not in slot_lines[0]
-    assert "holds 0 prompt tokens" not in slot_lines[1]
-    assert "prompt tokens not reported" in slot_lines[1]
+    return out, err, slots
 
 
 @pytest.fixture
@@ -95,18 +103,18 @@ async def test_one_engine_on_both_legs_is_refused_at_start(two_llamas: list[str]
 def _check_through_a_running_proxy(prefill: str, decode: str) -> dict[str, object]:
     """`kvlab proxy --check --url` against a kvlab proxy started on a port of its own."""
     port = free_port()
-    proxy = subprocess.Popen([sys.executable, "-m", "kvlab", "proxy", "--prefill", prefill,
-                              "--decode", decode, "--port", str(port), "--workers", "1"],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert proxy.stdout is not None
-        for line in proxy.stdout:
-            if line.startswith("==> ready"):
-                break
-        run = kvlab("proxy", "--check", "--url", f"http://127.0.0.1:{port}", "--json")
-    finally:
-        proxy.send_signal(signal.SIGINT)
-        proxy.communicate(timeout=30)
+    with running([sys.executable, "-m", "kvlab", "proxy", "--prefill", prefill, "--decode",
+                  decode, "--port", str(port), "--workers", "1"], stdout=subprocess.PIPE,
+                 stderr=subprocess.STDOUT, text=True) as proxy:
+        try:
+            assert proxy.stdout is not None
+            for line in proxy.stdout:
+                if line.startswith("==> ready"):
+                    break
+            run = kvlab("proxy", "--check", "--url", f"http://127.0.0.1:{port}", "--json")
+        finally:
+            proxy.send_signal(signal.SIGINT)
+            proxy.communicate(timeout=30)
     result: dict[str, object] = json.loads(run.stdout)
     result["port"] = port
     return result

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from children import running
 from integration.conftest import cpu_settings
 from kvlab.core.errors import EngineError
 from kvlab.engines import llamacpp, startup, vllm
@@ -104,17 +105,17 @@ def test_kvlab_serve_llama_foreground_ctrl_c(tmp_path: Path, tiny_models: TinyMo
     port = free_port()
     env = {**os.environ, "LLAMA_MODEL": tiny_models.gguf, "LLAMA_PORT": str(port),
            "LLAMA_SLOT_SAVE_PATH": str(tmp_path / "slots"), "LABBOOK": str(tmp_path / "b.md")}
-    child = subprocess.Popen([sys.executable, "-m", "kvlab", "serve", "llama"], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not (tmp_path / "b.md").exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
-    child.send_signal(signal.SIGINT)
-    out, err = child.communicate(timeout=60)
+    with running([sys.executable, "-m", "kvlab", "serve", "llama"], env=env,
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "b.md").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=60)
+        with pytest.raises(httpx.ConnectError):  # kvlab stopped it, not `running`'s cleanup
+            httpx.get(f"http://127.0.0.1:{port}/health")
     assert child.returncode == 130, err
     assert "==> llama.cpp llama-server with its cache tiers" in out
     record = json.loads((tmp_path / "b.md").read_text().splitlines()[0])
     assert record["record"] == "startup" and record["capacity"]["slots"] == 2
-    with pytest.raises(httpx.ConnectError):
-        httpx.get(f"http://127.0.0.1:{port}/health")

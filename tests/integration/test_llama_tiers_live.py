@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 import seeds
+from children import running
 from integration.conftest import cpu_settings
 from kvlab.core.errors import EngineError, InputError, RefusedError
 from kvlab.engines import llamacpp
@@ -319,6 +320,25 @@ def test_llama_serve_checks_flags_against_help(tmp_path: Path, tiny_models: Tiny
     assert "does not accept --slot-save-path, --slots" in result.stderr
 
 
+def _save_what_serve_started(tmp_path: Path, env: dict[str, str], port: str) -> None:
+    """Once `kvlab llama serve` is up: a request, then `kvlab llama save` from a shell whose
+    LLAMA_CACHE_TYPE differs."""
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "b.md").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60, json={
+        "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 2})
+    saved = subprocess.run([sys.executable, "-m", "kvlab", "llama", "save", "0", "s.bin",
+                            "--port", port, "--json"], env={**env, "LLAMA_CACHE_TYPE": "f16"},
+                           capture_output=True, text=True, check=False)
+    assert saved.returncode == 0, saved.stderr
+    manifest = json.loads(saved.stdout)["manifest"]
+    # taken from what serve started, not from this shell's LLAMA_CACHE_TYPE
+    assert (manifest["kv_type_k"], manifest["flash_attn"], manifest["parallel"]) == \
+        ("q4_0", "on", 1)
+    assert (tmp_path / "home" / "run" / "llama" / f"{port}.json").is_file()
+
+
 def test_llama_serve_foreground_leaves_a_record_for_save(tmp_path: Path, tiny_models: TinyModels,
                                                          llama_binary: Path) -> None:
     from kvlab.engines.process import free_port
@@ -327,27 +347,14 @@ def test_llama_serve_foreground_leaves_a_record_for_save(tmp_path: Path, tiny_mo
     env = {**os.environ, "LLAMA_MODEL": tiny_models.gguf, "LLAMA_BIN": str(llama_binary),
            "LLAMA_SLOT_SAVE_PATH": str(tmp_path / "slots"), "LABBOOK": str(tmp_path / "b.md"),
            "KVLAB_HOME": str(tmp_path / "home"), "LLAMA_CACHE_TYPE": "q4_0"}
-    child = subprocess.Popen([sys.executable, "-m", "kvlab", "llama", "serve", "--port", port,
-                              "--parallel", "1", "--", "-fa", "on"], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "b.md").exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60, json={
-            "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 2})
-        saved = subprocess.run([sys.executable, "-m", "kvlab", "llama", "save", "0", "s.bin",
-                                "--port", port, "--json"], env={**env, "LLAMA_CACHE_TYPE": "f16"},
-                               capture_output=True, text=True, check=False)
-        assert saved.returncode == 0, saved.stderr
-        manifest = json.loads(saved.stdout)["manifest"]
-        # taken from what serve started, not from this shell's LLAMA_CACHE_TYPE
-        assert (manifest["kv_type_k"], manifest["flash_attn"], manifest["parallel"]) == \
-            ("q4_0", "on", 1)
-        assert (tmp_path / "home" / "run" / "llama" / f"{port}.json").is_file()
-    finally:
-        child.send_signal(signal.SIGINT)
-        out, err = child.communicate(timeout=60)
+    with running([sys.executable, "-m", "kvlab", "llama", "serve", "--port", port,
+                  "--parallel", "1", "--", "-fa", "on"], env=env, stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE, text=True) as child:
+        try:
+            _save_what_serve_started(tmp_path, env, port)
+        finally:
+            child.send_signal(signal.SIGINT)
+            out, err = child.communicate(timeout=60)
     assert child.returncode == 130, err
     assert "-ctk / -ctv" in out and "slot save path" in out
     assert not (tmp_path / "home" / "run" / "llama" / f"{port}.json").exists()

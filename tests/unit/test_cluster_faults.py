@@ -25,6 +25,7 @@ from typing import Any
 import psutil
 import pytest
 
+from children import running
 from kvlab.cluster import nodes
 from kvlab.cluster.agent import NodeAgent
 from kvlab.cluster.placement import Placement
@@ -169,8 +170,8 @@ async def test_an_engine_lost_mid_run_ends_it_naming_node_and_role(cluster: str)
 
 
 def test_a_killed_driver_leaves_no_engine_running(cluster: str) -> None:
-    with subprocess.Popen([sys.executable, "-c", DRIVER, cluster, FAKE_ENGINE],
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as driver:
+    with running([sys.executable, "-c", DRIVER, cluster, FAKE_ENGINE],
+                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as driver:
         try:
             assert driver.stdout is not None
             pids = json.loads(driver.stdout.readline() or "[]")

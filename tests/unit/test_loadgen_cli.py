@@ -9,11 +9,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 import seeds
+from children import running
 from kvlab.engines.process import free_port, port_in_use
 from kvlab.records import notebook, requests
 from kvlab.records.models import CapacityRecord, ComparisonRecord, LinkRecord, LoadRecord
@@ -23,23 +25,24 @@ KVLAB = [sys.executable, "-m", "kvlab"]
 LOOPBACK = "lo0" if sys.platform == "darwin" else "lo"
 
 
-def start_fake(*args: str) -> tuple[subprocess.Popen[bytes], str]:
+@contextmanager
+def fake_upstream(*args: str) -> Iterator[str]:
+    """The fake upstream, listening; its /v1 URL. Stopped however the test ends."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, str(FAKE), "--port", str(port), *args],
-                            stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
-    while not port_in_use("127.0.0.1", port):
-        assert proc.poll() is None and time.monotonic() < deadline, "fake upstream did not start"
-        time.sleep(0.05)
-    return proc, f"http://127.0.0.1:{port}/v1"
+    with running([sys.executable, str(FAKE), "--port", str(port), *args],
+                 stdout=subprocess.DEVNULL) as proc:
+        deadline = time.monotonic() + 20
+        while not port_in_use("127.0.0.1", port):
+            assert proc.poll() is None and time.monotonic() < deadline, \
+                "fake upstream did not start"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/v1"
 
 
 @pytest.fixture
 def fake() -> Iterator[str]:
-    proc, url = start_fake("--tokens", "4")
-    yield url
-    proc.terminate()
-    proc.wait(10)
+    with fake_upstream("--tokens", "4") as url:
+        yield url
 
 
 @pytest.fixture
@@ -177,13 +180,10 @@ def test_run_load_records_topology_on_every_row(fake: str, home: Path, tmp_path:
 
 
 def test_ctrl_c_keeps_measured_levels(home: Path, tmp_path: Path) -> None:
-    proc, url = start_fake("--tokens", "20", "--itl-s", "0.05")
-    try:
-        run = subprocess.Popen([*KVLAB, "load", "--base-url", url, "--model", "fake",
-                                "--concurrency", "2,2", "--requests", "6", "--max-tokens", "20",
-                                "--warmup", "0", "--no-progress"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+    with fake_upstream("--tokens", "20", "--itl-s", "0.05") as url, running(
+            [*KVLAB, "load", "--base-url", url, "--model", "fake", "--concurrency", "2,2",
+             "--requests", "6", "--max-tokens", "20", "--warmup", "0", "--no-progress"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as run:
         book = tmp_path / "labbook.md"
         deadline = time.monotonic() + 60
         while not book.exists() and time.monotonic() < deadline:
@@ -191,9 +191,6 @@ def test_ctrl_c_keeps_measured_levels(home: Path, tmp_path: Path) -> None:
         time.sleep(0.5)
         run.send_signal(signal.SIGINT)
         _, err = run.communicate(timeout=60)
-    finally:
-        proc.terminate()
-        proc.wait(10)
     assert run.returncode == 130, err
     read = notebook.read(book)
     rows = read.of(LoadRecord)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from children import running
 from kvlab.core.errors import EngineError
 from kvlab.engines import process
 from kvlab.engines.plan import EnginePlan
@@ -84,16 +85,14 @@ async def test_private_dirs_are_created_0700(tmp_path: Path) -> None:
 
 def test_stop_strays_stops_a_recorded_group(tmp_path: Path) -> None:
     import json
-    import subprocess
 
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                             start_new_session=True)
-    pids = tmp_path / "run" / "pids"
-    pids.mkdir(parents=True)
-    (pids / f"{child.pid}.json").write_text(json.dumps({  # a record as kvlab 0.1 wrote it
-        "pid": child.pid, "argv0": sys.executable, "started": time.time()}))
-    stopped = process.stop_strays(tmp_path / "run")
-    assert [r.pid for r in stopped] == [child.pid]
-    assert child.wait(timeout=5) is not None
+    with running([sys.executable, "-c", "import time; time.sleep(60)"]) as child:
+        pids = tmp_path / "run" / "pids"
+        pids.mkdir(parents=True)
+        (pids / f"{child.pid}.json").write_text(json.dumps({  # a record as kvlab 0.1 wrote it
+            "pid": child.pid, "argv0": sys.executable, "started": time.time()}))
+        stopped = process.stop_strays(tmp_path / "run")
+        assert [r.pid for r in stopped] == [child.pid]
+        assert child.wait(timeout=5) is not None
     assert not list(pids.glob("*.json"))
     assert os.getpgid(os.getpid()) != child.pid

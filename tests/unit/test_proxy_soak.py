@@ -23,7 +23,8 @@ import aiohttp
 import httpx
 import pytest
 
-from kvlab.engines.process import free_port, stop_group
+from children import running, spawn, stop
+from kvlab.engines.process import free_port
 
 BENCH = Path(__file__).parents[2] / "benchmarks" / "synthetic_upstream.py"
 REQUESTS = 10_000
@@ -47,9 +48,9 @@ def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
 @pytest.fixture
 def engines() -> Iterator[tuple[int, int]]:
     ports = free_port(), free_port()
-    procs = [subprocess.Popen([sys.executable, str(BENCH), "--port", str(p), "--ttft-ms", "1",
-                               "--itl-ms", "1", "--tokens", str(TOKENS), "--name", name],
-                              stderr=subprocess.DEVNULL, start_new_session=True)
+    procs = [spawn([sys.executable, str(BENCH), "--port", str(p), "--ttft-ms", "1",
+                    "--itl-ms", "1", "--tokens", str(TOKENS), "--name", name],
+                   stderr=subprocess.DEVNULL)
              for p, name in zip(ports, ("prefill", "decode"), strict=True)]
     try:
         for port, proc in zip(ports, procs, strict=True):
@@ -57,7 +58,7 @@ def engines() -> Iterator[tuple[int, int]]:
         yield ports
     finally:
         for proc in procs:
-            stop_group(proc.pid, 5.0, proc.poll)
+            stop(proc, None)
 
 
 async def _one(session: aiohttp.ClientSession, url: str, i: int) -> str:
@@ -104,10 +105,10 @@ def test_ten_thousand_requests_at_concurrency_64(engines: tuple[int, int],
                                                  tmp_path: Path) -> None:
     prefill, decode = engines
     port = free_port()
-    log = (tmp_path / "proxy.log").open("wb")
-    proxy = subprocess.Popen([sys.executable, "-m", "kvlab", "proxy", "--prefill",
-                              f"127.0.0.1:{prefill}", "--decode", f"127.0.0.1:{decode}",
-                              "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    with (tmp_path / "proxy.log").open("wb") as log:
+        proxy = spawn([sys.executable, "-m", "kvlab", "proxy", "--prefill",
+                       f"127.0.0.1:{prefill}", "--decode", f"127.0.0.1:{decode}",
+                       "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
     try:
         _wait(f"http://127.0.0.1:{port}/health", proxy)
         # the proxy's start-up check sends each leg its fingerprint probe: count from here
@@ -117,9 +118,7 @@ def test_ten_thousand_requests_at_concurrency_64(engines: tuple[int, int],
         took = time.monotonic() - started
         exposition = httpx.get(f"http://127.0.0.1:{port}/metrics", trust_env=False).text
     finally:
-        proxy.send_signal(signal.SIGINT)
-        code = proxy.wait(timeout=30)
-        log.close()
+        code = stop(proxy, signal.SIGINT)
     assert results == {"ok": REQUESTS}, results
     assert 'kvlab_proxy_requests_total{leg="",outcome="ok"} 10000.0' in exposition
     for port_ in (prefill, decode):
@@ -133,24 +132,23 @@ def test_ten_thousand_requests_at_concurrency_64(engines: tuple[int, int],
 def test_sigterm_stops_the_proxy_cleanly(engines: tuple[int, int], tmp_path: Path) -> None:
     prefill, decode = engines
     port = free_port()
-    proxy = subprocess.Popen([sys.executable, "-m", "kvlab", "proxy", "--prefill",
-                              f"127.0.0.1:{prefill}", "--decode", f"127.0.0.1:{decode}",
-                              "--port", str(port)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-    head = []
-    try:
-        assert proxy.stdout is not None
-        # the ready line, not /health: one worker answers before every worker listens
-        while not (head and head[-1].startswith("==> ready: http://127.0.0.1:")):
-            line = proxy.stdout.readline()
-            assert line, f"the proxy exited with {proxy.wait(10)}"
-            head.append(line)
-        body = {"model": "fake-model", "prompt": "x", "max_tokens": 2}
-        reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body,
-                           trust_env=False)
-    finally:
-        proxy.send_signal(signal.SIGTERM)
-        out, err = proxy.communicate(timeout=30)
+    head: list[str] = []
+    with running([sys.executable, "-m", "kvlab", "proxy", "--prefill", f"127.0.0.1:{prefill}",
+                  "--decode", f"127.0.0.1:{decode}", "--port", str(port)],
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proxy:
+        try:
+            assert proxy.stdout is not None
+            # the ready line, not /health: one worker answers before every worker listens
+            while not (head and head[-1].startswith("==> ready: http://127.0.0.1:")):
+                line = proxy.stdout.readline()
+                assert line, f"the proxy exited with {proxy.wait(10)}"
+                head.append(line)
+            body = {"model": "fake-model", "prompt": "x", "max_tokens": 2}
+            reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body,
+                               trust_env=False)
+        finally:
+            proxy.send_signal(signal.SIGTERM)
+            out, err = proxy.communicate(timeout=30)
     assert reply.status_code == 200
     assert proxy.returncode == 0, err
     assert out.rstrip().endswith("==> stopped")

@@ -8,7 +8,6 @@ with one line; a port already taken is refused with one line.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import socket
@@ -22,6 +21,7 @@ import httpx
 import psutil
 import pytest
 
+from children import async_running
 from fakes.fault_upstream import Behaviour, FaultUpstream
 from kvlab.engines.process import free_port
 from kvlab.observe import metrics
@@ -55,19 +55,13 @@ async def proxy_process(tmp: Path, *extra: str, decode_as: Behaviour | None = No
         decode.behaviour = decode_as or decode.behaviour
         port = free_port()
         env = {**os.environ, "TMPDIR": str(tmp)}
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "kvlab", "proxy", "--prefill", prefill.url, "--decode",
-            decode.url, "--port", str(port), "--workers", "2", *extra,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
-        proxy = Proxy(proc, f"http://127.0.0.1:{port}", tmp)
-        try:
+        async with async_running(
+                sys.executable, "-m", "kvlab", "proxy", "--prefill", prefill.url, "--decode",
+                decode.url, "--port", str(port), "--workers", "2", *extra,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as proc:
+            proxy = Proxy(proc, f"http://127.0.0.1:{port}", tmp)
             await asyncio.wait_for(_ready(proxy), START_S)
             yield proxy
-        finally:
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):  # exited, not yet reaped
-                    os.killpg(proc.pid, signal.SIGKILL)
-                await proc.wait()
 
 
 async def _ready(proxy: Proxy) -> None:
@@ -106,20 +100,20 @@ async def test_two_workers_share_the_port_and_metrics_add_up(tmp_path: Path) -> 
 
 
 async def test_sigterm_while_starting_stops_cleanly(tmp_path: Path) -> None:
-    async with FaultUpstream() as prefill, FaultUpstream() as decode:
-        proc = await asyncio.create_subprocess_exec(
+    async with FaultUpstream() as prefill, FaultUpstream() as decode, async_running(
             sys.executable, "-m", "kvlab", "proxy", "--prefill", prefill.url, "--decode",
             decode.url, "--port", str(free_port()), "--workers", "2",
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ,
-                                                                 "TMPDIR": str(tmp_path)})
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env={**os.environ, "TMPDIR": str(tmp_path)}) as proc:
         assert proc.stdout is not None and proc.stderr is not None
         assert b"Checking the engines" in await proc.stdout.readline()
         await asyncio.sleep(0.3)  # the check, the port, the workers: somewhere in start-up
         proc.send_signal(signal.SIGTERM)
         code = await asyncio.wait_for(proc.wait(), 30)
         err = (await proc.stderr.read()).decode()
+        left = await settled(tmp_path)  # before the cleanup stops what the proxy left
     assert code == 0, err
-    assert await settled(tmp_path) == ([], [])
+    assert left == ([], [])
 
 
 async def settled(tmp: Path, within_s: float = 3.0) -> tuple[list[Path], list[int]]:
@@ -173,11 +167,10 @@ async def test_a_taken_port_is_refused_in_one_line(tmp_path: Path) -> None:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        async with FaultUpstream() as prefill, FaultUpstream() as decode:
-            proc = await asyncio.create_subprocess_exec(
+        async with FaultUpstream() as prefill, FaultUpstream() as decode, async_running(
                 sys.executable, "-m", "kvlab", "proxy", "--prefill", prefill.url, "--decode",
                 decode.url, "--port", str(port), "--workers", "2",
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
             _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 2
     (line,) = err.decode().strip().splitlines()
