@@ -47,7 +47,7 @@ SEED = 16  # issue 16; any fixed seed makes a report reproducible
 RESAMPLES = 2000
 CONFIDENCE = 0.95
 MIN_SAMPLES = 5  # fewer requests than this on a side: a bootstrap says nothing useful
-_CHUNK_VALUES = 2_000_000  # resampled values held at once (memory, not accuracy)
+CHUNK_VALUES = 2_000_000  # resampled values held at once (memory, not accuracy)
 NO_DIFFERENCE = "no measurable difference"
 NO_DATA = "no interval: no per-request data"
 METHOD = IntervalMethod(
@@ -205,7 +205,7 @@ def side(notebook: Path, records: Sequence[Record], newest: LoadRecord) -> Side 
     return Side(newest.label, tuple(rows), runs)
 
 
-def _draws(groups: list[Floats], rng: np.random.Generator, count: int) -> Floats:
+def draws(groups: list[Floats], rng: np.random.Generator, count: int) -> Floats:
     """`count` hierarchical resamples: (count, slots, columns), NaN-padded where the drawn
     repeats hold fewer requests than the largest."""
     sizes = np.array([len(g) for g in groups])
@@ -223,12 +223,12 @@ def _bootstrap(metric: Metric, a: list[Floats], b: list[Floats], seed: int) -> F
     """The ratio A / B of `metric` over `RESAMPLES` resamples (non-finite ratios dropped)."""
     rng = np.random.default_rng(seed)
     slots = max(len(a) * max(len(g) for g in a), len(b) * max(len(g) for g in b))
-    step = max(1, _CHUNK_VALUES // slots)
+    step = max(1, CHUNK_VALUES // slots)
     out: list[Floats] = []
     for start in range(0, RESAMPLES, step):
         count = min(step, RESAMPLES - start)
-        top = metric.statistic(_draws(a, rng, count))
-        bottom = metric.statistic(_draws(b, rng, count))
+        top = metric.statistic(draws(a, rng, count))
+        bottom = metric.statistic(draws(b, rng, count))
         with np.errstate(divide="ignore", invalid="ignore"):
             out.append(top / bottom)
     ratios = np.concatenate(out)
