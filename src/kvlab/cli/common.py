@@ -7,9 +7,12 @@ and notes go to stderr so `--json` output stays parseable.
 from __future__ import annotations
 
 import json
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from types import FrameType
 
 import click
 from rich.console import Console
@@ -18,6 +21,23 @@ from kvlab.core.settings import LoadedSettings, load_settings
 
 json_option = click.option("--json", "as_json", is_flag=True,
                            help="Print exactly one JSON document on stdout.")
+
+
+@contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """SIGTERM (a time limit's `timeout`, a service manager) stops the block as Ctrl-C does:
+    through asyncio's own SIGINT handling where a loop runs (it cancels and cleans up), else
+    as KeyboardInterrupt."""
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL, None):
+            raise KeyboardInterrupt  # SIGINT is ignored here (a background job)
+        signal.raise_signal(signal.SIGINT)
+
+    before = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 @dataclass

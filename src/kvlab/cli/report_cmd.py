@@ -1,5 +1,6 @@
-"""`kvlab report`: both labs' tables (markdown), plots (PNG) and, with `--csv DIR`, the tables
-and per-request data as CSV, from the notebook and the per-request files it names."""
+"""`kvlab report`: the labs' decisions, tables and plots as one self-contained page
+(report.html) and as markdown with PNG plots (report.md); with `--csv DIR`, the tables and
+per-request data as CSV, from the notebook and the per-request files it names."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from kvlab.cli.common import Output, json_option, settings_from
 @click.option("--labbook", help="Notebook to read (default: LABBOOK).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("kvlab-report"), show_default=True,
-              help="Directory for report.md and the plots.")
+              help="Directory for report.html, report.md and the plots.")
 @click.option("--no-plots", is_flag=True, help="Tables only.")
 @click.option("--csv", "csv_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Also write every table and each run's per-request data as CSV files here.")
@@ -28,8 +29,9 @@ def report_command(ctx: click.Context, labbook: str | None, out_dir: Path, no_pl
     settings = settings_from(ctx, labbook=labbook).values
     report = write(settings.labbook, out_dir, plots=not no_plots, csv_dir=csv_dir)
     text = report.markdown()
-    data = {**report.as_dict(), "written": str(out_dir / "report.md")}
-    where = f"\n(written to {out_dir}/report.md" + (
+    data = {**report.as_dict(), "written": str(out_dir / "report.md"),
+            "page": str(out_dir / "report.html")}
+    where = f"\n(written to {out_dir}/report.html and report.md" + (
         f"; {len(report.csv_files)} CSV files in {csv_dir}" if csv_dir is not None else "") + ")"
     Output(as_json).result(data, lambda c: c.print(text + where))
 

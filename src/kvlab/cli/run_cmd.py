@@ -23,6 +23,7 @@ from kvlab.cli.common import (
     json_option,
     prepared_settings,
     settings_from,
+    stop_on_sigterm,
 )
 from kvlab.cli.options import arguments
 from kvlab.experiments import registered
@@ -179,12 +180,28 @@ def run_all_command(ctx: click.Context, args: AllArgs, as_json: bool) -> None:
     out = Output(as_json)
     loaded = prepared_settings(ctx, out.err, needs_of(args.only or RUN_ALL))
     out.note(f"profile {loaded.profile}")
-    lab = everything.run_all(loaded.values, args.spec(loaded), args.placement(loaded.values),
-                             out.note)
-    report = write(loaded.values.labbook, Path(args.report_dir))
+    spec, where = args.spec(loaded), Path(args.report_dir)
+    pending = everything.planned(spec)
+
+    def so_far(left: list[str]) -> None:  # a cut run still leaves what it measured
+        pending[:] = left
+        write(loaded.values.labbook, where, pending=left)
+        out.note(f"report so far in {where}/report.html" + (
+            f" (not run yet: {', '.join(left)})" if left else ""))
+
+    try:
+        with stop_on_sigterm():
+            lab = everything.run_all(loaded.values, spec, args.placement(loaded.values),
+                                     out.note, so_far)
+    except KeyboardInterrupt:
+        write(loaded.values.labbook, where, pending=pending)
+        out.note(f"stopped: the report of what ran is in {where}/report.html")
+        raise
+    report = write(loaded.values.labbook, where)
     text = report.markdown()
     out.result({"run_id": lab.run_id, "experiments": lab.outcomes, "report": report.as_dict()},
-               lambda c: c.print(text + f"\n(report written to {args.report_dir}/report.md)"))
+               lambda c: c.print(text + f"\n(report written to {args.report_dir}/report.md and "
+                                        "report.html)"))
     failed = [name for name, result in lab.outcomes.items() if not result["ok"]]
     if failed:
         raise KvlabError(f"experiment(s) failed: {', '.join(failed)}; their rows say why in "

@@ -13,6 +13,7 @@ split): a few probes of a few seconds in `quick()`, more and longer in `lab()`.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvlab.cluster.placement import LOCAL, Placement
@@ -24,6 +25,8 @@ from kvlab.experiments import DISAGG_PARTS, EXPERIMENTS, RUN_ALL
 from kvlab.experiments.lab import Lab
 from kvlab.loadgen.capacity import CapacityAsk, SearchPlan
 from kvlab.records.base import Record
+
+Done = Callable[[list[str]], None] | None  # told the experiments not run yet
 
 # capacity searches: the labs' (six probes of six seconds) and quick ones (two of two)
 LAB_SEARCH = SearchPlan(start=2.0, max_steps=6, duration_s=6.0, min_requests=20, warmup=2)
@@ -93,49 +96,57 @@ def specs(lab: Lab, spec: AllSpec) -> dict[str, object]:
     }
 
 
-async def run(lab: Lab, spec: AllSpec) -> list[Record]:
+def planned(spec: AllSpec) -> list[str]:
+    """The experiments the run takes, in order."""
+    return [name for name in RUN_ALL if not spec.only or name in spec.only]
+
+
+async def run(lab: Lab, spec: AllSpec, after: Done = None) -> list[Record]:
     """Run every (or each named) experiment; failures are recorded, not fatal to the rest.
+    `after` is told, after each experiment, which have not run yet.
 
     `lab.outcomes` gets each experiment's {"ok", "lines"} or {"ok": False, "error"}.
     """
     written: list[Record] = []
-    own = specs(lab, spec)
-    for name in RUN_ALL:
-        if spec.only and name not in spec.only:
-            continue
-        lab.say(f"\n######## {name}")
-        entry = EXPERIMENTS[name]
-        if lab.placement.remote and name in SLOT_FILES_HERE:
-            written += [lab.not_run(r, NOT_PLACED) for r in entry.rows]
-            lab.outcomes[name] = {"ok": True, "lines": 0, "not_run": NOT_PLACED}
-            continue
-        if entry.needs_llama_server and llamacpp.find_llama_server(lab.settings) is None:
-            written += [lab.not_run(r, NO_LLAMA) for r in entry.rows]
-            lab.outcomes[name] = {"ok": True, "lines": 0, "not_run": NO_LLAMA}
-            continue
-        try:
-            lines = await entry.load().run(lab, own[name])
-        except KvlabError as exc:
-            lab.say(f"    {name} failed: {exc}")
-            written += [lab.not_run(r, f"the {name} experiment failed: {exc}")
-                        for r in entry.rows]
-            lab.outcomes[name] = {"ok": False, "error": str(exc)}
-            continue
-        written += lines
-        lab.outcomes[name] = {"ok": True, "lines": len(lines)}
+    order = planned(spec)
+    for i, name in enumerate(order):
+        written += await _one(lab, spec, name)
+        if after is not None:
+            after(order[i + 1:])
     return written
 
 
+async def _one(lab: Lab, spec: AllSpec, name: str) -> list[Record]:
+    """One experiment of the run, or the not-run lines that say why it could not run."""
+    lab.say(f"\n######## {name}")
+    entry = EXPERIMENTS[name]
+    why = (NOT_PLACED if lab.placement.remote and name in SLOT_FILES_HERE else
+           NO_LLAMA if entry.needs_llama_server
+           and llamacpp.find_llama_server(lab.settings) is None else None)
+    if why is not None:
+        lab.outcomes[name] = {"ok": True, "lines": 0, "not_run": why}
+        return [lab.not_run(r, why) for r in entry.rows]
+    try:
+        lines = await entry.load().run(lab, specs(lab, spec)[name])
+    except KvlabError as exc:
+        lab.say(f"    {name} failed: {exc}")
+        lab.outcomes[name] = {"ok": False, "error": str(exc)}
+        return [lab.not_run(r, f"the {name} experiment failed: {exc}") for r in entry.rows]
+    lab.outcomes[name] = {"ok": True, "lines": len(lines)}
+    return list(lines)
+
+
 def run_all(settings: Settings, spec: AllSpec, placement: Placement = LOCAL,
-            say: Say = quiet) -> Lab:
+            say: Say = quiet, after: Done = None) -> Lab:
     """`kvlab run all`'s experiments in one lab (its placement open throughout); the lab,
-    with each experiment's outcome."""
+    with each experiment's outcome. `after` is called after each experiment with those not
+    run yet (the CLI writes the report so far)."""
     lab = Lab(settings, say=say, placement=placement)
     say(f"==> kvlab run all (run {lab.run_id}, notebook {settings.labbook})")
 
     async def go() -> None:
         async with lab.placed():
-            await run(lab, spec)
+            await run(lab, spec, after)
 
     asyncio.run(go())
     return lab

@@ -34,6 +34,7 @@ class Row:
     side: Side = "one"
     startup: tuple[str, ...] = ()  # labels of the startup lines of its engines ("": its own)
     pressure: bool = False  # a load run under pressure (`run offload --part pressure`)
+    command: str = ""  # the kvlab command that measures the row
 
     @property
     def capacity(self) -> str:
@@ -42,7 +43,7 @@ class Row:
     def capacity_row(self) -> Row:
         """The row's capacity search, as a row of its own (for a not-run line)."""
         return Row(self.capacity, self.lab, f"{self.title}: the most load at the target",
-                   self.how, self.side, self.startup, self.pressure)
+                   self.how, self.side, self.startup, self.pressure, self.command)
 
     def starts(self, label: str) -> bool:
         """Whether a startup line of `label` belongs to this row's engines."""
@@ -51,53 +52,74 @@ class Row:
 
 # --- the offload lab -----------------------------------------------------------------------
 QUIET_OFF = Row("offload-off", LAB_OFFLOAD, "None, quiet server", "turns of one conversation, "
-                "one instance", side="off")
+                "one instance", side="off",
+    command="kvlab run offload --part quiet --tier off")
 QUIET_ON = Row("offload-on", LAB_OFFLOAD, "Host memory, quiet server", "turns of one "
-               "conversation, one instance", side="on")
+               "conversation, one instance", side="on",
+    command="kvlab run offload --part quiet --tier on")
 PRESSURE_OFF = Row("offload-off-load", LAB_OFFLOAD, "None, cache under pressure",
                    "load generator under pressure", side="off", startup=("offload-off",),
-                   pressure=True)
+                   pressure=True,
+    command="kvlab run offload --part pressure")
 PRESSURE_ON = Row("offload-on-load", LAB_OFFLOAD, "Host memory, cache under pressure",
                   "load generator under pressure", side="on", startup=("offload-on",),
-                  pressure=True)
+                  pressure=True,
+    command="kvlab run offload --part pressure")
 SMALLER_ON = Row("offload-on-load", LAB_OFFLOAD,
                  "Host memory smaller than the working set, under pressure",
                  "load generator under pressure", side="on", startup=("offload-on",),
-                 pressure=True)
+                 pressure=True,
+    command="kvlab run offload --part pressure --tier-gb N")
 SHARED_STORE = Row("shared-store", LAB_OFFLOAD, "Shared store, two instances",
                    "turns alternating between the instances",
-                   startup=("shared-store-a", "shared-store-b"))
+                   startup=("shared-store-a", "shared-store-b"),
+    command="kvlab run shared")
 SHARED_SINGLE = Row("shared-store-single", LAB_OFFLOAD, "Shared store, the control",
-                    "the same turns on one instance", startup=("shared-store-a",))
+                    "the same turns on one instance", startup=("shared-store-a",),
+    command="kvlab run shared")
 SHARED_PROOF = Row("shared-store-proof", LAB_OFFLOAD, "Shared store, the proof",
-                   "cold, identical, changed prefix, growing turns")
+                   "cold, identical, changed prefix, growing turns",
+    command="kvlab run shared")
 DISK = Row("disk", LAB_OFFLOAD, "Disk, llama.cpp slot save and restore",
-           "save, erase, restore, timed")
+           "save, erase, restore, timed",
+    command="kvlab run disk")
 SHARED_SLOTS = Row("shared-slots", LAB_OFFLOAD, "llama.cpp slot store, two servers",
-                   "save on one server, restore on the other")
+                   "save on one server, restore on the other",
+    command="kvlab run shared-slots")
 
 # --- the P/D lab ---------------------------------------------------------------------------
-BASELINE = Row("baseline", LAB_PD, "One machine, no split (baseline)", "none", side="baseline")
+BASELINE = Row("baseline", LAB_PD, "One machine, no split (baseline)", "none", side="baseline",
+    command="kvlab run disagg")
 SPLIT = Row("disagg", LAB_PD, "Prefill/decode split", side="split",
-            startup=("disagg-prefill", "disagg-decode"))
+            startup=("disagg-prefill", "disagg-decode"),
+    command="kvlab run disagg")
 TWO_MACHINES_SHARED = Row("disagg-two-machines", LAB_PD,
                           "Two machines, shared-directory connector", "house Ethernet",
-                          side="split")
+                          side="split",
+    command="kvlab run disagg --cluster ADDRESS")
 TWO_MACHINES_NIXL = Row("disagg-nixl", LAB_PD, "Two machines, NixlConnector",
-                        "direct RDMA cable", side="split")
+                        "direct RDMA cable", side="split",
+    command="CONNECTOR=nixl kvlab run disagg --cluster ADDRESS")
 LOOPBACK = Row("disagg-loopback", LAB_PD, "Two processes on one device", "loopback",
-               side="split")
-PREDICTION = Row("prediction", LAB_PD, "The prediction, before any run")
+               side="split",
+    command="kvlab run disagg")
+PREDICTION = Row("prediction", LAB_PD, "The prediction, before any run",
+    command="kvlab run disagg")
 CANCEL = Row("cancel-restart", LAB_PD,
              "A request cancelled mid-stream, then the decode worker restarted",
-             "through the proxy, counters before and after", startup=SPLIT.startup)
+             "through the proxy, counters before and after", startup=SPLIT.startup,
+    command="kvlab run disagg --part cancel")
 BOUNDARY = Row("boundary", LAB_PD, "Long against short prompts: where the split pays",
-               "prompt length swept, split against baseline")
-BOUNDARY_SPLIT = Row("boundary-split", LAB_PD, "The boundary sweep, split side", side="split")
+               "prompt length swept, split against baseline",
+    command="kvlab run disagg --part boundary")
+BOUNDARY_SPLIT = Row("boundary-split", LAB_PD, "The boundary sweep, split side", side="split",
+    command="kvlab run disagg --part boundary")
 BOUNDARY_BASELINE = Row("boundary-baseline", LAB_PD, "The boundary sweep, baseline side",
-                        side="baseline")
+                        side="baseline",
+    command="kvlab run disagg --part boundary")
 INTERFERENCE = Row("interference", LAB_PD, "llama-server, 4 slots against 1 slot",
-                   "one llama-server, --parallel 4 then 1", side="candidate")
+                   "one llama-server, --parallel 4 then 1", side="candidate",
+    command="kvlab run interference")
 
 ROWS: tuple[Row, ...] = (
     QUIET_OFF, QUIET_ON, PRESSURE_OFF, PRESSURE_ON, SHARED_STORE, SHARED_SINGLE, SHARED_PROOF,

@@ -12,14 +12,18 @@ notebook and its per-request files are.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvlab.core.files import write_private
 from kvlab.records import notebook
 from kvlab.report.common import Table
 from kvlab.report.decisions import Decision, decide
+from kvlab.report.html import page
 from kvlab.report.offload import offload_table
 from kvlab.report.pd import pd_table
+from kvlab.report.plots import Plot
 from kvlab.report.procedure import procedure_table
 
 LAB_TITLES = {"offload": "Offload lab, task 6 (three sentences: which tiers to keep)",
@@ -30,13 +34,21 @@ LAB_TITLES = {"offload": "Offload lab, task 6 (three sentences: which tiers to k
 class Report:
     labbook: str
     tables: list[Table]
-    plots: list[Path] = field(default_factory=list)
+    plots: list[Plot] = field(default_factory=list)
     csv_files: list[Path] = field(default_factory=list)
     skipped_lines: int = 0
     decisions: list[Decision] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)  # experiments not run yet
+
+    @property
+    def title(self) -> str:
+        return f"kvlab report from {self.labbook}"
 
     def markdown(self) -> str:
-        parts = [f"# kvlab report from {self.labbook}", ""]
+        parts = [f"# {self.title}", ""]
+        if self.pending:
+            parts += [f"(Written while the run goes on: not run yet: "
+                      f"{', '.join(self.pending)}.)", ""]
         for table in self.tables:
             parts += [table.markdown(), ""]
         if self.decisions:
@@ -46,18 +58,25 @@ class Report:
                 parts += [f"{title}:", "", *(f"- **{d.question}** {d.answer}" for d in answers),
                           ""]
         if self.plots:
-            parts += ["### Plots", ""] + [f"![{p.stem}]({p.name})" for p in self.plots] + [""]
+            parts += ["### Plots", ""]
+            for p in self.plots:
+                parts += [f"**{p.question}** {p.answer}", "", f"![{p.path.stem}]({p.path.name})",
+                          ""]
         if self.skipped_lines:
             parts.append(f"({self.skipped_lines} broken notebook lines were skipped.)")
         return "\n".join(parts)
 
+    def html(self) -> str:
+        return page(self.title, self.tables, self.decisions, self.plots, self.pending)
+
     def as_dict(self) -> dict[str, object]:
         return {"labbook": self.labbook, "skipped_lines": self.skipped_lines,
-                "tables": [{"title": t.title, "columns": t.columns, "rows": t.rows}
+                "tables": [{"title": t.title, "columns": t.flat_header(), "rows": t.rows}
                            for t in self.tables],
                 "decisions": [d.as_dict() for d in self.decisions],
-                "plots": [str(p) for p in self.plots],
-                "csv": [str(p) for p in self.csv_files]}
+                "plots": [{"file": str(p.path), "question": p.question, "answer": p.answer}
+                          for p in self.plots],
+                "csv": [str(p) for p in self.csv_files], "pending": self.pending}
 
 
 def build(labbook: str | Path, plots_dir: Path | None = None,
@@ -79,10 +98,12 @@ def build(labbook: str | Path, plots_dir: Path | None = None,
 
 
 def write(labbook: str | Path, out_dir: Path, *, plots: bool = True,
-          csv_dir: Path | None = None) -> Report:
+          csv_dir: Path | None = None, pending: Sequence[str] = ()) -> Report:
     """The report (with its plots unless `plots` is false, and CSV files in `csv_dir`),
-    written as `out_dir`/report.md."""
+    written as `out_dir`/report.md and `out_dir`/report.html, each whole or not at all."""
     out_dir.mkdir(parents=True, exist_ok=True)
     report = build(labbook, out_dir if plots else None, csv_dir)
-    (out_dir / "report.md").write_text(report.markdown() + "\n", encoding="utf-8")
+    report.pending = list(pending)
+    write_private(out_dir / "report.md", report.markdown() + "\n")
+    write_private(out_dir / "report.html", report.html() + "\n")
     return report

@@ -28,22 +28,80 @@ from kvlab.records.models import (
     StartupRecord,
 )
 from kvlab.records.notebook import Notebook
+from kvlab.records.rows import Row
 
 R = TypeVar("R", bound=Record)
+
+
+NO_FIGURE = "—"  # a figure cell of a row that did not run: its reason is said once
+
+
+@dataclass
+class Line:
+    """One row of a report table: short figure cells (a figure, its interval, a word), a
+    verdict, and the evidence behind them, which the pages show one click away."""
+
+    name: str
+    how: str
+    cells: list[str]  # one per figure column
+    evidence: list[str] = field(default_factory=list)
+    measured_on: str = ""
+    verdict: str = ""
+    command: str = ""  # the kvlab command that measures the row
+    absent: bool = False  # not run or not measured: `cells[0]` says why, once
+    anchor: str = ""  # the row's id in the pages (decisions link to it)
+
+    def flat(self) -> list[str]:
+        """Every part of the row as one list (`Table.flat_header`'s columns)."""
+        return [self.name, self.how, *self.cells, self.verdict or NO_FIGURE,
+                "; ".join(self.evidence) or NO_FIGURE, self.measured_on or NO_FIGURE,
+                self.command or NO_FIGURE]
 
 
 @dataclass
 class Table:
     title: str
-    columns: list[str]
-    rows: list[list[str]] = field(default_factory=list)
+    head: str  # what the first column names (a tier, a configuration, a step)
+    columns: list[str]  # the figure columns
+    lines: list[Line] = field(default_factory=list)
+
+    @property
+    def header(self) -> list[str]:
+        return [self.head, "How it was measured", *self.columns, "Verdict"]
+
+    @property
+    def rows(self) -> list[list[str]]:
+        """Each line flattened (`Line.flat`): what the CSV export writes."""
+        return [line.flat() for line in self.lines]
+
+    def flat_header(self) -> list[str]:
+        return [*self.header, "Evidence", "Measured on", "Command"]
 
     def markdown(self) -> str:
-        head = "| " + " | ".join(self.columns) + " |"
-        rule = "|" + "|".join("---" for _ in self.columns) + "|"
-        body = ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |"
-                for row in self.rows]
-        return "\n".join([f"### {self.title}", "", head, rule, *body])
+        """The table with short cells, each row's details as a numbered note under it."""
+        head = "| " + " | ".join([*self.header, "Details"]) + " |"
+        rule = "|" + "|".join("---" for _ in range(len(self.header) + 1)) + "|"
+        body, notes = [], []
+        for n, line in enumerate(self.lines, 1):
+            cells = [line.name, line.how, *line.cells, line.verdict or NO_FIGURE, f"[{n}]"]
+            body.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
+            notes.append(f"{n}. **{line.name}**: " + details_text(line))
+        return "\n".join([f"### {self.title}", "", head, rule, *body, "", *notes])
+
+
+def details_text(line: Line) -> str:
+    """A row's evidence, what it was measured on and the command that measures it, in one
+    paragraph."""
+    parts = [*line.evidence]
+    if line.measured_on:
+        parts.append(f"measured on {line.measured_on}")
+    if line.command:
+        parts.append(f"to measure it: `{line.command}`")
+    return "; ".join(parts) or "no evidence recorded"
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "/").replace("\n", " ")
 
 
 def latest(book: Notebook, kind: type[R], label: str) -> R | None:
@@ -146,12 +204,32 @@ def _sizing(start: StartupRecord) -> tuple[int | None, float | None]:
     return sized.context_tokens, sized.memory_fraction
 
 
-def missing(row_name: str, how: str, book: Notebook, label: str, width: int) -> list[str]:
-    """A row that has no measurement: the recorded reason it cannot run here, or how to get it."""
+def missing(row: Row, book: Notebook, width: int, label: str | None = None,
+            name: str | None = None, how: str | None = None) -> Line:
+    """A row that has no measurement: the recorded reason it cannot run here, or how to get
+    it, said once (the other figure cells are empty)."""
+    label = label or row.label
     skipped = not_run(book, label)
     if skipped:
-        first, rest = f"not run here: {skipped.reason}", "not run here (see the reason)"
+        first, verdict = f"not run here: {skipped.reason}", "not run"
     else:
-        first = f"not measured yet: no `{label}` line in the notebook (kvlab run all)"
-        rest = "not measured yet"
-    return [row_name, how, first, *([rest] * (width - 1))]
+        first = f"not measured yet: no `{label}` line in the notebook"
+        verdict = "not measured"
+    short = brief(first)
+    return Line(name or row.title, row.how if how is None else how,
+                [short, *([NO_FIGURE] * (width - 1))], [first] if short != first else [],
+                verdict=verdict, command=row.command, absent=True, anchor=label)
+
+
+CELL_LIMIT = 120  # characters of visible text in a table cell
+
+
+def brief(text: str, limit: int = CELL_LIMIT) -> str:
+    """`text` cut to its first sentence, then to `limit` characters at a word, for a table
+    cell (the whole text goes to the row's details)."""
+    if len(text) <= limit:
+        return text
+    first = text.split(". ")[0].split("; ")[0]
+    if len(first) <= limit:
+        return first + " (…)"
+    return first[: limit - 2].rsplit(" ", 1)[0] + " …"

@@ -16,7 +16,7 @@ the per-request files it names; nothing here measures.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import mean
 from typing import Literal
 
@@ -56,10 +56,16 @@ class Decision:
     question: str
     answer: str
     decided: bool  # False: the rows do not decide it, and `answer` says why
+    figure: str = ""  # the figure the answer rests on, short (a ratio and its interval)
+    rows: tuple[str, ...] = ()  # the labels of the report rows behind it
 
     def as_dict(self) -> dict[str, str | bool]:
         return {"lab": self.lab, "question": self.question, "answer": self.answer,
-                "decided": self.decided}
+                "decided": self.decided, "figure": self.figure}
+
+    def extended(self, words: str) -> Decision:
+        """The same decision with `words` said after its answer."""
+        return replace(self, answer=f"{self.answer.rstrip('.')}. {words}.")
 
 
 def _undecided(lab: str, question: str, why: str) -> Decision:
@@ -78,9 +84,13 @@ def decide(book: Notebook) -> list[Decision]:
     tier = [(PRESSURE_OFF.label, "tier off"), (PRESSURE_ON.label, "tier on")]
     split = [(BASELINE.label, "baseline"), *((g.label, f"split `{g.label}`")
                                              for g in split_groups(book))]
-    return [with_capacity(with_smaller_tier(host_tier(book), book), book, tier,
-                          smaller_tier=False),
-            store(book), disk(book), with_capacity(configuration(book), book, split)]
+    host = replace(host_tier(book), rows=(PRESSURE_ON.label, PRESSURE_OFF.label,
+                                          PRESSURE_ON.label + "-smaller"))
+    pd = configuration(book)
+    pd = replace(pd, rows=(*pd.rows, BASELINE.label, *(g.label for g in split_groups(book))))
+    return [with_capacity(with_smaller_tier(host, book), book, tier, smaller_tier=False),
+            replace(store(book), rows=(SHARED_STORE.label,)),
+            replace(disk(book), rows=(DISK.label,)), with_capacity(pd, book, split)]
 
 
 # ---------------------------------------------------------------- offload: the host tier
@@ -131,8 +141,7 @@ def with_smaller_tier(found: Decision, book: Notebook) -> Decision:
              f"({small.on.tier or 'size not recorded'}), TTFT p50 {num(on_s)} s "
              f"against {num(off_s)} s without{pooled} at concurrency {small.level}: "
              f"{small.ttft.cell()}")
-    return Decision(found.lab, found.question, f"{found.answer.rstrip('.')}. {words}.",
-                    found.decided)
+    return found.extended(words)
 
 
 def with_capacity(found: Decision, book: Notebook, sides: list[tuple[str, str]], *,
@@ -146,9 +155,7 @@ def with_capacity(found: Decision, book: Notebook, sides: list[tuple[str, str]],
             or not_run(book, capacity_label(label)) is not None]
     if not said:
         return found
-    return Decision(found.lab, found.question,
-                    f"{found.answer.rstrip('.')}. Capacity at the target, {'; '.join(said)}.",
-                    found.decided)
+    return found.extended(f"Capacity at the target, {'; '.join(said)}")
 
 
 def _host_decision(a: LoadRecord, b: LoadRecord, level: int, why: str,
@@ -171,7 +178,9 @@ def _host_decision(a: LoadRecord, b: LoadRecord, level: int, why: str,
     else:
         verb = ("paid" if r <= 1 - SAME_WITHIN else "cost time" if r >= 1 + SAME_WITHIN
                 else "made no measurable difference (within 10%)")
-    return Decision("offload", HOST_Q, f"The host tier {verb}: {figures}{tail}.", True)
+    band = f" [{iv.low:.2f}, {iv.high:.2f}]" if iv.measured else " (no interval)"
+    return Decision("offload", HOST_Q, f"The host tier {verb}: {figures}{tail}.", True,
+                    f"TTFT p50 x{r:.2f}{band}, c={level}")
 
 
 def _quoted(a: LoadRecord, b: LoadRecord, iv: intervals.Interval
@@ -235,7 +244,8 @@ def store(book: Notebook) -> Decision:
             f"The store did not pay: turn 2 on the second instance was judged {verdicts[0]} "
             f"({num(t2)} s against turn 1's {num(t1)} s)")
     return Decision(lab, STORE_Q, f"{head}, with {store_kind} shared by two instances; "
-                                  f"{_control(book, alt)}.", True)
+                                  f"{_control(book, alt)}.", True,
+                    f"turn 2 {num(t2)} s against turn 1 {num(t1)} s")
 
 
 def _control(book: Notebook, alt: ReuseRecord) -> str:
@@ -280,7 +290,7 @@ def disk(book: Notebook) -> Decision:
         + (f" ({size:,} bytes on disk, KV {r.kv_cache_type})" if size else "")
         + f"; after the restore the first token took {num(after)} s against {num(cold)} s "
         f"from cold, saving {num(cold - after)} s each time the conversation comes back."),
-        True)
+        True, f"first token {num(after)} s after restore against {num(cold)} s cold")
 
 
 # ---------------------------------------------------------------- P/D: which configuration
@@ -413,7 +423,8 @@ def _pd_decision(best: Judged, judged: list[Judged],
                 + (" and slower elsewhere" if slower and not same else
                    f", slower at c={'/'.join(map(str, slower))}" if slower else "")
                 + f"{alike} ({ttft})")
-    return Decision("pd", PD_Q, f"{head} ({'; '.join(_notes(best, judged, boundary))}).", True)
+    return Decision("pd", PD_Q, f"{head} ({'; '.join(_notes(best, judged, boundary))}).", True,
+                    f"TTFT {ttft}" if len(ttft) < 80 else "", (best.group.label,))
 
 
 def _notes(best: Judged, judged: list[Judged], boundary: BoundaryRecord | None) -> list[str]:

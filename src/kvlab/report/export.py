@@ -58,7 +58,7 @@ def write_all(tables: Sequence[Table], decisions: Sequence[Decision], book: Note
     """Every table, the decisions, the intervals and each run's requests under `out`; the
     files written."""
     out.mkdir(parents=True, exist_ok=True)
-    written = [_write(out / f"{slug(t.title)}.csv", t.columns, t.rows) for t in tables]
+    written = [_write(out / f"{slug(t.title)}.csv", t.flat_header(), t.rows) for t in tables]
     written.append(_write(out / "decisions.csv", ["lab", "question", "answer", "decided"],
                           [[d.lab, d.question, d.answer, d.decided] for d in decisions]))
     written.append(_write(out / "intervals.csv", INTERVAL_COLUMNS, interval_rows(book)))

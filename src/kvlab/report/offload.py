@@ -20,7 +20,14 @@ from kvlab.measure.pressure import preemptions, tier_holds, tier_too_small
 from kvlab.observe.metrics import hit_rate
 from kvlab.records.base import Deltas
 from kvlab.records.load import CapacityProbe, PressurePlanned
-from kvlab.records.models import CapacityRecord, DiskRecord, LoadRecord, ProofRecord, ReuseRecord
+from kvlab.records.models import (
+    CapacityRecord,
+    DiskRecord,
+    LoadRecord,
+    ProofRecord,
+    ReuseRecord,
+    StartupRecord,
+)
 from kvlab.records.notebook import Notebook
 from kvlab.records.rows import (
     DISK,
@@ -34,6 +41,8 @@ from kvlab.records.rows import (
     capacity_label,
 )
 from kvlab.report.common import (
+    NO_FIGURE,
+    Line,
     Table,
     latest,
     measured_on,
@@ -43,29 +52,38 @@ from kvlab.report.common import (
     pct,
     said,
 )
+from kvlab.report.turns import median_interval, p50, turns
 
-OFFLOAD_COLUMNS = ["Tier", "How it was measured", "Turn 1 TTFT (s)", "Best later turn TTFT (s)",
-                   "Prefix cache hit rate", "Evidence", "Measured on"]
-QUIET_HOW, SHARED_HOW = "six turns, one instance", "six turns alternating"
+OFFLOAD_COLUMNS = ["TTFT, first turn (s)", "TTFT, later turns (s)", "Prefix cache hit rate",
+                   "Ratio"]
+WIDTH = len(OFFLOAD_COLUMNS)
 NO_SMALLER = ("not measured yet: no tier-on run with a tier smaller than the working set "
-              "(`kvlab run offload --part pressure --tier-gb N`, N GiB below the working set)")
+              "(`--tier-gb N`, N GiB below the working set)")
 
 
 def offload_table(book: Notebook) -> Table:
-    table = Table("Offload lab: what the tiers measured", OFFLOAD_COLUMNS)
-    table.rows.append(_reuse_row(book, QUIET_OFF, QUIET_HOW))
-    table.rows.append(_reuse_row(book, QUIET_ON, QUIET_HOW))
-    table.rows.append(_pressure_row(book, PRESSURE_OFF))
+    table = Table("Offload lab: what the tiers measured", "Tier", OFFLOAD_COLUMNS)
+    table.lines.append(_reuse_row(book, QUIET_OFF))
+    table.lines.append(_reuse_row(book, QUIET_ON))
+    table.lines.append(_pressure_row(book, PRESSURE_OFF))
     for smaller in (False, True):
-        table.rows.append(_pressure_row(book, SMALLER_ON if smaller else PRESSURE_ON,
-                                        smaller_tier=smaller))
+        line = _pressure_row(book, SMALLER_ON if smaller else PRESSURE_ON, smaller_tier=smaller)
         against = tier_against_none(book, smaller_tier=smaller)
-        if against:
-            table.rows[-1][5] += (f"; TTFT p50 against the tier off at c={against.level}: "
-                                  f"{against.ttft.cell()}")
-    table.rows.append(_reuse_row(book, SHARED_STORE, SHARED_HOW))
-    table.rows.append(_disk_row(book))
+        if against and not line.absent:
+            line.cells[3] = f"{against.ttft.cell()} (TTFT p50 against the tier off, " \
+                f"c={against.level})"
+            line.verdict = _tier_verdict(against.ttft) or line.verdict
+        table.lines.append(line)
+    table.lines.append(_reuse_row(book, SHARED_STORE, alternating=True))
+    table.lines.append(_disk_row(book))
     return table
+
+
+def _tier_verdict(iv: intervals.Interval) -> str | None:
+    """One word for the tier's TTFT against none: by its interval, else None."""
+    if iv.spans_one is None or iv.ratio is None:
+        return None
+    return "no difference" if iv.spans_one else "paid" if iv.ratio < 1 else "cost time"
 
 
 @dataclass(frozen=True)
@@ -90,18 +108,16 @@ def summary(r: ReuseRecord) -> Summary:
                    s.later_turn_verdicts, s.reused_turns, s.hit_rate)
 
 
-def _reuse_row(book: Notebook, row: Row, how: str) -> list[str]:
+def _reuse_row(book: Notebook, row: Row, *, alternating: bool = False) -> Line:
     r = latest(book, ReuseRecord, row.label)
     if r is None:
-        return missing(row.title, how, book, row.label, 5)
+        return missing(row, book, WIDTH)
     s = summary(r)
     rates = [v for v in s.hit_rate.values() if v is not None]
     later = s.later
     evidence = [f"{s.reused_turns}/{len(later)} later turns reused" if later
                 is not None else "later turns not judged one by one: a measure-reuse.py line "
                 "records no cached tokens per turn"]
-    if s.best_later_ratio is not None:
-        evidence.append(f"fastest later turn {num(s.best_later_ratio)}x of turn 1")
     cached = [turn.cached_tokens for turn in r.rows]
     if any(c is not None for c in cached):
         evidence.append("cached tokens per turn " + ", ".join(said(c, "not recorded")
@@ -117,10 +133,17 @@ def _reuse_row(book: Notebook, row: Row, how: str) -> list[str]:
     evidence.append(f"pressure: {state or 'not recorded'}")
     if r.note and r.summary is None:  # the seed's --note: the user's own words
         evidence.append(f"note: {r.note}")
-    return [row.title, how, said(s.turn1_ttft_s, "not recorded"),
-            said(s.best_later_ttft_s, "not recorded (no later turn answered)"),
-            " / ".join(pct(v) for v in rates) or "not recorded (no /metrics counters)",
-            "; ".join(evidence), measured_on(book, r)]
+    how = f"{len(r.rows)} turns " + ("alternating between two instances" if alternating
+                               else "of one conversation, one instance")
+    ratio = (f"{num(s.best_later_ratio, 2)}x (fastest later turn / turn 1)"
+             if s.best_later_ratio is not None else "n/a: no later turn")
+    verdict = ("not judged" if later is None else
+               f"reused {s.reused_turns}/{len(later)}" if s.reused_turns else "not reused")
+    return Line(row.title, how, [said(s.turn1_ttft_s, "not recorded"),
+                                 said(s.best_later_ttft_s, "no later turn answered")
+                                 + (" (fastest)" if s.best_later_ttft_s is not None else ""),
+                                 " / ".join(pct(v) for v in rates) or "not recorded", ratio],
+                evidence, measured_on(book, r), verdict, row.command, anchor=row.label)
 
 
 def seed_summary(r: ReuseRecord) -> Summary:
@@ -145,21 +168,21 @@ def _turn2(r: ReuseRecord) -> str:
         f"{num(first)} s" if first is not None else "(not recorded)")
 
 
-def _pressure_row(book: Notebook, row: Row, *, smaller_tier: bool = False) -> list[str]:
-    tier, label = row.title, row.label
+def _pressure_row(book: Notebook, row: Row, *, smaller_tier: bool = False) -> Line:
     on, off = compare.tier_pair(book.records, smaller_tier=smaller_tier)
     rows = on if row.side == "on" else off  # the two rows from one run
     if not rows:
-        if smaller_tier and not not_run(book, label):
-            return [tier, row.how, NO_SMALLER, *(["not measured yet"] * 4)]
-        return missing(tier, row.how, book, label, 5)
+        if smaller_tier and not not_run(book, row.label):
+            return Line(row.title, row.how, [NO_SMALLER, *[NO_FIGURE] * (WIDTH - 1)],
+                        verdict="not measured", command=SMALLER_ON.command, absent=True,
+                        anchor=row.label + "-smaller")
+        return missing(row, book, WIDTH)
     r = rows[max(rows)]
     p = r.pressure
     planned = p.planned if p is not None else None
     reached = p.reached if p is not None else None
-    ttft = r.ttft_s
     rate = r.prefix_hit_rate
-    hit = pct(rate) if rate is not None else "not recorded (no /metrics counters)"
+    hit = pct(rate) if rate is not None else "not recorded"
     reusable = planned.reusable_fraction if planned is not None else None
     peak = reached.peak_kv_cache_usage if reached is not None else None
     evidence = [
@@ -174,7 +197,7 @@ def _pressure_row(book: Notebook, row: Row, *, smaller_tier: bool = False) -> li
     recalled, prompt = r.metric_deltas.get("external_prefix_cache_hits"), \
         r.metric_deltas.get("prompt_tokens")
     if recalled and prompt:
-        hit += f" device + {pct(float(recalled) / float(prompt))} recalled from the tier"
+        hit += f" + {pct(float(recalled) / float(prompt))} from the tier"
         per_token = planned.bytes_per_token if planned is not None else None
         evidence.insert(1, f"the tier served {float(recalled):,.0f} prompt tokens"
                         + (f" ({float(recalled) * float(per_token):,.0f} bytes)" if per_token
@@ -191,17 +214,54 @@ def _pressure_row(book: Notebook, row: Row, *, smaller_tier: bool = False) -> li
     fit = tier_fit(planned)
     if fit:
         evidence.append(fit)
-    evidence.append(capacity_words(book, label, smaller_tier=smaller_tier))
-    how = _how(r)
+    evidence.append(capacity_words(book, row.label, smaller_tier=smaller_tier))
+    if memory := memory_kind(book, r):
+        evidence.append(memory)
+    how, anchor = _how(r), row.label + ("-smaller" if smaller_tier else "")
     if judged.state is False:  # a quiet run is no answer to the pressure row's question
-        quiet = (f"not measured under pressure: this run was quiet ({judged.why}); the row "
-                 "needs a run whose cache was (`kvlab run offload --part pressure`)")
-        return [tier, how, quiet, quiet, hit, "; ".join(evidence), measured_on(book, r)]
-    p50, p90, p99 = (ttft.p50, ttft.p90, ttft.p99) if ttft is not None else (None, None, None)
-    return [tier, how, f"p50 {num(p50)} (load: no turn order)",
-            f"not applicable to a load run; p90 {said(p90, 'not recorded')}, "
-            f"p99 {said(p99, 'not recorded')}",
-            hit, "; ".join(evidence), measured_on(book, r)]
+        quiet = "not under pressure: this run was quiet (see the details)"
+        return Line(row.title, how, [quiet, NO_FIGURE, hit, NO_FIGURE], evidence,
+                    measured_on(book, r), "quiet", row.command, anchor=anchor)
+    first, later = _turn_cells(book, r)
+    return Line(row.title, how, [first, later, hit, "the reference" if row.side == "off"
+                                 else "no tier-off run to compare"], evidence,
+                measured_on(book, r), judged.words, row.command, anchor=anchor)
+
+
+def _turn_cells(book: Notebook, r: LoadRecord) -> tuple[str, str]:
+    """TTFT p50 of the first turns and of the later ones, each with its interval, for a
+    session run with per-request data; else the run's p50 over every request."""
+    found = turns(book, r)
+    if found is None:
+        ttft = r.ttft_s
+        return (f"p50 {said(ttft.p50 if ttft else None, 'not recorded')}, all requests",
+                "no turns: a load run")
+    return _median_cell(found.first), _median_cell(found.later)
+
+
+def _median_cell(values: list[float]) -> str:
+    mid = p50(values)
+    if mid is None:
+        return "none answered"
+    iv = median_interval(values)
+    band = f" [{iv[0]:.3f}, {iv[1]:.3f}]" if iv else ""
+    return f"p50 {mid:.3f}{band} ({len(values)})"
+
+
+def memory_kind(book: Notebook, r: LoadRecord) -> str | None:
+    """Which memory the run's engine had, from its startup line: on unified memory the host
+    tier is the same memory as the device's, so it may buy much less."""
+    starts = [s for s in book.of(StartupRecord)
+              if s.run_id == r.run_id and (s.label == r.label or r.label.startswith(s.label + "-"))]
+    kind = starts[-1].memory_kind if starts else None
+    if kind is None:
+        return None
+    if kind == "unified":
+        return ("memory: unified (the host tier shares the device's memory, so recalling "
+                "from it saves recompute, not capacity)")
+    if kind == "none":
+        return "memory: a CPU build (the device cache and the tier are the same RAM)"
+    return f"memory: {kind}"
 
 
 def tier_transfers(deltas: Deltas) -> str | None:
@@ -219,15 +279,20 @@ def tier_transfers(deltas: Deltas) -> str | None:
 
 
 def tier_turnover(deltas: Deltas, planned: PressurePlanned | None) -> str | None:
-    """How many times over the tier filled, and what share of it came back: a tier that takes
-    in several times its size and gives little back evicted before anyone returned."""
+    """What the tier stored against its size, and what it read back against what it stored:
+    a tier that stores several times its size and reads little back evicted before anyone
+    returned; reading back more than it stored means blocks were recalled more than once."""
     stored, loaded = deltas.get("offload_store_bytes"), deltas.get("offload_load_bytes")
     tier = planned.host_tier_bytes if planned is not None else None
     if not stored or loaded is None or not tier:
         return None
-    return (f"the tier took in {float(stored) / float(tier):.1f}x its own size "
-            f"({human_bytes(float(stored))} into {human_bytes(float(tier))}) and gave back "
-            f"{float(loaded) / float(stored):.1%} of what it took")
+    filled = float(stored) / float(tier)
+    back = float(loaded) / float(stored)
+    size = (f"the tier stored {human_bytes(float(stored))} ({filled:.2f}x its "
+            f"{human_bytes(float(tier))}) and read back {human_bytes(float(loaded))}")
+    if back > 1:
+        return size + f", {back:.1f}x what it stored: blocks were recalled more than once"
+    return size + f", {back:.1%} of what it stored"
 
 
 @dataclass(frozen=True)
@@ -342,17 +407,15 @@ def _working_set(planned: PressurePlanned | None, prompt_set: str | None) -> str
                f"{prompt_set or 'prompt set not recorded'})"))
 
 
-def _disk_row(book: Notebook) -> list[str]:
-    tier, how = DISK.title, DISK.how
+def _disk_row(book: Notebook) -> Line:
     r = latest(book, DiskRecord, DISK.label)
     if r is None:
-        return missing(tier, how, book, DISK.label, 5)
+        return missing(DISK, book, WIDTH)
     ev = r.evidence
     control = ev.control.cache_n if ev is not None and ev.control is not None else None
     size = r.file_bytes
     ratio = r.restore_cold_ratio
-    evidence = [f"{r.verdict}", f"save {_ms(r.save_ms)}, restore "
-                f"{_ms(r.restore_ms)} ("
+    evidence = [f"{r.verdict}", f"save {_ms(r.save_ms)}, restore {_ms(r.restore_ms)} ("
                 + (f"{num(ratio, 5)}x of the cold TTFT)" if ratio is not None
                    else "no ratio to the cold TTFT recorded)"),
                 f"{size:,} bytes on disk" if size is not None else "file size not recorded",
@@ -360,9 +423,14 @@ def _disk_row(book: Notebook) -> list[str]:
                 f"of {said(r.prompt_tokens, 'an unrecorded number of')} tokens",
                 f"control (no restore) cache_n {said(control, 'not recorded')}",
                 f"KV {r.kv_cache_type or 'cache type not recorded'}"]
-    return [tier, how, f"{said(r.cold_ttft_s, 'not recorded')} (cold)",
-            f"{said(r.post_restore_ttft_s, 'not recorded')} (after restore)",
-            "not applicable", "; ".join(evidence), measured_on(book, r)]
+    after = r.post_restore_ttft_s
+    ratio_cell = (f"{after / r.cold_ttft_s:.3f}x (after restore / cold)"
+                  if after is not None and r.cold_ttft_s else "n/a")
+    return Line(DISK.title, DISK.how, [f"{said(r.cold_ttft_s, 'not recorded')} (cold)",
+                                       f"{said(after, 'not recorded')} (after restore)",
+                                       "not applicable", ratio_cell],
+                evidence, measured_on(book, r), str(r.verdict), DISK.command,
+                anchor=DISK.label)
 
 
 def _ms(value: float | None) -> str:

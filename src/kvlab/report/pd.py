@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from kvlab.core.sizes import human_bytes
 from kvlab.measure import compare, intervals
 from kvlab.records.evidence import LOOPBACK, TWO_MACHINES, UNKNOWN, Percentiles
 from kvlab.records.models import ComparisonRecord, LinkRecord, LoadRecord
@@ -18,6 +19,7 @@ from kvlab.records.notebook import Notebook
 from kvlab.records.rows import (
     BASELINE,
     INTERFERENCE,
+    SPLIT,
     TWO_MACHINES_NIXL,
     TWO_MACHINES_SHARED,
     Row,
@@ -28,6 +30,7 @@ from kvlab.records.rows import (
 )
 from kvlab.records.runs import ComparisonLevel, NixlTransfer
 from kvlab.report.common import (
+    Line,
     Table,
     latest,
     load_rows,
@@ -38,8 +41,9 @@ from kvlab.report.common import (
 from kvlab.report.offload import capacity_words
 from kvlab.report.placement import Group, split_groups, take
 
-PD_COLUMNS = ["Configuration", "Link", "TTFT p50 (s)", "TPOT p50 (s)", "Output tokens/s",
-              "Bytes per request", "Evidence", "Measured on"]
+PD_COLUMNS = ["TTFT p50 (s)", "TPOT p50 (s)", "Output tokens/s", "Bytes per request",
+              "TTFT against the baseline"]
+WIDTH = len(PD_COLUMNS)
 
 
 # (row: its title, the lab's link and the not-run label that explains it; connector (None:
@@ -53,16 +57,16 @@ Figure = Callable[[LoadRecord], float | None]
 
 
 def pd_table(book: Notebook) -> Table:
-    table = Table("P/D lab: the split against one machine", PD_COLUMNS)
-    table.rows.append(_baseline_row(book))
+    table = Table("P/D lab: the split against one machine", "Configuration", PD_COLUMNS)
+    table.lines.append(_baseline_row(book))
     groups = split_groups(book)
     for row, connector, topology in SPLIT_ROWS:
         group = take(groups, topology, connector)
-        table.rows.append(_split_row(book, row.title, row.how, group) if group
-                          else missing(row.title, row.how, book, row.label, 6))
+        table.lines.append(_split_row(book, row, row.title, row.how, group) if group
+                           else missing(row, book, WIDTH))
     for group in groups:  # what matched no row of the lab's table, named as recorded
-        table.rows.append(_split_row(book, _own_name(group), None, group))
-    table.rows.append(_interference_row(book))
+        table.lines.append(_split_row(book, SPLIT, _own_name(group), None, group))
+    table.lines.append(_interference_row(book))
     return table
 
 
@@ -98,18 +102,27 @@ def by_level(rows: Sequence[LoadRecord], key: str, figure: Figure) -> str:
     return f"{' / '.join(values)} (c={levels})"
 
 
-def _baseline_row(book: Notebook) -> list[str]:
-    name, link = BASELINE.title, BASELINE.how
+def _baseline_row(book: Notebook) -> Line:
     rows = load_rows(book, BASELINE.label)
     if not rows:
-        return missing(name, link, book, BASELINE.label, 6)
-    return [name, link, *_figures(rows), "none",
-            "; ".join([*_row_evidence(rows, book.of(LinkRecord, BASELINE.label), None),
-                       capacity_words(book, BASELINE.label)]),
-            measured_on(book, rows[-1])]
+        return missing(BASELINE, book, WIDTH)
+    evidence = [*_row_evidence(rows, book.of(LinkRecord, BASELINE.label), None),
+                capacity_words(book, BASELINE.label)]
+    return Line(BASELINE.title, BASELINE.how, [*_figures(rows), "none", "the reference"],
+                evidence, measured_on(book, rows[-1]), _ok_word(rows), BASELINE.command,
+                anchor=BASELINE.label)
 
 
-def _split_row(book: Notebook, name: str, link: str | None, group: Group) -> list[str]:
+def _ok_word(rows: list[LoadRecord]) -> str:
+    """"measured", or how many requests failed."""
+    failed = sum(r.failed or 0 for r in rows)
+    sent = sum((r.ok or 0) + (r.failed or 0) for r in rows)
+    if failed and failed == sent:
+        return f"all {sent} requests failed"
+    return f"{failed} of {sent} failed" if failed else "measured"
+
+
+def _split_row(book: Notebook, row: Row, name: str, link: str | None, group: Group) -> Line:
     """A split run's row; `link` is the lab's expected link (None: a row of its own, which
     shows only what was recorded)."""
     recorded = group.rows[-1].link or (group.link.link if group.link else None) or UNKNOWN
@@ -119,11 +132,17 @@ def _split_row(book: Notebook, name: str, link: str | None, group: Group) -> lis
         link_cell = f"{link} (link not recorded)"
     else:
         link_cell = f"{link} (recorded: {recorded})"
+    against = _against_baseline(book, group)
     evidence = [group.where(), *_row_evidence(group.rows, [group.link] if group.link else [],
                                               group.comparison),
-                *_against_baseline(book, group), capacity_words(book, group.label)]
-    return [name, link_cell, *_figures(group.rows), _bytes_cell(group.comparison, group.rows),
-            "; ".join(evidence), measured_on(book, group.rows[-1])]
+                *(["TTFT p50 against the baseline: " + ", ".join(against)] if against else []),
+                capacity_words(book, group.label)]
+    bytes_cell, crossed = _bytes_cell(group.comparison)
+    verdict = crossed or _ok_word(group.rows)
+    return Line(name, link_cell, [*_figures(group.rows), bytes_cell,
+                                  "; ".join(against) or "no comparison (kvlab compare)"],
+                evidence, measured_on(book, group.rows[-1]), verdict, row.command,
+                anchor=group.label)
 
 
 def _figures(rows: list[LoadRecord]) -> list[str]:
@@ -189,10 +208,10 @@ def _against_baseline(book: Notebook, group: Group) -> list[str]:
         level = lv.concurrency
         if level in mine and level in base:
             iv = intervals.ttft(book.path, book.records, mine[level], base[level])
-            cells.append(f"c={level} TTFT {iv.cell()}")
+            cells.append(f"c={level} {iv.cell()}")
         elif _ratio(lv) is not None:  # the comparison paired rows the group no longer holds
-            cells.append(f"c={level} TTFT {num(_ratio(lv), 2)}x ({intervals.NO_DATA})")
-    return ["against the baseline: " + ", ".join(cells)] if cells else []
+            cells.append(f"c={level} {num(_ratio(lv), 2)}x ({intervals.NO_DATA})")
+    return cells
 
 
 def _ratio(level: ComparisonLevel) -> float | None:
@@ -200,27 +219,28 @@ def _ratio(level: ComparisonLevel) -> float | None:
     return d / b if d and b else None
 
 
-def _bytes_cell(comparison: ComparisonRecord | None, rows: list[LoadRecord]) -> str:
+def _bytes_cell(comparison: ComparisonRecord | None) -> tuple[str, str]:
+    """Bytes per request by source against the prediction, and the byte verdict (the full
+    verdict goes to the evidence)."""
     if comparison is None:
-        return "n/a: no comparison line yet (kvlab compare)"
+        return "n/a: no comparison yet", ""
     seen = comparison.bytes
     if seen is None:
-        return "not recorded: the comparison saw no byte counters"
-    parts = [f"{source} {float(v):,.0f}"
+        return "not recorded: no byte counters", ""
+    parts = [f"{source} {human_bytes(float(v))}"
              for source, v in seen.observed_bytes_per_request_by_source.items()]
     if seen.predicted_bytes_per_request:
-        parts.append(f"predicted {float(seen.predicted_bytes_per_request):,.0f}")
-    if seen.verdict:
-        parts.append(f"({seen.verdict_source}: {seen.verdict})")
-    return "; ".join(parts) or "not recorded: the comparison saw no byte counters"
+        parts.append(f"predicted {human_bytes(float(seen.predicted_bytes_per_request))}")
+    crossed = "" if not seen.verdict else (
+        "did not cross" if seen.verdict == compare.NOT_CROSSED else "crossed")
+    return ", ".join(parts) or "not recorded: no byte counters", crossed
 
 
-def _interference_row(book: Notebook) -> list[str]:
-    name, link = INTERFERENCE.title, "none"
+def _interference_row(book: Notebook) -> Line:
     four = load_rows(book, interference_label(4))
     one = load_rows(book, interference_label(1))
     if not four or not one:
-        return missing(name, link, book, INTERFERENCE.label, 6)
+        return missing(INTERFERENCE, book, WIDTH, how="none")
     a, b = four[-1], one[-1]
 
     def pair(figure: Figure) -> str:
@@ -230,10 +250,16 @@ def _interference_row(book: Notebook) -> list[str]:
     evidence = [f"concurrency {a.concurrency}, {a.requests} requests each, "
                 f"prompt set {a.prompt_set}",
                 "4 slots first, 1 slot second: the one variable changed"]
+    verdict = "measured"
     if comparison and comparison.same_experiment is False:
         evidence.append("NOT the same experiment: " + ", ".join(comparison.differs or []))
+        verdict = "not the same experiment"
+    ratio = "not at one concurrency"
     if a.concurrency == b.concurrency:
         iv = intervals.ttft(book.path, book.records, a, b)
         evidence.append(f"TTFT p50, 4 slots against 1: {iv.cell()}")
-    return [name, link, pair(ttft_p50), pair(tpot_p50), pair(throughput),
-            "none", "; ".join(evidence), measured_on(book, a)]
+        ratio = f"{iv.cell()} (4 slots / 1)"
+    return Line(INTERFERENCE.title, "none", [pair(ttft_p50), pair(tpot_p50), pair(throughput),
+                                             "none", ratio],
+                evidence, measured_on(book, a), verdict, INTERFERENCE.command,
+                anchor=INTERFERENCE.label)

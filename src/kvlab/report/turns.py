@@ -1,0 +1,64 @@
+"""A user-session run's requests by turn, from its per-request files: the first turn of a
+conversation (which no cache can help) apart from the turns that come back to it."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvlab.measure import intervals
+from kvlab.records import requests
+from kvlab.records.models import LoadRecord
+from kvlab.records.notebook import Notebook
+
+
+@dataclass(frozen=True)
+class Turns:
+    """TTFTs of the ok, non-warm-up requests of one run (all its repeats), by turn."""
+
+    by_turn: dict[int, list[float]]
+
+    @property
+    def first(self) -> list[float]:
+        return self.by_turn.get(0, [])
+
+    @property
+    def later(self) -> list[float]:
+        return [t for turn, values in self.by_turn.items() if turn > 0 for t in values]
+
+
+def turns(book: Notebook, row: LoadRecord) -> Turns | None:
+    """`row`'s run by turn (None: not a session run, or a repeat names no per-request file)."""
+    if row.workload is None or row.workload.kind != "sessions":
+        return None
+    rows = intervals.repeats(book.records, row)
+    if any(r.requests_file is None for r in rows):
+        return None
+    found: dict[int, list[float]] = defaultdict(list)
+    for r in rows:
+        lines = requests.read(requests.location(book.path, str(r.requests_file)),
+                              r.requests_sha256)
+        for line in lines:
+            if line.status == "ok" and not line.warmup and line.ttft_s is not None \
+                    and line.turn is not None:
+                found[line.turn].append(line.ttft_s)
+    return Turns(dict(sorted(found.items()))) if found else None
+
+
+def p50(values: list[float]) -> float | None:
+    return float(np.median(values)) if values else None
+
+
+def median_interval(values: list[float], seed: int = intervals.SEED
+                    ) -> tuple[float, float] | None:
+    """A 95% bootstrap interval for the median of `values` (None: fewer than 3)."""
+    if len(values) < 3:
+        return None
+    rng = np.random.default_rng(seed)
+    data = np.asarray(values, dtype=np.float64).reshape(-1, 1)
+    medians = np.nanmedian(intervals.draws([data], rng, intervals.RESAMPLES)[..., 0], axis=1)
+    tail = (1 - intervals.CONFIDENCE) / 2 * 100
+    low, high = np.percentile(medians, [tail, 100 - tail])
+    return float(low), float(high)
