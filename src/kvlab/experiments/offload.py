@@ -161,6 +161,9 @@ async def under_pressure(lab: Lab, spec: OffloadSpec, on: bool, pressure: Pressu
         load = _sessions_load(lab, spec, pressure, label, plan.base_url, _tier(lab, on, gb))
         planned = pressure.as_record()
         planned.host_tier_bytes = int((gb or 0) * 2**30)
+        # the oracle models the tier kvlab started (--kv-offloading-size), in tokens
+        load = replace(load, oracle_tier_tokens=int(planned.host_tier_bytes
+                                                    / planned.bytes_per_token))
         for repeat in stint.repeats:
             lab.say(f"==> {label}: {pressure.users} users, {pressure.requests} turns over "
                     f"{pressure.conversations} conversations, working set "

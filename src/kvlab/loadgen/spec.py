@@ -73,6 +73,8 @@ class LoadSpec:
     sessions: SessionSpec | None = None  # user sessions: the levels are user counts
     trace: TraceSpec | None = None  # a trace replay: the levels are in-flight caps
     block_offset: int = 0  # prompt blocks skipped (a capacity search's probes: fresh prompts)
+    oracle: bool = True  # the cache oracle beside each level (vLLM, with per-request files)
+    oracle_tier_tokens: int = 0  # the host tier the oracle models, in tokens (0: none)
 
     def __post_init__(self) -> None:
         for name in ("requests", "min_requests", "warmup"):

@@ -40,8 +40,9 @@ from pathlib import Path
 
 import httpx
 
+from kvlab.engines.base import VLLM
 from kvlab.engines.registry import evidence_deltas
-from kvlab.loadgen import perrequest, returning, sessions, stats
+from kvlab.loadgen import oracle_level, perrequest, returning, sessions, stats
 from kvlab.loadgen import trace as trace_replay
 from kvlab.loadgen.client import Endpoint
 from kvlab.loadgen.record import decode_events
@@ -51,8 +52,10 @@ from kvlab.loadgen.sizing import prompt_sizing
 from kvlab.loadgen.spec import BLOCK, MIN_REQUESTS, WARMUP_OFFSET, LoadSpec, default_requests
 from kvlab.measure import workloads
 from kvlab.observe import metrics
+from kvlab.observe.metrics import Snapshot
 from kvlab.records import requests as request_files
 from kvlab.records.load import LevelOwn, LoadRecord
+from kvlab.records.requests import RequestLine
 
 ProgressHook = Callable[[int, int], Progress | None]  # (concurrency, requests) -> per-record
 Row = LoadRecord
@@ -265,8 +268,25 @@ class _Level:
         return got.level, LevelOwn(prompt_set="sessions", workload=workload,
                                    arrivals=workload.arrivals, sessions=summary)
 
-    def row_fields(self, warm: LevelResult | None, result: LevelResult,
-                   own: LevelOwn) -> LevelOwn:
+    def lines(self, warm: LevelResult | None, result: LevelResult) -> list[RequestLine]:
+        return perrequest.level_lines(warm, result, self.prompts, level=self.concurrency,
+                                      repeat=self.spec.repeat)
+
+    async def with_oracle(self, client: httpx.AsyncClient | None, lines: list[RequestLine],
+                          after: Snapshot | None, own: LevelOwn) -> None:
+        """The cache oracle beside the level, where the engine lets it be known."""
+        spec = self.spec
+        if not spec.oracle or client is None or spec.engine != VLLM or not lines:
+            return
+        root = spec.tokenize_url or spec.base_url.removesuffix("/v1")
+        tier = spec.oracle_tier_tokens
+        shape = oracle_level.cache_shape(after)
+        own.oracle = await oracle_level.beside(
+            client, root.rstrip("/"), spec.model, lines, self.prompts, after, self.concurrency,
+            tier // shape[0] if shape else 0)
+
+    def row_fields(self, warm: LevelResult | None, own: LevelOwn,
+                   lines: list[RequestLine]) -> LevelOwn:
         """`own` with the per-request file (written when the spec names a notebook), the
         warm-up and the sizing."""
         spec = self.spec
@@ -276,8 +296,6 @@ class _Level:
             own.warmup_failed = sum(r.failed for r in warm.records) or None
             own.warmup_cancelled = sum(r.cancelled for r in warm.records) or None
         if spec.labbook:
-            lines = perrequest.level_lines(warm, result, self.prompts, level=self.concurrency,
-                                           repeat=spec.repeat)
             own.requests_file, own.requests_sha256 = request_files.write_beside(
                 Path(spec.labbook), spec.label, self.concurrency, spec.repeat, lines)
         return own
@@ -312,8 +330,11 @@ async def measure_level(spec: LoadSpec, target: Endpoint, concurrency: int, leve
         before = await _scrape(client, url)
         result, own = await run(stop, progress)
         after = await _scrape(client, url)
+    lines = level.lines(warm, result) if spec.labbook else []
+    if spec.labbook and not result.interrupted:
+        await level.with_oracle(client, lines, after, own)
     row = make_row(spec, concurrency, result, evidence_deltas(before, after),
-                   level.row_fields(warm, result, own))
+                   level.row_fields(warm, own, lines))
     return Measured(row, result)
 
 

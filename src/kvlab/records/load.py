@@ -214,9 +214,52 @@ class LevelFigures(Strict):
     goodput: Goodput | None = None
 
 
+class TierPoint(Strict):
+    """The oracle's hit share over a level's requests (warm-up included) had the engine had a
+    host tier of `tier_blocks` blocks: no engine ran it."""
+
+    tier_blocks: int
+    hit_share: float | None = None
+
+
+class OracleLevel(Strict):
+    """The cache oracle beside a level (`measure/oracle.py`): the level's requests, warm-up
+    included, replayed in the order they were sent through a model of the engine's prefix
+    cache sized as the engine reported it, against the cached tokens the engine reported."""
+
+    cache_model: str = Field(description="The model replayed and where it departs from the "
+                             "engine.")
+    block_tokens: int
+    device_blocks: int
+    tier_blocks: int = 0
+    sizes_from: str = Field(description="Where the block size and capacities came from.")
+    tokens_from: str = Field(description="How each request's exact tokens were known.")
+    requests: int = Field(description="Measured requests compared (ok, not warm-up).")
+    prompt_tokens: int
+    predicted_cached_tokens: int
+    measured_cached_tokens: int
+    infinite_cache_tokens: int = Field(description="What a cache that never evicts serves.")
+    above_oracle: int = Field(description="Requests the engine served more of than predicted.")
+    left_share: float | None = Field(None, description="Reuse left on the table: (predicted "
+                                     "- measured) / prompt tokens.")
+    left_mean_low: float | None = Field(None, description="95% interval of the per-request "
+                                        "mean share left on the table.")
+    left_mean_high: float | None = None
+    tier_curve: list[TierPoint] = Field(default_factory=list, description="The same requests "
+                                        "replayed with host tiers of several sizes.")
+
+    @property
+    def predicted_share(self) -> float | None:
+        return self.predicted_cached_tokens / self.prompt_tokens if self.prompt_tokens else None
+
+    @property
+    def measured_share(self) -> float | None:
+        return self.measured_cached_tokens / self.prompt_tokens if self.prompt_tokens else None
+
+
 class LevelOwn(Strict):
     """What a level adds of its own: its workload's evidence, its warm-up, how its prompts were
-    sized, its per-request file."""
+    sized, its per-request file, the cache oracle beside it."""
 
     prompt_set: str | None = None
     arrivals: str | None = None
@@ -231,6 +274,7 @@ class LevelOwn(Strict):
     requests_file: str | None = Field(None, description="The level's per-request file, "
                                       "relative to the notebook's folder.")
     requests_sha256: str | None = Field(None, description="That file's sha256.")
+    oracle: OracleLevel | None = None
 
 
 class LoadRecord(Record, RunContext, LevelFigures, LevelOwn):

@@ -62,6 +62,8 @@ class RequestLine(Strict):
         "the mixed set's document, a conversation's opening), in the sizing's tokens.")
     prompt_tokens: int | None = Field(None, description="The server's usage count.")
     cached_tokens: int | None = Field(None, description="usage.prompt_tokens_details.")
+    oracle_cached_tokens: int | None = Field(None, description="What the cache oracle says "
+                                             "the engine's cache could have served.")
     output_tokens: int | None = None
     status: Literal["ok", "failed", "cancelled"]
     http_status: int | None = None

@@ -12,7 +12,7 @@ from kvlab.core.sizes import human_bytes
 from kvlab.engines.base import NAMES as ENGINE_NAMES
 from kvlab.engines.base import LaunchSettings
 from kvlab.engines.registry import known_engine
-from kvlab.measure import compare
+from kvlab.measure import compare, oracle
 from kvlab.records.base import Number
 from kvlab.records.evidence import LOOPBACK, Where
 from kvlab.records.models import (
@@ -178,6 +178,31 @@ def measured_on(book: Notebook, record: Record) -> str:
     if model:
         parts.append(f"model {'/'.join(model.rstrip('/').split('/')[-2:])}")
     return ", ".join(parts)
+
+
+def oracle_cell(row: LoadRecord, measured: str) -> str:
+    """A hit-rate cell with the oracle's share beside it, where the level has one."""
+    o = row.oracle
+    share = o.predicted_share if o is not None else None
+    return measured if share is None else f"{measured} (oracle {share:.1%})"
+
+
+def oracle_words(row: LoadRecord) -> list[str]:
+    """The cache oracle's evidence for a load row: predicted against measured, what is left
+    on the table with its interval, and the shortfall verdict where there is one."""
+    o = row.oracle
+    if o is None:
+        return []
+    band = (f" (mean per request {o.left_mean_low:.1%} to {o.left_mean_high:.1%})"
+            if o.left_mean_low is not None and o.left_mean_high is not None else "")
+    words = [f"cache oracle ({o.block_tokens}-token blocks, {o.device_blocks:,} on the device"
+             + (f", {o.tier_blocks:,} in the tier" if o.tier_blocks else "")
+             + f", from {o.sizes_from}): {o.predicted_cached_tokens:,} of "
+             f"{o.prompt_tokens:,} prompt tokens cacheable, {o.measured_cached_tokens:,} "
+             f"reported cached; left on the table {pct(o.left_share)}{band}; a cache that "
+             f"never evicts: {o.infinite_cache_tokens:,}; {o.above_oracle} requests above it"]
+    verdict = oracle.shortfall(o)
+    return [*words, verdict] if verdict else words
 
 
 def fixed_kv_bytes(record: Record) -> int | None:

@@ -23,7 +23,7 @@ from kvlab.engines.roles import TITLES, as_started
 from kvlab.engines.vllm import VllmInstall
 from kvlab.loadgen.record import RequestRecord
 from kvlab.loadgen.sweep import ProgressHook
-from kvlab.measure import compat
+from kvlab.measure import compat, oracle
 from kvlab.measure.compat import Compatibility
 from kvlab.observe import fingerprint
 from kvlab.proxy.check import Crossing
@@ -80,6 +80,14 @@ def load_rows(console: Console, rows: Sequence[LoadRecord]) -> None:
             g = r.goodput
             console.print(f"    concurrency {r.concurrency}: goodput "
                           f"{g.requests_per_s} req/s ({g.requests} met {g.slo})")
+        if (o := r.oracle) is not None and o.predicted_share is not None \
+                and o.measured_share is not None:
+            console.print(f"    concurrency {r.concurrency}: cache oracle {o.predicted_share:.1%}"
+                          f" of prompt tokens cacheable, {o.measured_share:.1%} reported cached"
+                          f" (a cache that never evicts: "
+                          f"{o.infinite_cache_tokens / o.prompt_tokens:.1%})")
+            if (words := oracle.shortfall(o)) is not None:
+                console.print(f"    concurrency {r.concurrency}: {words}")
 
 
 def link(console: Console, record: LinkRecord, labbook: str) -> None:

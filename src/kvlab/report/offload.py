@@ -49,6 +49,8 @@ from kvlab.report.common import (
     missing,
     not_run,
     num,
+    oracle_cell,
+    oracle_words,
     pct,
     said,
 )
@@ -182,7 +184,7 @@ def _pressure_row(book: Notebook, row: Row, *, smaller_tier: bool = False) -> Li
     planned = p.planned if p is not None else None
     reached = p.reached if p is not None else None
     rate = r.prefix_hit_rate
-    hit = pct(rate) if rate is not None else "not recorded"
+    hit = oracle_cell(r, pct(rate)) if rate is not None else "not recorded"
     reusable = planned.reusable_fraction if planned is not None else None
     peak = reached.peak_kv_cache_usage if reached is not None else None
     evidence = [
@@ -214,6 +216,7 @@ def _pressure_row(book: Notebook, row: Row, *, smaller_tier: bool = False) -> Li
     fit = tier_fit(planned)
     if fit:
         evidence.append(fit)
+    evidence += oracle_words(r)
     evidence.append(capacity_words(book, row.label, smaller_tier=smaller_tier))
     if memory := memory_kind(book, r):
         evidence.append(memory)

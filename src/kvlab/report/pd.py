@@ -37,6 +37,7 @@ from kvlab.report.common import (
     measured_on,
     missing,
     num,
+    oracle_words,
 )
 from kvlab.report.offload import capacity_words
 from kvlab.report.placement import Group, split_groups, take
@@ -158,6 +159,8 @@ def _row_evidence(rows: list[LoadRecord], links: list[LinkRecord],
     hit = [r.prefix_hit_rate for r in rows]
     if any(h is not None for h in hit):
         evidence.append("prefix hit rate " + " / ".join(num(h, 2) for h in hit))
+    for r in rows:
+        evidence += [f"c={r.concurrency}: {w}" for w in oracle_words(r)]
     return evidence + _split_evidence(links[-1] if links else None, comparison)
 
 

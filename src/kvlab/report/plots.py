@@ -97,8 +97,8 @@ def draw_all(book: Notebook, out: Path) -> list[Plot]:
         found += [cdf_pair(book, out, base, other), turn_pair(book, out, base, other),
                   by_concurrency(book, out, base, other)]
     found += [capacity(book, out, r) for r in _newest_capacities(book)]
-    found += [boundary(book, out), bytes_per_request(book, out), disk(book, out),
-              kv_usage(book, out)]
+    found += [tier_curve(book, out), boundary(book, out), bytes_per_request(book, out),
+              disk(book, out), kv_usage(book, out)]
     return [p for p in found if p is not None]
 
 
@@ -396,6 +396,42 @@ def _bytes_of(c: ComparisonRecord, source: str) -> float | None:
     return float(value) if value is not None else None
 
 
+def tier_curve(book: Notebook, out: Path) -> Plot | None:
+    """The oracle's hit share against host-tier size, replayed from the newest tier-off run
+    under pressure; the measured hit shares of the runs at their tier sizes beside it."""
+    off = compare.tier_sides(book.records)[PRESSURE_OFF.label]
+    row = off[max(off)] if off else None
+    o = row.oracle if row is not None else None
+    points = [(p.tier_blocks, p.hit_share) for p in (o.tier_curve if o else [])
+              if p.hit_share is not None]
+    if o is None or len(points) < 2 or not o.device_blocks:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs = [b / o.device_blocks for b, _ in points]
+    ys = [s * 100 for _, s in points]
+    ax.plot(xs, ys, "o-", color=COLOURS[0], label="the oracle (no engine ran these sizes)")
+    if o.measured_share is not None:
+        ax.plot([0], [o.measured_share * 100], "s", color=COLOURS[1],
+                label="measured, tier off")
+    question = "How much host tier would this workload use? (the tier-off run replayed)"
+    ax.set(xlabel="host tier, in device caches", ylabel="prompt tokens cached (%)",
+           title=question)
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize="small")
+    return _save(plt, fig, out / "tier-size-oracle.png", question, _enough(points, o.device_blocks))
+
+
+def _enough(points: list[tuple[int, float]], device: int) -> str:
+    """The smallest replayed tier that reaches 90% of the oracle's largest gain."""
+    base, best = points[0][1], max(s for _, s in points)
+    if best <= base:
+        return "no tier size raised the oracle's hit share: nothing came back after eviction"
+    size = next(b for b, s in points if s - base >= 0.9 * (best - base))
+    return (f"the oracle reaches 90% of its gain ({base:.1%} to {best:.1%} of prompt tokens "
+            f"cached) with a tier of {size / device:g} device caches ({size:,} blocks)")
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "label"
 
@@ -426,8 +462,12 @@ def kv_usage(book: Notebook, out: Path) -> Plot | None:
                if (rows := pair[label]) and (samples := rows[max(rows)].kv_usage_samples)]
     if not sampled:
         return None
+    on_rows = pair[PRESSURE_ON.label]
+    moved = _tier_moved(on_rows[max(on_rows)]) if on_rows else None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, axes = plt.subplots(1, 2 if moved else 1, figsize=(12 if moved else 7, 4),
+                             squeeze=False)
+    ax = axes[0][0]
     peaks = []
     for (label, samples), colour in zip(sampled, COLOURS, strict=False):
         usage = [v * 100 if v is not None else None for v in samples.kv_cache_usage_perc or []]
@@ -436,11 +476,36 @@ def kv_usage(book: Notebook, out: Path) -> Plot | None:
         seen = [u for u in usage if u is not None]
         if seen:
             peaks.append(f"{label} peaked at {max(seen):.0f}%")
-    question = "Was the device KV cache full while the load ran?"
+    question = "Was the device KV cache full while the load ran, and what did the tier move?"
     ax.set(xlabel="seconds into the run", ylabel="KV cache usage (%)", ylim=(0, 105),
-           title=question)
+           title="device KV cache usage")
     ax.legend(fontsize="small")
+    if moved:
+        _tier_panel(axes[0][1], moved)
+        peaks.append("the tier stored {:.2f} GB and read back {:.2f} GB (its size {:.2f} GB)"
+                     .format(*(v / 1e9 for v in moved.values())))
+    fig.suptitle(question)
     return _save(plt, fig, out / "kv-usage.png", question, "; ".join(peaks) or "not sampled")
+
+
+def _tier_moved(row: LoadRecord) -> dict[str, float] | None:
+    """What the tier-on run's host tier stored and read back (vLLM's counters over the run)
+    and its size, in bytes; None when this vLLM counted none."""
+    stored = row.metric_deltas.get("offload_store_bytes")
+    loaded = row.metric_deltas.get("offload_load_bytes")
+    planned = row.pressure.planned if row.pressure is not None else None
+    size = planned.host_tier_bytes if planned is not None else None
+    if stored is None or loaded is None or not size:
+        return None
+    return {"stored": float(stored), "read back": float(loaded), "tier size": float(size)}
+
+
+def _tier_panel(ax: Axes, moved: dict[str, float]) -> None:
+    bars = ax.bar(list(moved), [v / 1e9 for v in moved.values()],
+                  color=[COLOURS[0], COLOURS[2], "#999999"])
+    ax.bar_label(bars, labels=[f"{v / 1e9:,.2f} GB" for v in moved.values()])
+    ax.set(ylabel="GB over the run (vLLM's counters)", title="host tier traffic, tier on")
+    ax.set_ylim(0, max(moved.values()) / 1e9 * 1.15)
 
 
 def _save(plt: ModuleType, fig: Figure, path: Path, question: str, answer: str) -> Plot:
