@@ -36,7 +36,8 @@ def test_the_row_shows_the_oracle_beside_the_measured_hit_rate() -> None:
     (words,) = oracle_words(row)
     assert "3,000 of 10,000 prompt tokens cacheable, 2,800 reported cached" in words
     assert "left on the table 2.0%" in words and "never evicts: 7,000" in words
-    assert oracle_cell(LoadRecord(label="x", lab="pd", concurrency=4, requests=1), "28.0%") == "28.0%"
+    bare = LoadRecord(label="x", lab="pd", concurrency=4, requests=1)
+    assert oracle_cell(bare, "28.0%") == "28.0%"
 
 
 def test_the_tier_size_curve_is_drawn_from_the_tier_off_runs_oracle(tmp_path: Path) -> None:
@@ -57,3 +58,19 @@ def test_the_tier_size_curve_is_drawn_from_the_tier_off_runs_oracle(tmp_path: Pa
     found = plots["tier-size-oracle.png"]
     assert found.answer == ("the oracle reaches 90% of its gain (10.0% to 70.0% of prompt "
                             "tokens cached) with a tier of 2 device caches (70 blocks)")
+
+
+def test_in_flight_is_what_was_running_not_the_user_count() -> None:
+    """Twelve users who think between turns hold few requests in flight: the oracle keeps
+    those, not twelve (keeping twelve protected blocks the engine evicted: it over-predicted
+    the CPU demo's hits by 21 points)."""
+    from kvlab.loadgen.oracle_level import in_flight
+    from kvlab.records.requests import RequestLine
+
+    def line(i: int, sent: float, end: float) -> RequestLine:
+        return RequestLine(id=i, level=12, status="ok", sent_s=sent, end_s=end)
+
+    spaced = [line(i, i * 1.0, i * 1.0 + 0.5) for i in range(12)]
+    assert in_flight(spaced) == 1
+    overlapping = [line(i, i * 0.1, i * 0.1 + 0.25) for i in range(12)]
+    assert in_flight(overlapping) == 3

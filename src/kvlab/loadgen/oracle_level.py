@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from statistics import median
 
 import httpx
 
@@ -29,7 +30,8 @@ from kvlab.records.load import OracleLevel, TierPoint
 from kvlab.records.requests import RequestLine
 
 MODEL_WORDS = ("vLLM prefix cache as an LRU over whole blocks, one prompt token always "
-               "computed, the level's concurrency in flight; the cache taken as empty when the "
+               "computed, the requests in flight as measured (the median over the level of "
+               "those still running when one was sent); the cache taken as empty when the "
                "level starts; blocks of generated tokens not cached")
 IN_FLIGHT = 8  # tokenize calls at once
 CURVE = (0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0)  # tier sizes replayed, in device caches
@@ -75,8 +77,17 @@ async def tokenized(client: httpx.AsyncClient, root: str, model: str,
     return None if any(t is None for t in found) else [t for t in found if t is not None]
 
 
+def in_flight(sent: Sequence[RequestLine]) -> int:
+    """The median, over requests in sent order, of how many were running when each was sent
+    (itself included): what a user-session level holds in flight, which its user count is
+    not."""
+    counts = [1 + sum(1 for b in sent[:i] if (b.end_s or 0.0) > (a.sent_s or 0.0))
+              for i, a in enumerate(sent)]
+    return max(1, int(median(counts))) if counts else 1
+
+
 async def beside(client: httpx.AsyncClient, root: str, model: str, lines: list[RequestLine],
-                 prompts: Mapping[int, Prompt], snap: Snapshot | None, concurrency: int,
+                 prompts: Mapping[int, Prompt], snap: Snapshot | None,
                  tier_blocks: int = 0) -> OracleLevel | None:
     """The oracle for one level's `lines` (each gets its `oracle_cached_tokens`), or None
     when the engine's cache or a request's tokens cannot be known."""
@@ -89,7 +100,8 @@ async def beside(client: httpx.AsyncClient, root: str, model: str, lines: list[R
     if tokens is None:
         return None
     block, device = shape
-    cache = oracle.CacheModel(block, device, tier_blocks, concurrency=concurrency)
+    running = in_flight(sent)
+    cache = oracle.CacheModel(block, device, tier_blocks, concurrency=running)
     stream = oracle.prepare(tokens, block)
     predicted = oracle.replay(stream, cache)
     unbounded = oracle.infinite_cache(stream, cache)
@@ -103,7 +115,8 @@ async def beside(client: httpx.AsyncClient, root: str, model: str, lines: list[R
               for c in oracle.curve(stream, sizes, cache)]
     return OracleLevel(
         cache_model=MODEL_WORDS, block_tokens=block, device_blocks=device,
-        tier_blocks=tier_blocks, sizes_from=f"{vllm_facts.CACHE_CONFIG_INFO} after the level",
+        tier_blocks=tier_blocks, in_flight=running,
+        sizes_from=f"{vllm_facts.CACHE_CONFIG_INFO} after the level",
         tokens_from="the engine's /tokenize of each request's messages, chat template applied",
         requests=found.requests, prompt_tokens=found.prompt_tokens,
         predicted_cached_tokens=found.predicted_tokens,

@@ -282,7 +282,7 @@ class _Level:
         tier = spec.oracle_tier_tokens
         shape = oracle_level.cache_shape(after)
         own.oracle = await oracle_level.beside(
-            client, root.rstrip("/"), spec.model, lines, self.prompts, after, self.concurrency,
+            client, root.rstrip("/"), spec.model, lines, self.prompts, after,
             tier // shape[0] if shape else 0)
 
     def row_fields(self, warm: LevelResult | None, own: LevelOwn,

@@ -232,6 +232,8 @@ class OracleLevel(Strict):
     block_tokens: int
     device_blocks: int
     tier_blocks: int = 0
+    in_flight: int = Field(1, description="Requests the model keeps in flight (their blocks "
+                           "cannot be evicted), as measured.")
     sizes_from: str = Field(description="Where the block size and capacities came from.")
     tokens_from: str = Field(description="How each request's exact tokens were known.")
     requests: int = Field(description="Measured requests compared (ok, not warm-up).")
