@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from statistics import median
 
 import httpx
@@ -77,6 +78,14 @@ async def tokenized(client: httpx.AsyncClient, root: str, model: str,
     return None if any(t is None for t in found) else [t for t in found if t is not None]
 
 
+def _share(stream: list[oracle.Blocks], cache: oracle.CacheModel,
+           kept: list[int]) -> float | None:
+    """The oracle's hit share over the measured requests (`kept`), with `cache`."""
+    predicted = oracle.replay(stream, cache)
+    prompt = sum(predicted[i].prompt_tokens for i in kept)
+    return sum(predicted[i].cached_tokens for i in kept) / prompt if prompt else None
+
+
 def in_flight(sent: Sequence[RequestLine]) -> int:
     """The median, over requests in sent order, of how many were running when each was sent
     (itself included): what a user-session level holds in flight, which its user count is
@@ -110,9 +119,9 @@ async def beside(client: httpx.AsyncClient, root: str, model: str, lines: list[R
     measured = [(p, ln.cached_tokens, u) for ln, p, u in zip(sent, predicted, unbounded,
                                                              strict=True) if not ln.warmup]
     found = oracle.compare([p for p, _, _ in measured], [m for _, m, _ in measured])
-    sizes = sorted({round(device * x) for x in CURVE} | {tier_blocks})
-    points = [TierPoint(tier_blocks=c.tier_blocks, hit_share=c.hit_share)
-              for c in oracle.curve(stream, sizes, cache)]
+    kept = [i for i, ln in enumerate(sent) if not ln.warmup and ln.cached_tokens is not None]
+    points = [TierPoint(tier_blocks=size, hit_share=_share(stream, replace(
+        cache, tier_blocks=size), kept)) for size in sorted({round(device * x) for x in CURVE})]
     return OracleLevel(
         cache_model=MODEL_WORDS, block_tokens=block, device_blocks=device,
         tier_blocks=tier_blocks, in_flight=running,

@@ -215,8 +215,8 @@ class LevelFigures(Strict):
 
 
 class TierPoint(Strict):
-    """The oracle's hit share over a level's requests (warm-up included) had the engine had a
-    host tier of `tier_blocks` blocks: no engine ran it."""
+    """The oracle's hit share over a level's measured requests (the warm-up replayed before
+    them) had the engine had a host tier of `tier_blocks` blocks: no engine ran it."""
 
     tier_blocks: int
     hit_share: float | None = None
