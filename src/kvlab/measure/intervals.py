@@ -219,6 +219,23 @@ def draws(groups: list[Floats], rng: np.random.Generator, count: int) -> Floats:
     return np.asarray(picked, dtype=np.float64)
 
 
+def one_sample(values: Sequence[float], statistic: Callable[[Floats], Floats],
+               min_samples: int = MIN_SAMPLES, seed: int = SEED) -> tuple[float, float] | None:
+    """The percentile-bootstrap interval of `statistic` (of (draws, n) arrays, one value a
+    draw) over one sample, resampled as the ratios are (`draws`, chunked); None below
+    `min_samples` values."""
+    if len(values) < min_samples:
+        return None
+    data = np.asarray(values, dtype=np.float64)[:, None]
+    rng = np.random.default_rng(seed)
+    step = max(1, CHUNK_VALUES // len(data))
+    found = [statistic(draws([data], rng, min(step, RESAMPLES - at))[..., 0])
+             for at in range(0, RESAMPLES, step)]
+    tail = (1 - CONFIDENCE) / 2
+    low, high = np.quantile(np.concatenate(found), [tail, 1 - tail])
+    return float(low), float(high)
+
+
 def _bootstrap(metric: Metric, a: list[Floats], b: list[Floats], seed: int) -> Floats:
     """The ratio A / B of `metric` over `RESAMPLES` resamples (non-finite ratios dropped)."""
     rng = np.random.default_rng(seed)

@@ -541,19 +541,8 @@ class Comparison:
         return _share(self.left_tokens, self.prompt_tokens)
 
 
-def _mean_interval(values: Sequence[float]) -> tuple[float, float] | None:
-    """The percentile-bootstrap interval of the mean, resampling requests as `intervals`
-    does (its resampler, seed, resamples and confidence)."""
-    if len(values) < intervals.MIN_SAMPLES:
-        return None
-    data = np.asarray(values, dtype=np.float64)[:, None]
-    rng = np.random.default_rng(intervals.SEED)
-    step = max(1, intervals.CHUNK_VALUES // len(data))
-    means = [np.mean(intervals.draws([data], rng, min(step, intervals.RESAMPLES - at))[..., 0],
-                     axis=1) for at in range(0, intervals.RESAMPLES, step)]
-    tail = (1 - intervals.CONFIDENCE) / 2
-    low, high = np.quantile(np.concatenate(means), [tail, 1 - tail])
-    return float(low), float(high)
+def _means(draws: intervals.Floats) -> intervals.Floats:
+    return np.asarray(np.mean(draws, axis=1), dtype=np.float64)
 
 
 SHORTFALL = 0.05  # measured below the oracle by more than this share of the prompt tokens:
@@ -585,7 +574,7 @@ def compare(predicted: Sequence[Prediction], measured: Sequence[int | None]) -> 
                  for p, m in zip(predicted, measured, strict=True))
     kept = [g for g in gaps if g.measured is not None and g.prompt_tokens]
     shares = [g.left_share for g in kept if g.left_share is not None]
-    found = _mean_interval(shares)
+    found = intervals.one_sample(shares, _means)
     return Comparison(
         gaps=gaps, requests=len(kept), prompt_tokens=sum(g.prompt_tokens for g in kept),
         predicted_tokens=sum(g.predicted for g in kept),

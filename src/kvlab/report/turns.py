@@ -51,14 +51,10 @@ def p50(values: list[float]) -> float | None:
     return float(np.median(values)) if values else None
 
 
-def median_interval(values: list[float], seed: int = intervals.SEED
-                    ) -> tuple[float, float] | None:
+def _medians(draws: intervals.Floats) -> intervals.Floats:
+    return np.asarray(np.nanmedian(draws, axis=1), dtype=np.float64)
+
+
+def median_interval(values: list[float]) -> tuple[float, float] | None:
     """A 95% bootstrap interval for the median of `values` (None: fewer than 3)."""
-    if len(values) < 3:
-        return None
-    rng = np.random.default_rng(seed)
-    data = np.asarray(values, dtype=np.float64).reshape(-1, 1)
-    medians = np.nanmedian(intervals.draws([data], rng, intervals.RESAMPLES)[..., 0], axis=1)
-    tail = (1 - intervals.CONFIDENCE) / 2 * 100
-    low, high = np.percentile(medians, [tail, 100 - tail])
-    return float(low), float(high)
+    return intervals.one_sample(values, _medians, min_samples=3)
