@@ -22,8 +22,8 @@ from statistics import median
 
 import httpx
 
-from kvlab.engines.http import post_json
 from kvlab.engines.vllm import facts as vllm_facts
+from kvlab.engines.vllm.adapter import cache_blocks, tokenize_chat
 from kvlab.measure import oracle
 from kvlab.measure.workloads import Prompt
 from kvlab.observe.metrics import Snapshot
@@ -39,32 +39,6 @@ CURVE = (0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0)  # tier sizes replayed, in device ca
 NULL_BLOCKS = 1
 
 
-def cache_shape(snap: Snapshot | None) -> tuple[int, int] | None:
-    """(block tokens, usable device blocks) from vLLM's cache config gauge, or None. vLLM
-    keeps one of its `num_gpu_blocks` as the null block, which never holds a prompt."""
-    if snap is None:
-        return None
-    info = vllm_facts.CACHE_CONFIG_INFO
-    block = snap.label_value(info, "block_size")
-    blocks = snap.label_value(info, "num_gpu_blocks")
-    size = snap.label_value(info, "kv_cache_size_tokens")
-    if not block or not block.isdigit():
-        return None
-    if blocks and blocks.isdigit():
-        return int(block), max(0, int(blocks) - NULL_BLOCKS)
-    if size and size.isdigit():
-        return int(block), int(size) // int(block)
-    return None
-
-
-async def _tokens(client: httpx.AsyncClient, root: str, model: str,
-                  prompt: Prompt) -> list[int] | None:
-    body = {"model": model, "messages": prompt.as_messages(), "add_generation_prompt": True}
-    answer = await post_json(client, root + vllm_facts.TOKENIZE_PATH, body)
-    tokens = answer.get("tokens") if answer else None
-    return [int(t) for t in tokens] if isinstance(tokens, list) else None
-
-
 async def tokenized(client: httpx.AsyncClient, root: str, model: str,
                     prompts: Sequence[Prompt]) -> list[list[int]] | None:
     """Every prompt's tokens as the engine counts them (None: one could not be had)."""
@@ -72,7 +46,7 @@ async def tokenized(client: httpx.AsyncClient, root: str, model: str,
 
     async def one(p: Prompt) -> list[int] | None:
         async with gate:
-            return await _tokens(client, root, model, p)
+            return await tokenize_chat(client, root, model, p.as_messages())
 
     found = await asyncio.gather(*(one(p) for p in prompts))
     return None if any(t is None for t in found) else [t for t in found if t is not None]
@@ -100,7 +74,7 @@ async def beside(client: httpx.AsyncClient, root: str, model: str, lines: list[R
                  tier_blocks: int = 0) -> OracleLevel | None:
     """The oracle for one level's `lines` (each gets its `oracle_cached_tokens`), or None
     when the engine's cache or a request's tokens cannot be known."""
-    shape = cache_shape(snap)
+    shape = cache_blocks(snap)
     sent = sorted((ln for ln in lines if ln.sent_s is not None and ln.status == "ok"
                    and ln.prompt_index in prompts), key=lambda ln: ln.sent_s or 0.0)
     if shape is None or not sent:

@@ -42,6 +42,7 @@ import httpx
 
 from kvlab.engines.base import VLLM
 from kvlab.engines.registry import evidence_deltas
+from kvlab.engines.vllm.adapter import cache_blocks
 from kvlab.loadgen import oracle_level, perrequest, returning, sessions, stats
 from kvlab.loadgen import trace as trace_replay
 from kvlab.loadgen.client import Endpoint
@@ -280,7 +281,7 @@ class _Level:
             return
         root = spec.tokenize_url or spec.base_url.removesuffix("/v1")
         tier = spec.oracle_tier_tokens
-        shape = oracle_level.cache_shape(after)
+        shape = cache_blocks(after)
         own.oracle = await oracle_level.beside(
             client, root.rstrip("/"), spec.model, lines, self.prompts, after,
             tier // shape[0] if shape else 0)

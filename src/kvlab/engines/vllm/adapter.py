@@ -84,12 +84,40 @@ class VllmEngine:
         return True
 
     def cache_size(self, snap: Snapshot) -> int | None:
-        size = snap.label_value(facts.CACHE_CONFIG_INFO, "kv_cache_size_tokens")
-        return int(size) if size and size.isdigit() else None
+        return _cache_label(snap, "kv_cache_size_tokens")
 
     async def tokenize(self, client: httpx.AsyncClient, root: str, text: str) -> list[int] | None:
         body = await post_json(client, root + facts.TOKENIZE_PATH, facts.tokenize_text_body(text))
         return token_list(body)
+
+
+async def tokenize_chat(client: httpx.AsyncClient, root: str, model: str,
+                        messages: list[dict[str, str]]) -> list[int] | None:
+    """A chat request's tokens as the server counts them (template applied), or None."""
+    body = await post_json(client, root + facts.TOKENIZE_PATH,
+                           facts.tokenize_messages_body(model, messages))
+    return token_list(body)
+
+
+def cache_blocks(snap: Snapshot | None) -> tuple[int, int] | None:
+    """(block tokens, blocks that can hold a prompt) from the cache config gauge, or None:
+    `num_gpu_blocks` less the null block, else the cache's tokens in whole blocks."""
+    if snap is None:
+        return None
+    block = _cache_label(snap, "block_size")
+    blocks = _cache_label(snap, "num_gpu_blocks")
+    tokens = _cache_label(snap, "kv_cache_size_tokens")
+    if not block:
+        return None
+    if blocks is not None:
+        return block, max(0, blocks - facts.NULL_BLOCKS)
+    return (block, tokens // block) if tokens is not None else None
+
+
+def _cache_label(snap: Snapshot, label: str) -> int | None:
+    """An integer label of vLLM's cache config gauge, or None."""
+    value = snap.label_value(facts.CACHE_CONFIG_INFO, label)
+    return int(value) if value and value.isdigit() else None
 
 
 def argv_facts(argv: list[str], out: InstanceFacts) -> None:
@@ -124,13 +152,11 @@ def _store(config_json: str | None) -> str:
 
 def _cache_config(snap: Snapshot, out: InstanceFacts) -> None:
     info = facts.CACHE_CONFIG_INFO
-    block = snap.label_value(info, "block_size")
-    out.block_size = int(block) if block and block.isdigit() else None
+    out.block_size = _cache_label(snap, "block_size")
     out.cache_dtype = snap.label_value(info, "cache_dtype")
     caching = snap.label_value(info, "enable_prefix_caching")
     out.prefix_caching = None if caching is None else caching == "True"
-    size = snap.label_value(info, "kv_cache_size_tokens")
-    out.kv_cache_tokens = int(size) if size and size.isdigit() else None
+    out.kv_cache_tokens = _cache_label(snap, "kv_cache_size_tokens")
 
 
 VLLM_ENGINE = VllmEngine()

@@ -105,6 +105,15 @@ def tokenize_text_body(text: str) -> dict[str, object]:
     return {"prompt": text, "add_special_tokens": False}
 
 
+def tokenize_messages_body(model: str, messages: list[dict[str, str]]) -> dict[str, object]:
+    """/tokenize of a chat request as the server will see it: its template applied, the
+    generation prompt added."""
+    return {"model": model, "messages": messages, "add_generation_prompt": True}
+
+
+NULL_BLOCKS = 1  # of num_gpu_blocks, the null block vLLM keeps that never holds a prompt
+
+
 # --- flags read from a running instance's command line (`kvlab check`) ----------------------
 # vLLM 0.32 exposes no weight dtype or connector on HTTP (/server_info needs dev mode), so for
 # an instance on this machine kvlab reads them from the process that listens on its port.
