@@ -228,3 +228,26 @@ def test_the_tier_curve_never_falls_and_matches_a_replay_per_size() -> None:
     unbounded = oracle.curve(stream, [0, 50], cache(None))
     assert unbounded[0] == oracle.CurvePoint(0, unbounded[1].cached_tokens,
                                              unbounded[1].hit_share)
+
+
+def test_a_curve_over_some_requests_counts_only_those() -> None:
+    """The level hook counts the measured requests, the warm-up replayed but not counted:
+    the curve over a subset equals each size's replay summed over that subset."""
+    from dataclasses import replace  # noqa: PLC0415
+
+    rng = random.Random(3)
+    stream: list[list[int]] = []
+    for _ in range(40):
+        base = [rng.randrange(50) for _ in range(rng.randrange(10, 80))]
+        for _ in range(4):
+            base = base + [rng.randrange(50) for _ in range(rng.randrange(5, 40))]
+            stream.append(list(base))
+    rng.shuffle(stream)
+    blocks = oracle.prepare(stream, 4)
+    kept = [i for i in range(len(blocks)) if i % 3]
+    for concurrency in (1, 5):
+        cache = oracle.CacheModel(4, 60, concurrency=concurrency)
+        for size in (0, 30, 60, 120):
+            p = oracle.replay(blocks, replace(cache, tier_blocks=size))
+            want = sum(p[i].cached_tokens for i in kept) / sum(p[i].prompt_tokens for i in kept)
+            assert oracle.curve(blocks, [size], cache, kept)[0].hit_share == pytest.approx(want)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from statistics import median
 
 import httpx
@@ -50,14 +49,6 @@ async def tokenized(client: httpx.AsyncClient, root: str, model: str,
 
     found = await asyncio.gather(*(one(p) for p in prompts))
     return None if any(t is None for t in found) else [t for t in found if t is not None]
-
-
-def _share(stream: list[oracle.Blocks], cache: oracle.CacheModel,
-           kept: list[int]) -> float | None:
-    """The oracle's hit share over the measured requests (`kept`), with `cache`."""
-    predicted = oracle.replay(stream, cache)
-    prompt = sum(predicted[i].prompt_tokens for i in kept)
-    return sum(predicted[i].cached_tokens for i in kept) / prompt if prompt else None
 
 
 def in_flight(sent: Sequence[RequestLine]) -> int:
@@ -94,8 +85,9 @@ async def beside(client: httpx.AsyncClient, root: str, model: str, lines: list[R
                                                              strict=True) if not ln.warmup]
     found = oracle.compare([p for p, _, _ in measured], [m for _, m, _ in measured])
     kept = [i for i, ln in enumerate(sent) if not ln.warmup and ln.cached_tokens is not None]
-    points = [TierPoint(tier_blocks=size, hit_share=_share(stream, replace(
-        cache, tier_blocks=size), kept)) for size in sorted({round(device * x) for x in CURVE})]
+    sizes = sorted({round(device * x) for x in CURVE})
+    points = [TierPoint(tier_blocks=c.tier_blocks, hit_share=c.hit_share)
+              for c in oracle.curve(stream, sizes, cache, kept)]
     return OracleLevel(
         cache_model=MODEL_WORDS, block_tokens=block, device_blocks=device,
         tier_blocks=tier_blocks, in_flight=running,

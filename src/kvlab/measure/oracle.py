@@ -480,18 +480,20 @@ class CurvePoint:
     hit_share: float | None
 
 
-def curve(stream: Iterable[Blocks | Sequence[int]], sizes: Sequence[int], cache: CacheModel
-          ) -> list[CurvePoint]:
-    """The hit share at each tier size (blocks), `cache`'s device and rules otherwise: one
-    stack pass for all sizes where it applies (on_evict, concurrency 1), else one replay per
-    size; the stream is hashed once."""
+def curve(stream: Iterable[Blocks | Sequence[int]], sizes: Sequence[int], cache: CacheModel,
+          counted: Sequence[int] | None = None) -> list[CurvePoint]:
+    """The hit share at each tier size (blocks), `cache`'s device and rules otherwise, over
+    the requests at `counted` (None: all; the others are replayed but not counted, as a
+    warm-up is): one stack pass for all sizes where it applies (on_evict, concurrency 1),
+    else one replay per size; the stream is hashed once."""
     requests = prepare(stream, cache.block_tokens)
-    prompt = sum(r.prompt_tokens for r in requests)
+    kept = list(range(len(requests))) if counted is None else list(counted)
+    prompt = sum(requests[i].prompt_tokens for i in kept)
     depths = _depths_for(requests, cache)
     out = []
     for size in sizes:
         hits = _hit_blocks(requests, replace(cache, tier_blocks=size), depths)
-        cached = sum(int(h.sum()) for h in hits) * cache.block_tokens
+        cached = sum(int(h[kept].sum()) for h in hits) * cache.block_tokens
         out.append(CurvePoint(size, cached, _share(cached, prompt)))
     return out
 
