@@ -233,7 +233,7 @@ def test_the_tier_curve_never_falls_and_matches_a_replay_per_size() -> None:
 def test_a_curve_over_some_requests_counts_only_those() -> None:
     """The level hook counts the measured requests, the warm-up replayed but not counted:
     the curve over a subset equals each size's replay summed over that subset."""
-    from dataclasses import replace  # noqa: PLC0415
+    from dataclasses import replace
 
     rng = random.Random(3)
     stream: list[list[int]] = []
