@@ -145,8 +145,9 @@ def _own(record: Record) -> tuple[str | None, str | None, str | None]:
     return None, None, None
 
 
-def measured_on(book: Notebook, record: Record) -> str:
-    """Engine, version, model, context and memory fraction from the run's startup line."""
+def startup_of(book: Notebook, record: Record) -> StartupRecord | None:
+    """The startup line of the engine a record measured: its run's, of its label (or of a
+    split's engines)."""
     run_id, label = record.run_id, record.label
     same_run = [r for r in book.of(StartupRecord) if run_id is None or r.run_id == run_id]
     loopback = isinstance(record, Where) and record.topology == LOOPBACK
@@ -154,11 +155,15 @@ def measured_on(book: Notebook, record: Record) -> str:
         [r for r in same_run if r.label.startswith(label + "-") and r.engine in ENGINE_NAMES] or \
         [r for r in same_run if run_id is not None and r.label.endswith("-decode")
          and loopback]  # a split whose engines carry older names
+    return starts[-1] if starts else None
+
+
+def measured_on(book: Notebook, record: Record) -> str:
+    """Engine, version, model, context and memory fraction from the run's startup line."""
     parts = []
     model, engine, version = _own(record)
     fixed = fixed_kv_bytes(record)
-    if starts:
-        s = starts[-1]
+    if (s := startup_of(book, record)) is not None:
         model = s.model or model
         ctx, fraction = _sizing(s)
         parts.append(f"{s.engine} {s.engine_version}")

@@ -26,7 +26,6 @@ from kvlab.records.models import (
     LoadRecord,
     ProofRecord,
     ReuseRecord,
-    StartupRecord,
 )
 from kvlab.records.notebook import Notebook
 from kvlab.records.rows import (
@@ -53,6 +52,7 @@ from kvlab.report.common import (
     oracle_words,
     pct,
     said,
+    startup_of,
 )
 from kvlab.report.turns import median_interval, p50, turns
 
@@ -254,9 +254,8 @@ def _median_cell(values: list[float]) -> str:
 def memory_kind(book: Notebook, r: LoadRecord) -> str | None:
     """Which memory the run's engine had, from its startup line: on unified memory the host
     tier is the same memory as the device's, so it may buy much less."""
-    starts = [s for s in book.of(StartupRecord)
-              if s.run_id == r.run_id and (s.label == r.label or r.label.startswith(s.label + "-"))]
-    kind = starts[-1].memory_kind if starts else None
+    start = startup_of(book, r)
+    kind = start.memory_kind if start is not None else None
     if kind is None:
         return None
     if kind == "unified":
