@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kvlab.measure import compare, intervals
+from kvlab.records.evidence import Percentiles
 from kvlab.records.models import (
     BoundaryRecord,
     CapacityRecord,
@@ -235,9 +236,9 @@ def by_concurrency(book: Notebook, out: Path, base: str, other: str) -> Plot | N
     where = {lv: i for i, lv in enumerate(levels)}  # levels are categories, not a scale
     for (label, rows), colour in zip(series.items(), COLOURS, strict=False):
         xs = [where[c] for c in sorted(rows)]
-        ax1.plot(xs, [_p(rows[c].ttft_s) for c in sorted(rows)], _style(len(xs)),
+        ax1.plot(xs, [_p50(rows[c].ttft_s) for c in sorted(rows)], _style(len(xs)),
                  label=label, color=colour)
-        ax2.plot(xs, [_p(rows[c].tpot_s) for c in sorted(rows)], _style(len(xs)),
+        ax2.plot(xs, [_p50(rows[c].tpot_s) for c in sorted(rows)], _style(len(xs)),
                  label=label, color=colour)
     ax1.set(ylabel="TTFT p50 (s)", title="TTFT p50")
     ax2.set(ylabel="TPOT p50 (s)", title="TPOT p50")
@@ -253,8 +254,8 @@ def by_concurrency(book: Notebook, out: Path, base: str, other: str) -> Plot | N
     return _save(plt, fig, out / f"{base}-vs-{other}.png", question, answer)
 
 
-def _p(p: object) -> float | None:
-    return getattr(p, "p50", None)
+def _p50(p: Percentiles | None) -> float | None:
+    return p.p50 if p is not None else None
 
 
 def _ratio_panel(ax: Axes, book: Notebook, base: str, other: str,
