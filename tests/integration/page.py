@@ -54,7 +54,7 @@ class Seen:
     external: list[str]
 
 
-def browser_or_skip() -> str:
+def chromium() -> str:
     if not Path(CHROMIUM).is_file() and shutil.which("chromium") is None:
         pytest.fail(f"no Chromium at {CHROMIUM}: .ci/run installs Debian's chromium package "
                     "(apt-get install chromium)")
@@ -66,7 +66,7 @@ def check(page_path: Path, screenshot: Path | None = None) -> Seen:
 
     errors: list[str] = []
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=browser_or_skip(), args=FLAGS)
+        browser = p.chromium.launch(executable_path=chromium(), args=FLAGS)
         try:
             page = browser.new_page(viewport=SCREEN)
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)

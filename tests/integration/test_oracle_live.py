@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from integration.conftest import serve_baseline
-from integration.test_workloads_live import SMALL_CACHE_BYTES, roomy, users  # noqa: F401
+from integration.test_workloads_live import SMALL_CACHE_BYTES, users
 from kvlab.engines import vllm
 from kvlab.engines.models import TinyModels
 from kvlab.loadgen.sweep import run_sweep
@@ -40,7 +40,7 @@ def assert_close(book: Path, row: LoadRecord) -> None:
 
 
 async def test_the_oracle_predicts_the_hits_of_a_roomy_and_a_small_cache(
-        roomy: str, tiny_models: TinyModels, vllm_install: vllm.VllmInstall,  # noqa: F811
+        roomy: str, tiny_models: TinyModels, vllm_install: vllm.VllmInstall,
         tmp_path: Path) -> None:
     book = tmp_path / "labbook.md"
     held = (await run_sweep(users(roomy, book, "roomy"))).rows[0]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -31,14 +30,6 @@ pytestmark = pytest.mark.vllm
 SERVED = "local-chat"
 BLOCK = 128
 SMALL_CACHE_BYTES = 36 * BLOCK * 2048  # the tiny model's KV is 2,048 bytes a token
-
-
-@pytest.fixture(scope="module")
-async def roomy(tiny_models: TinyModels, vllm_install: vllm.VllmInstall,
-                tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
-    async for url in serve_baseline(tiny_models, vllm_install,
-                            tmp_path_factory.mktemp("roomy") / "vllm.log"):
-        yield url
 
 
 def users(url: str, book: Path, label: str) -> LoadSpec:
