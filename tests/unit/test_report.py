@@ -463,3 +463,25 @@ def test_an_interference_row_without_tpot_is_n_a_not_a_crash(tmp_path: Path) -> 
     table = pd_table(notebook.read(path))
     cells = next(r for r in table.rows if r[0].startswith("llama-server, 4 slots"))
     assert cells[2] == "0.200 vs 0.200" and "n/a" in cells[3]
+
+
+def test_the_tiers_traffic_is_drawn_over_time_beside_the_device_cache(tmp_path: Path) -> None:
+    """A tier-on run that sampled vLLM's offload counters: the KV-usage plot draws what the
+    tier wrote and read back over the run, not only the totals."""
+    from kvlab.records.load import KvSamples
+
+    book = tmp_path / "labbook.md"
+    times = [0.0, 1.0, 2.0, 3.0]
+    for label, tier in (("offload-off-load", 0), ("offload-on-load", 4 * 2**30)):
+        samples = KvSamples(t_s=times, kv_cache_usage_perc=[0.5, 0.97, 0.99, 0.9],
+                            **({"offload_store_bytes": [0.0, 1e9, 2e9, 3e9],
+                                "offload_load_bytes": [0.0, 0.0, 1e9, 2e9]} if tier else {}))
+        row = _load(label, 8, 0.2, run_id="t", kv_usage_samples=samples,
+                    pressure=Pressure(state="under pressure",
+                                      planned=plan(host_tier_bytes=tier or None)),
+                    metric_deltas={"offload_store_bytes": 3e9,
+                                   "offload_load_bytes": 2e9} if tier else {})
+        notebook.append(book, row.model_copy(update={"lab": LAB_O}))
+    found = {p.path.name: p for p in build(book, tmp_path / "plots").plots}["kv-usage.png"]
+    assert "host tier traffic over time" in found.svg
+    assert "the tier stored 3.00 GB and read back 2.00 GB" in found.answer

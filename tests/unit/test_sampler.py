@@ -193,3 +193,30 @@ async def test_an_unreachable_page_gives_no_readings() -> None:
             await asyncio.sleep(0.5)
     assert samples.points == []
     assert samples.peak("kv_cache_usage_perc") is None
+
+
+def tier_page(i: int) -> str:
+    """The real page with the host tier's byte counters (after everything else, as vLLM puts
+    its counters after the gauges, in its spelling) at i GB written and i/2 GB read back."""
+    lines = [f"# TYPE vllm:kv_offload_{way}_bytes_total counter\n"
+             f'vllm:kv_offload_{way}_bytes_total{{engine="0"}} {value}\n'
+             for way, value in (("store", i * 1e9), ("load", i * 0.5e9))]
+    return page_with(i / 8, i, 2 * i) + "".join(lines)
+
+
+async def test_a_tier_on_run_samples_what_the_tier_moved() -> None:
+    s = PageServer([tier_page(i) for i in range(1, 5)])
+    s.thread.start()
+    try:
+        with leaves_nothing_behind():
+            async with sampling(s.url, {**GAUGES, **facts.TIER_SERIES}, INTERVAL_S) as samples:
+                await readings(samples, 4)
+    finally:
+        s.httpd.shutdown()
+        s.httpd.server_close()
+        s.thread.join()
+    got = samples.as_record()
+    assert got.offload_store_bytes is not None and got.offload_load_bytes is not None
+    assert got.offload_store_bytes[:4] == [1e9, 2e9, 3e9, 4e9]
+    assert got.offload_load_bytes[:4] == [0.5e9, 1e9, 1.5e9, 2e9]
+    assert got.kv_cache_usage_perc is not None and got.kv_cache_usage_perc[:2] == [0.125, 0.25]

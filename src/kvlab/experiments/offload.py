@@ -29,6 +29,7 @@ from kvlab.engines.base import VLLM, Support
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import free_port
 from kvlab.engines.registry import engine_for
+from kvlab.engines.vllm import facts as vllm_facts
 from kvlab.experiments import repeats
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.pressure_plan import TURNS, PressurePlan, plan_pressure
@@ -184,7 +185,10 @@ async def _pressure_rows(lab: Lab, load: LoadSpec, metrics_url: str,
     """One pressure run's rows, each with the pressure planned and reached."""
     from kvlab.loadgen.sweep import run_sweep
 
-    async with sampling(metrics_url, engine_for(VLLM).gauges) as samples:
+    gauges = engine_for(VLLM).gauges
+    if planned.host_tier_bytes:  # what the tier moved, over time
+        gauges = {**gauges, **vllm_facts.TIER_SERIES}
+    async with sampling(metrics_url, gauges) as samples:
         result = await run_sweep(load, api_key=lab.api_key())
     rows: list[Record] = []
     for row in result.rows:

@@ -70,7 +70,9 @@ class Samples:
         return KvSamples(t_s=[round(t, 2) for t, _ in self.points],
                          kv_cache_usage_perc=series("kv_cache_usage_perc"),
                          requests_running=series("requests_running"),
-                         requests_waiting=series("requests_waiting"))
+                         requests_waiting=series("requests_waiting"),
+                         offload_store_bytes=series("offload_store_bytes"),
+                         offload_load_bytes=series("offload_load_bytes"))
 
 
 @contextlib.asynccontextmanager

@@ -169,6 +169,10 @@ class KvSamples(Strict):
     kv_cache_usage_perc: list[float | None] | None = None
     requests_running: list[float | None] | None = None
     requests_waiting: list[float | None] | None = None
+    offload_store_bytes: list[float | None] | None = Field(None, description="The host "
+                                                           "tier's bytes written, cumulative.")
+    offload_load_bytes: list[float | None] | None = Field(None, description="The host tier's "
+                                                          "bytes read back, cumulative.")
 
 
 class RunContext(Where, KvType):

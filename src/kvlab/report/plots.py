@@ -30,6 +30,7 @@ import numpy as np
 
 from kvlab.measure import compare, intervals
 from kvlab.records.evidence import Percentiles
+from kvlab.records.load import KvSamples
 from kvlab.records.models import (
     BoundaryRecord,
     CapacityRecord,
@@ -464,7 +465,9 @@ def kv_usage(book: Notebook, out: Path) -> Plot | None:
     if not sampled:
         return None
     on_rows = pair[PRESSURE_ON.label]
-    moved = _tier_moved(on_rows[max(on_rows)]) if on_rows else None
+    on_row = on_rows[max(on_rows)] if on_rows else None
+    moved = _tier_moved(on_row) if on_row is not None else None
+    traffic = _tier_series(on_row.kv_usage_samples) if on_row is not None else None
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2 if moved else 1, figsize=(12 if moved else 7, 4),
                              squeeze=False)
@@ -482,7 +485,10 @@ def kv_usage(book: Notebook, out: Path) -> Plot | None:
            title="device KV cache usage")
     ax.legend(fontsize="small")
     if moved:
-        _tier_panel(axes[0][1], moved)
+        if traffic:
+            _traffic_panel(axes[0][1], traffic, moved["tier size"])
+        else:
+            _tier_panel(axes[0][1], moved)
         peaks.append("the tier stored {:.2f} GB and read back {:.2f} GB (its size {:.2f} GB)"
                      .format(*(v / 1e9 for v in moved.values())))
     fig.suptitle(question)
@@ -499,6 +505,35 @@ def _tier_moved(row: LoadRecord) -> dict[str, float] | None:
     if stored is None or loaded is None or not size:
         return None
     return {"stored": float(stored), "read back": float(loaded), "tier size": float(size)}
+
+
+def _tier_series(samples: KvSamples | None
+                 ) -> dict[str, tuple[list[float], list[float]]] | None:
+    """The tier's bytes written and read back over the run (GB since its first sample),
+    where the run sampled vLLM's offload counters."""
+    if samples is None:
+        return None
+    found = {}
+    for name, series in (("written to the tier", samples.offload_store_bytes),
+                         ("read back", samples.offload_load_bytes)):
+        kept = [(t, v) for t, v in zip(samples.t_s, series or [], strict=False)
+                if v is not None]
+        if len(kept) > 1:
+            first = kept[0][1]
+            found[name] = ([t for t, _ in kept], [(v - first) / 1e9 for _, v in kept])
+    return found or None
+
+
+def _traffic_panel(ax: Axes, traffic: dict[str, tuple[list[float], list[float]]],
+                   size: float) -> None:
+    for (name, (times, gb)), colour in zip(traffic.items(), (COLOURS[0], COLOURS[2]),
+                                           strict=False):
+        ax.plot(times, gb, "-", label=name, color=colour)
+    ax.axhline(size / 1e9, color="#999999", linestyle="--", label="the tier's size")
+    ax.set(xlabel="seconds into the run", ylabel="GB since the run began (vLLM's counters)",
+           title="host tier traffic over time, tier on")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize="small")
 
 
 def _tier_panel(ax: Axes, moved: dict[str, float]) -> None:

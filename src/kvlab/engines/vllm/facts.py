@@ -91,6 +91,10 @@ EVIDENCE_GAUGES: dict[str, tuple[str, ...]] = {
     "requests_running": (RUNNING,),
     "requests_waiting": (WAITING,),
 }
+# the host tier's byte counters, sampled through a tier-on run beside the gauges (they come
+# after the histograms on the page, so a sampler that reads them parses most of it)
+TIER_SERIES: dict[str, tuple[str, ...]] = {
+    key: (family,) for key, (family, _) in OFFLOAD_COUNTERS.items() if key.endswith("_bytes")}
 
 # --- endpoints kvlab probes, and the KV block -----------------------------------------------
 VERSION_PATH = "/version"  # {"version": "0.32.0"}
