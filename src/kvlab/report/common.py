@@ -186,10 +186,13 @@ def measured_on(book: Notebook, record: Record) -> str:
 
 
 def oracle_cell(row: LoadRecord, measured: str) -> str:
-    """A hit-rate cell with the oracle's share beside it, where the level has one."""
+    """A hit-rate cell with the oracle beside it, where the level has one: the share of the
+    measured requests' prompt tokens they reported cached against the oracle's, one basis
+    (the counters' hit rate before it also counts the warm-up and the tier apart)."""
     o = row.oracle
-    share = o.predicted_share if o is not None else None
-    return measured if share is None else f"{measured} (oracle {share:.1%})"
+    if o is None or o.predicted_share is None or o.measured_share is None:
+        return measured
+    return f"{measured}; requests {o.measured_share:.1%}, oracle {o.predicted_share:.1%}"
 
 
 def oracle_words(row: LoadRecord) -> list[str]:

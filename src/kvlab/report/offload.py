@@ -184,7 +184,7 @@ def _pressure_row(book: Notebook, row: Row, *, smaller_tier: bool = False) -> Li
     planned = p.planned if p is not None else None
     reached = p.reached if p is not None else None
     rate = r.prefix_hit_rate
-    hit = oracle_cell(r, pct(rate)) if rate is not None else "not recorded"
+    hit = pct(rate) if rate is not None else "not recorded"
     reusable = planned.reusable_fraction if planned is not None else None
     peak = reached.peak_kv_cache_usage if reached is not None else None
     evidence = [
@@ -204,6 +204,7 @@ def _pressure_row(book: Notebook, row: Row, *, smaller_tier: bool = False) -> Li
         evidence.insert(1, f"the tier served {float(recalled):,.0f} prompt tokens"
                         + (f" ({float(recalled) * float(per_token):,.0f} bytes)" if per_token
                            else ""))
+    hit = oracle_cell(r, hit) if rate is not None else hit
     engine_side = tier_transfers(r.metric_deltas)
     if engine_side:
         evidence.insert(1, engine_side)

@@ -401,7 +401,8 @@ def _bytes_of(c: ComparisonRecord, source: str) -> float | None:
 def tier_curve(book: Notebook, out: Path) -> Plot | None:
     """The oracle's hit share against host-tier size, replayed from the newest tier-off run
     under pressure; the measured hit shares of the runs at their tier sizes beside it."""
-    off = compare.tier_sides(book.records)[PRESSURE_OFF.label]
+    sides = compare.tier_sides(book.records)
+    off, on = sides[PRESSURE_OFF.label], sides[PRESSURE_ON.label]
     row = off[max(off)] if off else None
     o = row.oracle if row is not None else None
     points = [(p.tier_blocks, p.hit_share) for p in (o.tier_curve if o else [])
@@ -416,12 +417,21 @@ def tier_curve(book: Notebook, out: Path) -> Plot | None:
     if o.measured_share is not None:
         ax.plot([0], [o.measured_share * 100], "s", color=COLOURS[1],
                 label="measured, tier off")
+    tier_on = on[max(on)].oracle if on else None
+    measured_on = ""
+    if tier_on is not None and tier_on.tier_blocks and tier_on.measured_share is not None:
+        at = tier_on.tier_blocks / o.device_blocks
+        ax.plot([at], [tier_on.measured_share * 100], "D", color=COLOURS[2],
+                label="measured, tier on")
+        measured_on = (f"; measured with the tier on ({at:.1f} device caches): "
+                       f"{tier_on.measured_share:.1%}")
     question = "How much host tier would this workload use? (the tier-off run replayed)"
     ax.set(xlabel="host tier, in device caches", ylabel="prompt tokens cached (%)",
            title=question)
     ax.set_ylim(0, 100)
     ax.legend(fontsize="small")
-    return _save(plt, fig, out / "tier-size-oracle.png", question, _enough(points, o.device_blocks))
+    return _save(plt, fig, out / "tier-size-oracle.png", question,
+                 _enough(points, o.device_blocks) + measured_on)
 
 
 def _enough(points: list[tuple[int, float]], device: int) -> str:
