@@ -25,6 +25,7 @@ from kvlab.report.common import CELL_LIMIT
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 NOTEBOOKS = {"h200-redo": DOCS / "validation" / "h200-redo" / "notebook.jsonl",
              "h200-x2-ray": DOCS / "validation" / "h200-x2-ray" / "notebook.jsonl",
+             "h200-oracle": DOCS / "validation" / "h200-oracle" / "notebook.jsonl",
              "cpu-demo": DOCS / "examples" / "cpu-demo" / "notebook.jsonl"}
 
 
