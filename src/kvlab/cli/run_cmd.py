@@ -32,6 +32,7 @@ from kvlab.experiments.args import (
     DisaggArgs,
     DiskArgs,
     InterferenceArgs,
+    LlamaTiersArgs,
     OffloadArgs,
     PlannedArgs,
     RunArgs,
@@ -115,6 +116,16 @@ def interference(ctx: click.Context, args: InterferenceArgs, as_json: bool) -> N
                              book)
 
     _run(ctx, "interference", args, as_json, draw)
+
+
+@run_group.command("llama-tiers")
+@arguments(LlamaTiersArgs)
+@json_option
+@click.pass_context
+def llama_tiers(ctx: click.Context, args: LlamaTiersArgs, as_json: bool) -> None:
+    """llama.cpp's tasks 2 and 3: prompt caching off/on, the RAM cache under pressure, q8_0
+    against f16 KV in the same memory (one llama-server at a time)."""
+    _run(ctx, "llama-tiers", args, as_json)
 
 
 @run_group.command("shared-slots")

@@ -42,6 +42,9 @@ EXPERIMENTS: dict[str, Registered] = {e.name: e for e in (
     Registered("disk", "kvlab.experiments.disk", (rows.DISK,), (LLAMA_NEEDED,)),
     Registered("interference", "kvlab.experiments.interference", (rows.INTERFERENCE,),
                (LLAMA_NEEDED,)),
+    Registered("llama-tiers", "kvlab.experiments.llama_tiers",
+               (rows.LLAMA_PROMPT_OFF, rows.LLAMA_PROMPT_ON, rows.LLAMA_RAM_OFF, rows.LLAMA_RAM_ON,
+                rows.LLAMA_RAM_SMALL, rows.LLAMA_KV_QUANT), (LLAMA_NEEDED,)),
     Registered("shared-slots", "kvlab.experiments.slot_share", (), (LLAMA_NEEDED,)),
     Registered("offload", "kvlab.experiments.offload",
                (rows.QUIET_OFF, rows.PRESSURE_OFF)),
@@ -50,7 +53,7 @@ EXPERIMENTS: dict[str, Registered] = {e.name: e for e in (
                (rows.BASELINE, rows.LOOPBACK, rows.CANCEL, rows.BOUNDARY)),
 )}
 # what `kvlab run all` runs, in order: the llama.cpp tiers (seconds) before the vLLM labs
-RUN_ALL = ("disk", "interference", "offload", "shared", "disagg")
+RUN_ALL = ("disk", "interference", "llama-tiers", "offload", "shared", "disagg")
 
 
 def registered(name: str) -> Registered:

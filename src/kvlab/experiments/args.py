@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from kvlab.experiments.disk import DiskSpec
     from kvlab.experiments.everything import AllSpec
     from kvlab.experiments.interference import InterferenceSpec
+    from kvlab.experiments.llama_tiers import LlamaTiersSpec
     from kvlab.experiments.manual import Note, Pair
     from kvlab.experiments.offload import OffloadSpec
     from kvlab.experiments.shared import SharedSpec
@@ -209,6 +210,36 @@ class InterferenceArgs(PlacementArgs):
                                 repeat=self.repeat)
 
 
+class LlamaTiersArgs(PlacementArgs):
+    """llama.cpp's tasks 2 and 3: prompt caching off/on, the RAM cache under pressure, q8_0
+    against f16 KV in the same memory."""
+
+    part: tuple[Literal["turns", "pressure", "quant", "all"], ...] = Field(
+        ("all",), description="Which part to run (repeatable; default all).")
+    turns: int = Field(6, ge=2, description="--part turns: turns of the conversation.")
+    slots: int = Field(2, ge=1, le=16, description="--part pressure: llama-server's "
+                       "--parallel.")
+    users: int = Field(0, ge=0, description="--part pressure: users, one conversation each "
+                       "(default: three per slot).")
+    slot_ctx: int = Field(4096, ge=512, description="--part pressure: tokens per slot.")
+    think_time: str = Field("", description="--part pressure: think time between a reply and "
+                            "the next turn (default: paced to one user per slot).")
+    quant_ctx: int = Field(4096, ge=512, description="--part quant: the f16 server's "
+                           "--ctx-size; its KV cache is the memory both KV types get.")
+    repeat: int = Field(1, ge=1, description=REPEAT_HELP)
+
+    def spec(self, loaded: LoadedSettings) -> LlamaTiersSpec:
+        from kvlab.experiments.llama_tiers import PARTS, LlamaTiersSpec
+
+        parts = PARTS if "all" in self.part else tuple(p for p in PARTS if p in self.part)
+        spec = LlamaTiersSpec(parts=parts, turns=self.turns, slots=self.slots,
+                              users=self.users, slot_ctx=self.slot_ctx,
+                              think_time=self.think_time, quant_ctx=self.quant_ctx,
+                              repeat=self.repeat)
+        spec.check()
+        return spec
+
+
 class OffloadArgs(PlannedArgs):
     """The host-memory tier: off and on, quiet and under found pressure."""
 
@@ -328,7 +359,8 @@ class AllArgs(PlacementArgs):
     """Every experiment this machine can run, then `kvlab report` (the README's main command)."""
 
     quick: bool = Field(False, description="Small sizes: a first look, and CI.")
-    only: tuple[Literal["disk", "interference", "offload", "shared", "disagg"], ...] = Field(
+    only: tuple[Literal["disk", "interference", "llama-tiers", "offload", "shared",
+                        "disagg"], ...] = Field(
         (), description="Run just these experiments (repeatable).")
     report_dir: str = Field("kvlab-report", description="Where the report and its plots go.")
 

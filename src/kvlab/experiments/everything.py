@@ -1,6 +1,6 @@
 """`kvlab run all`: every experiment this machine can run, then the report.
 
-Order (the registry's `RUN_ALL`): the llama.cpp tiers first (seconds), then the vLLM
+Order (the registry's `RUN_ALL`): the llama.cpp tiers first (a minute or two), then the vLLM
 experiments (offload, shared store, prefill/decode). Each experiment starts and stops its own
 engines; one that fails (an engine that dies, a refused configuration) is recorded as a
 `not-run` line for each of its report rows, with the error, everything it started is stopped,
@@ -55,6 +55,7 @@ class AllSpec:
     prompt_set: str = "shared-prefix"
     only: tuple[str, ...] = ()
     capacity: CapacityAsk | None = None  # the target "" is the platform's
+    llama_slot_ctx: int = 2048  # llama-tiers' pressure runs: tokens per slot
 
     @classmethod
     def lab(cls, levels: tuple[int, ...], requests: int, max_tokens: int,
@@ -66,7 +67,7 @@ class AllSpec:
     @classmethod
     def quick(cls, prompt_set: str, only: tuple[str, ...] = ()) -> AllSpec:
         return cls(3, 400, 2, (1, 2), 4, 8, 300, 3000, prompt_set, only,
-                   CapacityAsk("", QUICK_SEARCH))
+                   CapacityAsk("", QUICK_SEARCH), llama_slot_ctx=1024)
 
 
 def specs(lab: Lab, spec: AllSpec) -> dict[str, object]:
@@ -74,6 +75,7 @@ def specs(lab: Lab, spec: AllSpec) -> dict[str, object]:
     from kvlab.experiments.disagg import DisaggSpec
     from kvlab.experiments.disk import DiskSpec
     from kvlab.experiments.interference import InterferenceSpec
+    from kvlab.experiments.llama_tiers import LlamaTiersSpec
     from kvlab.experiments.offload import OffloadSpec
     from kvlab.experiments.shared import SharedSpec
 
@@ -83,6 +85,9 @@ def specs(lab: Lab, spec: AllSpec) -> dict[str, object]:
         "interference": InterferenceSpec(requests=max(spec.requests, 8),
                                          max_tokens=spec.max_tokens, prompt_set="mixed",
                                          ctx=lab.settings.ctx),
+        "llama-tiers": LlamaTiersSpec(turns=spec.turns, preamble_words=spec.preamble_words,
+                                      slot_ctx=spec.llama_slot_ctx,
+                                      quant_ctx=2 * spec.llama_slot_ctx),
         "offload": OffloadSpec(turns=spec.turns, preamble_words=spec.preamble_words,
                                concurrency=spec.offload_concurrency,
                                load_max_tokens=spec.max_tokens,

@@ -4,7 +4,9 @@ A host tier does nothing until blocks are evicted and wanted again, so every rea
 tier's load rows (`kvlab compare`, with or without `--offload`, the report's pressure rows and
 the lab's closing decision) asks this one question, here, and gets the same answer:
 
-- under pressure: preemptions during the run; peak KV usage at or above `FULL`; a prefix hit
+- under pressure: preemptions during the run; prompts the engine logged moving out of the
+  device cache to its host tier to make room (llama-server's RAM cache); peak KV usage at or
+  above `FULL`; a prefix hit
   rate well below the share of prompt tokens that was reusable (blocks were evicted); or more
   prompt tokens in flight than the cache holds;
 - quiet: a hit rate close to the reusable share; or no preemptions and either a peak usage
@@ -40,6 +42,7 @@ class Evidence:
     prefix_hit_rate: float | None = None
     reusable_fraction: float | None = None
     prompt_tokens_in_flight: int | None = None
+    tier_stores: int | None = None  # prompts the device gave up to the host tier for others
 
 
 @dataclass(frozen=True)
@@ -115,7 +118,9 @@ def judge(records: list[Record], row: LoadRecord) -> Pressure:
                   prefix_hit_rate=row.prefix_hit_rate,
                   reusable_fraction=plan.reusable_fraction if plan else None,
                   prompt_tokens_in_flight=round(row.concurrency * row.prompt_tokens_mean)
-                  if row.prompt_tokens_mean else None)
+                  if row.prompt_tokens_mean else None,
+                  tier_stores=reached.host_tier.stores if reached and reached.host_tier
+                  else None)
     pressed = _pressed(ev, cache)
     if pressed:
         return Pressure(True, pressed, cache, source, ev)
@@ -132,6 +137,9 @@ def _pressed(ev: Evidence, cache: int | None) -> str:
         ev.prompt_tokens_in_flight
     if preempted:
         return f"{float(preempted):g} preemptions"
+    if ev.tier_stores:
+        return (f"{ev.tier_stores} prompts left the device cache for the host tier to make "
+                "room for other conversations (the engine's log)")
     if peak is not None and peak >= FULL:
         return f"peak KV usage {peak:.0%}"
     if hit is not None and reusable and hit < EVICTED * reusable:

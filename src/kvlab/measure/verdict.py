@@ -111,8 +111,9 @@ def judge(ev: Evidence, *, context: str = "", cause: str = "") -> Judgement:
 def no_reuse_cause(facts: InstanceFacts | None) -> str:
     """What an instance reports that stops reuse by configuration ("" when nothing does)."""
     if facts is not None and facts.prefix_caching is False:
-        return (f"prefix caching is OFF on {facts.url} (the engine reports it disabled: "
-                "--no-enable-prefix-caching), so it reuses nothing, by configuration")
+        return (f"prefix caching is OFF on {facts.url} (the instance reports it disabled: "
+                "vLLM's --no-enable-prefix-caching, llama-server's --no-cache-prompt), so it "
+                "reuses nothing, by configuration")
     return ""
 
 

@@ -118,6 +118,18 @@ class PressurePlanned(Strict):
     host_tier_bytes: int | None = Field(None, description="The host tier the run started.")
 
 
+class HostTierUse(Strict):
+    """What a host tier held and moved during a run, as the engine itself logged it."""
+
+    source: str = Field(description="Where the figures were read.")
+    limit_bytes: int | None = None
+    peak_bytes: int | None = None
+    peak_entries: int | None = Field(None, description="Most prompts held at once.")
+    stores: int = Field(0, description="Prompts a slot gave up to the tier for another "
+                        "conversation.")
+    loads: int = Field(0, description="Prompts brought back from the tier into a slot.")
+
+
 class PressureReached(Strict):
     """The pressure a run reached, from the engine's own gauges and counters."""
 
@@ -126,6 +138,7 @@ class PressureReached(Strict):
     preemptions: float | None = None
     prefix_hit_rate: float | None = None
     evicted_turns: int | None = None
+    host_tier: HostTierUse | None = None
 
 
 class Pressure(Strict):

@@ -86,6 +86,27 @@ DISK = Row("disk", LAB_OFFLOAD, "Disk, llama.cpp slot save and restore",
 SHARED_SLOTS = Row("shared-slots", LAB_OFFLOAD, "llama.cpp slot store, two servers",
                    "save on one server, restore on the other",
     command="kvlab run shared-slots")
+# llama.cpp's path through tasks 2 and 3 (`kvlab run llama-tiers`): one llama-server at a time
+LLAMA_PROMPT_OFF = Row("llama-prompt-off", LAB_OFFLOAD, "llama.cpp, prompt caching off",
+                       "turns of one conversation, one llama-server", side="off",
+    command="kvlab run llama-tiers --part turns")
+LLAMA_PROMPT_ON = Row("llama-prompt-on", LAB_OFFLOAD, "llama.cpp, prompt caching on",
+                      "turns of one conversation, one llama-server", side="on",
+    command="kvlab run llama-tiers --part turns")
+LLAMA_RAM_OFF = Row("llama-ram-off-load", LAB_OFFLOAD, "llama.cpp, no RAM cache, slots under "
+                    "pressure", "user sessions on few slots", side="off", pressure=True,
+    command="kvlab run llama-tiers --part pressure")
+LLAMA_RAM_ON = Row("llama-ram-on-load", LAB_OFFLOAD, "llama.cpp RAM cache (host tier), slots "
+                   "under pressure", "user sessions on few slots", side="on", pressure=True,
+    command="kvlab run llama-tiers --part pressure")
+LLAMA_RAM_SMALL = Row("llama-ram-small-load", LAB_OFFLOAD, "llama.cpp RAM cache smaller than "
+                      "the working set, under pressure", "user sessions on few slots",
+                      side="on", pressure=True,
+    command="kvlab run llama-tiers --part pressure")
+LLAMA_KV_QUANT = Row("llama-kv-quant", LAB_OFFLOAD, "llama.cpp quantised KV (q8_0) against "
+                     "f16, same memory", "one llama-server per KV type",
+                     startup=("llama-kv-f16", "llama-kv-q8_0"),
+    command="kvlab run llama-tiers --part quant")
 
 # --- the P/D lab ---------------------------------------------------------------------------
 BASELINE = Row("baseline", LAB_PD, "One machine, no split (baseline)", "none", side="baseline",
@@ -123,8 +144,9 @@ INTERFERENCE = Row("interference", LAB_PD, "llama-server, 4 slots against 1 slot
 
 ROWS: tuple[Row, ...] = (
     QUIET_OFF, QUIET_ON, PRESSURE_OFF, PRESSURE_ON, SHARED_STORE, SHARED_SINGLE, SHARED_PROOF,
-    DISK, SHARED_SLOTS, BASELINE, SPLIT, TWO_MACHINES_SHARED, TWO_MACHINES_NIXL, LOOPBACK,
-    PREDICTION, CANCEL, BOUNDARY, BOUNDARY_SPLIT, BOUNDARY_BASELINE, INTERFERENCE,
+    DISK, SHARED_SLOTS, LLAMA_PROMPT_OFF, LLAMA_PROMPT_ON, LLAMA_RAM_OFF, LLAMA_RAM_ON,
+    LLAMA_RAM_SMALL, LLAMA_KV_QUANT, BASELINE, SPLIT, TWO_MACHINES_SHARED, TWO_MACHINES_NIXL,
+    LOOPBACK, PREDICTION, CANCEL, BOUNDARY, BOUNDARY_SPLIT, BOUNDARY_BASELINE, INTERFERENCE,
 )
 
 

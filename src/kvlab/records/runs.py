@@ -634,3 +634,47 @@ class BoundaryRecord(Record):
     points: list[BoundaryCell] = Field(default_factory=list)
     requests_per_point: int | None = None
     max_tokens: int | None = None
+
+
+# --- llama.cpp's quantised KV cache against f16 --------------------------------------------
+class KvTypeSide(Strict):
+    """One llama-server of the quantised-cache comparison, as its startup log and load row
+    measured it."""
+
+    kv_type: str
+    label: str = Field(description="The label of its load row.")
+    ctx: int = Field(description="The --ctx-size it was started with.")
+    kv_cache_bytes: int | None = Field(None, description="The KV cache as the server "
+                                       "allocated it (its startup line).")
+    kv_cache_tokens: int | None = Field(None, description="Cells of that cache: the tokens "
+                                        "that fit.")
+    ttft_p50_s: float | None = None
+    long_prompt: str = Field("not tried", description="A prompt longer than the f16 side "
+                             "holds: served, or the server's refusal.")
+
+
+class KvQuantRecord(Record):
+    """llama.cpp's quantised KV cache against f16 in the same memory: the tokens each holds,
+    TTFT, and how far the quantised cache moves the first token's logprobs."""
+
+    kind: ClassVar[str] = "kv-quant"
+    record: Literal["kv-quant"] = "kv-quant"
+    engine: str
+    engine_version: str | None = None
+    model: str
+    memory_bytes: int | None = Field(None, description="The KV budget both sides had: the "
+                                     "reference's cache.")
+    reference: KvTypeSide
+    candidate: KvTypeSide
+    tokens_ratio: float | None = Field(None, description="Candidate tokens / reference "
+                                       "tokens in that memory.")
+    ttft_p50: RatioInterval | None = Field(None, description="Candidate / reference, with "
+                                           "its interval over requests.")
+    prompt_tokens: int | None = Field(None, description="The prompts both sides were timed "
+                                      "on.")
+    long_prompt_tokens: int | None = None
+    logprob_gap: float | None = Field(None, description="Largest |difference| of the first "
+                                      "token's top logprobs, the same prompt on both sides.")
+    top_token_same: bool | None = None
+    verdict: str
+    reasons: list[str] = Field(default_factory=list)

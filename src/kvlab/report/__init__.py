@@ -21,6 +21,7 @@ from kvlab.records import notebook
 from kvlab.report.common import Table
 from kvlab.report.decisions import Decision, decide
 from kvlab.report.html import page
+from kvlab.report.llama import llama_lines
 from kvlab.report.offload import offload_table
 from kvlab.report.pd import pd_table
 from kvlab.report.plots import Plot
@@ -84,7 +85,8 @@ def build(labbook: str | Path, plots_dir: Path | None = None,
     """Both tables (and, with `plots_dir`, the plots; with `csv_dir`, the CSV files) from one
     notebook file."""
     book = notebook.read(labbook)
-    report = Report(str(labbook), [offload_table(book), pd_table(book), procedure_table(book)],
+    tables = [offload_table(book, llama_lines(book)), pd_table(book), procedure_table(book)]
+    report = Report(str(labbook), tables,
                     skipped_lines=book.broken_lines, decisions=decide(book))
     if plots_dir is not None:
         from kvlab.report.plots import draw_all

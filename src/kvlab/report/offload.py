@@ -19,7 +19,7 @@ from kvlab.measure.pressure import judge as judge_pressure
 from kvlab.measure.pressure import preemptions, tier_holds, tier_too_small
 from kvlab.observe.metrics import hit_rate
 from kvlab.records.base import Deltas
-from kvlab.records.load import CapacityProbe, PressurePlanned
+from kvlab.records.load import CapacityProbe, HostTierUse, PressurePlanned
 from kvlab.records.models import (
     CapacityRecord,
     DiskRecord,
@@ -63,10 +63,11 @@ NO_SMALLER = ("not measured yet: no tier-on run with a tier smaller than the wor
               "(`--tier-gb N`, N GiB below the working set)")
 
 
-def offload_table(book: Notebook) -> Table:
+def offload_table(book: Notebook, more: Sequence[Line] = ()) -> Table:
+    """The table, with `more` rows after the disk tier (llama.cpp's, `report/llama.py`)."""
     table = Table("Offload lab: what the tiers measured", "Tier", OFFLOAD_COLUMNS)
-    table.lines.append(_reuse_row(book, QUIET_OFF))
-    table.lines.append(_reuse_row(book, QUIET_ON))
+    table.lines.append(reuse_row(book, QUIET_OFF))
+    table.lines.append(reuse_row(book, QUIET_ON))
     table.lines.append(_pressure_row(book, PRESSURE_OFF))
     for smaller in (False, True):
         line = _pressure_row(book, SMALLER_ON if smaller else PRESSURE_ON, smaller_tier=smaller)
@@ -74,14 +75,15 @@ def offload_table(book: Notebook) -> Table:
         if against and not line.absent:
             line.cells[3] = f"{against.ttft.cell()} (TTFT p50 against the tier off, " \
                 f"c={against.level})"
-            line.verdict = _tier_verdict(against.ttft) or line.verdict
+            line.verdict = tier_verdict(against.ttft) or line.verdict
         table.lines.append(line)
-    table.lines.append(_reuse_row(book, SHARED_STORE, alternating=True))
+    table.lines.append(reuse_row(book, SHARED_STORE, alternating=True))
     table.lines.append(_disk_row(book))
+    table.lines += more
     return table
 
 
-def _tier_verdict(iv: intervals.Interval) -> str | None:
+def tier_verdict(iv: intervals.Interval) -> str | None:
     """One word for the tier's TTFT against none: by its interval, else None."""
     if iv.spans_one is None or iv.ratio is None:
         return None
@@ -110,7 +112,7 @@ def summary(r: ReuseRecord) -> Summary:
                    s.later_turn_verdicts, s.reused_turns, s.hit_rate)
 
 
-def _reuse_row(book: Notebook, row: Row, *, alternating: bool = False) -> Line:
+def reuse_row(book: Notebook, row: Row, *, alternating: bool = False) -> Line:
     r = latest(book, ReuseRecord, row.label)
     if r is None:
         return missing(row, book, WIDTH)
@@ -179,7 +181,14 @@ def _pressure_row(book: Notebook, row: Row, *, smaller_tier: bool = False) -> Li
                         verdict="not measured", command=SMALLER_ON.command, absent=True,
                         anchor=row.label + "-smaller")
         return missing(row, book, WIDTH)
-    r = rows[max(rows)]
+    return pressure_line(book, row, rows[max(rows)], smaller_tier=smaller_tier)
+
+
+def pressure_line(book: Notebook, row: Row, r: LoadRecord, *, smaller_tier: bool = False,
+                  capacity: bool = True) -> Line:
+    """A pressure row from its newest load line `r`: the judgement first, then what the run
+    planned and reached, the tier's own counts, the oracle and (with `capacity`) the
+    capacity at the target."""
     p = r.pressure
     planned = p.planned if p is not None else None
     reached = p.reached if p is not None else None
@@ -211,6 +220,9 @@ def _pressure_row(book: Notebook, row: Row, *, smaller_tier: bool = False) -> Li
     turnover = tier_turnover(r.metric_deltas, planned)
     if turnover:
         evidence.insert(2, turnover)
+    held = host_tier_words(reached.host_tier if reached is not None else None)
+    if held:
+        evidence.insert(1, held)
     judged = judge_pressure(book.records, r)
     evidence.insert(0, f"{judged.words}: {judged.why}")
     evidence[2:2] = _sessions_evidence(r)
@@ -218,7 +230,8 @@ def _pressure_row(book: Notebook, row: Row, *, smaller_tier: bool = False) -> Li
     if fit:
         evidence.append(fit)
     evidence += oracle_words(r)
-    evidence.append(capacity_words(book, row.label, smaller_tier=smaller_tier))
+    if capacity:
+        evidence.append(capacity_words(book, row.label, smaller_tier=smaller_tier))
     if memory := memory_kind(book, r):
         evidence.append(memory)
     how, anchor = _how(r), row.label + ("-smaller" if smaller_tier else "")
@@ -296,6 +309,17 @@ def tier_turnover(deltas: Deltas, planned: PressurePlanned | None) -> str | None
     if back > 1:
         return size + f", {back:.1f}x what it stored: blocks were recalled more than once"
     return size + f", {back:.1%} of what it stored"
+
+
+def host_tier_words(used: HostTierUse | None) -> str | None:
+    """What a host tier held and moved, as the engine logged it (llama-server's RAM cache)."""
+    if used is None:
+        return None
+    limit = human_bytes(float(used.limit_bytes)) if used.limit_bytes else "no stated limit"
+    peak = human_bytes(float(used.peak_bytes)) if used.peak_bytes is not None else "?"
+    return (f"the tier held at most {peak} of its {limit} ({said(used.peak_entries, '?')} "
+            f"prompts); {used.stores} prompts left the slots for it and {used.loads} came "
+            f"back ({used.source})")
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from kvlab.engines.llamacpp.facts import (
     APPLY_TEMPLATE_PATH,
     CACHE_RAM_DEFAULT_MIB,
+    DEBUG_VERBOSITY,
     DETOKENIZE_PATH,
     EVIDENCE_COUNTERS,
     EVIDENCE_GAUGES,
@@ -42,6 +43,7 @@ from kvlab.engines.llamacpp.facts import (
 __all__ = [
     "APPLY_TEMPLATE_PATH",
     "CACHE_RAM_DEFAULT_MIB",
+    "DEBUG_VERBOSITY",
     "DETOKENIZE_PATH",
     "EVIDENCE_COUNTERS",
     "EVIDENCE_GAUGES",

@@ -55,8 +55,14 @@ class LlamaCppEngine:
         if m is None:
             return KvCapacity()
         slots, per_slot = int(m.group(1)), int(m.group(2))
-        return KvCapacity(slots=slots, tokens_per_slot=per_slot,
-                          kv_cache_tokens=slots * per_slot, lines=[m.group(0)])
+        found = KvCapacity(slots=slots, tokens_per_slot=per_slot,
+                           kv_cache_tokens=slots * per_slot, lines=[m.group(0)])
+        size = facts.STARTUP_KV_SIZE_LINE.search(log_text)
+        if size is not None:  # the cells allocated (per stream), and their bytes
+            found.kv_cache_bytes = round(float(size.group(1)) * 2**20)
+            found.kv_cache_tokens = int(size.group(2)) * int(size.group(3))
+            found.lines.append(size.group(0))
+        return found
 
     def launch_settings(self, argv: list[str]) -> LaunchSettings:
         return launch_settings_from(argv, facts.CONTEXT_FLAGS, None,  # no memory fraction
@@ -106,8 +112,10 @@ def argv_facts(argv: list[str], out: InstanceFacts) -> None:
     numerics = [f"{names[-1]} {value}" for names in facts.NUMERICS_FLAGS
                 if (value := flag_value(argv, *names))]
     out.numerics_flags = "; ".join(numerics) or "defaults"
-    out.notes.append("KV types and numerics flags read from the command line of the process "
-                     "listening on this port")
+    if facts.NO_CACHE_PROMPT_FLAG in argv:  # /props does not say whether prompts are cached
+        out.prefix_caching = False
+    out.notes.append("KV types, numerics flags and prompt caching read from the command line "
+                     "of the process listening on this port")
 
 
 async def _template_tokens(client: httpx.AsyncClient, root: str) -> list[int] | None:

@@ -100,6 +100,8 @@ class LlamaOptions:
     extra_args: tuple[str, ...] = ()
     role: str = "llama"
     cache_ram_mib: int | None = None  # --cache-ram; 0 turns the in-RAM prompt cache off
+    cache_prompt: bool = True  # False: --no-cache-prompt (no request reuses a slot's prefix)
+    log_verbosity: int | None = None  # -lv; DEBUG_VERBOSITY logs the RAM cache's state
 
 
 def plan(settings: Settings, binary: Path | str, opts: LlamaOptions | None = None) -> EnginePlan:
@@ -118,12 +120,15 @@ def plan(settings: Settings, binary: Path | str, opts: LlamaOptions | None = Non
         Flag("--model", model), Flag("--alias", settings.served_name),
         Flag("--host", settings.serve_host), Flag("--port", str(port)),
         Flag(CONTEXT_FLAGS[0], str(settings.ctx)), Flag("--parallel", str(parallel)),
-        Flag("--n-gpu-layers", "999"), Flag("--cache-prompt"),
+        Flag("--n-gpu-layers", "999"),
+        Flag("--cache-prompt" if opts.cache_prompt else NO_CACHE_PROMPT_FLAG),
         Flag("--cache-type-k", kv_type), Flag("--cache-type-v", kv_type),
         Flag("--slot-save-path", slot_path), Flag("--metrics"), Flag("--slots"),
     ]
     if opts.cache_ram_mib is not None:
         flags.append(Flag("--cache-ram", str(opts.cache_ram_mib)))
+    if opts.log_verbosity is not None:
+        flags.append(Flag("--log-verbosity", str(opts.log_verbosity)))
     notes = []
     if kv_type in QUANTISED_KV_TYPES:
         notes.append(f"{kv_type} KV rounds the stored keys and values: outputs change, so never "
@@ -252,6 +257,19 @@ def slot_failure_reason(log_text: str) -> str | None:
 
 # the startup log's slot line: "n_slots = 2, n_ctx_slot = 4096" (per-slot context)
 STARTUP_SLOTS_LINE = re.compile(r"n_slots = (\d+), n_ctx_slot = (\d+)")
+# the KV cache as allocated, logged at DEBUG_VERBOSITY only:
+# "llama_kv_cache: size =    8.00 MiB (  4096 cells,   4 layers,  1/1 seqs), K (f16): ..."
+# (cells are per stream: one stream per slot, or one for all with --kv-unified, as "2/1 seqs")
+STARTUP_KV_SIZE_LINE = re.compile(
+    r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells,[^,]*,\s*\d+/(\d+) seqs")
+# the in-RAM prompt cache (`--cache-ram`), logged only at DEBUG_VERBOSITY: it is exclusive of
+# the slots (a slot's prompt is saved there when another conversation takes the slot, and a
+# saved prompt moves back into a slot when a request matches it better than the slot does)
+DEBUG_VERBOSITY = 4
+RAM_CACHE_STATE = re.compile(r"cache state: (\d+) prompts, ([\d.]+) MiB \(limits: ([\d.]+) MiB")
+RAM_CACHE_SAVE = re.compile(r"prompt_save:\s+- saving prompt with length\s+(\d+)")
+RAM_CACHE_LOAD = re.compile(r"load:\s+- found better prompt")
+RAM_CACHE_OFF = "prompt cache is disabled"
 SLOT_FILE_MAGIC = b"qsgg"  # a slot file's first 4 bytes (LLAMA_STATE_SEQ_MAGIC, little-endian)
 APPLY_TEMPLATE_PATH = "/apply-template"  # {"messages": [...]} -> {"prompt": templated text}
 PROPS_FTYPE = "model_ftype"  # /props: the weights' type, e.g. "F16", "Q8_0"
@@ -260,6 +278,7 @@ PROPS_FTYPE = "model_ftype"  # /props: the weights' type, e.g. "F16", "Q8_0"
 # nor its rope settings
 SERVER_BINARY = "llama-server"
 CACHE_TYPE_K_FLAGS = ("-ctk", "--cache-type-k")
+NO_CACHE_PROMPT_FLAG = "--no-cache-prompt"
 CACHE_TYPE_V_FLAGS = ("-ctv", "--cache-type-v")
 NUMERICS_FLAGS = (("--rope-scaling",), ("--rope-scale",), ("--rope-freq-base",),
                   ("--rope-freq-scale",), ("--yarn-orig-ctx",), ("--yarn-ext-factor",),

@@ -8,7 +8,7 @@ exact token count with the server's own tokenizer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kvlab.core.errors import SettingError
@@ -54,12 +54,14 @@ class SlotRunSpec:
 
 def server_plan(settings: Settings, binary: Path, *, role: str, ctx: int, parallel: int,
                 slot_dir: Path, cache_ram_mib: int | None = None,
-                accepted: frozenset[str] | None = None) -> EnginePlan:
-    """A llama-server plan on a free port with these settings, its flags checked."""
-    chosen = settings.model_copy(update={"ctx": ctx})
-    opts = llamacpp.LlamaOptions(port=free_port(), parallel=parallel, role=role,
-                                 slot_save_path=str(slot_dir), cache_ram_mib=cache_ram_mib)
-    plan = llamacpp.plan(chosen, binary, opts)
+                accepted: frozenset[str] | None = None,
+                chosen: llamacpp.LlamaOptions | None = None) -> EnginePlan:
+    """A llama-server plan on a free port with these settings, its flags checked; `chosen`
+    carries the other options an experiment varies (KV type, prompt caching, log level)."""
+    at = settings.model_copy(update={"ctx": ctx})
+    opts = replace(chosen or llamacpp.LlamaOptions(), port=free_port(), parallel=parallel,
+                   role=role, slot_save_path=str(slot_dir), cache_ram_mib=cache_ram_mib)
+    plan = llamacpp.plan(at, binary, opts)
     llamacpp.check_plan_flags(plan, accepted if accepted is not None
                               else llamacpp.help_flags(binary))
     return plan

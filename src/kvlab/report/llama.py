@@ -1,0 +1,97 @@
+"""The offload lab's llama.cpp rows (`kvlab run llama-tiers`), in the offload table's columns:
+prompt caching off and on across turns; the RAM cache (llama.cpp's host tier) under pressure,
+none, holding every conversation, and a third of that, each tier row with its TTFT p50
+against the no-cache row of the same run and the interval from the per-request files; and
+q8_0 KV against f16 in the same memory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvlab.core.sizes import human_bytes
+from kvlab.measure import compare, intervals
+from kvlab.records.models import KvQuantRecord, LoadRecord
+from kvlab.records.notebook import Notebook
+from kvlab.records.rows import (
+    LLAMA_KV_QUANT,
+    LLAMA_PROMPT_OFF,
+    LLAMA_PROMPT_ON,
+    LLAMA_RAM_OFF,
+    LLAMA_RAM_ON,
+    LLAMA_RAM_SMALL,
+)
+from kvlab.report.common import NO_FIGURE, Line, latest, measured_on, missing, said
+from kvlab.report.offload import WIDTH, pressure_line, reuse_row, tier_verdict
+
+
+@dataclass(frozen=True)
+class RamAgainstNone:
+    """A RAM-cache row against the no-cache row of its run, TTFT p50 with its interval."""
+
+    on: LoadRecord
+    off: LoadRecord
+    ttft: intervals.Interval
+
+
+def llama_lines(book: Notebook) -> list[Line]:
+    """The llama.cpp rows, in the lab's order (task 2, task 3, the quantised cache)."""
+    lines = [reuse_row(book, LLAMA_PROMPT_OFF), reuse_row(book, LLAMA_PROMPT_ON)]
+    for row in (LLAMA_RAM_OFF, LLAMA_RAM_ON, LLAMA_RAM_SMALL):
+        on, _ = compare.paired_rows(book.records, row.label, LLAMA_RAM_OFF.label)
+        if not on:
+            lines.append(missing(row, book, WIDTH))
+            continue
+        r = on[max(on)]
+        line = pressure_line(book, row, r, capacity=False)
+        against = ram_against_none(book, row.label)
+        if against is not None and row is not LLAMA_RAM_OFF and not line.absent:
+            line.cells[3] = f"{against.ttft.cell()} (TTFT p50 against no RAM cache)"
+            line.verdict = tier_verdict(against.ttft) or line.verdict
+        elif row is LLAMA_RAM_OFF:
+            line.cells[3] = "the reference"
+        lines.append(line)
+    lines.append(quant_line(book))
+    return lines
+
+
+def ram_against_none(book: Notebook, label: str) -> RamAgainstNone | None:
+    """`label`'s newest row against the no-cache row of the same run (None: no such pair)."""
+    on, off = compare.paired_rows(book.records, label, LLAMA_RAM_OFF.label)
+    shared = sorted(set(on) & set(off))
+    if not shared or label == LLAMA_RAM_OFF.label:
+        return None
+    a, b = on[shared[-1]], off[shared[-1]]
+    return RamAgainstNone(a, b, intervals.ttft(book.path, book.records, a, b))
+
+
+def quant_line(book: Notebook) -> Line:
+    """q8_0 against f16 in the same memory: tokens that fit, TTFT, the logprob distance."""
+    r = latest(book, KvQuantRecord, LLAMA_KV_QUANT.label)
+    if r is None:
+        return missing(LLAMA_KV_QUANT, book, WIDTH)
+    ref, cand = r.reference, r.candidate
+    memory = human_bytes(float(r.memory_bytes)) if r.memory_bytes else "?"
+    ratio = r.ttft_p50
+    cell = (f"{ratio.ratio:.2f}x [{ratio.low:.2f}, {ratio.high:.2f}] (TTFT p50 "
+            f"{cand.kv_type} / {ref.kv_type})" if ratio and ratio.ratio is not None
+            and ratio.low is not None and ratio.high is not None else NO_FIGURE)
+    evidence = [
+        f"in {memory} of KV: {ref.kv_type} {said(ref.kv_cache_tokens, '?')} tokens, "
+        f"{cand.kv_type} {said(cand.kv_cache_tokens, '?')} "
+        f"({said(r.tokens_ratio, '?')}x the tokens), from each server's startup line",
+        f"a {said(r.long_prompt_tokens, '?')}-token prompt: {ref.kv_type} {ref.long_prompt}; "
+        f"{cand.kv_type} {cand.long_prompt}",
+        f"TTFT p50 {ref.kv_type} {said(ref.ttft_p50_s, '?')} s, {cand.kv_type} "
+        f"{said(cand.ttft_p50_s, '?')} s over the same distinct prompts (up to "
+        f"{said(r.prompt_tokens, '?')} tokens, concurrency 1)",
+        ("first token's top logprobs differ by at most "
+         f"{r.logprob_gap:.4f}" if r.logprob_gap is not None else "logprobs not compared")
+        + ("; the same top token" if r.top_token_same else
+           "; a different top token" if r.top_token_same is False else ""),
+    ]
+    return Line(LLAMA_KV_QUANT.title, LLAMA_KV_QUANT.how,
+                [f"{ref.kv_type} {said(ref.ttft_p50_s, '?')}",
+                 f"{cand.kv_type} {said(cand.ttft_p50_s, '?')}",
+                 "none reused (distinct prompts)", cell], evidence,
+                measured_on(book, r), r.verdict, LLAMA_KV_QUANT.command,
+                anchor=LLAMA_KV_QUANT.label)
