@@ -104,7 +104,8 @@ def test_q8_0_holds_more_tokens_in_the_f16_cache_memory(book: notebook.Notebook)
 
 
 def test_report_places_the_llama_rows_in_the_offload_table(book: notebook.Notebook) -> None:
-    table = build(book.path).tables[0]
+    report = build(book.path)
+    table = report.tables[0]
     by_name = {line.name: line for line in table.lines}
     on = by_name["llama.cpp RAM cache (host tier), slots under pressure"]
     assert not on.absent and on.verdict in ("paid", "no difference", "cost time")
@@ -114,3 +115,14 @@ def test_report_places_the_llama_rows_in_the_offload_table(book: notebook.Notebo
     quant = by_name["llama.cpp quantised KV (q8_0) against f16, same memory"]
     assert "TTFT p50 q8_0 / f16" in quant.cells[3]
     assert "measured on no startup line" not in quant.measured_on
+
+
+def test_decisions_read_the_llama_rows(book: notebook.Notebook) -> None:
+    by_question = {d.question: d for d in build(book.path).decisions}
+    host = by_question["Did the host tier pay?"]
+    # no vLLM tier ran here: llama.cpp's RAM cache answers, and vLLM's absence is said
+    assert host.answer.startswith("On llama.cpp, whose host tier is its RAM prompt cache")
+    assert "vLLM's tier: Not enough evidence" in host.answer
+    assert "llama-ram-on-load" in host.rows
+    quant = by_question["What did the quantised cache buy, and what did it cost?"]
+    assert quant.decided and quant.answer.startswith("q8_0 held 1.8")

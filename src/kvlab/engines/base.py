@@ -241,6 +241,11 @@ class Engine(Protocol):
         """The running server's own version string (None when it does not say)."""
         ...
 
+    def version_note(self, version: str) -> str | None:
+        """A note when `version` is not the build kvlab's facts for the engine are pinned
+        for (None: it is, or the engine pins none)."""
+        ...
+
     async def describe(self, client: httpx.AsyncClient, root: str, facts_out: InstanceFacts,
                        snap: Snapshot | None) -> bool:
         """Fill `facts_out` from the server; False when the server is not this engine."""

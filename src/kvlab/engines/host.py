@@ -77,6 +77,8 @@ async def record_ready(scope: Scope, proc: EngineProcess, label: str,
     on = f" on node {node.node}" if node is not None else ""
     scope.say(f"    {proc.plan.role} ready in {proc.ready_s or 0:.0f} s{on}: "
               + "; ".join(line.capacity.lines))
+    if line.version_note:
+        scope.say(f"    note: {line.version_note}")
     return line
 
 

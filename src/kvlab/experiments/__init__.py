@@ -34,6 +34,11 @@ class Registered:
         """`kvlab run all` records its rows as not run without one."""
         return LLAMA_NEEDED in self.needs
 
+    @property
+    def needs_vllm(self) -> bool:
+        """`kvlab run all` records its rows as not run without one."""
+        return VLLM_NEEDED in self.needs
+
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
 
@@ -47,7 +52,7 @@ EXPERIMENTS: dict[str, Registered] = {e.name: e for e in (
                 rows.LLAMA_RAM_SMALL, rows.LLAMA_KV_QUANT), (LLAMA_NEEDED,)),
     Registered("shared-slots", "kvlab.experiments.slot_share", (), (LLAMA_NEEDED,)),
     Registered("offload", "kvlab.experiments.offload",
-               (rows.QUIET_OFF, rows.PRESSURE_OFF)),
+               (rows.QUIET_OFF, rows.QUIET_ON, rows.PRESSURE_OFF, rows.PRESSURE_ON)),
     Registered("shared", "kvlab.experiments.shared", (rows.SHARED_STORE,)),
     Registered("disagg", "kvlab.experiments.disagg",
                (rows.BASELINE, rows.LOOPBACK, rows.CANCEL, rows.BOUNDARY)),

@@ -87,7 +87,8 @@ def specs(lab: Lab, spec: AllSpec) -> dict[str, object]:
                                          ctx=lab.settings.ctx),
         "llama-tiers": LlamaTiersSpec(turns=spec.turns, preamble_words=spec.preamble_words,
                                       slot_ctx=spec.llama_slot_ctx,
-                                      quant_ctx=2 * spec.llama_slot_ctx),
+                                      quant_ctx=2 * spec.llama_slot_ctx,
+                                      quant_prompt_tokens=spec.llama_slot_ctx // 2),
         "offload": OffloadSpec(turns=spec.turns, preamble_words=spec.preamble_words,
                                concurrency=spec.offload_concurrency,
                                load_max_tokens=spec.max_tokens,
@@ -127,7 +128,9 @@ async def _one(lab: Lab, spec: AllSpec, name: str) -> list[Record]:
     entry = EXPERIMENTS[name]
     why = (NOT_PLACED if lab.placement.remote and name in SLOT_FILES_HERE else
            NO_LLAMA if entry.needs_llama_server
-           and llamacpp.find_llama_server(lab.settings) is None else None)
+           and llamacpp.find_llama_server(lab.settings) is None else
+           f"no vLLM on this machine ({lab.vllm.reason})" if entry.needs_vllm
+           and not lab.vllm.found else None)
     if why is not None:
         lab.outcomes[name] = {"ok": True, "lines": 0, "not_run": why}
         return [lab.not_run(r, why) for r in entry.rows]

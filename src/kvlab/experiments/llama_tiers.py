@@ -360,10 +360,16 @@ async def _quant_side(lab: Lab, spec: LlamaTiersSpec, plan: EnginePlan, client: 
                     levels=(1,), requests=spec.quant_requests, max_tokens=spec.max_tokens,
                     prompt_set="mixed", preamble_tokens=spec.quant_prompt_tokens, label=label,
                     lab=LAB, engine=LLAMA_CPP, labbook=lab.settings.labbook, ignore_eos=True,
+                    size_prompts=True,  # in this server's tokens, so that every one fits
                     context=RunContext(server=server, varied="kv_cache_type",
                                        engine_version=await startup.server_version(plan))
                     .overlay(llamacpp.kv_label(kv_type, kv_type)))
     row = lab.record((await run_sweep(load, api_key=lab.api_key())).rows[0])
+    require_successes(label, [row])
+    if row.failed:
+        raise EngineError(f"{label}: {row.failed} of {row.requests} timed requests failed "
+                          f"({', '.join(str(f.error) for f in row.failures[:2])}): the two KV "
+                          "types would not be compared on the same prompts")
     probe, long = prompts
     answer = await client.chat(probe, max_tokens=1, model=lab.settings.served_name)
     try:

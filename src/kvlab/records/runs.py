@@ -79,6 +79,8 @@ class StartupRecord(Record, StartupFacts):
     record: Literal["startup"] = "startup"
     engine: str
     engine_version: str = "unknown"
+    version_note: str | None = Field(None, description="Said when the engine is not the "
+                                     "build kvlab's facts for it are pinned for.")
     role: str
     model: str = ""
     served_name: str = ""

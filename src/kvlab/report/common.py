@@ -166,7 +166,9 @@ def measured_on(book: Notebook, record: Record) -> str:
     if (s := startup_of(book, record)) is not None:
         model = s.model or model
         ctx, fraction = _sizing(s)
-        parts.append(f"{s.engine} {s.engine_version}")
+        parts.append(f"{s.engine} {s.engine_version}"
+                     + (" (not the build kvlab pins: see the startup line)" if s.version_note
+                        else ""))
         parts.append(f"ctx {ctx}" if ctx is not None else "context length not recorded")
         if fixed is not None:  # the cache was sized in bytes: the fraction did not size it
             parts.append(f"KV cache fixed at {human_bytes(fixed)} ({fixed:,} bytes)")

@@ -36,6 +36,9 @@ from kvlab.records.rows import (
     BASELINE,
     BOUNDARY,
     DISK,
+    LLAMA_KV_QUANT,
+    LLAMA_RAM_ON,
+    LLAMA_RAM_SMALL,
     PRESSURE_OFF,
     PRESSURE_ON,
     SHARED_SINGLE,
@@ -43,6 +46,7 @@ from kvlab.records.rows import (
     capacity_label,
 )
 from kvlab.report.common import fixed_kv_bytes, latest, not_run, num
+from kvlab.report.llama import QUANT_Q, quant_answer, ram_against_none, ram_words
 from kvlab.report.offload import capacity_line, capacity_words, summary, tier_against_none
 from kvlab.report.placement import Group, split_groups
 
@@ -80,7 +84,8 @@ def _absent(book: Notebook, label: str, what: str) -> str:
 
 
 def decide(book: Notebook) -> list[Decision]:
-    """The offload lab's three answers, then the P/D lab's one (with the capacities)."""
+    """The offload lab's answers (the host tier, with llama.cpp's where it ran; the store;
+    the disk tier; the quantised cache), then the P/D lab's one (with the capacities)."""
     tier = [(PRESSURE_OFF.label, "tier off"), (PRESSURE_ON.label, "tier on")]
     split = [(BASELINE.label, "baseline"), *((g.label, f"split `{g.label}`")
                                              for g in split_groups(book))]
@@ -88,9 +93,11 @@ def decide(book: Notebook) -> list[Decision]:
                                           PRESSURE_ON.label + "-smaller"))
     pd = configuration(book)
     pd = replace(pd, rows=(*pd.rows, BASELINE.label, *(g.label for g in split_groups(book))))
-    return [with_capacity(with_smaller_tier(host, book), book, tier, smaller_tier=False),
+    return [with_capacity(with_llama(with_smaller_tier(host, book), book), book, tier,
+                          smaller_tier=False),
             replace(store(book), rows=(SHARED_STORE.label,)),
-            replace(disk(book), rows=(DISK.label,)), with_capacity(pd, book, split)]
+            replace(disk(book), rows=(DISK.label,)), quantised(book),
+            with_capacity(pd, book, split)]
 
 
 # ---------------------------------------------------------------- offload: the host tier
@@ -142,6 +149,32 @@ def with_smaller_tier(found: Decision, book: Notebook) -> Decision:
              f"against {num(off_s)} s without{pooled} at concurrency {small.level}: "
              f"{small.ttft.cell()}")
     return found.extended(words)
+
+
+def with_llama(found: Decision, book: Notebook) -> Decision:
+    """The answer with llama.cpp's RAM cache against none, where it ran: it decides the
+    question where vLLM's tier could not (a CPU build, no vLLM on this machine)."""
+    words = ram_words(book)
+    if words is None:
+        return found
+    rows = (*found.rows, LLAMA_RAM_ON.label, LLAMA_RAM_SMALL.label)
+    if found.decided:
+        return replace(found.extended(words), rows=rows)
+    held = ram_against_none(book, LLAMA_RAM_ON.label)
+    decided = held is not None and held.ttft.measured and held.ttft.spans_one is False
+    figure = f"llama.cpp RAM cache: TTFT p50 {held.ttft.cell()}" if held is not None else ""
+    return replace(found, answer=f"{words}. vLLM's tier: {found.answer}", decided=decided,
+                   figure=figure if decided else found.figure, rows=rows)
+
+
+def quantised(book: Notebook) -> Decision:
+    """llama.cpp's q8_0 cache against f16 in the same memory."""
+    found = quant_answer(book)
+    if found is None:
+        return replace(_undecided("offload", QUANT_Q, _absent(
+            book, LLAMA_KV_QUANT.label, "the quantised cache against f16")),
+            rows=(LLAMA_KV_QUANT.label,))
+    return Decision("offload", QUANT_Q, found[0], True, found[1], (LLAMA_KV_QUANT.label,))
 
 
 def with_capacity(found: Decision, book: Notebook, sides: list[tuple[str, str]], *,

@@ -95,3 +95,48 @@ def quant_line(book: Notebook) -> Line:
                  "none reused (distinct prompts)", cell], evidence,
                 measured_on(book, r), r.verdict, LLAMA_KV_QUANT.command,
                 anchor=LLAMA_KV_QUANT.label)
+
+
+def ram_words(book: Notebook) -> str | None:
+    """llama.cpp's RAM cache against none, each size's TTFT p50 ratio with its interval and
+    the returning turns it lost, for the host-tier answer (None: no such pair)."""
+    said = []
+    for row, size in ((LLAMA_RAM_ON, "holding every conversation"),
+                      (LLAMA_RAM_SMALL, "a third of what the slots lost")):
+        found = ram_against_none(book, row.label)
+        if found is None:
+            continue
+        mib = found.on.tier or "size not recorded"
+        lost = found.on.sessions.evicted_turns if found.on.sessions else None
+        said.append(f"{size} ({mib}): TTFT p50 {found.ttft.cell()}"
+                    + (f", {lost} returning turns recomputed" if lost is not None else ""))
+    if not said:
+        return None
+    off = latest(book, LoadRecord, LLAMA_RAM_OFF.label)
+    lost_off = off.sessions.evicted_turns if off is not None and off.sessions else None
+    return ("On llama.cpp, whose host tier is its RAM prompt cache, against none"
+            + (f" ({lost_off} returning turns recomputed)" if lost_off is not None else "")
+            + ": " + "; ".join(said))
+
+
+QUANT_Q = "What did the quantised cache buy, and what did it cost?"
+
+
+def quant_answer(book: Notebook) -> tuple[str, str] | None:
+    """The quantised cache's answer and its figure (None: not measured)."""
+    r = latest(book, KvQuantRecord, LLAMA_KV_QUANT.label)
+    if r is None or r.tokens_ratio is None:
+        return None
+    ref, cand, iv = r.reference, r.candidate, r.ttft_p50
+    memory = human_bytes(float(r.memory_bytes)) if r.memory_bytes else "the same memory"
+    ttft = (f"TTFT p50 x{iv.ratio:.2f} [{iv.low:.2f}, {iv.high:.2f}] ({iv.words})"
+            if iv and iv.ratio is not None and iv.low is not None and iv.high is not None
+            else "TTFT not compared")
+    gap = (f"the first token's top logprobs moved by at most {r.logprob_gap:.4f}"
+           if r.logprob_gap is not None else "the logprobs were not compared")
+    answer = (f"{cand.kv_type} held {r.tokens_ratio:.2f}x the tokens of {ref.kv_type} in "
+              f"{memory} ({cand.kv_cache_tokens:,} against {ref.kv_cache_tokens:,}; a "
+              f"{said(r.long_prompt_tokens, '?')}-token prompt: {ref.kv_type} "
+              f"{ref.long_prompt.split(':')[0]}, {cand.kv_type} {cand.long_prompt.split(':')[0]})"
+              f"; it cost {ttft} on this machine; {gap}.")
+    return answer, f"x{r.tokens_ratio:.2f} tokens, {ttft.split(' (')[0]}"

@@ -75,6 +75,9 @@ class LlamaCppEngine:
         props = await get_json(client, root + facts.PROPS_PATH)
         return str(props.get(facts.PROPS_BUILD, "unknown")) if props else None
 
+    def version_note(self, version: str) -> str | None:
+        return facts.version_note(version)
+
     async def describe(self, client: httpx.AsyncClient, root: str, facts_out: InstanceFacts,
                        snap: Snapshot | None) -> bool:
         out = facts_out

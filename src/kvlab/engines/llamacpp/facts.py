@@ -58,16 +58,27 @@ _BARE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 
 
 def find_llama_server(settings: Settings) -> Path | None:
-    """LLAMA_BIN/llama-server, else kvlab's build, else llama-server on PATH."""
+    """LLAMA_BIN/llama-server, else llama-server on PATH (the user's build, for this machine's
+    accelerator: Metal, ROCm, CUDA), else kvlab's CPU build."""
     if settings.llama_bin:
         candidate = Path(settings.llama_bin).expanduser()
         candidate = candidate / "llama-server" if candidate.is_dir() else candidate
         return candidate if candidate.is_file() and os.access(candidate, os.X_OK) else None
-    built = install.installed_llama_server(settings.home())
-    if built is not None:
-        return built
-    found = shutil.which("llama-server")
-    return Path(found) if found else None
+    found = shutil.which(SERVER_BINARY)
+    if found:
+        return Path(found)
+    return install.installed_llama_server(settings.home())
+
+
+def version_note(build_info: str) -> str | None:
+    """A note when the server is not the build kvlab's llama.cpp facts are pinned for (its
+    /props `build_info`, e.g. "b1-0c1e570"): flags are still checked against its --help."""
+    pinned = install.LLAMA_CPP_COMMIT[:7]
+    if build_info in ("", "unknown") or build_info.endswith(pinned):
+        return None
+    return (f"llama-server {build_info} is not the build kvlab's facts are pinned for "
+            f"({pinned}): flags are checked against its --help, but slot files do not carry "
+            "across builds and log lines may read differently")
 
 
 def require_llama_server(settings: Settings) -> Path:

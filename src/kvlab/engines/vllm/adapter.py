@@ -64,6 +64,9 @@ class VllmEngine:
         body = await get_json(client, root + facts.VERSION_PATH)
         return str(body["version"]) if body and "version" in body else None
 
+    def version_note(self, version: str) -> str | None:
+        return None  # kvlab checks a vLLM's flags against its own --help, whatever its version
+
     async def describe(self, client: httpx.AsyncClient, root: str, facts_out: InstanceFacts,
                        snap: Snapshot | None) -> bool:
         version = await self.version(client, root)
