@@ -379,3 +379,15 @@ def test_the_tier_answers_quote_the_p50s_their_ratio_pooled(tmp_path: Path) -> N
             f"{pooled['offload-off-load']:.3f} s without, each side pooled over its 2 "
             f"repeats (x{pooled['offload-on-load'] / pooled['offload-off-load']:.2f}") \
         in d.answer, d.answer
+
+
+def test_the_host_tier_answer_says_which_memory_the_run_had(tmp_path: Path) -> None:
+    from kvlab.records.models import StartupRecord
+
+    path = book(tmp_path,
+                StartupRecord(label="offload-on-load", lab=LAB_O, engine="vllm", role="offload",
+                              memory_kind="unified"),
+                load("offload-off-load", 0.30, **pressed(0.2, preemptions=0.0)),
+                load("offload-on-load", 0.12, **pressed(0.2)))
+    d = answers(path)[decisions.HOST_Q]
+    assert d.decided and "Memory: unified (the host tier shares the device's memory" in d.answer

@@ -59,7 +59,7 @@ def test_a_visible_gpu_gets_the_vllm_on_path_not_the_cpu_venv(
     fake_nvidia_smi(machine["bin"])
     hw = detect_hardware(dev=machine["home"])
     assert hw == Hardware(True, "nvidia-smi -L lists 1 GPU(s)", "discrete",
-                          ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0f00)",))
+                          ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0f00)",), "nvidia")
     chosen = vllm.find_vllm(Settings(), hw)
     assert chosen.command == (str(machine["vllm"]),) and chosen.platform == "cuda"
     assert (chosen.origin, chosen.reason) == (
@@ -161,3 +161,63 @@ def test_settings_and_the_plan_name_the_vllm_and_why(machine: dict[str, Path]) -
     assert plan["startup_facts"]["memory_kind"] == "unified"
     status = json.loads(_kvlab("engines", "status", "--json", bin_dir=machine["bin"]).stdout)
     assert status["vllm"]["origin"] == "PATH"
+
+
+# --- Track X: an AMD GPU through ROCm (fake amd-smi / rocm-smi and device nodes) ----------
+STRIX_HALO = ('[{"gpu": 0, "asic": {"market_name": "AMD Radeon 8060S Graphics", '
+              '"vendor_id": "0x1002", "target_graphics_version": "gfx1151"}}]')
+MI300X = ('[{"gpu": 0, "asic": {"market_name": "AMD Instinct MI300X", '
+          '"target_graphics_version": "gfx942"}}]')
+ROCM_SMI = ('{"card0": {"Card Series": "Strix Halo [Radeon 8060S]", "Card Model": "0x1586", '
+            '"GFX Version": "gfx1151"}}')
+
+
+def fake_json_tool(path: Path, answer: str) -> None:
+    script(path, f"printf '%s\\n' '{answer}'\n")  # a shell builtin: PATH holds only fakes
+
+
+def test_an_apu_through_amd_smi_is_a_rocm_gpu_with_unified_memory(
+        machine: dict[str, Path]) -> None:
+    fake_json_tool(machine["bin"] / "amd-smi", STRIX_HALO)
+    hw = detect_hardware({}, dev=machine["home"])
+    assert hw.gpu and hw.vendor == "amd" and hw.platform == "rocm"
+    assert hw.memory == "unified" and hw.gpus == ("AMD Radeon 8060S Graphics gfx1151",)
+    chosen = vllm.find_vllm(Settings(), hw)
+    # the vllm on PATH (ROCm's), never kvlab's CPU venv; recorded as ROCm, never "cuda"
+    assert (chosen.origin, chosen.platform) == ("PATH", "rocm")
+    assert chosen.offload_support().ok
+    plan = vllm.plan(Settings(model="/models/m"), "baseline", chosen,
+                     vllm.PlanOptions(port=8000))
+    assert not any(k.startswith(("VLLM_TARGET_DEVICE", "VLLM_CPU")) for k in plan.env)
+    assert "bfloat16" not in plan.argv()
+    assert not vllm.cpu_build_wanted(Settings(), hw)
+
+
+def test_a_discrete_instinct_and_the_rocm_smi_fallback(machine: dict[str, Path]) -> None:
+    fake_json_tool(machine["bin"] / "amd-smi", MI300X)
+    assert detect_hardware({}, dev=machine["home"]).memory == "discrete"
+    (machine["bin"] / "amd-smi").unlink()
+    fake_json_tool(machine["bin"] / "rocm-smi", ROCM_SMI)
+    hw = detect_hardware({}, dev=machine["home"])
+    assert (hw.vendor, hw.memory) == ("amd", "unified")
+
+
+def test_rocm_device_nodes_alone_are_a_gpu_of_unknown_memory(
+        machine: dict[str, Path], tmp_path: Path) -> None:
+    dev = tmp_path / "dev"
+    (dev / "dri").mkdir(parents=True)
+    (dev / "kfd").write_text("", encoding="utf-8")
+    assert not detect_hardware({}, dev=dev).gpu  # /dev/kfd without a render node
+    (dev / "dri" / "renderD128").write_text("", encoding="utf-8")
+    hw = detect_hardware({}, dev=dev)
+    assert hw.gpu and hw.vendor == "amd" and hw.memory == "unknown"
+    assert "kfd" in hw.evidence
+    hidden = detect_hardware({"HIP_VISIBLE_DEVICES": "-1"}, dev=dev)
+    assert not hidden.gpu and "HIP_VISIBLE_DEVICES" in hidden.evidence
+
+
+def test_a_rocm_vllm_named_by_vllm_cmd_runs_as_rocm(machine: dict[str, Path]) -> None:
+    fake_json_tool(machine["bin"] / "amd-smi", STRIX_HALO)
+    hw = detect_hardware({}, dev=machine["home"])
+    given = vllm.find_vllm(Settings(vllm_cmd="/opt/rocm-vllm/bin/vllm"), hw)
+    assert (given.origin, given.platform) == ("VLLM_CMD", "rocm")

