@@ -8,7 +8,7 @@ from kvlab.core.settings import SCRIPT_SWITCHES, SECRET_FIELDS, Settings, shown_
 _GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("the two machines", ("prefill_host", "decode_host", "side_channel_addr",
                           "prefill_side_channel_port", "decode_side_channel_port",
-                          "cluster_iface")),
+                          "cluster_iface", "prefill_devices", "decode_devices")),
     ("the connector", ("connector", "kv_shared_path")),
     ("models", ("model", "small_model", "served_name", "hf_home")),
     ("serving", ("prefill_port", "decode_port", "proxy_port", "serve_host", "ctx", "max_seqs",

@@ -40,6 +40,7 @@ LlamaCacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl",
 Profile = Literal["auto", "cpu-tiny", "gpu", "gpu-shaped", "none"]
 
 Port = Annotated[int, Field(ge=1, le=65535)]
+_GPU_UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DOTENV_KEY = re.compile(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_.-]*)\s*=")
 MAX_CTX = 1 << 24  # 16.7M tokens: beyond any model's context, so a larger value is a typo
@@ -67,6 +68,11 @@ class Settings(BaseSettings):
     prefill_side_channel_port: Port = Field(5600, description="Handshake port of prefill.")
     decode_side_channel_port: Port = Field(5601, description="Handshake port of decode.")
     cluster_iface: str = Field("", description="Interface carrying cluster traffic (counters).")
+    # two cards in one machine: each instance its own (CUDA_ or HIP_VISIBLE_DEVICES)
+    prefill_devices: str = Field("", description="GPUs the prefill instance sees on this "
+                                 "machine, e.g. 0; empty = all.")
+    decode_devices: str = Field("", description="GPUs the decode instance sees on this "
+                                "machine, e.g. 1; empty = all.")
     # the connector
     connector: Connector = Field("shared", description="shared, nixl, mooncake or lmcache.")
     kv_shared_path: str = Field("", description="Directory both instances read and write.")
@@ -182,6 +188,14 @@ class Settings(BaseSettings):
                 raise ValueError("must be positive integers separated by commas, e.g. 1,4,8")
             return tuple(int(p) for p in parts)
         return value
+
+    @field_validator("prefill_devices", "decode_devices")
+    @classmethod
+    def _devices(cls, value: str) -> str:
+        parts = [p.strip() for p in value.split(",") if p.strip()]
+        if not all(p.isdigit() or _GPU_UUID.match(p) for p in parts):
+            raise ValueError("must be GPU indices or UUIDs separated by commas, e.g. 0 or 1,2")
+        return ",".join(parts)
 
     @field_validator("loadtest_api_key_env", "proxy_api_key_env")
     @classmethod

@@ -70,6 +70,8 @@ class StartupFacts(Strict):
                                     "host's), discrete, none (CPU build) or unknown.")
     host_memory: HostTierCheck | None = None
     side_channel: SideChannelAddress | None = None
+    visible_devices: str | None = Field(None, description="The cards it was given "
+                                        "(PREFILL_DEVICES/DECODE_DEVICES), as the variable set.")
 
 
 class StartupRecord(Record, StartupFacts):

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvlab.core.errors import RefusedError
+from kvlab.core.errors import RefusedError, SettingError
 from kvlab.core.settings import Settings
 from kvlab.engines.base import VLLM
 from kvlab.engines.plan import EnginePlan, Flag
@@ -205,8 +205,32 @@ class _PlanBuilder:
         if role in ("prefill", "decode"):
             kv_role = "kv_producer" if role == "prefill" else "kv_consumer"
             self.pd(role, kv_role, opts.kv_shared_path or s.kv_shared_path, opts.interfaces)
+            self.devices(role)
             return False, kv_role
         return False, ""
+
+    def devices(self, role: str) -> None:
+        """PREFILL_DEVICES / DECODE_DEVICES: the cards this role's instance sees (two cards in
+        one machine), as the platform's variable; refused where the two roles share one."""
+        s = self.settings
+        mine = s.prefill_devices if role == "prefill" else s.decode_devices
+        if not mine:
+            return
+        name = f"{role.upper()}_DEVICES"
+        if self.vllm.platform == "cpu":
+            self.notes.append(f"{name}={mine} ignored: the CPU build has no GPUs to choose")
+            return
+        shared = sorted(set(s.prefill_devices.split(",")) & set(s.decode_devices.split(","))
+                        - {""})
+        if shared:
+            raise SettingError(f"PREFILL_DEVICES={s.prefill_devices} and DECODE_DEVICES="
+                               f"{s.decode_devices} share GPU {', '.join(shared)}: give each "
+                               "instance its own cards, or leave both empty")
+        variable = "HIP_VISIBLE_DEVICES" if self.vllm.platform == "rocm" \
+            else "CUDA_VISIBLE_DEVICES"
+        self.env[variable] = mine
+        self.facts.visible_devices = f"{variable}={mine}"
+        self.summary.append(("devices", f"{variable}={mine} ({name})"))
 
     @property
     def memory_kind(self) -> str:
