@@ -106,7 +106,7 @@ tier-small|capacity-on|capacity-off)
   tier-small) run run offload --part pressure --repeat "${REPEAT:-2}" --slo none \
                 --concurrency 4 --think-time "$THINK" --tier-gb "${TIER_GB:-6}" ;;
   *) run run offload --part pressure --tier "${PHASE#capacity-}" --concurrency 4 \
-       --think-time "$THINK" ;;
+       --think-time "$THINK" --tier-gb working-set ;;
   esac
   ;;
 llama-cuda)

@@ -68,8 +68,19 @@ def test_one_tier_side_plans_only_that_side_of_the_pressure_pair(tmp_path: Path)
     assert result.returncode == 0, result.stderr
     plans = json.loads(result.stdout)["plans"]
     assert [p["label"] for p in plans] == ["offload-on-load"]
-    raised = plans[0]["shell"]  # KV_OFFLOAD_GB 0.5 is raised to hold the working set
-    assert "--kv-offloading-size 0.5" not in raised and "--kv-offloading-size" in raised
+    # KV_OFFLOAD_GB 0.5 is kept (the lab: start small), and said too small for the working set
+    assert "--kv-offloading-size 0.5 " in plans[0]["shell"]
+    assert "cannot hold the working set" in plans[0]["note"]
+    held = subprocess.run([sys.executable, "-m", "kvlab", "run", "offload", "--part",
+                           "pressure", "--tier", "on", "--tier-gb", "working-set", "--dry-run",
+                           "--json"], capture_output=True, text=True, env=env, check=False,
+                          timeout=300)
+    raised = json.loads(held.stdout)["plans"][0]
+    assert "--kv-offloading-size 0.5 " not in raised["shell"] and "note" not in raised
+    word = subprocess.run([sys.executable, "-m", "kvlab", "run", "offload", "--tier-gb", "lots",
+                           "--dry-run"], capture_output=True, text=True, env=env, check=False,
+                          timeout=300)
+    assert word.returncode == 2 and "--tier-gb 'lots'" in word.stderr
     small = subprocess.run([sys.executable, "-m", "kvlab", "run", "offload", "--part",
                             "pressure", "--tier", "on", "--tier-gb", "3", "--dry-run", "--json"],
                            capture_output=True, text=True, env=env, check=False, timeout=300)

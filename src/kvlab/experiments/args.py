@@ -24,6 +24,8 @@ from kvlab.measure.conversation import PREAMBLE_WORDS, TURN_MAX_TOKENS
 from kvlab.records.base import LAB_OFFLOAD
 from kvlab.records.rows import SPLIT
 
+WORKING_SET = "working-set"  # `run offload --tier-gb`: a tier sized to hold the working set
+
 if TYPE_CHECKING:
     from kvlab.cluster.placement import Placement
     from kvlab.experiments.disagg import DisaggSpec
@@ -255,10 +257,11 @@ class OffloadArgs(PlannedArgs):
         "both", description="The pressure runs' sides: one alone runs its repeats (and "
         "capacity search) back to back, for a call too short for both; give --think-time the "
         "other side's so that the tier stays the one variable.")
-    tier_gb: float | None = Field(None, gt=0, description="The pressure runs' host tier in "
-                                  "GiB, as given [default: KV_OFFLOAD_GB, raised to hold the "
-                                  "working set]; smaller than the working set measures a tier "
-                                  "that cannot hold it.")
+    tier_gb: str = Field("", description="The pressure runs' host tier in GiB, or "
+                         "working-set for one sized to hold the working set [default: "
+                         "KV_OFFLOAD_GB, as the lab says: start small, raise it only if the "
+                         "measurement rewards you]; a tier smaller than the working set is "
+                         "said so and has its own report row.")
     think_time: str = Field("", description="The pressure runs' think time, e.g. "
                             "exponential:7.0 (seconds) [default: paced to --concurrency by the "
                             "first tier-off run].")
@@ -276,7 +279,20 @@ class OffloadArgs(PlannedArgs):
                            min_requests=self.min_requests, part=self.part,
                            load_max_tokens=s.max_tokens, preamble_tokens=s.preamble_tokens,
                            capacity=capacity_ask(self.slo), repeat=self.repeat, tier=self.tier,
-                           tier_gb=self.tier_gb, think_time=self.think_time)
+                           tier_gb=_tier_gb(self.tier_gb), think_time=self.think_time)
+
+
+def _tier_gb(given: str) -> float | str | None:
+    """`--tier-gb`: GiB, or the word working-set (None: KV_OFFLOAD_GB)."""
+    if not given or given == WORKING_SET:
+        return given or None
+    try:
+        value = float(given)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise SettingError(f"--tier-gb {given!r}: give GiB above 0 (e.g. 12) or {WORKING_SET}")
+    return value
 
 
 class SharedArgs(PlannedArgs):

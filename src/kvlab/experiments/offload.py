@@ -73,8 +73,8 @@ class OffloadSpec:
     think_time: str = ""  # loadgen.sessions.ThinkTime; "": paced to `concurrency` in flight
     capacity: CapacityAsk | None = None  # the most users at a target, tier off and on
     repeat: int = 1  # the pressure runs: each side this many times, in alternating order
-    tier_gb: float | None = None  # the pressure runs' host tier exactly (None: KV_OFFLOAD_GB,
-    # raised to hold the working set), to measure a tier that does not hold it
+    tier_gb: float | str | None = None  # the pressure runs' host tier in GiB, or
+    # "working-set" (sized to hold it); None: KV_OFFLOAD_GB as set (the lab: start small)
     tier: str = "both"  # the pressure runs' sides: "off", "on" or both (a side alone: its
     # capacity search in a call of its own; the other side is another run's)
 
@@ -125,11 +125,24 @@ def pressure_plan(lab: Lab, spec: OffloadSpec) -> PressurePlan:
 
 
 def _pressure_tier_gb(lab: Lab, spec: OffloadSpec, pressure: PressurePlan) -> float:
-    """The tier under pressure: `--tier-gb` as given, else KV_OFFLOAD_GB raised to hold the
-    working set."""
-    if spec.tier_gb is not None:
-        return spec.tier_gb
-    return pressure.tier_gb(lab.settings.kv_offload_gb)
+    """The tier under pressure: `--tier-gb` as given, KV_OFFLOAD_GB when not given, or
+    sized to hold the working set with `--tier-gb working-set`."""
+    if isinstance(spec.tier_gb, float | int):
+        return float(spec.tier_gb)
+    if spec.tier_gb == "working-set":
+        return pressure.tier_gb(0.0)
+    return lab.settings.kv_offload_gb
+
+
+def tier_note(gb: float, pressure: PressurePlan) -> str:
+    """Said when a tier cannot hold the working set ("" when it can)."""
+    need = pressure.tier_bytes_needed / 2**30
+    if gb * 2**30 >= pressure.tier_bytes_needed:
+        return ""
+    return (f"a {gb:g} GiB host tier cannot hold the working set ({need:.1f} GiB): this run "
+            "measures a tier smaller than it (its own report row; the oracle's tier curve says "
+            f"what larger sizes would have recalled); --tier-gb working-set starts "
+            f"{pressure.tier_gb(0.0):g} GiB")
 
 
 def _sessions_load(lab: Lab, spec: OffloadSpec, pressure: PressurePlan, label: str,
@@ -155,6 +168,8 @@ async def under_pressure(lab: Lab, spec: OffloadSpec, on: bool, pressure: Pressu
     that meet it."""
     label = (PRESSURE_ON if on else PRESSURE_OFF).label
     gb = _pressure_tier_gb(lab, spec, pressure) if on else None
+    if gb is not None and (note := tier_note(gb, pressure)):
+        lab.say(f"    note: {note}")
     rows: list[Record] = []
     async with engines(lab, [_plan(lab, on, kv_cache_bytes=pressure.kv_cache_bytes,
                                    tier_gb=gb)], labels=[label]) as (proc,):
@@ -320,9 +335,11 @@ def dry_run(lab: Lab, spec: OffloadSpec) -> list[dict[str, object]]:
         if on and not support.ok:
             out.append({"label": label, "reason": support.reason})
             continue
-        plan = _plan(lab, on, kv_cache_bytes=kv, probe=False,
-                     tier_gb=_pressure_tier_gb(lab, spec, pressure) if on and kv else None)
+        gb = _pressure_tier_gb(lab, spec, pressure) if on and kv else None
+        plan = _plan(lab, on, kv_cache_bytes=kv, probe=False, tier_gb=gb)
+        note = tier_note(gb, pressure) if gb is not None else ""
         out.append({"label": label, "plan": plan.as_dict(), "shell": plan.shell_line(),
+                    **({"note": note} if note else {}),
                     **({"pressure": pressure.as_record().model_dump(mode="json")} if kv
                        else {})})
     return out

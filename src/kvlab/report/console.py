@@ -194,6 +194,8 @@ def plans(console: Console, found: Sequence[dict[str, object]]) -> None:
         console.print(f"==> {item['label']}{node}")
         console.print(f"    {item['shell']}" if "plan" in item
                       else f"    not run here: {item['reason']}")
+        if "note" in item:
+            console.print(f"    note: {item['note']}")
 
 
 # --- llama.cpp's tiers ------------------------------------------------------------------------
