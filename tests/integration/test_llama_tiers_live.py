@@ -246,7 +246,7 @@ async def test_run_shared_slots_writes_a_reuse_line(tmp_path: Path, tiny_models:
     assert record["record"] == "reuse" and record["verdict"] == "reuse proven"
     assert len(set(record["endpoints"])) == 2 and [r["turn"] for r in record["rows"]] == [1, 2]
     assert record["kv_quantised"] is False
-    evidence = notebook.read(book).of(ReuseRecord, "shared-store")[0].evidence
+    evidence = notebook.read(book).of(ReuseRecord, "shared-slots")[0].evidence
     assert evidence is not None and evidence.logprob_max_abs_diff is not None
     assert evidence.logprob_max_abs_diff <= TOLERANCE
 

@@ -50,7 +50,8 @@ EXPERIMENTS: dict[str, Registered] = {e.name: e for e in (
     Registered("llama-tiers", "kvlab.experiments.llama_tiers",
                (rows.LLAMA_PROMPT_OFF, rows.LLAMA_PROMPT_ON, rows.LLAMA_RAM_OFF, rows.LLAMA_RAM_ON,
                 rows.LLAMA_RAM_SMALL, rows.LLAMA_KV_QUANT), (LLAMA_NEEDED,)),
-    Registered("shared-slots", "kvlab.experiments.slot_share", (), (LLAMA_NEEDED,)),
+    Registered("shared-slots", "kvlab.experiments.slot_share", (rows.SHARED_SLOTS,),
+               (LLAMA_NEEDED,)),
     Registered("offload", "kvlab.experiments.offload",
                (rows.QUIET_OFF, rows.QUIET_ON, rows.PRESSURE_OFF, rows.PRESSURE_ON)),
     Registered("shared", "kvlab.experiments.shared", (rows.SHARED_STORE,)),
@@ -58,7 +59,8 @@ EXPERIMENTS: dict[str, Registered] = {e.name: e for e in (
                (rows.BASELINE, rows.LOOPBACK, rows.CANCEL, rows.BOUNDARY)),
 )}
 # what `kvlab run all` runs, in order: the llama.cpp tiers (seconds) before the vLLM labs
-RUN_ALL = ("disk", "interference", "llama-tiers", "offload", "shared", "disagg")
+RUN_ALL = ("disk", "shared-slots", "interference", "llama-tiers", "offload", "shared",
+           "disagg")
 
 
 def registered(name: str) -> Registered:

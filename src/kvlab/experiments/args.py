@@ -19,7 +19,7 @@ from pydantic import Field
 from kvlab.core.errors import InputError, SettingError
 from kvlab.core.settings import LoadedSettings, Settings
 from kvlab.experiments import DISAGG_PARTS
-from kvlab.loadgen.args import Args, requests_setting
+from kvlab.loadgen.args import Args, NoteText, requests_setting
 from kvlab.measure.conversation import PREAMBLE_WORDS, TURN_MAX_TOKENS
 from kvlab.records.base import LAB_OFFLOAD
 from kvlab.records.rows import SPLIT
@@ -158,7 +158,7 @@ class SharedSlotsArgs(LocalArgs):
     parallel: int = Field(2, ge=2, le=64, description="Both servers' --parallel.")
     cache_type: str | None = Field(None, description="KV type for -ctk/-ctv (default: "
                                    "LLAMA_CACHE_TYPE).")
-    label: str = Field("shared-store", description="Notebook label.")
+    label: str = Field("shared-slots", description="Notebook label.")
     keep_file: bool = Field(False, description="Keep the slot file and manifest in the store.")
 
     def overrides(self) -> dict[str, object]:
@@ -375,8 +375,8 @@ class AllArgs(PlacementArgs):
     """Every experiment this machine can run, then `kvlab report` (the README's main command)."""
 
     quick: bool = Field(False, description="Small sizes: a first look, and CI.")
-    only: tuple[Literal["disk", "interference", "llama-tiers", "offload", "shared",
-                        "disagg"], ...] = Field(
+    only: tuple[Literal["disk", "shared-slots", "interference", "llama-tiers", "offload",
+                        "shared", "disagg"], ...] = Field(
         (), description="Run just these experiments (repeatable).")
     report_dir: str = Field("kvlab-report", description="Where the report and its plots go.")
 
@@ -433,7 +433,7 @@ class Measured(Args):
                                     "LOADTEST_API_KEY_ENV).")
     labbook: str | None = Field(None, description="Notebook to append to (default: LABBOOK).")
     lab: str = Field(LAB_OFFLOAD, description="Which lab the line belongs to.")
-    note: str = Field("", description="Free text for the line.")
+    note: NoteText = Field("", description="Free text for the line.")
     ignore: tuple[str, ...] = Field((), description="A compatibility field not to compare "
                                     "(repeatable), e.g. fingerprint or kv_store.")
     print_only: bool = Field(False, description="Print the result, record nothing.")
@@ -511,7 +511,7 @@ class CompareArgs(Args):
                                  "model's).")
     prompt_tokens: int = Field(0, ge=0, description="Prompt length for the prediction "
                                "(default: the server's usage counts).")
-    note: str = Field("", description="Free text: topology, connector, link.")
+    note: NoteText = Field("", description="Free text: topology, connector, link.")
     lab: str | None = Field(None, description="Lab name written in the record.")
     offload: bool = Field(False, description="Pair offload-on-load against offload-off-load "
                           "and state the pressure.")
@@ -551,7 +551,7 @@ class PredictArgs(Args):
     ctx: int | None = Field(None, ge=1, description="Context length (default: CTX).")
     record: bool = Field(False, description="Append a `prediction` line to the notebook.")
     label: str = Field("prediction", description="Notebook label.")
-    note: str = Field("", description="Free text for the notebook line.")
+    note: NoteText = Field("", description="Free text for the notebook line.")
     labbook: str | None = Field(None, description="Notebook file (default: LABBOOK).")
 
     def predicted(self, settings: Settings) -> KvPrediction:

@@ -33,7 +33,7 @@ LAB_SEARCH = SearchPlan(start=2.0, max_steps=6, duration_s=6.0, min_requests=20,
 QUICK_SEARCH = SearchPlan(start=2.0, max_steps=2, duration_s=2.0, min_requests=6, warmup=1)
 
 # llama.cpp's slot experiments time files kvlab writes and reads where it runs
-SLOT_FILES_HERE = ("disk",)
+SLOT_FILES_HERE = ("disk", "shared-slots")
 NOT_PLACED = ("not placed on a Ray node: kvlab times llama.cpp's slot files on the disk where "
               "it runs; run `kvlab run disk` on that machine")
 NO_LLAMA = ("llama-server is not installed on this machine: `kvlab engines install` builds it "
@@ -78,9 +78,11 @@ def specs(lab: Lab, spec: AllSpec) -> dict[str, object]:
     from kvlab.experiments.llama_tiers import LlamaTiersSpec
     from kvlab.experiments.offload import OffloadSpec
     from kvlab.experiments.shared import SharedSpec
+    from kvlab.experiments.slot_share import SharedSlotsSpec
 
     return {
         "disk": DiskSpec(prompt_tokens=spec.disk_prompt_tokens),
+        "shared-slots": SharedSlotsSpec(prompt_tokens=min(2000, spec.disk_prompt_tokens)),
         # distinct prompts: a shared preamble would let one slot reuse it and hide interference
         "interference": InterferenceSpec(requests=max(spec.requests, 8),
                                          max_tokens=spec.max_tokens, prompt_set="mixed",

@@ -35,6 +35,7 @@ from kvlab.observe.chat import ChatResult
 from kvlab.records import notebook
 from kvlab.records.evidence import LlamaServerLine
 from kvlab.records.models import Record, ReuseRecord
+from kvlab.records.rows import SHARED_SLOTS
 from kvlab.records.runs import ReuseRow, SlotEvidence
 
 
@@ -42,7 +43,7 @@ from kvlab.records.runs import ReuseRow, SlotEvidence
 class SharedSlotsSpec(SlotRunSpec):
     """Both servers' settings (identical) and the prompt."""
 
-    label: str = "shared-store"
+    label: str = SHARED_SLOTS.label  # its own row: a slot file moved between two servers
 
     def check(self) -> None:
         super().check()
@@ -65,7 +66,7 @@ async def run(lab: Lab, spec: SharedSlotsSpec) -> list[Record]:
     name = f"kvlab-shared-{plans[0].port}.bin"
     lab.say(f"servers A {plans[0].base_url} and B {plans[1].base_url}, "
             f"one store {store.directory}")
-    async with engines(lab, plans, labels=[f"{spec.label}-slots-{n}" for n in ("a", "b")],
+    async with engines(lab, plans, labels=[f"{spec.label}-{n}" for n in ("a", "b")],
                        ready_timeout_s=READY_S) as (proc_a, proc_b):
         version = await startup.server_version(plans[0])
         async with LlamaClient(LlamaTarget.from_plan(plans[0], proc_a.log_path),

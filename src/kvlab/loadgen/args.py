@@ -11,9 +11,9 @@ MAX_TOKENS, PROMPT_SET, PREAMBLE_TOKENS, CTX, MEM_FRACTION) and say where the UR
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from kvlab.core.errors import InputError
 from kvlab.core.settings import LoadedSettings, Settings
@@ -33,6 +33,20 @@ class Args(BaseModel):
     """A command's arguments: no unknown option, nothing changed after parsing."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _no_secret(text: str) -> str:
+    """Free text bound for the notebook, refused before the run when it holds a key (the
+    notebook would refuse it after the run, and the run would be lost)."""
+    from kvlab.core.secrets import secret_in_text
+
+    found = secret_in_text(text)
+    if found is not None:
+        raise ValueError(f"holds {found}; leave it out: the notebook never keeps a secret")
+    return text
+
+
+NoteText = Annotated[str, AfterValidator(_no_secret)]  # a --note for the notebook line
 
 
 class LoadArgs(Args):

@@ -28,6 +28,7 @@ from kvlab.records.runs import (
     CrossingRecord,
     DiskRecord,
     KvQuantRecord,
+    NoteRecord,
     NotRunRecord,
     PredictionRecord,
     ProcedureRecord,
@@ -39,17 +40,39 @@ from kvlab.records.runs import (
 from kvlab.records.upgrade import upgraded
 
 __all__ = [
-    "BY_KIND", "KINDS", "LAB_OFFLOAD", "LAB_PD", "BoundaryPointRecord", "BoundaryRecord",
-    "CapacityRecord", "ComparisonRecord", "CrossingRecord", "DiskRecord", "KvQuantRecord",
-    "LinkRecord", "LoadRecord", "NotRunRecord", "Percentiles", "PredictionRecord",
-    "ProcedureRecord", "ProofRecord", "Record", "ReuseRecord", "ReuseRow", "StartupRecord",
-    "Unreadable", "json_schemas", "now_stamp", "parse",
+    "BY_KIND",
+    "KINDS",
+    "LAB_OFFLOAD",
+    "LAB_PD",
+    "BoundaryPointRecord",
+    "BoundaryRecord",
+    "CapacityRecord",
+    "ComparisonRecord",
+    "CrossingRecord",
+    "DiskRecord",
+    "KvQuantRecord",
+    "LinkRecord",
+    "LoadRecord",
+    "NotRunRecord",
+    "NoteRecord",
+    "Percentiles",
+    "PredictionRecord",
+    "ProcedureRecord",
+    "ProofRecord",
+    "Record",
+    "ReuseRecord",
+    "ReuseRow",
+    "StartupRecord",
+    "Unreadable",
+    "json_schemas",
+    "now_stamp",
+    "parse",
 ]
 
 KINDS: tuple[type[Record], ...] = (
     StartupRecord, ReuseRecord, ProofRecord, LoadRecord, LinkRecord, ComparisonRecord,
     PredictionRecord, CrossingRecord, NotRunRecord, DiskRecord, ProcedureRecord,
-    BoundaryPointRecord, BoundaryRecord, CapacityRecord, KvQuantRecord,
+    BoundaryPointRecord, BoundaryRecord, CapacityRecord, KvQuantRecord, NoteRecord,
 )
 BY_KIND: dict[str, type[Record]] = {cls.kind: cls for cls in KINDS}
 _LOAD_FIELDS = frozenset(f.alias or name for name, f in LoadRecord.model_fields.items())

@@ -85,6 +85,7 @@ DISK = Row("disk", LAB_OFFLOAD, "Disk, llama.cpp slot save and restore",
     command="kvlab run disk")
 SHARED_SLOTS = Row("shared-slots", LAB_OFFLOAD, "llama.cpp slot store, two servers",
                    "save on one server, restore on the other",
+                   startup=("shared-slots-a", "shared-slots-b"),
     command="kvlab run shared-slots")
 # llama.cpp's path through tasks 2 and 3 (`kvlab run llama-tiers`): one llama-server at a time
 LLAMA_PROMPT_OFF = Row("llama-prompt-off", LAB_OFFLOAD, "llama.cpp, prompt caching off",

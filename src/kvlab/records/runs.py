@@ -682,3 +682,17 @@ class KvQuantRecord(Record):
     top_token_same: bool | None = None
     verdict: str
     reasons: list[str] = Field(default_factory=list)
+
+
+# --- the user's own answers (task 6) -------------------------------------------------------
+NOTE_TOPICS = ("host-tier", "store", "disk", "quantised", "configuration")
+
+
+class NoteRecord(Record):
+    """The user's own answer to one of the labs' questions (`kvlab note`), in their words,
+    shown beside the answer kvlab drafted from the rows."""
+
+    kind: ClassVar[str] = "note"
+    record: Literal["note"] = "note"
+    about: Literal["host-tier", "store", "disk", "quantised", "configuration"]
+    text: str = Field(min_length=1, max_length=2000)

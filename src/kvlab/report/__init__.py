@@ -56,8 +56,9 @@ class Report:
             parts += ["### Decisions, from the rows above", ""]
             for lab, title in LAB_TITLES.items():
                 answers = [d for d in self.decisions if d.lab == lab]
-                parts += [f"{title}:", "", *(f"- **{d.question}** {d.answer}" for d in answers),
-                          ""]
+                parts += [f"{title}:", "", *(f"- **{d.question}** {d.answer}"
+                                             + (f" *Your answer:* {d.yours}" if d.yours else "")
+                                             for d in answers), ""]
         if self.plots:
             parts += ["### Plots", ""]
             for p in self.plots:

@@ -28,6 +28,7 @@ from kvlab.records.models import (
     ComparisonRecord,
     DiskRecord,
     LoadRecord,
+    NoteRecord,
     Record,
     ReuseRecord,
 )
@@ -68,10 +69,11 @@ class Decision:
     decided: bool  # False: the rows do not decide it, and `answer` says why
     figure: str = ""  # the figure the answer rests on, short (a ratio and its interval)
     rows: tuple[str, ...] = ()  # the labels of the report rows behind it
+    yours: str = ""  # the user's own answer (`kvlab note`), beside kvlab's draft
 
     def as_dict(self) -> dict[str, str | bool]:
         return {"lab": self.lab, "question": self.question, "answer": self.answer,
-                "decided": self.decided, "figure": self.figure}
+                "decided": self.decided, "figure": self.figure, "yours": self.yours}
 
     def extended(self, words: str) -> Decision:
         """The same decision with `words` said after its answer."""
@@ -99,11 +101,13 @@ def decide(book: Notebook) -> list[Decision]:
                                           PRESSURE_ON.label + "-smaller"))
     pd = configuration(book)
     pd = replace(pd, rows=(*pd.rows, BASELINE.label, *(g.label for g in split_groups(book))))
-    return [with_capacity(with_llama(with_smaller_tier(host, book), book), book, tier,
-                          smaller_tier=False),
-            replace(store(book), rows=(SHARED_STORE.label,)),
-            replace(disk(book), rows=(DISK.label,)), quantised(book),
-            with_capacity(pd, book, split)]
+    drafted = [with_capacity(with_llama(with_smaller_tier(host, book), book), book, tier,
+                             smaller_tier=False),
+               replace(store(book), rows=(SHARED_STORE.label,)),
+               replace(disk(book), rows=(DISK.label,)), quantised(book),
+               with_capacity(pd, book, split)]
+    return [with_yours(d, book) for d in drafted]
+
 
 
 # ---------------------------------------------------------------- offload: the host tier
@@ -485,3 +489,13 @@ def _notes(best: Judged, judged: list[Judged], boundary: BoundaryRecord | None) 
     if skipped:
         notes.append("not considered: " + "; ".join(skipped))
     return notes
+
+
+# ---------------------------------------------------------------- the user's own answers
+
+def with_yours(found: Decision, book: Notebook) -> Decision:
+    """The decision with the user's newest own answer to its question (`kvlab note`)."""
+    topics = {"host-tier": HOST_Q, "store": STORE_Q, "disk": DISK_Q, "quantised": QUANT_Q,
+              "configuration": PD_Q}
+    notes = [n for n in book.of(NoteRecord) if topics[n.about] == found.question]
+    return replace(found, yours=notes[-1].text) if notes else found

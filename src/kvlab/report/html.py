@@ -28,6 +28,7 @@ h3{font-size:15px;margin:14px 0 2px}.sub{color:#5b636a;font-size:13px;margin:0 0
 .decisions li{border-left:5px solid #888;background:#f5f6f7;margin:5px 0;padding:5px 10px}
 .decisions li.yes{border-color:#2e933c}.decisions li.no{border-color:#c9a227}
 .decisions .q{font-weight:600}.decisions .fig{font-variant-numeric:tabular-nums}
+.decisions .yours{font-style:italic}
 .decisions details{font-size:13px;color:#3a4046}
 table{border-collapse:collapse;width:100%;font-size:13px;margin-bottom:6px}
 th,td{border:1px solid #d5d9dd;padding:3px 6px;vertical-align:top;text-align:left}
@@ -77,6 +78,8 @@ def _decisions(decisions: Sequence[Decision], tables: Sequence[Table]) -> list[s
                    f'<span class="q">{escape(LAB_NAMES.get(d.lab, d.lab))}: '
                    f'{escape(d.question)}</span> {_text(headline(d))}{figure}'
                    + (f" <small>(rows: {links})</small>" if links else "")
+                   + (f'<br><span class="yours">Your answer: {_text(d.yours)}</span>'
+                      if d.yours else "")
                    + f"<details><summary>the whole answer</summary>{_text(d.answer)}"
                    "</details></li>")
     out.append("</ul>")

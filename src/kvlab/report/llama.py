@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from kvlab.core.sizes import human_bytes
 from kvlab.measure import compare, intervals
-from kvlab.records.models import KvQuantRecord, LoadRecord
+from kvlab.records.models import KvQuantRecord, LoadRecord, ReuseRecord
 from kvlab.records.notebook import Notebook
 from kvlab.records.rows import (
     LLAMA_KV_QUANT,
@@ -19,6 +19,7 @@ from kvlab.records.rows import (
     LLAMA_RAM_OFF,
     LLAMA_RAM_ON,
     LLAMA_RAM_SMALL,
+    SHARED_SLOTS,
 )
 from kvlab.report.common import NO_FIGURE, Line, latest, measured_on, missing, said
 from kvlab.report.offload import WIDTH, pressure_line, reuse_row, tier_verdict
@@ -34,7 +35,8 @@ class RamAgainstNone:
 
 
 def llama_lines(book: Notebook) -> list[Line]:
-    """The llama.cpp rows, in the lab's order (task 2, task 3, the quantised cache)."""
+    """The llama.cpp rows, in the lab's order (task 2, task 3, the quantised cache, then a slot
+    file moved between two servers: the nearest llama.cpp comes to a shared store)."""
     lines = [reuse_row(book, LLAMA_PROMPT_OFF), reuse_row(book, LLAMA_PROMPT_ON)]
     for row in (LLAMA_RAM_OFF, LLAMA_RAM_ON, LLAMA_RAM_SMALL):
         on, _ = compare.paired_rows(book.records, row.label, LLAMA_RAM_OFF.label)
@@ -51,7 +53,36 @@ def llama_lines(book: Notebook) -> list[Line]:
             line.cells[3] = "the reference"
         lines.append(line)
     lines.append(quant_line(book))
+    lines.append(slots_line(book))
     return lines
+
+
+def slots_line(book: Notebook) -> Line:
+    """A slot saved on one llama-server and restored on another (`kvlab run shared-slots`)."""
+    r = latest(book, ReuseRecord, SHARED_SLOTS.label)
+    ev = r.evidence if r is not None else None
+    if r is None or ev is None:
+        return missing(SHARED_SLOTS, book, WIDTH)
+    cold, restored, control = ev.cold_a, ev.restored_b, ev.cold_b_control
+    first = said(cold.ttft_s if cold else None, "not recorded")
+    after = said(restored.ttft_s if restored else None, "not recorded")
+    cached = (f"{restored.cache_n:,} of {restored.cache_n + (restored.prompt_n or 0):,} "
+              "prompt tokens" if restored and restored.cache_n is not None else "not recorded")
+    ratio = (f"{restored.ttft_s / cold.ttft_s:.3f}x (restored on B / cold on A)"
+             if restored and cold and restored.ttft_s and cold.ttft_s else NO_FIGURE)
+    evidence = [*r.reasons,
+                f"the control (same prompt cold on B's other slot): TTFT "
+                f"{said(control.ttft_s if control else None, 'not recorded')} s, cached "
+                f"{said(control.cache_n if control else None, '?')} tokens",
+                f"restored logprobs differ by at most {said(ev.logprob_max_abs_diff, '?')} "
+                f"(tolerance {said(ev.logprob_tolerance, '?')})"]
+    if ev.save is not None:
+        evidence.append(f"slot file {said(ev.save.n_bytes, '?')} bytes for "
+                        f"{ev.save.n_tokens:,} tokens")
+    return Line(SHARED_SLOTS.title, SHARED_SLOTS.how, [f"{first} (cold on A)",
+                                                       f"{after} (restored on B)", cached, ratio],
+                evidence, measured_on(book, r), r.verdict or "not judged",
+                SHARED_SLOTS.command, anchor=SHARED_SLOTS.label)
 
 
 def ram_against_none(book: Notebook, label: str) -> RamAgainstNone | None:
