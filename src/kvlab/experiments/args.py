@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from kvlab.experiments.interference import InterferenceSpec
     from kvlab.experiments.llama_tiers import LlamaTiersSpec
     from kvlab.experiments.manual import Note, Pair
+    from kvlab.experiments.mlx_cache import MlxCacheSpec
     from kvlab.experiments.offload import OffloadSpec
     from kvlab.experiments.shared import SharedSpec
     from kvlab.experiments.slot_share import SharedSlotsSpec
@@ -147,6 +148,20 @@ class DiskArgs(LocalArgs):
         return DiskSpec(prompt_tokens=self.prompt_tokens, ctx=self.ctx, parallel=self.parallel,
                         cache_ram_mib=self.cache_ram, label=self.label,
                         keep_file=self.keep_file)
+
+
+class MlxCacheArgs(LocalArgs):
+    """Time mlx-lm's prompt-cache file: cold prefill, save, load in a new process."""
+
+    prompt_tokens: int = Field(2000, ge=16, description="Length of the prompt, in the "
+                               "model's tokens.")
+    keep_file: bool = Field(False, description="Keep the cache file (in KVLAB_HOME's stores, "
+                            "removed by `kvlab clean`).")
+
+    def spec(self, loaded: LoadedSettings) -> MlxCacheSpec:
+        from kvlab.experiments.mlx_cache import MlxCacheSpec
+
+        return MlxCacheSpec(prompt_tokens=self.prompt_tokens, keep_file=self.keep_file)
 
 
 class SharedSlotsArgs(LocalArgs):
@@ -375,8 +390,8 @@ class AllArgs(PlacementArgs):
     """Every experiment this machine can run, then `kvlab report` (the README's main command)."""
 
     quick: bool = Field(False, description="Small sizes: a first look, and CI.")
-    only: tuple[Literal["disk", "shared-slots", "interference", "llama-tiers", "offload",
-                        "shared", "disagg"], ...] = Field(
+    only: tuple[Literal["disk", "mlx-cache", "shared-slots", "interference", "llama-tiers",
+                        "offload", "shared", "disagg"], ...] = Field(
         (), description="Run just these experiments (repeatable).")
     report_dir: str = Field("kvlab-report", description="Where the report and its plots go.")
 

@@ -20,7 +20,7 @@ from kvlab.cluster.placement import LOCAL, Placement
 from kvlab.core.errors import KvlabError
 from kvlab.core.say import Say, quiet
 from kvlab.core.settings import Settings
-from kvlab.engines import llamacpp
+from kvlab.engines import install, llamacpp
 from kvlab.experiments import DISAGG_PARTS, EXPERIMENTS, RUN_ALL
 from kvlab.experiments.lab import Lab
 from kvlab.loadgen.capacity import CapacityAsk, SearchPlan
@@ -33,9 +33,11 @@ LAB_SEARCH = SearchPlan(start=2.0, max_steps=6, duration_s=6.0, min_requests=20,
 QUICK_SEARCH = SearchPlan(start=2.0, max_steps=2, duration_s=2.0, min_requests=6, warmup=1)
 
 # llama.cpp's slot experiments time files kvlab writes and reads where it runs
-SLOT_FILES_HERE = ("disk", "shared-slots")
+SLOT_FILES_HERE = ("disk", "mlx-cache", "shared-slots")
 NOT_PLACED = ("not placed on a Ray node: kvlab times llama.cpp's slot files on the disk where "
               "it runs; run `kvlab run disk` on that machine")
+NO_MLX = ("mlx-lm is not installed on this machine: `kvlab engines install --only mlx` puts it in "
+          "a venv of its own (mlx[cpu] on Linux, mlx with Metal on macOS)")
 NO_LLAMA = ("llama-server is not installed on this machine: `kvlab engines install` builds it "
             "(CPU), or set LLAMA_BIN to a build for this machine's accelerator")
 
@@ -76,12 +78,14 @@ def specs(lab: Lab, spec: AllSpec) -> dict[str, object]:
     from kvlab.experiments.disk import DiskSpec
     from kvlab.experiments.interference import InterferenceSpec
     from kvlab.experiments.llama_tiers import LlamaTiersSpec
+    from kvlab.experiments.mlx_cache import MlxCacheSpec
     from kvlab.experiments.offload import OffloadSpec
     from kvlab.experiments.shared import SharedSpec
     from kvlab.experiments.slot_share import SharedSlotsSpec
 
     return {
         "disk": DiskSpec(prompt_tokens=spec.disk_prompt_tokens),
+        "mlx-cache": MlxCacheSpec(prompt_tokens=min(2000, spec.disk_prompt_tokens)),
         "shared-slots": SharedSlotsSpec(prompt_tokens=min(2000, spec.disk_prompt_tokens)),
         # distinct prompts: a shared preamble would let one slot reuse it and hide interference
         "interference": InterferenceSpec(requests=max(spec.requests, 8),
@@ -132,7 +136,9 @@ async def _one(lab: Lab, spec: AllSpec, name: str) -> list[Record]:
            NO_LLAMA if entry.needs_llama_server
            and llamacpp.find_llama_server(lab.settings) is None else
            f"no vLLM on this machine ({lab.vllm.reason})" if entry.needs_vllm
-           and not lab.vllm.found else None)
+           and not lab.vllm.found else
+           NO_MLX if entry.needs_mlx and install.mlx_python(lab.settings.home()) is None
+           else None)
     if why is not None:
         lab.outcomes[name] = {"ok": True, "lines": 0, "not_run": why}
         return [lab.not_run(r, why) for r in entry.rows]

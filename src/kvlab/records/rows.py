@@ -83,6 +83,9 @@ SHARED_PROOF = Row("shared-store-proof", LAB_OFFLOAD, "Shared store, the proof",
 DISK = Row("disk", LAB_OFFLOAD, "Disk, llama.cpp slot save and restore",
            "save, erase, restore, timed",
     command="kvlab run disk")
+MLX_CACHE = Row("mlx-cache", LAB_OFFLOAD, "Disk, mlx-lm prompt-cache file",
+                "prefill, save, load in a new process, timed",
+    command="kvlab run mlx-cache")
 SHARED_SLOTS = Row("shared-slots", LAB_OFFLOAD, "llama.cpp slot store, two servers",
                    "save on one server, restore on the other",
                    startup=("shared-slots-a", "shared-slots-b"),
@@ -145,7 +148,7 @@ INTERFERENCE = Row("interference", LAB_PD, "llama-server, 4 slots against 1 slot
 
 ROWS: tuple[Row, ...] = (
     QUIET_OFF, QUIET_ON, PRESSURE_OFF, PRESSURE_ON, SHARED_STORE, SHARED_SINGLE, SHARED_PROOF,
-    DISK, SHARED_SLOTS, LLAMA_PROMPT_OFF, LLAMA_PROMPT_ON, LLAMA_RAM_OFF, LLAMA_RAM_ON,
+    DISK, MLX_CACHE, SHARED_SLOTS, LLAMA_PROMPT_OFF, LLAMA_PROMPT_ON, LLAMA_RAM_OFF, LLAMA_RAM_ON,
     LLAMA_RAM_SMALL, LLAMA_KV_QUANT, BASELINE, SPLIT, TWO_MACHINES_SHARED, TWO_MACHINES_NIXL,
     LOOPBACK, PREDICTION, CANCEL, BOUNDARY, BOUNDARY_SPLIT, BOUNDARY_BASELINE, INTERFERENCE,
 )

@@ -203,13 +203,14 @@ def disk(console: Console, r: DiskRecord, labbook: str) -> None:
     """The disk tier's stopwatch: cold, save, control, restore, after the restore."""
     ev = r.evidence
     cold, control = (ev.cold, ev.control) if ev else (None, None)
-    console.print(f"==> The disk tier, timed ({r.prompt_tokens} prompt tokens, "
-                  f"{r.kv_cache_type} KV, {r.model})")
+    console.print(f"==> The disk tier, timed ({r.engine}, {r.prompt_tokens} prompt tokens, "
+                  f"{r.kv_cache_type or 'model-dtype'} KV, {r.model})")
     console.print(f"    cold TTFT            {ms(r.cold_ttft_s):>13}  (cache_n {_cache(cold)})")
     console.print(f"    save                 {r.save_ms or 0:10.1f} ms  "
                   f"({r.file_bytes or 0:,} bytes)")
-    console.print(f"    control (no restore) {ms(control.ttft_s if control else None):>13}  "
-                  f"(cache_n {_cache(control)})")
+    if control is not None:  # llama.cpp's; mlx-lm's load is a new process, with no cache
+        console.print(f"    control (no restore) {ms(control.ttft_s):>13}  "
+                      f"(cache_n {_cache(control)})")
     console.print(f"    restore              {r.restore_ms or 0:10.1f} ms")
     console.print(f"    after restore TTFT   {ms(r.post_restore_ttft_s):>13}  "
                   f"(cache_n {r.post_restore_cached_tokens})")

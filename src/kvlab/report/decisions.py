@@ -40,6 +40,7 @@ from kvlab.records.rows import (
     LLAMA_KV_QUANT,
     LLAMA_RAM_ON,
     LLAMA_RAM_SMALL,
+    MLX_CACHE,
     PRESSURE_OFF,
     PRESSURE_ON,
     SHARED_SINGLE,
@@ -104,7 +105,8 @@ def decide(book: Notebook) -> list[Decision]:
     drafted = [with_capacity(with_llama(with_smaller_tier(host, book), book), book, tier,
                              smaller_tier=False),
                replace(store(book), rows=(SHARED_STORE.label,)),
-               replace(disk(book), rows=(DISK.label,)), quantised(book),
+               replace(with_mlx(disk(book), book), rows=(DISK.label, MLX_CACHE.label)),
+               quantised(book),
                with_capacity(pd, book, split)]
     return [with_yours(d, book) for d in drafted]
 
@@ -336,6 +338,23 @@ def disk(book: Notebook) -> Decision:
         + f"; after the restore the first token took {num(after)} s against {num(cold)} s "
         f"from cold, saving {num(cold - after)} s each time the conversation comes back."),
         True, f"first token {num(after)} s after restore against {num(cold)} s cold")
+
+
+def with_mlx(found: Decision, book: Notebook) -> Decision:
+    """The disk answer with mlx-lm's prompt-cache file (the Apple track's fourth tier), where
+    it ran; it decides the question where llama.cpp's slot file did not run."""
+    r = latest(book, DiskRecord, MLX_CACHE.label)
+    if r is None or r.cold_ttft_s is None or r.post_restore_ttft_s is None:
+        return found
+    words = (f"On mlx-lm, the prompt-cache file ({r.file_bytes or 0:,} bytes for "
+             f"{r.prompt_tokens:,} tokens, {r.verdict}) loaded in {num(r.restore_ms, 1)} ms in a "
+             f"new process, and its first token took {num(r.post_restore_ttft_s)} s against "
+             f"{num(r.cold_ttft_s)} s from cold")
+    if found.decided or r.verdict != PROVEN:
+        return found.extended(words)
+    return Decision("offload", DISK_Q, words + ".", True,
+                    f"first token {num(r.post_restore_ttft_s)} s after load against "
+                    f"{num(r.cold_ttft_s)} s cold")
 
 
 # ---------------------------------------------------------------- P/D: which configuration

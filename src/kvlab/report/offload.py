@@ -30,6 +30,7 @@ from kvlab.records.models import (
 from kvlab.records.notebook import Notebook
 from kvlab.records.rows import (
     DISK,
+    MLX_CACHE,
     PRESSURE_OFF,
     PRESSURE_ON,
     QUIET_OFF,
@@ -79,6 +80,7 @@ def offload_table(book: Notebook, more: Sequence[Line] = ()) -> Table:
         table.lines.append(line)
     table.lines.append(reuse_row(book, SHARED_STORE, alternating=True))
     table.lines.append(_disk_row(book))
+    table.lines.append(_disk_row(book, MLX_CACHE))
     table.lines += more
     return table
 
@@ -434,10 +436,12 @@ def _working_set(planned: PressurePlanned | None, prompt_set: str | None) -> str
                f"{prompt_set or 'prompt set not recorded'})"))
 
 
-def _disk_row(book: Notebook) -> Line:
-    r = latest(book, DiskRecord, DISK.label)
+def _disk_row(book: Notebook, row: Row = DISK) -> Line:
+    """A disk tier's stopwatch: llama.cpp's slot file (`disk`) or mlx-lm's prompt-cache file
+    (`mlx-cache`, which has no control: its load is a new process's)."""
+    r = latest(book, DiskRecord, row.label)
     if r is None:
-        return missing(DISK, book, WIDTH)
+        return missing(row, book, WIDTH)
     ev = r.evidence
     control = ev.control.cache_n if ev is not None and ev.control is not None else None
     size = r.file_bytes
@@ -448,16 +452,20 @@ def _disk_row(book: Notebook) -> Line:
                 f"{size:,} bytes on disk" if size is not None else "file size not recorded",
                 f"restored cache_n {said(r.post_restore_cached_tokens, 'not recorded')} "
                 f"of {said(r.prompt_tokens, 'an unrecorded number of')} tokens",
-                f"control (no restore) cache_n {said(control, 'not recorded')}",
-                f"KV {r.kv_cache_type or 'cache type not recorded'}"]
+                f"control (no restore) cache_n {said(control, 'not recorded')}"
+                if row is DISK else f"{r.note or ''}".strip(),
+                f"KV {r.kv_cache_type or 'the model dtype'}"]
+    if ev is not None and ev.logprob_max_abs_diff is not None:
+        evidence.append(f"first-token logprobs against the cold prefill: at most "
+                        f"{ev.logprob_max_abs_diff:.2g} apart")
     after = r.post_restore_ttft_s
     ratio_cell = (f"{after / r.cold_ttft_s:.3f}x (after restore / cold)"
                   if after is not None and r.cold_ttft_s else "n/a")
-    return Line(DISK.title, DISK.how, [f"{said(r.cold_ttft_s, 'not recorded')} (cold)",
-                                       f"{said(after, 'not recorded')} (after restore)",
-                                       "not applicable", ratio_cell],
-                evidence, measured_on(book, r), str(r.verdict), DISK.command,
-                anchor=DISK.label)
+    return Line(row.title, row.how, [f"{said(r.cold_ttft_s, 'not recorded')} (cold)",
+                                     f"{said(after, 'not recorded')} (after restore)",
+                                     "not applicable", ratio_cell],
+                [e for e in evidence if e], measured_on(book, r), str(r.verdict),
+                row.command, anchor=row.label)
 
 
 def _ms(value: float | None) -> str:

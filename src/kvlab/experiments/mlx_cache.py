@@ -1,0 +1,121 @@
+"""`kvlab run mlx-cache`: mlx-lm's prompt-cache file, the Apple track's fourth tier, timed
+against a cold prefill as `kvlab run disk` times llama.cpp's slot file.
+
+In mlx-lm's own venv (`engines/mlx`): one process prefills the prompt cold (the TTFT to beat),
+then prefills all but its last token into a cache and writes the file with kvlab's manifest
+(the model's content digest) in its metadata; kvlab checks the manifest; a second process
+loads the file and computes the first token of the same prompt from it. Reuse is shown by the
+cached tokens the loaded cache holds and by the first token's top logprobs against the cold
+prefill's. The line is a `disk` line labelled `mlx-cache`, with the engine named.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvlab.core.errors import SettingError
+from kvlab.core.files import write_private
+from kvlab.engines import install, mlx
+from kvlab.engines.llamacpp.client import logprob_gap
+from kvlab.engines.llamacpp.roundtrip import LOGPROB_TOLERANCE, NOT_PROVEN, PROVEN
+from kvlab.engines.models import corpus
+from kvlab.engines.process import make_private_dir
+from kvlab.experiments.lab import Lab
+from kvlab.records import notebook
+from kvlab.records.models import DiskRecord, Record
+from kvlab.records.rows import MLX_CACHE
+from kvlab.records.runs import SlotEvidence, Turn
+
+
+@dataclass(frozen=True)
+class MlxCacheSpec:
+    prompt_tokens: int = 2000
+    top_logprobs: int = 5
+    keep_file: bool = False
+    label: str = MLX_CACHE.label
+
+    def check(self) -> None:
+        if self.prompt_tokens < 16:
+            raise SettingError(f"--prompt-tokens {self.prompt_tokens}: give at least 16")
+
+
+def model_dir(lab: Lab) -> str:
+    """The HF directory mlx-lm loads: MODEL, else SMALL_MODEL, when it is a local directory."""
+    for value in (lab.settings.model, lab.settings.small_model):
+        if Path(value).expanduser().is_dir():
+            return str(Path(value).expanduser())
+    raise SettingError(f"MODEL ({lab.settings.model}) is not a local directory: mlx-lm loads a "
+                       "Hugging Face directory (config.json, safetensors, tokenizer); set MODEL "
+                       "to one (`kvlab models tiny` makes one)")
+
+
+async def run(lab: Lab, spec: MlxCacheSpec) -> list[Record]:
+    """The cold prefill, the save, the check, the load; the `disk` line it wrote."""
+    spec.check()
+    python, model = mlx.require_mlx(lab.settings.home()), model_dir(lab)
+    where = lab.settings.paths().store(lab.run_id, spec.label)
+    make_private_dir(where)  # the cache holds the user's prompt
+    cache_file, job = where / "prompt-cache.safetensors", where / "job.json"
+    write_private(job, json.dumps({
+        "model": model, "text": _text(spec.prompt_tokens),
+        "prompt_tokens": spec.prompt_tokens, "file": str(cache_file),
+        "top": spec.top_logprobs, "metadata": mlx.manifest(model)}))
+    try:
+        lab.say(f"mlx-lm: cold prefill of {spec.prompt_tokens} tokens, then the cache file")
+        saved = await asyncio.to_thread(mlx.run_step, python, "save", job)
+        mlx.check_file(cache_file, model)
+        lab.say("mlx-lm: a new process loads the file and computes the first token from it")
+        loaded = await asyncio.to_thread(mlx.run_step, python, "load", job)
+    finally:
+        job.unlink(missing_ok=True)
+        if not spec.keep_file:
+            cache_file.unlink(missing_ok=True)
+            where.rmdir()
+    return [lab.record(disk_record(spec, saved, loaded, model, cache_file))]
+
+
+def disk_record(spec: MlxCacheSpec, saved: mlx.ShimAnswer, loaded: mlx.ShimAnswer,
+                model: str, cache_file: Path) -> DiskRecord:
+    cold, after = saved.cold_s, loaded.restored_s
+    gap = logprob_gap(saved.cold_top, loaded.restored_top)
+    cached, prompt = loaded.cached_tokens or 0, saved.prompt_tokens
+    reasons = [f"the loaded cache held {cached} of the prompt's {prompt} tokens",
+               f"first token's top logprobs differ by at most {gap:.2g} (tolerance "
+               f"{LOGPROB_TOLERANCE:g})" if gap is not None else "logprobs not compared"]
+    proven = (cached >= prompt - 1 and gap is not None and gap <= LOGPROB_TOLERANCE
+              and cold is not None and after is not None and after < cold)
+    return DiskRecord(
+        label=spec.label, lab=notebook.LAB_OFFLOAD, engine=mlx.MLX_LM,
+        engine_version=f"mlx-lm {saved.mlx_lm} ({saved.device})", model=model,
+        model_sha256=mlx.manifest(model)[mlx.DIGEST_KEY], prompt_tokens=prompt,
+        max_tokens=1, cold_ttft_s=_round(cold), save_ms=_ms(saved.save_s),
+        restore_ms=_ms(loaded.load_s), file_bytes=saved.file_bytes,
+        saved_tokens=saved.saved_tokens, restored_tokens=cached,
+        post_restore_ttft_s=_round(after), post_restore_cached_tokens=cached,
+        restore_cold_ratio=round(after / cold, 4) if cold and after is not None else None,
+        verdict=PROVEN if proven else NOT_PROVEN, reasons=reasons,
+        evidence=SlotEvidence(
+            cold=Turn(ttft_s=_round(cold), top_logprobs=saved.cold_top),
+            restored=Turn(ttft_s=_round(after), cache_n=cached, prompt_n=prompt - cached,
+                          top_logprobs=loaded.restored_top),
+            logprob_max_abs_diff=gap, logprob_tolerance=LOGPROB_TOLERANCE,
+            slot_file=str(cache_file), file_kept=spec.keep_file),
+        note=(f"mlx-lm {install.MLX_LM_VERSION}: the prompt-cache file written by one process "
+              "and loaded by another; the manifest in its metadata was checked first"))
+
+
+def _text(tokens: int) -> str:
+    """Deterministic prose of more than `tokens` tokens (the shim cuts it to the count)."""
+    lines = max(64, tokens // 2)
+    return " ".join(line for line in corpus(lines, 7) if "<|" not in line)
+
+
+def _round(seconds: float | None) -> float | None:
+    return round(seconds, 4) if seconds is not None else None
+
+
+def _ms(seconds: float | None) -> float | None:
+    return round(seconds * 1000, 3) if seconds is not None else None

@@ -1,0 +1,78 @@
+"""mlx-lm's prompt-cache file on the real engine (mlx[cpu] in kvlab's venv for it) and the
+tiny model: timed against a cold prefill, loaded by a second process, and refused by kvlab's
+manifest when it was computed for another model of the same shapes."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from integration.conftest import cpu_settings
+from kvlab.core.errors import RefusedError
+from kvlab.engines import install, mlx
+from kvlab.engines.models import TinyModels
+from kvlab.experiments import mlx_cache
+from kvlab.experiments.lab import Lab
+from kvlab.records import notebook
+from kvlab.records.models import DiskRecord
+from kvlab.report import build
+
+pytestmark = pytest.mark.mlx
+
+
+@pytest.fixture(scope="module")
+def mlx_python() -> Path:
+    from kvlab.core.settings import Settings
+
+    python = install.mlx_python(Settings().home())
+    if python is None:
+        pytest.fail("mlx-lm is not installed: run `kvlab engines install` (make test does)")
+    return python
+
+
+def _lab(tmp_path: Path, models: TinyModels) -> Lab:
+    return Lab(cpu_settings(model=models.hf, labbook=str(tmp_path / "book.md")))
+
+
+async def test_the_cache_file_skips_the_prefill_and_gives_the_cold_logprobs(
+        tmp_path: Path, tiny_models: TinyModels, mlx_python: Path) -> None:
+    lab = _lab(tmp_path, tiny_models)
+    written = await mlx_cache.run(lab, mlx_cache.MlxCacheSpec(prompt_tokens=600))
+    assert [r.record for r in written] == ["disk"]
+    r = notebook.read(tmp_path / "book.md").of(DiskRecord, "mlx-cache")[0]
+    assert r.engine == "mlx-lm" and r.verdict == "reuse proven", r.reasons
+    assert r.prompt_tokens == 600 and r.post_restore_cached_tokens == 599
+    assert r.cold_ttft_s and r.post_restore_ttft_s is not None
+    assert r.post_restore_ttft_s < r.cold_ttft_s / 5
+    assert r.file_bytes and r.file_bytes > 599 * 2048  # 2,048 bytes a token on the tiny model
+    assert r.evidence and r.evidence.logprob_max_abs_diff is not None
+    assert r.evidence.logprob_max_abs_diff <= 1e-3
+    assert not Path(str(r.evidence.slot_file)).exists()  # noqa: ASYNC240 (not kept unless asked)
+    line = next(x for x in build(tmp_path / "book.md").tables[0].lines
+                if x.name == "Disk, mlx-lm prompt-cache file")
+    assert line.verdict == "reuse proven" and "(after restore)" in line.cells[1]
+
+
+async def test_a_file_from_another_model_is_refused_before_it_loads(
+        tmp_path: Path, tiny_models: TinyModels, other_tiny_models: TinyModels,
+        mlx_python: Path) -> None:
+    lab = _lab(tmp_path, tiny_models)
+    [r] = await mlx_cache.run(lab, mlx_cache.MlxCacheSpec(prompt_tokens=64, keep_file=True))
+    assert isinstance(r, DiskRecord) and r.evidence and r.evidence.slot_file
+    kept = Path(r.evidence.slot_file)
+    assert stat.S_IMODE(kept.parent.stat().st_mode) == 0o700  # it holds the user's prompt
+    mlx.check_file(kept, tiny_models.hf)  # its own model: accepted
+    with pytest.raises(RefusedError, match="computed for another model: kvlab_model_digest"):
+        mlx.check_file(kept, other_tiny_models.hf)
+    # a file mlx-lm wrote without kvlab's manifest says nothing of its model: refused too
+    job = tmp_path / "job.json"
+    bare = tmp_path / "bare.safetensors"
+    job.write_text(json.dumps({"model": tiny_models.hf, "text": "a few words " * 40,
+                               "prompt_tokens": 32, "file": str(bare), "top": 3,
+                               "metadata": {}}), encoding="utf-8")
+    mlx.run_step(mlx_python, "save", job)
+    with pytest.raises(RefusedError, match="carries no kvlab manifest"):
+        mlx.check_file(bare, tiny_models.hf)
