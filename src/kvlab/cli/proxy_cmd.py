@@ -79,9 +79,11 @@ def proxy_command(ctx: click.Context, prefill: tuple[str, ...], decode: tuple[st
     shown = out.err if out.as_json else out.console
     shown.print("==> Checking the engines")
     on_ready = _on_ready(config, out, shown)
-    if config.workers > 1:
-        from kvlab.proxy.workers import serve_workers
+    from kvlab.proxy.workers import serve_workers, spread_note
 
+    if note := spread_note(config.workers):
+        shown.print(f"    note: {note}")
+    if config.workers > 1 and not note:
         serve_workers(config, on_ready)
     else:
         runner.run(_serve(config, on_ready))

@@ -25,7 +25,7 @@ from kvlab.core.say import Say
 from kvlab.core.settings import Settings
 from kvlab.engines import startup
 from kvlab.engines.plan import EnginePlan
-from kvlab.engines.process import DEFAULT_READY_TIMEOUT_S, EngineProcess
+from kvlab.engines.process import DEFAULT_READY_TIMEOUT_S, EngineProcess, orphan_note
 from kvlab.records.evidence import NodeInfo
 from kvlab.records.runs import StartupRecord
 
@@ -79,6 +79,8 @@ async def record_ready(scope: Scope, proc: EngineProcess, label: str,
               + "; ".join(line.capacity.lines))
     if line.version_note:
         scope.say(f"    note: {line.version_note}")
+    if (note := orphan_note(proc)):
+        scope.say(f"    note: {note}")
     return line
 
 

@@ -46,9 +46,13 @@ def _local_host(host: str) -> bool:
     return str(address) in mine
 
 
-def listening_argv(url: str) -> list[str] | None:
+NOT_READ = ("not compared: the command line of the process on {url} could not be read "
+            "({why}), so its KV types, numerics flags and prompt caching are unknown")
+
+
+def listening_argv(url: str, notes: list[str] | None = None) -> list[str] | None:
     """The command line of the local process listening on `url`'s port (None: not local,
-    nothing listening, or not readable by this account)."""
+    nothing listening, or not readable by this account, which `notes` is told)."""
     import psutil
 
     parts = urlsplit(url if "://" in url else f"http://{url}")
@@ -57,6 +61,11 @@ def listening_argv(url: str) -> list[str] | None:
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
         connections = psutil.net_connections(kind="tcp")
+    except psutil.AccessDenied:  # macOS lists other processes' sockets only to root
+        if notes is not None:
+            notes.append(NOT_READ.format(url=url, why="listing sockets needs root on this "
+                                         "system, as on macOS"))
+        return None
     except (psutil.Error, OSError):
         return None
     for conn in connections:

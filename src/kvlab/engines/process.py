@@ -294,6 +294,15 @@ class EngineProcess:
             path.unlink(missing_ok=True)
 
 
+def orphan_note(proc: EngineProcess, system: str = sys.platform) -> str:
+    """Said where an engine would outlive a killed kvlab: no parent-death signal on this
+    system (PR_SET_PDEATHSIG is Linux's); "" where there is one, or for a detached engine."""
+    if proc.detached or system.startswith("linux"):
+        return ""
+    return (f"{system} has no parent-death signal (Linux's PR_SET_PDEATHSIG): if kvlab is "
+            "killed, this engine keeps running; `kvlab clean` stops it")
+
+
 def parent_death_signal() -> Callable[[], None] | None:
     """A preexec function that makes Linux send the engine SIGTERM when kvlab dies, however
     it dies (SIGKILL included), so no engine outlives the kvlab that started it; None where

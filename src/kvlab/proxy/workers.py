@@ -59,6 +59,18 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
     raise _Stop
 
 
+SPREADING_SYSTEMS = ("linux",)  # where SO_REUSEPORT spreads connections among processes
+
+
+def spread_note(workers: int, system: str = sys.platform) -> str:
+    """Why several workers would not help here ("" where the kernel spreads connections):
+    on macOS and the BSDs SO_REUSEPORT hands every new connection to one socket."""
+    if workers <= 1 or system.startswith(SPREADING_SYSTEMS):
+        return ""
+    return (f"PROXY_WORKERS={workers} ignored: on {system} SO_REUSEPORT does not spread "
+            "connections among processes (measured on Linux only), so one worker serves")
+
+
 def serve_workers(config: ProxyConfig, on_ready: OnReady) -> None:
     """Check the legs, start `config.workers` workers, serve until SIGTERM or Ctrl-C."""
     previous = signal.signal(signal.SIGTERM, _raise_stop)

@@ -94,7 +94,7 @@ class LlamaCppEngine:
         out.dtype = str(props[facts.PROPS_FTYPE]) if props.get(facts.PROPS_FTYPE) else None
         out.template_tokens = await _template_tokens(client, root)
         out.content_digest = local.content_digest(out.root)
-        argv = local.listening_argv(root)
+        argv = local.listening_argv(root, out.notes)
         if argv and Path(argv[0]).name == facts.SERVER_BINARY:
             argv_facts(argv, out)
         return True

@@ -81,7 +81,7 @@ class VllmEngine:
         if (found := integers(dig(tokens, "tokens"))) is not None:
             facts_out.template_tokens = found
         facts_out.content_digest = local.content_digest(facts_out.root)
-        argv = local.listening_argv(root)
+        argv = local.listening_argv(root, facts_out.notes)
         if argv is not None and facts.SERVE_WORD in argv:
             argv_facts(argv, facts_out)
         return True
