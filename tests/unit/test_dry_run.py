@@ -90,3 +90,22 @@ def test_one_tier_side_plans_only_that_side_of_the_pressure_pair(tmp_path: Path)
                          check=False, timeout=300)
     assert bad.returncode == 2 and "--think-time 'soon'" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_the_labs_own_pressure_method_is_one_flag_away(tmp_path: Path) -> None:
+    """`--method lab`: the device cache as MEM_FRACTION leaves it, no cache size of kvlab's,
+    no tier note sized for user sessions."""
+    env = {**os.environ, "KVLAB_HOME": str(tmp_path / "home"), "KVLAB_PROFILE": "gpu-shaped",
+           "VLLM_CMD": sys.executable, "KV_OFFLOAD_ALLOW_SWAP": "1", "MEM_FRACTION": "0.3"}
+    args = [sys.executable, "-m", "kvlab", "run", "offload", "--part", "pressure",
+            "--dry-run", "--json"]
+    lab = subprocess.run([*args, "--method", "lab"], capture_output=True, text=True, env=env,
+                         check=False, timeout=300)
+    assert lab.returncode == 0, lab.stderr
+    plans = json.loads(lab.stdout)["plans"]
+    assert all("--gpu-memory-utilization 0.3 " in p["shell"] for p in plans)
+    assert not any("--kv-cache-memory-bytes" in p["shell"] or "pressure" in p for p in plans)
+    sessions = subprocess.run(args, capture_output=True, text=True, env=env, check=False,
+                              timeout=300)
+    assert all("--kv-cache-memory-bytes" in p["shell"]
+               for p in json.loads(sessions.stdout)["plans"])

@@ -277,6 +277,10 @@ class OffloadArgs(PlannedArgs):
                          "KV_OFFLOAD_GB, as the lab says: start small, raise it only if the "
                          "measurement rewards you]; a tier smaller than the working set is "
                          "said so and has its own report row.")
+    method: Literal["sessions", "lab"] = Field(
+        "sessions", description="The pressure runs: user sessions against a device cache "
+        "kvlab sizes too small, or the lab's own procedure (lower MEM_FRACTION yourself; the "
+        "load generator at --concurrency with the shared-prefix set).")
     think_time: str = Field("", description="The pressure runs' think time, e.g. "
                             "exponential:7.0 (seconds) [default: paced to --concurrency by the "
                             "first tier-off run].")
@@ -294,7 +298,8 @@ class OffloadArgs(PlannedArgs):
                            min_requests=self.min_requests, part=self.part,
                            load_max_tokens=s.max_tokens, preamble_tokens=s.preamble_tokens,
                            capacity=capacity_ask(self.slo), repeat=self.repeat, tier=self.tier,
-                           tier_gb=_tier_gb(self.tier_gb), think_time=self.think_time)
+                           tier_gb=_tier_gb(self.tier_gb), think_time=self.think_time,
+                           method=self.method, requests=requests_setting(loaded))
 
 
 def _tier_gb(given: str) -> float | str | None:

@@ -77,6 +77,9 @@ class OffloadSpec:
     # "working-set" (sized to hold it); None: KV_OFFLOAD_GB as set (the lab: start small)
     tier: str = "both"  # the pressure runs' sides: "off", "on" or both (a side alone: its
     # capacity search in a call of its own; the other side is another run's)
+    requests: int | None = None  # the lab's method: requests a level (None: the default)
+    method: str = "sessions"  # or "lab": the lab's own procedure (MEM_FRACTION as set, the
+    # load generator at `concurrency` with the shared-prefix set)
 
 
 def _plan(lab: Lab, on: bool, *, kv_cache_bytes: int = 0, probe: bool = True,
@@ -168,6 +171,8 @@ async def under_pressure(lab: Lab, spec: OffloadSpec, on: bool, pressure: Pressu
     that meet it."""
     label = (PRESSURE_ON if on else PRESSURE_OFF).label
     gb = _pressure_tier_gb(lab, spec, pressure) if on else None
+    if spec.method == "lab":
+        return await _lab_method(lab, spec, on, label, gb, stint)
     if gb is not None and (note := tier_note(gb, pressure)):
         lab.say(f"    note: {note}")
     rows: list[Record] = []
@@ -195,13 +200,39 @@ async def under_pressure(lab: Lab, spec: OffloadSpec, on: bool, pressure: Pressu
     return rows
 
 
+async def _lab_method(lab: Lab, spec: OffloadSpec, on: bool, label: str, gb: float | None,
+                      stint: repeats.Stint) -> list[Record]:
+    """The lab's own procedure (`--method lab`): the device cache as MEM_FRACTION leaves it
+    (lower it yourself), the load generator at `concurrency` with the shared-prefix set; the
+    report judges from what the run reached whether that was pressure at all."""
+    rows: list[Record] = []
+    async with engines(lab, [_plan(lab, on, tier_gb=gb)], labels=[label]) as (proc,):
+        plan = proc.plan
+        load = LoadSpec(base_url=api_base(plan.base_url), model=lab.settings.served_name,
+                        levels=(spec.concurrency,), requests=spec.requests,
+                        max_tokens=spec.load_max_tokens,
+                        prompt_set="shared-prefix", label=label,
+                        preamble_tokens=spec.preamble_tokens, lab=LAB,
+                        labbook=lab.settings.labbook,
+                        context=RunContext(tier=_tier(lab, on, gb),
+                                           memory_fraction=lab.settings.mem_fraction))
+        for repeat in stint.repeats:
+            lab.say(f"==> {label} (the lab's method): concurrency {spec.concurrency}, "
+                    f"shared-prefix, MEM_FRACTION {lab.settings.mem_fraction}"
+                    + (f", host tier {gb:g} GiB" if on else ""))
+            rows += await _pressure_rows(lab, replace(load, repeat=repeat), plan.metrics_url,
+                                         None)
+        require_successes(label, rows)
+    return rows
+
+
 async def _pressure_rows(lab: Lab, load: LoadSpec, metrics_url: str,
-                         planned: PressurePlanned) -> list[Record]:
+                         planned: PressurePlanned | None) -> list[Record]:
     """One pressure run's rows, each with the pressure planned and reached."""
     from kvlab.loadgen.sweep import run_sweep
 
     gauges = engine_for(VLLM).gauges
-    if planned.host_tier_bytes:  # what the tier moved, over time
+    if planned is None or planned.host_tier_bytes:  # what the tier moved, over time
         gauges = {**gauges, **vllm_facts.TIER_SERIES}
     async with sampling(metrics_url, gauges) as samples:
         result = await run_sweep(load, api_key=lab.api_key())
@@ -336,10 +367,11 @@ def dry_run(lab: Lab, spec: OffloadSpec) -> list[dict[str, object]]:
             out.append({"label": label, "reason": support.reason})
             continue
         gb = _pressure_tier_gb(lab, spec, pressure) if on and kv else None
-        plan = _plan(lab, on, kv_cache_bytes=kv, probe=False, tier_gb=gb)
-        note = tier_note(gb, pressure) if gb is not None else ""
+        sized = kv if spec.method == "sessions" else 0  # the lab's method: MEM_FRACTION's cache
+        plan = _plan(lab, on, kv_cache_bytes=sized, probe=False, tier_gb=gb)
+        note = tier_note(gb, pressure) if gb is not None and sized else ""
         out.append({"label": label, "plan": plan.as_dict(), "shell": plan.shell_line(),
                     **({"note": note} if note else {}),
-                    **({"pressure": pressure.as_record().model_dump(mode="json")} if kv
+                    **({"pressure": pressure.as_record().model_dump(mode="json")} if sized
                        else {})})
     return out
