@@ -40,7 +40,8 @@ def _lab(tmp_path: Path, models: TinyModels) -> Lab:
 async def test_the_cache_file_skips_the_prefill_and_gives_the_cold_logprobs(
         tmp_path: Path, tiny_models: TinyModels, mlx_python: Path) -> None:
     lab = _lab(tmp_path, tiny_models)
-    written = await mlx_cache.run(lab, mlx_cache.MlxCacheSpec(prompt_tokens=600))
+    written = await mlx_cache.run(lab, mlx_cache.MlxCacheSpec(prompt_tokens=600,
+                                                                    parts=("file",)))
     assert [r.record for r in written] == ["disk"]
     r = notebook.read(tmp_path / "book.md").of(DiskRecord, "mlx-cache")[0]
     assert r.engine == "mlx-lm" and r.verdict == "reuse proven", r.reasons
@@ -60,7 +61,8 @@ async def test_a_file_from_another_model_is_refused_before_it_loads(
         tmp_path: Path, tiny_models: TinyModels, other_tiny_models: TinyModels,
         mlx_python: Path) -> None:
     lab = _lab(tmp_path, tiny_models)
-    [r] = await mlx_cache.run(lab, mlx_cache.MlxCacheSpec(prompt_tokens=64, keep_file=True))
+    [r] = await mlx_cache.run(lab, mlx_cache.MlxCacheSpec(prompt_tokens=64, keep_file=True,
+                                                                  parts=("file",)))
     assert isinstance(r, DiskRecord) and r.evidence and r.evidence.slot_file
     kept = Path(r.evidence.slot_file)
     assert stat.S_IMODE(kept.parent.stat().st_mode) == 0o700  # it holds the user's prompt
@@ -76,3 +78,20 @@ async def test_a_file_from_another_model_is_refused_before_it_loads(
     mlx.run_step(mlx_python, "save", job)
     with pytest.raises(RefusedError, match="carries no kvlab manifest"):
         mlx.check_file(bare, tiny_models.hf)
+
+
+async def test_the_server_reuses_the_conversation_across_turns(
+        tmp_path: Path, tiny_models: TinyModels, mlx_python: Path) -> None:
+    from kvlab.records.models import ReuseRecord
+
+    lab = _lab(tmp_path, tiny_models)
+    spec = mlx_cache.MlxCacheSpec(parts=("turns",), turns=3, preamble_words=200)
+    [written] = await mlx_cache.run(lab, spec)
+    r = notebook.read(tmp_path / "book.md").of(ReuseRecord, "mlx-turns")[0]
+    assert written.record == "reuse" and len(r.rows) == 3
+    later = r.rows[1:]
+    assert [t.verdict for t in later] == ["reused", "reused"], [t.verdict for t in r.rows]
+    assert all((t.cached_tokens or 0) >= 0.9 * (t.prompt_tokens or 1) for t in later)
+    line = next(x for x in build(tmp_path / "book.md").tables[0].lines
+                if x.name == "mlx-lm, prompt cache across turns")
+    assert line.verdict == "reused 2/2"

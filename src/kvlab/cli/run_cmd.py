@@ -130,8 +130,11 @@ def mlx_cache(ctx: click.Context, args: MlxCacheArgs, as_json: bool) -> None:
     from kvlab.report import console
 
     def draw(c: Console, lines: list[Record], book: str) -> None:
-        assert isinstance(lines[-1], DiskRecord)
-        console.disk(c, lines[-1], book)
+        for line in lines:  # the file's stopwatch, then the turns' line
+            if isinstance(line, DiskRecord):
+                console.disk(c, line, book)
+            else:
+                console.lines(c, [line], book)
 
     _run(ctx, "mlx-cache", args, as_json, draw)
 

@@ -88,6 +88,7 @@ class InstanceFacts:
     kv_store: str | None = None  # what it shares KV through: connector and store path
     fingerprint: Fingerprint | None = None
     notes: list[str] = field(default_factory=list)
+    listed_models: list[str] = field(default_factory=list)  # every id /v1/models lists
 
     def as_record(self) -> InstanceLine:
         """The facts for a notebook line (the template tokens as a count and a digest)."""

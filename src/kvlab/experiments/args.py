@@ -157,11 +157,17 @@ class MlxCacheArgs(LocalArgs):
                                "model's tokens.")
     keep_file: bool = Field(False, description="Keep the cache file (in KVLAB_HOME's stores, "
                             "removed by `kvlab clean`).")
+    part: tuple[Literal["file", "turns", "all"], ...] = Field(
+        ("all",), description="The file's stopwatch, turns of one conversation on "
+        "mlx_lm.server, or both (repeatable; default all).")
+    turns: int = Field(6, ge=2, description="--part turns: turns of the conversation.")
 
     def spec(self, loaded: LoadedSettings) -> MlxCacheSpec:
-        from kvlab.experiments.mlx_cache import MlxCacheSpec
+        from kvlab.experiments.mlx_cache import PARTS, MlxCacheSpec
 
-        return MlxCacheSpec(prompt_tokens=self.prompt_tokens, keep_file=self.keep_file)
+        parts = PARTS if "all" in self.part else tuple(p for p in PARTS if p in self.part)
+        return MlxCacheSpec(prompt_tokens=self.prompt_tokens, keep_file=self.keep_file,
+                            parts=parts, turns=self.turns)
 
 
 class SharedSlotsArgs(LocalArgs):

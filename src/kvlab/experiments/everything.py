@@ -85,7 +85,8 @@ def specs(lab: Lab, spec: AllSpec) -> dict[str, object]:
 
     return {
         "disk": DiskSpec(prompt_tokens=spec.disk_prompt_tokens),
-        "mlx-cache": MlxCacheSpec(prompt_tokens=min(2000, spec.disk_prompt_tokens)),
+        "mlx-cache": MlxCacheSpec(prompt_tokens=min(2000, spec.disk_prompt_tokens),
+                                  turns=spec.turns, preamble_words=min(400, spec.preamble_words)),
         "shared-slots": SharedSlotsSpec(prompt_tokens=min(2000, spec.disk_prompt_tokens)),
         # distinct prompts: a shared preamble would let one slot reuse it and hide interference
         "interference": InterferenceSpec(requests=max(spec.requests, 8),

@@ -1,5 +1,6 @@
 """`kvlab run mlx-cache`: mlx-lm's prompt-cache file, the Apple track's fourth tier, timed
-against a cold prefill as `kvlab run disk` times llama.cpp's slot file.
+against a cold prefill as `kvlab run disk` times llama.cpp's slot file; and mlx_lm.server's
+prompt cache across the turns of one conversation (`--part turns`, a `reuse` line).
 
 In mlx-lm's own venv (`engines/mlx`): one process prefills the prompt cold (the TTFT to beat),
 then prefills all but its last token into a cache and writes the file with kvlab's manifest
@@ -22,12 +23,16 @@ from kvlab.engines import install, mlx
 from kvlab.engines.llamacpp.client import logprob_gap
 from kvlab.engines.llamacpp.roundtrip import LOGPROB_TOLERANCE, NOT_PROVEN, PROVEN
 from kvlab.engines.models import corpus
-from kvlab.engines.process import make_private_dir
-from kvlab.experiments.lab import Lab
+from kvlab.engines.process import free_port, make_private_dir
+from kvlab.experiments.lab import Lab, engines
+from kvlab.measure.reuse import ReuseOptions, reuse_record, run_reuse
 from kvlab.records import notebook
+from kvlab.records.load import Pressure
 from kvlab.records.models import DiskRecord, Record
-from kvlab.records.rows import MLX_CACHE
+from kvlab.records.rows import MLX_CACHE, MLX_TURNS
 from kvlab.records.runs import SlotEvidence, Turn
+
+PARTS = ("file", "turns")
 
 
 @dataclass(frozen=True)
@@ -36,10 +41,15 @@ class MlxCacheSpec:
     top_logprobs: int = 5
     keep_file: bool = False
     label: str = MLX_CACHE.label
+    parts: tuple[str, ...] = PARTS
+    turns: int = 6
+    preamble_words: int = 400  # mlx-lm on a CPU prefills a few hundred tokens a second
 
     def check(self) -> None:
         if self.prompt_tokens < 16:
             raise SettingError(f"--prompt-tokens {self.prompt_tokens}: give at least 16")
+        if not self.parts or any(p not in PARTS for p in self.parts):
+            raise SettingError(f"--part {','.join(self.parts)}: choose from {', '.join(PARTS)}")
 
 
 def model_dir(lab: Lab) -> str:
@@ -53,8 +63,37 @@ def model_dir(lab: Lab) -> str:
 
 
 async def run(lab: Lab, spec: MlxCacheSpec) -> list[Record]:
-    """The cold prefill, the save, the check, the load; the `disk` line it wrote."""
+    """The file's stopwatch (a `disk` line), then turns of one conversation on
+    `mlx_lm.server` (a `reuse` line), as `parts` asks."""
     spec.check()
+    out: list[Record] = []
+    if "file" in spec.parts:
+        out += await cache_file(lab, spec)
+    if "turns" in spec.parts:
+        out.append(await turns(lab, spec))
+    return out
+
+
+async def turns(lab: Lab, spec: MlxCacheSpec) -> Record:
+    """Turns of one conversation on mlx_lm.server: its in-memory prompt cache across turns,
+    proven by the cached tokens it reports per response."""
+    python, model = mlx.require_mlx(lab.settings.home()), model_dir(lab)
+    plan = mlx.server_plan(python, model, free_port())
+    async with engines(lab, [plan], labels=[MLX_TURNS.label], ready_timeout_s=120.0) as (proc,):
+        lab.say(f"==> {MLX_TURNS.label}: {spec.turns} turns on mlx_lm.server")
+        found = await run_reuse(ReuseOptions(
+            [proc.plan.base_url], model, turns=spec.turns, preamble_words=spec.preamble_words,
+            max_tokens=16, api_key=lab.api_key(), nonce=f"{lab.run_id}-{MLX_TURNS.label}"),
+            say=lab.say)
+    record = reuse_record(found, MLX_TURNS.label, notebook.LAB_OFFLOAD,
+                          "mlx_lm.server's prompt cache across the turns of one conversation")
+    record.tier = "mlx-lm's in-memory prompt cache"
+    record.pressure = Pressure(state="quiet")
+    return lab.record(record)
+
+
+async def cache_file(lab: Lab, spec: MlxCacheSpec) -> list[Record]:
+    """The cold prefill, the save, the check, the load; the `disk` line it wrote."""
     python, model = mlx.require_mlx(lab.settings.home()), model_dir(lab)
     where = lab.settings.paths().store(lab.run_id, spec.label)
     make_private_dir(where)  # the cache holds the user's prompt

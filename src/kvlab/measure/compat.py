@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from kvlab.core.errors import RefusedError, UnreachableError
+from kvlab.core.errors import InputError, RefusedError, UnreachableError
 from kvlab.engines.base import InstanceFacts, token_digest
 from kvlab.engines.registry import all_engines, source_of
 from kvlab.observe import fingerprint, metrics
@@ -56,7 +56,9 @@ async def probe(client: httpx.AsyncClient, url: str, *,
         body = None
     if not isinstance(body, dict):
         raise UnreachableError(f"{base}/models answered no JSON object; is it an engine?")
-    data = (body.get("data") or [{}])[0]
+    listed = [d for d in body.get("data") or [] if isinstance(d, dict)]
+    facts.listed_models = [str(d["id"]) for d in listed if d.get("id")]
+    data = listed[0] if listed else {}
     facts.model_id, facts.root = data.get("id"), data.get("root")
     facts.max_model_len = data.get("max_model_len")
     snap = await metrics.scrape(client, root + "/metrics")
@@ -70,6 +72,19 @@ async def probe(client: httpx.AsyncClient, url: str, *,
     facts.notes.append("no engine kvlab knows answered its identity probes "
                        "(vLLM's /version, llama-server's /props)")
     return facts
+
+
+def served_model(asked: str, facts: InstanceFacts) -> tuple[str, str]:
+    """The model name to send: `asked` when the instance lists it (or lists nothing), else
+    the one model it lists, with the words that say so; InputError when it lists several."""
+    listed = facts.listed_models
+    if not listed or asked in listed:
+        return asked, ""
+    if len(listed) == 1:
+        return listed[0], (f"model {listed[0]!r}: the one {facts.url} serves ({asked!r} is not "
+                           "among its models)")
+    raise InputError(f"--model {asked!r}: {facts.url} serves {', '.join(map(repr, listed))}; "
+                     "name one with --model or SERVED_NAME")
 
 
 @dataclass(frozen=True)

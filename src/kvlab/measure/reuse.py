@@ -14,7 +14,7 @@ instance that says why (prefix caching off) carries that cause in its reasons.
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import httpx
 
@@ -22,7 +22,7 @@ from kvlab.core.jsondata import JsonObject
 from kvlab.core.say import Say, quiet
 from kvlab.engines.base import InstanceFacts
 from kvlab.engines.registry import evidence_deltas
-from kvlab.measure.compat import probe
+from kvlab.measure.compat import probe, served_model
 from kvlab.measure.conversation import (
     PREAMBLE_WORDS,
     TURN_MAX_TOKENS,
@@ -146,6 +146,11 @@ async def run_reuse(opts: ReuseOptions, say: Say = quiet) -> ReuseRun:
     async with httpx.AsyncClient(timeout=timeout, trust_env=False, headers=headers) as client:
         for url in opts.urls:
             run.instances[api_base(url)] = await probe(client, url)
+        model, why = served_model(opts.model, next(iter(run.instances.values())))
+        if why:  # a stock server answers 404 to a name it does not serve
+            say(f"    {why}")
+            opts = replace(opts, model=model)
+            run.options = opts
         run.fitted = await fit_conversation(client, list(run.instances.values()),
                                             opts.preamble_words, run.nonce, opts.turns,
                                             opts.max_tokens)

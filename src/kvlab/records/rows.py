@@ -86,6 +86,9 @@ DISK = Row("disk", LAB_OFFLOAD, "Disk, llama.cpp slot save and restore",
 MLX_CACHE = Row("mlx-cache", LAB_OFFLOAD, "Disk, mlx-lm prompt-cache file",
                 "prefill, save, load in a new process, timed",
     command="kvlab run mlx-cache")
+MLX_TURNS = Row("mlx-turns", LAB_OFFLOAD, "mlx-lm, prompt cache across turns",
+                "turns of one conversation, mlx_lm.server",
+    command="kvlab run mlx-cache --part turns")
 SHARED_SLOTS = Row("shared-slots", LAB_OFFLOAD, "llama.cpp slot store, two servers",
                    "save on one server, restore on the other",
                    startup=("shared-slots-a", "shared-slots-b"),
@@ -148,9 +151,10 @@ INTERFERENCE = Row("interference", LAB_PD, "llama-server, 4 slots against 1 slot
 
 ROWS: tuple[Row, ...] = (
     QUIET_OFF, QUIET_ON, PRESSURE_OFF, PRESSURE_ON, SHARED_STORE, SHARED_SINGLE, SHARED_PROOF,
-    DISK, MLX_CACHE, SHARED_SLOTS, LLAMA_PROMPT_OFF, LLAMA_PROMPT_ON, LLAMA_RAM_OFF, LLAMA_RAM_ON,
-    LLAMA_RAM_SMALL, LLAMA_KV_QUANT, BASELINE, SPLIT, TWO_MACHINES_SHARED, TWO_MACHINES_NIXL,
-    LOOPBACK, PREDICTION, CANCEL, BOUNDARY, BOUNDARY_SPLIT, BOUNDARY_BASELINE, INTERFERENCE,
+    DISK, MLX_CACHE, MLX_TURNS, SHARED_SLOTS, LLAMA_PROMPT_OFF, LLAMA_PROMPT_ON, LLAMA_RAM_OFF,
+    LLAMA_RAM_ON, LLAMA_RAM_SMALL, LLAMA_KV_QUANT, BASELINE, SPLIT, TWO_MACHINES_SHARED,
+    TWO_MACHINES_NIXL, LOOPBACK, PREDICTION, CANCEL, BOUNDARY, BOUNDARY_SPLIT, BOUNDARY_BASELINE,
+    INTERFERENCE,
 )
 
 

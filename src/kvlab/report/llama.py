@@ -19,6 +19,7 @@ from kvlab.records.rows import (
     LLAMA_RAM_OFF,
     LLAMA_RAM_ON,
     LLAMA_RAM_SMALL,
+    MLX_TURNS,
     SHARED_SLOTS,
 )
 from kvlab.report.common import NO_FIGURE, Line, latest, measured_on, missing, said
@@ -54,6 +55,7 @@ def llama_lines(book: Notebook) -> list[Line]:
         lines.append(line)
     lines.append(quant_line(book))
     lines.append(slots_line(book))
+    lines.append(reuse_row(book, MLX_TURNS))  # mlx-lm's own cache across turns
     return lines
 
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from kvlab.core.errors import EngineError, RefusedError
 from kvlab.engines import install, local
+from kvlab.engines.plan import EnginePlan, Flag
 
 MLX_LM = "mlx-lm"  # the engine's name in records
 # mlx-lm flattens the metadata it is given under the key prefix "0." in the file
@@ -103,3 +104,16 @@ def run_step(python: Path, step: str, job: Path, timeout_s: float = STEP_TIMEOUT
     except (ValueError, IndexError) as exc:
         raise EngineError(f"mlx-lm's {step} step printed no answer kvlab reads ({exc})") \
             from None
+
+
+def server_plan(python: Path, model_dir: str, port: int, host: str = "127.0.0.1",
+                role: str = "mlx-turns") -> EnginePlan:
+    """`python -m mlx_lm server` on `port`: its OpenAI API reports cached prompt tokens per
+    response, the evidence of reuse across turns. HF_HUB_OFFLINE: the model is a local
+    directory, and `/v1/models` would otherwise scan (and log) the Hugging Face cache."""
+    return EnginePlan(
+        engine=MLX_LM, role=role, command=(str(python), "-m", "mlx_lm", "server"),
+        flags=(Flag("--model", model_dir), Flag("--host", host), Flag("--port", str(port))),
+        env={"HF_HUB_OFFLINE": "1"}, host=host, port=port, health_path="/health",
+        summary=(("model", model_dir), ("listening on", f"http://{host}:{port}")),
+        model=model_dir, served_name=model_dir)
