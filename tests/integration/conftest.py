@@ -58,3 +58,12 @@ def llama_binary() -> Path:
     if binary is None:
         pytest.fail("llama-server is not built: run `kvlab engines install` (make test does)")
     return binary
+
+
+@pytest.fixture(scope="session")
+def mlx_python() -> Path:
+    """mlx-lm's venv interpreter, as `kvlab engines install` left it."""
+    python = install.mlx_python(Settings().home())
+    if python is None:
+        pytest.fail("mlx-lm is not installed: run `kvlab engines install` (make test does)")
+    return python

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.core.settings import Settings
 from kvlab.engines import install
 from kvlab.records import notebook
 from kvlab.records.models import DiskRecord, KvQuantRecord, LoadRecord, NotRunRecord, ReuseRecord
@@ -47,13 +46,10 @@ def _path_without_vllm() -> str:
 
 
 def test_run_all_fills_every_llama_row_and_says_why_vllm_did_not_run(
-        tmp_path: Path, llama_binary: Path) -> None:
+        tmp_path: Path, llama_binary: Path, mlx_python: Path) -> None:
     home, book = tmp_path / "home", tmp_path / "labbook.md"
-    mlx = install.mlx_python(Settings().home())
-    if mlx is None:
-        pytest.fail("mlx-lm is not installed: run `kvlab engines install` (make test does)")
     (home / "engines").mkdir(parents=True)
-    (home / "engines" / install.mlx_venv(home).name).symlink_to(mlx.parent.parent)
+    (home / "engines" / install.mlx_venv(home).name).symlink_to(mlx_python.parent.parent)
     env = {**os.environ, "PYTHONPATH": str(_fake_macos(tmp_path)), "KVLAB_HOME": str(home),
            "LLAMA_BIN": str(llama_binary.parent), "LABBOOK": str(book),
            "PATH": _path_without_vllm()}
@@ -79,6 +75,7 @@ def test_run_all_fills_every_llama_row_and_says_why_vllm_did_not_run(
            "no vLLM on this machine" in report
     for row in ("llama.cpp, prompt caching on", "llama.cpp RAM cache (host tier)",
                 "Disk, mlx-lm prompt-cache file", "llama.cpp slot store, two servers",
+                "mlx-lm, prompt cache across turns",
                 "llama.cpp quantised KV (q8_0) against f16"):
         line = next(ln for ln in report.splitlines() if ln.startswith(f"| {row}"))
         assert "not run" not in line and "not measured" not in line, line

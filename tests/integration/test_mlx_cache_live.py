@@ -12,7 +12,7 @@ import pytest
 
 from integration.conftest import cpu_settings
 from kvlab.core.errors import RefusedError
-from kvlab.engines import install, mlx
+from kvlab.engines import mlx
 from kvlab.engines.models import TinyModels
 from kvlab.experiments import mlx_cache
 from kvlab.experiments.lab import Lab
@@ -21,16 +21,6 @@ from kvlab.records.models import DiskRecord
 from kvlab.report import build
 
 pytestmark = pytest.mark.mlx
-
-
-@pytest.fixture(scope="module")
-def mlx_python() -> Path:
-    from kvlab.core.settings import Settings
-
-    python = install.mlx_python(Settings().home())
-    if python is None:
-        pytest.fail("mlx-lm is not installed: run `kvlab engines install` (make test does)")
-    return python
 
 
 def _lab(tmp_path: Path, models: TinyModels) -> Lab:

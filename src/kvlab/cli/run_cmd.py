@@ -90,14 +90,7 @@ def disk(ctx: click.Context, args: DiskArgs, as_json: bool) -> None:
 
     The server is the experiment's own (a free port, these settings, recorded in the line).
     """
-    from kvlab.records.runs import DiskRecord
-    from kvlab.report import console
-
-    def draw(c: Console, lines: list[Record], book: str) -> None:
-        assert isinstance(lines[-1], DiskRecord)
-        console.disk(c, lines[-1], book)
-
-    _run(ctx, "disk", args, as_json, draw)
+    _run(ctx, "disk", args, as_json, _disk_lines)
 
 
 @run_group.command("interference")
@@ -126,17 +119,20 @@ def interference(ctx: click.Context, args: InterferenceArgs, as_json: bool) -> N
 def mlx_cache(ctx: click.Context, args: MlxCacheArgs, as_json: bool) -> None:
     """Time mlx-lm's prompt-cache file: cold prefill, save, load in a new process, the first
     token from it."""
+    _run(ctx, "mlx-cache", args, as_json, _disk_lines)
+
+
+def _disk_lines(c: Console, lines: list[Record], book: str) -> None:
+    """A disk tier's stopwatch as a table of its steps; any other line (mlx-lm's turns) as
+    every line is shown."""
     from kvlab.records.runs import DiskRecord
     from kvlab.report import console
 
-    def draw(c: Console, lines: list[Record], book: str) -> None:
-        for line in lines:  # the file's stopwatch, then the turns' line
-            if isinstance(line, DiskRecord):
-                console.disk(c, line, book)
-            else:
-                console.lines(c, [line], book)
-
-    _run(ctx, "mlx-cache", args, as_json, draw)
+    for line in lines:
+        if isinstance(line, DiskRecord):
+            console.disk(c, line, book)
+        else:
+            console.lines(c, [line], book)
 
 
 @run_group.command("llama-tiers")
