@@ -28,6 +28,14 @@ def test_the_seeds_own_env_example_loads(tmp_path: Path, monkeypatch: pytest.Mon
     loaded = load_settings(path)
     assert loaded.unknown_keys == []
     assert loaded.values.kv_offload_gb == 8 and loaded.values.llama_cache_type == "q8_0"
+    assert loaded.values.requests == 24  # the seed's file sets it: used as given
+
+
+def test_requests_unset_is_shown_as_what_is_sent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LABBOOK")
+    monkeypatch.setenv("KVLAB_PROFILE", "none")
+    rows = {key: (value, source) for key, value, source in load_settings().rows()}
+    assert rows["REQUESTS"] == ("max(10 x concurrency, 200) a level", "default")
 
 
 def test_defaults_are_the_seeds(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -37,7 +45,9 @@ def test_defaults_are_the_seeds(monkeypatch: pytest.MonkeyPatch) -> None:
                                                        "local-chat")
     assert (s.prefill_port, s.decode_port, s.proxy_port, s.llama_port) == (8100, 8200, 8000, 8080)
     assert (s.ctx, s.max_seqs, s.mem_fraction, s.split_mem_fraction) == (8192, 8, 0.85, 0.40)
-    assert s.concurrency == (1, 4, 8) and s.requests == 24 and s.max_tokens == 128
+    # REQUESTS unset: one default, the load generator's, shown as used (a seed .env's
+    # REQUESTS=24 is used as given)
+    assert s.concurrency == (1, 4, 8) and s.requests is None and s.max_tokens == 128
     assert s.connector == "shared" and s.kv_offload_backend == "native"
     assert s.labbook == "labbook.md" and s.serve_host == "127.0.0.1"
 

@@ -114,7 +114,9 @@ class Settings(BaseSettings):
     concurrency: Annotated[tuple[int, ...], NoDecode] = Field(
         (1, 4, 8), description="Concurrency levels, comma-separated."
     )
-    requests: int = Field(24, gt=0, description="Requests per concurrency level.")
+    requests: int | None = Field(None, gt=0, description="Requests per concurrency level "
+                                 "(unset: max(10 x concurrency, 200), so that a p99 is not "
+                                 "one request).")
     max_tokens: int = Field(128, gt=0, description="Output tokens per request.")
     prompt_set: PromptSet = Field("shared-prefix", description="shared-prefix, mixed, multi-turn.")
     preamble_words: int = Field(
@@ -256,13 +258,21 @@ class LoadedSettings:
         """(KEY, shown value, source) per setting, secrets masked."""
         out = []
         for name in Settings.model_fields:
-            out.append((name.upper(), shown_value(self.values, name), self.sources[name]))
+            shown = shown_value(self.values, name)
+            if getattr(self.values, name) is None and name in UNSET_MEANS:
+                shown = UNSET_MEANS[name]  # what is used, not a blank
+            out.append((name.upper(), shown, self.sources[name]))
         return out
+
+
+UNSET_MEANS = {"requests": "max(10 x concurrency, 200) a level"}
 
 
 def shown_value(settings: Settings, name: str) -> str:
     """A setting as a person should see it: secrets masked, tuples comma-joined."""
     value = getattr(settings, name)
+    if value is None:
+        return ""
     if isinstance(value, SecretStr):
         return "(set, hidden)" if value.get_secret_value() else ""
     if isinstance(value, tuple):

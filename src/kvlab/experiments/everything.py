@@ -50,7 +50,7 @@ class AllSpec:
     preamble_words: int
     offload_concurrency: int
     levels: tuple[int, ...]
-    requests: int
+    requests: int | None  # a level's; None: the load generator's max(10 x c, 200)
     max_tokens: int
     preamble_tokens: int
     disk_prompt_tokens: int
@@ -60,7 +60,7 @@ class AllSpec:
     llama_slot_ctx: int = 2048  # llama-tiers' pressure runs: tokens per slot
 
     @classmethod
-    def lab(cls, levels: tuple[int, ...], requests: int, max_tokens: int,
+    def lab(cls, levels: tuple[int, ...], requests: int | None, max_tokens: int,
             preamble_tokens: int, preamble_words: int, prompt_set: str,
             only: tuple[str, ...] = ()) -> AllSpec:
         return cls(6, preamble_words, 8, levels, requests, max_tokens, preamble_tokens, 3500,
@@ -89,7 +89,8 @@ def specs(lab: Lab, spec: AllSpec) -> dict[str, object]:
                                   turns=spec.turns, preamble_words=min(400, spec.preamble_words)),
         "shared-slots": SharedSlotsSpec(prompt_tokens=min(2000, spec.disk_prompt_tokens)),
         # distinct prompts: a shared preamble would let one slot reuse it and hide interference
-        "interference": InterferenceSpec(requests=max(spec.requests, 8),
+        "interference": InterferenceSpec(requests=max(spec.requests, 8) if spec.requests
+                                         else None,
                                          max_tokens=spec.max_tokens, prompt_set="mixed",
                                          ctx=lab.settings.ctx),
         "llama-tiers": LlamaTiersSpec(turns=spec.turns, preamble_words=spec.preamble_words,

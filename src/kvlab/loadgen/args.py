@@ -185,9 +185,9 @@ class CapacityArgs(Args):
 
 def requests_setting(loaded: LoadedSettings) -> int | None:
     """REQUESTS when someone set it (flag, environment, .env, or a profile such as cpu-tiny's
-    short CI sweeps); None when it is the seed's default, so each level takes enough requests
-    that its p99 is not one request (`loadgen.sweep.default_requests`)."""
-    return None if loaded.sources.get("requests") == "default" else loaded.values.requests
+    short CI sweeps); None when unset, so each level takes enough requests that its p99 is not
+    one request (`loadgen.sweep.default_requests`), as `kvlab settings` shows."""
+    return loaded.values.requests
 
 
 def lab_named(name: str) -> str:
