@@ -85,3 +85,25 @@ async def test_the_server_reuses_the_conversation_across_turns(
     line = next(x for x in build(tmp_path / "book.md").tables[0].lines
                 if x.name == "mlx-lm, prompt cache across turns")
     assert line.verdict == "reused 2/2"
+
+
+async def test_two_mlx_servers_are_compared_by_their_numbers(
+        tmp_path: Path, tiny_models: TinyModels, other_tiny_models: TinyModels,
+        mlx_python: Path) -> None:
+    """mlx_lm.server names no engine kvlab knows, so `kvlab check` compares what its
+    /v1/models and the behavioural fingerprint say: the same model agrees, another model of
+    the same shapes is refused by the numbers."""
+    from kvlab.engines.process import EngineProcess, free_port
+    from kvlab.measure import compat
+
+    plans = [mlx.server_plan(mlx_python, m.hf, free_port(), role=f"mlx-{i}")
+             for i, m in enumerate((tiny_models, tiny_models, other_tiny_models))]
+    async with EngineProcess(plans[0], tmp_path / "a.log"), \
+            EngineProcess(plans[1], tmp_path / "b.log"), \
+            EngineProcess(plans[2], tmp_path / "c.log"):
+        same = await compat.compare([plans[0].base_url + "/v1", plans[1].base_url + "/v1"])
+        other = await compat.compare([plans[0].base_url + "/v1", plans[2].base_url + "/v1"],
+                                     ignore=("model_id",))
+    assert same.compatible, same.refusal()
+    assert all(f.fingerprint is not None for f in same.instances)
+    assert [m.field for m in other.mismatches] == ["fingerprint"]
