@@ -96,7 +96,7 @@ async def test_two_mlx_servers_are_compared_by_their_numbers(
     from kvlab.engines.process import EngineProcess, free_port
     from kvlab.measure import compat
 
-    plans = [mlx.server_plan(mlx_python, m.hf, free_port(), role=f"mlx-{i}")
+    plans = [mlx.server_plan(mlx_python, m.hf, free_port(), tmp_path / "hub", role=f"mlx-{i}")
              for i, m in enumerate((tiny_models, tiny_models, other_tiny_models))]
     async with EngineProcess(plans[0], tmp_path / "a.log"), \
             EngineProcess(plans[1], tmp_path / "b.log"), \

@@ -78,7 +78,8 @@ async def turns(lab: Lab, spec: MlxCacheSpec) -> Record:
     """Turns of one conversation on mlx_lm.server: its in-memory prompt cache across turns,
     proven by the cached tokens it reports per response."""
     python, model = mlx.require_mlx(lab.settings.home()), model_dir(lab)
-    plan = mlx.server_plan(python, model, free_port())
+    plan = mlx.server_plan(python, model, free_port(),
+                           hub_cache=lab.settings.paths().cache / "mlx-hub")
     async with engines(lab, [plan], labels=[MLX_TURNS.label], ready_timeout_s=120.0) as (proc,):
         lab.say(f"==> {MLX_TURNS.label}: {spec.turns} turns on mlx_lm.server")
         found = await run_reuse(ReuseOptions(
