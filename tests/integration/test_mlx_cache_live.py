@@ -75,7 +75,7 @@ async def test_the_server_reuses_the_conversation_across_turns(
     from kvlab.records.models import ReuseRecord
 
     lab = _lab(tmp_path, tiny_models)
-    spec = mlx_cache.MlxCacheSpec(parts=("turns",), turns=3, preamble_words=200)
+    spec = mlx_cache.MlxCacheSpec(parts=("turns",), turns=3)  # a preamble of 400 words
     [written] = await mlx_cache.run(lab, spec)
     r = notebook.read(tmp_path / "book.md").of(ReuseRecord, "mlx-turns")[0]
     assert written.record == "reuse" and len(r.rows) == 3

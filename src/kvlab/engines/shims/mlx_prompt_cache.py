@@ -16,20 +16,23 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx_lm
+from mlx_lm import load
+from mlx_lm.models.cache import load_prompt_cache, make_prompt_cache, save_prompt_cache
+from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 
-def _top(logits: Any, tokenizer: Any, k: int) -> list[list[object]]:
-    import mlx.core as mx
-
+def _top(logits: mx.array, tokenizer: TokenizerWrapper, k: int) -> list[list[object]]:
     logprobs = logits - mx.logsumexp(logits, keepdims=True)
     order = mx.argsort(-logprobs)[:k].tolist()
     return [[tokenizer.decode([i]), float(logprobs[i])] for i in order]
 
 
-def _first_token(model: Any, ids: list[int], cache: Any) -> tuple[float, Any]:
-    import mlx.core as mx
-
+def _first_token(model: nn.Module, ids: list[int], cache: list[object]
+                 ) -> tuple[float, mx.array]:
     start = time.perf_counter()
     logits = model(mx.array([ids]), cache=cache)[0, -1].astype(mx.float32)
     mx.eval(logits)
@@ -37,11 +40,6 @@ def _first_token(model: Any, ids: list[int], cache: Any) -> tuple[float, Any]:
 
 
 def main(step: str, job_path: str) -> dict[str, object]:
-    import mlx.core as mx
-    import mlx_lm
-    from mlx_lm import load
-    from mlx_lm.models.cache import load_prompt_cache, make_prompt_cache, save_prompt_cache
-
     job = json.loads(Path(job_path).read_text(encoding="utf-8"))
     model, tokenizer = load(job["model"])
     ids = tokenizer.encode(job["text"])[: int(job["prompt_tokens"])]
