@@ -94,6 +94,12 @@ def corpus(lines: int, seed: int) -> list[str]:
     return out
 
 
+
+def prose(lines: int, seed: int) -> str:
+    """`corpus` as one prompt: its lines without the chat-control markers some carry."""
+    return " ".join(line for line in corpus(lines, seed) if "<|" not in line)
+
+
 def train_tokenizer(vocab: int, seed: int) -> Tokenizer:
     """A byte-level BPE (GPT-2 pre-tokenizer, so llama.cpp's "gpt-2" pre matches it)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers

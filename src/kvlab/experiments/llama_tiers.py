@@ -225,6 +225,14 @@ async def size_sessions(client: LlamaClient, spec: LlamaTiersSpec, capacity_byte
                         best, capacity_bytes / cells, capacity_bytes, cells)
 
 
+def kv_size(capacity: KvCapacity, why: str) -> tuple[int, int]:
+    """The KV cache's (bytes, cells) from the server's startup line; SettingError with `why`
+    when the log names none."""
+    if not capacity.kv_cache_bytes or not capacity.kv_cache_tokens:
+        raise SettingError(f"llama-server's log names no KV cache size: {why}")
+    return capacity.kv_cache_bytes, capacity.kv_cache_tokens
+
+
 def _sides(spec: LlamaTiersSpec) -> tuple[tuple[Row, float], ...]:
     """The runs: no RAM cache, one that holds every conversation, a smaller one."""
     return ((LLAMA_RAM_OFF, 0.0), (LLAMA_RAM_ON, 1.0), (LLAMA_RAM_SMALL, spec.small_share))
@@ -244,12 +252,9 @@ async def ram_tier(lab: Lab, spec: LlamaTiersSpec) -> list[Record]:
         async with engines(lab, [plan], labels=[row.label]) as (proc,):
             capacity = startup.capacity(proc.plan, proc.log_text())
             if sizing is None:
-                if not capacity.kv_cache_bytes or not capacity.kv_cache_tokens:
-                    raise SettingError("llama-server's log names no KV cache size: kvlab "
-                                       "cannot size the pressure runs")
                 async with LlamaClient(LlamaTarget.from_plan(proc.plan), lab.api_key()) as c:
-                    sizing = await size_sessions(c, spec, capacity.kv_cache_bytes,
-                                                 capacity.kv_cache_tokens)
+                    sizing = await size_sessions(
+                        c, spec, *kv_size(capacity, "kvlab cannot size the pressure runs"))
             server = server_fields(proc.plan, spec.slots * spec.slot_ctx, spec.slots, mib)
             server.capacity = capacity
             context = RunContext(tier=_tier_words(mib), server=server, varied="cache_ram_mib",
@@ -327,10 +332,7 @@ async def kv_quant(lab: Lab, spec: LlamaTiersSpec) -> list[Record]:
         async with engines(lab, [plan], labels=[label]) as (proc,):
             capacity = startup.capacity(proc.plan, proc.log_text())
             if budget is None:
-                if not capacity.kv_cache_bytes or not capacity.kv_cache_tokens:
-                    raise SettingError("llama-server's log names no KV cache size: kvlab "
-                                       "cannot give q8_0 the f16 cache's memory")
-                budget = (capacity.kv_cache_bytes, capacity.kv_cache_tokens)
+                budget = kv_size(capacity, "kvlab cannot give q8_0 the f16 cache's memory")
             async with LlamaClient(LlamaTarget.from_plan(proc.plan), lab.api_key()) as client:
                 prompts = prompts or await _quant_prompts(client, budget[1])
                 sides.append(await _quant_side(lab, spec, proc.plan, client, kv_type, ctx,
@@ -365,8 +367,7 @@ async def _quant_side(lab: Lab, spec: LlamaTiersSpec, plan: EnginePlan, client: 
                                        engine_version=await startup.server_version(plan))
                     .overlay(llamacpp.kv_label(kv_type, kv_type)))
     row = lab.record((await run_sweep(load, api_key=lab.api_key())).rows[0])
-    require_successes(label, [row])
-    if row.failed:
+    if row.failed:  # every timed request must have an answer on both sides
         raise EngineError(f"{label}: {row.failed} of {row.requests} timed requests failed "
                           f"({', '.join(str(f.error) for f in row.failures[:2])}): the two KV "
                           "types would not be compared on the same prompts")

@@ -22,7 +22,7 @@ from kvlab.core.files import write_private
 from kvlab.engines import install, mlx
 from kvlab.engines.llamacpp.client import logprob_gap
 from kvlab.engines.llamacpp.roundtrip import LOGPROB_TOLERANCE, NOT_PROVEN, PROVEN
-from kvlab.engines.models import corpus
+from kvlab.engines.models import prose
 from kvlab.engines.process import free_port, make_private_dir
 from kvlab.experiments.lab import Lab, engines
 from kvlab.measure.reuse import ReuseOptions, reuse_record, run_reuse
@@ -100,7 +100,7 @@ async def cache_file(lab: Lab, spec: MlxCacheSpec) -> list[Record]:
     make_private_dir(where)  # the cache holds the user's prompt
     cache_file, job = where / "prompt-cache.safetensors", where / "job.json"
     write_private(job, json.dumps({
-        "model": model, "text": _text(spec.prompt_tokens),
+        "model": model, "text": prose(max(64, spec.prompt_tokens // 2), 7),  # cut to the count
         "prompt_tokens": spec.prompt_tokens, "file": str(cache_file),
         "top": spec.top_logprobs, "metadata": mlx.manifest(model)}))
     try:
@@ -145,12 +145,6 @@ def disk_record(spec: MlxCacheSpec, saved: mlx.ShimAnswer, loaded: mlx.ShimAnswe
             slot_file=str(cache_file), file_kept=spec.keep_file),
         note=(f"mlx-lm {install.MLX_LM_VERSION}: the prompt-cache file written by one process "
               "and loaded by another; the manifest in its metadata was checked first"))
-
-
-def _text(tokens: int) -> str:
-    """Deterministic prose of more than `tokens` tokens (the shim cuts it to the count)."""
-    lines = max(64, tokens // 2)
-    return " ".join(line for line in corpus(lines, 7) if "<|" not in line)
 
 
 def _round(seconds: float | None) -> float | None:

@@ -6,10 +6,8 @@ q8_0 KV against f16 in the same memory."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from kvlab.core.sizes import human_bytes
-from kvlab.measure import compare, intervals
+from kvlab.measure import compare
 from kvlab.records.models import KvQuantRecord, LoadRecord, ReuseRecord
 from kvlab.records.notebook import Notebook
 from kvlab.records.rows import (
@@ -23,16 +21,14 @@ from kvlab.records.rows import (
     SHARED_SLOTS,
 )
 from kvlab.report.common import NO_FIGURE, Line, latest, measured_on, missing, said
-from kvlab.report.offload import WIDTH, pressure_line, reuse_row, tier_verdict
-
-
-@dataclass(frozen=True)
-class RamAgainstNone:
-    """A RAM-cache row against the no-cache row of its run, TTFT p50 with its interval."""
-
-    on: LoadRecord
-    off: LoadRecord
-    ttft: intervals.Interval
+from kvlab.report.offload import (
+    WIDTH,
+    TierAgainstNone,
+    against_none,
+    pressure_line,
+    reuse_row,
+    tier_verdict,
+)
 
 
 def llama_lines(book: Notebook) -> list[Line]:
@@ -47,11 +43,9 @@ def llama_lines(book: Notebook) -> list[Line]:
         r = on[max(on)]
         line = pressure_line(book, row, r, capacity=False)
         against = ram_against_none(book, row.label)
-        if against is not None and row is not LLAMA_RAM_OFF and not line.absent:
+        if against is not None and not line.absent:  # the off row is the reference
             line.cells[3] = f"{against.ttft.cell()} (TTFT p50 against no RAM cache)"
             line.verdict = tier_verdict(against.ttft) or line.verdict
-        elif row is LLAMA_RAM_OFF:
-            line.cells[3] = "the reference"
         lines.append(line)
     lines.append(quant_line(book))
     lines.append(slots_line(book))
@@ -87,14 +81,11 @@ def slots_line(book: Notebook) -> Line:
                 SHARED_SLOTS.command, anchor=SHARED_SLOTS.label)
 
 
-def ram_against_none(book: Notebook, label: str) -> RamAgainstNone | None:
+def ram_against_none(book: Notebook, label: str) -> TierAgainstNone | None:
     """`label`'s newest row against the no-cache row of the same run (None: no such pair)."""
-    on, off = compare.paired_rows(book.records, label, LLAMA_RAM_OFF.label)
-    shared = sorted(set(on) & set(off))
-    if not shared or label == LLAMA_RAM_OFF.label:
+    if label == LLAMA_RAM_OFF.label:
         return None
-    a, b = on[shared[-1]], off[shared[-1]]
-    return RamAgainstNone(a, b, intervals.ttft(book.path, book.records, a, b))
+    return against_none(book, *compare.paired_rows(book.records, label, LLAMA_RAM_OFF.label))
 
 
 def quant_line(book: Notebook) -> Line:

@@ -335,7 +335,12 @@ class TierAgainstNone:
 
 
 def tier_against_none(book: Notebook, *, smaller_tier: bool = False) -> TierAgainstNone | None:
-    on, off = compare.tier_pair(book.records, smaller_tier=smaller_tier)
+    return against_none(book, *compare.tier_pair(book.records, smaller_tier=smaller_tier))
+
+
+def against_none(book: Notebook, on: dict[int, LoadRecord],
+                 off: dict[int, LoadRecord]) -> TierAgainstNone | None:
+    """A tier's rows against its tier-off side at the highest level both ran (None: none)."""
     shared = sorted(set(on) & set(off))
     if not shared:
         return None

@@ -15,7 +15,7 @@ from kvlab.core.errors import SettingError
 from kvlab.core.settings import Settings
 from kvlab.engines import llamacpp
 from kvlab.engines.llamacpp.client import LlamaClient
-from kvlab.engines.models import corpus
+from kvlab.engines.models import prose
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import free_port
 from kvlab.records.evidence import LlamaServerLine
@@ -81,16 +81,11 @@ def server_fields(plan: EnginePlan, ctx: int, parallel: int,
         flash_attn=llamacpp.flash_attn_mode(plan), kv_type_k=k, kv_type_v=v, argv=plan.argv())
 
 
-def _text(lines: int, seed: int) -> str:
-    # the corpus has chat-control markers in some lines; a prompt must not carry them
-    return " ".join(line for line in corpus(lines, seed) if "<|" not in line)
-
-
 async def prompt_of(client: LlamaClient, tokens: int, seed: int = 7) -> str:
     """Deterministic text that is `tokens` tokens long in this server's tokenizer."""
     lines = max(64, tokens // 4)
-    ids = await client.tokenize(_text(lines, seed))
+    ids = await client.tokenize(prose(lines, seed))
     while len(ids) < tokens:
         lines *= 2
-        ids = await client.tokenize(_text(lines, seed))
+        ids = await client.tokenize(prose(lines, seed))
     return await client.detokenize(ids[:tokens])
