@@ -29,21 +29,6 @@ class Registered:
     rows: tuple[rows.Row, ...]
     needs: tuple[str, ...] = (VLLM_NEEDED,)  # only these are installed before it runs
 
-    @property
-    def needs_llama_server(self) -> bool:
-        """`kvlab run all` records its rows as not run without one."""
-        return LLAMA_NEEDED in self.needs
-
-    @property
-    def needs_mlx(self) -> bool:
-        """`kvlab run all` records its rows as not run without one."""
-        return MLX_NEEDED in self.needs
-
-    @property
-    def needs_vllm(self) -> bool:
-        """`kvlab run all` records its rows as not run without one."""
-        return VLLM_NEEDED in self.needs
-
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
 

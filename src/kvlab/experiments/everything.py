@@ -21,6 +21,7 @@ from kvlab.core.errors import KvlabError
 from kvlab.core.say import Say, quiet
 from kvlab.core.settings import Settings
 from kvlab.engines import install, llamacpp
+from kvlab.engines.prepare import LLAMA_NEEDED, MLX_NEEDED, VLLM_NEEDED
 from kvlab.experiments import DISAGG_PARTS, EXPERIMENTS, RUN_ALL
 from kvlab.experiments.lab import Lab
 from kvlab.loadgen.capacity import CapacityAsk, SearchPlan
@@ -134,13 +135,7 @@ async def _one(lab: Lab, spec: AllSpec, name: str) -> list[Record]:
     """One experiment of the run, or the not-run lines that say why it could not run."""
     lab.say(f"\n######## {name}")
     entry = EXPERIMENTS[name]
-    why = (NOT_PLACED if lab.placement.remote and name in SLOT_FILES_HERE else
-           NO_LLAMA if entry.needs_llama_server
-           and llamacpp.find_llama_server(lab.settings) is None else
-           f"no vLLM on this machine ({lab.vllm.reason})" if entry.needs_vllm
-           and not lab.vllm.found else
-           NO_MLX if entry.needs_mlx and install.mlx_python(lab.settings.home()) is None
-           else None)
+    why = not_here(lab, name)
     if why is not None:
         lab.outcomes[name] = {"ok": True, "lines": 0, "not_run": why}
         return [lab.not_run(r, why) for r in entry.rows]
@@ -152,6 +147,20 @@ async def _one(lab: Lab, spec: AllSpec, name: str) -> list[Record]:
         return [lab.not_run(r, f"the {name} experiment failed: {exc}") for r in entry.rows]
     lab.outcomes[name] = {"ok": True, "lines": len(lines)}
     return list(lines)
+
+
+def not_here(lab: Lab, name: str) -> str | None:
+    """Why experiment `name` cannot run on this machine (None: it can)."""
+    needs = EXPERIMENTS[name].needs
+    if lab.placement.remote and name in SLOT_FILES_HERE:
+        return NOT_PLACED
+    if LLAMA_NEEDED in needs and llamacpp.find_llama_server(lab.settings) is None:
+        return NO_LLAMA
+    if VLLM_NEEDED in needs and not lab.vllm.found:
+        return f"no vLLM on this machine ({lab.vllm.reason})"
+    if MLX_NEEDED in needs and install.mlx_python(lab.settings.home()) is None:
+        return NO_MLX
+    return None
 
 
 def run_all(settings: Settings, spec: AllSpec, placement: Placement = LOCAL,
