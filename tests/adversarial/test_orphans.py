@@ -314,3 +314,18 @@ def test_run_load_fails_when_every_request_failed(tmp_path: Path) -> None:
                        "--no-progress", "--timeout", "5")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "every request failed" in result.stderr
+
+
+def test_load_fails_when_every_request_failed(tmp_path: Path) -> None:
+    """`kvlab load` as `run-load` does: it exited 0 with every request failed."""
+    port = process.free_port()
+    with running([sys.executable, str(FAKE), str(port)], stdout=subprocess.DEVNULL):
+        deadline = time.monotonic() + 30
+        while not process.port_in_use("127.0.0.1", port) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        env = kvlab_env(tmp_path)
+        result = kvlab(env, "load", "--base-url", f"http://127.0.0.1:{port}/v1", "--model",
+                       "x", "--requests", "2", "--concurrency", "1", "--no-progress",
+                       "--timeout", "5")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "every request failed" in result.stderr

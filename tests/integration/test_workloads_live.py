@@ -112,8 +112,8 @@ def test_find_capacity_end_to_end(roomy: str, tmp_path: Path) -> None:
          "--capacity-steps", "3", "--duration", "2", "--min-requests", "6", "--max-tokens", "8",
          "--ignore-eos", "--prompt-set", "shared-prefix", "--preamble-tokens", "300", "--json"],
         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
     capacity = json.loads(run.stdout)["capacity"]
+    assert run.returncode == (0 if capacity["verdict"] == "found" else 3), run.stderr[-2000:]
     steps = capacity["steps"]
     assert steps[0]["load"] == 2 and steps[0]["met"], steps[0]  # two a second: easily met
     assert len(steps) == 3 and capacity.get("capacity") is not None  # a line leaves out None

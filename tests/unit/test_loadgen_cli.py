@@ -16,6 +16,7 @@ import pytest
 
 import seeds
 from children import running
+from kvlab.core.errors import EXIT_NOT_CONVERGED
 from kvlab.engines.process import free_port, port_in_use
 from kvlab.records import notebook, requests
 from kvlab.records.models import CapacityRecord, ComparisonRecord, LinkRecord, LoadRecord
@@ -307,7 +308,9 @@ def test_find_capacity_writes_its_probes_and_one_capacity_line(fake: str, home: 
                 "--slo", "ttft_p90<=5,tpot_p90<=1", "--capacity-knob", "concurrency",
                 "--capacity-steps", "2", "--duration", "0.3", "--min-requests", "5",
                 "--max-tokens", "2", "--label", "c", "--json")
-    assert run.returncode == 0, run.stderr
+    # every load tried met the target: a lower bound, not a capacity, so not exit 0
+    assert run.returncode == EXIT_NOT_CONVERGED, run.stderr
+    assert "the search did not converge: at least 2 concurrent requests" in run.stderr
     out = json.loads(run.stdout)
     capacity = out["capacity"]
     assert capacity["record"] == "capacity" and capacity["knob"] == "concurrency"

@@ -24,7 +24,13 @@ from rich.console import Console
 
 from kvlab.cli.common import Output, json_option, settings_from
 from kvlab.cli.options import arguments
-from kvlab.core.errors import InputError
+from kvlab.core.errors import (
+    EXIT_ALL_FAILED,
+    EXIT_CODES,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_CONVERGED,
+    InputError,
+)
 from kvlab.engines.base import VLLM
 from kvlab.experiments.args import CompareArgs
 from kvlab.loadgen.args import CapacityArgs, LoadArgs, TargetArgs, lab_named, load_spec
@@ -32,6 +38,7 @@ from kvlab.loadgen.args import CapacityArgs, LoadArgs, TargetArgs, lab_named, lo
 if TYPE_CHECKING:
     from kvlab.core.settings import Settings
     from kvlab.loadgen.spec import LoadSpec
+    from kvlab.records.load import LoadRecord
 
 T = TypeVar("T")
 
@@ -62,7 +69,16 @@ def run_interruptible(out: Output, body: Callable[[asyncio.Event], Awaitable[T]]
     return uvloop.run(main())
 
 
-@click.command("load")
+def finish(out: Output, rows: list[LoadRecord], interrupted: bool) -> None:
+    """Exit as `EXIT_CODES` says: interrupted, or every measured request failed."""
+    if interrupted:
+        sys.exit(EXIT_INTERRUPTED)
+    if rows and not any(r.ok for r in rows):
+        out.err.print("kvlab: every request failed (see the failures above)")
+        sys.exit(EXIT_ALL_FAILED)
+
+
+@click.command("load", epilog=EXIT_CODES)
 @arguments(TargetArgs, "target")
 @arguments(LoadArgs, "load")
 @arguments(CapacityArgs, "search")
@@ -102,8 +118,7 @@ def load_command(ctx: click.Context, /, target: TargetArgs, load: LoadArgs,
 
     out.result({"rows": result.rows, "labbook": settings.labbook,
                 "interrupted": result.interrupted}, human)
-    if result.interrupted:
-        sys.exit(130)
+    finish(out, result.rows, result.interrupted)
 
 
 def _find_capacity(out: Output, settings: Settings, spec: LoadSpec, load: LoadArgs,
@@ -123,9 +138,13 @@ def _find_capacity(out: Output, settings: Settings, spec: LoadSpec, load: LoadAr
 
     out.result({"capacity": found.record, "rows": found.rows, "labbook": settings.labbook},
                human)
+    finish(out, found.rows, any(r.interrupted for r in found.rows))
+    if found.record.verdict in ("not-converged", "at-least"):
+        out.err.print(f"kvlab: the search did not converge: {found.record.statement}")
+        sys.exit(EXIT_NOT_CONVERGED)
 
 
-@click.command("run-load")
+@click.command("run-load", epilog=EXIT_CODES)
 @click.argument("label")
 @click.argument("base_url")
 @click.option("--metrics-url", "metrics_urls", multiple=True,
@@ -169,11 +188,7 @@ def run_load_command(ctx: click.Context, /, label: str, base_url: str,
     out.result({"link": results[-1][0], "links": [r for r, _ in results], "rows": rows,
                 "labbook": settings.labbook}, human)
     last = results[-1][1]
-    if last is not None and last.interrupted:
-        sys.exit(130)
-    if rows and not any(r.ok for r in rows):
-        out.err.print("kvlab: every request failed (see the failures above)")
-        sys.exit(1)
+    finish(out, rows, last is not None and last.interrupted)
 
 
 @click.command("compare")
