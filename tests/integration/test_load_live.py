@@ -7,6 +7,7 @@ cache can hit it, and the mixed control shares nothing but a partial block.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import statistics
 import subprocess
@@ -140,3 +141,29 @@ def test_seed_run_load_and_compare_unchanged(engine: str, tmp_path: Path) -> Non
                            "--print-only"], env=env, capture_output=True, text=True, timeout=60)
     assert ours.returncode == 0, ours.stderr
     assert ours.stdout.splitlines()[:4] == seed.stdout.splitlines()[:4]
+
+
+async def test_load_against_a_stock_server_takes_the_model_it_serves(
+        tiny_models: TinyModels, vllm_install: vllm.VllmInstall, tmp_path: Path) -> None:
+    """A server kvlab did not name: vLLM answers 404 to any other model name. With no
+    --model the one it lists is taken (said, and on the row); a --model it does not list is
+    refused before any request, naming what it serves."""
+    plan = vllm.plan(cpu_settings(model=tiny_models.hf, served_name="someone-elses"),
+                     "baseline", vllm_install, vllm.PlanOptions(port=free_port()))
+    book = tmp_path / "labbook.md"
+    env = {k: v for k, v in os.environ.items() if k not in ("SERVED_NAME", "KVLAB_PROFILE")}
+    base = [sys.executable, "-m", "kvlab", "load", "--labbook", str(book), "--concurrency",
+            "1", "--requests", "3", "--max-tokens", "2", "--preamble-tokens", "300",
+            "--no-progress"]
+    async with EngineProcess(plan, tmp_path / "vllm.log"):
+        url = plan.base_url + "/v1"
+        taken, named = [await asyncio.to_thread(
+            subprocess.run, [*base, "--base-url", url, *more], capture_output=True, text=True,
+            timeout=300, env=env) for more in ((), ("--model", "mine"))]
+    assert taken.returncode == 0, taken.stdout + taken.stderr
+    assert "model 'someone-elses': the one " in taken.stdout
+    rows = notebook.read(book).of(LoadRecord)
+    assert len(rows) == 1 and rows[0].model == "someone-elses" and rows[0].ok == 3
+    assert named.returncode == 2, named.stdout + named.stderr
+    assert f"--model 'mine': {url} serves 'someone-elses'" in named.stderr
+    assert len(notebook.read(book).of(LoadRecord)) == 1  # nothing sent, nothing written

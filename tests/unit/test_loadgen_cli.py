@@ -319,3 +319,30 @@ def test_find_capacity_writes_its_probes_and_one_capacity_line(fake: str, home: 
     book = notebook.read(tmp_path / "labbook.md")
     assert [r.label for r in book.by_record("load")] == ["c-capacity"] * 2
     assert book.of(CapacityRecord)[0].capacity == 2.0
+
+
+def test_a_load_against_a_url_takes_the_seeds_defaults_not_the_machines_profile(
+        home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No GPU here, so `auto` means cpu-tiny for the engines kvlab starts (8 requests a level,
+    16 output tokens); a load against a URL got them too, although the server is someone
+    else's. Now it takes the seed's defaults, says so, and sends what it says."""
+    monkeypatch.delenv("KVLAB_PROFILE")
+    with fake_upstream("--itl-s", "0") as fake:  # 200 answers of 128 tokens, at once
+        run, tiny = _both_profiles(fake, monkeypatch)
+    assert run.returncode == 0, run.stderr
+    assert ("==> load: concurrency 1 (at least 200 requests a level), max_tokens 128, "
+            "model 'fake'; defaults from profile none (a load against a server's URL") in run.stderr
+    rows = json.loads(run.stdout)["rows"]
+    assert [(r["ok"], r["max_tokens"]) for r in rows] == [(200, 128)]
+    assert tiny.returncode == 0, tiny.stderr
+    assert [(r["ok"], r["max_tokens"]) for r in json.loads(tiny.stdout)["rows"]] == [(8, 16)]
+
+
+def _both_profiles(fake: str, monkeypatch: pytest.MonkeyPatch
+                   ) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
+    """One load with no profile set, one with KVLAB_PROFILE=cpu-tiny (a profile named)."""
+    args = ("load", "--base-url", fake, "--model", "fake", "--concurrency", "1",
+            "--no-progress", "--json")
+    unset = kvlab(*args)
+    monkeypatch.setenv("KVLAB_PROFILE", "cpu-tiny")
+    return unset, kvlab(*args)

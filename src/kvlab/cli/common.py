@@ -17,7 +17,7 @@ from types import FrameType
 import click
 from rich.console import Console
 
-from kvlab.core.settings import LoadedSettings, load_settings
+from kvlab.core.settings import LoadedSettings, ProfileValues, load_settings
 
 json_option = click.option("--json", "as_json", is_flag=True,
                            help="Print exactly one JSON document on stdout.")
@@ -50,8 +50,21 @@ def settings_from(click_ctx: click.Context, /, **flags: object) -> LoadedSetting
     flag may be named `ctx`: the setting, hence the positional-only context)."""
     from kvlab.core.profiles import embedded
 
+    return _settings(click_ctx, embedded, flags)
+
+
+def server_settings(click_ctx: click.Context, /, **flags: object) -> LoadedSettings:
+    """`settings_from` for a load against a URL: no profile unless KVLAB_PROFILE names one
+    (`profiles.for_a_server`)."""
+    from kvlab.core.profiles import for_a_server
+
+    return _settings(click_ctx, for_a_server, flags)
+
+
+def _settings(click_ctx: click.Context, profile: ProfileValues,
+              flags: dict[str, object]) -> LoadedSettings:
     opts = click_ctx.find_object(GlobalOptions) or GlobalOptions()
-    loaded = load_settings(opts.env_file, flags, profile_values=embedded)
+    loaded = load_settings(opts.env_file, flags, profile_values=profile)
     if loaded.warnings and not click_ctx.meta.get("kvlab.settings_warned"):  # once per command
         click_ctx.meta["kvlab.settings_warned"] = True
         for warning in loaded.warnings:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, TypeVar
 import click
 from rich.console import Console
 
-from kvlab.cli.common import Output, json_option, settings_from
+from kvlab.cli.common import Output, json_option, server_settings, settings_from
 from kvlab.cli.options import arguments
 from kvlab.core.errors import (
     EXIT_ALL_FAILED,
@@ -93,7 +93,7 @@ def load_command(ctx: click.Context, /, target: TargetArgs, load: LoadArgs,
     from kvlab.report import console
 
     out = Output(as_json)
-    loaded = settings_from(ctx, **target.overrides())
+    loaded = server_settings(ctx, **target.overrides())
     settings = loaded.values
     if target.print_load_test_path:
         path = write_launcher(settings.home(), sys.executable)
@@ -104,9 +104,11 @@ def load_command(ctx: click.Context, /, target: TargetArgs, load: LoadArgs,
     spec = load_spec(loaded, load, base_url=target.base_url, label=target.label,
                      engine=target.engine, lab=lab_named(target.lab),
                      metrics_url=target.metrics_url, find_capacity=search.find_capacity)
+    spec = run_interruptible(out, lambda _: manual.served_spec(settings, spec, out.note))
     if search.find_capacity:
         _find_capacity(out, settings, spec, load, search)
         return
+    out.note(console.load_plan(spec, loaded.profile, loaded.profile_reason))
     with console.progress(out.err, not load.no_progress) as hook:
         result = run_interruptible(out, lambda stop: manual.load(settings, spec, stop=stop,
                                                                  progress=hook))
@@ -165,7 +167,7 @@ def run_load_command(ctx: click.Context, /, label: str, base_url: str,
     from kvlab.report import console
 
     out = Output(as_json)
-    loaded = settings_from(ctx)
+    loaded = server_settings(ctx)
     settings = loaded.values
     spec = load_spec(loaded, load, base_url=base_url, label=label, engine=VLLM,
                      lab=lab_named("pd"), metrics_url=metrics_urls[0] if metrics_urls else "")
@@ -176,7 +178,7 @@ def run_load_command(ctx: click.Context, /, label: str, base_url: str,
              else "    no interface counters (CLUSTER_IFACE unset)")
     with console.progress(out.err, not load.no_progress and not settings.load_test) as hook:
         results = run_interruptible(out, lambda stop: manual.run_load(
-            settings, spec, link, repeat, stop=stop, progress=hook))
+            settings, spec, link, repeat, stop=stop, progress=hook, say=out.note))
     rows = [row for _, sweep in results if sweep is not None for row in sweep.rows]
 
     def human(c: Console) -> None:

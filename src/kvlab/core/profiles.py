@@ -79,3 +79,12 @@ def embedded(first: Settings) -> tuple[str, str, dict[str, object]]:
         return "gpu", "a GPU is visible: the seed's defaults apply", {}
     return "cpu-tiny", "no GPU found: tiny generated models on CPU engines", \
         cpu_tiny_values(first.home())
+
+
+def for_a_server(first: Settings) -> tuple[str, str, dict[str, object]]:
+    """`embedded`, for a load against a URL (`kvlab load`, `run-load`): a profile shapes the
+    engines kvlab starts, not someone else's server, so `auto` takes the seed's defaults
+    there; a profile named in KVLAB_PROFILE still applies."""
+    if first.kvlab_profile == "auto":
+        return "none", "a load against a server's URL: the seed's defaults apply", {}
+    return embedded(first)

@@ -18,6 +18,7 @@ from kvlab.core.errors import InputError, SettingError
 from kvlab.core.say import Say, quiet
 from kvlab.core.settings import Settings
 from kvlab.experiments.repeats import one_side
+from kvlab.loadgen import served
 from kvlab.loadgen.capacity import CapacityResult, Knob, LatencyTarget, SearchPlan, search
 from kvlab.loadgen.linkrun import LinkSpec
 from kvlab.loadgen.linkrun import run_load as link_run
@@ -75,9 +76,18 @@ def predict(settings: Settings, result: kvmath.Prediction, note: Note) -> Predic
     return line
 
 
+async def served_spec(settings: Settings, spec: LoadSpec, say: Say = quiet) -> LoadSpec:
+    """`spec` with the model name the server lists (`loadgen/served.py`), said when changed."""
+    spec, why = await served.resolve(spec, settings.api_key())
+    if why:
+        say(f"    {why}")
+    return spec
+
+
 async def load(settings: Settings, spec: LoadSpec, *, stop: asyncio.Event | None = None,
-               progress: ProgressHook | None = None) -> SweepResult:
+               progress: ProgressHook | None = None, say: Say = quiet) -> SweepResult:
     """Every level of `spec`, each row appended as its level ends."""
+    spec = await served_spec(settings, spec, say)
     return await run_sweep(spec, api_key=settings.api_key(), stop=stop, progress=progress,
                            on_row=lambda row: notebook.append(settings.labbook, row))
 
@@ -86,6 +96,7 @@ async def capacity(settings: Settings, spec: LoadSpec, target: LatencyTarget, kn
                    plan: SearchPlan, *, stop: asyncio.Event | None = None,
                    say: Say = quiet) -> CapacityResult:
     """The highest load that meets `target`: every probe's row, then the capacity line."""
+    spec = await served_spec(settings, spec, say)
     found = await search(spec, target, knob, plan, api_key=settings.api_key(), stop=stop,
                          on_row=lambda row: notebook.append(settings.labbook, row), say=say)
     notebook.append(settings.labbook, found.record)
@@ -94,7 +105,7 @@ async def capacity(settings: Settings, spec: LoadSpec, target: LatencyTarget, kn
 
 async def run_load(settings: Settings, spec: LoadSpec, link: LinkSpec, repeat: int = 1, *,
                    stop: asyncio.Event | None = None, progress: ProgressHook | None = None,
-                   ) -> list[tuple[LinkRecord, SweepResult | None]]:
+                   say: Say = quiet) -> list[tuple[LinkRecord, SweepResult | None]]:
     """run-load.sh: each repeat's sweep with the link's counters around it (its rows and its
     link line appended); stops after a repeat that was interrupted."""
     if repeat > 1 and link.load_test:
@@ -102,6 +113,8 @@ async def run_load(settings: Settings, spec: LoadSpec, link: LinkSpec, repeat: i
                            "empty to repeat with kvlab's generator")
     if repeat > 1:  # the repeats of one invocation: compare pools them by this id
         spec = replace(spec, run_id=time.strftime("%Y%m%d-%H%M%S"))
+    if not link.load_test:  # LOAD_TEST's script names its own model
+        spec = await served_spec(settings, spec, say)
     results: list[tuple[LinkRecord, SweepResult | None]] = []
     for number in one_side(repeat):
         got = await link_run(replace(spec, repeat=number), link, settings.labbook,

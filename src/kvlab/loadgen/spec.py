@@ -75,6 +75,10 @@ class LoadSpec:
     block_offset: int = 0  # prompt blocks skipped (a capacity search's probes: fresh prompts)
     oracle: bool = True  # the cache oracle beside each level (vLLM, with per-request files)
     oracle_tier_tokens: int = 0  # the host tier the oracle models, in tokens (0: none)
+    # where `model` came from, for `served.resolve`: "" kvlab named it (not checked); "named"
+    # the user's --model or SERVED_NAME (refused unless the server lists it); "default" no
+    # one named it (the one model the server lists is taken)
+    model_source: Literal["", "named", "default"] = ""
 
     def __post_init__(self) -> None:
         for name in ("requests", "min_requests", "warmup"):

@@ -17,6 +17,7 @@ the fingerprint still is.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import httpx
@@ -77,14 +78,36 @@ async def probe(client: httpx.AsyncClient, url: str, *,
 def served_model(asked: str, facts: InstanceFacts) -> tuple[str, str]:
     """The model name to send: `asked` when the instance lists it (or lists nothing), else
     the one model it lists, with the words that say so; InputError when it lists several."""
-    listed = facts.listed_models
+    return pick_model(asked, facts.listed_models, facts.url)
+
+
+def pick_model(asked: str, listed: Sequence[str], url: str, *,
+               named: bool = False) -> tuple[str, str]:
+    """`asked` when `url` lists it (or lists nothing); else the one model it lists, with the
+    words that say so. InputError when it lists several, or, for a name the user gave
+    (`named`), when the list does not hold it: no request would have been answered."""
     if not listed or asked in listed:
         return asked, ""
+    shown = ", ".join(map(repr, listed))
+    if named:
+        raise InputError(f"--model {asked!r}: {url} serves {shown}; name one of those with "
+                         "--model or SERVED_NAME")
     if len(listed) == 1:
-        return listed[0], (f"model {listed[0]!r}: the one {facts.url} serves ({asked!r} is not "
+        return listed[0], (f"model {listed[0]!r}: the one {url} serves ({asked!r} is not "
                            "among its models)")
-    raise InputError(f"--model {asked!r}: {facts.url} serves {', '.join(map(repr, listed))}; "
-                     "name one with --model or SERVED_NAME")
+    raise InputError(f"--model {asked!r}: {url} serves {shown}; name one with --model or "
+                     "SERVED_NAME")
+
+
+async def listed_models(client: httpx.AsyncClient, url: str) -> list[str]:
+    """The ids `url`'s /v1/models lists; [] when it does not answer with a list."""
+    try:
+        response = await client.get(api_base(url) + "/models")
+        body = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return []
+    data = body.get("data") if isinstance(body, dict) else None
+    return [str(d["id"]) for d in data or [] if isinstance(d, dict) and d.get("id")]
 
 
 @dataclass(frozen=True)

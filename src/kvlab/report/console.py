@@ -22,6 +22,7 @@ from kvlab.engines.plan import EnginePlan
 from kvlab.engines.roles import TITLES, as_started
 from kvlab.engines.vllm import VllmInstall
 from kvlab.loadgen.record import RequestRecord
+from kvlab.loadgen.spec import LoadSpec
 from kvlab.loadgen.sweep import ProgressHook
 from kvlab.measure import compat, oracle
 from kvlab.measure.compat import Compatibility
@@ -57,6 +58,22 @@ def _ms(value: float | None) -> str:
 
 
 # --- the load generator --------------------------------------------------------------------
+def load_plan(spec: LoadSpec, profile: str, reason: str) -> str:
+    """What a load will send, said before it starts: its levels and requests a level, output
+    tokens, model, and the profile its defaults came from."""
+    if spec.sessions is not None:
+        kind = "users"
+    elif spec.trace is not None:
+        kind = "in-flight caps"
+    else:
+        kind = "concurrency"
+    counts = ", ".join(str(spec.floor(level)) for level, _ in spec.points())
+    unit = "turns" if spec.sessions is not None else "requests"
+    return (f"==> {spec.label}: {kind} {', '.join(map(str, spec.levels))} (at least {counts} "
+            f"{unit} a level), max_tokens {spec.max_tokens}, model {spec.model!r}; "
+            f"defaults from profile {profile}" + (f" ({reason})" if reason else ""))
+
+
 def load_rows(console: Console, rows: Sequence[LoadRecord]) -> None:
     """A sweep's levels: one table row each, then each level's failures and goodput."""
     table = Table("conc", "ok", "fail", "warm-up", "TTFT p50", "TTFT p95", "TTFT p99",
