@@ -346,3 +346,27 @@ def _both_profiles(fake: str, monkeypatch: pytest.MonkeyPatch
     unset = kvlab(*args)
     monkeypatch.setenv("KVLAB_PROFILE", "cpu-tiny")
     return unset, kvlab(*args)
+
+
+def test_vllm_bench_serve_names_are_understood(fake: str, home: Path, tmp_path: Path) -> None:
+    """Coming from `vllm bench serve`: its server-root --base-url, its --endpoint path, and
+    its names for the request count, concurrency and output length; each option failed as
+    unknown, and the server root failed only at run time."""
+    root = fake.removesuffix("/v1")
+    run = kvlab("load", "--base-url", root, "--endpoint", "/v1/completions", "--model", "fake",
+                "--num-prompts", "5", "--max-concurrency", "2", "--random-output-len", "3",
+                "--no-progress", "--json")
+    assert run.returncode == 0, run.stderr
+    assert f"--base-url {root}: a server root, as vllm bench takes it; requests go to " \
+        f"{fake}" in run.stderr
+    rows = json.loads(run.stdout)["rows"]
+    assert [(r["concurrency"], r["ok"], r["max_tokens"], r["endpoint"]) for r in rows] == \
+        [(2, 5, 3, "completions")]
+    rated = kvlab("load", "--base-url", fake, "--model", "fake", "--request-rate", "50",
+                  "--max-concurrency", "4",
+                  "--num-prompts", "4", "--max-tokens", "2", "--no-progress", "--json")
+    assert rated.returncode == 0, rated.stderr
+    assert [r["rate"] for r in json.loads(rated.stdout)["rows"]] == [50.0]
+    wrong = kvlab("load", "--base-url", fake, "--endpoint", "/v1/embeddings", "--model", "x")
+    assert wrong.returncode == 2 and "--endpoint '/v1/embeddings': give chat or " \
+        "completions" in wrong.stderr, wrong.stderr

@@ -33,7 +33,14 @@ from kvlab.core.errors import (
 )
 from kvlab.engines.base import VLLM
 from kvlab.experiments.args import CompareArgs
-from kvlab.loadgen.args import CapacityArgs, LoadArgs, TargetArgs, lab_named, load_spec
+from kvlab.loadgen.args import (
+    CapacityArgs,
+    LoadArgs,
+    TargetArgs,
+    lab_named,
+    load_spec,
+    understood_url,
+)
 
 if TYPE_CHECKING:
     from kvlab.core.settings import Settings
@@ -101,7 +108,10 @@ def load_command(ctx: click.Context, /, target: TargetArgs, load: LoadArgs,
         return
     if not target.base_url:
         raise InputError("--base-url is required, e.g. --base-url http://127.0.0.1:8200/v1")
-    spec = load_spec(loaded, load, base_url=target.base_url, label=target.label,
+    base_url, understood = understood_url(target.base_url)
+    if understood:
+        out.note(f"    {understood}")
+    spec = load_spec(loaded, load, base_url=base_url, label=target.label,
                      engine=target.engine, lab=lab_named(target.lab),
                      metrics_url=target.metrics_url, find_capacity=search.find_capacity)
     spec = run_interruptible(out, lambda _: manual.served_spec(settings, spec, out.note))
@@ -169,6 +179,9 @@ def run_load_command(ctx: click.Context, /, label: str, base_url: str,
     out = Output(as_json)
     loaded = server_settings(ctx)
     settings = loaded.values
+    base_url, understood = understood_url(base_url)
+    if understood:
+        out.note(f"    {understood}")
     spec = load_spec(loaded, load, base_url=base_url, label=label, engine=VLLM,
                      lab=lab_named("pd"), metrics_url=metrics_urls[0] if metrics_urls else "")
     link = link_spec(settings, spec, metrics_urls)

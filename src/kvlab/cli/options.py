@@ -1,7 +1,8 @@
 """Click options made from an arguments model, so a command's options are declarations.
 
 Each field of a pydantic model is one option: `--kebab-case` of its name unless its
-`json_schema_extra` names the flag (`{"flag": "--ctx"}`), its help the field's description, its
+`json_schema_extra` names the flag (`{"flag": "--ctx"}`), with other tools' names for it as
+aliases (`{"aliases": "--num-prompts"}`, space-separated), its help the field's description, its
 default the field's default, its choices a `Literal`'s values; a `bool` is a switch (`--x/--no-x`
 when it defaults to true), a `tuple[...]` takes the option again for each value. `arguments`
 adds the options to a command and hands the function the validated model instead of the
@@ -64,13 +65,15 @@ def _param_type(annotation: object) -> OptionType:
 def option_for(name: str, field: FieldInfo) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """The click option of one field."""
     flag, help_text = flag_of(name, field), field.description or ""
+    aliases = (_extra(field, "aliases") or "").split()
     inner, repeats = _inner(field.annotation)
     default = field.get_default(call_default_factory=True)
     if inner is bool:
         decls = [f"{flag}/--no-{flag[2:]}" if default is True else flag]
-        return click.option(*decls, name, is_flag=True, default=bool(default), help=help_text)
+        return click.option(*decls, *aliases, name, is_flag=True, default=bool(default),
+                            help=help_text)
     shown = default not in (None, (), "")
-    return click.option(flag, name, type=_param_type(inner), multiple=repeats,
+    return click.option(flag, *aliases, name, type=_param_type(inner), multiple=repeats,
                         default=default if default is not None else None,
                         show_default=shown, help=help_text, metavar=_extra(field, "metavar"))
 

@@ -57,7 +57,8 @@ class LoadArgs(Args):
                             "'ttft_p90<=0.5,tpot_p90<=0.05' (seconds; errors<=0.01).")
     timeout: float = Field(600.0, gt=0, description="Seconds one request may take; then it "
                            "failed.")
-    rate: str | None = Field(None, description="Open loop: requests per second, capped at the "
+    rate: str | None = Field(None, json_schema_extra={"aliases": "--request-rate"},
+                             description="Open loop: requests per second, capped at the "
                              "concurrency; several (1,2,4) sweep them, one level each.")
     arrivals: Literal["poisson", "even"] = Field(
         "poisson", description="Open-loop arrival gaps (even: a constant rate).")
@@ -89,8 +90,8 @@ class LoadArgs(Args):
     preamble_tokens: int | None = Field(None, ge=1, description="Preamble size, approximate "
                                         "tokens (default: PREAMBLE_TOKENS).")
     seed: int = Field(0, description="Workload seed.")
-    endpoint: Literal["chat", "completions"] = Field(
-        "chat", description="/v1/chat/completions or /v1/completions.")
+    endpoint: str = Field("chat", description="chat or completions, or the path as vllm "
+                          "bench takes it: /v1/chat/completions or /v1/completions.")
     ignore_eos: bool = Field(False, description="Ask for exactly --max-tokens tokens.")
     kv_cache_type: str | None = Field(None, description="Record the server's KV type (f16, "
                                       "q8_0, ...).")
@@ -113,6 +114,30 @@ class LoadArgs(Args):
                               "proxy, an engine].")
 
 
+ENDPOINTS = {"chat": "chat", "completions": "completions", "/v1/chat/completions": "chat",
+             "/v1/completions": "completions"}
+
+
+def endpoint_word(given: str) -> Literal["chat", "completions"]:
+    """`--endpoint` as kvlab's word, from the word or vllm bench's path."""
+    word = ENDPOINTS.get(given.rstrip("/") or given)
+    if word is None:
+        raise InputError(f"--endpoint {given!r}: give chat or completions (or "
+                         "/v1/chat/completions, /v1/completions)")
+    return "chat" if word == "chat" else "completions"
+
+
+def understood_url(given: str) -> tuple[str, str]:
+    """The OpenAI base URL for `--base-url` (kvlab's /v1 root, or vllm bench's server root),
+    and the words that say which was understood ("" when it was the /v1 root)."""
+    from kvlab.observe.chat import api_base
+
+    url = api_base(given)
+    if url == given.rstrip("/"):
+        return url, ""
+    return url, f"--base-url {given}: a server root, as vllm bench takes it; requests go to {url}"
+
+
 class TargetArgs(Args):
     """What `kvlab load` is pointed at (the options run-load.sh passes to Part 9's
     load-test.py), each unset one from the settings."""
@@ -120,11 +145,13 @@ class TargetArgs(Args):
     base_url: str | None = Field(None, description="The server's OpenAI base URL, e.g. "
                                  "http://127.0.0.1:8200/v1.")
     model: str | None = Field(None, description='Name sent in "model" (default: SERVED_NAME).')
-    concurrency: str | None = Field(None, description="Levels, e.g. 1,4,8 (default: "
-                                    "CONCURRENCY).")
-    requests: int | None = Field(None, description="Measured requests per level (default: "
+    concurrency: str | None = Field(None, json_schema_extra={"aliases": "--max-concurrency"},
+                                    description="Levels, e.g. 1,4,8 (default: CONCURRENCY).")
+    requests: int | None = Field(None, json_schema_extra={"aliases": "--num-prompts"},
+                                 description="Measured requests per level (default: "
                                  "REQUESTS when set, else max(10 x concurrency, 200)).")
-    max_tokens: int | None = Field(None, description="Output tokens per request (default: "
+    max_tokens: int | None = Field(None, json_schema_extra={"aliases": "--random-output-len"},
+                                   description="Output tokens per request (default: "
                                    "MAX_TOKENS).")
     prompt_set: str | None = Field(None, description="shared-prefix, mixed or multi-turn "
                                    "(default: PROMPT_SET).")
@@ -241,7 +268,8 @@ def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: s
         base_url=base_url, model=settings.served_name, levels=tuple(settings.concurrency),
         requests=requests_setting(loaded), max_tokens=settings.max_tokens,
         prompt_set=settings.prompt_set, label=label, engine=canonical_name(engine),
-        endpoint=args.endpoint, timeout_s=args.timeout, poisson=args.arrivals == "poisson",
+        endpoint=endpoint_word(args.endpoint), timeout_s=args.timeout,
+        poisson=args.arrivals == "poisson",
         slo=Slo.parse(args.slo) if args.slo and not is_target(args.slo) else None,
         preamble_tokens=args.preamble_tokens or settings.preamble_tokens, seed=args.seed,
         ignore_eos=args.ignore_eos, scrape_metrics=not args.no_metrics,
