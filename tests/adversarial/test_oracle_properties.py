@@ -7,7 +7,9 @@ earlier ones over a small alphabet (so prefixes collide), random block sizes and
 - inclusion: a bigger tier serves every request at least as much, however it is filled and
   at any concurrency (`curve` never falls); so does a bigger device without a tier, or with
   one filled on eviction at concurrency 1 (device and tier are then one LRU);
-- the stack pass gives exactly the block-by-block replay's figures.
+- the stack pass gives exactly the block-by-block replay's figures;
+- llama-server's slots (`slot_oracle`): between 0 and the prompt less one token, never more
+  than any earlier prompt could have served, at any slot count, threshold and overlap.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvlab.measure import oracle
+from kvlab.measure import oracle, slot_oracle
 from kvlab.measure.oracle import CacheModel, Prediction
 
 PROPS = settings(max_examples=120, deadline=None,
@@ -109,3 +111,17 @@ def test_bigger_caches_serve_every_request_at_least_as_much(
 def test_the_stack_pass_agrees_with_the_block_by_block_replay(
         stream: list[list[int]], model: CacheModel) -> None:
     assert oracle.replay(stream, model) == oracle.replay_lru(stream, model)
+
+
+@PROPS
+@given(streams(), st.integers(1, 4), st.sampled_from([0.0, 0.1, 0.5, 0.9]),
+       st.lists(st.floats(0.0, 3.0), min_size=14, max_size=14))
+def test_slots_serve_within_the_prompt_and_the_unbounded_bound(
+        prompts: list[list[int]], slots: int, similarity: float, spans: list[float]) -> None:
+    stream = [slot_oracle.SlotRequest(p, float(i), float(i) + spans[i])
+              for i, p in enumerate(prompts)]
+    got = slot_oracle.replay(stream, slot_oracle.SlotCache(slots, similarity))
+    bound = slot_oracle.unbounded(stream)
+    for request, served, most in zip(stream, got, bound, strict=True):
+        assert 0 <= served <= max(0, len(request.tokens) - 1)
+        assert served <= most

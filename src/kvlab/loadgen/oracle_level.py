@@ -9,21 +9,27 @@ in `oracle`'s docstring), with the level's concurrency, and set against the cach
 response reported. The cache is taken as empty when the level starts: an engine that served
 earlier levels may hold more, which shows as requests served above the oracle.
 
-A level gets no oracle, and says why in its row's absence of one, when the engine is not vLLM,
-its /metrics has no cache config, or a prompt cannot be tokenized.
+For llama-server the model is its slots (`measure.slot_oracle`): the prompts' tokens from its
+/apply-template and /tokenize, the slot count from /props, each request's slot busy from its
+send to its end as measured.
+
+A level gets no oracle, and says why in its row's absence of one, when the engine is neither,
+its /metrics has no cache config (vLLM) or /props no slot count (llama-server), or a prompt
+cannot be tokenized.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from statistics import median
 
 import httpx
 
+from kvlab.engines.llamacpp import adapter as llama_adapter
 from kvlab.engines.vllm import facts as vllm_facts
 from kvlab.engines.vllm.adapter import cache_blocks, tokenize_chat
-from kvlab.measure import oracle
+from kvlab.measure import oracle, slot_oracle
 from kvlab.measure.workloads import Prompt
 from kvlab.observe.metrics import Snapshot
 from kvlab.records.load import OracleLevel, TierPoint
@@ -36,16 +42,23 @@ MODEL_WORDS = ("vLLM prefix cache as an LRU over whole blocks, one prompt token 
 IN_FLIGHT = 8  # tokenize calls at once
 CURVE = (0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0)  # tier sizes replayed, in device caches
 NULL_BLOCKS = 1
+SLOT_WORDS = ("llama-server's slots: the longest common prefix, to the token, with the prompt "
+              "its slot last held, the slot chosen as the server does (the most similar idle "
+              "one above --slot-prompt-similarity 0.5, else the least recently used), one "
+              "prompt token always computed, each slot busy from a request's send to its end "
+              "as measured; the slots taken as empty when the level starts; generated tokens "
+              "and the in-RAM prompt cache (--cache-ram) not modelled, so the engine may "
+              "serve more")
+Tokenize = Callable[[list[dict[str, str]]], Awaitable[list[int] | None]]
 
 
-async def tokenized(client: httpx.AsyncClient, root: str, model: str,
-                    prompts: Sequence[Prompt]) -> list[list[int]] | None:
+async def tokenized(tokenize: Tokenize, prompts: Sequence[Prompt]) -> list[list[int]] | None:
     """Every prompt's tokens as the engine counts them (None: one could not be had)."""
     gate = asyncio.Semaphore(IN_FLIGHT)
 
     async def one(p: Prompt) -> list[int] | None:
         async with gate:
-            return await tokenize_chat(client, root, model, p.as_messages())
+            return await tokenize(p.as_messages())
 
     found = await asyncio.gather(*(one(p) for p in prompts))
     return None if any(t is None for t in found) else [t for t in found if t is not None]
@@ -66,11 +79,11 @@ async def beside(client: httpx.AsyncClient, root: str, model: str, lines: list[R
     """The oracle for one level's `lines` (each gets its `oracle_cached_tokens`), or None
     when the engine's cache or a request's tokens cannot be known."""
     shape = cache_blocks(snap)
-    sent = sorted((ln for ln in lines if ln.sent_s is not None and ln.status == "ok"
-                   and ln.prompt_index in prompts), key=lambda ln: ln.sent_s or 0.0)
+    sent = _sent(lines, prompts)
     if shape is None or not sent:
         return None
-    tokens = await tokenized(client, root, model, [prompts[ln.prompt_index or 0] for ln in sent])
+    tokens = await tokenized(lambda m: tokenize_chat(client, root, model, m),
+                             [prompts[ln.prompt_index or 0] for ln in sent])
     if tokens is None:
         return None
     block, device = shape
@@ -99,3 +112,42 @@ async def beside(client: httpx.AsyncClient, root: str, model: str, lines: list[R
         infinite_cache_tokens=sum(u.cached_tokens for p, m, u in measured if m is not None),
         above_oracle=found.above_oracle, left_share=found.left_share,
         left_mean_low=found.low, left_mean_high=found.high, tier_curve=points)
+
+
+def _sent(lines: list[RequestLine], prompts: Mapping[int, Prompt]) -> list[RequestLine]:
+    """The level's answered requests with a known prompt, in the order they were sent."""
+    return sorted((ln for ln in lines if ln.sent_s is not None and ln.status == "ok"
+                   and ln.prompt_index in prompts), key=lambda ln: ln.sent_s or 0.0)
+
+
+async def beside_slots(client: httpx.AsyncClient, root: str, lines: list[RequestLine],
+                       prompts: Mapping[int, Prompt]) -> OracleLevel | None:
+    """`beside` for llama-server: its slots replayed (`measure.slot_oracle`), or None when
+    its slot count or a request's tokens cannot be known."""
+    sent = _sent(lines, prompts)
+    slots = await llama_adapter.slot_count(client, root)
+    if not slots or not sent:
+        return None
+    tokens = await tokenized(lambda m: llama_adapter.tokenize_chat(client, root, m),
+                             [prompts[ln.prompt_index or 0] for ln in sent])
+    if tokens is None:
+        return None
+    stream = [slot_oracle.SlotRequest(t, ln.sent_s or 0.0, ln.end_s or ln.sent_s or 0.0)
+              for t, ln in zip(tokens, sent, strict=True)]
+    served = slot_oracle.replay(stream, slot_oracle.SlotCache(slots))
+    bound = slot_oracle.unbounded(stream)
+    for ln, n in zip(sent, served, strict=True):
+        ln.oracle_cached_tokens = n
+    counted = [(oracle.Prediction(len(t), n, 0), ln.cached_tokens, b)
+               for t, n, b, ln in zip(tokens, served, bound, sent, strict=True) if not ln.warmup]
+    found = oracle.compare([p for p, _, _ in counted], [m for _, m, _ in counted])
+    return OracleLevel(
+        cache_model=SLOT_WORDS, block_tokens=1, device_blocks=0, slots=slots,
+        in_flight=in_flight(sent), sizes_from="the server's /props (total_slots)",
+        tokens_from="the server's /apply-template and /tokenize of each request's messages",
+        requests=found.requests, prompt_tokens=found.prompt_tokens,
+        predicted_cached_tokens=found.predicted_tokens,
+        measured_cached_tokens=found.measured_tokens,
+        infinite_cache_tokens=sum(b for _, m, b in counted if m is not None),
+        above_oracle=found.above_oracle, left_share=found.left_share,
+        left_mean_low=found.low, left_mean_high=found.high)

@@ -73,7 +73,7 @@ class LoadSpec:
     sessions: SessionSpec | None = None  # user sessions: the levels are user counts
     trace: TraceSpec | None = None  # a trace replay: the levels are in-flight caps
     block_offset: int = 0  # prompt blocks skipped (a capacity search's probes: fresh prompts)
-    oracle: bool = True  # the cache oracle beside each level (vLLM, with per-request files)
+    oracle: bool = True  # the cache oracle beside each level (vLLM, llama-server; needs files)
     oracle_tier_tokens: int = 0  # the host tier the oracle models, in tokens (0: none)
     # where `model` came from, for `served.resolve`: "" kvlab named it (not checked); "named"
     # the user's --model or SERVED_NAME (refused unless the server lists it); "default" no

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import httpx
 
-from kvlab.engines.base import VLLM
+from kvlab.engines.base import LLAMA_CPP, VLLM
 from kvlab.engines.registry import evidence_deltas
 from kvlab.engines.vllm.adapter import cache_blocks
 from kvlab.loadgen import oracle_level, perrequest, returning, sessions, stats
@@ -277,9 +277,13 @@ class _Level:
                           after: Snapshot | None, own: LevelOwn) -> None:
         """The cache oracle beside the level, where the engine lets it be known."""
         spec = self.spec
-        if not spec.oracle or client is None or spec.engine != VLLM or not lines:
+        if not spec.oracle or client is None or spec.engine not in (VLLM, LLAMA_CPP) or not lines:
             return
         root = spec.tokenize_url or spec.base_url.removesuffix("/v1")
+        if spec.engine == LLAMA_CPP:
+            own.oracle = await oracle_level.beside_slots(client, root.rstrip("/"), lines,
+                                                         self.prompts)
+            return
         tier = spec.oracle_tier_tokens
         shape = cache_blocks(after)
         own.oracle = await oracle_level.beside(

@@ -248,6 +248,8 @@ class OracleLevel(Strict):
                              "engine.")
     block_tokens: int
     device_blocks: int
+    slots: int | None = Field(None, description="llama.cpp: the server's slots, each holding "
+                              "one prompt's tokens (block_tokens 1, device_blocks 0).")
     tier_blocks: int = 0
     in_flight: int = Field(1, description="Requests the model keeps in flight (their blocks "
                            "cannot be evicted), as measured.")

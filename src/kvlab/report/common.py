@@ -205,7 +205,9 @@ def oracle_words(row: LoadRecord) -> list[str]:
         return []
     band = (f" (mean per request {o.left_mean_low:.1%} to {o.left_mean_high:.1%})"
             if o.left_mean_low is not None and o.left_mean_high is not None else "")
-    words = [f"cache oracle ({o.block_tokens}-token blocks, {o.device_blocks:,} on the device"
+    held = (f"{o.slots} slots of one prompt each" if o.slots is not None else
+            f"{o.block_tokens}-token blocks, {o.device_blocks:,} on the device")
+    words = [f"cache oracle ({held}"
              + (f", {o.tier_blocks:,} in the tier" if o.tier_blocks else "")
              + f", from {o.sizes_from}): {o.predicted_cached_tokens:,} of "
              f"{o.prompt_tokens:,} prompt tokens cacheable, {o.measured_cached_tokens:,} "

@@ -122,14 +122,25 @@ def argv_facts(argv: list[str], out: InstanceFacts) -> None:
 
 
 async def _template_tokens(client: httpx.AsyncClient, root: str) -> list[int] | None:
-    template = await post_json(client, root + facts.APPLY_TEMPLATE_PATH,
-                               {"messages": PROBE_MESSAGES})
+    return await tokenize_chat(client, root, PROBE_MESSAGES)
+
+
+async def tokenize_chat(client: httpx.AsyncClient, root: str,
+                        messages: list[dict[str, str]]) -> list[int] | None:
+    """A chat request's tokens as this server counts them (its template applied through
+    /apply-template, then /tokenize with special tokens parsed), or None."""
+    template = await post_json(client, root + facts.APPLY_TEMPLATE_PATH, {"messages": messages})
     prompt = text(dig(template, "prompt"))
     if prompt is None:
         return None
     tokens = await post_json(client, root + facts.TOKENIZE_PATH,
                              {"content": prompt, "parse_special": True})
     return integers(dig(tokens, "tokens"))
+
+
+async def slot_count(client: httpx.AsyncClient, root: str) -> int | None:
+    """How many slots the server runs (/props total_slots), or None."""
+    return integer(dig(await get_json(client, root + facts.PROPS_PATH), facts.PROPS_SLOTS))
 
 
 LLAMA_CPP_ENGINE = LlamaCppEngine()
