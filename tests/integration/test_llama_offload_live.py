@@ -76,6 +76,24 @@ def test_ram_cache_brings_back_what_the_slots_lost(book: notebook.Notebook) -> N
     assert off_reached is not None and off_reached.host_tier is None  # --cache-ram 0
 
 
+def test_the_ram_cache_curve_answers_how_much_tier(book: notebook.Notebook) -> None:
+    """One run per RAM cache size, none first; the report's answer reads them."""
+    from kvlab.report.decisions import TIER_SIZE_Q, decide
+
+    rows = book.of(LoadRecord, "llama-ram-curve-load")
+    sizes = [r.pressure.planned.host_tier_bytes if r.pressure and r.pressure.planned else None
+             for r in rows]
+    assert 4 <= len(rows) <= len(llama_tiers.CURVE_SHARES)  # sizes equal in whole MiB run once
+    assert all(r.ok == r.requests for r in rows)
+    assert sizes[0] == 0 and all(isinstance(n, int) for n in sizes)
+    assert sizes == sorted(sizes) and len(set(sizes)) == len(sizes), sizes
+    recomputed = [r.sessions.evicted_turns for r in rows if r.sessions]
+    assert recomputed[-1] < recomputed[0], recomputed  # every conversation fits the largest
+    found = next(d for d in decide(book) if d.question == TIER_SIZE_Q)
+    assert found.decided and found.answer.startswith("On llama.cpp's RAM cache, ")
+    assert "--cache-ram" in found.answer or "no size paid" in found.answer
+
+
 def test_smaller_ram_cache_is_smaller_than_what_it_must_hold(book: notebook.Notebook) -> None:
     small = _load(book, "llama-ram-small-load")
     planned = small.pressure.planned if small.pressure else None

@@ -234,10 +234,10 @@ class InterferenceArgs(PlacementArgs):
 
 
 class LlamaTiersArgs(PlacementArgs):
-    """llama.cpp's tasks 2 and 3: prompt caching off/on, the RAM cache under pressure, q8_0
-    against f16 KV in the same memory."""
+    """llama.cpp's tasks 2 and 3: prompt caching off/on, the RAM cache under pressure and its
+    size curve, q8_0 against f16 KV in the same memory."""
 
-    part: tuple[Literal["turns", "pressure", "quant", "all"], ...] = Field(
+    part: tuple[Literal["turns", "pressure", "curve", "quant", "all"], ...] = Field(
         ("all",), description="Which part to run (repeatable; default all).")
     turns: int = Field(6, ge=2, description="--part turns: turns of the conversation.")
     slots: int = Field(2, ge=1, le=16, description="--part pressure: llama-server's "
@@ -249,7 +249,8 @@ class LlamaTiersArgs(PlacementArgs):
                             "the next turn (default: paced to one user per slot).")
     quant_ctx: int = Field(4096, ge=512, description="--part quant: the f16 server's "
                            "--ctx-size; its KV cache is the memory both KV types get.")
-    repeat: int = Field(1, ge=1, description=REPEAT_HELP)
+    repeat: int = Field(1, ge=1, description=REPEAT_HELP + " (--part curve runs each size "
+                        "once: its intervals are over requests)")
 
     def spec(self, loaded: LoadedSettings) -> LlamaTiersSpec:
         from kvlab.experiments.llama_tiers import PARTS, LlamaTiersSpec

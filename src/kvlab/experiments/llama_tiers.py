@@ -58,6 +58,7 @@ from kvlab.records.rows import (
     LLAMA_KV_QUANT,
     LLAMA_PROMPT_OFF,
     LLAMA_PROMPT_ON,
+    LLAMA_RAM_CURVE,
     LLAMA_RAM_OFF,
     LLAMA_RAM_ON,
     LLAMA_RAM_SMALL,
@@ -66,7 +67,9 @@ from kvlab.records.rows import (
 from kvlab.records.runs import KvQuantRecord, KvTypeSide
 
 LAB = notebook.LAB_OFFLOAD
-PARTS = ("turns", "pressure", "quant")
+PARTS = ("turns", "pressure", "curve", "quant")
+# --part curve: RAM cache sizes, as shares of what it must hold (1: every conversation)
+CURVE_SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
 MIB = 2**20
 TIER_MARGIN = 1.1  # the RAM cache that holds the working set, with room for the templates
 FIT = 0.9  # a conversation's last turn may fill this share of a slot
@@ -120,7 +123,10 @@ async def run(lab: Lab, spec: LlamaTiersSpec) -> list[Record]:
         for on in (False, True):
             out.append(await prompt_caching(lab, spec, on))
     if "pressure" in spec.parts:
-        out += await ram_tier(lab, spec)
+        out += await ram_tier(lab, spec, _sides(spec), spec.repeat)
+    if "curve" in spec.parts:
+        out += await ram_tier(lab, spec, tuple((LLAMA_RAM_CURVE, share)
+                                               for share in CURVE_SHARES), 1)
     if "quant" in spec.parts:
         out += await kv_quant(lab, spec)
     return out
@@ -238,14 +244,22 @@ def _sides(spec: LlamaTiersSpec) -> tuple[tuple[Row, float], ...]:
     return ((LLAMA_RAM_OFF, 0.0), (LLAMA_RAM_ON, 1.0), (LLAMA_RAM_SMALL, spec.small_share))
 
 
-async def ram_tier(lab: Lab, spec: LlamaTiersSpec) -> list[Record]:
-    """The three runs in alternating order, one server start per stint."""
+async def ram_tier(lab: Lab, spec: LlamaTiersSpec, sides: tuple[tuple[Row, float], ...],
+                   repeat: int) -> list[Record]:
+    """The runs of `sides` (a row and a RAM cache share each) in alternating order, one server
+    start per stint. The curve's sizes share one row and run once each (`repeat` 1), so a
+    comparison never pools two sizes."""
     rows: list[Record] = []
     sizing: SlotPressure | None = None
-    sides = _sides(spec)
-    for stint in repeats.stints(spec.repeat, len(sides)):
+    ran: set[tuple[str, int]] = set()
+    for stint in repeats.stints(repeat, len(sides)):
         row, share = sides[stint.side]
         mib = sizing.tier_mib(share) if sizing is not None and share else 0
+        if stint.first and (row.label, mib) in ran:  # two shares of one size in whole MiB
+            lab.say(f"    {row.label}: {share:g} of the RAM cache needed is {mib} MiB again; "
+                    "run once")
+            continue
+        ran.add((row.label, mib))
         plan = _plan(lab, row, ctx=spec.slots * spec.slot_ctx, parallel=spec.slots,
                      cache_ram_mib=mib,
                      chosen=llamacpp.LlamaOptions(log_verbosity=llamacpp.DEBUG_VERBOSITY))
@@ -260,9 +274,9 @@ async def ram_tier(lab: Lab, spec: LlamaTiersSpec) -> list[Record]:
             context = RunContext(tier=_tier_words(mib), server=server, varied="cache_ram_mib",
                                  llama_parallel=spec.slots,
                                  engine_version=await startup.server_version(proc.plan))
-            for repeat in stint.repeats:
+            for number in stint.repeats:
                 rows.append(await _pressure_run(lab, spec, proc, sizing, row, mib, context,
-                                                repeat))
+                                                number))
                 if not spec.think_time and (think := think_of(rows)) is not None:
                     spec = replace(spec, think_time=f"exponential:{think}")
         require_successes(row.label, rows)

@@ -110,6 +110,10 @@ LLAMA_RAM_SMALL = Row("llama-ram-small-load", LAB_OFFLOAD, "llama.cpp RAM cache 
                       "the working set, under pressure", "user sessions on few slots",
                       side="on", pressure=True,
     command="kvlab run llama-tiers --part pressure")
+LLAMA_RAM_CURVE = Row("llama-ram-curve-load", LAB_OFFLOAD, "llama.cpp RAM cache size curve, "
+                      "under pressure", "user sessions on few slots, one run per size",
+                      side="on", pressure=True,
+    command="kvlab run llama-tiers --part curve")
 LLAMA_KV_QUANT = Row("llama-kv-quant", LAB_OFFLOAD, "llama.cpp quantised KV (q8_0) against "
                      "f16, same memory", "one llama-server per KV type",
                      startup=("llama-kv-f16", "llama-kv-q8_0"),
@@ -152,9 +156,9 @@ INTERFERENCE = Row("interference", LAB_PD, "llama-server, 4 slots against 1 slot
 ROWS: tuple[Row, ...] = (
     QUIET_OFF, QUIET_ON, PRESSURE_OFF, PRESSURE_ON, SHARED_STORE, SHARED_SINGLE, SHARED_PROOF,
     DISK, MLX_CACHE, MLX_TURNS, SHARED_SLOTS, LLAMA_PROMPT_OFF, LLAMA_PROMPT_ON, LLAMA_RAM_OFF,
-    LLAMA_RAM_ON, LLAMA_RAM_SMALL, LLAMA_KV_QUANT, BASELINE, SPLIT, TWO_MACHINES_SHARED,
-    TWO_MACHINES_NIXL, LOOPBACK, PREDICTION, CANCEL, BOUNDARY, BOUNDARY_SPLIT, BOUNDARY_BASELINE,
-    INTERFERENCE,
+    LLAMA_RAM_ON, LLAMA_RAM_SMALL, LLAMA_RAM_CURVE, LLAMA_KV_QUANT, BASELINE, SPLIT,
+    TWO_MACHINES_SHARED, TWO_MACHINES_NIXL, LOOPBACK, PREDICTION, CANCEL, BOUNDARY,
+    BOUNDARY_SPLIT, BOUNDARY_BASELINE, INTERFERENCE,
 )
 
 

@@ -38,6 +38,7 @@ from kvlab.records.rows import (
     BOUNDARY,
     DISK,
     LLAMA_KV_QUANT,
+    LLAMA_RAM_CURVE,
     LLAMA_RAM_ON,
     LLAMA_RAM_SMALL,
     MLX_CACHE,
@@ -106,7 +107,7 @@ def decide(book: Notebook) -> list[Decision]:
                              smaller_tier=False),
                replace(store(book), rows=(SHARED_STORE.label,)),
                replace(with_mlx(disk(book), book), rows=(DISK.label, MLX_CACHE.label)),
-               quantised(book),
+               quantised(book), tier_size(book),
                with_capacity(pd, book, split)]
     return [with_yours(d, book) for d in drafted]
 
@@ -179,6 +180,27 @@ def with_llama(found: Decision, book: Notebook) -> Decision:
     figure = f"llama.cpp RAM cache: TTFT p50 {held.ttft.cell()}" if held is not None else ""
     return replace(found, answer=f"{words}. vLLM's tier: {found.answer}", decided=decided,
                    figure=figure if decided else found.figure, rows=rows)
+
+
+TIER_SIZE_Q = "How much tier is worth having on this machine?"
+
+
+def tier_size(book: Notebook) -> Decision:
+    """The smallest measured RAM cache that reached 90% of the best gain (llama.cpp's curve)."""
+    from kvlab.report import llama_curve
+
+    found = llama_curve.points(book)
+    if len(found) < 2:
+        return replace(_undecided("offload", TIER_SIZE_Q, _absent(
+            book, LLAMA_RAM_CURVE.label, "a curve of tier sizes")),
+            rows=(LLAMA_RAM_CURVE.label,))
+    words = llama_curve.answer(found)
+    if (step := llama_curve.cliff(found)) is not None:
+        words = f"{words}; {step}"
+    best = max((p for p in found if p.ttft is not None), key=lambda p: p.gain, default=None)
+    figure = f"{best.mib} MiB: TTFT p50 {best.ttft.cell()}" if best and best.ttft else ""
+    return Decision("offload", TIER_SIZE_Q, f"On llama.cpp's RAM cache, {words}", True,
+                    figure, (LLAMA_RAM_CURVE.label,))
 
 
 def quantised(book: Notebook) -> Decision:

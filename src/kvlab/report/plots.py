@@ -99,7 +99,8 @@ def draw_all(book: Notebook, out: Path) -> list[Plot]:
         found += [cdf_pair(book, out, base, other), turn_pair(book, out, base, other),
                   by_concurrency(book, out, base, other)]
     found += [capacity(book, out, r) for r in _newest_capacities(book)]
-    found += [tier_curve(book, out), boundary(book, out), bytes_per_request(book, out),
+    found += [tier_curve(book, out), ram_curve(book, out), boundary(book, out),
+              bytes_per_request(book, out),
               disk(book, out), kv_usage(book, out)]
     return [p for p in found if p is not None]
 
@@ -432,6 +433,37 @@ def tier_curve(book: Notebook, out: Path) -> Plot | None:
     ax.legend(fontsize="small")
     return _save(plt, fig, out / "tier-size-oracle.png", question,
                  _enough(points, o.device_blocks) + measured_on)
+
+
+def ram_curve(book: Notebook, out: Path) -> Plot | None:
+    """llama.cpp's RAM cache against its size: TTFT p50 against none with its interval, and
+    the returning turns recomputed, one run per size (`report/llama_curve.py`)."""
+    from kvlab.report import llama_curve
+
+    found = llama_curve.points(book)
+    sized = [(p.mib, p.ttft) for p in found if p.ttft is not None and p.ttft.ratio is not None]
+    if len(sized) < 2:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs = [mib for mib, _ in sized]
+    ys = [float(iv.ratio or 0) for _, iv in sized]
+    lows = [y - (iv.low if iv.low is not None else y) for (_, iv), y in zip(sized, ys,
+                                                                         strict=True)]
+    highs = [(iv.high if iv.high is not None else y) - y for (_, iv), y in zip(sized, ys,
+                                                                            strict=True)]
+    ax.errorbar(xs, ys, yerr=[lows, highs], fmt="o-", color=COLOURS[0], capsize=3,
+                label="TTFT p50 against no RAM cache (95% interval)")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    turns = ax.twinx()
+    turns.plot([p.mib for p in found], [p.recomputed or 0 for p in found], "s--",
+               color=COLOURS[1], label="returning turns recomputed")
+    turns.set_ylabel("returning turns recomputed")
+    question = "How much RAM cache is worth having? (llama.cpp, one run per size)"
+    ax.set(xlabel="--cache-ram (MiB)", ylabel="TTFT p50, against none", title=question)
+    handles = [*ax.get_legend_handles_labels()[0], *turns.get_legend_handles_labels()[0]]
+    ax.legend(handles=handles, fontsize="small", loc="upper right")
+    return _save(plt, fig, out / "llama-ram-curve.png", question, llama_curve.answer(found))
 
 
 def _enough(points: list[tuple[int, float]], device: int) -> str:
