@@ -77,3 +77,15 @@ def test_in_flight_is_what_was_running_not_the_user_count() -> None:
     assert in_flight(spaced) == 1
     overlapping = [line(i, i * 0.1, i * 0.1 + 0.25) for i in range(12)]
     assert in_flight(overlapping) == 3
+
+
+def test_llama_servers_slot_oracle_says_what_it_leaves_out() -> None:
+    """Beside a RAM-cache row the slot oracle read "oracle 18.7%" against 73.4% measured (the
+    CPU demo): its model has no RAM cache, and the cell must say so."""
+    slots = level(1_870, 7_340).model_copy(update={"slots": 2, "block_tokens": 1,
+                                                   "device_blocks": 0})
+    row = LoadRecord(label="x", lab="offload", concurrency=6, requests=24, oracle=slots)
+    assert oracle_cell(row, "73.4%") == ("73.4%; requests 73.4%, slot oracle, RAM cache not "
+                                         "modelled 18.7%")
+    (words,) = oracle_words(row)
+    assert words.startswith("cache oracle (2 slots of one prompt each, from ")

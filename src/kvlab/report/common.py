@@ -194,7 +194,8 @@ def oracle_cell(row: LoadRecord, measured: str) -> str:
     o = row.oracle
     if o is None or o.predicted_share is None or o.measured_share is None:
         return measured
-    return f"{measured}; requests {o.measured_share:.1%}, oracle {o.predicted_share:.1%}"
+    which = "slot oracle, RAM cache not modelled" if o.slots is not None else "oracle"
+    return f"{measured}; requests {o.measured_share:.1%}, {which} {o.predicted_share:.1%}"
 
 
 def oracle_words(row: LoadRecord) -> list[str]:
