@@ -302,30 +302,31 @@ def test_serve_reports_an_engine_that_died_with_its_status(tmp_path: Path) -> No
         assert gone(pgid, served.port, timeout=2)  # its helper was stopped too
 
 
-def test_run_load_fails_when_every_request_failed(tmp_path: Path) -> None:
+@contextmanager
+def failing_engine() -> Iterator[str]:
+    """The fake engine, listening (it answers every POST with 501); its /v1 URL."""
     port = process.free_port()
     with running([sys.executable, str(FAKE), str(port)], stdout=subprocess.DEVNULL):
         deadline = time.monotonic() + 30
         while not process.port_in_use("127.0.0.1", port) and time.monotonic() < deadline:
             time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/v1"
+
+
+def test_run_load_fails_when_every_request_failed(tmp_path: Path) -> None:
+    with failing_engine() as url:
         env = kvlab_env(tmp_path, REQUESTS="2", CONCURRENCY="1")
-        # the fake engine answers every POST with 501
-        result = kvlab(env, "run-load", "x", f"http://127.0.0.1:{port}/v1", "--no-metrics",
-                       "--no-progress", "--timeout", "5")
+        result = kvlab(env, "run-load", "x", url, "--no-metrics", "--no-progress",
+                       "--timeout", "5")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "every request failed" in result.stderr
 
 
 def test_load_fails_when_every_request_failed(tmp_path: Path) -> None:
     """`kvlab load` as `run-load` does: it exited 0 with every request failed."""
-    port = process.free_port()
-    with running([sys.executable, str(FAKE), str(port)], stdout=subprocess.DEVNULL):
-        deadline = time.monotonic() + 30
-        while not process.port_in_use("127.0.0.1", port) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        env = kvlab_env(tmp_path)
-        result = kvlab(env, "load", "--base-url", f"http://127.0.0.1:{port}/v1", "--model",
-                       "x", "--requests", "2", "--concurrency", "1", "--no-progress",
+    with failing_engine() as url:
+        result = kvlab(kvlab_env(tmp_path), "load", "--base-url", url, "--model", "x",
+                       "--requests", "2", "--concurrency", "1", "--no-progress",
                        "--timeout", "5")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "every request failed" in result.stderr

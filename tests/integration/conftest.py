@@ -6,7 +6,7 @@ a missing engine fails the test with that instruction rather than skipping silen
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -15,6 +15,9 @@ from kvlab.core.settings import Settings
 from kvlab.engines import install, vllm
 from kvlab.engines.models import TinyModels
 from kvlab.engines.process import EngineProcess, free_port
+from kvlab.records import requests
+from kvlab.records.models import LoadRecord
+from kvlab.records.requests import RequestLine
 
 
 def cpu_settings(**values: object) -> Settings:
@@ -67,3 +70,13 @@ def mlx_python() -> Path:
     if python is None:
         pytest.fail("mlx-lm is not installed: run `kvlab engines install` (make test does)")
     return python
+
+
+def oracle_misses(book: Path, row: LoadRecord, name: Callable[[RequestLine], str]) -> list[str]:
+    """The measured requests of `row` whose cached tokens differ from the oracle's, each
+    named by `name`: what an oracle test shows when its tolerance is passed."""
+    assert row.requests_file is not None
+    lines = requests.read(requests.location(book, row.requests_file), row.requests_sha256)
+    return [f"{name(x)}: oracle {x.oracle_cached_tokens}, engine {x.cached_tokens} of "
+            f"{x.prompt_tokens}" for x in lines
+            if not x.warmup and x.oracle_cached_tokens != x.cached_tokens]

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from integration.conftest import serve_baseline
+from integration.conftest import oracle_misses, serve_baseline
 from integration.test_workloads_live import SMALL_CACHE_BYTES, users
 from kvlab.engines import vllm
 from kvlab.engines.models import TinyModels
 from kvlab.loadgen.sweep import run_sweep
-from kvlab.records import requests
 from kvlab.records.models import LoadRecord
 
 pytestmark = pytest.mark.vllm
@@ -22,11 +21,7 @@ TOLERANCE = 0.05  # the issue's bound on the oracle's error per level
 
 
 def differing(book: Path, row: LoadRecord) -> list[str]:
-    assert row.requests_file is not None
-    lines = requests.read(requests.location(book, row.requests_file), row.requests_sha256)
-    return [f"conversation {x.conversation} turn {x.turn}: oracle {x.oracle_cached_tokens}, "
-            f"engine {x.cached_tokens} of {x.prompt_tokens}" for x in lines
-            if not x.warmup and x.oracle_cached_tokens != x.cached_tokens]
+    return oracle_misses(book, row, lambda x: f"conversation {x.conversation} turn {x.turn}")
 
 
 def assert_close(book: Path, row: LoadRecord) -> None:

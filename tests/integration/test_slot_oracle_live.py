@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from integration.conftest import cpu_settings
+from integration.conftest import cpu_settings, oracle_misses
 from kvlab.engines import llamacpp
 from kvlab.engines.base import LLAMA_CPP
 from kvlab.engines.models import TinyModels
 from kvlab.engines.process import EngineProcess, free_port
 from kvlab.loadgen.sweep import LoadSpec, run_sweep
-from kvlab.records import notebook, requests
+from kvlab.records import notebook
 from kvlab.records.models import LoadRecord
 
 pytestmark = pytest.mark.llama
@@ -24,11 +24,7 @@ TOLERANCE = 0.05  # the issue's bound on the oracle's error per level
 
 
 def differing(book: Path, row: LoadRecord) -> list[str]:
-    assert row.requests_file is not None
-    lines = requests.read(requests.location(book, row.requests_file), row.requests_sha256)
-    return [f"prompt {x.prompt_index}: oracle {x.oracle_cached_tokens}, engine "
-            f"{x.cached_tokens} of {x.prompt_tokens}" for x in lines
-            if not x.warmup and x.oracle_cached_tokens != x.cached_tokens]
+    return oracle_misses(book, row, lambda x: f"prompt {x.prompt_index}")
 
 
 @pytest.mark.parametrize("prompt_set", ["shared-prefix", "mixed"])
