@@ -254,6 +254,11 @@ class LoadedSettings:
     profile_reason: str = ""
     warnings: list[str] = field(default_factory=list)  # shown once, by the command
 
+    def unset(self, key: str) -> bool:
+        """No one set `key`: it holds its default, or the profile's value."""
+        source = self.sources.get(key, "default")
+        return source == "default" or source.startswith(PROFILE_SOURCE)
+
     def rows(self) -> list[tuple[str, str, str]]:
         """(KEY, shown value, source) per setting, secrets masked."""
         out = []
@@ -266,6 +271,7 @@ class LoadedSettings:
 
 
 UNSET_MEANS = {"requests": "max(10 x concurrency, 200) a level"}
+PROFILE_SOURCE = "profile "  # a source naming the embedded profile that set the value
 
 
 def shown_value(settings: Settings, name: str) -> str:
@@ -313,7 +319,7 @@ def load_settings(
         profile, reason, extra = profile_values(first)
     from_profile = {k: v for k, v in extra.items() if sources.get(k) == "default"}
     for key in from_profile:
-        sources[key] = f"profile {profile}"
+        sources[key] = f"{PROFILE_SOURCE}{profile}"
     final = _validate({**from_file, **from_profile, **flags}, sources) if from_profile else first
     unknown = sorted(k for k in dotenv if k.lower() not in FIELD_NAMES)
     return LoadedSettings(final, sources, path, unknown, profile, reason, warnings)

@@ -278,14 +278,8 @@ def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: s
         size_prompts=args.prompt_sizing == "tokenizer", tokenize_url=args.tokenize_url,
         rate=rates[0] if len(rates) == 1 else None, rates=rates if len(rates) > 1 else (),
         groups=args.prefix_groups, group_shares=floats("--group-shares", args.group_shares),
-        model_source="default" if _unset(loaded, "served_name") else "named")
+        model_source="default" if loaded.unset("served_name") else "named")
     return _workload(loaded, args, spec)
-
-
-def _unset(loaded: LoadedSettings, key: str) -> bool:
-    """No one set `key`: its default, or a profile's."""
-    source = loaded.sources.get(key, "default")
-    return source == "default" or source.startswith("profile")
 
 
 def _workload(loaded: LoadedSettings, args: LoadArgs, spec: LoadSpec) -> LoadSpec:
@@ -301,7 +295,7 @@ def _workload(loaded: LoadedSettings, args: LoadArgs, spec: LoadSpec) -> LoadSpe
                                             user_rate=args.user_rate,
                                             cache_block_tokens=args.cache_block))
     if args.trace:
-        default = _unset(loaded, "concurrency")  # nobody asked a cap
+        default = loaded.unset("concurrency")  # nobody asked a cap
         spec = replace(spec, trace=TraceSpec(args.trace, args.trace_block_size,
                                              args.trace_speedup, args.trace_limit,
                                              args.trace_max_input),
