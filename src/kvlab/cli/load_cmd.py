@@ -185,13 +185,15 @@ def run_load_command(ctx: click.Context, /, label: str, base_url: str,
     spec = load_spec(loaded, load, base_url=base_url, label=label, engine=VLLM,
                      lab=lab_named("pd"), metrics_url=metrics_urls[0] if metrics_urls else "")
     link = link_spec(settings, spec, metrics_urls)
+    if not link.load_test:  # LOAD_TEST's script names its own model
+        spec = run_interruptible(out, lambda _: manual.served_spec(settings, spec, out.note))
     out.note(f"==> {label} against {base_url}")
     out.note(f"    topology: {console.topology(spec.context)}")
     out.note(f"    reading byte counters on {settings.cluster_iface}" if settings.cluster_iface
              else "    no interface counters (CLUSTER_IFACE unset)")
     with console.progress(out.err, not load.no_progress and not settings.load_test) as hook:
         results = run_interruptible(out, lambda stop: manual.run_load(
-            settings, spec, link, repeat, stop=stop, progress=hook, say=out.note))
+            settings, spec, link, repeat, stop=stop, progress=hook))
     rows = [row for _, sweep in results if sweep is not None for row in sweep.rows]
 
     def human(c: Console) -> None:

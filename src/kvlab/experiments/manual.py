@@ -77,7 +77,8 @@ def predict(settings: Settings, result: kvmath.Prediction, note: Note) -> Predic
 
 
 async def served_spec(settings: Settings, spec: LoadSpec, say: Say = quiet) -> LoadSpec:
-    """`spec` with the model name the server lists (`loadgen/served.py`), said when changed."""
+    """`spec` with the model name the server lists (`loadgen/served.py`), said when changed:
+    the load commands call it once, before the load and its plan line."""
     spec, why = await served.resolve(spec, settings.api_key())
     if why:
         say(f"    {why}")
@@ -85,9 +86,8 @@ async def served_spec(settings: Settings, spec: LoadSpec, say: Say = quiet) -> L
 
 
 async def load(settings: Settings, spec: LoadSpec, *, stop: asyncio.Event | None = None,
-               progress: ProgressHook | None = None, say: Say = quiet) -> SweepResult:
+               progress: ProgressHook | None = None) -> SweepResult:
     """Every level of `spec`, each row appended as its level ends."""
-    spec = await served_spec(settings, spec, say)
     return await run_sweep(spec, api_key=settings.api_key(), stop=stop, progress=progress,
                            on_row=lambda row: notebook.append(settings.labbook, row))
 
@@ -96,7 +96,6 @@ async def capacity(settings: Settings, spec: LoadSpec, target: LatencyTarget, kn
                    plan: SearchPlan, *, stop: asyncio.Event | None = None,
                    say: Say = quiet) -> CapacityResult:
     """The highest load that meets `target`: every probe's row, then the capacity line."""
-    spec = await served_spec(settings, spec, say)
     found = await search(spec, target, knob, plan, api_key=settings.api_key(), stop=stop,
                          on_row=lambda row: notebook.append(settings.labbook, row), say=say)
     notebook.append(settings.labbook, found.record)
@@ -105,7 +104,7 @@ async def capacity(settings: Settings, spec: LoadSpec, target: LatencyTarget, kn
 
 async def run_load(settings: Settings, spec: LoadSpec, link: LinkSpec, repeat: int = 1, *,
                    stop: asyncio.Event | None = None, progress: ProgressHook | None = None,
-                   say: Say = quiet) -> list[tuple[LinkRecord, SweepResult | None]]:
+                   ) -> list[tuple[LinkRecord, SweepResult | None]]:
     """run-load.sh: each repeat's sweep with the link's counters around it (its rows and its
     link line appended); stops after a repeat that was interrupted."""
     if repeat > 1 and link.load_test:
@@ -113,8 +112,6 @@ async def run_load(settings: Settings, spec: LoadSpec, link: LinkSpec, repeat: i
                            "empty to repeat with kvlab's generator")
     if repeat > 1:  # the repeats of one invocation: compare pools them by this id
         spec = replace(spec, run_id=time.strftime("%Y%m%d-%H%M%S"))
-    if not link.load_test:  # LOAD_TEST's script names its own model
-        spec = await served_spec(settings, spec, say)
     results: list[tuple[LinkRecord, SweepResult | None]] = []
     for number in one_side(repeat):
         got = await link_run(replace(spec, repeat=number), link, settings.labbook,
