@@ -197,7 +197,7 @@ def tier_size(book: Notebook) -> Decision:
     words = llama_curve.answer(found)
     if (step := llama_curve.cliff(found)) is not None:
         words = f"{words}; {step}"
-    best = max((p for p in found if p.ttft is not None), key=lambda p: p.gain, default=None)
+    best = llama_curve.best_point(found)
     figure = f"{best.mib} MiB: TTFT p50 {best.ttft.cell()}" if best and best.ttft else ""
     return Decision("offload", TIER_SIZE_Q, f"On llama.cpp's RAM cache, {words}", True,
                     figure, (LLAMA_RAM_CURVE.label,))

@@ -65,10 +65,15 @@ def points(book: Notebook) -> list[CurvePoint]:
             for mib, r in sorted(newest.items())]
 
 
+def best_point(found: list[CurvePoint]) -> CurvePoint | None:
+    """The measured size with the largest gain (the first, on a tie; None: no sized run)."""
+    return max((p for p in found if p.mib), key=lambda p: p.gain, default=None)
+
+
 def answer(found: list[CurvePoint]) -> str:
     """The lab's question in one sentence, from the measured sizes."""
     sized = [p for p in found if p.mib]
-    best = max(sized, key=lambda p: p.gain, default=None)
+    best = best_point(found)
     if best is None or best.gain <= 0:
         shown = "; ".join(f"{p.mib} MiB {p.ttft.cell()}" for p in sized if p.ttft)
         return f"no size paid: no RAM cache size brought TTFT p50 below none ({shown})"
