@@ -9,6 +9,8 @@ request and shows
 the engines' evidence that it crossed both legs; `--check --url URL` does that for a proxy
 already running (any proxy), whose legs it reads from the proxy's own /health (kvlab's names
 them there), not from the default ports; one engine on both legs is named as the cause.
+`--check --port N` checks the proxy listening on this machine's port N (`--url
+http://127.0.0.1:N`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 import click
 from rich.console import Console
@@ -36,7 +39,8 @@ from kvlab.proxy.pd import CONNECTORS
                    "(default PREFILL_HOST:PREFILL_PORT).")
 @click.option("--decode", multiple=True, metavar="URL",
               help="A decode engine; repeat for several (default DECODE_HOST:DECODE_PORT).")
-@click.option("--port", type=click.IntRange(0, 65535), help="Port to listen on (PROXY_PORT).")
+@click.option("--port", type=click.IntRange(0, 65535), help="Port to listen on (PROXY_PORT); "
+              "with --check, the port of the running proxy to check on this machine.")
 @click.option("--host", help="Address to bind (SERVE_HOST, 127.0.0.1 by default).")
 @click.option("--connector", type=click.Choice(CONNECTORS), help="Override CONNECTOR.")
 @click.option("--balance", type=click.Choice(BALANCES), default="round-robin",
@@ -62,6 +66,10 @@ def proxy_command(ctx: click.Context, prefill: tuple[str, ...], decode: tuple[st
                                        port=port, balance=balance, workers=workers)
     if url and not check:
         raise click.UsageError("--url only goes with --check")
+    if check and port is not None and url and urlsplit(url).port != port:
+        raise click.UsageError(f"--port {port} and --url {url} name two proxies; give one")
+    if check and port is not None and not url:
+        url = f"http://127.0.0.1:{port}"  # the running proxy there, not one of ours
     from kvlab.proxy.app import loop_runner
 
     runner = loop_runner()

@@ -65,6 +65,8 @@ class EnginePlan:
     # what kvlab chose while planning (which build and why, flags beyond the seed script,
     # measured host figures): the startup record carries it
     startup_facts: StartupFacts = field(default_factory=StartupFacts)
+    # kvlab's own flags left out because the arguments after `--` set them too
+    given_way: tuple[Flag, ...] = ()
     # secrets settings know (HF_TOKEN, the servers' API key): never shown in any view
     secret_values: frozenset[str] = field(default_factory=frozenset, repr=False)
 
@@ -78,6 +80,14 @@ class EnginePlan:
     def argv(self) -> list[str]:
         """The command line to show and record: secret values replaced by `<redacted>`."""
         return redact_argv(self.exec_argv(), self.secret_values)
+
+    def own_argv(self) -> list[str]:
+        """The command line as kvlab alone would have run it (no arguments after `--`, and
+        the flags they replaced back in place), secrets redacted."""
+        args = [*self.command, *self.positional]
+        for flag in (*self.flags, *self.given_way):
+            args.extend(flag.render())
+        return redact_argv(args, self.secret_values)
 
     def secrets(self) -> frozenset[str]:
         """Every secret this plan holds: the known values and those given to secret flags."""

