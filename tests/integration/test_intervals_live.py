@@ -51,10 +51,12 @@ def load(url: str, book: Path, label: str) -> None:
     assert run.returncode == 0, run.stderr[-2000:]
 
 
-def compared(book: Path, a: str, b: str) -> dict[str, Any]:
-    """`kvlab compare --disagg a --baseline b`'s level, intervals included."""
+def compared(book: Path, a: str, b: str, *ignore: str) -> dict[str, Any]:
+    """`kvlab compare --disagg a --baseline b`'s level, intervals included (`ignore`: the
+    engine arguments that are the variable under test)."""
     run = subprocess.run([sys.executable, "-m", "kvlab", "compare", "--labbook", str(book),
-                          "--disagg", a, "--baseline", b, "--print-only", "--json"],
+                          "--disagg", a, "--baseline", b, "--print-only", "--json",
+                          *(x for name in ignore for x in ("--ignore-arg", name))],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     out = json.loads(run.stdout)
@@ -107,7 +109,8 @@ async def test_prefix_caching_on_against_off_is_a_measured_difference(
     async for off in serve_baseline(tiny_models, vllm_install, tmp_path / "off.log",
                                     (facts.NO_PREFIX_CACHING,)):
         load(off, book, "caching-off")
-    ttft = compared(book, "caching-off", "caching-on")["intervals"]["ttft_p50"]
+    ttft = compared(book, "caching-off", "caching-on",
+                    "enable_prefix_caching")["intervals"]["ttft_p50"]
     assert ttft["low"] > 1, ttft  # recomputing the preamble is slower, beyond the noise
     assert ttft["words"] == "slower"
 

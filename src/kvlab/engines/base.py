@@ -14,11 +14,14 @@ Deliberately not here: starting processes (`process.py`, any plan), installing e
 from __future__ import annotations
 
 import hashlib
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from kvlab.core.secrets import is_secret_name
 from kvlab.observe.metrics import CounterTable, GaugeTable, Snapshot
-from kvlab.records.evidence import InstanceLine, KvCapacity
+from kvlab.records.evidence import EngineArgs, InstanceLine, KvCapacity
 
 if TYPE_CHECKING:
     import httpx
@@ -80,12 +83,15 @@ class InstanceFacts:
     cache_dtype: str | None = None
     prefix_caching: bool | None = None
     kv_cache_tokens: int | None = None
+    memory_fraction: float | None = None  # as its /metrics states it (vLLM's cache config)
     template_tokens: list[int] | None = None
     content_digest: str | None = None  # config + tokenizer + sampled weights, path-free
     dtype: str | None = None  # the weights' compute dtype as started (None: unknown/auto)
     quantization: str | None = None
     numerics_flags: str | None = None  # other flags that change the numbers (rope, overrides)
     kv_store: str | None = None  # what it shares KV through: connector and store path
+    connector: str | None = None  # the KV connector it runs ("none" without one)
+    kv_role: str | None = None  # its connector's role: kv_producer, kv_consumer, kv_both
     fingerprint: Fingerprint | None = None
     notes: list[str] = field(default_factory=list)
     listed_models: list[str] = field(default_factory=list)  # every id /v1/models lists
@@ -102,6 +108,7 @@ class InstanceFacts:
             kv_cache_tokens=self.kv_cache_tokens, template_tokens=template,
             content_digest=self.content_digest, dtype=self.dtype, quantization=self.quantization,
             numerics_flags=self.numerics_flags, kv_store=self.kv_store,
+            connector=self.connector, kv_role=self.kv_role,
             fingerprint=self.fingerprint.as_record() if self.fingerprint else None,
             notes=list(self.notes))
 
@@ -132,6 +139,47 @@ def flag_value(argv: list[str], *names: str) -> str | None:
 def has_flag(argv: list[str], name: str) -> bool:
     """Whether a switch (`--flag`, or `--flag=...`) is on the command line."""
     return any(arg == name or arg.startswith(name + "=") for arg in argv)
+
+
+def _is_flag(arg: str) -> bool:
+    return arg.startswith("-") and len(arg) > 1 and not arg[1:2].isdigit()
+
+
+def argv_args(argv: Sequence[str], aliases: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Every flag of a command line by its name (`--max-num-batched-tokens 512` as
+    `max_num_batched_tokens: 512`; a bare switch "True", `--no-x` as `x: False`), the last
+    one winning, as the engines' parsers take them. `aliases` maps short spellings to long
+    ones (llama.cpp's `-c` is `--ctx-size`). Words that are no flag's value are skipped;
+    secret-bearing flags are left out."""
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if not _is_flag(arg):
+            continue
+        name, eq, value = arg.partition("=")
+        name = (aliases or {}).get(name, name)
+        if not eq:
+            if i < len(argv) and not _is_flag(argv[i]):
+                value, i = argv[i], i + 1
+            else:
+                value = "True"
+        key = name.lstrip("-").replace("-", "_")
+        if key.startswith("no_") and value == "True":
+            key, value = key[3:], "False"
+        if not is_secret_name(key):
+            out[key] = value
+    return out
+
+
+def config_word(text: str | None, key: str) -> str | None:
+    """One string field of a connector config as a command line (JSON) or a log (a repr)
+    spells it: `"kv_role":"kv_producer"` or `kv_role='kv_producer'`."""
+    if not text:
+        return None
+    found = re.search(rf"""{key}['"]?\s*[:=]\s*['"]([\w.-]+)""", text)
+    return found.group(1) if found else None
 
 
 def _int(text: str | None) -> int | None:
@@ -236,6 +284,25 @@ class Engine(Protocol):
 
     def launch_settings(self, argv: list[str]) -> LaunchSettings:
         """The context length and memory fraction an instance was started with, from its argv."""
+        ...
+
+    # arguments two compared instances may differ in: where they listen and the variable
+    # kvlab's experiments change (the connector, the tier), by `effective_args`' names
+    variable_args: frozenset[str]
+
+    def effective_args(self, log_text: str | None, argv: list[str] | None) -> EngineArgs | None:
+        """The instance's effective arguments: from its startup log where the engine logs
+        them, else from its command line (None: neither said anything)."""
+        ...
+
+    def unread_content(self, root: str) -> dict[tuple[str, str], str]:
+        """Parts of a model directory's files this engine does not read, as (file, key) ->
+        why: a difference there is a note, not a refusal."""
+        ...
+
+    def connector_of(self, args: EngineArgs) -> tuple[str, str | None]:
+        """(the lab's name of the KV connector the arguments run, "none" without one; its
+        KV role, None without one)."""
         ...
 
     async def version(self, client: httpx.AsyncClient, root: str) -> str | None:

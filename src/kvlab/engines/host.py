@@ -23,7 +23,7 @@ from typing import Protocol, TextIO
 from kvlab.core.errors import EngineError
 from kvlab.core.say import Say
 from kvlab.core.settings import Settings
-from kvlab.engines import startup
+from kvlab.engines import local, startup
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import DEFAULT_READY_TIMEOUT_S, EngineProcess, orphan_note
 from kvlab.records.evidence import NodeInfo
@@ -71,8 +71,10 @@ async def record_ready(scope: Scope, proc: EngineProcess, label: str,
     """The ready engine's startup line (its own version, its log's capacity), recorded and
     said in one line."""
     version = await startup.server_version(proc.plan)
+    # a process on a node is not this machine's to name
+    instance = local.instance_id(proc.pid) if node is None else None
     line = startup.record(proc.plan, proc.log_text(), ready_s=proc.ready_s,
-                          engine_version=version, label=label, node=node)
+                          engine_version=version, label=label, node=node, instance=instance)
     scope.record(line)
     on = f" on node {node.node}" if node is not None else ""
     scope.say(f"    {proc.plan.role} ready in {proc.ready_s or 0:.0f} s{on}: "

@@ -28,9 +28,11 @@ def lab_for(role: str) -> str:
 
 
 def record(plan: EnginePlan, log_text: str, *, ready_s: float | None, engine_version: str,
-           label: str, lab: str | None = None, node: NodeInfo | None = None) -> StartupRecord:
+           label: str, lab: str | None = None, node: NodeInfo | None = None,
+           instance: str | None = None) -> StartupRecord:
     """A `startup` notebook record for one instance, with what kvlab chose while planning
-    it (`plan.startup_facts`: the build and why, flags beyond the seed's, host figures)."""
+    it (`plan.startup_facts`: the build and why, flags beyond the seed's, host figures), its
+    effective arguments as the engine stated them, and (`instance`) who its process is."""
     engine = known_engine(plan.engine)
     sized = engine.launch_settings(plan.argv()) if engine is not None else LaunchSettings()
     line = StartupRecord(
@@ -39,7 +41,9 @@ def record(plan: EnginePlan, log_text: str, *, ready_s: float | None, engine_ver
         served_name=plan.served_name, base_url=plan.base_url, argv=plan.argv(),
         ready_s=round(ready_s, 2) if ready_s is not None else None,
         capacity=capacity(plan, log_text), context_tokens=sized.context_tokens,
-        memory_fraction=sized.memory_fraction, node=node,
+        memory_fraction=sized.memory_fraction, node=node, instance=instance,
+        engine_args=engine.effective_args(log_text, plan.argv()) if engine is not None
+        else None,
         version_note=engine.version_note(engine_version) if engine is not None else None)
     return line.overlay(plan.startup_facts)
 

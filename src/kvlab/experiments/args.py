@@ -543,13 +543,16 @@ class CompareArgs(Args):
     offload: bool = Field(False, description="Pair offload-on-load against offload-off-load "
                           "and state the pressure.")
     print_only: bool = Field(False, description="Print the comparison, write nothing.")
+    ignore_arg: tuple[str, ...] = Field((), description="An engine argument the two runs may "
+                                        "differ in (repeatable, vLLM's name, e.g. "
+                                        "max_num_batched_tokens): the variable you tested.")
 
     def pair(self) -> Pair:
         from kvlab.experiments.manual import Pair
 
         return Pair(self.disagg, self.baseline, self.offload,
                     float(self.kv_bytes_per_token) or None, self.model_config_path,
-                    self.kv_dtype, float(self.prompt_tokens) or None)
+                    self.kv_dtype, float(self.prompt_tokens) or None, self.ignore_arg)
 
     def noted(self) -> Note:
         from kvlab.experiments.manual import Note

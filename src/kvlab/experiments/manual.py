@@ -134,6 +134,7 @@ class Pair:
     model_config: Path | None = None
     kv_dtype: str | None = None
     prompt_tokens: float | None = None
+    ignore_args: tuple[str, ...] = ()
 
 
 def compare(settings: Settings, pair: Pair, note: Note) -> pairing.Comparison:
@@ -150,7 +151,8 @@ def compare(settings: Settings, pair: Pair, note: Note) -> pairing.Comparison:
         pair.disagg or (PRESSURE_ON.label if pair.offload else SPLIT.label),
         pair.baseline or (PRESSURE_OFF.label if pair.offload else BASELINE.label),
         kv_bytes_per_token=per_token, prompt_tokens=pair.prompt_tokens, note=note.note,
-        lab=note.lab or (LAB_OFFLOAD if pair.offload else LAB_PD), offload=pair.offload)
+        lab=note.lab or (LAB_OFFLOAD if pair.offload else LAB_PD), offload=pair.offload,
+        ignore_args=pair.ignore_args)
     if note.write:
         notebook.append(settings.labbook, result.record)
     return result

@@ -26,7 +26,7 @@ import httpx
 from kvlab.core.errors import InputError
 from kvlab.core.sizes import tree_bytes
 from kvlab.engines.registry import evidence_deltas, transfer_deltas
-from kvlab.loadgen import sidechannel, topology
+from kvlab.loadgen import instances, sidechannel, topology
 from kvlab.loadgen.sweep import LoadSpec, ProgressHook, SweepResult, run_sweep
 from kvlab.observe import metrics, netdev
 from kvlab.records import notebook
@@ -131,10 +131,13 @@ def link_record(load: LoadSpec, spec: LinkSpec, before: Readings, after: Reading
                      if after.store_bytes is not None and before.store_bytes is not None
                      else None),
         model=load.model, max_tokens=load.max_tokens,
-        load_generator=spec.load_test or "kvlab", repeat=load.repeat, legs=spec.legs)
+        load_generator=spec.load_test or "kvlab", repeat=load.repeat, legs=spec.legs,
+        engines=load.context.engines)
     link.overlay(topology.unknown(load.base_url, spec.connector))
     if spec.where is not None:
         link.overlay(spec.where)
+    if load.context.engines and load.context.connector is not None:
+        link.connector = load.context.connector  # what the engines ran, not the setting
     if spec.side_channel_addr:
         link.side_channel = sidechannel.check(
             spec.side_channel_addr, spec.iface,
@@ -157,6 +160,7 @@ async def run_load(load: LoadSpec, spec: LinkSpec, labbook: str,
     netdev.require_iface(spec.iface)
     if not load.labbook:
         load = replace(load, labbook=labbook)
+    load = await instances.with_engines(load, api_key)
     urls = spec.metrics_urls or (metrics.metrics_url(load.base_url),)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     async with httpx.AsyncClient(timeout=10.0, trust_env=False, headers=headers) as client:

@@ -43,7 +43,7 @@ import httpx
 from kvlab.engines.base import LLAMA_CPP, VLLM
 from kvlab.engines.registry import evidence_deltas
 from kvlab.engines.vllm.adapter import cache_blocks
-from kvlab.loadgen import oracle_level, perrequest, returning, sessions, stats
+from kvlab.loadgen import instances, oracle_level, perrequest, returning, sessions, stats
 from kvlab.loadgen import trace as trace_replay
 from kvlab.loadgen.client import Endpoint
 from kvlab.loadgen.record import decode_events
@@ -395,9 +395,11 @@ def metrics_client(spec: LoadSpec, api_key: str = "") -> httpx.AsyncClient | Non
 async def run_sweep(spec: LoadSpec, *, api_key: str = "", stop: asyncio.Event | None = None,
                     progress: ProgressHook | None = None,
                     on_row: Callable[[Row], object] | None = None) -> SweepResult:
-    """Every level in order; stops after the level during which `stop` was set."""
+    """Every level in order; stops after the level during which `stop` was set. Each row
+    names the engines behind the URL as they stated themselves at the start."""
     target = Endpoint.from_url(spec.base_url)
     out = SweepResult(rows=[])
+    spec = await instances.with_engines(spec, api_key)
     inputs = await prepare_inputs(spec, api_key)
     client = metrics_client(spec, api_key)
     try:

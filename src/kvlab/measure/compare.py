@@ -32,7 +32,7 @@ from typing import TypeVar
 
 from kvlab.core.errors import InputError, RefusedError
 from kvlab.core.sizes import human_bytes
-from kvlab.measure import intervals
+from kvlab.measure import engine_args, intervals
 from kvlab.measure.pressure import judge as judge_pressure
 from kvlab.measure.pressure import same_engines, tier_too_small
 from kvlab.records import notebook
@@ -564,14 +564,23 @@ def _link_lines(name: str, link: LinkRecord | None, seen: Bytes) -> list[str]:
 
 def compare(records: list[Record], book: str, disagg: str, baseline: str, *,
             kv_bytes_per_token: float | None = None, prompt_tokens: float | None = None,
-            note: str = "", lab: str = notebook.LAB_PD, offload: bool = False) -> Comparison:
-    """Pair two labels' load rows; the lines to print and the record to append."""
+            note: str = "", lab: str = notebook.LAB_PD, offload: bool = False,
+            ignore_args: tuple[str, ...] = ()) -> Comparison:
+    """Pair two labels' load rows; the lines to print and the record to append. Refused
+    (RefusedError) when the runs' engines ran with other arguments than the variable."""
     rows_d, rows_b = _pick(records, disagg, baseline)
     facts_d, facts_b = label_facts(records, disagg), label_facts(records, baseline)
     check_kv_types(disagg, baseline, facts_d, facts_b)
+    link = link_line(records, disagg)
+    engines = {disagg: engine_args.engines_of(rows_d.values(), link),
+               baseline: engine_args.engines_of(rows_b.values(), link_line(records, baseline))}
+    differ = engine_args.differences(engines[disagg], engines[baseline], ignore_args)
+    if differ:
+        raise RefusedError(engine_args.refusal(disagg, baseline, differ))
     shared = sorted(set(rows_d) & set(rows_b))
     warnings = experiment_warnings(disagg, baseline, rows_d, rows_b, facts_d, facts_b)
-    lines: list[str] = []
+    lines: list[str] = [f"note: {n}" for label, found in engines.items()
+                        if (n := engine_args.not_compared(label, found))]
     if warnings:
         lines += ["These two runs are not the same experiment:", *warnings,
                   "  Fix the settings and run both again; the comparison below is not valid.", ""]
@@ -582,7 +591,6 @@ def compare(records: list[Record], book: str, disagg: str, baseline: str, *,
               "    slower. For a prefill/decode split on ordinary Ethernet, slower is the usual",
               "    and honest result."]
     lines += _interval_lines(intervals.pair_levels(Path(book), records, rows_d, rows_b), levels)
-    link = link_line(records, disagg)
     seen = bytes_three_ways(link, rows_d, shared, kv_bytes_per_token, prompt_tokens)
     where = Where()  # a tier pair's comparison states its pressure, not a topology
     sides: dict[str, SidePressure] | None = None
@@ -616,5 +624,6 @@ def compare(records: list[Record], book: str, disagg: str, baseline: str, *,
         topology=where.topology, single_machine=where.single_machine, hosts=where.hosts,
         link=where.link, topology_from=where.topology_from, placement=where.placement,
         nodes=where.nodes, same_machine=where.same_machine,
-        link_speed_mbps=where.link_speed_mbps)
+        link_speed_mbps=where.link_speed_mbps,
+        engines={k: v for k, v in engines.items() if v} or None)
     return Comparison(lines, record, warnings)

@@ -11,8 +11,12 @@ they differ.
 
 Identity is content, not location: the model's config, tokenizer and sampled weights
 (`content_digest`) and the behavioural fingerprint decide; a different path (`root`) is a
-note. A field one instance leaves unknown (another machine's command line) is not compared;
-the fingerprint still is.
+note. A content difference names the file and, in a JSON file, the key with both values; a
+part the engine does not read (vLLM: tokenizer_config.json's template beside a
+chat_template.jinja) is a note. Prefix caching and the connector are compared as each
+instance states them, and the KV roles must let one instance write what another reads. A
+field one instance leaves unknown (another machine's command line) is not compared; the
+fingerprint still is.
 """
 
 from __future__ import annotations
@@ -23,18 +27,22 @@ from dataclasses import dataclass, field
 import httpx
 
 from kvlab.core.errors import InputError, RefusedError, UnreachableError
+from kvlab.engines import local
 from kvlab.engines.base import InstanceFacts, token_digest
-from kvlab.engines.registry import all_engines, source_of
+from kvlab.engines.registry import all_engines, known_engine, source_of
 from kvlab.observe import fingerprint, metrics
 from kvlab.observe.chat import api_base, server_root
 
 # compared on every instance, an unknown value included (the server answers these itself)
 COMPARED = ("engine", "version", "model_id", "max_model_len", "block_size", "template_tokens")
 # compared where every instance's value is known (read from a local command line or files)
-COMPARED_WHERE_KNOWN = ("content_digest", "dtype", "quantization", "cache_dtype",
-                        "numerics_flags", "kv_store")
+COMPARED_WHERE_KNOWN = ("prefix_caching", "connector", "content_digest", "dtype",
+                        "quantization", "cache_dtype", "numerics_flags", "kv_store")
+KV_ROLE = "kv_role"  # compared as a whole: one instance must write what another reads
 FINGERPRINT = "fingerprint"  # the behavioural comparison's name, for --ignore
-FIELDS = (*COMPARED, *COMPARED_WHERE_KNOWN, FINGERPRINT)
+CONTENT = "content_digest"
+FIELDS = (*COMPARED, *COMPARED_WHERE_KNOWN, KV_ROLE, FINGERPRINT)
+WRITERS, READERS = frozenset({"kv_producer", "kv_both"}), frozenset({"kv_consumer", "kv_both"})
 NOTED = ("root",)  # where the model lies: a difference is a note, never a refusal
 _UNKNOWN = (None, "auto")  # "auto" dtype: vLLM resolves it from the config, kvlab cannot
 
@@ -120,6 +128,8 @@ class Mismatch:
         shown = ", ".join(f"{url}={value}" for url, value in self.values.items())
         if self.field == FINGERPRINT:
             return f"numerics differ (behavioural fingerprint): {self.detail}: {shown}"
+        if self.detail:
+            return f"instances disagree on {self.field}: {shown} ({self.detail})"
         return f"instances disagree on {self.field}: {shown}"
 
     def as_dict(self) -> dict[str, object]:
@@ -162,12 +172,56 @@ def differences(instances: list[InstanceFacts], ignore: tuple[str, ...] = ()) ->
         if name in COMPARED_WHERE_KNOWN and any(v in _UNKNOWN for v in values.values()):
             continue
         if len({repr(v) for v in values.values()}) > 1:
-            out.append(Mismatch(name, {url: _show(name, v) for url, v in values.items()}))
+            read, _ = content_read(instances) if name == CONTENT else ([], [])
+            if name != CONTENT or read:
+                out.append(Mismatch(name, {url: _show(name, v) for url, v in values.items()},
+                                    "; ".join(read)))
+    if KV_ROLE not in ignore and (found := role_mismatch(instances)) is not None:
+        out.append(found)
     if FINGERPRINT not in ignore:
         found = fingerprint_mismatch(instances)
         if found is not None:
             out.append(found)
     return out
+
+
+def content_read(instances: list[InstanceFacts]) -> tuple[list[str], list[str]]:
+    """What differs in the models' files between the first instance and each other one, as
+    (what the engines read: the refusal's detail; what they do not: notes). Each names the
+    file and, in a JSON file, the key with both values; a part an engine does not read (the
+    adapter's `unread_content`) is only noted. Roots this machine cannot read are skipped, so
+    with none readable the digest alone is the detail."""
+    first, read, unread = instances[0], [], []
+    for other in instances[1:]:
+        if first.content_digest == other.content_digest or not (first.root and other.root):
+            continue
+        theirs = _unread(other)
+        skipped = {k: why for k, why in _unread(first).items() if k in theirs}
+        for file, key, a, b in local.content_differences(first.root, other.root):
+            where = f"{file} {key}".strip()
+            shown = f"{where} {a} against {b}" if key else f"{where} differs"
+            if (file, key) in skipped:
+                unread.append(f"{shown}: {skipped[(file, key)]}: a note, not a refusal")
+            else:
+                read.append(shown)
+    return read, unread
+
+
+def _unread(facts: InstanceFacts) -> dict[tuple[str, str], str]:
+    engine = known_engine(facts.engine) if facts.engine else None
+    return engine.unread_content(facts.root) if engine is not None and facts.root else {}
+
+
+def role_mismatch(instances: list[InstanceFacts]) -> Mismatch | None:
+    """Instances that share KV through a connector but where none writes what another reads
+    (two consumers, two producers); unknown roles are not judged."""
+    roles = {f.url: f.kv_role for f in instances}
+    if len(instances) < 2 or any(r is None for r in roles.values()):
+        return None
+    known = set(roles.values())
+    why = ("no instance writes KV for another to read" if not known & WRITERS else
+           "no instance reads the KV another writes" if not known & READERS else "")
+    return Mismatch(KV_ROLE, {u: str(r) for u, r in roles.items()}, why) if why else None
 
 
 def fingerprint_mismatch(instances: list[InstanceFacts]) -> Mismatch | None:
@@ -198,7 +252,8 @@ def notes(instances: list[InstanceFacts]) -> list[str]:
             digests = {f.content_digest for f in instances}
             same = (f"the content is the same (digest {digests.pop()})"
                     if len(digests) == 1 and None not in digests else
-                    "the content is compared by the behavioural fingerprint")
+                    "the content differs (content_digest names what)" if None not in digests
+                    else "the content is compared by the behavioural fingerprint")
             shown = ", ".join(f"{url}={v}" for url, v in values.items())
             out.append(f"the model lies at different paths ({shown}); {same}: a note, not a "
                        "refusal")
@@ -207,6 +262,8 @@ def notes(instances: list[InstanceFacts]) -> list[str]:
         out.append("command line not readable for " + ", ".join(unknown) + " (another "
                    "machine, or another account): dtype, KV type and store compared only "
                    "through what the server says and the fingerprint")
+    if len(instances) > 1:
+        out += content_read(instances)[1]
     if sum(f.fingerprint is not None for f in instances) < len(instances) > 1:
         out.append("an instance answered no logprobs: numerics not compared behaviourally")
     return out

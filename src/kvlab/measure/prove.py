@@ -39,6 +39,7 @@ from kvlab.measure.reuse import (
     off_by_one,
     source_hits,
     store_expectation,
+    store_hits,
 )
 from kvlab.measure.verdict import (
     FAILED,
@@ -74,24 +75,26 @@ class Expect:
     `tokens(n)`: exactly n (0: nothing); `reusable()`: every token a prefix cache can serve
     of this prompt; `store(stored)`: what the store linking two instances can serve a prompt
     extending the `stored` ones (its connector decides). `why` leads the verdict's reasons.
+    `through_store`: the store, not the instance's own prefix cache, is meant to serve it.
     """
 
     kind: Literal["tokens", "reusable", "store"]
     count: int = 0
     stored: tuple[int, ...] = ()
     why: str = ""
+    through_store: bool = False
 
     @classmethod
     def tokens(cls, n: int, why: str = "") -> Expect:
         return cls("tokens", count=n, why=why)
 
     @classmethod
-    def reusable(cls, why: str = "") -> Expect:
-        return cls("reusable", why=why)
+    def reusable(cls, why: str = "", through_store: bool = False) -> Expect:
+        return cls("reusable", why=why, through_store=through_store)
 
     @classmethod
     def store(cls, stored: Sequence[int]) -> Expect:
-        return cls("store", stored=tuple(stored))
+        return cls("store", stored=tuple(stored), through_store=True)
 
 
 @dataclass
@@ -163,7 +166,9 @@ class _Prover:
                                        result.ttft_s, self.cold_ttft, result.prompt_tokens,
                                        source_hits(deltas)),
                               context=why,
-                              cause=no_reuse_cause(self.run.instances.get(api_base(url))))
+                              cause=no_reuse_cause(self.run.instances.get(api_base(url))),
+                              store_tokens=None if expect.through_store
+                              else store_hits(deltas))
         case = Case(name, api_base(url), judgement, result, deltas)
         self.run.cases.append(case)
         verdict = judgement.verdict if judgement else "(residency)"
@@ -191,6 +196,11 @@ class _Prover:
         """The run's prompt again: every reusable token is expected from cache."""
         return await self.case(name, url, self.messages(self.run.nonce), Expect.reusable(why),
                                **extra)
+
+    async def from_store(self, name: str, url: str, why: str = "") -> Case:
+        """The run's prompt again on another instance: the store is to serve it."""
+        return await self.case(name, url, self.messages(self.run.nonce),
+                               Expect.reusable(why, through_store=True))
 
     async def control(self, name: str, url: str, why: str, **extra: object) -> Case:
         """The same length with other first words: nothing cached can match it."""
@@ -250,8 +260,8 @@ async def _two_endpoints(p: _Prover, a: str, b: str) -> None:
     nonce = p.run.nonce
     cold = await p.cold("cold-on-a", a)
     # the same prompt has the same length on B; ExampleConnector may never serve that length
-    await p.identical("identical-on-b", b,
-                      off_by_one(p.opts.connector, cold.result.prompt_tokens, p.block(b)))
+    await p.from_store("identical-on-b", b,
+                       off_by_one(p.opts.connector, cold.result.prompt_tokens, p.block(b)))
     await p.control("changed-prefix-on-b", b,
                     "the first words differ, so nothing in the store can match")
     chat = Conversation(preamble(p.opts.preamble_words, nonce + "t"))

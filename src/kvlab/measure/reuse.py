@@ -94,6 +94,11 @@ def source_hits(deltas: Deltas) -> float | None:
                             "prompt_tokens_external_kv_transfer"))
 
 
+def store_hits(deltas: Deltas) -> float | None:
+    """Prompt tokens vLLM says came through its KV connector (a store, another instance)."""
+    return _summed(deltas, ("prompt_tokens_external_kv_transfer",))
+
+
 def counter_hits(deltas: Deltas) -> float | None:
     """Prompt tokens the engine's counters say came from cache (local + external)."""
     return _summed(deltas, ("prefix_cache_hits", "external_prefix_cache_hits",

@@ -92,14 +92,27 @@ class Judgement:
     evidence: CaseEvidence = field(default_factory=CaseEvidence)
 
 
-def judge(ev: Evidence, *, context: str = "", cause: str = "") -> Judgement:
+def judge(ev: Evidence, *, context: str = "", cause: str = "",
+          store_tokens: float | None = None) -> Judgement:
     """The verdict for one request, with the reasons a reader needs to trust it.
 
     `context` explains the expectation (why nothing, or why this much, was reusable) and
     leads the reasons whatever the verdict. `cause` is what the instance itself says would
-    stop reuse (`no_reuse_cause`): it leads the reasons of a verdict of no reuse.
+    stop reuse (`no_reuse_cause`): it leads the reasons of a verdict of no reuse. A case
+    meant for the instance's own prefix cache that the KV store served instead
+    (`store_tokens` came through the connector while `cause` says the cache is off) is not
+    "reused": it is inconclusive, and the reasons say what served it.
     """
     judgement = _judge(ev, context)
+    if cause and store_tokens and judgement.verdict == "reused":
+        judgement.verdict = "inconclusive"
+        judgement.reasons.insert(0, (
+            f"served by the KV store, not by this instance's prefix cache: {store_tokens:.0f} "
+            "prompt tokens came through its connector (vLLM's prompt_tokens_by_source "
+            "external_kv_transfer); its own cache proved nothing"))
+        judgement.reasons.insert(0, f"cause: {cause}")
+        judgement.evidence.cause = cause
+        return judgement
     if context and context not in judgement.reasons:
         judgement.reasons.insert(0, context)
     if cause and judgement.verdict in FAILED:

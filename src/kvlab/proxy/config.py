@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from kvlab.core.errors import SettingError
 from kvlab.core.settings import Settings
+from kvlab.engines import local
 from kvlab.engines.vllm.facts import MOONCAKE_BOOTSTRAP_PORT
 from kvlab.proxy.legs import Balance, check_legs
 from kvlab.proxy.limits import ClientLimits
@@ -141,10 +142,14 @@ class ProxyConfig:
 
 
 def same_instance(prefill: tuple[str, ...], decode: tuple[str, ...]) -> str | None:
-    """A URL given as both a prefill and a decode leg (localhost and 127.0.0.1 are one)."""
-    def key(url: str) -> tuple[str, int]:
-        host, port, _ = parse_url(url)
-        return ("127.0.0.1" if host == "localhost" else host), port
+    """A URL given as both a prefill and a decode leg: one process listening on this machine
+    (its session and start time, whatever address names it), else one host and port
+    (localhost and 127.0.0.1 are one). A forwarder to another address is found by the
+    start-up check's counters (`legs.check_identity`)."""
+    def key(url: str) -> tuple[str, int] | str:
+        host, port, full = parse_url(url)
+        return local.listening_instance(full) or (
+            ("127.0.0.1" if host == "localhost" else host), port)
 
     decoders = {key(u) for u in decode}
     return next((parse_url(u)[2] for u in prefill if key(u) in decoders), None)

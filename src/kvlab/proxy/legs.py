@@ -5,21 +5,29 @@ picks one per request, round-robin or least-outstanding (ties broken round-robin
 start-up check asks every engine's /v1/models (naming a dead one by its role), refuses a
 set that disagrees on the served model id or `max_model_len`, then runs `kvlab check`'s
 whole comparison (`kvlab.measure.compat`): two engines that disagree produce no error, only silent
-recomputation. `ProxyConfig.compat` takes any `async (prefill, decode) -> object` that
-raises a KvlabError (None skips the check).
+recomputation. A prefill leg whose connector only reads, or a decode leg whose connector only
+writes (the two swapped), is refused by the role its own config states; a decode leg that is
+a prefill leg's engine behind another address, by one request's counters.
+`ProxyConfig.compat` takes any `async (prefill, decode) -> object` that raises a KvlabError
+(None skips the check).
 For Mooncake, prefill engines' bootstrap servers are asked for their engine ids.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import httpx
 
 from kvlab.core.errors import RefusedError, UnreachableError
+from kvlab.engines.base import InstanceFacts
+from kvlab.engines.registry import evidence_deltas
 from kvlab.measure import compat
+from kvlab.observe import metrics
 from kvlab.proxy.pd import PrefillPeer
 from kvlab.proxy.upstream import Origin
 
@@ -138,9 +146,56 @@ async def check_legs(prefill: list[str], decode: list[str], timeout_s: float = 1
             shown = ", ".join(f"{k} has {v}" for k, v in values.items())
             raise RefusedError(f"the engines disagree on {name}: {shown}; start them from the "
                                "same settings (same model, SERVED_NAME and CTX)")
-    await compat.check([*prefill, *decode], ignore=ignore, timeout_s=timeout_s,
-                       headers=headers)
+    instances = await compat.check([*prefill, *decode], ignore=ignore, timeout_s=timeout_s,
+                                   headers=headers)
+    if compat.KV_ROLE not in ignore:
+        check_roles(instances[:len(prefill)], instances[len(prefill):])
+    await check_identity(prefill, decode, headers)
     return facts
+
+
+async def check_identity(prefill: list[str], decode: list[str],
+                         headers: dict[str, str] | None = None, timeout_s: float = 60.0) -> None:
+    """Refuse a decode leg that is a prefill leg's engine behind another address (a
+    forwarder, another name for the host): one short request to each prefill leg must move
+    that engine's own counters, and a decode leg whose counters moved alike is the same
+    engine. Legs without /metrics are not judged."""
+    async with httpx.AsyncClient(timeout=timeout_s, trust_env=False,
+                                 headers=headers) as client:
+        for url in prefill:
+            urls = [url, *decode]
+            before = {u: await metrics.scrape(client, metrics.metrics_url(u)) for u in urls}
+            if before[url] is None:
+                continue
+            models = await compat.listed_models(client, url)
+            body = {"prompt": f"kvlab leg identity {secrets.token_hex(8)}", "max_tokens": 1,
+                    "temperature": 0, **({"model": models[0]} if models else {})}
+            with contextlib.suppress(httpx.HTTPError):
+                await client.post(f"{url}/v1/completions", json=body)
+            after = {u: await metrics.scrape(client, metrics.metrics_url(u)) for u in urls}
+            moved = evidence_deltas(before[url], after[url])
+            if not any(v for v in moved.values()):
+                continue
+            for other in decode:
+                if evidence_deltas(before[other], after[other]) == moved:
+                    raise RefusedError(
+                        f"{other} (a decode leg) is the same engine as the prefill leg {url}: "
+                        "one request to the prefill leg moved both addresses' counters alike "
+                        "(a forwarder, or another name for one host); decode would serve the "
+                        "prompt from its own prefix cache and nothing would cross")
+
+
+def check_roles(prefill: list[InstanceFacts], decode: list[InstanceFacts]) -> None:
+    """Refuse a prefill leg that writes no KV or a decode leg that reads none, by the role
+    its own connector config states (prefill and decode swapped, most often)."""
+    for leg, facts, allowed in [*(("prefill", f, compat.WRITERS) for f in prefill),
+                                *(("decode", f, compat.READERS) for f in decode)]:
+        if facts.kv_role is not None and facts.kv_role not in allowed:
+            raise RefusedError(
+                f"{facts.url} is given as the {leg} leg but runs as {facts.kv_role} (its "
+                f"--kv-transfer-config): the {leg} leg must "
+                f"{'write' if leg == 'prefill' else 'read'} the KV; are prefill and decode "
+                "swapped?")
 
 
 async def mooncake_peers(pool: LegPool, bootstrap_port: int, timeout_s: float = 10.0) -> None:

@@ -7,6 +7,8 @@ Each is declared field by field; a map keyed by data (a URL, an interface, a rol
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from kvlab.records.base import Deltas, Strict
@@ -135,8 +137,39 @@ class InstanceLine(Strict):
     quantization: str | None = None
     numerics_flags: str | None = None
     kv_store: str | None = None
+    connector: str | None = None
+    kv_role: str | None = None
     fingerprint: Fingerprint | None = None
     notes: list[str] = Field(default_factory=list)
+
+
+class EngineArgs(Strict):
+    """An engine's effective arguments as the instance itself states them, by the engine's
+    own names (vLLM's `max_num_batched_tokens`), secrets left out."""
+
+    values: dict[str, str] = Field(default_factory=dict)
+    source: Literal["startup log", "command line"] = Field(
+        description="startup log: every argument the engine logged as not its default "
+        "(vLLM's `non-default args`); command line: the process's own argv, every flag given.")
+    detail: str = Field("", description="Where exactly, in words.")
+
+
+class EngineLine(Strict):
+    """One engine a row measured, as the instance stated itself when the run began."""
+
+    role: str = Field(description="instance (no split), prefill or decode.")
+    url: str
+    engine: str | None = None
+    instance: str | None = Field(None, description="Its process's identity on this machine "
+                                 "(session and start time); None for another machine's.")
+    startup: str | None = Field(None, description="Its startup line, 'LABEL at RECORDED_AT' "
+                                "(the line of this very process), if the notebook holds it.")
+    args: EngineArgs | None = None
+    connector: str | None = Field(None, description="The KV connector the instance runs "
+                                  "(none, or the lab's name for it), from its arguments.")
+    memory_fraction: float | None = Field(None, description="As the instance reports it "
+                                          "(vLLM's cache_config_info).")
+    prefix_caching: bool | None = None
 
 
 class KvCapacity(Strict):

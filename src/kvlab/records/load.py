@@ -15,6 +15,7 @@ from pydantic import Field
 from kvlab.records.base import Deltas, Number, Record, Strict
 from kvlab.records.evidence import (
     CachedTokens,
+    EngineLine,
     Failure,
     KvType,
     LlamaServerLine,
@@ -204,6 +205,9 @@ class RunContext(Where, KvType):
     llama_parallel: int | None = Field(None, description="llama-server's slots, the variable "
                                        "of the interference run.")
     varied: str | None = Field(None, description="The one setting the run varied.")
+    engines: list[EngineLine] | None = Field(None, description="The engines the row measured, "
+                                             "each as it stated itself (its startup line, "
+                                             "its effective arguments).")
 
 
 class LevelFigures(Strict):
@@ -389,6 +393,8 @@ class LinkRecord(Record, Where):
     requests_ok: int | None = None
     requests_failed: int | None = None
     interrupted: bool | None = None
+    engines: list[EngineLine] | None = Field(None, description="The engines the run measured, "
+                                             "as on its load rows.")
 
 
 class BoundFigure(Strict):

@@ -10,6 +10,8 @@ from pydantic import Field
 
 from kvlab.records.base import Deltas, Number, Record, Strict
 from kvlab.records.evidence import (
+    EngineArgs,
+    EngineLine,
     Failure,
     InstanceLine,
     KvCapacity,
@@ -94,6 +96,11 @@ class StartupRecord(Record, StartupFacts):
                                        "with (vLLM's --max-model-len, llama.cpp's --ctx-size).")
     memory_fraction: float | None = Field(None, description="vLLM's --gpu-memory-utilization.")
     node: NodeInfo | None = Field(None, description="The Ray node it ran on.")
+    instance: str | None = Field(None, description="Its process's identity on this machine "
+                                 "(session and start time): the key a load row that "
+                                 "measured it finds this line by.")
+    engine_args: EngineArgs | None = Field(None, description="Its effective arguments as the "
+                                           "engine logged them at start, else its argv.")
 
 
 # --- reuse and proof ---------------------------------------------------------------------
@@ -378,6 +385,9 @@ class ComparisonRecord(Record, Where):
     record: Literal["comparison"] = "comparison"
     disagg_label: str | None = None
     baseline_label: str | None = None
+    engines: dict[str, list[EngineLine]] | None = Field(None, description="Each label's "
+                                                        "engines, whose arguments were "
+                                                        "compared.")
     model: str | None = None
     prompt_set: str | None = None
     iface: str | None = None

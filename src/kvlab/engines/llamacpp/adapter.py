@@ -20,6 +20,7 @@ from kvlab.engines.base import (
     InstanceFacts,
     LaunchSettings,
     TwoEndpointProof,
+    argv_args,
     flag_value,
     launch_settings_from,
     token_list,
@@ -27,7 +28,7 @@ from kvlab.engines.base import (
 from kvlab.engines.http import get_json, post_json
 from kvlab.engines.llamacpp import facts
 from kvlab.engines.llamacpp.prove import slot_store_proof
-from kvlab.records.evidence import KvCapacity
+from kvlab.records.evidence import EngineArgs, KvCapacity
 
 if TYPE_CHECKING:
     import httpx
@@ -44,6 +45,7 @@ class LlamaCppEngine:
     gauges = facts.EVIDENCE_GAUGES
     api_key_env = facts.API_KEY_ENV
     address_env: tuple[str, ...] = ()
+    variable_args = facts.VARIABLE_ARGS
 
     def __init__(self) -> None:
         self.transfer_counters: CounterTable = {}  # llama-server moves no KV between instances
@@ -67,6 +69,19 @@ class LlamaCppEngine:
     def launch_settings(self, argv: list[str]) -> LaunchSettings:
         return launch_settings_from(argv, facts.CONTEXT_FLAGS, None,  # no memory fraction
                                     slot_flags=facts.PARALLEL_FLAGS)
+
+    def effective_args(self, log_text: str | None, argv: list[str] | None) -> EngineArgs | None:
+        # llama-server logs no summary of its arguments: its argv is the statement
+        if not argv or Path(argv[0]).name != facts.SERVER_BINARY:
+            return None
+        return EngineArgs(values=argv_args(argv[1:], facts.FLAG_ALIASES),
+                          source="command line", detail="llama-server's argv")
+
+    def unread_content(self, root: str) -> dict[tuple[str, str], str]:
+        return {}  # the GGUF holds all it reads
+
+    def connector_of(self, args: EngineArgs) -> tuple[str, str | None]:
+        return "none", None  # two llama-servers share KV only through slot files
 
     def block_size(self, platform: str) -> int:
         return 1
@@ -117,6 +132,7 @@ def argv_facts(argv: list[str], out: InstanceFacts) -> None:
     out.numerics_flags = "; ".join(numerics) or "defaults"
     if facts.NO_CACHE_PROMPT_FLAG in argv:  # /props does not say whether prompts are cached
         out.prefix_caching = False
+    out.connector = "none"
     out.notes.append("KV types, numerics flags and prompt caching read from the command line "
                      "of the process listening on this port")
 

@@ -288,6 +288,13 @@ PROPS_FTYPE = "model_ftype"  # /props: the weights' type, e.g. "F16", "Q8_0"
 # read from a running server's command line (`kvlab check`): /props names neither its KV type
 # nor its rope settings
 SERVER_BINARY = "llama-server"
+# short spellings of the flags kvlab compares, as their long ones (common/arg.cpp)
+FLAG_ALIASES = {"-c": "--ctx-size", "-np": "--parallel", "-ctk": "--cache-type-k",
+                "-ctv": "--cache-type-v", "-fa": "--flash-attn", "-m": "--model",
+                "-ngl": "--n-gpu-layers", "-t": "--threads", "-b": "--batch-size",
+                "-ub": "--ubatch-size", "-a": "--alias", "-kvu": "--kv-unified"}
+# where two compared servers may differ: where they listen and the tiers kvlab varies
+VARIABLE_ARGS = frozenset({"host", "port", "slot_save_path", "cache_ram"})
 CACHE_TYPE_K_FLAGS = ("-ctk", "--cache-type-k")
 NO_CACHE_PROMPT_FLAG = "--no-cache-prompt"
 CACHE_TYPE_V_FLAGS = ("-ctv", "--cache-type-v")

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvlab.core.jsondata import dig, integers
+from kvlab.core.secrets import is_secret_name
 from kvlab.engines import local
 from kvlab.engines.base import (
     PROBE_MESSAGES,
@@ -21,6 +23,8 @@ from kvlab.engines.base import (
     InstanceFacts,
     LaunchSettings,
     TwoEndpointProof,
+    argv_args,
+    config_word,
     flag_value,
     has_flag,
     launch_settings_from,
@@ -29,7 +33,7 @@ from kvlab.engines.base import (
 from kvlab.engines.http import get_json, post_json
 from kvlab.engines.vllm import facts
 from kvlab.engines.vllm.plans import TRANSFER_CONFIG
-from kvlab.records.evidence import KvCapacity
+from kvlab.records.evidence import EngineArgs, KvCapacity
 
 if TYPE_CHECKING:
     import httpx
@@ -49,6 +53,7 @@ class VllmEngine:
     # NIXL's handshake advertises the node's own address
     address_env: tuple[str, ...] = (facts.SIDE_CHANNEL_HOST_ENV,)
     two_endpoint_proof: TwoEndpointProof | None = None  # the generic cases suit its connectors
+    variable_args = facts.VARIABLE_ARGS
 
     def capacity(self, plan: EnginePlan, log_text: str) -> KvCapacity:
         return facts.parse_startup(log_text).as_record()
@@ -56,6 +61,29 @@ class VllmEngine:
     def launch_settings(self, argv: list[str]) -> LaunchSettings:
         return launch_settings_from(argv, (facts.CONTEXT_FLAG,), facts.MEMORY_FRACTION_FLAG,
                                     (facts.BLOCK_SIZE_FLAG,))
+
+    def effective_args(self, log_text: str | None, argv: list[str] | None) -> EngineArgs | None:
+        logged = facts.non_default_args(log_text) if log_text else None
+        if logged is not None:
+            return EngineArgs(values=_no_secrets(logged), source="startup log",
+                              detail="vLLM's `non-default args` line")
+        if argv is None or facts.SERVE_WORD not in argv:
+            return None
+        return EngineArgs(values=command_line_args(argv), source="command line",
+                          detail="`vllm serve`'s argv")
+
+    def unread_content(self, root: str) -> dict[tuple[str, str], str]:
+        if (Path(root) / facts.CHAT_TEMPLATE_FILE).is_file():
+            return dict(facts.UNREAD_WITH_TEMPLATE_FILE)
+        return {}
+
+    def connector_of(self, args: EngineArgs) -> tuple[str, str | None]:
+        config = args.values.get(facts.TRANSFER_ARG)
+        name = config_word(config, "kv_connector")
+        if name is None:
+            return "none", None
+        lab = {v: k for k, v in facts.CONNECTOR_CLASS.items()}.get(name, name)
+        return lab, config_word(config, "kv_role")
 
     def block_size(self, platform: str) -> int:
         return facts.CPU_BLOCK_SIZE if platform == "cpu" else facts.GPU_BLOCK_SIZE
@@ -123,6 +151,18 @@ def _cache_label(snap: Snapshot, label: str) -> int | None:
     return int(value) if value and value.isdigit() else None
 
 
+def command_line_args(argv: list[str]) -> dict[str, str]:
+    """A `vllm serve MODEL --flag value ...` argv as vLLM's own argument names (the model as
+    `model`), each flag's last value winning."""
+    after = argv[argv.index(facts.SERVE_WORD) + 1:]
+    model = {"model": after[0]} if after and not after[0].startswith("-") else {}
+    return {**model, **argv_args(after[1:] if model else after)}
+
+
+def _no_secrets(values: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in values.items() if not is_secret_name(k)}
+
+
 def argv_facts(argv: list[str], out: InstanceFacts) -> None:
     """What a vLLM server's command line says about its numbers and its store."""
     out.dtype = flag_value(argv, facts.DTYPE_FLAG) or "auto"
@@ -132,7 +172,10 @@ def argv_facts(argv: list[str], out: InstanceFacts) -> None:
         out.cache_dtype = kv_dtype
     numerics = [f"{f} {v}" for f in facts.NUMERICS_FLAGS if (v := flag_value(argv, f))]
     out.numerics_flags = "; ".join(numerics) or "defaults"
-    out.kv_store = _store(flag_value(argv, TRANSFER_CONFIG))
+    config = flag_value(argv, TRANSFER_CONFIG)
+    out.kv_store = _store(config)
+    out.connector, out.kv_role = VLLM_ENGINE.connector_of(
+        EngineArgs(values={facts.TRANSFER_ARG: config or ""}, source="command line"))
     if has_flag(argv, facts.NO_PREFIX_CACHING) and out.prefix_caching is None:
         out.prefix_caching = False
     out.notes.append("dtype, quantisation, numerics flags and store read from the command "
@@ -160,6 +203,11 @@ def _cache_config(snap: Snapshot, out: InstanceFacts) -> None:
     caching = snap.label_value(info, "enable_prefix_caching")
     out.prefix_caching = None if caching is None else caching == "True"
     out.kv_cache_tokens = _cache_label(snap, "kv_cache_size_tokens")
+    fraction = snap.label_value(info, "gpu_memory_utilization")
+    try:
+        out.memory_fraction = float(fraction) if fraction else None
+    except ValueError:
+        out.memory_fraction = None
 
 
 VLLM_ENGINE = VllmEngine()

@@ -131,6 +131,26 @@ NUMERICS_FLAGS = ("--rope-scaling", "--rope-theta", "--hf-overrides", "--load-fo
                   "--revision", "--code-revision")
 STORE_KEYS = ("shared_storage_path",)  # kv_connector_extra_config keys naming a store
 
+# --- the effective arguments (vllm/entrypoints/serve/utils/api_utils.py, 0.32) -------------
+# at start the API server logs every argument that is not its default, as a Python dict:
+#   non-default args: {'model_tag': '/m', 'port': 8311, 'max_model_len': 4096, ...}
+# (api_key, hf_token shown as '***'); a connector config is shown as its object's repr
+NON_DEFAULT_ARGS = re.compile(r"non-default args: (\{.*\})\s*$", re.MULTILINE)
+# where two compared instances may differ: where they listen, and the connector or host tier
+# that is the variable kvlab's experiments change ("model_tag" repeats "model")
+VARIABLE_ARGS = frozenset({"host", "port", "model_tag", "kv_transfer_config",
+                           "kv_offloading_backend", "kv_offloading_size"})
+TRANSFER_ARG = "kv_transfer_config"
+
+# --- what vLLM reads of a model directory ---------------------------------------------------
+# the chat template: vLLM takes the tokenizer's, and transformers' tokenizer loading (4.5x,
+# tokenization_utils_base.from_pretrained: "independent chat template file(s) ... take
+# priority over template entries in the tokenizer config") reads chat_template.jinja when it
+# exists, leaving tokenizer_config.json's "chat_template" unread
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+UNREAD_WITH_TEMPLATE_FILE = {("tokenizer_config.json", "chat_template"): (
+    "not read: vLLM's tokenizer takes chat_template.jinja first")}
+
 
 # --- startup log formats (vllm/v1/core/kv_cache_utils.py) ---------------------------------
 # newer, one line:  "GPU KV cache size: 34,952 tokens, Maximum concurrency for 8,192 tokens
@@ -174,6 +194,48 @@ class StartupCapacity:
     @property
     def found(self) -> bool:
         return self.kv_cache_tokens is not None or self.legacy_blocks is not None
+
+
+def non_default_args(log_text: str) -> dict[str, str] | None:
+    """The last `non-default args` dict of a startup log, each value as text (a one-item list
+    as its item, as a command line spells it); None when the log has none."""
+    found = NON_DEFAULT_ARGS.findall(log_text)
+    if not found:
+        return None
+    return {key: value for key, value in _dict_items(found[-1][1:-1])}
+
+
+def _dict_items(body: str) -> list[tuple[str, str]]:
+    """The top-level `'key': value` items of a dict's repr (values may hold object reprs,
+    which no literal parser reads), each value as text."""
+    items, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(body + ","):
+        if quote:
+            quote = "" if ch == quote and body[i - 1] != "\\" else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            key, _, value = body[start:i].partition(":")
+            items.append((key.strip().strip("'\""), _value_text(value.strip())))
+            start = i + 1
+    return [(k, v) for k, v in items if k]
+
+
+def _value_text(text: str) -> str:
+    import ast
+
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+    if isinstance(value, list | tuple) and len(value) == 1:
+        value = value[0]
+    return value if isinstance(value, str) else json.dumps(value) if isinstance(
+        value, dict | list | tuple) else str(value)
 
 
 def _message(line: str) -> str:
