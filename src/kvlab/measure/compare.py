@@ -579,8 +579,7 @@ def compare(records: list[Record], book: str, disagg: str, baseline: str, *,
         raise RefusedError(engine_args.refusal(disagg, baseline, differ))
     shared = sorted(set(rows_d) & set(rows_b))
     warnings = experiment_warnings(disagg, baseline, rows_d, rows_b, facts_d, facts_b)
-    lines: list[str] = [f"note: {n}" for label, found in engines.items()
-                        if (n := engine_args.not_compared(label, found))]
+    lines: list[str] = []
     if warnings:
         lines += ["These two runs are not the same experiment:", *warnings,
                   "  Fix the settings and run both again; the comparison below is not valid.", ""]
@@ -606,6 +605,8 @@ def compare(records: list[Record], book: str, disagg: str, baseline: str, *,
                   f"    topology of {disagg}, as recorded: "
                   f"{where.topology if where.topology is not None else 'unknown'}, link "
                   f"{where.link if where.link is not None else 'unknown'}"]
+    lines += [f"    note: {n}" for label, found in engines.items()
+              if (n := engine_args.not_compared(label, found))]
     observed = seen.observed.get("iface")
     record = ComparisonRecord(
         label=comparison_label(disagg, baseline), lab=lab,

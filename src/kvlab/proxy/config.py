@@ -146,10 +146,11 @@ def same_instance(prefill: tuple[str, ...], decode: tuple[str, ...]) -> str | No
     (its session and start time, whatever address names it), else one host and port
     (localhost and 127.0.0.1 are one). A forwarder to another address is found by the
     start-up check's counters (`legs.check_identity`)."""
-    def key(url: str) -> tuple[str, int] | str:
+    def key(url: str) -> tuple[str, int]:
         host, port, full = parse_url(url)
+        # one process may serve several ports (a test's fakes): its socket is the engine
         return local.listening_instance(full) or (
-            ("127.0.0.1" if host == "localhost" else host), port)
+            "127.0.0.1" if host == "localhost" else host), port
 
     decoders = {key(u) for u in decode}
     return next((parse_url(u)[2] for u in prefill if key(u) in decoders), None)
