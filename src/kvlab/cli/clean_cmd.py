@@ -25,7 +25,9 @@ def clean_command(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
             console.print(f"{stop} {record.engine} {record.role} (pid {record.pid}, port "
                           f"{record.port}; identified by its {record.identified_by})")
         for path in report.removed:
-            console.print(f"{remove} {path}")
+            why = report.partial.get(path)
+            console.print(f"{remove} {path}" + (f" (a partial store entry: {why})" if why
+                                                 else ""))
         for path in report.kept:
             console.print(f"kept (not kvlab's): {path}")
         console.print(f"{len(report.stopped)} engines, {len(report.removed)} paths, "

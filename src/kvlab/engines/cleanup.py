@@ -11,7 +11,6 @@ an unrelated folder.
 
 from __future__ import annotations
 
-import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -24,8 +23,7 @@ from kvlab.core.settings import Settings
 from kvlab.core.sizes import tree_bytes
 from kvlab.engines import process
 from kvlab.engines.llamacpp import slotstore
-
-_ENTRY = re.compile(r"^[0-9a-f]{32}$")
+from kvlab.engines.vllm import store as kvstore
 
 
 @dataclass
@@ -33,17 +31,13 @@ class CleanReport:
     stopped: list[process.PidRecord] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
+    partial: dict[str, str] = field(default_factory=dict)  # a store entry removed: why partial
     bytes_freed: int = 0
 
     def as_dict(self) -> dict[str, object]:
         return {"stopped": [r.model_dump(mode="json", exclude_none=True) for r in self.stopped],
-                "removed": self.removed, "kept": self.kept, "bytes_freed": self.bytes_freed}
-
-
-def _is_store_entry(path: Path) -> bool:
-    """An ExampleConnector entry: a hash-named directory holding only .safetensors files."""
-    return (path.is_dir() and not path.is_symlink() and bool(_ENTRY.match(path.name))
-            and all(p.suffix == ".safetensors" for p in path.iterdir()))
+                "removed": self.removed, "kept": self.kept, "partial": self.partial,
+                "bytes_freed": self.bytes_freed}
 
 
 def clean(settings: Settings, *, dry_run: bool = False) -> CleanReport:
@@ -88,8 +82,9 @@ def _clean_proxy_metrics(report: CleanReport, dry_run: bool) -> None:
 def _clean_shared(store: Path, report: CleanReport, dry_run: bool) -> None:
     if not store.is_dir():
         return
+    report.partial.update({str(p.path): p.why for p in kvstore.partial_entries(store)})
     for entry in sorted(store.iterdir()):
-        if not _is_store_entry(entry):
+        if not kvstore.is_entry(entry):
             report.kept.append(str(entry))
             continue
         report.bytes_freed += tree_bytes(entry)

@@ -23,7 +23,7 @@ from typing import Protocol, TextIO
 from kvlab.core.errors import EngineError
 from kvlab.core.say import Say
 from kvlab.core.settings import Settings
-from kvlab.engines import local, startup
+from kvlab.engines import deaths, local, startup
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import DEFAULT_READY_TIMEOUT_S, EngineProcess, orphan_note
 from kvlab.records.evidence import NodeInfo
@@ -94,11 +94,14 @@ def choice_line(plan: EnginePlan) -> str:
     return f"{plan.engine}: {choice.command} ({choice.origin}): {choice.reason}"
 
 
+def death_cause(proc: EngineProcess) -> str | None:
+    """Why the engine stopped, as its log says (`engines/deaths.py`), or None."""
+    return deaths.cause(proc.log_text(), kv_store=deaths.writes_kv_store(proc.plan.argv()))
+
+
 def error_tail(proc: EngineProcess) -> str:
-    """The engine log's first error line (the root cause), else its last lines."""
-    lines = [ln.strip() for ln in proc.log_text().splitlines() if ln.strip()]
-    errors = [ln for ln in lines if "Error" in ln and "Traceback" not in ln]
-    return errors[0][-300:] if errors else proc.log_tail(2)
+    """The engine log's cause of death, else its last lines."""
+    return death_cause(proc) or proc.log_tail(2)
 
 
 @dataclass

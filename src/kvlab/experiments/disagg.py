@@ -33,11 +33,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kvlab.core.settings import POINT_TO_POINT, Settings
+from kvlab.core.sizes import human_bytes
 from kvlab.engines import vllm
 from kvlab.engines.base import VLLM
 from kvlab.engines.plan import EnginePlan, Flag
 from kvlab.engines.process import EngineProcess, free_port
 from kvlab.engines.registry import engine_for
+from kvlab.engines.vllm import store as kvstore
 from kvlab.experiments import DISAGG_PARTS, repeats
 from kvlab.experiments.boundary import (
     BoundarySpec,
@@ -275,6 +277,29 @@ def _writer(lab: Lab, roles: tuple[str, ...], store: str = "") -> Callable[[Reco
     return NodeReader(lab.cluster.placed(roles), store).writer(lab.record)
 
 
+def store_writes(lab: Lab, spec: DisaggSpec) -> int:
+    """Requests the split sends through the store: each level's warm-up and measured ones,
+    every repeat, and the proxy check's one (each a distinct prompt: one entry each); a
+    capacity search sends more, as many as it takes, so this is the least the run writes."""
+    load = _load_spec(lab, spec, spec.label, "http://127.0.0.1", split_where(lab))
+    per_sweep = sum(load.floor(c) + load.warmup_for(c) for c in load.levels)
+    return per_sweep * spec.repeat + 1
+
+
+def _require_room(lab: Lab, spec: DisaggSpec, store: Path,
+                  prediction: PredictionRecord) -> None:
+    """Before any engine starts: the store's filesystem holds every entry the split writes
+    (CONNECTOR=shared only; a point-to-point connector writes none)."""
+    per_token, tokens = prediction.bytes_per_token, prediction.prompt_tokens
+    if lab.settings.connector != "shared" or not per_token or not tokens or lab.cluster:
+        return
+    block = prediction.block_size or engine_for(VLLM).block_size(lab.vllm.platform)
+    room = kvstore.require_room(store, store_writes(lab, spec),
+                                per_token * kvmath.round_up(tokens, block))
+    lab.say(f"    store room: {human_bytes(room.free_bytes)} free for about "
+            f"{human_bytes(room.predicted_bytes)} ({room.requests} entries)")
+
+
 async def _preflight(lab: Lab, spec: DisaggSpec, store: Path) -> None:
     """On a cluster, before anything starts: engines and models on their nodes, one store."""
     prefill, decode = pair_plans(lab, str(store))
@@ -296,6 +321,7 @@ async def run(lab: Lab, spec: DisaggSpec) -> list[Record]:
         if spec.has(LOAD):
             prediction = predict(lab, spec, engine_for(VLLM).block_size(lab.vllm.platform))
             out.append(prediction)
+            _require_room(lab, spec, store, prediction)
             if (why := _two_machines(lab)) is not None:
                 out.append(lab.not_run(rows.TWO_MACHINES_SHARED, why))
             out.append(lab.not_run(rows.TWO_MACHINES_NIXL, NO_NIXL))

@@ -27,7 +27,7 @@ import httpx
 from kvlab.cluster.placement import Placement
 from kvlab.core.errors import KvlabError
 from kvlab.core.settings import Settings
-from kvlab.engines.host import LocalHost
+from kvlab.engines.host import LocalHost, death_cause
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import EngineProcess
 from kvlab.measure.compat import probe
@@ -99,7 +99,10 @@ async def serve_here(settings: Settings, plan: EnginePlan, *, detach: bool = Fal
                 await proc.wait_exit()
             served.pid = proc.pid
     code = host.started[0].returncode if host.started else None
-    return _ended(served, code, received, detach, exit_status(code))
+    ended = _ended(served, code, received, detach, exit_status(code))
+    if host.started and not received and code is not None:
+        ended.outcome = outcome(plan, code, received, death_cause(host.started[0]))
+    return ended
 
 
 async def serve_on_node(settings: Settings, plan: EnginePlan, placement: Placement) -> Served:
@@ -174,13 +177,16 @@ def exit_status(code: int | None) -> int:
     return 128 - code if code < 0 else code
 
 
-def outcome(plan: EnginePlan, code: int | None, received: list[int]) -> str:
-    """One line: who ended the engine, and how it exited."""
+def outcome(plan: EnginePlan, code: int | None, received: list[int],
+            cause: str | None = None) -> str:
+    """One line: who ended the engine, how it exited, and why where its log says."""
     what = f"{plan.engine} ({plan.role})"
     how = f"killed by {signal_name(-code)}" if code is not None and code < 0 \
         else f"exit {code}"
     if received:
         return f"stopped on {signal_name(received[0])}: {what} ended ({how})"
+    if cause:
+        return f"{what} exited by itself ({how}, status {exit_status(code)}): {cause}"
     return f"{what} exited by itself ({how}, status {exit_status(code)}): see its log"
 
 

@@ -30,6 +30,7 @@ from kvlab.core.errors import InputError, RefusedError, UnreachableError
 from kvlab.engines import local
 from kvlab.engines.base import InstanceFacts, token_digest
 from kvlab.engines.registry import all_engines, known_engine, source_of
+from kvlab.engines.vllm import store as kvstore
 from kvlab.observe import fingerprint, metrics
 from kvlab.observe.chat import api_base, server_root
 
@@ -144,20 +145,24 @@ class Compatibility:
     instances: list[InstanceFacts]
     mismatches: list[Mismatch] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    store_faults: list[str] = field(default_factory=list)  # a shared store they cannot serve
 
     @property
     def compatible(self) -> bool:
-        return not self.mismatches
+        return not self.mismatches and not self.store_faults
 
     def refusal(self) -> str:
-        """One line naming every disagreement, each with both values."""
-        return ("; ".join(m.message() for m in self.mismatches) + "; start both from the same "
-                "settings, or pass --ignore FIELD if you know why")
+        """One line naming every disagreement, each with both values, and every store fault."""
+        if not self.mismatches:
+            return "; ".join(self.store_faults)
+        return ("; ".join([*(m.message() for m in self.mismatches), *self.store_faults])
+                + "; start both from the same settings, or pass --ignore FIELD if you know why")
 
     def as_dict(self) -> dict[str, object]:
         return {"compatible": self.compatible,
                 "instances": [f.as_record().model_dump(mode="json") for f in self.instances],
                 "mismatches": [m.as_dict() for m in self.mismatches], "notes": self.notes,
+                "store_faults": self.store_faults,
                 "compared": list(FIELDS),
                 "fingerprint_tolerance": fingerprint.TOLERANCE}
 
@@ -285,12 +290,19 @@ async def compare(urls: list[str], *, ignore: tuple[str, ...] = (), timeout_s: f
     layer file (CI, 2026-11-30)."""
     async with httpx.AsyncClient(timeout=timeout_s, trust_env=False, headers=headers) as client:
         facts = [await probe(client, u, with_fingerprint=True) for u in urls]
-    return Compatibility(facts, differences(facts, ignore), notes(facts))
+    return Compatibility(facts, differences(facts, ignore), notes(facts), store_faults(facts))
+
+
+def store_faults(instances: list[InstanceFacts]) -> list[str]:
+    """Why a store the instances name (on this machine) cannot be served: a partial entry."""
+    stores = sorted({p for f in instances for p in kvstore.stores_named(f.kv_store)})
+    return [why for s in stores if (why := kvstore.partial_message(s)) is not None]
 
 
 async def check(urls: list[str], *, ignore: tuple[str, ...] = (), timeout_s: float = 20.0,
                 headers: dict[str, str] | None = None) -> list[InstanceFacts]:
-    """Probe every instance and refuse (RefusedError) if any compared field differs."""
+    """Probe every instance and refuse (RefusedError) if any compared field differs, or if a
+    store they share on this machine holds a partial entry (`engines/vllm/store.py`)."""
     result = await compare(urls, ignore=ignore, timeout_s=timeout_s, headers=headers)
     if not result.compatible:
         raise RefusedError(result.refusal())

@@ -434,6 +434,8 @@ def compatibility(console: Console, result: Compatibility) -> None:
         console.print(f"note: {line}")
     for mismatch in result.mismatches:
         console.print(f"MISMATCH: {mismatch.message()}")
+    for fault in result.store_faults:
+        console.print(f"STORE: {fault}")
     if result.compatible:
         console.print("compatible: every compared field agrees, and so do the numbers "
                       f"(fingerprint within {fingerprint.TOLERANCE:.0e})")

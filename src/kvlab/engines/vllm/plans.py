@@ -22,6 +22,7 @@ from kvlab.core.errors import RefusedError, SettingError
 from kvlab.core.settings import Settings
 from kvlab.engines.base import VLLM
 from kvlab.engines.plan import EnginePlan, Flag
+from kvlab.engines.vllm import store as kvstore
 from kvlab.engines.vllm.facts import (
     BLOCK_SIZE_FLAG,
     CONTEXT_FLAG,
@@ -158,7 +159,7 @@ class _PlanBuilder:
 
     def __init__(self, settings: Settings, vllm: VllmInstall, model: str, port: int,
                  fraction: float) -> None:
-        self.settings, self.vllm, self.fraction = settings, vllm, fraction
+        self.settings, self.vllm, self.fraction, self.model = settings, vllm, fraction, model
         self.env: dict[str, str] = base_env(vllm)
         self.notes: list[str] = []
         self.summary: list[tuple[str, str]] = []
@@ -282,6 +283,7 @@ class _PlanBuilder:
         if must_exist:
             _check_exists(path)
         _check_writable(path)
+        kvstore.refuse_partial(Path(path), kvstore.model_layers(self.model))
         self.private_dirs.append(path)
         config = connector_config("shared", "kv_both", path)
         self.flags.append(Flag(TRANSFER_CONFIG, to_json(config)))
@@ -327,6 +329,7 @@ class _PlanBuilder:
                                "Is the shared mount up?")
         elif not os.access(path, os.R_OK):
             raise RefusedError(f"KV_SHARED_PATH ({path}) is not readable by this account.")
+        kvstore.refuse_partial(Path(path), kvstore.model_layers(self.model))
         self.summary.append(("shared store", path))
 
     def nixl(self, role: str, ifaces: Mapping[str, tuple[str, ...]] | None) -> None:
