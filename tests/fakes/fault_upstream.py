@@ -33,6 +33,7 @@ class Behaviour:
     max_model_len: int = 4096
     version: str = "0.0.0-fake"  # answered on /version, as vLLM does
     pad: int = 0  # bytes of filler in each streamed event (to outrun a slow reader)
+    vllm_metrics: bool = False  # answer /metrics with vLLM's counters of what it finished
 
 
 @dataclass
@@ -73,6 +74,15 @@ class FaultUpstream:
     def generations(self) -> list[Seen]:
         return [s for s in self.seen if s.path.startswith("/v1/") and s.path != "/v1/models"]
 
+    def _metrics(self) -> bytes:
+        """vLLM's counters as it would count this fake's answers: a finished generation is a
+        success with its 3 prompt tokens; nothing ever comes from a connector."""
+        done = sum(s.finished for s in self.seen)
+        return (f'vllm:request_success_total{{finished_reason="length"}} {done}\n'
+                f"vllm:prompt_tokens_total {3 * done}\n"
+                "vllm:external_prefix_cache_hits_total 0\n"
+                'vllm:cache_config_info{block_size="16"} 1\n').encode()
+
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
@@ -103,6 +113,8 @@ class FaultUpstream:
             return await _send(writer, 200, {}, close=False)
         if path == "/version":
             return await _send(writer, 200, {"version": b.version}, close=False)
+        if path == "/metrics" and b.vllm_metrics:
+            return await _send_raw(writer, 200, self._metrics(), b"text/plain", close=False)
         if path in ("/metrics", "/tokenize", "/props"):
             return await _send(writer, 404, {}, close=False)
         body = json.loads(raw) if raw else {}

@@ -381,3 +381,37 @@ async def _eventually(check: Any, within_s: float = 3.0) -> None:
     while not check():
         assert time.monotonic() < deadline, "condition not reached in time"
         await asyncio.sleep(0.005)
+
+
+async def test_check_blames_a_prefill_that_answered_500(pair: tuple[FaultUpstream, ...]) -> None:
+    """Prefill answers 500 and decode never gets the request: `proxy --check` names the
+    prefill leg, and reads nothing about recomputing from decode's idle counters."""
+    from kvlab.proxy.check import crossing_check
+
+    prefill, decode = pair
+    prefill.behaviour = Behaviour(mode="status", status=500, vllm_metrics=True)
+    decode.behaviour = Behaviour(vllm_metrics=True)
+    async with proxy(prefill, decode) as app:
+        crossing = await crossing_check(app.url, [prefill.url], [decode.url], "fake-model",
+                                        timeout_s=10)
+    assert crossing.status == 502 and not crossing.crossed
+    assert decode.generations() == []
+    said = " ".join(crossing.reasons)
+    assert "the prefill leg failed the request (the proxy's error names it)" in said
+    assert "decode never got it" in said
+    assert "recomputed" not in said and "did not call prefill" not in said
+
+
+async def test_check_blames_decode_when_prefill_finished(pair: tuple[FaultUpstream, ...]
+                                                        ) -> None:
+    from kvlab.proxy.check import crossing_check
+
+    prefill, decode = pair
+    prefill.behaviour = Behaviour(vllm_metrics=True)
+    decode.behaviour = Behaviour(mode="status", status=500, vllm_metrics=True)
+    async with proxy(prefill, decode) as app:
+        crossing = await crossing_check(app.url, [prefill.url], [decode.url], "fake-model",
+                                        timeout_s=10)
+    said = " ".join(crossing.reasons)
+    assert "the decode leg failed the request (the proxy's error names it)" in said
+    assert "prefill had finished it" in said and "recomputed" not in said

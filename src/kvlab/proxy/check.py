@@ -60,6 +60,7 @@ class Crossing:
     decode: dict[str, Deltas] = field(default_factory=dict)
     reasons: list[str] = field(default_factory=list)
     legs_from: str = ""  # where the legs' URLs came from (kvlab proxy --check --url)
+    failed_leg: str | None = None  # the leg the proxy's error names ("prefill", "decode")
 
     @property
     def crossed(self) -> bool:
@@ -114,6 +115,7 @@ async def crossing_check(proxy_url: str, prefill: list[str], decode: list[str], 
         usage = response.json().get("usage") or {}
         result.prompt_tokens = usage.get("prompt_tokens")
     else:
+        result.failed_leg = failed_leg(response)
         result.reasons.append(f"the proxy answered {response.status_code}: "
                               f"{response.text[:300]}")
     for url in prefill:
@@ -128,8 +130,21 @@ async def crossing_check(proxy_url: str, prefill: list[str], decode: list[str], 
     return result
 
 
+def failed_leg(response: httpx.Response) -> str | None:
+    """The leg an error answer names (kvlab's proxy puts `leg` in its error body)."""
+    try:
+        error = response.json().get("error")
+    except (ValueError, AttributeError):
+        return None
+    leg = error.get("leg") if isinstance(error, dict) else None
+    return leg if leg in ("prefill", "decode") else None
+
+
 def _judge(result: Crossing, before: dict[str, metrics.Snapshot | None]) -> None:
     missing = [u for u, snap in before.items() if snap is None]
+    if result.status != 200 and (result.failed_leg or not missing):
+        _blame(result)
+        return
     if missing:
         result.reasons.append("no /metrics from " + ", ".join(missing) + ": nothing proves "
                               "which legs ran")
@@ -150,6 +165,23 @@ def _judge(result: Crossing, before: dict[str, metrics.Snapshot | None]) -> None
     elif hits <= 0:
         result.reasons.append("decode's external prefix-cache hits did not grow: decode "
                               "recomputed the prompt")
+
+
+def _blame(result: Crossing) -> None:
+    """A request that failed: which leg failed it, and what the other leg did. Decode's cache
+    counters say nothing about a request it never ran, so no "recomputed" is read from them."""
+    prefill_ran = result.total("prefill", "requests_succeeded") >= 1
+    decode_ran = result.total("decode", "requests_succeeded") >= 1 or \
+        result.total("decode", "prompt_tokens") > 0
+    leg = result.failed_leg or ("decode" if prefill_ran or decode_ran else "prefill")
+    how = "the proxy's error names it" if result.failed_leg else "read from the engines' counters"
+    if leg == "prefill":
+        other = "decode ran it anyway" if decode_ran else \
+            "decode never got it (the proxy stops at a failed prefill)"
+    else:
+        other = "prefill had finished it" if prefill_ran else "prefill did not finish it either"
+    result.reasons.append(f"the {leg} leg failed the request ({how}); {other}; the {leg} "
+                          "engine's log says why")
 
 
 async def check_proxy(config: ProxyConfig, model: str, url: str | None = None) -> Crossing:
