@@ -7,7 +7,9 @@ adapters implement) imports none of them.
 from __future__ import annotations
 
 from kvlab.engines.base import LLAMA_CPP, NAMES, VLLM, Engine
+from kvlab.engines.llamacpp import facts as llamacpp_facts
 from kvlab.engines.llamacpp.adapter import LLAMA_CPP_ENGINE
+from kvlab.engines.vllm import facts as vllm_facts
 from kvlab.engines.vllm.adapter import VLLM_ENGINE
 from kvlab.observe import metrics
 from kvlab.observe.metrics import Snapshot
@@ -50,3 +52,11 @@ def evidence_deltas(before: Snapshot | None, after: Snapshot | None) -> Deltas:
 def transfer_deltas(before: Snapshot | None, after: Snapshot | None) -> dict[str, float]:
     """KV moved between instances over two scrapes (NIXL's counters), by evidence key."""
     return metrics.transfer_deltas(before, after, source_of(after))
+
+
+def failure_meaning(detail: str) -> str | None:
+    """What an engine's error answer to a request means, in a few words, where its wording is
+    one kvlab knows (None: say the engine's own words)."""
+    if any(p in detail for p in (*vllm_facts.PROMPT_TOO_LONG, *llamacpp_facts.PROMPT_TOO_LONG)):
+        return "the prompt exceeds the context"
+    return None

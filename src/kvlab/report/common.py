@@ -11,8 +11,8 @@ from typing import TypeVar
 from kvlab.core.sizes import human_bytes
 from kvlab.engines.base import NAMES as ENGINE_NAMES
 from kvlab.engines.base import LaunchSettings
-from kvlab.engines.registry import known_engine
-from kvlab.measure import compare, oracle
+from kvlab.engines.registry import failure_meaning, known_engine
+from kvlab.measure import oracle
 from kvlab.records.base import Number
 from kvlab.records.evidence import LOOPBACK, Where
 from kvlab.records.models import (
@@ -111,9 +111,27 @@ def latest(book: Notebook, kind: type[R], label: str) -> R | None:
 
 
 def load_rows(book: Notebook, label: str) -> list[LoadRecord]:
-    """The newest load row per concurrency level of one label, by concurrency."""
-    rows = compare.load_rows(book.records, label)
+    """The newest load row per concurrency level of one label, by concurrency: a level whose
+    every request failed is kept, so a newer failed run shows over an older good one (the
+    comparisons, `measure/compare.py`, take measured levels only)."""
+    rows = {r.concurrency: r for r in book.records
+            if isinstance(r, LoadRecord) and r.label == label}
     return [rows[c] for c in sorted(rows)]
+
+
+def all_failed(row: LoadRecord) -> bool:
+    """A level that sent requests and got no answer it could measure."""
+    return not row.ok and bool(row.failed)
+
+
+def failed_words(row: LoadRecord) -> str:
+    """A level whose every request failed, in words, e.g. "8 of 8 requests HTTP 400: the
+    prompt exceeds the context" (the engine's own message where kvlab does not know it)."""
+    kind = max(row.errors.items(), key=lambda kv: kv[1])[0] if row.errors else "failed"
+    shown = kind.upper() if kind.startswith("http ") else kind
+    detail = row.failures[0].detail if row.failures else ""
+    why = failure_meaning(detail) or brief(detail.strip(), 80) or "no detail recorded"
+    return f"{row.failed} of {row.requests or row.failed} requests {shown}: {why}"
 
 
 def not_run(book: Notebook, label: str) -> NotRunRecord | None:

@@ -30,8 +30,12 @@ from kvlab.records.rows import (
 )
 from kvlab.records.runs import ComparisonLevel, NixlTransfer
 from kvlab.report.common import (
+    NO_FIGURE,
     Line,
     Table,
+    all_failed,
+    brief,
+    failed_words,
     latest,
     load_rows,
     measured_on,
@@ -95,8 +99,8 @@ def throughput(row: LoadRecord) -> float | None:
 
 def by_level(rows: Sequence[LoadRecord], key: str, figure: Figure) -> str:
     """One cell for a sweep: each level's `figure` (of the rows' `key`), then the levels,
-    e.g. `0.21 / 0.35 (c=1/4)`."""
-    values = [num(figure(r)) for r in rows]
+    e.g. `0.21 / 0.35 (c=1/4)`; a level whose every request failed reads "failed"."""
+    values = ["failed" if all_failed(r) else num(figure(r)) for r in rows]
     levels = "/".join(str(r.concurrency) for r in rows)
     if all(v == "n/a" for v in values):
         return f"n/a: no {key} in the load rows (c={levels})"
@@ -107,6 +111,8 @@ def _baseline_row(book: Notebook) -> Line:
     rows = load_rows(book, BASELINE.label)
     if not rows:
         return missing(BASELINE, book, WIDTH)
+    if all(all_failed(r) for r in rows):
+        return failed_line(book, BASELINE, BASELINE.title, BASELINE.how, rows, BASELINE.label)
     evidence = [*_row_evidence(rows, book.of(LinkRecord, BASELINE.label), None),
                 capacity_words(book, BASELINE.label)]
     return Line(BASELINE.title, BASELINE.how, [*_figures(rows), "none", "the reference"],
@@ -123,9 +129,22 @@ def _ok_word(rows: list[LoadRecord]) -> str:
     return f"{failed} of {sent} failed" if failed else "measured"
 
 
+def failed_line(book: Notebook, row: Row, name: str, how: str, rows: list[LoadRecord],
+                anchor: str) -> Line:
+    """A row whose newest run measured nothing: every level's requests failed. Its first
+    cell says how (the newest level's), the evidence each level's."""
+    words = [f"c={r.concurrency}: {failed_words(r)}" for r in rows]
+    first = failed_words(rows[-1])
+    return Line(name, how, [brief(first), *([NO_FIGURE] * (WIDTH - 1))],
+                [*words, *([first] if brief(first) != first else [])],
+                measured_on(book, rows[-1]), _ok_word(rows), row.command, anchor=anchor)
+
+
 def _split_row(book: Notebook, row: Row, name: str, link: str | None, group: Group) -> Line:
     """A split run's row; `link` is the lab's expected link (None: a row of its own, which
     shows only what was recorded)."""
+    if all(all_failed(r) for r in group.rows):
+        return failed_line(book, row, name, link or group.where(), group.rows, group.label)
     recorded = group.rows[-1].link or (group.link.link if group.link else None) or UNKNOWN
     if link is None or recorded == link:
         link_cell = recorded
@@ -154,6 +173,7 @@ def _figures(rows: list[LoadRecord]) -> list[str]:
 def _row_evidence(rows: list[LoadRecord], links: list[LinkRecord],
                   comparison: ComparisonRecord | None) -> list[str]:
     evidence = [f"{sum(r.ok or 0 for r in rows)} ok / {sum(r.failed or 0 for r in rows)} failed",
+                *(f"c={r.concurrency}: {failed_words(r)}" for r in rows if all_failed(r)),
                 f"prompt set {rows[0].prompt_set or 'not recorded'}, max_tokens "
                 f"{rows[0].max_tokens or 'not recorded'}"]
     hit = [r.prefix_hit_rate for r in rows]

@@ -105,7 +105,7 @@ def split_groups(book: Notebook) -> list[Group]:
     """Every split run's groups, oldest first."""
     by_label: dict[str, list[LoadRecord]] = {}
     for r in book.of(LoadRecord):
-        if r.ttft_s is not None and r.capacity_probe is None:  # a search's probe: no run
+        if r.capacity_probe is None:  # a search's probe: no run (a failed level is a run)
             by_label.setdefault(r.label, []).append(r)
     groups: list[Group] = []
     for label, rows in by_label.items():

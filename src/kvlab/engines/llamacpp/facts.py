@@ -306,3 +306,8 @@ NUMERICS_FLAGS = (("--rope-scaling",), ("--rope-scale",), ("--rope-freq-base",),
 def tokenize_text_body(text: str) -> dict[str, object]:
     """/tokenize of plain text without the BOS token ("add_special" defaults to false)."""
     return {"content": text, "add_special": False}
+
+
+# a request longer than a slot's context answers 400 "the request exceeds the available context
+# size, try increasing it" (type exceed_context_size_error)
+PROMPT_TOO_LONG = ("exceeds the available context size",)

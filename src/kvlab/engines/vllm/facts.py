@@ -307,3 +307,9 @@ def nixl_transport(connector: str, env: dict[str, str]) -> str | None:
 
 def to_json(obj: dict[str, object]) -> str:
     return json.dumps(obj, separators=(",", ":"))
+
+
+# a request refused for its length answers 400 with "This model's maximum context length is N
+# tokens. However, your prompt contains M input tokens ..." (vllm/renderers/params.py, 0.32)
+# or "... longer than the maximum model length of N" (v1/engine/input_processor.py)
+PROMPT_TOO_LONG = ("maximum context length is", "longer than the maximum model length")
