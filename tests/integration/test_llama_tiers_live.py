@@ -140,7 +140,7 @@ async def test_file_from_another_model_is_refused_by_the_manifest(lab: Lab) -> N
 async def test_parallel_mismatch_is_refused_and_the_log_reason_is_read(lab: Lab) -> None:
     await lab.a.chat(lab.prompt, slot=0)
     await slotstore.save(lab.a, lab.store, 0, "par2.bin", lab.hashes)
-    with pytest.raises(RefusedError, match=r"parallel differs.*--parallel"):
+    with pytest.raises(RefusedError, match=r"n_stream differs.*--parallel"):
         await slotstore.restore(lab.d, lab.store, 0, "par2.bin", lab.hashes)
     # bypassing the manifest: the server's generic 400 becomes the reason from its log
     with pytest.raises(EngineError, match="n_stream mismatch") as err:

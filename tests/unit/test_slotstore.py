@@ -60,7 +60,7 @@ def test_matching_server_may_restore(saved: tuple[SlotStore, Manifest], model: P
 
 @pytest.mark.parametrize(("field", "value", "words"), [
     ("model_sha256", "0" * 64, "another model"),
-    ("parallel", 4, "--parallel"),
+    ("n_stream", "4", "n_stream mismatch"),
     ("kv_type_k", "f16", "-ctk"),
     ("kv_type_v", "q4_0", "-ctv"),
     ("flash_attn", "off", "flash attention"),
@@ -77,8 +77,8 @@ def test_mismatch_is_refused_naming_the_field(saved: tuple[SlotStore, Manifest],
 
 def test_every_differing_field_is_listed(saved: tuple[SlotStore, Manifest], model: Path) -> None:
     store, _ = saved
-    with pytest.raises(RefusedError, match=r"parallel differs \(also flash_attn\)"):
-        store.check_restorable("a.bin", identity(model, parallel=1, flash_attn="on"))
+    with pytest.raises(RefusedError, match=r"n_stream differs \(also flash_attn\)"):
+        store.check_restorable("a.bin", identity(model, n_stream="1", flash_attn="off"))
 
 
 def test_a_file_too_big_for_the_slot_is_refused(saved: tuple[SlotStore, Manifest],

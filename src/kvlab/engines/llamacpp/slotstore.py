@@ -2,21 +2,26 @@
 
 llama-server restores any slot file whose KV shapes fit, even one saved from another model,
 and then answers with wrong logits; its own failures are a generic HTTP 400. So kvlab writes
-`NAME.kvlab.json` beside every file it saves (model file sha256, KV types, --parallel,
-flash-attention mode, llama-server build, token count, kvlab version, and the file's own size
-and sha256) and refuses a restore whose manifest does not match the running server, naming
-the field. The store is private (a directory kvlab creates 0700, files 0600) and takes bare
-file names only; a symlink in it is refused, never followed (files are opened O_NOFOLLOW), so a
-link planted there cannot be chmod-ed, hashed or restored.
+`NAME.kvlab.json` beside every file it saves (model file sha256, KV types, flash attention as
+the build resolved it, the unified-cache switch and the cache's stream count, --parallel,
+llama-server build, token count, kvlab version, and the file's own size, sha256, inode and
+ctime) and refuses a restore whose manifest does not match the running server, naming the
+field. The server's facts are read from the server (`slotfacts.py`: its log, else its command
+line), never from kvlab's settings; a fact that cannot be read is "unknown" and refuses
+nothing. A manifest of schema 1 took its KV types and flash-attention mode from settings:
+they are read as unknown. The store is private (a directory kvlab creates 0700, files 0600)
+and takes bare file names only; a symlink in it is refused, never followed (files are opened
+O_NOFOLLOW), so a link planted there cannot be chmod-ed, hashed or restored.
 
 Before a restore the file must still be the one saved: the same size, and the same sha256
-unless the file is provably untouched since its manifest was written (same mtime, and its
-ctime, which no one can set back, not after the manifest's mtime). A manifest must be a small
-flat JSON object whose `filename` is its own slot file's name and whose counts are not
+unless it is provably kvlab's own unchanged file: the same inode, size and ctime as the
+manifest recorded after the save (any write, rename over it, `touch` or chmod moves the ctime,
+which no user can set back; mtimes can be set back, so they prove nothing). A manifest must be
+a small flat JSON object whose `filename` is its own slot file's name and whose counts are not
 negative.
 
-The sha256 of a GGUF (gigabytes) is cached by path, size and mtime. This module does not start
-servers; the HTTP calls are `client.py`'s.
+The sha256 of a GGUF (gigabytes) is cached by path, inode, size and ctime. This module does not
+start servers; the HTTP calls are `client.py`'s.
 """
 
 from __future__ import annotations
@@ -38,27 +43,37 @@ from kvlab import __version__
 from kvlab.core.errors import InputError, RefusedError
 from kvlab.core.files import write_private
 from kvlab.core.jsondata import integer
-from kvlab.engines import llamacpp
+from kvlab.engines import llamacpp, local
+from kvlab.engines.llamacpp import slotfacts
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget, SlotOp
+from kvlab.engines.llamacpp.facts import SERVER_BINARY
+from kvlab.engines.llamacpp.slotfacts import UNKNOWN
 from kvlab.engines.process import make_private_dir
 from kvlab.records import notebook
 
 MANIFEST_SUFFIX = ".kvlab.json"
-MANIFEST_SCHEMA = 1
-# what must be equal for a slot file to mean the same thing on another server
-MATCHED = ("model_sha256", "kv_type_k", "kv_type_v", "parallel", "flash_attn", "server_build")
+MANIFEST_SCHEMA = 2
+# what must be equal for a slot file to mean the same thing on another server ("unknown" on
+# either side is not compared)
+MATCHED = ("model_sha256", "kv_type_k", "kv_type_v", "n_stream", "flash_attn", "server_build")
 _WHY = {
     "model_sha256": "a file from another model restores silently and gives wrong logits",
     "kv_type_k": "the key type (-ctk) must match", "kv_type_v": "the value type (-ctv) must match",
-    "parallel": "--parallel sets the file's stream count",
-    "flash_attn": "flash attention changes the V layout",
+    "n_stream": "the cache's stream count must match (one per slot with --parallel, one for "
+                "all with -kvu); llama.cpp refuses it as n_stream mismatch",
+    "flash_attn": "flash attention (as the build resolved it) changes the V layout",
     "server_build": "slot files do not carry across llama.cpp builds",
 }
+# schema 1 took these from kvlab's settings, not the server: read as unknown
+_SETTINGS_FIELDS = ("kv_type_k", "kv_type_v", "flash_attn")
+_SERVER_FACTS = (*_SETTINGS_FIELDS, "n_stream")  # read by `slotfacts`
+_ADDED_IN_2 = {"kv_unified": UNKNOWN, "n_stream": UNKNOWN, "file_inode": 0, "file_ctime_ns": 0}
 _HASH_CACHE_KEEP = 256
 _MTIME_SLACK_NS = 2_000_000_000  # coarse file-system timestamps
 _MANIFEST_MAX_BYTES = 1 << 20  # a manifest is a few hundred bytes
 # counts a manifest holds that cannot be negative
-_NOT_NEGATIVE = ("n_tokens", "file_bytes", "file_mtime_ns", "saved_from_slot", "parallel")
+_NOT_NEGATIVE = ("n_tokens", "file_bytes", "file_mtime_ns", "saved_from_slot", "parallel",
+                 "file_inode", "file_ctime_ns")
 
 
 @dataclass(frozen=True)
@@ -72,31 +87,35 @@ class SavedWith:
     parallel: int
     flash_attn: str
     server_build: str
+    kv_unified: str = UNKNOWN
+    n_stream: str = UNKNOWN
 
 
 @dataclass(frozen=True)
 class ServerIdentity(SavedWith):
     """One running server: what its slot files depend on, and how many tokens a slot holds."""
 
-    tokens_per_slot: int
+    tokens_per_slot: int = 0
+    facts_from: str = ""  # where the KV facts were read (`slotfacts.read`)
 
     def saved_with(self) -> SavedWith:
-        return SavedWith(self.model_path, self.model_sha256, self.kv_type_k, self.kv_type_v,
-                         self.parallel, self.flash_attn, self.server_build)
+        return SavedWith(**{f.name: getattr(self, f.name) for f in fields(SavedWith)})
 
 
 @dataclass(frozen=True)
 class Manifest(SavedWith):
     """The record kept beside one slot file (flat JSON: the server's fields, then the file's)."""
 
-    filename: str
-    n_tokens: int
-    file_bytes: int
-    file_sha256: str
-    file_mtime_ns: int
-    saved_from_slot: int
-    kvlab_version: str
-    saved_at: str
+    filename: str = ""
+    n_tokens: int = 0
+    file_bytes: int = 0
+    file_sha256: str = ""
+    file_mtime_ns: int = 0
+    saved_from_slot: int = 0
+    kvlab_version: str = ""
+    saved_at: str = ""
+    file_inode: int = 0  # with file_ctime_ns: kvlab's own unchanged file (0: not recorded)
+    file_ctime_ns: int = 0
     schema: int = MANIFEST_SCHEMA
 
     @classmethod
@@ -106,10 +125,13 @@ class Manifest(SavedWith):
         return cls(**asdict(saved), filename=op.filename, n_tokens=op.n_tokens,
                    file_bytes=st.st_size, file_sha256=digest, file_mtime_ns=st.st_mtime_ns,
                    saved_from_slot=op.slot, kvlab_version=__version__,
-                   saved_at=notebook.now_stamp())
+                   saved_at=notebook.now_stamp(), file_inode=st.st_ino,
+                   file_ctime_ns=st.st_ctime_ns)
 
     @classmethod
     def from_dict(cls, raw: dict[str, object], where: Path) -> Manifest:
+        if raw.get("schema", 1) == 1:  # an older kvlab's: see _SETTINGS_FIELDS
+            raw = {**_ADDED_IN_2, **raw, **dict.fromkeys(_SETTINGS_FIELDS, UNKNOWN)}
         values: dict[str, object] = {}
         for f in fields(cls):
             if f.name not in raw:
@@ -136,9 +158,10 @@ _MANIFEST = TypeAdapter(Manifest)
 
 
 def file_sha256(path: Path, cache: Path | None = None) -> str:
-    """sha256 of a file, remembered by (path, size, mtime) in `cache` so a GGUF is read once."""
+    """sha256 of a file, remembered by (path, inode, size, ctime) in `cache` so a GGUF is read
+    once; a file swapped in with its mtime set back has another ctime (or inode)."""
     st = path.stat()
-    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    key = f"{path.resolve()}|{st.st_ino}|{st.st_size}|{st.st_ctime_ns}"
     known = _read_cache(cache)
     if key in known:
         return known[key]
@@ -197,11 +220,26 @@ def _write_private_json(path: Path, data: object) -> None:
 
 
 async def identity_of(client: LlamaClient, hash_cache: Path | None = None) -> ServerIdentity:
-    """The running server's identity: /props and /slots, plus what its target knows."""
+    """The running server's identity: /props, /slots, and its KV facts as it states them."""
     props = await client.props()
     slots = await client.slots()
     # hashing a multi-GB GGUF the first time must not stall the event loop
     return await asyncio.to_thread(_identity, client.target, props, slots, hash_cache)
+
+
+def server_facts(target: LlamaTarget, slots: int) -> slotfacts.SlotFacts:
+    """The KV facts of the server at `target`: its log's (when kvlab knows the log of this
+    very server: it started it, or `kvlab llama serve` keeps its record), its command line's
+    (when it runs here), else unknown. A log found only by the settings' port may be an older
+    server's, so it is not read."""
+    log = None
+    if target.log_path is not None and target.source != "settings":
+        with contextlib.suppress(OSError):
+            log = target.log_path.read_text(encoding="utf-8", errors="replace")
+    argv = local.listening_argv(target.base_url)
+    if argv and Path(argv[0]).name != SERVER_BINARY:
+        argv = None  # a wrapper or another program on the port: its flags say nothing
+    return slotfacts.read(log, argv, slots)
 
 
 def _identity(target: LlamaTarget, props: dict[str, object], slots: list[dict[str, object]],
@@ -217,21 +255,25 @@ def _identity(target: LlamaTarget, props: dict[str, object], slots: list[dict[st
             f"the server's model file {model_path!r} is not readable here, so its sha256 "
             "cannot be checked: run kvlab on the machine the server runs on"
         )
+    parallel = integer(props.get(llamacpp.PROPS_SLOTS)) or len(slots)
+    facts = server_facts(target, parallel)
     return ServerIdentity(
         model_path=model_path, model_sha256=file_sha256(Path(model_path), hash_cache),
-        kv_type_k=target.kv_type_k, kv_type_v=target.kv_type_v,
-        parallel=integer(props.get(llamacpp.PROPS_SLOTS)) or len(slots),
-        flash_attn=target.flash_attn, server_build=str(props.get(llamacpp.PROPS_BUILD, "")),
+        kv_type_k=facts.kv_type_k, kv_type_v=facts.kv_type_v, parallel=parallel,
+        flash_attn=facts.flash_attn, server_build=str(props.get(llamacpp.PROPS_BUILD, "")),
+        kv_unified=facts.kv_unified, n_stream=facts.n_stream,
         tokens_per_slot=min(integer(s.get(llamacpp.SLOT_N_CTX)) or 0 for s in slots) if slots
-        else 0,
+        else 0, facts_from=facts.source,
     )
 
 
 def mismatches(manifest: Manifest,
                identity: ServerIdentity) -> list[tuple[str, object, object]]:
-    """(field, file's value, server's value) for every field that must match and does not."""
-    return [(name, getattr(manifest, name), getattr(identity, name)) for name in MATCHED
-            if getattr(manifest, name) != getattr(identity, name)]
+    """(field, file's value, server's value) for every field that must match and does not;
+    a value unknown on either side is not compared."""
+    pairs = [(name, getattr(manifest, name), getattr(identity, name)) for name in MATCHED]
+    return [(name, saved, running) for name, saved, running in pairs
+            if saved != running and UNKNOWN not in (saved, running)]
 
 
 @dataclass(frozen=True)
@@ -332,7 +374,9 @@ class SlotStore:
             raise RefusedError(
                 f"refusing to restore {name}: {field} differs{more}: the file was saved with "
                 f"{_shown(field, saved, manifest.model_path)}, this server has "
-                f"{_shown(field, running, identity.model_path)}; {_WHY[field]}"
+                f"{_shown(field, running, identity.model_path)}"
+                + (f" ({identity.facts_from})" if field in _SERVER_FACTS and
+                   identity.facts_from else "") + f"; {_WHY[field]}"
             )
         self._check_unchanged(name, manifest)
         if manifest.n_tokens > identity.tokens_per_slot:
@@ -346,15 +390,15 @@ class SlotStore:
     def _check_unchanged(self, name: str, manifest: Manifest) -> None:
         """The file is the one saved: same size, and same sha256 unless provably untouched.
 
-        Untouched means the same mtime AND a ctime no later than the manifest's mtime: the
-        manifest is written after the file's last chmod, and any later write, `touch -d` or
-        chmod moves the ctime forward (it cannot be set back), so a same-size file with its
-        mtime reset is hashed, and refused.
+        Untouched means the inode, size and ctime the manifest recorded after the save's last
+        chmod: any later write, rename over it, `touch -d` or chmod moves the ctime forward,
+        and no user can set it back. mtimes prove nothing (a file's and its manifest's can
+        both be set to anything), so a manifest without an inode (schema 1) is always hashed.
         """
         path = self.slot_path(name)
-        written = os.lstat(self.manifest_path(name)).st_mtime_ns
         with _open_regular(path) as (fd, st):
-            untouched = st.st_mtime_ns == manifest.file_mtime_ns and st.st_ctime_ns <= written
+            untouched = bool(manifest.file_inode) and st.st_ino == manifest.file_inode \
+                and st.st_ctime_ns == manifest.file_ctime_ns
             same = st.st_size == manifest.file_bytes and (
                 untouched or _sha256_of(fd) == manifest.file_sha256)
         if not same:
@@ -393,6 +437,8 @@ def _read_small(path: Path) -> str:
 def _shown(field: str, value: object, model_path: str) -> str:
     if field == "model_sha256":
         return f"model {Path(model_path).name} (sha256 {str(value)[:12]}…)"
+    if field == "flash_attn":
+        return f"flash attention {value}"
     return f"{field} {value}"
 
 
