@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import subprocess
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,7 +83,12 @@ async def round_trip(lab: Servers, source: str, target: str, name: str) -> float
     a, b = lab.clients[source], lab.clients[target]
     saved = await a.chat(lab.prompt, slot=0)
     await slotstore.save(a, lab.store, 0, name, lab.hashes)
-    await slotstore.restore(b, lab.store, 0, name, lab.hashes)
+    op, _ = await slotstore.restore(b, lab.store, 0, name, lab.hashes)
+    path = lab.store.slot_path(name)
+    started = time.perf_counter()
+    hashlib.sha256(path.read_bytes()).hexdigest()
+    print(f"{name}: {path.stat().st_size:,} bytes, sha256 {time.perf_counter() - started:.4f} s, "
+          f"the server's restore {op.server_ms} ms")
     restored = await b.chat(lab.prompt, slot=0)
     assert restored.timings["cache_n"] > 0  # type: ignore[index]
     gap = logprob_gap(saved.first_logprobs, restored.first_logprobs)
@@ -125,8 +132,9 @@ async def test_a_server_kvlab_did_not_start_is_described_by_its_own_flags(
     assert (saved.kv_type_k, saved.kv_type_v, saved.n_stream) == ("f16", "f16", "2")
     await slotstore.restore(servers.clients["np2"], servers.store, 1, "theirs.bin",
                             servers.hashes)  # a real f16 server: no false alarm
-    with pytest.raises(RefusedError, match="kv_type_k differs: the file was saved with "
-                                           "kv_type_k f16, this server has kv_type_k q8_0"):
+    with pytest.raises(RefusedError, match=r"kv_type_k differs \(also kv_type_v\): the file "
+                                           "was saved with kv_type_k f16, this server has "
+                                           "kv_type_k q8_0"):
         await slotstore.restore(servers.clients["np2_q8"], servers.store, 0, "theirs.bin",
                                 servers.hashes)
 
