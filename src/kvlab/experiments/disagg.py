@@ -52,7 +52,7 @@ from kvlab.experiments.boundary import (
 from kvlab.experiments.cancel_step import cancel_restart
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.offload import measure_capacity, require_successes
-from kvlab.experiments.pressure_plan import count_tokens, fit_preamble
+from kvlab.experiments.pressure_plan import Counter, fit_preamble
 from kvlab.experiments.procedure import CancelSpec
 from kvlab.loadgen import topology
 from kvlab.loadgen.capacity import CapacityAsk
@@ -197,7 +197,8 @@ def predict(lab: Lab, spec: DisaggSpec, block: int) -> PredictionRecord:
     # the run's own prompts: distinct ones (mixed) vary in length, so their mean
     prompts = workloads.build(spec.prompt_set, PREDICTED_PROMPTS,
                               preamble_tokens=spec.preamble_tokens)
-    tokens = round(sum(count_tokens(model, p.as_text()) for p in prompts) / len(prompts))
+    counter = Counter.of(model)  # as the server counts them: chat template included
+    tokens = round(sum(counter.prompt(p) for p in prompts) / len(prompts))
     shape = kvmath.load_shape(Path(model)) if Path(model).exists() else None
     where = split_where(lab)
     gbps = spec.link_gbps or (where.link_speed_mbps or 0) / 1000  # the node's link speed

@@ -159,7 +159,7 @@ def _sessions_load(lab: Lab, spec: OffloadSpec, pressure: PressurePlan, label: s
     return LoadSpec(base_url=api_base(url), model=lab.settings.served_name,
                     levels=(pressure.users,), requests=pressure.requests,
                     max_tokens=spec.load_max_tokens, prompt_set="sessions", label=label,
-                    preamble_tokens=pressure.preamble_tokens, lab=LAB,
+                    preamble_tokens=pressure.preamble_tokens, lab=LAB, sizing=pressure.sizing,
                     labbook=lab.settings.labbook, sessions=sessions,
                     context=RunContext(tier=tier, memory_fraction=lab.settings.mem_fraction))
 

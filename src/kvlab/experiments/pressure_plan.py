@@ -8,17 +8,21 @@ and the user population so that their live conversations (the working set) are s
 the cache: a returning turn then finds its blocks evicted (recomputed without a tier, recalled
 with one). It also says how large a host tier must be so that no returning conversation is
 lost: the whole working set, since vLLM's host tier keeps a copy of every block it stores
-whether or not the device still holds it; a tier smaller than that is known as such. Pure
-arithmetic; the run records the pressure actually reached beside it.
+whether or not the device still holds it; a tier smaller than that is known as such.
+
+Every size is in the model's own tokens, counted before any engine starts with its directory's
+tokenizer and chat template (`measure.tokens`), and the load is built with the plan's sizing,
+so the planned working set is the one sent; a model that is not a local directory is sized
+with the word estimate and its plan says so. The run records the pressure reached beside it.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 from kvlab.measure import workloads
+from kvlab.measure.tokens import ChatTokens
 from kvlab.records.load import PressurePlanned
 
 TURNS = workloads.DEFAULT_TURNS
@@ -40,6 +44,9 @@ class PressurePlan:
     preamble_tokens: int  # the workload's size, fitted to the context
     users: int = 0  # live at once, one conversation each: the working set's conversations
     turns: int = TURNS
+    first_turn_tokens: int = 0  # conversation 0's first prompt, chat template included
+    sizing: workloads.Sizing = workloads.ESTIMATE  # the load's: the plan's tokens are its
+    tokens_from: str = ""
 
     @property
     def oversubscription(self) -> float:
@@ -67,38 +74,88 @@ class PressurePlan:
             working_set_tokens=self.working_set_tokens, cache_tokens=self.cache_tokens,
             kv_cache_bytes=self.kv_cache_bytes, bytes_per_token=self.bytes_per_token,
             reusable_fraction=self.reusable_fraction, preamble_tokens=self.preamble_tokens,
-            users=self.users, turns=self.turns,
-            oversubscription=round(self.oversubscription, 2),
+            users=self.users, turns=self.turns, first_turn_tokens=self.first_turn_tokens,
+            tokens_from=self.tokens_from or None, oversubscription=round(self.oversubscription, 2),
             tier_tokens_needed=self.tier_tokens_needed, tier_bytes_needed=self.tier_bytes_needed)
 
 
-def count_tokens(model: str, text: str) -> int:
-    """Tokens of `text` with the model's own tokenizer when it is local, else an estimate."""
-    tokenizer = Path(model) / "tokenizer.json"
-    if tokenizer.is_file():
-        from tokenizers import Tokenizer
+ESTIMATED = "the word estimate (TOKENS_PER_WORD): MODEL is no local directory with a " \
+    "tokenizer.json"
 
-        return len(Tokenizer.from_file(str(tokenizer)).encode(text).ids)
-    return math.ceil(len(text.split()) * workloads.TOKENS_PER_WORD)
+
+@dataclass(frozen=True)
+class Counter:
+    """How a plan counts a chat prompt's tokens before any engine runs: the model directory's
+    tokenizer and chat template (`measure.tokens`), else the word estimate, said as such."""
+
+    chat: ChatTokens | None
+
+    @classmethod
+    def of(cls, model: str) -> Counter:
+        return cls(ChatTokens.of(model))
+
+    @property
+    def source(self) -> str:
+        return self.chat.source if self.chat is not None else ESTIMATED
+
+    def prompt(self, p: workloads.Prompt) -> int:
+        if self.chat is not None:
+            return self.chat.chat(p.as_messages())
+        return math.ceil(len(p.as_text().split()) * workloads.TOKENS_PER_WORD)
+
+    def sizing(self, seed: int, preamble_tokens: int) -> workloads.Sizing:
+        """The sizing the run's prompts are built with: in the model's own tokens when its
+        tokenizer is here, else the estimate."""
+        if self.chat is None:
+            return workloads.ESTIMATE
+        return self.chat.sizing(seed, preamble_tokens)
 
 
 def fit_preamble(model: str, prompt_set: str, preamble_tokens: int, max_tokens: int,
-                 ctx: int, turns: int = 1) -> int:
-    """The largest preamble size (at most the one asked for) whose longest prompt, measured
-    with the model's own tokenizer, leaves room for the answer within the context.
-
-    Workload sizes are estimates for a typical English tokenizer; a model whose tokenizer
-    splits words finer would otherwise get prompts longer than its context (HTTP 400).
-    """
+                 ctx: int, turns: int = 1, sizing: workloads.Sizing = workloads.ESTIMATE,
+                 ) -> int:
+    """The largest preamble size (at most the one asked for) whose longest prompt, counted
+    as the server will (the model's tokenizer and chat template), leaves room for the answer
+    within the context. `sizing` is the one the run's prompts are built with."""
+    counter = Counter.of(model)
     size = preamble_tokens
     for _ in range(4):
-        prompts = workloads.build(prompt_set, turns, preamble_tokens=size, turns=turns)
-        longest = max(count_tokens(model, p.as_text()) for p in prompts)
+        prompts = workloads.build(prompt_set, turns, preamble_tokens=size, turns=turns,
+                                  sizing=sizing)
+        longest = max(counter.prompt(p) for p in prompts)
         budget = int(0.9 * ctx) - turns * max_tokens
         if longest <= budget:
             return size
         size = max(16, int(size * budget / longest * 0.95))
     return size
+
+
+def session_turns(counter: Counter, sizing: workloads.Sizing, preamble_tokens: int,
+                  conversation: int = 0) -> list[int]:
+    """Each turn's prompt tokens of one user session, the replies left empty (a reply's
+    tokens are the answer's, counted apart): turn 0 exactly as the load will send it."""
+    history: tuple[tuple[str, str], ...] = ()
+    out = []
+    for turn in range(TURNS):
+        prompt = workloads.session_turn(0, seed=0, conversation=conversation, turn=turn,
+                                        history=history, tokens=preamble_tokens, sizing=sizing)
+        out.append(counter.prompt(prompt))
+        history = (*history, prompt.messages[-1], ("assistant", ""))
+    return out
+
+
+def fit_opening(counter: Counter, sizing: workloads.Sizing, preamble_tokens: int,
+                max_tokens: int, ctx: int) -> tuple[int, list[int]]:
+    """The largest opening (at most the one asked for) whose whole conversation, answers
+    included, fits 90% of the context; with its turns' prompt tokens."""
+    size = preamble_tokens
+    for _ in range(6):
+        turns = session_turns(counter, sizing, size)
+        need = turns[-1] + TURNS * max_tokens
+        if need <= int(0.9 * ctx) or size <= 16:
+            return size, turns
+        size = max(16, int(size - (need - int(0.9 * ctx)) * 1.05))
+    return size, session_turns(counter, sizing, size)
 
 
 def plan_pressure(model: str, concurrency: int, preamble_tokens: int, max_tokens: int,
@@ -107,14 +164,18 @@ def plan_pressure(model: str, concurrency: int, preamble_tokens: int, max_tokens
     """Users, requests and a KV cache size that put user sessions under pressure: the users'
     live conversations are at least `OVERSUBSCRIPTION` times the cache.
 
-    The cache also holds at least one full-context sequence: vLLM refuses to start otherwise.
+    Token counts are the model's own (its directory's tokenizer and chat template) when it
+    is local, so the planned working set is the one the load sends: the opening is sized in
+    those tokens and the plan's `sizing` is the load's. The cache also holds at least one
+    full-context sequence: vLLM refuses to start otherwise.
     """
-    preamble_tokens = fit_preamble(model, "multi-turn", preamble_tokens, max_tokens, ctx, TURNS)
-    # one conversation's turns: each resends the previous turn's prompt, which a cache that
-    # never evicted would serve
-    turns = [count_tokens(model, p.as_text()) for p in workloads.build(
-        "multi-turn", TURNS, preamble_tokens=preamble_tokens, start=0, turns=TURNS)]
-    reusable = sum(turns[:-1]) / sum(turns)
+    counter = Counter.of(model)
+    sizing = counter.sizing(0, preamble_tokens)
+    preamble_tokens, turns = fit_opening(counter, sizing, preamble_tokens, max_tokens, ctx)
+    # each turn resends the previous turn's prompt and its answer, which a cache that never
+    # evicted would serve
+    prompts = [t + i * max_tokens for i, t in enumerate(turns)]
+    reusable = sum(prompts[:-1]) / sum(prompts)
     conv = turns[-1] + TURNS * max_tokens
     cache = math.ceil(max(concurrency * conv * HEADROOM, ctx) / block_size) * block_size
     users = max(concurrency, math.ceil(OVERSUBSCRIPTION * cache / conv))
@@ -122,4 +183,5 @@ def plan_pressure(model: str, concurrency: int, preamble_tokens: int, max_tokens
     conversations = math.ceil(requests / TURNS)
     return PressurePlan(concurrency, requests, conversations, conv, users * conv, cache,
                         math.ceil(cache * bytes_per_token), bytes_per_token,
-                        round(reusable, 3), preamble_tokens, users)
+                        round(reusable, 3), preamble_tokens, users, first_turn_tokens=turns[0],
+                        sizing=sizing, tokens_from=counter.source)

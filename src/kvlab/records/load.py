@@ -113,6 +113,12 @@ class PressurePlanned(Strict):
     preamble_tokens: int | None = None
     users: int | None = None
     turns: int | None = None
+    first_turn_tokens: int | None = Field(None, description="The first turn's prompt (the "
+                                          "system line, the opening, the question), chat "
+                                          "template included, as planned.")
+    tokens_from: str | None = Field(None, description="How the plan counted tokens: the "
+                                    "model directory's tokenizer and chat template, or the "
+                                    "word estimate.")
     oversubscription: float
     tier_tokens_needed: int | None = None
     tier_bytes_needed: int | None = None
