@@ -76,7 +76,7 @@ def _run(ctx: click.Context, name: str, args: RunArgs, as_json: bool,
 
 def _kept(args: RunArgs, plan: dict[str, object]) -> bool:
     """`run offload --part`: only the quiet or the pressure pair's plans."""
-    if not isinstance(args, OffloadArgs) or args.part == "all":
+    if not isinstance(args, OffloadArgs) or args.part not in ("quiet", "pressure"):
         return True
     return str(plan["label"]).endswith("-load") == (args.part == "pressure")
 
@@ -166,8 +166,13 @@ def shared_slots(ctx: click.Context, args: SharedSlotsArgs, as_json: bool) -> No
 @json_option
 @click.pass_context
 def offload(ctx: click.Context, args: OffloadArgs, as_json: bool) -> None:
-    """The host-memory tier: off and on, quiet and under found pressure."""
-    _run(ctx, "offload", args, as_json)
+    """The host-memory tier: off and on, quiet and under found pressure.
+
+    --part curve: the tier at several sizes against none; --part boundary: tier off and on at
+    several opening lengths.
+    """
+    _run(ctx, "offload-sizes" if args.part in ("curve", "boundary") else "offload", args,
+         as_json)
 
 
 @run_group.command("shared")

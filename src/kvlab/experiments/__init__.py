@@ -47,6 +47,9 @@ EXPERIMENTS: dict[str, Registered] = {e.name: e for e in (
                (LLAMA_NEEDED,)),
     Registered("offload", "kvlab.experiments.offload",
                (rows.QUIET_OFF, rows.QUIET_ON, rows.PRESSURE_OFF, rows.PRESSURE_ON)),
+    # `kvlab run offload --part curve|boundary`: the tier at several sizes or opening lengths
+    Registered("offload-sizes", "kvlab.experiments.tier_sizes",
+               (rows.OFFLOAD_CURVE, rows.OFFLOAD_BOUNDARY)),
     Registered("shared", "kvlab.experiments.shared", (rows.SHARED_STORE,)),
     Registered("disagg", "kvlab.experiments.disagg",
                (rows.BASELINE, rows.LOOPBACK, rows.CANCEL, rows.BOUNDARY)),

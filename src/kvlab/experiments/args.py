@@ -273,8 +273,17 @@ class OffloadArgs(PlannedArgs):
                              "uses 8).")
     min_requests: int = Field(0, ge=0, description="At least this many requests per pressure "
                               "run.")
-    part: Literal["all", "quiet", "pressure"] = Field(
-        "all", description="Run only the quiet pair or only the pressure pair.")
+    part: Literal["all", "quiet", "pressure", "curve", "boundary"] = Field(
+        "all", description="Run only the quiet pair or only the pressure pair; curve: the "
+        "pressure runs with the tier off and at each of --tier-sizes (every size's engine "
+        "started at once), beside the oracle's curve; boundary: tier off and on at each of "
+        "--lengths.")
+    tier_sizes: str = Field("", description="--part curve: host tier sizes, each GiB (12) or "
+                            "a multiple of the working set (0.5x) [default: "
+                            "0.25x,0.5x,1x,1.5x].")
+    lengths: str = Field("", description="--part boundary: opening lengths in the model's "
+                         "tokens, e.g. 1000,2000,4000 [default: a quarter, a half and all of "
+                         "PREAMBLE_TOKENS, fitted to CTX].")
     tier: Literal["both", "off", "on"] = Field(
         "both", description="The pressure runs' sides: one alone runs its repeats (and "
         "capacity search) back to back, for a call too short for both; give --think-time the "
@@ -295,6 +304,7 @@ class OffloadArgs(PlannedArgs):
 
     def spec(self, loaded: LoadedSettings) -> OffloadSpec:
         from kvlab.experiments.offload import OffloadSpec
+        from kvlab.experiments.tier_sizes import check_sizes
         from kvlab.loadgen.sessions import ThinkTime
 
         if self.think_time:
@@ -306,7 +316,25 @@ class OffloadArgs(PlannedArgs):
                            load_max_tokens=s.max_tokens, preamble_tokens=s.preamble_tokens,
                            capacity=capacity_ask(self.slo), repeat=self.repeat, tier=self.tier,
                            tier_gb=_tier_gb(self.tier_gb), think_time=self.think_time,
-                           method=self.method, requests=requests_setting(loaded))
+                           method=self.method, requests=requests_setting(loaded),
+                           tier_sizes=check_sizes(_items(self.tier_sizes)),
+                           lengths=_lengths(self.lengths))
+
+
+def _items(given: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in given.split(",") if item.strip())
+
+
+def _lengths(given: str) -> tuple[int, ...]:
+    """`--lengths`: whole token counts of at least 16."""
+    try:
+        found = tuple(int(item) for item in _items(given))
+    except ValueError:
+        found = (0,)
+    if any(n < 16 for n in found):
+        raise SettingError(f"--lengths {given!r}: give opening lengths in tokens, each at "
+                           "least 16 (e.g. 1000,2000,4000)")
+    return found
 
 
 def _tier_gb(given: str) -> float | str | None:

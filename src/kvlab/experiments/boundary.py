@@ -10,10 +10,8 @@ what the chat template adds. Each length and side gives one `boundary-point` lin
 percentiles from the load generator's own client, the server's prompt token counts, the
 engine's counter deltas); each concurrency gives one `boundary` line with the judgement.
 
-The judgement (`judge`) reads the split/baseline ratio of TTFT p50 per length: below 1.0 the
-split pays. One crossing gives the length where it starts (or stops) paying, interpolated
-between the two measured lengths around it; no crossing says it pays everywhere or nowhere in
-the range; more than one crossing is reported as mixed rather than as a boundary.
+The judgement is `measure.crossing.judge`'s: where the split/baseline ratio of TTFT p50 crosses
+1.0 along the lengths.
 Deliberately not here: starting engines (the disagg experiment's sessions do that).
 """
 
@@ -36,6 +34,7 @@ from kvlab.loadgen.client import Endpoint
 from kvlab.loadgen.record import decode_events
 from kvlab.loadgen.runner import LevelResult, LevelRun, Schedule
 from kvlab.measure import workloads
+from kvlab.measure.crossing import Point, judge
 from kvlab.observe import metrics
 from kvlab.observe.chat import api_base
 from kvlab.records.base import LAB_PD
@@ -49,8 +48,10 @@ if TYPE_CHECKING:
 Side = Literal["split", "baseline"]
 DEFAULT_LENGTHS = (128, 512, 1024, 2048, 3072)  # on the CPU defaults' CTX 4096
 TEMPLATE_TOKENS = 16  # what a chat template adds around one user message, at most
-Verdict = Literal["pays-above", "pays-below", "pays-everywhere", "pays-nowhere", "mixed",
-                  "not-enough-evidence"]
+
+
+def _csv(values: Sequence[int]) -> str:
+    return ",".join(str(v) for v in values)
 
 
 @dataclass(frozen=True)
@@ -104,66 +105,6 @@ class SideTarget:
     base_url: str
     metrics_url: str
     where: Where  # topology fields, as the load rows record them
-
-
-@dataclass(frozen=True)
-class Point:
-    tokens: int
-    split_s: float | None
-    baseline_s: float | None
-
-    @property
-    def ratio(self) -> float | None:
-        if self.split_s is None or not self.baseline_s:
-            return None
-        return self.split_s / self.baseline_s
-
-
-@dataclass(frozen=True)
-class Judgement:
-    verdict: Verdict
-    statement: str
-    crossing_tokens: float | None = None
-
-
-def _csv(values: Sequence[int]) -> str:
-    return ",".join(str(v) for v in values)
-
-
-def _crossing(a: Point, b: Point) -> float:
-    """Where the ratio crosses 1.0 between two lengths, linearly interpolated."""
-    ra, rb = a.ratio, b.ratio
-    assert ra is not None and rb is not None and ra != rb
-    return a.tokens + (1.0 - ra) * (b.tokens - a.tokens) / (rb - ra)
-
-
-def judge(points: Sequence[Point]) -> Judgement:
-    """Where the split's TTFT ratio against the baseline crosses 1.0, in words and tokens."""
-    measured = sorted((p for p in points if p.ratio is not None), key=lambda p: p.tokens)
-    if len(measured) < 2:
-        return Judgement("not-enough-evidence", "not enough evidence: fewer than two lengths "
-                         "measured on both sides")
-    ratios = ", ".join(f"x{p.ratio:.2f} at {p.tokens}" for p in measured)
-    span = f"{measured[0].tokens}-{measured[-1].tokens} tokens"
-    pays = [p.ratio is not None and p.ratio < 1.0 for p in measured]
-    if all(pays):
-        return Judgement("pays-everywhere", f"the split pays everywhere in the range ({span}): "
-                         f"TTFT {ratios} of the baseline")
-    if not any(pays):
-        return Judgement("pays-nowhere", f"the split does not pay anywhere in the range "
-                         f"({span}): TTFT {ratios} of the baseline")
-    flips = [i for i in range(len(pays) - 1) if pays[i] != pays[i + 1]]
-    at = [_crossing(measured[i], measured[i + 1]) for i in flips]
-    if len(flips) > 1:
-        where = ", ".join(f"{x:,.0f}" for x in at)
-        return Judgement("mixed", f"no single boundary: the ratio crosses 1.0 {len(flips)} "
-                         f"times (near {where} tokens); TTFT {ratios} of the baseline; "
-                         "measure again with more requests per length")
-    if pays[-1]:
-        return Judgement("pays-above", f"the split pays above {at[0]:,.0f} tokens: TTFT "
-                         f"{ratios} of the baseline", round(at[0], 1))
-    return Judgement("pays-below", f"the split pays below {at[0]:,.0f} tokens and stops paying "
-                     f"above it: TTFT {ratios} of the baseline", round(at[0], 1))
 
 
 # --- prompts ------------------------------------------------------------------------------

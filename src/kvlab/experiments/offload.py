@@ -65,7 +65,7 @@ class OffloadSpec:
     preamble_words: int = PREAMBLE_WORDS
     turn_max_tokens: int = TURN_MAX_TOKENS
     concurrency: int = 8
-    part: str = "all"  # "quiet", "pressure" or "all"
+    part: str = "all"  # "quiet", "pressure" or "all"; "curve", "boundary": tier_sizes.py
     load_max_tokens: int = 128
     preamble_tokens: int = 4096
     min_requests: int = 0
@@ -80,13 +80,19 @@ class OffloadSpec:
     requests: int | None = None  # the lab's method: requests a level (None: the default)
     method: str = "sessions"  # or "lab": the lab's own procedure (MEM_FRACTION as set, the
     # load generator at `concurrency` with the shared-prefix set)
+    tier_sizes: tuple[str, ...] = ()  # --part curve: GiB ("12") or working sets ("0.5x")
+    lengths: tuple[int, ...] = ()  # --part boundary: opening lengths in the model's tokens
 
 
-def _plan(lab: Lab, on: bool, *, kv_cache_bytes: int = 0, probe: bool = True,
-          tier_gb: float | None = None) -> EnginePlan:
+def plan_for(lab: Lab, on: bool, *, kv_cache_bytes: int = 0, probe: bool = True,
+             tier_gb: float | None = None, sharing: int = 1) -> EnginePlan:
+    """One vLLM of this lab: its device cache, its host tier, and with `sharing` engines on
+    one device each its share of MEM_FRACTION (the device cache is sized apart)."""
     update: dict[str, object] = {"kv_cache_bytes": kv_cache_bytes} if kv_cache_bytes else {}
     if tier_gb is not None:
         update["kv_offload_gb"] = tier_gb
+    if sharing > 1:
+        update["mem_fraction"] = round(lab.settings.mem_fraction / sharing, 3)
     settings = lab.settings.model_copy(update=update) if update else lab.settings
     install = lab.vllm
     if probe:
@@ -99,7 +105,7 @@ def _plan(lab: Lab, on: bool, *, kv_cache_bytes: int = 0, probe: bool = True,
 async def quiet(lab: Lab, spec: OffloadSpec, on: bool) -> Record:
     """Six turns of one conversation against one instance, tier off or on."""
     label = (QUIET_ON if on else QUIET_OFF).label
-    async with engines(lab, [_plan(lab, on)], labels=[label]) as (proc,):
+    async with engines(lab, [plan_for(lab, on)], labels=[label]) as (proc,):
         plan = proc.plan  # as started: on a cluster node, its address and port
         lab.say(f"==> {label}: {spec.turns} turns on a quiet server")
         run = await run_reuse(ReuseOptions(
@@ -107,24 +113,24 @@ async def quiet(lab: Lab, spec: OffloadSpec, on: bool) -> Record:
             preamble_words=spec.preamble_words, max_tokens=spec.turn_max_tokens,
             api_key=lab.settings.api_key(), nonce=f"{lab.run_id}-{label}"), say=lab.say)
     record = reuse_record(run, label, LAB, "quiet server: nothing evicted, nothing to recall")
-    record.tier, record.pressure = _tier(lab, on), Pressure(state="quiet")
+    record.tier, record.pressure = tier_words(lab, on), Pressure(state="quiet")
     return lab.record(record)
 
 
-def _tier(lab: Lab, on: bool, gb: float | None = None) -> str:
+def tier_words(lab: Lab, on: bool, gb: float | None = None) -> str:
     s = lab.settings
     return (f"host memory {gb or s.kv_offload_gb:g} GiB, backend {s.kv_offload_backend}" if on
             else "none: device memory only")
 
 
-def pressure_plan(lab: Lab, spec: OffloadSpec) -> PressurePlan:
+def pressure_plan(lab: Lab, spec: OffloadSpec, cache_tokens: int = 0) -> PressurePlan:
     model = lab.settings.model
     config = Path(model)
     shape = kvmath.load_shape(config) if config.exists() else None
     per_token = shape.bytes_per_token() if shape else 147_456.0
     return plan_pressure(model, spec.concurrency, spec.preamble_tokens, spec.load_max_tokens,
                          per_token, ctx=lab.settings.ctx, block_size=spec.block_size,
-                         min_requests=spec.min_requests)
+                         min_requests=spec.min_requests, cache_tokens=cache_tokens)
 
 
 def _pressure_tier_gb(lab: Lab, spec: OffloadSpec, pressure: PressurePlan) -> float:
@@ -148,7 +154,7 @@ def tier_note(gb: float, pressure: PressurePlan) -> str:
             f"{pressure.tier_gb(0.0):g} GiB")
 
 
-def _sessions_load(lab: Lab, spec: OffloadSpec, pressure: PressurePlan, label: str,
+def sessions_load(lab: Lab, spec: OffloadSpec, pressure: PressurePlan, label: str,
                    url: str, tier: str) -> LoadSpec:
     """The pressure run's user sessions: the planned users, their conversations, think time."""
     from kvlab.loadgen.sessions import SessionSpec, ThinkTime
@@ -176,10 +182,10 @@ async def under_pressure(lab: Lab, spec: OffloadSpec, on: bool, pressure: Pressu
     if gb is not None and (note := tier_note(gb, pressure)):
         lab.say(f"    note: {note}")
     rows: list[Record] = []
-    async with engines(lab, [_plan(lab, on, kv_cache_bytes=pressure.kv_cache_bytes,
+    async with engines(lab, [plan_for(lab, on, kv_cache_bytes=pressure.kv_cache_bytes,
                                    tier_gb=gb)], labels=[label]) as (proc,):
         plan = proc.plan  # as started: on a cluster node, its address and port
-        load = _sessions_load(lab, spec, pressure, label, plan.base_url, _tier(lab, on, gb))
+        load = sessions_load(lab, spec, pressure, label, plan.base_url, tier_words(lab, on, gb))
         planned = pressure.as_record()
         planned.host_tier_bytes = int((gb or 0) * 2**30)
         # the oracle models the tier kvlab started (--kv-offloading-size), in tokens
@@ -191,7 +197,7 @@ async def under_pressure(lab: Lab, spec: OffloadSpec, on: bool, pressure: Pressu
                     f"{pressure.oversubscription:.1f}x the device cache"
                     + (f", host tier {gb:g} GiB" if on else "")
                     + (f" (repeat {repeat + 1} of {spec.repeat})" if repeat is not None else ""))
-            rows += await _pressure_rows(lab, replace(load, repeat=repeat), plan.metrics_url,
+            rows += await pressure_rows(lab, replace(load, repeat=repeat), plan.metrics_url,
                                          planned)
         require_successes(label, rows)
         if stint.first and spec.capacity is not None:
@@ -206,7 +212,7 @@ async def _lab_method(lab: Lab, spec: OffloadSpec, on: bool, label: str, gb: flo
     (lower it yourself), the load generator at `concurrency` with the shared-prefix set; the
     report judges from what the run reached whether that was pressure at all."""
     rows: list[Record] = []
-    async with engines(lab, [_plan(lab, on, tier_gb=gb)], labels=[label]) as (proc,):
+    async with engines(lab, [plan_for(lab, on, tier_gb=gb)], labels=[label]) as (proc,):
         plan = proc.plan
         load = LoadSpec(base_url=api_base(plan.base_url), model=lab.settings.served_name,
                         levels=(spec.concurrency,), requests=spec.requests,
@@ -214,19 +220,19 @@ async def _lab_method(lab: Lab, spec: OffloadSpec, on: bool, label: str, gb: flo
                         prompt_set="shared-prefix", label=label,
                         preamble_tokens=spec.preamble_tokens, lab=LAB,
                         labbook=lab.settings.labbook,
-                        context=RunContext(tier=_tier(lab, on, gb),
+                        context=RunContext(tier=tier_words(lab, on, gb),
                                            memory_fraction=lab.settings.mem_fraction))
         for repeat in stint.repeats:
             lab.say(f"==> {label} (the lab's method): concurrency {spec.concurrency}, "
                     f"shared-prefix, MEM_FRACTION {lab.settings.mem_fraction}"
                     + (f", host tier {gb:g} GiB" if on else ""))
-            rows += await _pressure_rows(lab, replace(load, repeat=repeat), plan.metrics_url,
+            rows += await pressure_rows(lab, replace(load, repeat=repeat), plan.metrics_url,
                                          None)
         require_successes(label, rows)
     return rows
 
 
-async def _pressure_rows(lab: Lab, load: LoadSpec, metrics_url: str,
+async def pressure_rows(lab: Lab, load: LoadSpec, metrics_url: str,
                          planned: PressurePlanned | None) -> list[Record]:
     """One pressure run's rows, each with the pressure planned and reached."""
     from kvlab.loadgen.sweep import run_sweep
@@ -368,7 +374,7 @@ def dry_run(lab: Lab, spec: OffloadSpec) -> list[dict[str, object]]:
             continue
         gb = _pressure_tier_gb(lab, spec, pressure) if on and kv else None
         sized = kv if spec.method == "sessions" else 0  # the lab's method: MEM_FRACTION's cache
-        plan = _plan(lab, on, kv_cache_bytes=sized, probe=False, tier_gb=gb)
+        plan = plan_for(lab, on, kv_cache_bytes=sized, probe=False, tier_gb=gb)
         note = tier_note(gb, pressure) if gb is not None and sized else ""
         out.append({"label": label, "plan": plan.as_dict(), "shell": plan.shell_line(),
                     **({"note": note} if note else {}),

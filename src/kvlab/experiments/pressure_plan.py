@@ -160,14 +160,15 @@ def fit_opening(counter: Counter, sizing: workloads.Sizing, preamble_tokens: int
 
 def plan_pressure(model: str, concurrency: int, preamble_tokens: int, max_tokens: int,
                   bytes_per_token: float, *, ctx: int, block_size: int = 16,
-                  min_requests: int = 0) -> PressurePlan:
+                  min_requests: int = 0, cache_tokens: int = 0) -> PressurePlan:
     """Users, requests and a KV cache size that put user sessions under pressure: the users'
     live conversations are at least `OVERSUBSCRIPTION` times the cache.
 
     Token counts are the model's own (its directory's tokenizer and chat template) when it
     is local, so the planned working set is the one the load sends: the opening is sized in
     those tokens and the plan's `sizing` is the load's. The cache also holds at least one
-    full-context sequence: vLLM refuses to start otherwise.
+    full-context sequence: vLLM refuses to start otherwise. `cache_tokens` fixes the cache
+    (a sweep of opening lengths against one engine): the users then fill it as before.
     """
     counter = Counter.of(model)
     sizing = counter.sizing(0, preamble_tokens)
@@ -177,7 +178,8 @@ def plan_pressure(model: str, concurrency: int, preamble_tokens: int, max_tokens
     prompts = [t + i * max_tokens for i, t in enumerate(turns)]
     reusable = sum(prompts[:-1]) / sum(prompts)
     conv = turns[-1] + TURNS * max_tokens
-    cache = math.ceil(max(concurrency * conv * HEADROOM, ctx) / block_size) * block_size
+    cache = cache_tokens or \
+        math.ceil(max(concurrency * conv * HEADROOM, ctx) / block_size) * block_size
     users = max(concurrency, math.ceil(OVERSUBSCRIPTION * cache / conv))
     requests = max(min_requests, users * TURNS)
     conversations = math.ceil(requests / TURNS)

@@ -75,9 +75,10 @@ def in_flight(sent: Sequence[RequestLine]) -> int:
 
 async def beside(client: httpx.AsyncClient, root: str, model: str, lines: list[RequestLine],
                  prompts: Mapping[int, Prompt], snap: Snapshot | None,
-                 tier_blocks: int = 0) -> OracleLevel | None:
+                 tier_blocks: int = 0, curve_tokens: Sequence[int] = ()) -> OracleLevel | None:
     """The oracle for one level's `lines` (each gets its `oracle_cached_tokens`), or None
-    when the engine's cache or a request's tokens cannot be known."""
+    when the engine's cache or a request's tokens cannot be known. Its tier curve replays
+    `CURVE`'s multiples of the device cache and the tiers of `curve_tokens`."""
     shape = cache_blocks(snap)
     sent = _sent(lines, prompts)
     if shape is None or not sent:
@@ -97,10 +98,8 @@ async def beside(client: httpx.AsyncClient, root: str, model: str, lines: list[R
     measured = [(p, ln.cached_tokens, u) for ln, p, u in zip(sent, predicted, unbounded,
                                                              strict=True) if not ln.warmup]
     found = oracle.compare([p for p, _, _ in measured], [m for _, m, _ in measured])
-    kept = [i for i, ln in enumerate(sent) if not ln.warmup and ln.cached_tokens is not None]
-    sizes = sorted({round(device * x) for x in CURVE})
-    points = [TierPoint(tier_blocks=c.tier_blocks, hit_share=c.hit_share)
-              for c in oracle.curve(stream, sizes, cache, kept)]
+    points = tier_curve(stream, cache, sent, {round(device * x) for x in CURVE}
+                        | {t // block for t in curve_tokens})
     return OracleLevel(
         cache_model=MODEL_WORDS, block_tokens=block, device_blocks=device,
         tier_blocks=tier_blocks, in_flight=running,
@@ -112,6 +111,20 @@ async def beside(client: httpx.AsyncClient, root: str, model: str, lines: list[R
         infinite_cache_tokens=sum(u.cached_tokens for p, m, u in measured if m is not None),
         above_oracle=found.above_oracle, left_share=found.left_share,
         left_mean_low=found.low, left_mean_high=found.high, tier_curve=points)
+
+
+def tier_curve(stream: list[oracle.Blocks], cache: oracle.CacheModel,
+               sent: Sequence[RequestLine], sizes: set[int]) -> list[TierPoint]:
+    """The hit share at each tier size (blocks) over the level's measured requests, and over
+    its returning turns alone where it has any."""
+    kept = [i for i, ln in enumerate(sent) if not ln.warmup and ln.cached_tokens is not None]
+    later = [i for i in kept if sent[i].turn]
+    ordered = sorted(sizes)
+    overall = oracle.curve(stream, ordered, cache, kept)
+    returning = oracle.curve(stream, ordered, cache, later) if later else [None] * len(ordered)
+    return [TierPoint(tier_blocks=c.tier_blocks, hit_share=c.hit_share,
+                      returning_hit_share=r.hit_share if r is not None else None)
+            for c, r in zip(overall, returning, strict=True)]
 
 
 def _sent(lines: list[RequestLine], prompts: Mapping[int, Prompt]) -> list[RequestLine]:

@@ -75,6 +75,8 @@ class LoadSpec:
     block_offset: int = 0  # prompt blocks skipped (a capacity search's probes: fresh prompts)
     oracle: bool = True  # the cache oracle beside each level (vLLM, llama-server; needs files)
     oracle_tier_tokens: int = 0  # the host tier the oracle models, in tokens (0: none)
+    oracle_curve_tokens: tuple[int, ...] = ()  # host tiers the oracle also replays, in tokens
+    # (beside its multiples of the device cache): a tier-size curve's sizes
     # where `model` came from, for `served.resolve`: "" kvlab named it (not checked); "named"
     # the user's --model or SERVED_NAME (refused unless the server lists it); "default" no
     # one named it (the one model the server lists is taken)

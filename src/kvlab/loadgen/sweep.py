@@ -288,7 +288,7 @@ class _Level:
         shape = cache_blocks(after)
         own.oracle = await oracle_level.beside(
             client, root.rstrip("/"), spec.model, lines, self.prompts, after,
-            tier // shape[0] if shape else 0)
+            tier // shape[0] if shape else 0, spec.oracle_curve_tokens)
 
     def row_fields(self, warm: LevelResult | None, own: LevelOwn,
                    lines: list[RequestLine]) -> LevelOwn:

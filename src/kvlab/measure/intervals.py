@@ -205,12 +205,16 @@ def columns(lines: list[requests.RequestLine]) -> Floats:
 def side(notebook: Path, records: Sequence[Record], newest: LoadRecord) -> Side | None:
     """A side's per-request data (None when a row of its run names no per-request file);
     a file whose sha256 differs from its row's is refused (InputError)."""
-    rows = repeats(records, newest)
-    if any(r.requests_file is None for r in rows):
+    return side_of(notebook, repeats(records, newest))
+
+
+def side_of(notebook: Path, rows: Sequence[LoadRecord]) -> Side | None:
+    """The side made of `rows`, one per repeat (None: one names no per-request file)."""
+    if not rows or any(r.requests_file is None for r in rows):
         return None
     runs = tuple(columns(requests.read(requests.location(notebook, str(r.requests_file)),
                                         r.requests_sha256)) for r in rows)
-    return Side(newest.label, tuple(rows), runs)
+    return Side(rows[-1].label, tuple(rows), runs)
 
 
 def draws(groups: list[Floats], rng: np.random.Generator, count: int) -> Floats:
@@ -330,14 +334,20 @@ def row_ratio(metric: Metric, a: LoadRecord, b: LoadRecord) -> float | None:
 def between(notebook: Path, records: Sequence[Record], a: LoadRecord, b: LoadRecord,
             metrics: Sequence[Metric] = METRICS) -> dict[str, Interval]:
     """Each metric's ratio A / B at one level, `a` and `b` being each side's newest row."""
-    sa, sb = side(notebook, records, a), side(notebook, records, b)
-    names = (a.label, b.label)
+    return between_rows(notebook, repeats(records, a), repeats(records, b), metrics)
+
+
+def between_rows(notebook: Path, a: Sequence[LoadRecord], b: Sequence[LoadRecord],
+                 metrics: Sequence[Metric] = METRICS) -> dict[str, Interval]:
+    """Each metric's ratio A / B, each side pooled over the rows given (its repeats)."""
+    sa, sb = side_of(notebook, a), side_of(notebook, b)
+    names = (a[-1].label, b[-1].label)
     out = {}
     for metric in metrics:
         if sa is None or sb is None:
-            out[metric.key] = Interval(metric.key, row_ratio(metric, a, b))
+            out[metric.key] = Interval(metric.key, row_ratio(metric, a[-1], b[-1]))
         elif metric.key == "output_tokens_per_s" and (sa.open_loop or sb.open_loop):
-            out[metric.key] = Interval(metric.key, row_ratio(metric, a, b), words=(
+            out[metric.key] = Interval(metric.key, row_ratio(metric, a[-1], b[-1]), words=(
                 "no interval: an open-loop level's throughput follows its arrival rate"))
         else:
             out[metric.key] = ratio_interval(metric, sa.runs, sb.runs, names)

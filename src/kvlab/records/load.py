@@ -247,6 +247,8 @@ class TierPoint(Strict):
 
     tier_blocks: int
     hit_share: float | None = None
+    returning_hit_share: float | None = Field(None, description="The same over the returning "
+                                              "turns of user sessions alone (turn 2 on).")
 
 
 class OracleLevel(Strict):

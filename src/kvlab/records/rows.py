@@ -70,6 +70,14 @@ SMALLER_ON = Row("offload-on-load", LAB_OFFLOAD,
                  "load generator under pressure", side="on", startup=("offload-on",),
                  pressure=True,
     command="kvlab run offload --part pressure --tier-gb N")
+OFFLOAD_CURVE = Row("offload-curve-load", LAB_OFFLOAD, "vLLM host tier size curve, under "
+                    "pressure", "user sessions, every size's engine started at once",
+                    side="on", pressure=True,
+    command="kvlab run offload --part curve")
+OFFLOAD_BOUNDARY = Row("offload-boundary-load", LAB_OFFLOAD, "vLLM host tier against opening "
+                       "length, under pressure", "user sessions at several opening lengths, "
+                       "tier off and on", side="on", pressure=True,
+    command="kvlab run offload --part boundary")
 SHARED_STORE = Row("shared-store", LAB_OFFLOAD, "Shared store, two instances",
                    "turns alternating between the instances",
                    startup=("shared-store-a", "shared-store-b"),
@@ -154,7 +162,8 @@ INTERFERENCE = Row("interference", LAB_PD, "llama-server, 4 slots against 1 slot
     command="kvlab run interference")
 
 ROWS: tuple[Row, ...] = (
-    QUIET_OFF, QUIET_ON, PRESSURE_OFF, PRESSURE_ON, SHARED_STORE, SHARED_SINGLE, SHARED_PROOF,
+    QUIET_OFF, QUIET_ON, PRESSURE_OFF, PRESSURE_ON, OFFLOAD_CURVE, OFFLOAD_BOUNDARY,
+    SHARED_STORE, SHARED_SINGLE, SHARED_PROOF,
     DISK, MLX_CACHE, MLX_TURNS, SHARED_SLOTS, LLAMA_PROMPT_OFF, LLAMA_PROMPT_ON, LLAMA_RAM_OFF,
     LLAMA_RAM_ON, LLAMA_RAM_SMALL, LLAMA_RAM_CURVE, LLAMA_KV_QUANT, BASELINE, SPLIT,
     TWO_MACHINES_SHARED, TWO_MACHINES_NIXL, LOOPBACK, PREDICTION, CANCEL, BOUNDARY,

