@@ -212,8 +212,8 @@ def test_the_report_writes_them_after_the_tables(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     found = json.loads(run.stdout)["decisions"]
-    assert [d["lab"] for d in found] == ["offload"] * 5 + ["pd"]
-    assert [d["decided"] for d in found] == [False] * 5 + [True]
+    assert [d["lab"] for d in found] == ["offload"] * 6 + ["pd"]
+    assert [d["decided"] for d in found] == [False] * 6 + [True]
 
 
 def test_the_host_tier_pairs_the_two_sides_of_one_run(tmp_path: Path) -> None:

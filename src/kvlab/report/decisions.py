@@ -42,6 +42,7 @@ from kvlab.records.rows import (
     LLAMA_RAM_ON,
     LLAMA_RAM_SMALL,
     MLX_CACHE,
+    OFFLOAD_BOUNDARY,
     OFFLOAD_CURVE,
     PRESSURE_OFF,
     PRESSURE_ON,
@@ -109,7 +110,7 @@ def decide(book: Notebook) -> list[Decision]:
                              smaller_tier=False),
                replace(store(book), rows=(SHARED_STORE.label,)),
                replace(with_mlx(disk(book), book), rows=(DISK.label, MLX_CACHE.label)),
-               quantised(book), tier_size(book),
+               quantised(book), tier_size(book), tier_length(book),
                with_capacity(pd, book, split)]
     return [with_yours(d, book) for d in drafted]
 
@@ -229,6 +230,34 @@ def host_unrun(book: Notebook, host: list[tier_curve.CurvePoint]) -> str:
     return ("vLLM's host tier sizes were not run here"
             + (f" ({reasons[0]})" if reasons else "")
             + ": only its tier-off reference ran" + (f", and {oracle}" if oracle else ""))
+
+
+LENGTH_Q = "Where does the host tier start paying, by context length?"
+
+
+def tier_length(book: Notebook) -> Decision:
+    """The opening length where vLLM's tier starts paying, beside the arithmetic."""
+    from kvlab.report import tier_boundary as tb
+
+    rows = (OFFLOAD_BOUNDARY.label,)
+    found = tb.lengths(book)
+    if not found:
+        return replace(_undecided("offload", LENGTH_Q, _absent(
+            book, OFFLOAD_BOUNDARY.label, "a sweep of opening lengths")), rows=rows)
+    sums = tb.arithmetic(found)
+    if not any(f.on for f in found):
+        why = tb.unrun(book, found)
+        return replace(_undecided("offload", LENGTH_Q, "only the tier-off side of the length "
+                                  "sweep ran" + (f" ({why})" if why else "")
+                                  + (f"; {sums}" if sums else "")), rows=rows)
+    judged = tb.judgement(found)
+    cells = ", ".join(f"{f.tokens:,}: {f.ttft.cell()}" for f in found if f.ttft is not None)
+    answer = f"{judged.statement[0].upper()}{judged.statement[1:]}"
+    figure = (f"{judged.crossing_tokens:,.0f} tokens" if judged.crossing_tokens is not None
+              else judged.verdict)
+    return Decision("offload", LENGTH_Q, f"{answer} (TTFT p50 against the tier off by "
+                    f"opening, 95% intervals: {cells})" + (f"; {sums}" if sums else ""),
+                    judged.verdict != "not-enough-evidence", figure, rows)
 
 
 def quantised(book: Notebook) -> Decision:
