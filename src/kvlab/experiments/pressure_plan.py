@@ -167,8 +167,9 @@ def plan_pressure(model: str, concurrency: int, preamble_tokens: int, max_tokens
     Token counts are the model's own (its directory's tokenizer and chat template) when it
     is local, so the planned working set is the one the load sends: the opening is sized in
     those tokens and the plan's `sizing` is the load's. The cache also holds at least one
-    full-context sequence: vLLM refuses to start otherwise. `cache_tokens` fixes the cache
-    (a sweep of opening lengths against one engine): the users then fill it as before.
+    full-context sequence and vLLM's null block: vLLM refuses to start otherwise.
+    `cache_tokens` fixes the cache (a sweep of opening lengths against one engine): the users
+    then fill it as before.
     """
     counter = Counter.of(model)
     sizing = counter.sizing(0, preamble_tokens)
@@ -178,8 +179,11 @@ def plan_pressure(model: str, concurrency: int, preamble_tokens: int, max_tokens
     prompts = [t + i * max_tokens for i, t in enumerate(turns)]
     reusable = sum(prompts[:-1]) / sum(prompts)
     conv = turns[-1] + TURNS * max_tokens
+    # vLLM keeps one block of the cache as its null block: a cache of exactly CTX tokens is
+    # refused ("the estimated maximum model length is" one block less)
+    floor = ctx + block_size
     cache = cache_tokens or \
-        math.ceil(max(concurrency * conv * HEADROOM, ctx) / block_size) * block_size
+        math.ceil(max(concurrency * conv * HEADROOM, floor) / block_size) * block_size
     users = max(concurrency, math.ceil(OVERSUBSCRIPTION * cache / conv))
     requests = max(min_requests, users * TURNS)
     conversations = math.ceil(requests / TURNS)
