@@ -14,6 +14,12 @@
 #                                       working set (--tier-gb, default 6), 2 repeats
 #   bash docs/validation/h200.sh capacity-on|capacity-off : one side's pressure run and its
 #                                       capacity search in users, in a call of its own
+#   bash docs/validation/h200.sh tier-sizes : the host tier's size curve (off and 4 sizes, from
+#                                       0.25x to 1.5x the working set) and its opening-length
+#                                       boundary (3 lengths, off against the size that holds
+#                                       them), 2 repeats each, on one start of 5 vLLMs sharing
+#                                       the GPU (1.7B shape: 5 x 8B would not fit with room);
+#                                       the pinned host-to-device copy rate beside it
 #   bash docs/validation/h200.sh llama-cuda : llama-server built with CUDA (sm_90) from the
 #                                       pinned source (carry .whl9), then kvlab's llama.cpp
 #                                       rows on the GPU (tiny random-weight GGUF)
@@ -53,13 +59,29 @@ if [ "${FAKE:-0}" != 1 ]; then
          NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
   say "gpu: $(nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader)"
 else
-  export PYTHONPATH=$REPO/src KVLAB_PROFILE=cpu-tiny KVLAB_HOME=$HOME/.cache/kvlab
+  # FAKE_HOME: another KVLAB_HOME for the rehearsal (its engines/ and models/ linked from the
+  # default one), so that the closing `kvlab clean` stops nobody else's engines
+  export PYTHONPATH=$REPO/src${PYTHONPATH:+:$PYTHONPATH} KVLAB_PROFILE=cpu-tiny \
+         KVLAB_HOME=${FAKE_HOME:-$HOME/.cache/kvlab}
 fi
 run() {  # a kvlab command, bounded by what is left of the phase's budget
   say "kvlab $* ($(left) s left)"
   timeout $(( $(left) - 20 )) $PY -m kvlab "$@" > "$WORK/$PHASE-$1-$2.log" 2>&1
   local rc=$?; say "rc=$rc: $(grep -E '==>|x \[|capacity|not run|Error|kvlab:' "$WORK/$PHASE-$1-$2.log" | tail -25 | cut -c1-300 | tr '\n' '|')"
   return $rc
+}
+copy_rate() {  # the pinned host-to-device copy rate: the floor under a recall from the tier
+  $PY - <<'PYEOF' 2>&1 | tee -a "$S"
+import time, torch
+n = 2 * 2**30
+src, dst = torch.empty(n, dtype=torch.uint8).pin_memory(), torch.empty(n, dtype=torch.uint8, device="cuda")
+dst.copy_(src, non_blocking=True); torch.cuda.synchronize()
+rates = []
+for _ in range(5):
+    t = time.perf_counter(); dst.copy_(src, non_blocking=True); torch.cuda.synchronize()
+    rates.append(n / (time.perf_counter() - t) / 1e9)
+print(f"pinned host-to-device copy: {max(rates):.1f} GB/s best, {sorted(rates)[2]:.1f} median of 5 x 2 GiB")
+PYEOF
 }
 case "$PHASE" in
 nixl)
@@ -81,17 +103,7 @@ capacity)
   ;;
 tier)
   if [ "${FAKE:-0}" != 1 ]; then
-    $PY - <<'PYEOF' 2>&1 | tee -a "$S"
-import time, torch
-n = 2 * 2**30
-src, dst = torch.empty(n, dtype=torch.uint8).pin_memory(), torch.empty(n, dtype=torch.uint8, device="cuda")
-dst.copy_(src, non_blocking=True); torch.cuda.synchronize()
-rates = []
-for _ in range(5):
-    t = time.perf_counter(); dst.copy_(src, non_blocking=True); torch.cuda.synchronize()
-    rates.append(n / (time.perf_counter() - t) / 1e9)
-print(f"pinned host-to-device copy: {max(rates):.1f} GB/s best, {sorted(rates)[2]:.1f} median of 5 x 2 GiB")
-PYEOF
+    copy_rate
     export MEM_FRACTION=0.85 KV_OFFLOAD_GB=${KV_OFFLOAD_GB:-32} MAX_TOKENS=${MAX_TOKENS:-64}
   fi
   # 2026-11-30 at concurrency 8 and 128 output tokens one side's run took ~230 s and the pair
@@ -108,6 +120,22 @@ tier-small|capacity-on|capacity-off)
   *) run run offload --part pressure --tier "${PHASE#capacity-}" --concurrency 4 \
        --think-time "$THINK" --tier-gb working-set ;;
   esac
+  ;;
+tier-sizes)
+  # One start of every engine: `--part curve --lengths` runs the curve (tier off, then each
+  # size, A B C D E E D C B A) and then the boundary's lengths (tier off against the smallest
+  # size that holds each length's working set) on the same five vLLMs, each with MEM_FRACTION/5
+  # of the GPU and the planned device cache. Openings of 6,500 tokens as the tier phases sent
+  # (their first turns were 6,483-7,053 tokens); 16 answer tokens keep a run near 10-15 s.
+  # SIZES_MODEL=big: the 8B shape (5 x ~25 GB at its 65,536-token profile run: little room).
+  if [ "${FAKE:-0}" != 1 ]; then
+    copy_rate
+    export MEM_FRACTION=0.85 MAX_TOKENS=${MAX_TOKENS:-16} PREAMBLE_TOKENS=${PREAMBLE_TOKENS:-6500}
+    [ "${SIZES_MODEL:-small}" = big ] || export MODEL=$KVLAB_HOME/models/shaped-qwen3-1.7b
+  fi
+  L=${LENGTHS:-2000,4000,6500}; [ "${FAKE:-0}" != 1 ] || L=${LENGTHS:-100,200,300}
+  run run offload --part curve --repeat "${REPEAT:-2}" --concurrency "${TIER_CONCURRENCY:-4}" \
+    --tier-sizes "${SIZES:-0.25x,0.5x,1x,1.5x}" --lengths "$L"
   ;;
 llama-cuda)
   if [ "${FAKE:-0}" != 1 ]; then

@@ -27,7 +27,8 @@ def run(book: Path, tokens: int, on: bool, median: float, repeat: int, seed: int
         requests.RequestLine(id=i, level=8, status="ok", turn=i % 4, ttft_s=float(t),
                              prompt_tokens=tokens + 60 + 100 * (i % 4), cached_tokens=0)
         for i, t in enumerate(ttfts)])
-    deltas = {"offload_load_bytes": 40e9, "offload_load_s": 1.0} if on else {}
+    deltas: dict[str, int | float | None] = (
+        {"offload_load_bytes": 40e9, "offload_load_s": 1.0} if on else {})
     notebook.append(book, LoadRecord(
         label=OFFLOAD_BOUNDARY.label, lab="x", concurrency=8, requests=40, ok=40,
         run_id="h200", repeat=repeat, requests_file=name, requests_sha256=digest,

@@ -73,3 +73,13 @@ def test_the_boundary_plans_two_engines_for_every_length(tmp_path: Path) -> None
     assert "--kv-offloading-size" in plans[1]["shell"]
     bad = _dry(tmp_path, "--part", "boundary", "--lengths", "8,lots")
     assert bad.returncode == 2 and "--lengths" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_curve_with_lengths_plans_both_parts_on_one_start(tmp_path: Path) -> None:
+    """The H200 phase: the boundary's lengths on the curve's five engines, no sixth."""
+    result = _dry(tmp_path, "--part", "curve", "--lengths", "2000,4000,6000")
+    assert result.returncode == 0, result.stderr
+    plans = json.loads(result.stdout)["plans"]
+    assert len(plans) == 5
+    assert "and the boundary's runs at openings of 2,000, 4,000, 6,000 tokens" in \
+        plans[0]["note"]

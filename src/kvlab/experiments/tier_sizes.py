@@ -13,7 +13,10 @@ the opening document's length, under the user sessions of `--part pressure`.
   device cache is the longest opening's and the users fill three times it at every length, so
   the pressure is the same and the length is the one thing that changes; two engines (off,
   and on with a tier that holds the largest working set) start at once and serve every
-  length. Each length's think time is its first tier-off run's.
+  length. Each length's think time is its first tier-off run's. `--part curve --lengths ...`
+  runs the boundary's lengths on the curve's engines after the curve (the tier off, and the
+  smallest size that holds every length's working set) at the curve's device cache: both
+  parts for one start, which is what fits one call on a GPU.
 
 Every run is a `load` line under the row's label, with the tier it had
 (`pressure.planned.host_tier_bytes`, 0: off) and its opening (`planned.preamble_tokens`).
@@ -29,6 +32,7 @@ from dataclasses import dataclass, replace
 
 from kvlab.core.errors import RefusedError, SettingError
 from kvlab.engines.base import VLLM
+from kvlab.engines.plan import EnginePlan
 from kvlab.engines.registry import engine_for
 from kvlab.engines.vllm.host import HostMemory
 from kvlab.experiments import offload, repeats
@@ -107,8 +111,9 @@ class Engine:
 
 @dataclass(frozen=True)
 class Run:
-    """One measured run: which engine, the plan of its workload, its repeat."""
+    """One measured run: its row, which engine, the plan of its workload, its repeat."""
 
+    row: Row
     engine: int
     pressure: PressurePlan
     repeat: int | None
@@ -120,7 +125,16 @@ async def run(lab: Lab, spec: OffloadSpec) -> list[Record]:
     return await (curve(lab, spec) if spec.part == "curve" else boundary(lab, spec))
 
 
+def _numbered(spec: OffloadSpec, row: Row, plan: PressurePlan, engines_: Sequence[int]
+              ) -> list[Run]:
+    """`engines_`' runs of one workload in A B .. B A order, `spec.repeat` times each."""
+    return [Run(row, engines_[side], plan, number if spec.repeat > 1 else None)
+            for side, number in repeats.order(spec.repeat, len(engines_))]
+
+
 async def curve(lab: Lab, spec: OffloadSpec) -> list[Record]:
+    """The tier off and at each size; with `--lengths`, the boundary's runs too, against the
+    same engines (the tier off and the smallest size that holds every working set)."""
     pressure = offload.pressure_plan(lab, spec)
     measured = sizes(spec.tier_sizes, pressure)
     support = lab.vllm.offload_support()
@@ -134,23 +148,39 @@ async def curve(lab: Lab, spec: OffloadSpec) -> list[Record]:
     lab.say(f"==> {OFFLOAD_CURVE.label}: tier off and " + ", ".join(
         s.words for s in measured) + f"; working set {pressure.tier_bytes_needed / GIB:.2f} GiB")
     kept = [Engine(gb, pressure.kv_cache_bytes) for gb in tiers]
-    runs = [Run(side, pressure, number if spec.repeat > 1 else None)
-            for side, number in repeats.order(spec.repeat, len(kept))]
-    return out + await measure(lab, spec, OFFLOAD_CURVE, kept, runs,
-                               oracle_tokens(pressure, measured))
+    runs = _numbered(spec, OFFLOAD_CURVE, pressure, range(len(kept)))
+    if spec.lengths:
+        plans = length_plans(lab, spec, pressure.cache_tokens)
+        need = max(p.tier_bytes_needed for p in plans) / GIB
+        held = next((i for i, gb in enumerate(tiers) if gb >= need), len(tiers) - 1)
+        if not held:
+            out.append(lab.not_run(OFFLOAD_BOUNDARY, f"the tier-on side: {support.reason}"))
+        for plan in plans:
+            runs += _numbered(spec, OFFLOAD_BOUNDARY, plan, [0, held] if held else [0])
+    return out + await measure(lab, spec, kept, runs, oracle_tokens(pressure, measured))
 
 
-def length_plans(lab: Lab, spec: OffloadSpec) -> list[PressurePlan]:
-    """One plan per opening length, all against the longest one's device cache."""
-    longest = offload.pressure_plan(lab, replace(spec, preamble_tokens=max(
-        spec.lengths or (spec.preamble_tokens,))))
-    lengths = spec.lengths or tuple(sorted({max(16, round(longest.preamble_tokens * share))
+def length_plans(lab: Lab, spec: OffloadSpec, cache_tokens: int = 0) -> list[PressurePlan]:
+    """One plan per opening length, all against one device cache: `cache_tokens`, else the
+    longest opening's."""
+    if not cache_tokens:
+        cache_tokens = offload.pressure_plan(lab, replace(spec, preamble_tokens=max(
+            spec.lengths or (spec.preamble_tokens,)))).cache_tokens
+    fitted = offload.pressure_plan(lab, spec).preamble_tokens
+    lengths = spec.lengths or tuple(sorted({max(16, round(fitted * share))
                                             for share in DEFAULT_SHARES}))
     if len(set(lengths)) < 2:
         raise SettingError(f"--lengths {','.join(map(str, lengths))}: give two or more "
                            "distinct opening lengths")
-    return [offload.pressure_plan(lab, replace(spec, preamble_tokens=n),
-                                  cache_tokens=longest.cache_tokens) for n in sorted(lengths)]
+    plans = [offload.pressure_plan(lab, replace(spec, preamble_tokens=n),
+                                   cache_tokens=cache_tokens) for n in sorted(lengths)]
+    fitted_to = [p.preamble_tokens for p in plans]
+    if len(set(fitted_to)) < len(plans):
+        raise SettingError(f"--lengths {','.join(map(str, sorted(lengths)))}: with CTX "
+                           f"{lab.settings.ctx} they fit only as openings of "
+                           f"{', '.join(map(str, fitted_to))} tokens: give lengths whose "
+                           "conversations fit CTX")
+    return plans
 
 
 async def boundary(lab: Lab, spec: OffloadSpec) -> list[Record]:
@@ -168,12 +198,12 @@ async def boundary(lab: Lab, spec: OffloadSpec) -> list[Record]:
         f"{p.preamble_tokens:,}" for p in plans) + " tokens, one device cache of "
         f"{plans[0].cache_tokens:,} tokens, tier off" + (f" and {tier:g} GiB" if support.ok
                                                          else ""))
-    runs = [Run(side, plan, number if spec.repeat > 1 else None) for plan in plans
-            for side, number in repeats.order(spec.repeat, len(kept))]
-    return out + await measure(lab, spec, OFFLOAD_BOUNDARY, kept, runs, ())
+    runs = [r for plan in plans
+            for r in _numbered(spec, OFFLOAD_BOUNDARY, plan, range(len(kept)))]
+    return out + await measure(lab, spec, kept, runs, ())
 
 
-async def measure(lab: Lab, spec: OffloadSpec, row: Row, kept: list[Engine], runs: list[Run],
+async def measure(lab: Lab, spec: OffloadSpec, kept: list[Engine], runs: list[Run],
                   curve_tokens: tuple[int, ...]) -> list[Record]:
     """Every engine started at once, then each run against its engine in order; a workload's
     think time is its first tier-off run's (paced to `concurrency` users in flight)."""
@@ -182,30 +212,35 @@ async def measure(lab: Lab, spec: OffloadSpec, row: Row, kept: list[Engine], run
                               tier_gb=e.tier_gb or None, sharing=len(kept)) for e in kept]
     rows: list[Record] = []
     thinks: dict[int, str] = {}
-    async with engines(lab, plans, labels=[row.label] * len(plans)) as procs:
+    async with engines(lab, plans, labels=[runs[0].row.label] * len(plans)) as procs:
         for r in runs:
-            engine, proc = kept[r.engine], procs[r.engine]
+            found = await _one(lab, spec, r, kept[r.engine], procs[r.engine].plan,
+                               thinks.get(r.pressure.preamble_tokens, ""),
+                               curve_tokens if r.row is OFFLOAD_CURVE else ())
+            offload.require_successes(r.row.label, found)
             key = r.pressure.preamble_tokens
-            think = spec.think_time or thinks.get(key, "")
-            load = offload.sessions_load(lab, replace(spec, think_time=think), r.pressure,
-                                         row.label, proc.plan.base_url,
-                                         offload.tier_words(lab, engine.tier_gb > 0,
-                                                            engine.tier_gb or None))
-            planned = r.pressure.as_record()
-            planned.host_tier_bytes = int(engine.tier_gb * GIB)
-            load = replace(load, repeat=r.repeat, oracle_curve_tokens=curve_tokens,
-                           oracle_tier_tokens=tokens_of(engine.tier_gb, r.pressure))
-            lab.say(f"==> {row.label}: {r.pressure.users} users, openings of "
-                    f"{r.pressure.preamble_tokens:,} tokens, "
-                    + offload.tier_words(lab, engine.tier_gb > 0, engine.tier_gb or None)
-                    + (f" (repeat {r.repeat + 1} of {spec.repeat})" if r.repeat is not None
-                       else ""))
-            found = await offload.pressure_rows(lab, load, proc.plan.metrics_url, planned)
-            offload.require_successes(row.label, found)
-            if not engine.tier_gb and key not in thinks and (t := offload.think_of(found)):
+            if not kept[r.engine].tier_gb and key not in thinks \
+                    and (t := offload.think_of(found)):
                 thinks[key] = f"exponential:{t}"
             rows += found
     return rows
+
+
+async def _one(lab: Lab, spec: OffloadSpec, r: Run, engine: Engine, plan: EnginePlan,
+               think: str, curve_tokens: tuple[int, ...]) -> list[Record]:
+    """One run's rows: its sessions against its engine, the oracle beside them."""
+    on, gb = engine.tier_gb > 0, engine.tier_gb or None
+    words = offload.tier_words(lab, on, gb)
+    load = offload.sessions_load(lab, replace(spec, think_time=spec.think_time or think),
+                                 r.pressure, r.row.label, plan.base_url, words)
+    planned = r.pressure.as_record()
+    planned.host_tier_bytes = int(engine.tier_gb * GIB)
+    load = replace(load, repeat=r.repeat, oracle_curve_tokens=curve_tokens,
+                   oracle_tier_tokens=tokens_of(engine.tier_gb, r.pressure))
+    lab.say(f"==> {r.row.label}: {r.pressure.users} users, openings of "
+            f"{r.pressure.preamble_tokens:,} tokens, {words}"
+            + (f" (repeat {r.repeat + 1} of {spec.repeat})" if r.repeat is not None else ""))
+    return await offload.pressure_rows(lab, load, plan.metrics_url, planned)
 
 
 def check_host_memory(lab: Lab, kept: Sequence[Engine]) -> None:
@@ -230,7 +265,12 @@ def dry_run(lab: Lab, spec: OffloadSpec) -> list[dict[str, object]]:
     support = lab.vllm.offload_support()
     if spec.part == "curve":
         pressure = offload.pressure_plan(lab, spec)
-        found = [(0.0, pressure, "tier off, the reference")] + [
+        also = ""
+        if spec.lengths:
+            openings = ", ".join(f"{p.preamble_tokens:,}" for p in length_plans(
+                lab, spec, pressure.cache_tokens))
+            also = f"; and the boundary's runs at openings of {openings} tokens"
+        found = [(0.0, pressure, "tier off, the reference" + also)] + [
             (s.gb, pressure, s.words) for s in sizes(spec.tier_sizes, pressure)]
         label = OFFLOAD_CURVE.label
     else:

@@ -77,6 +77,7 @@ OFFLOAD_CURVE = Row("offload-curve-load", LAB_OFFLOAD, "vLLM host tier size curv
 OFFLOAD_BOUNDARY = Row("offload-boundary-load", LAB_OFFLOAD, "vLLM host tier against opening "
                        "length, under pressure", "user sessions at several opening lengths, "
                        "tier off and on", side="on", pressure=True,
+                       startup=("offload-curve-load",),  # run on the curve's engines
     command="kvlab run offload --part boundary")
 SHARED_STORE = Row("shared-store", LAB_OFFLOAD, "Shared store, two instances",
                    "turns alternating between the instances",
