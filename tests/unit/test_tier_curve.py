@@ -45,7 +45,7 @@ def test_the_smallest_size_within_90_percent_of_the_best_gain_is_the_answer(
     book = tmp_path / "labbook.md"
     curve(book, {0: 0.2, 4: 0.19, 8: 0.104, 16: 0.1}, {0: 12, 4: 11, 8: 2, 16: 0})
     found = tier_curve.points(notebook.read(book))
-    assert [p.mib for p in found] == [0, 4, 8, 16] and found[0].ttft is None
+    assert [p.size for p in found] == [0, 4, 8, 16] and found[0].ttft is None
     said = tier_curve.answer(found)
     assert said.startswith("--cache-ram 8 MiB is the smallest size measured that reached 90% "
                            "of the best gain: TTFT p50 0.5"), said

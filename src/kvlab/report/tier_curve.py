@@ -61,10 +61,6 @@ class CurvePoint:
         return self.rows[-1]
 
     @property
-    def mib(self) -> int:
-        return round(self.size)
-
-    @property
     def recomputed(self) -> float | None:
         """The returning turns recomputed, the mean over the size's runs."""
         found = [r.sessions.evicted_turns for r in self.rows if r.sessions]
