@@ -20,5 +20,5 @@ try:
 except PackageNotFoundError:  # a source tree on PYTHONPATH (the GPU machine has no pip index)
     __version__ = _source_version()
 
-SCHEMA = 2
+SCHEMA = 3
 """Version of the notebook record envelope kvlab writes."""

@@ -17,6 +17,7 @@ from kvlab.records.models import (
     LAB_PD,
     LoadRecord,
     NotRunRecord,
+    ReuseRecord,
     StartupRecord,
     Unreadable,
     json_schemas,
@@ -84,6 +85,17 @@ def test_a_schema_1_line_is_upgraded_before_it_is_validated() -> None:
     typed = parse(old)
     assert isinstance(typed, LoadRecord) and typed.memory_fraction == 0.85
     assert typed.schema_version == 1  # what was written stays said
+
+
+def test_a_schema_2_reuse_row_gets_its_first_answer_token() -> None:
+    old = {"record": "reuse", "label": "l", "lab": "x", "schema": 2, "rows": [
+        {"turn": 1, "endpoint": "u", "ttft_s": 0.25},
+        {"turn": 2, "endpoint": "u", "ttft_s": 0.5, "ttft_from": "first chunk (no content)"}]}
+    typed = parse(old)
+    assert isinstance(typed, ReuseRecord)
+    content, fallback = typed.rows
+    assert (content.ttft_s, content.ttft_answer_s) == (0.25, 0.25)
+    assert (fallback.ttft_s, fallback.ttft_answer_s) == (0.5, None)  # it had no answer token
 
 
 def test_every_committed_notebook_line_is_declared_field_by_field() -> None:

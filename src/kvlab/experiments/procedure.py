@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from kvlab.core.errors import SettingError
+from kvlab.observe.sse import chunk, data_of
 from kvlab.records.runs import CancelEvidence, CancelSpecLine, Check, StreamCut
 
 ATTEMPTS = 3
@@ -169,22 +170,16 @@ def verdict(checks: list[Check]) -> tuple[Literal["pass", "fail"], list[str]]:
 
 
 def take_line(line: str, cut: StreamCut, started: float) -> None:
-    """Count one SSE line: a token chunk, the end of the answer, or an error event."""
-    payload = line.removeprefix("data:").strip() if line.startswith("data:") else ""
-    if payload == "[DONE]":
-        cut.finished = True
-    try:
-        chunk = json.loads(payload) if payload.startswith("{") else {}
-    except ValueError:
+    """Count one SSE line: a token chunk (`observe/sse.py`'s definition), the end of the
+    answer, or an error event."""
+    payload = data_of(line)
+    if payload is None:
         return
-    if chunk.get("error"):
-        cut.error = f"error event: {json.dumps(chunk['error'])[:300]}"
-    for choice in chunk.get("choices") or []:
-        delta = choice.get("delta") or {}
-        if "role" not in delta and any(delta.get(k) is not None
-                                       for k in ("content", "reasoning_content", "reasoning")):
-            cut.tokens += 1
-            if cut.first_token_s is None:
-                cut.first_token_s = round(time.perf_counter() - started, 4)
-        if choice.get("finish_reason"):
-            cut.finished = True
+    got = chunk(payload)
+    if got.error is not None:
+        cut.error = f"error event: {json.dumps(got.error)[:300]}"
+    if got.answered or got.reasoned:
+        cut.tokens += 1
+        if cut.first_token_s is None:
+            cut.first_token_s = round(time.perf_counter() - started, 4)
+    cut.finished = cut.finished or got.done or got.finished

@@ -7,16 +7,21 @@ level ends, `decode_events` turns the raw events into token stamps and the serve
 counts. A failure or a cancellation is kept as data on the record, never dropped.
 
 This module computes no statistic (see `stats`) and knows no engine: it reads the OpenAI
-streaming shapes (`choices[].text`, `choices[].delta.content`, `usage`) plus the per-response
-cache fields both engines use (`usage.prompt_tokens_details.cached_tokens`, and llama-server's
-`timings.cache_n`), and kvlab's proxy's word on which leg failed (`error.leg`, in its error
-body before the stream starts and in its SSE `event: error` after).
+streaming shapes, with `observe/sse.py`'s definition of a token (answer and reasoning apart),
+`usage`, the per-response cache fields both engines use
+(`usage.prompt_tokens_details.cached_tokens`, and llama-server's `timings.cache_n`), the id
+the server gave the answer, and kvlab's proxy's own words: which leg failed (`error.leg`, in
+its error body before the stream starts and in its SSE `event: error` after) and, when asked,
+the request's timeline through it (an SSE comment after the answer).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+
+from kvlab.core.jsondata import JsonObject
+from kvlab.observe.sse import carries, timeline_of
 
 
 @dataclass(slots=True)
@@ -42,6 +47,11 @@ class RequestRecord:
     done_marker: bool = False  # the stream ended with `data: [DONE]`
     first_payload: bytes = b""  # the first output-carrying event's JSON, for server stamps
     failed_leg: str | None = None  # through kvlab's proxy: "prefill" or "decode"
+    request_id: str = ""  # the X-Request-Id sent (`client.request_id_of`)
+    answer_ns: int = 0  # arrival of the first answer token (`delta.content`, `text`)
+    reasoning_ns: int = 0  # arrival of the first reasoning token
+    response_id: str | None = None  # the `id` the server gave its answer
+    timeline: JsonObject | None = None  # kvlab's proxy's, for this request
 
     @property
     def ok(self) -> bool:
@@ -59,14 +69,6 @@ class RequestRecord:
         if self.completion_tokens is not None:
             return self.completion_tokens
         return self.chunks
-
-
-def _has_output(choice: dict[str, object]) -> bool:
-    if choice.get("text"):
-        return True
-    delta = choice.get("delta")
-    return isinstance(delta, dict) and bool(
-        delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"))
 
 
 def _take_usage(record: RequestRecord, obj: dict[str, object]) -> None:
@@ -96,7 +98,7 @@ def leg_of(error: object) -> str | None:
 def _error_body_leg(detail: str) -> str | None:
     try:
         body = json.loads(detail)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return leg_of(body.get("error")) if isinstance(body, dict) else None
 
@@ -115,13 +117,35 @@ def reply_text(record: RequestRecord) -> str:
                 continue
             try:
                 obj = json.loads(payload)
-            except ValueError:
+            except (ValueError, RecursionError):  # a hostile server nests past the parser
                 continue
             for choice in (obj.get("choices") or []) if isinstance(obj, dict) else []:
                 if isinstance(choice, dict):
                     delta = choice.get("delta") or {}
                     parts.append(str(choice.get("text") or delta.get("content") or ""))
     return "".join(parts)
+
+
+def _take_tokens(record: RequestRecord, obj: dict[str, object], stamp: int,
+                 payload: bytes) -> None:
+    """Stamp an event that carries a token (answer or reasoning, `observe/sse.py`)."""
+    choices = obj.get("choices")
+    answer = reasoning = False
+    for choice in choices if isinstance(choices, list) else ():
+        a, r = carries(choice)
+        answer, reasoning = answer or a, reasoning or r
+    if not (answer or reasoning):
+        return
+    if not record.token_ns:
+        record.first_payload = payload
+        rid = obj.get("id")
+        record.response_id = rid[:200] if isinstance(rid, str) else None
+    record.token_ns.append(stamp)
+    record.chunks += 1
+    if answer and not record.answer_ns:
+        record.answer_ns = stamp
+    if reasoning and not record.reasoning_ns:
+        record.reasoning_ns = stamp
 
 
 def decode_events(record: RequestRecord) -> None:
@@ -136,13 +160,15 @@ def decode_events(record: RequestRecord) -> None:
         record.events = []
         return
     for stamp, event in record.events:
+        if event.startswith(b":"):  # a comment: the proxy's timeline, or a keep-alive
+            record.timeline = timeline_of(event) or record.timeline
         for payload in _payloads(event):
             if payload == b"[DONE]":
                 record.done_marker = True
                 continue
             try:
                 obj = json.loads(payload)
-            except ValueError:
+            except (ValueError, RecursionError):  # a hostile server nests past the parser
                 record.error = record.error or "malformed event"
                 shown = payload[:200].decode("utf-8", "replace")
                 record.error_detail = record.error_detail or shown
@@ -154,12 +180,7 @@ def decode_events(record: RequestRecord) -> None:
                 record.error_detail = json.dumps(obj["error"])[:300]
                 record.failed_leg = record.failed_leg or leg_of(obj["error"])
                 continue
-            choices = obj.get("choices") or []
-            if any(isinstance(c, dict) and _has_output(c) for c in choices):
-                if not record.token_ns:
-                    record.first_payload = payload
-                record.token_ns.append(stamp)
-                record.chunks += 1
+            _take_tokens(record, obj, stamp, payload)
             _take_usage(record, obj)
     record.events = []
     if record.error is None and not record.cancelled and not record.token_ns:

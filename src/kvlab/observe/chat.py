@@ -1,10 +1,12 @@
 """One streamed chat request, timed, with the server's own reuse evidence.
 
-TTFT is measured from just before the request is sent to the first streamed chunk carrying
-content (the seed's definition), with `time.perf_counter`. When the first token ends the
-answer (random weights sometimes emit end-of-text at once) there is no content: TTFT then
-falls back to the first chunk that carries a choice, flagged in `ttft_from`. The last
-chunk's `usage` (`stream_options.include_usage`) gives prompt, completion and cached tokens
+TTFT is timed with `time.perf_counter` from just before the request is sent, as
+`observe/sse.py` defines it once for kvlab: to the first chunk carrying a token, answer or
+reasoning; the first answer token and the first reasoning token are kept apart
+(`ttft_answer_s`, `ttft_reasoning_s`). When the first token ends the answer (random weights
+sometimes emit end-of-text at once) there is no token: TTFT then falls back to the first
+chunk that carries a choice, flagged in `ttft_from`. The last chunk's `usage`
+(`stream_options.include_usage`) gives prompt, completion and cached tokens
 (`prompt_tokens_details.cached_tokens`, which vLLM fills only with
 `--enable-prompt-tokens-details`); llama-server adds `timings` (`cache_n` reused, `prompt_n`
 computed). This module is for measuring single requests precisely, not for load: the load
@@ -20,7 +22,8 @@ from dataclasses import dataclass, field
 import httpx
 
 from kvlab.core.errors import EngineError, UnreachableError
-from kvlab.core.jsondata import JsonObject, dig, integer, items, number, obj
+from kvlab.core.jsondata import JsonObject, dig, items, number
+from kvlab.observe.sse import Stream, data_of
 from kvlab.records.runs import ChatTiming
 
 
@@ -49,7 +52,9 @@ class ChatResult:
     timings: dict[str, float] | None = None  # llama-server's own, its numbers only
     first_logprobs: list[tuple[str, float]] = field(default_factory=list)
     first_choice_s: float | None = None
-    ttft_from: str = "first content"
+    ttft_from: str = "first token"
+    ttft_answer_s: float | None = None
+    ttft_reasoning_s: float | None = None
 
     @property
     def reused_tokens(self) -> int | None:
@@ -60,13 +65,18 @@ class ChatResult:
 
     def timing(self) -> ChatTiming:
         """The answer as a notebook row states it (seconds rounded to 0.1 ms)."""
-        return ChatTiming(endpoint=self.endpoint,
-                          ttft_s=round(self.ttft_s, 4) if self.ttft_s is not None else None,
+        return ChatTiming(endpoint=self.endpoint, ttft_s=_rounded(self.ttft_s),
                           total_s=round(self.total_s, 4), chunks=self.chunks,
                           prompt_tokens=self.prompt_tokens,
                           completion_tokens=self.completion_tokens,
                           cached_tokens=self.cached_tokens, timings=self.timings,
-                          ttft_from=None if self.ttft_from == "first content" else self.ttft_from)
+                          ttft_from=None if self.ttft_from == "first token" else self.ttft_from,
+                          ttft_answer_s=_rounded(self.ttft_answer_s),
+                          ttft_reasoning_s=_rounded(self.ttft_reasoning_s))
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return round(seconds, 4) if seconds is not None else None
 
 
 def chat_body(model: str, messages: list[dict[str, str]], max_tokens: int,
@@ -84,8 +94,7 @@ async def stream_chat(client: httpx.AsyncClient, url: str, body: JsonObject,
     endpoint = api_base(url)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     started = time.perf_counter()
-    result = ChatResult(endpoint=endpoint, ttft_s=None, total_s=0.0, chunks=0, text="")
-    pieces: list[str] = []
+    stream = Stream(started)
     try:
         async with client.stream("POST", endpoint + "/chat/completions", json=body,
                                  headers=headers) as response:
@@ -93,15 +102,27 @@ async def stream_chat(client: httpx.AsyncClient, url: str, body: JsonObject,
                 detail = error_message((await response.aread()).decode("utf-8", "replace"))
                 raise EngineError(f"{endpoint} answered HTTP {response.status_code}: {detail}")
             async for line in response.aiter_lines():
-                _absorb(line, result, pieces, started)
+                if (payload := data_of(line)) is not None:
+                    stream.take(payload, time.perf_counter())
     except httpx.TimeoutException:
         raise UnreachableError(f"{endpoint} did not answer within the timeout") from None
     except httpx.HTTPError as exc:
         raise UnreachableError(f"{endpoint} did not answer: {exc}") from None
-    result.total_s = time.perf_counter() - started
-    result.text = "".join(pieces)
+    return result_of(endpoint, stream, time.perf_counter() - started)
+
+
+def result_of(endpoint: str, stream: Stream, total_s: float) -> ChatResult:
+    """What a read stream showed, as a ChatResult."""
+    result = ChatResult(endpoint=endpoint, ttft_s=stream.ttft_s, total_s=total_s,
+                        chunks=stream.chunks, text="".join(stream.text),
+                        prompt_tokens=stream.prompt_tokens,
+                        completion_tokens=stream.completion_tokens,
+                        cached_tokens=stream.cached_tokens, timings=stream.timings,
+                        first_logprobs=list(top_logprobs(stream.first_position)),
+                        first_choice_s=stream.first_choice_s,
+                        ttft_answer_s=stream.answer_s, ttft_reasoning_s=stream.reasoning_s)
     if result.ttft_s is None and result.first_choice_s is not None:
-        result.ttft_s, result.ttft_from = result.first_choice_s, "first chunk (no content)"
+        result.ttft_s, result.ttft_from = result.first_choice_s, "first chunk (no token)"
     return result
 
 
@@ -119,42 +140,6 @@ def error_message(body: str, limit: int = 400) -> str:
         text = str(found or doc.get("detail") or body)
     text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " ..."
-
-
-def _absorb(line: str, result: ChatResult, pieces: list[str], started: float) -> None:
-    if not line.startswith("data:"):
-        return
-    payload = line[5:].strip()
-    if payload == "[DONE]":
-        return
-    try:
-        chunk = obj(json.loads(payload))
-    except json.JSONDecodeError:
-        return
-    if usage := obj(chunk.get("usage")):
-        result.prompt_tokens = integer(usage.get("prompt_tokens"))
-        result.completion_tokens = integer(usage.get("completion_tokens"))
-        cached = integer(dig(usage, "prompt_tokens_details", "cached_tokens"))
-        if cached is not None:
-            result.cached_tokens = cached
-    if timings := obj(chunk.get("timings")):
-        result.timings = {str(k): v for k, v in timings.items()
-                          if isinstance(v, int | float) and not isinstance(v, bool)}
-    for choice in items(chunk.get("choices")):
-        if result.first_choice_s is None:
-            result.first_choice_s = time.perf_counter() - started
-        piece = dig(choice, "delta", "content")
-        if isinstance(piece, str) and piece:
-            if result.ttft_s is None:
-                result.ttft_s = time.perf_counter() - started
-            result.chunks += 1
-            pieces.append(piece)
-        if not result.first_logprobs:
-            result.first_logprobs = _top_logprobs(choice)
-
-
-def _top_logprobs(choice: object) -> list[tuple[str, float]]:
-    return list(top_logprobs(dig(choice, "logprobs", "content", 0)))
 
 
 def top_logprobs(position: object) -> tuple[tuple[str, float], ...]:

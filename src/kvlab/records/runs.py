@@ -143,7 +143,13 @@ class ChatTiming(Strict):
     """One streamed answer as the client timed it and the server counted it."""
 
     endpoint: str | None = None
-    ttft_s: float | None = None
+    ttft_s: float | None = Field(None, description="To the first token, answer or reasoning "
+                                 "(`observe/sse.py` defines it).")
+    ttft_answer_s: float | None = Field(None, description="To the first answer token "
+                                        "(`delta.content`); after the thinking of a model "
+                                        "that reasons.")
+    ttft_reasoning_s: float | None = Field(None, description="To the first reasoning token "
+                                           "(`delta.reasoning[_content]`); None when none came.")
     total_s: float | None = None
     chunks: int | None = None
     prompt_tokens: int | None = None
@@ -152,7 +158,7 @@ class ChatTiming(Strict):
     timings: dict[str, float] | None = Field(None, description="llama-server's own timings "
                                              "of the answer.")
     ttft_from: str | None = Field(None, description="What TTFT was timed to, when not the "
-                                  "first content chunk.")
+                                  "first token.")
 
 
 class ReuseRow(ChatTiming):

@@ -40,7 +40,20 @@ def _from_schema_1(obj: JsonObject) -> JsonObject:
     return obj
 
 
-STEPS = {1: _from_schema_1}
+def _from_schema_2(obj: JsonObject) -> JsonObject:
+    """Schema 2 timed a reuse row's TTFT to its first answer token (`delta.content`) and
+    ignored reasoning; schema 3 times TTFT to the first token of either kind and the first
+    answer token apart (`observe/sse.py`). So an old row's TTFT is its `ttft_answer_s`;
+    its `ttft_s` stays as written (the same figure unless the model reasoned, which schema 2
+    did not record). Load rows always counted reasoning: they need nothing."""
+    rows = obj.get("rows") if obj.get("record") == "reuse" else None
+    for row in rows if isinstance(rows, list) else []:
+        if isinstance(row, dict) and row.get("ttft_from") is None and "ttft_answer_s" not in row:
+            row["ttft_answer_s"] = row.get("ttft_s")
+    return obj
+
+
+STEPS = {1: _from_schema_1, 2: _from_schema_2}
 
 
 def upgraded(obj: JsonObject, declared: frozenset[str]) -> tuple[JsonObject, list[str]]:
