@@ -6,6 +6,13 @@ here every received byte block is stamped with `perf_counter_ns` the moment the 
 hands it over, parsed by httptools (C) and kept raw, with no coroutine and no task per
 request. The response is decoded only after the level ends (`record.decode_events`).
 
+Every request carries its own `X-Request-Id` (`kvlab-` and a random uuid), written into the
+prebuilt bytes, so nothing is added between the clock and the socket; an engine that takes
+the header uses it as its request id (vLLM: `chatcmpl-<id>`, the answer's `id`), and kvlab's
+proxy sends it to both legs and, asked by `X-Kvlab-Timeline: 1`, appends the request's
+timeline through it to the stream as an SSE comment, which `record.decode_events` reads after
+the level (an engine ignores the header; a comment is ignored by every SSE reader).
+
 What it does: POST a prebuilt request, read one response (status, headers, a chunked or
 sized body of server-sent events, or an error body), keep the connection for the next
 request when the server allows it. What it does not: redirects, compression, HTTP/2, proxies
@@ -18,6 +25,7 @@ import asyncio
 import json
 import ssl
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
@@ -29,6 +37,21 @@ from kvlab.core.errors import InputError
 from kvlab.loadgen.record import RequestRecord
 
 _ERROR_BODY_LIMIT = 4096
+REQUEST_ID_HEADER = b"X-Request-Id: "
+
+
+def new_request_id() -> str:
+    """A request id no other request shares (`kvlab-` and 32 hex digits)."""
+    return f"kvlab-{uuid.uuid4().hex}"
+
+
+def request_id_of(payload: bytes) -> str:
+    """The X-Request-Id a prebuilt request carries ("" when none), read after the level."""
+    start = payload.find(REQUEST_ID_HEADER)
+    if start < 0:
+        return ""
+    start += len(REQUEST_ID_HEADER)
+    return payload[start:payload.find(b"\r\n", start)].decode("ascii", "replace")
 
 
 @dataclass(frozen=True)
@@ -57,13 +80,17 @@ class Endpoint:
         default = 443 if self.tls else 80
         return self.host if self.port == default else f"{self.host}:{self.port}"
 
-    def request_bytes(self, path: str, body: dict[str, object], api_key: str = "") -> bytes:
-        """A complete POST with a JSON body, built once before any clock starts."""
+    def request_bytes(self, path: str, body: dict[str, object], api_key: str = "",
+                      request_id: str = "") -> bytes:
+        """A complete POST with a JSON body and its own request id (a new one unless
+        given), built once before any clock starts."""
         data = json.dumps(body, separators=(",", ":")).encode()
         auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
         head = (f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {self.host_header}\r\n"
                 f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
-                f"User-Agent: kvlab-loadgen\r\n{auth}Content-Length: {len(data)}\r\n\r\n")
+                f"User-Agent: kvlab-loadgen\r\n{auth}"
+                f"X-Request-Id: {request_id or new_request_id()}\r\nX-Kvlab-Timeline: 1\r\n"
+                f"Content-Length: {len(data)}\r\n\r\n")
         return head.encode() + data
 
 

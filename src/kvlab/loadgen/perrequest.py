@@ -3,8 +3,9 @@
 Warm-up requests come first, marked `warmup`; every time is in seconds from the level's start
 (its warm-up's start when it had one), so one file has one clock. A line keeps what was
 measured (stamps, the server's usage, cached tokens, the failure and, through kvlab's proxy,
-the failed leg) and what was asked (the prompt's index, conversation and turn, the size asked
-of its sized text). No statistic is computed here beyond one request's own inter-token gaps.
+the failed leg and the proxy's timeline), the request's id and the server's, and what was
+asked (the prompt's index, conversation and turn, the size asked of its sized text). No
+statistic is computed here beyond one request's own inter-token gaps.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def line(record: RequestRecord, prompt: Prompt | None, *, number: int, level: in
         sent_s=_since(record.sent_ns, origin_ns), first_token_s=_since(first, origin_ns),
         end_s=_since(record.end_ns, origin_ns), schedule_lag_s=_rounded(stats.lag_s(record)),
         ttft_s=_rounded(stats.ttft_s(record)) if ok else None,
+        ttft_answer_s=_rounded(stats.ttft_answer_s(record)) if ok else None,
+        ttft_reasoning_s=_rounded(stats.ttft_reasoning_s(record)) if ok else None,
         tpot_s=_rounded(stats.tpot_s(record)) if ok else None,
         itl_s=gaps(record) if ok else None,
         prompt_tokens_requested=prompt.document_tokens if prompt else None,
@@ -64,7 +67,8 @@ def line(record: RequestRecord, prompt: Prompt | None, *, number: int, level: in
         output_tokens=record.output_tokens if ok else record.completion_tokens,
         status=status_of(record), http_status=record.status,
         error=record.error, error_detail=record.error_detail[:DETAIL_CHARS] or None,
-        failed_leg=record.failed_leg,
+        failed_leg=record.failed_leg, request_id=record.request_id or None,
+        response_id=record.response_id, timeline=stats.timeline(record),
     )
 
 

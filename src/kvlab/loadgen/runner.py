@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kvlab.core.errors import UnreachableError
-from kvlab.loadgen.client import Connection, Endpoint, open_connection
+from kvlab.loadgen.client import Connection, Endpoint, open_connection, request_id_of
 from kvlab.loadgen.record import RequestRecord
 
 Progress = Callable[[RequestRecord], None]
@@ -338,6 +338,8 @@ class LevelRun:
         self._idle.clear()
 
     def _result(self) -> LevelResult:
+        for r in self._records:  # read after the level: nothing added while it runs
+            r.request_id = request_id_of(self._payloads[r.index][1])
         ends = [r.end_ns for r in self._records if r.end_ns]
         sent = len(self._records)
         planned = len(self._payloads) if self._until is None else self._until.min_count

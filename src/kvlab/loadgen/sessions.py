@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Literal
 
 from kvlab.core.errors import InputError
-from kvlab.loadgen.client import Connection, Endpoint, open_connection
+from kvlab.loadgen.client import Connection, Endpoint, open_connection, request_id_of
 from kvlab.loadgen.record import RequestRecord, decode_events, reply_text
 from kvlab.loadgen.runner import LevelResult, Progress
 from kvlab.measure.workloads import Prompt
@@ -243,7 +243,7 @@ class SessionRun:
 
     def replace(self, stale: RequestRecord) -> RequestRecord:
         fresh = RequestRecord(index=stale.index, prompt_index=stale.prompt_index,
-                              scheduled_ns=stale.scheduled_ns)
+                              scheduled_ns=stale.scheduled_ns, request_id=stale.request_id)
         self.records[self.records.index(stale)] = fresh
         return fresh
 
@@ -354,7 +354,8 @@ class SessionRun:
             prompt, payload = self.build(conv, turn, history)
             self.prompts[prompt.index] = prompt
             record = RequestRecord(index=len(self.records), prompt_index=prompt.index,
-                                   scheduled_ns=time.perf_counter_ns())
+                                   scheduled_ns=time.perf_counter_ns(),
+                                   request_id=request_id_of(payload))
             self.records.append(record)
             done = await user.send(record, payload)
             reply = reply_text(done)

@@ -1,7 +1,12 @@
 """Statistics over request records: pure functions, successes only, failures counted apart.
 
 Definitions (all stamps are `perf_counter_ns` on the client):
-- TTFT   = first output chunk's arrival - request sent.
+- TTFT   = first output chunk's arrival - request sent, a token of either kind, answer or
+           reasoning (`observe/sse.py` holds the one definition); TTFT answer and TTFT
+           reasoning time the first of each kind apart.
+- TTFT parts (through kvlab's proxy) = the proxy's prefill, hand-over, decode and proxy
+           times for the request (`proxy/app.py`), and rest = TTFT - their sum; each part's
+           mean over the requests that carry them, so the means add up to the mean TTFT.
 - TPOT   = (last output chunk's arrival - first output chunk's arrival) / (output tokens - 1),
            output tokens from the server's `usage`; undefined for a one-token response.
 - ITL    = gaps between consecutive output chunks' arrivals (a chunk may carry several tokens).
@@ -27,10 +32,12 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from kvlab.core.errors import InputError
+from kvlab.core.jsondata import integer
 from kvlab.loadgen.record import RequestRecord
 from kvlab.loadgen.runner import LevelResult
 from kvlab.records.evidence import CachedTokens, Failure, Percentiles
-from kvlab.records.load import Goodput, LevelFigures
+from kvlab.records.load import Goodput, LevelFigures, TtftParts
+from kvlab.records.requests import ProxyTimeline
 
 NS = 1e9
 QUANTILES = (50, 90, 95, 99)
@@ -61,6 +68,48 @@ def summary(values: Sequence[float]) -> Percentiles | None:
 
 def ttft_s(r: RequestRecord) -> float:
     return (r.token_ns[0] - r.sent_ns) / NS
+
+
+def ttft_answer_s(r: RequestRecord) -> float | None:
+    return (r.answer_ns - r.sent_ns) / NS if r.answer_ns else None
+
+
+def ttft_reasoning_s(r: RequestRecord) -> float | None:
+    return (r.reasoning_ns - r.sent_ns) / NS if r.reasoning_ns else None
+
+
+PARTS = ("prefill", "handover", "decode", "proxy")
+
+
+def timeline(r: RequestRecord) -> ProxyTimeline | None:
+    """The proxy's timeline of a successful request, when it sent one naming this request."""
+    got = r.timeline
+    if not r.ok or got is None or got.get("id") != r.request_id:
+        return None
+    ns = [integer(got.get(f"{part}_ns")) for part in PARTS]
+    if any(v is None or v < 0 for v in ns):
+        return None
+    seconds = [round((v or 0) / NS, 6) for v in ns]
+    rest = round(ttft_s(r) - sum(v or 0 for v in ns) / NS, 6)
+    return ProxyTimeline(prefill_s=seconds[0], handover_s=seconds[1], decode_s=seconds[2],
+                         proxy_s=seconds[3], rest_s=rest)
+
+
+def ttft_parts(ok: Sequence[RequestRecord]) -> TtftParts | None:
+    """The mean of each part over the successes with a timeline (None: none had one)."""
+    pairs = [(t, ttft_s(r)) for r in ok if (t := timeline(r)) is not None]
+    if not pairs:
+        return None
+
+    def mean(values: Iterable[float]) -> float:
+        return round(statistics.fmean(values), 6)
+
+    return TtftParts(requests=len(pairs), without=len(ok) - len(pairs),
+                     prefill=mean(t.prefill_s for t, _ in pairs),
+                     handover=mean(t.handover_s for t, _ in pairs),
+                     decode=mean(t.decode_s for t, _ in pairs),
+                     proxy=mean(t.proxy_s for t, _ in pairs),
+                     rest=mean(t.rest_s for t, _ in pairs), ttft_mean=mean(v for _, v in pairs))
 
 
 def tpot_s(r: RequestRecord) -> float | None:
@@ -151,6 +200,9 @@ def level_stats(result: LevelResult, slo: Slo | None = None) -> LevelFigures:
         requests_per_s=round(len(ok) / duration, 4), tokens_from=_tokens_source(ok),
         schedule_lag_s=summary(lags),
         ttft_s=summary([ttft_s(r) for r in ok]),
+        ttft_answer_s=summary([x for x in (ttft_answer_s(r) for r in ok) if x is not None]),
+        reasoning_requests=sum(1 for r in ok if r.reasoning_ns),
+        ttft_parts=ttft_parts(ok),
         tpot_s=summary([x for x in (tpot_s(r) for r in ok) if x is not None]),
         itl_s=summary(_flat(itl_s(r) for r in ok)), e2e_s=summary([e2e_s(r) for r in ok]),
         prompt_tokens_mean=round(sum(prompts) / len(prompts), 1) if prompts else None,

@@ -9,6 +9,25 @@ Timing a client sees: TTFT through the proxy is prefill's whole answer plus deco
 token plus the proxy's own time; the proxy necessarily waits for prefill before decode can
 start, and `kvlab_proxy_added_seconds` is what it adds beyond the two legs.
 
+A client that sends `X-Kvlab-Timeline: 1` (kvlab's load generator does) gets its request's
+timeline after the streamed answer, as one SSE comment, which every SSE reader ignores:
+`: kvlab-timeline {"id": ..., "prefill_ns": ..., "handover_ns": ..., "decode_ns": ...,
+"proxy_ns": ...}`, durations on the proxy's monotonic clock, which add up to the time from
+the request's arrival to decode's first byte written to the client:
+- prefill: prefill's request sent to its whole answer read (its compute; for shared/lmcache
+  also its store write, for NIXL its `kv_transfer_params`);
+- handover: that answer read to decode's request sent: for NIXL the `kv_transfer_params`
+  round trip through the proxy (read from prefill's answer, written into decode's body); for
+  shared/lmcache nothing passes through the proxy, so it is its turn-around alone. The KV
+  itself moves later, inside decode's first token (a NIXL pull, a store read), where the
+  proxy cannot see it apart;
+- decode: decode's request sent to its first body byte;
+- proxy: the proxy's own time besides: the request's arrival to prefill's request sent, and
+  decode's first byte to its write to the client.
+It travels with the answer it describes (no store to outgrow, no endpoint that another of
+PROXY_WORKERS' processes would answer), costs nothing before the first token, and only when
+asked; a length-framed or failed answer carries none.
+
 Errors: before the response starts, a failed leg gives a JSON error naming the leg (503: it
 could not be reached; 504: it timed out; 502: it answered 5xx or broken HTTP; a 4xx from an
 engine is passed on as that 4xx with its message: the engine owns the API, so the proxy
@@ -49,6 +68,9 @@ _RID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 _STATUS_BY_KIND = {"unavailable": 503, "timeout": 504}
 _TYPE_BY_STATUS = {502: "bad_gateway", 503: "upstream_unavailable", 504: "upstream_timeout"}
 MISSING_PARAMS_HEADER = b"x-kvlab-kv-transfer: missing\r\n"
+TIMELINE_HEADER = b"x-kvlab-timeline"  # its value 1: append the timeline to the stream
+TIMELINE = (b': kvlab-timeline {"id":"%s","prefill_ns":%d,"handover_ns":%d,"decode_ns":%d,'
+            b'"proxy_ns":%d}\n\n')
 now_ns = time.perf_counter_ns
 GC_GEN0_THRESHOLD = 50_000
 SHOWN_BYTES = 100  # of a path or an engine's message, in an error body
@@ -248,9 +270,9 @@ class ProxyApp:
         stage = "prefill"
         try:
             body = parse_body(req.body)
-            reply, leg, prefill_ns = await self._prefill(req, body, rid)
+            reply, leg, prefill = await self._prefill(req, body, rid)
             stage = "decode"
-            await self._decode(conn, req, body, rid, reply, leg, prefill_ns)
+            await self._decode(conn, req, body, rid, reply, leg, prefill)
         except Failed as failure:
             self.metrics.outcome(failure.outcome, failure.leg)
             conn.respond(failure.status, failure.body, extra=b"x-request-id: %s\r\n" % rid)
@@ -264,7 +286,8 @@ class ProxyApp:
         return request_head(b"POST", path, leg.origin.host_header, len(data), extra) + data
 
     async def _prefill(self, req: Request, body: dict[str, object],
-                       rid: bytes) -> tuple[dict[str, object] | None, Leg, int]:
+                       rid: bytes) -> tuple[dict[str, object] | None, Leg, tuple[int, int]]:
+        """Prefill's answer (parsed where decode needs it), its leg, and (sent, took) ns."""
         connector = self.config.connector
         data = encode(pd.prefill_body(body, connector, rid.decode()))
         leg = self.prefill.pick()
@@ -282,16 +305,16 @@ class ProxyApp:
         if ex.status != 200:
             raise self._leg_refused("prefill", leg, ex.status, ex.body())
         if not pd.prefill_reply_needed(connector):
-            return None, leg, took
+            return None, leg, (started, took)
         reply = pd.parse_reply(ex.body())
         if reply is None:
             raise Failed(502, f"the prefill leg ({leg.url}) answered 200 with a body that is "
                               "not a JSON object", "bad_gateway", "upstream_error", "prefill")
-        return reply, leg, took
+        return reply, leg, (started, took)
 
     async def _decode(self, conn: ClientConnection, req: Request, body: dict[str, object],
                       rid: bytes, reply: dict[str, object] | None, prefill_leg: Leg,
-                      prefill_ns: int) -> None:
+                      prefill: tuple[int, int]) -> None:
         plan = pd.decode_plan(body, self.config.connector, rid.decode(), reply,
                               prefill_leg.peer)
         if plan.params_missing:
@@ -304,7 +327,8 @@ class ProxyApp:
                                            timeout_s=self.config.decode_timeout_s, stream=True)
             try:
                 await self._relay(conn, ex, leg, rid, plan.params_missing,
-                                  sent - req.arrived_ns - prefill_ns, sent)
+                                  (req.arrived_ns, *prefill, sent),
+                                  req.headers.get(TIMELINE_HEADER) == b"1")
             except BaseException:
                 ex.abort()
                 raise
@@ -314,8 +338,11 @@ class ProxyApp:
             self.decode.done(leg)
 
     async def _relay(self, conn: ClientConnection, ex: Exchange, leg: Leg, rid: bytes,
-                     params_missing: bool, own_ns: int, sent: int) -> None:
-        """Pass decode's answer through: status checked, head rewritten, body untouched."""
+                     params_missing: bool, stamps: tuple[int, int, int, int],
+                     timeline: bool) -> None:
+        """Pass decode's answer through: status checked, head rewritten, body untouched
+        (the timeline comment after it, when asked). `stamps`: the request's arrival,
+        prefill's request sent, prefill's time, decode's request sent."""
         if ex.status != 200:
             await ex.done
             raise self._leg_refused("decode", leg, ex.status, ex.body())
@@ -328,8 +355,12 @@ class ProxyApp:
         conn.start(200, ctype, extra, int(length) if length and length.isdigit() else None)
         conn.relay(ex)
         metrics = self.metrics
+        arrived, prefill_sent, prefill_ns, sent = stamps
+        own_ns = sent - arrived - prefill_ns  # the proxy's own time before decode's request
+        out = 0
 
         def first(piece: bytes) -> None:
+            nonlocal out
             conn.write(piece)
             ex.sink = conn.write  # every later piece goes straight through
             out = now_ns()
@@ -349,7 +380,12 @@ class ProxyApp:
             else:
                 conn.abort()  # a length-framed body cannot carry an error: cut it visibly
             return
-        conn.end()
+        last = b""
+        if timeline and sse and out and conn.can_append:
+            handover = sent - prefill_sent - prefill_ns
+            last = TIMELINE % (rid, prefill_ns, handover, ex.first_body_ns - sent,
+                               own_ns - handover + out - ex.first_body_ns)
+        conn.end(last)
         metrics.outcome("ok")
 
     def _leg_failed(self, name: str, leg: Leg, err: UpstreamError) -> Failed:

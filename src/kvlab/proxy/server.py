@@ -345,9 +345,13 @@ class ClientConnection(asyncio.Protocol):
         else:
             tr.write(data)
 
-    def end(self) -> None:
+    def end(self, last: bytes = b"") -> None:
+        """End the body, `last` its final piece (one write with the chunked terminator)."""
         if self.framing == "chunked":
-            self._write(b"0\r\n\r\n")
+            self._write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(last), last) if last
+                        else b"0\r\n\r\n")
+        elif last:
+            self._write(last)
         self.finish()
 
     def finish(self) -> None:

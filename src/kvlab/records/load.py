@@ -216,6 +216,21 @@ class RunContext(Where, KvType):
                                              "its effective arguments).")
 
 
+class TtftParts(Strict):
+    """A split's TTFT taken apart (means over the successes that carry kvlab's proxy's
+    timeline, seconds; `records.requests.ProxyTimeline` defines each part): the parts' means
+    add up to `ttft_mean`, the same requests' mean TTFT."""
+
+    requests: int = Field(description="Successes with a timeline.")
+    without: int = Field(0, description="Successes without one.")
+    prefill: float
+    handover: float
+    decode: float
+    proxy: float
+    rest: float = Field(description="Between the client and the proxy.")
+    ttft_mean: float
+
+
 class LevelFigures(Strict):
     """A level's statistics (`loadgen/stats.py` defines each): timings over successes only,
     failures and cancellations counted apart."""
@@ -233,6 +248,12 @@ class LevelFigures(Strict):
                                     "counted chunks, or mixed.")
     schedule_lag_s: Percentiles | None = None
     ttft_s: Percentiles | None = None  # absent when no request of the level succeeded
+    ttft_answer_s: Percentiles | None = Field(None, description="To the first answer token, "
+                                              "over the successes that gave one.")
+    reasoning_requests: int | None = Field(None, description="Successes that reasoned first "
+                                           "(their TTFT is a reasoning token's).")
+    ttft_parts: TtftParts | None = Field(None, description="Through kvlab's proxy: TTFT "
+                                         "split into prefill, hand-over, decode, proxy.")
     tpot_s: Percentiles | None = None
     itl_s: Percentiles | None = None
     e2e_s: Percentiles | None = None

@@ -36,6 +36,21 @@ class Gaps(Strict):
     max: float | None = None
 
 
+class ProxyTimeline(Strict):
+    """One request through kvlab's proxy, as the proxy timed it (`proxy/app.py` defines the
+    parts, each on the proxy's clock), beside the client's TTFT: the parts and `rest_s` add
+    up to the request's `ttft_s`."""
+
+    prefill_s: float = Field(description="Prefill's request sent to its whole answer read.")
+    handover_s: float = Field(description="Prefill's answer read to decode's request sent "
+                              "(NIXL: the kv_transfer_params round trip through the proxy).")
+    decode_s: float = Field(description="Decode's request sent to its first byte (for NIXL "
+                            "and the stores, the KV's arrival is inside it).")
+    proxy_s: float = Field(description="The proxy's own time besides the hand-over.")
+    rest_s: float = Field(description="The client's TTFT minus the four: the way between "
+                          "client and proxy, and the first answer byte to the first token.")
+
+
 class RequestLine(Strict):
     """One request of a load level, as measured."""
 
@@ -54,7 +69,12 @@ class RequestLine(Strict):
     end_s: float | None = None
     schedule_lag_s: float | None = Field(None, description="Sent minus when the schedule "
                                          "released it: the client's own delay.")
-    ttft_s: float | None = None
+    ttft_s: float | None = Field(None, description="To the first token, answer or reasoning "
+                                 "(`observe/sse.py` defines it).")
+    ttft_answer_s: float | None = Field(None, description="To the first answer token "
+                                        "(`delta.content`, `text`).")
+    ttft_reasoning_s: float | None = Field(None, description="To the first reasoning token "
+                                           "(`delta.reasoning[_content]`); None when none came.")
     tpot_s: float | None = None
     itl_s: Gaps | None = None
     prompt_tokens_requested: int | None = Field(
@@ -71,6 +91,11 @@ class RequestLine(Strict):
     error_detail: str | None = Field(None, description="The first 200 characters the "
                                      "server or the client said about the failure.")
     failed_leg: str | None = Field(None, description="prefill or decode, through the proxy.")
+    request_id: str | None = Field(None, description="The X-Request-Id the client sent.")
+    response_id: str | None = Field(None, description="The id the server gave its answer "
+                                    "(vLLM's is `chatcmpl-` and the request id).")
+    timeline: ProxyTimeline | None = Field(None, description="Through kvlab's proxy: its "
+                                           "timeline of this request.")
 
 
 def file_name(label: str, concurrency: int, repeat: int | None = None,
