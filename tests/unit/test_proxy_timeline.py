@@ -114,11 +114,30 @@ async def test_the_per_request_file_joins_the_proxys_timeline(tmp_path: Path) ->
     for x in lines:
         assert x.status == "ok" and x.timeline is not None and x.ttft_s is not None
         t = x.timeline
-        total = t.prefill_s + t.handover_s + t.decode_s + t.proxy_s + t.rest_s
+        total = t.prefill_s + t.handover_s + t.decode_s + t.proxy_s + t.to_token_s + t.wire_s
         assert abs(total - x.ttft_s) <= 5e-6  # rounding of six parts to the microsecond
-        assert t.rest_s >= -5e-6  # the proxy's window lies inside the client's
+        assert t.wire_s >= -5e-6  # the proxy's window lies inside the client's
+        assert t.to_token_s >= 0  # completions: the first event is the first token
         assert t.prefill_s >= PREFILL_DELAY_S and t.decode_s >= DECODE_DELAY_S
     parts = row.ttft_parts
     assert parts is not None and parts.requests == 4 and parts.without == 0
-    assert abs(parts.prefill + parts.handover + parts.decode + parts.proxy + parts.rest
+    assert abs(parts.prefill + parts.handover + parts.decode + parts.proxy + parts.wire
                - parts.ttft_mean) <= 5e-6
+
+
+def test_a_timeline_naming_another_request_or_odd_figures_is_not_joined() -> None:
+    from kvlab.loadgen import stats
+    from kvlab.loadgen.record import RequestRecord
+
+    def record(timeline: dict[str, object]) -> RequestRecord:
+        return RequestRecord(index=0, prompt_index=0, sent_ns=0, status=200,
+                             request_id="kvlab-1", token_ns=[900_000], first_event_ns=800_000,
+                             timeline=timeline)
+
+    good = {"id": "kvlab-1", "prefill_ns": 300_000, "handover_ns": 10_000,
+            "decode_ns": 200_000, "proxy_ns": 40_000}
+    t = stats.timeline(record(good))
+    assert t is not None and (t.to_token_s, t.wire_s) == (1e-4, 2.5e-4)
+    for bad in ({**good, "id": "kvlab-2"}, {**good, "decode_ns": -1},
+                {**good, "proxy_ns": "40"}, {k: v for k, v in good.items() if k != "id"}):
+        assert stats.timeline(record(bad)) is None, bad

@@ -103,7 +103,7 @@ def test_a_run_with_no_topology_is_never_two_machines(tmp_path: Path) -> None:
     assert table["Two machines, shared-directory connector"][2].startswith("not measured")
     unknown = table["Split `disagg`, topology unknown (not recorded)"]
     assert unknown[2] == "0.300 / 0.300 (c=1/4)"
-    assert "topology unknown (not recorded)" in unknown[8]
+    assert "topology unknown (not recorded)" in unknown[9]
 
 
 def test_rows_go_where_their_connector_and_topology_say(tmp_path: Path) -> None:
@@ -125,7 +125,7 @@ def test_rows_go_where_their_connector_and_topology_say(tmp_path: Path) -> None:
     assert table["Two machines, NixlConnector"][2] == "not run here: needs RDMA"
     assert table["Two processes on one device"][2].startswith("0.200")
     mooncake = table["Split `disagg`: two machines, mooncake connector"]
-    assert mooncake[2].startswith("0.500") and "prefill a, decode b" in mooncake[8]
+    assert mooncake[2].startswith("0.500") and "prefill a, decode b" in mooncake[9]
 
 
 def test_the_side_channel_diagnosis_in_words() -> None:

@@ -48,6 +48,7 @@ class RequestRecord:
     first_payload: bytes = b""  # the first output-carrying event's JSON, for server stamps
     failed_leg: str | None = None  # through kvlab's proxy: "prefill" or "decode"
     request_id: str = ""  # the X-Request-Id sent (`client.request_id_of`)
+    first_event_ns: int = 0  # arrival of the answer's first event, token or not
     answer_ns: int = 0  # arrival of the first answer token (`delta.content`, `text`)
     reasoning_ns: int = 0  # arrival of the first reasoning token
     response_id: str | None = None  # the `id` the server gave its answer
@@ -159,6 +160,7 @@ def decode_events(record: RequestRecord) -> None:
             record.failed_leg = _error_body_leg(record.error_detail)
         record.events = []
         return
+    record.first_event_ns = record.events[0][0]
     for stamp, event in record.events:
         if event.startswith(b":"):  # a comment: the proxy's timeline, or a keep-alive
             record.timeline = timeline_of(event) or record.timeline

@@ -5,8 +5,11 @@ Definitions (all stamps are `perf_counter_ns` on the client):
            reasoning (`observe/sse.py` holds the one definition); TTFT answer and TTFT
            reasoning time the first of each kind apart.
 - TTFT parts (through kvlab's proxy) = the proxy's prefill, hand-over, decode and proxy
-           times for the request (`proxy/app.py`), and rest = TTFT - their sum; each part's
-           mean over the requests that carry them, so the means add up to the mean TTFT.
+           times for the request (`proxy/app.py`); to token = the first token's arrival - the
+           answer's first event's (counted with decode); wire = TTFT - all of them. Each
+           part's mean over the requests that carry them, so the means add up to the mean
+           TTFT. Each part is a duration on one clock (the proxy's or the client's), so no
+           clock offset between them enters; wire >= 0 always holds.
 - TPOT   = (last output chunk's arrival - first output chunk's arrival) / (output tokens - 1),
            output tokens from the server's `usage`; undefined for a one-token response.
 - ITL    = gaps between consecutive output chunks' arrivals (a chunk may carry several tokens).
@@ -82,17 +85,21 @@ PARTS = ("prefill", "handover", "decode", "proxy")
 
 
 def timeline(r: RequestRecord) -> ProxyTimeline | None:
-    """The proxy's timeline of a successful request, when it sent one naming this request."""
+    """The proxy's timeline of a successful request, when it sent one naming this request;
+    the client adds the wait from the answer's first event to its first token, and the rest
+    of its TTFT is the wire."""
     got = r.timeline
-    if not r.ok or got is None or got.get("id") != r.request_id:
+    if not r.ok or got is None or got.get("id") != r.request_id or not r.first_event_ns:
         return None
     ns = [integer(got.get(f"{part}_ns")) for part in PARTS]
     if any(v is None or v < 0 for v in ns):
         return None
-    seconds = [round((v or 0) / NS, 6) for v in ns]
-    rest = round(ttft_s(r) - sum(v or 0 for v in ns) / NS, 6)
-    return ProxyTimeline(prefill_s=seconds[0], handover_s=seconds[1], decode_s=seconds[2],
-                         proxy_s=seconds[3], rest_s=rest)
+    prefill, handover, decode, proxy = (v or 0 for v in ns)
+    to_token = r.token_ns[0] - r.first_event_ns
+    wire = r.token_ns[0] - r.sent_ns - to_token - prefill - handover - decode - proxy
+    s = [round(v / NS, 6) for v in (prefill, handover, decode, proxy, to_token, wire)]
+    return ProxyTimeline(prefill_s=s[0], handover_s=s[1], decode_s=s[2], proxy_s=s[3],
+                         to_token_s=s[4], wire_s=s[5])
 
 
 def ttft_parts(ok: Sequence[RequestRecord]) -> TtftParts | None:
@@ -107,9 +114,9 @@ def ttft_parts(ok: Sequence[RequestRecord]) -> TtftParts | None:
     return TtftParts(requests=len(pairs), without=len(ok) - len(pairs),
                      prefill=mean(t.prefill_s for t, _ in pairs),
                      handover=mean(t.handover_s for t, _ in pairs),
-                     decode=mean(t.decode_s for t, _ in pairs),
+                     decode=mean(t.decode_s + t.to_token_s for t, _ in pairs),
                      proxy=mean(t.proxy_s for t, _ in pairs),
-                     rest=mean(t.rest_s for t, _ in pairs), ttft_mean=mean(v for _, v in pairs))
+                     wire=mean(t.wire_s for t, _ in pairs), ttft_mean=mean(v for _, v in pairs))
 
 
 def tpot_s(r: RequestRecord) -> float | None:

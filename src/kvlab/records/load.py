@@ -225,9 +225,10 @@ class TtftParts(Strict):
     without: int = Field(0, description="Successes without one.")
     prefill: float
     handover: float
-    decode: float
+    decode: float = Field(description="To decode's first token: the proxy's decode part and "
+                          "the client's wait from the answer's first event to its first token.")
     proxy: float
-    rest: float = Field(description="Between the client and the proxy.")
+    wire: float = Field(description="Between the client and the proxy.")
     ttft_mean: float
 
 

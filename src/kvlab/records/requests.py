@@ -37,9 +37,9 @@ class Gaps(Strict):
 
 
 class ProxyTimeline(Strict):
-    """One request through kvlab's proxy, as the proxy timed it (`proxy/app.py` defines the
-    parts, each on the proxy's clock), beside the client's TTFT: the parts and `rest_s` add
-    up to the request's `ttft_s`."""
+    """One request through kvlab's proxy: the proxy's parts (`proxy/app.py` defines them,
+    each timed on the proxy's clock) and two the client times, which together add up to the
+    request's `ttft_s`."""
 
     prefill_s: float = Field(description="Prefill's request sent to its whole answer read.")
     handover_s: float = Field(description="Prefill's answer read to decode's request sent "
@@ -47,8 +47,11 @@ class ProxyTimeline(Strict):
     decode_s: float = Field(description="Decode's request sent to its first byte (for NIXL "
                             "and the stores, the KV's arrival is inside it).")
     proxy_s: float = Field(description="The proxy's own time besides the hand-over.")
-    rest_s: float = Field(description="The client's TTFT minus the four: the way between "
-                          "client and proxy, and the first answer byte to the first token.")
+    to_token_s: float = Field(description="The answer's first event to its first token, on "
+                              "the client: bytes decode sent before a token (vLLM's role "
+                              "chunk, a token still being detokenised).")
+    wire_s: float = Field(description="The rest: the way between client and proxy, both "
+                          "ways, and the client's wake-up.")
 
 
 class RequestLine(Strict):

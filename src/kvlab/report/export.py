@@ -6,7 +6,8 @@ ratios with their 95% intervals (`intervals.csv`: every pair the plots draw, and
 run against the baseline). Then one file per run with per-request data,
 `requests-LABEL-cLEVEL[-rREPEAT].csv`: `label`, `level` and `repeat` columns, then every field
 of the request lines, warm-up and failed requests included (their `warmup` and `status` say
-so), inter-token gaps flattened to `itl_n`, `itl_p50_s`, `itl_p99_s`, `itl_max_s`; like the
+so), inter-token gaps flattened to `itl_n`, `itl_p50_s`, `itl_p99_s`, `itl_max_s` and kvlab's
+proxy's timeline to `timeline_prefill_s`, `timeline_handover_s` and so on; like the
 per-request files they come from, these are created 0600. A file whose sha256 differs from its
 row's is refused. Nothing is computed here that the report does
 not show; the newest run of a label, level and repeat wins, as in the tables.
@@ -33,6 +34,7 @@ from kvlab.report.plots import LOAD_PAIRS
 INTERVAL_COLUMNS = ["label_a", "label_b", "concurrency", "metric", "ratio", "low", "high",
                     "words", "requests_a", "requests_b", "repeats_a", "repeats_b"]
 ITL_COLUMNS = {"n": "itl_n", "p50": "itl_p50_s", "p99": "itl_p99_s", "max": "itl_max_s"}
+TIMELINE_COLUMNS = {k: f"timeline_{k}" for k in requests.ProxyTimeline.model_fields}
 Cell = str | int | float | bool | None  # one CSV cell: None is written empty
 
 
@@ -41,6 +43,8 @@ def _request_columns() -> list[str]:
     for name in requests.RequestLine.model_fields:
         if name == "itl_s":
             out += ITL_COLUMNS.values()
+        elif name == "timeline":
+            out += TIMELINE_COLUMNS.values()
         elif name not in ("level", "repeat"):
             out.append(name)
     return out
@@ -118,12 +122,15 @@ def _request_row(label: str, level: int, repeat: int | None,
     """One request's cells, in `REQUEST_COLUMNS`' order (its inter-token gaps flattened)."""
     data: dict[str, Cell] = {}
     for name, value in line:  # the line's fields, by name (a line's own extras after them)
-        if name != "itl_s":
+        if name not in ("itl_s", "timeline"):
             data[name] = _cell(value)
     gaps = line.itl_s
     data.update({"itl_n": gaps.n if gaps else None, "itl_p50_s": gaps.p50 if gaps else None,
                  "itl_p99_s": gaps.p99 if gaps else None,
                  "itl_max_s": gaps.max if gaps else None})
+    timeline = line.timeline
+    data.update({column: getattr(timeline, k) if timeline else None
+                 for k, column in TIMELINE_COLUMNS.items()})
     data.update(label=label, level=level,
                 repeat=line.repeat if line.repeat is not None else repeat)
     return [data.get(column) for column in REQUEST_COLUMNS]

@@ -5,7 +5,10 @@ row of the lab's table gets a row of its own that says what was recorded, "unkno
 A split's TTFT against the baseline, and the interference row's 4 slots against 1, carry their
 95% intervals from the per-request files (`intervals.py`), or the point ratio and "no interval"
 with the reason. The baseline and each split also state their capacity at the latency target
-(the highest request rate that met it), where a `capacity` line was recorded."""
+(the highest request rate that met it), where a `capacity` line was recorded. A split's TTFT
+is also taken apart into prefill, hand-over, decode, proxy and the wire between client and
+proxy, from kvlab's proxy's per-request timeline (`records.load.TtftParts`); a model that
+reasons first shows its first answer token beside its TTFT."""
 
 from __future__ import annotations
 
@@ -47,7 +50,7 @@ from kvlab.report.offload import capacity_words
 from kvlab.report.placement import Group, split_groups, take
 
 PD_COLUMNS = ["TTFT p50 (s)", "TPOT p50 (s)", "Output tokens/s", "Bytes per request",
-              "TTFT against the baseline"]
+              "TTFT against the baseline", "TTFT parts, mean (ms)"]
 WIDTH = len(PD_COLUMNS)
 
 
@@ -115,7 +118,8 @@ def _baseline_row(book: Notebook) -> Line:
         return failed_line(book, BASELINE, BASELINE.title, BASELINE.how, rows, BASELINE.label)
     evidence = [*_row_evidence(rows, book.of(LinkRecord, BASELINE.label), None),
                 capacity_words(book, BASELINE.label)]
-    return Line(BASELINE.title, BASELINE.how, [*_figures(rows), "none", "the reference"],
+    return Line(BASELINE.title, BASELINE.how, [*_figures(rows), "none", "the reference",
+                                               "none: one instance, no proxy"],
                 evidence, measured_on(book, rows[-1]), _ok_word(rows), BASELINE.command,
                 anchor=BASELINE.label)
 
@@ -160,14 +164,45 @@ def _split_row(book: Notebook, row: Row, name: str, link: str | None, group: Gro
     bytes_cell, crossed = _bytes_cell(group.comparison)
     verdict = crossed or _ok_word(group.rows)
     return Line(name, link_cell, [*_figures(group.rows), bytes_cell,
-                                  "; ".join(against) or "no comparison (kvlab compare)"],
+                                  "; ".join(against) or "no comparison (kvlab compare)",
+                                  parts_cell(group.rows)],
                 evidence, measured_on(book, group.rows[-1]), verdict, row.command,
                 anchor=group.label)
 
 
 def _figures(rows: list[LoadRecord]) -> list[str]:
-    return [by_level(rows, "ttft_s", ttft_p50), by_level(rows, "tpot_s", tpot_p50),
+    return [ttft_cell(rows), by_level(rows, "tpot_s", tpot_p50),
             by_level(rows, "output_tokens_per_s", throughput)]
+
+
+def ttft_cell(rows: Sequence[LoadRecord]) -> str:
+    """TTFT p50 by level; where requests reasoned first, their first answer token beside it
+    (TTFT is then a reasoning token's, `observe/sse.py`)."""
+    cell = by_level(rows, "ttft_s", ttft_p50)
+    if not any(r.reasoning_requests for r in rows):
+        return cell
+    answers = by_level(rows, "ttft_answer_s", lambda r: _p50(r.ttft_answer_s))
+    reasoned = "/".join(str(r.reasoning_requests or 0) for r in rows)
+    return f"{cell}; first answer token {answers}, after reasoning in {reasoned} requests"
+
+
+def parts_cell(rows: Sequence[LoadRecord]) -> str:
+    """Each level's mean TTFT taken apart by kvlab's proxy's timeline, in milliseconds."""
+    cells = []
+    for r in rows:
+        p = r.ttft_parts
+        if p is None:
+            continue
+        ms = [f"{name} {v * 1000:.1f}" for name, v in (
+            ("prefill", p.prefill), ("hand-over", p.handover), ("decode", p.decode),
+            ("proxy", p.proxy), ("wire", p.wire))]
+        without = f", {p.without} without" if p.without else ""
+        cells.append(f"c={r.concurrency}: {' + '.join(ms)} = {p.ttft_mean * 1000:.1f} "
+                     f"({p.requests} requests{without})")
+    if not cells:
+        return ("n/a: no proxy timeline in the load rows (not through kvlab's proxy, or "
+                "recorded before kvlab kept one)")
+    return "; ".join(cells)
 
 
 def _row_evidence(rows: list[LoadRecord], links: list[LinkRecord],
@@ -283,6 +318,6 @@ def _interference_row(book: Notebook) -> Line:
         evidence.append(f"TTFT p50, 4 slots against 1: {iv.cell()}")
         ratio = f"{iv.cell()} (4 slots / 1)"
     return Line(INTERFERENCE.title, "none", [pair(ttft_p50), pair(tpot_p50), pair(throughput),
-                                             "none", ratio],
+                                             "none", ratio, "none: no proxy"],
                 evidence, measured_on(book, a), verdict, INTERFERENCE.command,
                 anchor=INTERFERENCE.label)
