@@ -142,8 +142,11 @@ class Run:
     def request(self, rid: str) -> bytes:
         body = json.dumps({"model": "fake-model", "prompt": PROMPT, "max_tokens": self.tokens,
                            "stream": True}).encode()
+        # x-kvlab-timeline: as kvlab's load generator asks (kvlab's proxy then appends its
+        # timeline after the answer; the other proxies ignore the header)
         return (b"POST %s HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
-                b"content-length: %d\r\nx-request-id: %s\r\n\r\n%s" % (
+                b"content-length: %d\r\nx-request-id: %s\r\nx-kvlab-timeline: 1\r\n"
+                b"\r\n%s" % (
                     self.path.encode(), len(body), rid.encode(), body))
 
     async def connect(self, port: int, c: int) -> None:
