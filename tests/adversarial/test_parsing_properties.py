@@ -9,7 +9,10 @@ that records what it writes, with a handler that answers 200 to whatever it is g
   header line or the header count, 400 the whole head), one that breaks none is served, and
   the verdict does not depend on how the head was split;
 - arbitrary bytes (and fragments of HTTP, Upgrade and CONNECT among them) never raise out of
-  the connection and never get a 5xx; after a refusal nothing more reaches the handler.
+  the connection and never get a 5xx; after a refusal nothing more reaches the handler;
+- whatever a client sends as X-Request-Id, the id the proxy uses (sent to both legs, and in
+  its timeline comment) is a header value and a JSON string as it stands: the client's when
+  it is a sane one, else a fresh one.
 """
 
 from __future__ import annotations
@@ -204,3 +207,24 @@ def test_arbitrary_bytes_never_crash_or_get_a_5xx(parts: list[bytes],
     if refused:  # the refusal is the last thing on the connection
         assert refused == [len(outcome.statuses) - 1]
         assert len(outcome.served) == len(outcome.statuses) - 1
+
+
+@PROPS
+@given(st.one_of(st.binary(max_size=200), st.text(max_size=140).map(str.encode)))
+def test_any_request_id_becomes_a_safe_one(given_id: bytes) -> None:
+    import json
+
+    from kvlab.observe import sse
+    from kvlab.proxy.app import TIMELINE, request_id
+
+    rid = request_id({b"x-request-id": given_id})
+    assert 1 <= len(rid) <= 128 and all(c in SAFE_ID for c in rid)
+    sane = 1 <= len(given_id) <= 128 and all(c in SAFE_ID for c in given_id)
+    assert (rid == given_id) if sane else (len(rid) == 32 and rid != given_id)
+    comment = TIMELINE % (rid, 1, 2, 3, 4)
+    found = sse.timeline_of(comment.rstrip(b"\n"))
+    assert found == {"id": rid.decode(), "prefill_ns": 1, "handover_ns": 2, "decode_ns": 3,
+                     "proxy_ns": 4}, json.dumps(rid.decode())
+
+
+SAFE_ID = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
