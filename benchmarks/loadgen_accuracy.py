@@ -151,12 +151,12 @@ async def _no_sampler() -> AsyncIterator[None]:
 # --- kvlab's generator, in this process ------------------------------------------------------
 async def _kvlab_run(root: str, rate: float | None, concurrency: int, n: int,
                      tokens: int, progress: bool, sampler: Sampler | None) -> dict[str, Any]:
-    from kvlab.loadgen.client import Target
+    from kvlab.loadgen.client import Endpoint
     from kvlab.loadgen.record import decode_events
     from kvlab.loadgen.runner import LevelRun, Schedule
     from kvlab.loadgen.stats import lag_s
 
-    target = Target.from_url(root + "/v1")
+    target = Endpoint.from_url(root + "/v1")
     payloads = [(i, target.request_bytes("/completions", {
         "model": "fake-model", "prompt": f"{i} {PROMPT}", "max_tokens": tokens, "stream": True,
         "stream_options": {"include_usage": True}})) for i in range(n)]
@@ -186,16 +186,13 @@ async def _kvlab_run(root: str, rate: float | None, concurrency: int, n: int,
 @contextmanager
 def _progress_hook(enabled: bool) -> Iterator[Any]:
     """`kvlab load`'s own progress bar, drawn as on a terminal (into /dev/null), or nothing."""
-    from types import SimpleNamespace
-
     from rich.console import Console
 
-    from kvlab.cli.load_cmd import level_progress
+    from kvlab.report.console import progress
 
-    with open(os.devnull, "w") as null:
-        out = SimpleNamespace(err=Console(file=null, force_terminal=True, width=120))
-        with level_progress(out, enabled) as hook:  # type: ignore[arg-type]
-            yield hook
+    with open(os.devnull, "w") as null, \
+            progress(Console(file=null, force_terminal=True, width=120), enabled) as hook:
+        yield hook
 
 
 def kvlab_point(up: Upstream, rate: float | None, concurrency: int, n: int,
