@@ -116,7 +116,7 @@ class Upstream(Loopback):
                          "--itl-ms", str(itl_ms), "--tokens", str(tokens))
 
 
-Sampling = Callable[[str, float], AbstractAsyncContextManager[Any]]
+Sampling = Callable[[str, dict[str, tuple[str, ...]], float], AbstractAsyncContextManager[Any]]
 
 
 class Sampler(Loopback):
@@ -128,7 +128,9 @@ class Sampler(Loopback):
         self.sampling: Sampling = _sampling_from(source)
 
     def during(self) -> AbstractAsyncContextManager[Any]:
-        return self.sampling(self.root + "/metrics", self.interval_s)
+        from kvlab.engines.vllm import EVIDENCE_GAUGES
+
+        return self.sampling(self.root + "/metrics", EVIDENCE_GAUGES, self.interval_s)
 
 
 def _sampling_from(source: Path | None) -> Sampling:
