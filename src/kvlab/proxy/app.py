@@ -13,7 +13,7 @@ A client that sends `X-Kvlab-Timeline: 1` (kvlab's load generator does) gets its
 timeline after the streamed answer, as one SSE comment, which every SSE reader ignores:
 `: kvlab-timeline {"id": ..., "prefill_ns": ..., "handover_ns": ..., "decode_ns": ...,
 "proxy_ns": ...}`, durations on the proxy's monotonic clock, which add up to the time from
-the request's arrival to decode's first byte written to the client:
+the request's arrival to decode's first byte handed to the client's socket:
 - prefill: prefill's request sent to its whole answer read (its compute; for shared/lmcache
   also its store write, for NIXL its `kv_transfer_params`);
 - handover: that answer read to decode's request sent: for NIXL the `kv_transfer_params`
@@ -23,7 +23,8 @@ the request's arrival to decode's first byte written to the client:
   proxy cannot see it apart;
 - decode: decode's request sent to its first body byte;
 - proxy: the proxy's own time besides: the request's arrival to prefill's request sent, and
-  decode's first byte to its write to the client.
+  decode's first byte to its hand-over to the client's socket (stamped before the write, so
+  that the client cannot have read it earlier: the write itself is the wire's).
 It travels with the answer it describes (no store to outgrow, no endpoint that another of
 PROXY_WORKERS' processes would answer), costs nothing before the first token, and only when
 asked; a length-framed or failed answer carries none.
@@ -357,10 +358,12 @@ class ProxyApp:
         metrics = self.metrics
         arrived, prefill_sent, prefill_ns, sent = stamps
         own_ns = sent - arrived - prefill_ns  # the proxy's own time before decode's request
-        out = 0
+        handed = 0  # decode's first byte handed to the client's socket: before the write, so
+        # the client cannot read it before this stamp (the write is the wire's, not ours)
 
         def first(piece: bytes) -> None:
-            nonlocal out
+            nonlocal handed
+            handed = now_ns()
             conn.write(piece)
             ex.sink = conn.write  # every later piece goes straight through
             out = now_ns()
@@ -381,10 +384,10 @@ class ProxyApp:
                 conn.abort()  # a length-framed body cannot carry an error: cut it visibly
             return
         last = b""
-        if timeline and sse and out and conn.can_append:
+        if timeline and sse and handed and conn.can_append:
             handover = sent - prefill_sent - prefill_ns
             last = TIMELINE % (rid, prefill_ns, handover, ex.first_body_ns - sent,
-                               own_ns - handover + out - ex.first_body_ns)
+                               own_ns - handover + handed - ex.first_body_ns)
         conn.end(last)
         metrics.outcome("ok")
 
