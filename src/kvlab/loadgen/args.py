@@ -23,6 +23,7 @@ from kvlab.records.load import RunContext
 
 if TYPE_CHECKING:
     from kvlab.loadgen.capacity import Knob, LatencyTarget, SearchPlan
+    from kvlab.loadgen.dataset import Dataset
     from kvlab.loadgen.linkrun import LinkSpec
     from kvlab.loadgen.spec import LoadSpec
 
@@ -87,6 +88,16 @@ class LoadArgs(Args):
                                     "only.")
     trace_max_input: int | None = Field(None, ge=1, description="Leave out requests with "
                                         "longer prompts (counted in the row).")
+    dataset: str | None = Field(None, json_schema_extra={"aliases": "--dataset-path --data"},
+                                description="Your dataset file: a ShareGPT JSON list "
+                                "(conversations of from/value messages) or JSON lines of "
+                                "prompts (prompt or text, optional output_tokens or "
+                                "output_length); one-message records are sent as prompts, "
+                                "conversations replayed as user sessions (--users, else the "
+                                "concurrency levels, are the users).")
+    dataset_name: Literal["auto", "sharegpt", "custom", "random"] = Field(
+        "auto", description="How --dataset is read: sharegpt, custom (JSON lines of prompts) "
+        "or auto (each record by its keys); random: no file, kvlab's prompt set.")
     preamble_tokens: int | None = Field(None, ge=1, description="Preamble size, approximate "
                                         "tokens (default: PREAMBLE_TOKENS).")
     seed: int = Field(0, description="Workload seed.")
@@ -288,12 +299,17 @@ def _workload(loaded: LoadedSettings, args: LoadArgs, spec: LoadSpec) -> LoadSpe
     from kvlab.loadgen.sessions import SessionSpec, ThinkTime
     from kvlab.loadgen.trace import TraceSpec
 
-    if args.users:
-        spec = replace(spec, levels=tuple(int(v) for v in floats("--users", args.users)),
-                       sessions=SessionSpec(turns=args.turns,
+    data = dataset_of(args)
+    if args.users or (data is not None and data.conversations):
+        users = tuple(int(v) for v in floats("--users", args.users)) if args.users \
+            else spec.levels
+        spec = replace(spec, levels=users, dataset=data,
+                       sessions=SessionSpec(turns=data.max_turns if data else args.turns,
                                             think=ThinkTime.parse(args.think_time),
                                             user_rate=args.user_rate,
                                             cache_block_tokens=args.cache_block))
+    elif data is not None:
+        spec = replace(spec, dataset=data)
     if args.trace:
         default = loaded.unset("concurrency")  # nobody asked a cap
         spec = replace(spec, trace=TraceSpec(args.trace, args.trace_block_size,
@@ -302,6 +318,23 @@ def _workload(loaded: LoadedSettings, args: LoadArgs, spec: LoadSpec) -> LoadSpe
                        endpoint="completions",
                        levels=(TRACE_IN_FLIGHT,) if default else spec.levels)
     return spec
+
+
+def dataset_of(args: LoadArgs) -> Dataset | None:
+    """The user's dataset file read (`loadgen/dataset.py`), when one was given."""
+    from kvlab.loadgen.dataset import DatasetSpec, read
+
+    if args.dataset_name == "random":
+        if args.dataset:
+            raise InputError(f"--dataset-name random: that is kvlab's own prompt set; leave "
+                             f"out --dataset-path {args.dataset}, or name sharegpt or custom")
+        return None
+    if not args.dataset:
+        if args.dataset_name != "auto":
+            raise InputError(f"--dataset-name {args.dataset_name}: give the file with "
+                             "--dataset-path FILE")
+        return None
+    return read(DatasetSpec(args.dataset, args.dataset_name))
 
 
 def link_spec(settings: Settings, spec: LoadSpec, metrics_urls: tuple[str, ...]) -> LinkSpec:

@@ -1,17 +1,17 @@
 """User sessions: conversations whose next turn waits for the previous reply and a think time.
 
 A level of `users` users (`SessionRun`). Each user holds one keep-alive connection and runs a
-conversation of `turns` turns: turn t+1 is built only after turn t's reply arrived (its real
-text goes back as the assistant's message, so token counts are the server's own even with
-random weights), then sent after a think time (`ThinkTime`: fixed, exponential, drawn from
-a file of measured think times, or paced: exponential with the mean that keeps about N of the
-users in flight, given one request's time measured by the warm-up). Either the whole
-population is there from the start (first turns spread over one mean think time, so the users
-are not in lockstep), or users arrive at `user_rate` per second (seeded Poisson), each for one
-conversation. A user that finishes a conversation takes the next while the level wants more:
-until `conversations` were started and, with a duration, until it passed; a conversation that
-started runs its turns to the end (a failed turn ends it). Ctrl-C cancels what is in flight
-(recorded as cancelled).
+conversation of `turns` turns (at most: a dataset's conversations end where theirs do): turn
+t+1 is built only after turn t's reply arrived (its real text goes back as the assistant's
+message, so token counts are the server's own even with random weights), then sent after a
+think time (`ThinkTime`: fixed, exponential, drawn from a file of measured think times, or
+paced: exponential with the mean that keeps about N of the users in flight, given one request's
+time measured by the warm-up). Either the whole population is there from the start (first turns
+spread over one mean think time, so the users are not in lockstep), or users arrive at
+`user_rate` per second (seeded Poisson), each for one conversation. A user that finishes a
+conversation takes the next while the level wants more: until `conversations` were started and,
+with a duration, until it passed; a conversation that started runs its turns to the end (a
+failed turn ends it). Ctrl-C cancels what is in flight (recorded as cancelled).
 
 `returning.summary` reads the measured turns back (returning turns, evictions, the working
 set). Prompts come from `workloads.session_turn`; the requests' bytes from the caller's
@@ -37,8 +37,9 @@ from kvlab.measure.workloads import Prompt
 from kvlab.records.load import ThinkTimeLine, Workload
 
 History = tuple[tuple[str, str], ...]
-# (conversation number within the level, turn, history) -> the prompt and its request bytes
-Build = Callable[[int, int, History], tuple[Prompt, bytes]]
+# (conversation number within the level, turn, history) -> the prompt and its request bytes,
+# or None when the conversation has no such turn (a dataset's conversations differ in length)
+Build = Callable[[int, int, History], tuple[Prompt, bytes] | None]
 ThinkKind = Literal["fixed", "exponential", "trace", "paced"]
 
 
@@ -351,7 +352,10 @@ class SessionRun:
                 await asyncio.sleep(self.spec.think.sample(user.rng))
             if self.stopping:
                 return
-            prompt, payload = self.build(conv, turn, history)
+            built = self.build(conv, turn, history)
+            if built is None:
+                return
+            prompt, payload = built
             self.prompts[prompt.index] = prompt
             record = RequestRecord(index=len(self.records), prompt_index=prompt.index,
                                    scheduled_ns=time.perf_counter_ns(),

@@ -4,8 +4,10 @@ A level is a concurrency (closed loop), a concurrency capping an open-loop rate 
 one level per rate of `rates`), a number of users (`sessions`: user sessions with think
 time), or an in-flight cap on a replayed trace (`trace`). The workload is a prompt set
 (`shared-prefix` optionally split into `groups` with `group_shares`, `mixed`, `multi-turn`),
-user sessions, or a trace; the spec checks once that the combination makes sense and owns
-the defaults (how many requests a level takes, how many warm-ups, which prompt indices).
+user sessions, a trace, or the user's dataset (its prompts a level at a time, one pass of the
+file unless a count is given; its conversations as user sessions); the spec checks once that
+the combination makes sense and owns the defaults (how many requests a level takes, how many
+warm-ups, which prompt indices).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Literal
 from kvlab.core.errors import InputError
 from kvlab.core.jsondata import JsonObject
 from kvlab.loadgen import stats
+from kvlab.loadgen.dataset import Dataset
 from kvlab.loadgen.sessions import SessionSpec
 from kvlab.loadgen.trace import TraceSpec
 from kvlab.measure import workloads
@@ -72,6 +75,7 @@ class LoadSpec:
     group_shares: tuple[float, ...] = ()  # their shares of the requests (equal when empty)
     sessions: SessionSpec | None = None  # user sessions: the levels are user counts
     trace: TraceSpec | None = None  # a trace replay: the levels are in-flight caps
+    dataset: Dataset | None = None  # the user's file: its prompts, or its conversations
     block_offset: int = 0  # prompt blocks skipped (a capacity search's probes: fresh prompts)
     oracle: bool = True  # the cache oracle beside each level (vLLM, llama-server; needs files)
     oracle_tier_tokens: int = 0  # the host tier the oracle models, in tokens (0: none)
@@ -101,6 +105,8 @@ class LoadSpec:
     def _check_workload(self) -> None:
         if self.sessions is not None and self.trace is not None:
             raise InputError("--users and --trace: give one workload, not both")
+        if self.dataset is not None and self.trace is not None:
+            raise InputError("--dataset and --trace: give one workload, not both")
         if (self.sessions or self.trace) and (self.rate is not None or self.rates):
             raise InputError("--rate: user sessions and traces set their own arrivals "
                              "(--user-rate, the trace's timestamps with --trace-speedup)")
@@ -124,7 +130,9 @@ class LoadSpec:
     def floor(self, concurrency: int) -> int:
         """The level's measured requests (a timed level's least)."""
         given = [n for n in (self.requests, self.min_requests) if n is not None]
-        return max(given) if given else default_requests(concurrency)
+        if given:
+            return max(given)
+        return self.dataset.user_turns if self.dataset else default_requests(concurrency)
 
     def session_floor(self) -> int | None:
         """User sessions: the turns a level sends at least, when set (else its conversations

@@ -22,8 +22,10 @@ each repeat's: the warm-up warms the server and the shared preamble, never a mea
 
 A level runs the spec's workload: the prompt set (closed loop, or open loop at `rate`, one
 level per rate of `rates`), user sessions (`sessions.SessionRun`: the level is the number of
-users, each turn built from the real replies so far) or a trace (`trace`: its requests as
-token prompts, released at its own times). `measure_level` also returns the level's records,
+users, each turn built from the real replies so far), a trace (`trace`: its requests as
+token prompts, released at its own times) or the user's dataset (`dataset`: its prompts as a
+prompt set's, its conversations as user sessions; the warm-up asks short questions of its
+own). `measure_level` also returns the level's records,
 for a caller that judges them (`capacity`).
 
 The API key is used for the requests, the scrape and /tokenize, and appears in no row.
@@ -43,7 +45,15 @@ import httpx
 from kvlab.engines.base import LLAMA_CPP, VLLM
 from kvlab.engines.registry import evidence_deltas
 from kvlab.engines.vllm.adapter import cache_blocks
-from kvlab.loadgen import instances, oracle_level, perrequest, returning, sessions, stats
+from kvlab.loadgen import (
+    dataset,
+    instances,
+    oracle_level,
+    perrequest,
+    returning,
+    sessions,
+    stats,
+)
 from kvlab.loadgen import trace as trace_replay
 from kvlab.loadgen.client import Endpoint
 from kvlab.loadgen.record import decode_events
@@ -55,7 +65,7 @@ from kvlab.measure import workloads
 from kvlab.observe import metrics
 from kvlab.observe.metrics import Snapshot
 from kvlab.records import requests as request_files
-from kvlab.records.load import LevelOwn, LoadRecord
+from kvlab.records.load import DatasetEvidence, LevelOwn, LoadRecord
 from kvlab.records.requests import RequestLine
 
 ProgressHook = Callable[[int, int], Progress | None]  # (concurrency, requests) -> per-record
@@ -77,6 +87,8 @@ def level_prompts(spec: LoadSpec, level_index: int, count: int, *, warmup: bool 
                   sizing: workloads.Sizing = workloads.ESTIMATE,
                   offset: int = 0) -> list[workloads.Prompt]:
     """A level's prompts (or its warm-up's) from their own index range, from `offset` on."""
+    if spec.dataset is not None:
+        return _dataset_prompts(spec, level_index, count, warmup, offset)
     concurrency = spec.points()[level_index][0]
     conversations = math.ceil(spec.floor(concurrency) / workloads.DEFAULT_TURNS)
     return workloads.build(spec.prompt_set, count, seed=spec.seed,
@@ -85,6 +97,28 @@ def level_prompts(spec: LoadSpec, level_index: int, count: int, *, warmup: bool 
                            + (WARMUP_OFFSET if warmup else 0),
                            sizing=sizing, conversations=max(1, conversations), offset=offset,
                            shares=spec.shares)
+
+
+def dataset_first(spec: LoadSpec, level_index: int) -> int:
+    """Where in the user's file a level begins: after what the levels and repeats before it
+    took, so none resends an earlier one's records until the file runs out."""
+    assert spec.dataset is not None
+    return spec.block(level_index) * spec.dataset.conversations_for(0, spec.session_floor())
+
+
+def _dataset_prompts(spec: LoadSpec, level_index: int, count: int, warmup: bool,
+                     offset: int) -> list[workloads.Prompt]:
+    """A level's records as prompts; its warm-up: short questions of kvlab's own, which no
+    record shares."""
+    assert spec.dataset is not None
+    start = spec.block(level_index) * BLOCK + (WARMUP_OFFSET if warmup else 0) + offset
+    if warmup:
+        return [workloads.Prompt(start + k, (("system", workloads.SYSTEM_LINE),
+                                             ("user", workloads.question(spec.seed, start + k))))
+                for k in range(count)]
+    first = dataset_first(spec, level_index) + offset
+    return [dataset.prompt(spec.dataset.at(first + k), start + k, spec.max_tokens)
+            for k in range(count)]
 
 
 def payloads_of(spec: LoadSpec, target: Endpoint, prompts: list[workloads.Prompt],
@@ -149,7 +183,7 @@ class _Level:
         """Warm-up requests from their own range: session first turns of warm-up
         conversations, a trace's requests of their own tokens, or the set's prompts."""
         spec, first = self.spec, self.base + WARMUP_OFFSET
-        if spec.sessions is not None:
+        if spec.sessions is not None and spec.dataset is None:
             return self.encode([workloads.session_turn(
                 first + k, seed=spec.seed, conversation=first + k, turn=0, history=(),
                 tokens=spec.preamble_tokens, sizing=self.inputs.sizing) for k in range(count)])
@@ -214,7 +248,10 @@ class _Level:
                                     until=until).run(stop)
             for record in result.records:
                 decode_events(record)
-            return result, self.trace_fields()
+            own = self.trace_fields()
+            if self.spec.dataset is not None:
+                own.prompt_set, own.dataset = "dataset", self.dataset_fields(result)
+            return result, own
         return run
 
     def trace_payloads(self) -> list[tuple[int, bytes]]:
@@ -237,6 +274,45 @@ class _Level:
                         trace=trace_replay.describe(spec.trace, trace, self.inputs.pool,
                                                     spec.max_tokens))
 
+    def dataset_fields(self, result: LevelResult) -> DatasetEvidence | None:
+        """What the level sent of the user's file: the records it took (a conversation's
+        number or a prompt's place in the level gives the record), the output lengths."""
+        spec, data = self.spec, self.spec.dataset
+        if data is None:
+            return None
+        first = dataset_first(spec, self.index)
+        turns = spec.sessions.turns if spec.sessions is not None else 1
+        positions: set[int] = set()
+        outputs: list[int] = []
+        for record in result.records:
+            conv, turn = divmod(record.prompt_index - self.base, turns)
+            positions.add(first + conv)
+            wanted = data.at(first + conv).turns[turn].output_tokens
+            if wanted:
+                outputs.append(wanted)
+        return data.evidence(first, positions, outputs, spec.max_tokens)
+
+    def session_build(self, s: sessions.SessionSpec) -> sessions.Build:
+        """Each turn from the conversation so far: kvlab's generated turns, or the user's
+        file's conversations (a level's conversation `conv` is record first + conv)."""
+        spec, data = self.spec, self.spec.dataset
+        first = dataset_first(spec, self.index) if data is not None else 0
+
+        def build(conv: int, turn: int, history: sessions.History) -> tuple[
+                workloads.Prompt, bytes] | None:
+            index = self.base + conv * s.turns + turn
+            if data is None:
+                prompt = workloads.session_turn(
+                    index, seed=spec.seed, conversation=self.base + conv, turn=turn,
+                    history=history, tokens=spec.preamble_tokens, sizing=self.inputs.sizing)
+            elif turn < len((entry := data.at(first + conv)).turns):
+                prompt = dataset.prompt(entry, index, spec.max_tokens, turn=turn,
+                                        history=history, conversation=self.base + conv)
+            else:
+                return None
+            return prompt, self.target.request_bytes(spec.path, spec.body(prompt), self.api_key)
+        return build
+
     async def sessions(self, stop: asyncio.Event | None, progress: Progress | None,
                        warm: LevelResult | None) -> tuple[LevelResult, LevelOwn]:
         """A level of user sessions: each turn built from the conversation so far (a paced
@@ -248,16 +324,11 @@ class _Level:
             s = replace(s, think=s.think.paced_for(self.concurrency,
                                                    min(e2es) if e2es else GUESSED_E2E_S))
 
-        def build(conv: int, turn: int, history: sessions.History) -> tuple[
-                workloads.Prompt, bytes]:
-            prompt = workloads.session_turn(
-                self.base + conv * s.turns + turn, seed=spec.seed, conversation=self.base + conv,
-                turn=turn, history=history, tokens=spec.preamble_tokens,
-                sizing=self.inputs.sizing)
-            return prompt, self.target.request_bytes(spec.path, spec.body(prompt), self.api_key)
-
+        if spec.dataset is not None:
+            s = replace(s, conversations=spec.dataset.conversations_for(
+                dataset_first(spec, self.index), spec.session_floor()))
         got = await sessions.SessionRun(
-            self.target, self.concurrency, s, build, timeout_s=spec.timeout_s,
+            self.target, self.concurrency, s, self.session_build(s), timeout_s=spec.timeout_s,
             seed=spec.seed + self.index, duration_s=spec.duration_s,
             min_requests=spec.session_floor(), progress=progress).run(stop)
         self.prompts.update(got.prompts)
@@ -267,7 +338,8 @@ class _Level:
         summary.conversations_planned = s.planned(self.concurrency, spec.session_floor())
         workload = s.workload(self.concurrency)
         return got.level, LevelOwn(prompt_set="sessions", workload=workload,
-                                   arrivals=workload.arrivals, sessions=summary)
+                                   arrivals=workload.arrivals, sessions=summary,
+                                   dataset=self.dataset_fields(got.level))
 
     def lines(self, warm: LevelResult | None, result: LevelResult) -> list[RequestLine]:
         return perrequest.level_lines(warm, result, self.prompts, level=self.concurrency,
@@ -296,7 +368,8 @@ class _Level:
         warm-up and the sizing."""
         spec = self.spec
         own.warmup_requests = len(warm.records) if warm else 0
-        own.prompt_sizing = self.inputs.sizing.as_record(spec.seed, spec.preamble_tokens)
+        if spec.dataset is None:  # a dataset's prompts are the file's, not sized by kvlab
+            own.prompt_sizing = self.inputs.sizing.as_record(spec.seed, spec.preamble_tokens)
         if warm is not None:
             own.warmup_failed = sum(r.failed for r in warm.records) or None
             own.warmup_cancelled = sum(r.cancelled for r in warm.records) or None
@@ -364,7 +437,7 @@ async def sweep_sizing(spec: LoadSpec, api_key: str = "") -> workloads.Sizing:
     """The spec's sizing, counted by the server's tokenizer when it asks for that."""
     if spec.sizing is not None:
         return spec.sizing
-    if not spec.size_prompts:
+    if not spec.size_prompts or spec.dataset is not None:
         return workloads.ESTIMATE
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     async with httpx.AsyncClient(timeout=30.0, trust_env=False, headers=headers) as client:

@@ -90,6 +90,32 @@ class TraceEvidence(Strict):
     tokens_from: str | None = None
 
 
+class DatasetEvidence(Strict):
+    """A dataset file the user brought: which (its name and digest, never its contents), how
+    it was read, and what of it a level sent."""
+
+    file: str = Field(description="The file's name (not its folder).")
+    sha256: str
+    format: Literal["sharegpt", "prompts"]
+    records: int = Field(description="Records in the file.")
+    usable: int = Field(description="Records that can be sent (the rest were skipped).")
+    skipped: dict[str, int] = Field(default_factory=dict, description="Records left out, by "
+                                    "reason.")
+    keys: list[str] = Field(default_factory=list, description="The keys read: the prompt's "
+                            "and the output length's (JSONL), conversations (ShareGPT).")
+    conversations: int = Field(0, description="Usable records with more than one user turn "
+                               "(replayed as user sessions).")
+    sent: int = Field(0, description="Records this level sent (or began).")
+    first_record: int = Field(0, description="The usable record this level began with "
+                              "(0-based; levels and repeats go on through the file).")
+    resent: int = Field(0, description="Of those, records an earlier level or repeat of the "
+                        "run had sent (the file ran out and began again; their prefixes may "
+                        "still be cached).")
+    outputs_from_file: int = Field(0, description="Requests whose max_tokens was the "
+                                   "record's own output length.")
+    outputs_capped: int = Field(0, description="Of those, capped at the run's max_tokens.")
+
+
 class CapacityProbe(Strict):
     """A capacity search's probe: the knob, its load, the step."""
 
@@ -321,6 +347,7 @@ class LevelOwn(Strict):
     workload: Workload | None = None
     sessions: SessionsEvidence | None = None
     trace: TraceEvidence | None = None
+    dataset: DatasetEvidence | None = None
     warmup_requests: int | None = Field(None, description="Requests sent first and left out "
                                         "of every statistic.")
     warmup_failed: int | None = None

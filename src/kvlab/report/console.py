@@ -21,6 +21,7 @@ from kvlab.engines.llamacpp.slots import Done, Held, holds
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.roles import TITLES, as_started
 from kvlab.engines.vllm import VllmInstall
+from kvlab.loadgen.dataset import Dataset
 from kvlab.loadgen.record import RequestRecord
 from kvlab.loadgen.spec import LoadSpec
 from kvlab.loadgen.sweep import ProgressHook
@@ -71,7 +72,18 @@ def load_plan(spec: LoadSpec, profile: str, reason: str) -> str:
     unit = "turns" if spec.sessions is not None else "requests"
     return (f"==> {spec.label}: {kind} {', '.join(map(str, spec.levels))} (at least {counts} "
             f"{unit} a level), max_tokens {spec.max_tokens}, model {spec.model!r}; "
-            f"defaults from profile {profile}" + (f" ({reason})" if reason else ""))
+            f"defaults from profile {profile}" + (f" ({reason})" if reason else "")
+            + (dataset_plan(spec.dataset) if spec.dataset is not None else ""))
+
+
+def dataset_plan(data: Dataset) -> str:
+    """The user's file as the plan says it: what is sent of it, and what was left out."""
+    skipped = ", ".join(f"{n} {why}" for why, n in data.skipped.items())
+    turns = (f"; its {data.conversations} conversations replayed as user sessions"
+             if data.conversations else "")
+    return (f"\n    dataset {data.file} ({data.format}, keys {', '.join(data.keys)}): "
+            f"{len(data.entries)} of {data.records} records usable"
+            + (f" (skipped: {skipped})" if skipped else "") + turns)
 
 
 def load_rows(console: Console, rows: Sequence[LoadRecord]) -> None:
@@ -93,6 +105,13 @@ def load_rows(console: Console, rows: Sequence[LoadRecord]) -> None:
             first = r.failures[0].detail if r.failures else ""
             console.print(f"    concurrency {r.concurrency}: failures {r.errors}; first: "
                           f"{first[:160]}")
+        if (d := r.dataset) is not None:
+            console.print(f"    concurrency {r.concurrency}: dataset {d.file}: {d.sent} records "
+                          f"from record {d.first_record}" + (
+                              f", {d.resent} sent before in this run (the file ran out)"
+                              if d.resent else "") + (
+                              f"; {d.outputs_capped} output lengths capped at max_tokens"
+                              if d.outputs_capped else ""))
         if r.goodput:
             g = r.goodput
             console.print(f"    concurrency {r.concurrency}: goodput "
