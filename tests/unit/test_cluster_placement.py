@@ -210,15 +210,68 @@ def _kvlab(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProces
                           text=True, timeout=120, check=False, env={**base, **env}, cwd=cwd)
 
 
-def test_a_cluster_dry_run_names_each_plans_node_and_joins_nothing(tmp_path: Path) -> None:
-    done = _kvlab(["run", "disagg", "--dry-run", "--json", "--cluster", "192.0.2.99:6379",
-                   "--proxy-node", "node-c"], tmp_path, PREFILL_HOST="node-a",
-                  DECODE_HOST="node-b")  # no cluster there: a dry run never joins it
-    assert done.returncode == 0, done.stderr[-2000:]
-    where = {p["label"]: p.get("node") for p in json.loads(done.stdout)["plans"]}
-    assert where == {"prefill": "PREFILL_HOST=node-a", "decode": "DECODE_HOST=node-b",
-                     "proxy": "--proxy-node=node-c", "baseline": "DECODE_HOST=node-b",
-                     "disagg-two-machines": None, "disagg-nixl": None}
+def test_a_cluster_dry_run_places_each_plan_on_its_node(tmp_path: Path) -> None:
+    """What `kvlab run disagg --cluster ADDRESS --dry-run` prints, from the nodes a survey of
+    the cluster found (`test_cluster_live` reads them from a real cluster): prefill on
+    PREFILL_HOST's node, decode and the baseline on DECODE_HOST's, each listening on its
+    node's address; the proxy where kvlab runs, sending to those addresses; the store inside
+    KV_SHARED_PATH, one path for both nodes. It failed before: the plans said 127.0.0.1 and a
+    store in /tmp, the single-machine plan."""
+    import io
+
+    from rich.console import Console
+
+    from kvlab.cluster.survey import Survey
+    from kvlab.experiments import disagg
+    from kvlab.experiments.lab import Lab
+    from kvlab.report import console
+
+    where = placement.Placement(cluster="10.0.0.1:6379", origin="--cluster", prefill_host="pre",
+                                decode_host="node-b")
+    listed = [A, B]
+    survey = Survey(where, (A, B), {t: nodes.resolve(*t, listed, where.cluster, _lookup({}))
+                                    for t in where.targets()})
+    lab = Lab(Settings(kv_shared_path=str(tmp_path / "mnt"), labbook=str(tmp_path / "book")),
+              run_id="<run id>", placement=where, survey=survey)
+    found = disagg.dry_run(lab, disagg.DisaggSpec())
+    plans = {str(p["label"]): p for p in found}
+    store = f"{tmp_path}/mnt/kvlab-<run id>/pd"
+    assert plans["prefill"]["node"] == "pre [0c9ff01a] at 10.0.0.1"
+    assert plans["decode"]["node"] == plans["baseline"]["node"] == "node-b [83f2f3dc] at 10.0.0.2"
+    assert "--host 10.0.0.1 " in str(plans["prefill"]["shell"]) and store in str(
+        plans["prefill"]["shell"]) and store in str(plans["decode"]["shell"])
+    assert "--host 10.0.0.2 " in str(plans["decode"]["shell"])
+    assert "--prefill http://10.0.0.1:" in str(plans["proxy"]["shell"])
+    assert not (tmp_path / "mnt").exists()  # named, not made
+    out = Console(file=io.StringIO(), width=300)
+    console.plans(out, found)
+    text = out.file.getvalue()  # type: ignore[attr-defined]
+    lines = text.splitlines()
+    assert lines[0] == "==> placement on the Ray cluster at 10.0.0.1:6379 (from --cluster)"
+    assert lines[1].startswith("    prefill   pre [0c9ff01a] at 10.0.0.1, http://10.0.0.1:")
+    assert lines[1].endswith(" (PREFILL_HOST=pre: its kvlab-host label)")
+    assert lines[2].startswith("    decode    node-b [83f2f3dc] at 10.0.0.2, http://10.0.0.2:")
+    assert lines[3].startswith("    proxy     where kvlab runs, http://127.0.0.1:")
+    assert lines[5] == (f"    store     {store} on pre [0c9ff01a] at 10.0.0.1 and node-b "
+                        "[83f2f3dc] at 10.0.0.2: a directory of the run's own inside "
+                        "KV_SHARED_PATH")
+    assert lines[6] == "    nodes     node-a.home.arpa 10.0.0.1 [0c9ff01a], kvlab-host=pre; " \
+        "node-b 10.0.0.2 [83f2f3dc]"
+    assert "checked by the run's agents, before any engine starts" in lines[7]
+    assert "==> prefill (on pre [0c9ff01a] at 10.0.0.1)" in text
+
+
+def test_a_cluster_dry_run_refuses_a_cluster_that_is_not_there(tmp_path: Path) -> None:
+    """A dry run reads the cluster's nodes, so an address where no cluster answers is refused
+    at once, as a run would be (Ray itself would wait minutes)."""
+    from kvlab.engines.process import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    done = _kvlab(["run", "disagg", "--dry-run", "--cluster", address], tmp_path,
+                  PREFILL_HOST="node-a", DECODE_HOST="node-b")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert f"cannot join the Ray cluster at {address} (from --cluster): no answer at " \
+        f"{address} (Connection refused)" in done.stderr
     refused = _kvlab(["run", "offload", "--dry-run", "--cluster", "192.0.2.99:6379"], tmp_path)
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
     assert "set both" in refused.stderr and "--node NAME" in refused.stderr

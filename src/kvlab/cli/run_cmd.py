@@ -4,7 +4,8 @@ Each subcommand's options are its arguments model (`experiments/args.py`); the c
 the experiment's spec from them and the settings, installs what that experiment's engines
 need, runs it (`experiments.lab.execute`: the experiment starts and always stops its own
 engines and writes every line) and renders what was written (`report/console.py`).
-`--dry-run` prints the plans and starts, installs and writes nothing. The vLLM labs take
+`--dry-run` prints the plans and starts, installs and writes nothing (on a cluster it reads
+which nodes the names mean, and prints the placement). The vLLM labs take
 `--cluster ADDRESS` (or Ray's RAY_ADDRESS) and `--node NAME`; without either nothing imports
 Ray. Progress goes to stderr under `--json`, so stdout stays one JSON document.
 """

@@ -11,8 +11,9 @@ A `Placement` is data, read from the settings and flags before anything starts:
   serve-decode.sh serves it) on DECODE_HOST's node.
 
 kvlab's proxy and its load generator run where kvlab runs, unless `--proxy-node NAME` puts the
-proxy on a node. Which node a name means is decided against the live cluster (`nodes.py`).
-This module imports no Ray: the single-machine path reads it.
+proxy on a node. Which node a name means is decided against the live cluster (`nodes.py`);
+`DryPlacement` is what a dry run says of it (`survey.py` reads the nodes). This module imports
+no Ray: the single-machine path reads it.
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from pydantic import BaseModel, ConfigDict
+
 from kvlab.core.errors import SettingError
 from kvlab.core.settings import Settings
 from kvlab.engines.plan import EnginePlan, Flag
+from kvlab.engines.registry import known_engine
 
 RAY_ADDRESS = "RAY_ADDRESS"  # Ray's own variable naming the cluster to join
 PREFILL_SIDE = ("prefill", "shared-a")
@@ -77,6 +81,30 @@ class Placement:
 LOCAL = Placement()
 
 
+class PlacedRole(BaseModel):
+    """Where a dry run's role would run: its node (as the cluster named it) and URL."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    role: str
+    node: str  # the node's name and short id, or "where kvlab runs"
+    url: str  # its port is one free on the node, chosen when it starts
+    named_by: str | None = None  # the setting and name that chose the node, and how it matched
+
+
+class DryPlacement(BaseModel):
+    """The placement a cluster run would use, read from the cluster without starting anything."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    cluster: str
+    origin: str  # --cluster or RAY_ADDRESS
+    roles: list[PlacedRole]
+    store: str | None = None  # the P/D store's path, the same on the nodes that use it
+    store_seen_by: list[str] = []
+    store_from: str = ""
+    nodes: str  # every node the cluster lists
+    left_to_the_run: str  # what only the run's agents on the nodes can check
+
+
 def from_options(settings: Settings, cluster: str | None = None, node: str | None = None,
                  proxy_node: str | None = None,
                  environ: Mapping[str, str] | None = None) -> Placement:
@@ -100,6 +128,15 @@ def from_options(settings: Settings, cluster: str | None = None, node: str | Non
     return Placement(cluster=address, origin=origin, node=node or "",
                      prefill_host=settings.prefill_host, decode_host=settings.decode_host,
                      proxy_node=proxy_node or "")
+
+
+def on_node(plan: EnginePlan, address: str, port: int) -> EnginePlan:
+    """`plan` as it runs on a node: listening on `address:port`, and advertising `address` to
+    its peer where the engine advertises one (NIXL's side channel)."""
+    engine = known_engine(plan.engine)
+    if engine is not None and (names := set(engine.address_env) & set(plan.env)):
+        plan = replace(plan, env={**plan.env, **dict.fromkeys(names, address)})
+    return rebind(plan, address, port)
 
 
 def rebind(plan: EnginePlan, host: str, port: int) -> EnginePlan:

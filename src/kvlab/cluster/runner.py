@@ -40,7 +40,7 @@ from typing import TextIO
 import ray
 
 from kvlab.cluster.agent import UNKNOWN_ENGINE, Counters
-from kvlab.cluster.placement import rebind
+from kvlab.cluster.placement import on_node
 from kvlab.cluster.session import ClusterSession, Placed
 from kvlab.core.errors import EngineError, KvlabError
 from kvlab.core.files import write_private
@@ -147,11 +147,8 @@ async def place(session: ClusterSession, plan: EnginePlan) -> tuple[EnginePlan, 
         return plan, None
     if plan.host == placed.address and plan.port:
         return plan, placed  # placed before (a restart): keep the URL others know
-    if engine is not None and (names := set(engine.address_env) & set(plan.env)):
-        # what the engine advertises to its peer (NIXL's handshake) is its own node's address
-        plan = replace(plan, env={**plan.env, **dict.fromkeys(names, placed.address)})
     port = await session.call(placed, "free_port", placed.address)
-    return rebind(plan, placed.address, port), placed
+    return on_node(plan, placed.address, port), placed
 
 
 @dataclass

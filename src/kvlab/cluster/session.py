@@ -49,6 +49,7 @@ from kvlab.loadgen import topology
 from kvlab.records.evidence import NodeInfo, Where
 
 PROBE = ".kvlab-shared-probe-"
+REACH_TIMEOUT_S = 5.0  # a GCS that does not answer a connect by then is not there
 DEFAULT_KEY_VAR = "LOADTEST_API_KEY"  # the seed's name, when LOADTEST_API_KEY_ENV is empty
 
 
@@ -106,7 +107,7 @@ class ClusterSession:
             os.environ[self.key_var] = self.api_key
             self.say(f"    API key: generated for this run (in {self.key_var} while it runs; "
                      "never written)")
-        self._join()
+        self._joined = join(self.placement, f"kvlab-{self.run_id}")
         listed = nodes.from_ray(ray.nodes())  # type: ignore[no-untyped-call]
         where = self.placement.cluster
         resolved = [nodes.resolve(setting, name, listed, where)
@@ -125,25 +126,6 @@ class ClusterSession:
             if (p := self.where(role)) is not None:
                 self.say(f"    {role}: node {p.name} at {p.address} "
                          f"({p.resolved.setting}={p.resolved.name})")
-
-    def _join(self) -> None:
-        if ray.is_initialized():  # a caller (a test, a notebook) joined already
-            return
-        term = signal.getsignal(signal.SIGTERM)
-        try:
-            ray.init(address=self.placement.cluster, log_to_driver=False,
-                     logging_level=logging.WARNING, namespace=f"kvlab-{self.run_id}")
-            # Ray's crash handler takes SIGTERM and dies on it: give it back to whoever had it
-            # (`kvlab serve --node` stops its engine on SIGTERM, as `kvlab serve` does)
-            if term is not None and threading.current_thread() is threading.main_thread():
-                signal.signal(signal.SIGTERM, term)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise SettingError(
-                f"cannot join the Ray cluster at {self.placement.cluster} (from "
-                f"{self.placement.origin}): {str(exc).splitlines()[0][:200]}; start it with "
-                "`ray start --head` on one machine and `ray start --address HEAD:6379` on the "
-                "others (kvlab never starts one)") from None
-        self._joined = True
 
     def _agent(self, node: nodes.Node) -> Any:
         """The node's agent, holding all of the node's GPUs: Ray then sets CUDA_VISIBLE_DEVICES
@@ -278,6 +260,45 @@ class ClusterSession:
             await self.call(placed, method, *args)
         except (KvlabError, RayError) as exc:  # cleanup goes on; the agent's end stops engines
             self.say(f"    node {placed.name}: {method} failed at the end: {exc}")
+
+
+def join(placement: Placement, namespace: str = "kvlab") -> bool:
+    """Join the placement's cluster (never start one); whether this call joined (False: a
+    caller, a test or a notebook, had joined already). An address that does not answer a
+    connect within REACH_TIMEOUT_S is refused at once: Ray itself would wait minutes."""
+    if ray.is_initialized():
+        return False
+    why = _unreachable(placement.cluster)
+    term = signal.getsignal(signal.SIGTERM)
+    try:
+        if why:
+            raise ConnectionError(why)
+        ray.init(address=placement.cluster, log_to_driver=False,
+                 logging_level=logging.WARNING, namespace=namespace)
+        # Ray's crash handler takes SIGTERM and dies on it: give it back to whoever had it
+        # (`kvlab serve --node` stops its engine on SIGTERM, as `kvlab serve` does)
+        if term is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, term)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise SettingError(
+            f"cannot join the Ray cluster at {placement.cluster} (from {placement.origin}): "
+            f"{str(exc).splitlines()[0][:200]}; start it with `ray start --head` on one "
+            "machine and `ray start --address HEAD:6379` on the others (kvlab never starts "
+            "one)") from None
+    return True
+
+
+def _unreachable(address: str) -> str:
+    """Why a HOST:PORT address cannot be joined ("" when it answers, or is not of that form:
+    `auto`, `ray://...`, which Ray resolves itself)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "/" in address:
+        return ""
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), REACH_TIMEOUT_S):
+            return ""
+    except OSError as exc:
+        return f"no answer at {address} ({exc.strerror or 'timed out'})"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -15,7 +15,9 @@ On a Ray cluster (`--cluster`, RAY_ADDRESS; `kvlab.cluster`) the same run places
 PREFILL_HOST's node and decode and the baseline on DECODE_HOST's, refuses before anything
 starts a model or engine missing on a node or a store the two nodes do not share, and records
 the nodes' topology (two machines, or two Ray nodes on one machine) and each node's counters
-around each load level; the proxy and the load generator run where kvlab runs.
+around each load level; the proxy and the load generator run where kvlab runs. Its dry run
+reads the cluster's nodes (`cluster/survey.py`) and shows the plans bound to them, with the
+placement first (`DryPlacement`).
 
 The lab's procedure steps are parts of the same run (`DisaggSpec.parts`, `--part`): `cancel`
 (a request cancelled mid-stream, then the decode worker restarted, `procedure.py`) and
@@ -32,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from kvlab.cluster.placement import DryPlacement, on_node
 from kvlab.core.settings import POINT_TO_POINT, Settings
 from kvlab.core.sizes import human_bytes
 from kvlab.engines import vllm
@@ -80,6 +83,9 @@ TWO_MACHINES = (
     "prefill` and `kvlab serve decode` on the two machines, `kvlab proxy`, then `kvlab run-load "
     "disagg URL` and `kvlab compare`"
 )
+CLUSTER_CHECKS = ("each node holds its address, the engine and model paths exist on it, and "
+                  "the store is one directory for both nodes (a probe file): checked by the "
+                  "run's agents, before any engine starts")
 NO_NIXL = (
     "needs NixlConnector between two machines over RDMA (CONNECTOR=nixl, SIDE_CHANNEL_ADDR on "
     "each); kvlab runs one machine here"
@@ -134,7 +140,7 @@ def pair_plans(lab: Lab, store: str) -> list[EnginePlan]:
     cpu = install.platform == "cpu" and (
         lab.cluster is None or lab.cluster.same_machine("prefill", "decode") is not False)
     return [vllm.plan(settings, role, install, vllm.PlanOptions(
-        port=free_port(), cpu_core=core if cpu else None))
+        port=free_port(), cpu_core=core if cpu else None, store_here=lab.survey is None))
         for role, core in (("prefill", 0), ("decode", 1))]
 
 
@@ -447,22 +453,52 @@ def dry_run(lab: Lab, spec: DisaggSpec) -> list[dict[str, object]]:
     # with the model's tokenizer only when it runs)
     _checked(lab, replace(spec, parts=tuple(p for p in spec.parts if p != LOAD)))
     # the decode plan checks that its store exists; a run makes a fresh one in KVLAB_HOME/stores
-    with tempfile.TemporaryDirectory(prefix="kvlab-store-") as store:
-        prefill, decode = pair_plans(lab, store)
-        plans = [prefill, decode, proxy_plan(prefill, decode, lab.settings.connector)]
+    # (on a cluster, inside KV_SHARED_PATH on the nodes: named, not made)
+    with tempfile.TemporaryDirectory(prefix="kvlab-store-") as scratch:
+        store = str(lab.store_path("pd")) if lab.survey else scratch
+        prefill, decode = (_on_node(lab, p) for p in pair_plans(lab, store))
+        plans = [prefill, decode,
+                 _on_node(lab, proxy_plan(prefill, decode, lab.settings.connector))]
         if spec.has(LOAD) or spec.has(BOUNDARY):
-            plans.append(baseline_plan(lab, store))
-    out: list[dict[str, object]] = [{"label": p.role, "plan": p.as_dict(),
-                                  "shell": p.shell_line(), **_node(lab, p.role)} for p in plans]
+            plans.append(_on_node(lab, baseline_plan(lab, store)))
+    out: list[dict[str, object]] = [] if lab.survey is None else [_placement(lab, plans, store)]
+    out += [{"label": p.role, "plan": p.as_dict(), "shell": p.shell_line(),
+             **_node(lab, p.role)} for p in plans]
     if spec.has(LOAD):
         out += [{"label": "disagg-two-machines", "reason": TWO_MACHINES},
                 {"label": "disagg-nixl", "reason": NO_NIXL}]
     return out
 
 
+def _on_node(lab: Lab, plan: EnginePlan) -> EnginePlan:
+    """A dry run's plan as the cluster run would start it: on its node's address (its port
+    is one free there, chosen when it starts)."""
+    found = lab.survey.where(plan.role) if lab.survey else None
+    return on_node(plan, found.bind, plan.port) if found else plan
+
+
 def _node(lab: Lab, role: str) -> dict[str, str]:
-    """Where a dry run's plan would go on the cluster (named, not resolved: nothing starts)."""
-    target = lab.placement.target(role)
-    if not lab.placement.remote:
+    """Which node a dry run's plan would go to (none: where kvlab runs)."""
+    if lab.survey is None:
         return {}
-    return {"node": f"{target[0]}={target[1]}" if target else "where kvlab runs"}
+    return {"node": lab.survey.role(role, "").node}
+
+
+def _placement(lab: Lab, plans: list[EnginePlan], store: str) -> dict[str, object]:
+    """A cluster dry run's placement: each role's node and URL (the proxy's too), the store
+    and the nodes that would read it."""
+    survey = lab.survey
+    assert survey is not None
+    shared = lab.settings.connector == "shared"
+    sides = [survey.role(r, "").node for r in ("prefill", "decode")]
+    if not shared:
+        store_from = f"CONNECTOR={lab.settings.connector}: the KV goes point to point"
+    elif lab.settings.kv_shared_path:
+        store_from = "a directory of the run's own inside KV_SHARED_PATH"
+    else:
+        store_from = "KV_SHARED_PATH unset: KVLAB_HOME's stores, which two machines do not share"
+    return {"label": "placement", "placement": DryPlacement(
+        cluster=survey.placement.cluster, origin=survey.placement.origin,
+        roles=[survey.role(p.role, p.base_url) for p in plans],
+        store=store if shared else None, store_seen_by=sides if shared else [],
+        store_from=store_from, nodes=survey.listing(), left_to_the_run=CLUSTER_CHECKS)}

@@ -40,6 +40,7 @@ from kvlab.records.runs import NotRunRecord
 
 if TYPE_CHECKING:
     from kvlab.cluster.session import ClusterSession
+    from kvlab.cluster.survey import Survey
 
 R = TypeVar("R", bound=Record)
 READY_TIMEOUT_S = 900.0  # a cold vLLM start on a loaded 2-core machine, or a GPU's first
@@ -57,6 +58,7 @@ class Lab:
     outcomes: dict[str, dict[str, object]] = field(default_factory=dict)  # per experiment run
     placement: Placement = LOCAL
     cluster: ClusterSession | None = None  # open while a cluster run runs (`placed()`)
+    survey: Survey | None = None  # a cluster dry run: the nodes its names resolve to
 
     @contextlib.asynccontextmanager
     async def placed(self) -> AsyncIterator[Lab]:
@@ -180,9 +182,15 @@ def execute(settings: Settings, name: str, spec: object, placement: Placement = 
 def plans(settings: Settings, name: str, spec: object, placement: Placement = LOCAL,
           say: Say = quiet) -> list[dict[str, object]]:
     """What `name` would start with `spec` (`--dry-run`): its plans, or why a row would not
-    run; starts, installs and writes nothing."""
+    run; starts, installs and writes nothing. On a cluster it reads which nodes its names
+    resolve to (`cluster/survey.py`: the cluster is asked, nothing is started on it)."""
     from kvlab.experiments import registered
 
-    found: list[dict[str, object]] = registered(name).load().dry_run(
-        Lab(settings, say=say, placement=placement), spec)
+    lab = Lab(settings, say=say, placement=placement)
+    if placement.remote:  # a run's store is named after its id, not known yet
+        lab.run_id = "<run id>"
+        from kvlab.cluster.survey import survey
+
+        lab.survey = survey(placement)
+    found: list[dict[str, object]] = registered(name).load().dry_run(lab, spec)
     return found

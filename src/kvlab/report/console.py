@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.table import Table
 
+from kvlab.cluster.placement import DryPlacement
 from kvlab.core.settings import LoadedSettings
 from kvlab.core.sizes import human_bytes
 from kvlab.engines.install import EngineStatus
@@ -224,14 +225,33 @@ def boundary(console: Console, r: BoundaryRecord) -> None:
 
 
 def plans(console: Console, found: Sequence[dict[str, object]]) -> None:
-    """A dry run's plans: each one's command line, or why it would not run."""
+    """A dry run's plans: each one's command line, or why it would not run (a cluster's
+    placement first)."""
     for item in found:
+        if isinstance(where := item.get("placement"), DryPlacement):
+            placement(console, where)
+            continue
         node = f" (on {item['node']})" if "node" in item else ""
         console.print(f"==> {item['label']}{node}")
         console.print(f"    {item['shell']}" if "plan" in item
                       else f"    not run here: {item['reason']}")
         if "note" in item:
             console.print(f"    note: {item['note']}")
+
+
+def placement(console: Console, p: DryPlacement) -> None:
+    """Where a cluster run would put each role, read from the cluster; nothing started."""
+    console.print(f"==> placement on the Ray cluster at {p.cluster} (from {p.origin})")
+    for r in p.roles:
+        console.print(f"    {r.role:<9} {r.node}, {r.url}"
+                      + (f" ({r.named_by})" if r.named_by else ""))
+    if p.store is not None:
+        seen = " and ".join(dict.fromkeys(p.store_seen_by))
+        console.print(f"    store     {p.store} on {seen}: {p.store_from}")
+    else:
+        console.print(f"    store     none: {p.store_from}")
+    console.print(f"    nodes     {p.nodes}")
+    console.print(f"    ports are chosen free on each node when it starts; {p.left_to_the_run}")
 
 
 # --- llama.cpp's tiers ------------------------------------------------------------------------

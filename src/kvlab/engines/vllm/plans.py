@@ -76,6 +76,9 @@ class PlanOptions:
     store_must_exist: bool = False
     host_memory: HostMemory | None = None  # None: measured when an offload-on plan is made
     interfaces: Mapping[str, tuple[str, ...]] | None = None  # None: this machine's
+    # the P/D store is checked on this machine; False: it is on a cluster's nodes' mount,
+    # which the run checks there (a cluster dry run's plans)
+    store_here: bool = True
 
 
 def weight_offload_arg(args: tuple[str, ...]) -> str | None:
@@ -214,7 +217,7 @@ class _PlanBuilder:
         if role in ("prefill", "decode"):
             kv_role = "kv_producer" if role == "prefill" else "kv_consumer"
             self.must_exist = opts.store_must_exist
-            self.pd(role, kv_role, opts.kv_shared_path or s.kv_shared_path, opts.interfaces)
+            self.pd(role, kv_role, opts.kv_shared_path or s.kv_shared_path, opts)
             self.devices(role)
             return False, kv_role
         return False, ""
@@ -293,11 +296,10 @@ class _PlanBuilder:
             "prompt), so a growing multi-turn conversation never hits it across instances"
         )
 
-    def pd(self, role: str, kv_role: str, path: str,
-           ifaces: Mapping[str, tuple[str, ...]] | None) -> None:
-        connector = self.settings.connector
+    def pd(self, role: str, kv_role: str, path: str, opts: PlanOptions) -> None:
+        connector, ifaces = self.settings.connector, opts.interfaces
         if connector == "shared":
-            self.pd_store(role, path)
+            self.pd_store(role, path, opts.store_here)
         elif connector in ("nixl", "mooncake") and not self.settings.side_channel_addr:
             raise RefusedError(
                 f"CONNECTOR={connector} needs SIDE_CHANNEL_ADDR: the address the OTHER machine "
@@ -311,7 +313,7 @@ class _PlanBuilder:
         self.flags.append(Flag(TRANSFER_CONFIG, to_json(config)))
         self.summary.append(("connector", connector))
 
-    def pd_store(self, role: str, path: str) -> None:
+    def pd_store(self, role: str, path: str, here: bool = True) -> None:
         if not path:
             raise RefusedError(
                 "CONNECTOR=shared needs KV_SHARED_PATH set to a directory both machines can "
@@ -319,17 +321,11 @@ class _PlanBuilder:
                 "CONNECTOR=shared needs KV_SHARED_PATH set to the SAME directory the prefill "
                 "instance writes to"
             )
+        if here:  # else on a cluster's nodes' mount: the run checks it there
+            _check_store(role, path, self.must_exist)
+            kvstore.refuse_partial(Path(path), kvstore.model_layers(self.model))
         if role == "prefill":
-            if self.must_exist:
-                _check_exists(path)
-            _check_writable(path)
             self.private_dirs.append(path)
-        elif not Path(path).is_dir():
-            raise RefusedError(f"KV_SHARED_PATH ({path}) is not a directory on this machine. "
-                               "Is the shared mount up?")
-        elif not os.access(path, os.R_OK):
-            raise RefusedError(f"KV_SHARED_PATH ({path}) is not readable by this account.")
-        kvstore.refuse_partial(Path(path), kvstore.model_layers(self.model))
         self.summary.append(("shared store", path))
 
     def nixl(self, role: str, ifaces: Mapping[str, tuple[str, ...]] | None) -> None:
@@ -405,6 +401,20 @@ def _check_exists(path: str) -> None:
                            "shared mount up? (kvlab serve does not create it: a store made "
                            "here would hide an unmounted share; mkdir -m 700 it for one "
                            "machine)")
+
+
+def _check_store(role: str, path: str, must_exist: bool) -> None:
+    """The prefill can create and write the store here (it exists when it must); the decode
+    finds it here."""
+    if role == "prefill":
+        if must_exist:
+            _check_exists(path)
+        _check_writable(path)
+    elif not Path(path).is_dir():
+        raise RefusedError(f"KV_SHARED_PATH ({path}) is not a directory on this machine. "
+                           "Is the shared mount up?")
+    elif not os.access(path, os.R_OK):
+        raise RefusedError(f"KV_SHARED_PATH ({path}) is not readable by this account.")
 
 
 def _check_writable(path: str) -> None:
