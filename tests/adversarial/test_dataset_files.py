@@ -101,6 +101,7 @@ def test_a_huge_line_is_read_under_the_limit_and_refused_over_it(tmp_path: Path)
     (b'{"prompt": "p", "output_tokens": 1e400}', "output_tokens must be a whole number"),
     (b'"just a string"', "a record is a JSON object, not a string"),
     (b"{} {}", "not JSON"),
+    (b'{"a\\nb": 1}', r'no prompt \(keys: "a\\nb"\)'),  # a key with a newline, still one line
 ])
 def test_hostile_files_are_one_line(tmp_path: Path, raw: bytes, message: str) -> None:
     path = tmp_path / "hostile.json"

@@ -100,7 +100,7 @@ def test_a_system_message_and_blank_lines(tmp_path: Path) -> None:
     ("\n \n", "no record to send: the file holds no records"),
     ('{"prompt": "p"}\nnot json\n', r"d\.jsonl:2: not JSON .*one JSON object a line"),
     ('{"prompt": "p"}\n[1]\n', r"d\.jsonl:2: a record is a JSON object, not a list"),
-    ('{"id": 1, "answer": "x"}\n', r"d\.jsonl:1: no prompt \(keys: id, answer\); a prompt "
+    ('{"id": 1, "answer": "x"}\n', r'd\.jsonl:1: no prompt \(keys: "id", "answer"\); a prompt '
      "line holds one of prompt, text_input"),
     ('{"prompt": 5}\n', r"d\.jsonl:1: prompt must be a string, not a number"),
     ('{"prompt": "p", "output_tokens": "10"}\n', r"d\.jsonl:1: output_tokens must be a "
@@ -243,7 +243,7 @@ def test_the_flags_other_tools_spell(tmp_path: Path, monkeypatch: pytest.MonkeyP
      "--dataset-path FILE"),
     (["--dataset-name", "random", "--data", "x.json"], "--dataset-name random: that is "
      "kvlab's own prompt set"),
-    (["--dataset-path", "BAD"], "BAD.jsonl:1: no prompt (keys: id)"),
+    (["--dataset-path", "BAD"], 'BAD.jsonl:1: no prompt (keys: "id")'),
     (["--dataset-path", "/nonexistent/d.json"], "--dataset /nonexistent/d.json: cannot read"),
 ])
 def test_bad_dataset_input_is_one_line_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -273,7 +273,8 @@ def _prompt(obj: dict[str, object], where: str, number: int,
             reading: _Reading) -> Entry | None:
     key = next((k for k in PROMPT_KEYS if k in obj), None)
     if key is None:
-        found = ", ".join(list(obj)[:8]) or "none"
+        # the keys as JSON writes them: a key may hold a newline, and the message is one line
+        found = ", ".join(json.dumps(k)[:40] for k in list(obj)[:8]) or "none"
         raise InputError(f"{where}: no prompt (keys: {found}); a prompt line holds one of "
                          f"{', '.join(PROMPT_KEYS)}, or a ShareGPT record conversations")
     text = _message(obj[key], where, key)
