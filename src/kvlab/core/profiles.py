@@ -10,10 +10,16 @@ always wins over the profile.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvlab.core.settings import Settings
 
+if TYPE_CHECKING:
+    from kvlab.core.hardware import Hardware
+
 TINY_DIR = "models/tiny-qwen3-seed0"
+GPU_PROFILES = ("gpu", "gpu-shaped")
+CPU_PROFILE = "cpu-tiny"
 
 
 def gpu_visible() -> bool:
@@ -21,6 +27,14 @@ def gpu_visible() -> bool:
     from kvlab.core.hardware import detect_hardware
 
     return detect_hardware().gpu
+
+
+def wants_gpu(settings: Settings, hw: Hardware) -> bool:
+    """Whether the engines kvlab runs here are GPU builds: a GPU profile names it, or a GPU
+    is visible and the CPU profile was not asked for. vLLM's choice and llama-server's build
+    both follow this one answer, so neither runs on a device the other does not."""
+    profile = settings.kvlab_profile
+    return profile in GPU_PROFILES or (hw.gpu and profile != CPU_PROFILE)
 
 
 def tiny_paths(home: Path) -> tuple[Path, Path]:

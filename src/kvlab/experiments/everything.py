@@ -1,13 +1,15 @@
 """`kvlab run all`: every experiment this machine can run, then the report.
 
 Order (the registry's `RUN_ALL`): the llama.cpp tiers first (a minute or two), then the vLLM
-experiments (offload, shared store, prefill/decode). Each experiment starts and stops its own
-engines; one that fails (an engine that dies, a refused configuration) is recorded as a
-`not-run` line for each of its report rows, with the error, everything it started is stopped,
-and the rest still run. Sizes: `AllSpec.lab()` are the labs' own; `AllSpec.quick()` are for CI
-and a first look. Both search the capacity at the platform's latency target (the offload
-lab's users with the tier off, and on where it runs; the P/D lab's request rate, baseline and
-split): a few probes of a few seconds in `quick()`, more and longer in `lab()`.
+experiments (offload, shared store, prefill/decode). Each experiment installs what its engines
+need (`engines/prepare.py`: for this machine's device, never the CPU's on a GPU) and starts
+its own engines. One that fails (an engine
+that dies, a refused configuration) is recorded as a `not-run` line for each of its report
+rows, with the error, everything it started is stopped, and the rest still run. Sizes:
+`AllSpec.lab()` are the labs' own; `AllSpec.quick()` are for CI and a first look. Both search
+the capacity at the platform's latency target (the offload lab's users with the tier off, and
+on where it runs; the P/D lab's request rate, baseline and split): a few probes of a few
+seconds in `quick()`, more and longer in `lab()`.
 """
 
 from __future__ import annotations
@@ -18,10 +20,17 @@ from dataclasses import dataclass
 
 from kvlab.cluster.placement import LOCAL, Placement
 from kvlab.core.errors import KvlabError
+from kvlab.core.profiles import wants_gpu
 from kvlab.core.say import Say, quiet
 from kvlab.core.settings import Settings
 from kvlab.engines import install, llamacpp
-from kvlab.engines.prepare import LLAMA_NEEDED, MLX_NEEDED, VLLM_NEEDED
+from kvlab.engines.prepare import (
+    LLAMA_NEEDED,
+    MLX_NEEDED,
+    MLX_ON_GPU,
+    VLLM_NEEDED,
+    prepare_engines,
+)
 from kvlab.experiments import DISAGG_PARTS, EXPERIMENTS, RUN_ALL
 from kvlab.experiments.lab import Lab
 from kvlab.loadgen.capacity import CapacityAsk, SearchPlan
@@ -37,10 +46,10 @@ QUICK_SEARCH = SearchPlan(start=2.0, max_steps=2, duration_s=2.0, min_requests=6
 SLOT_FILES_HERE = ("disk", "mlx-cache", "shared-slots")
 NOT_PLACED = ("not placed on a Ray node: kvlab times llama.cpp's slot files on the disk where "
               "it runs; run `kvlab run disk` on that machine")
+NO_GGUF = ("no GGUF for llama-server: set LLAMA_MODEL to one (`LLAMA_MODEL=/path/model.gguf "
+           "kvlab run all`; `kvlab models tiny` makes a tiny random-weight one)")
 NO_MLX = ("mlx-lm is not installed on this machine: `kvlab engines install --only mlx` puts it in "
           "a venv of its own (mlx[cpu] on Linux, mlx with Metal on macOS)")
-NO_LLAMA = ("llama-server is not installed on this machine: `kvlab engines install` builds it "
-            "(CPU), or set LLAMA_BIN to a build for this machine's accelerator")
 
 
 @dataclass(frozen=True)
@@ -135,7 +144,7 @@ async def _one(lab: Lab, spec: AllSpec, name: str) -> list[Record]:
     """One experiment of the run, or the not-run lines that say why it could not run."""
     lab.say(f"\n######## {name}")
     entry = EXPERIMENTS[name]
-    why = not_here(lab, name)
+    why = _prepared(lab, name) or not_here(lab, name)
     if why is not None:
         lab.outcomes[name] = {"ok": True, "lines": 0, "not_run": why}
         return [lab.not_run(r, why) for r in entry.rows]
@@ -149,17 +158,31 @@ async def _one(lab: Lab, spec: AllSpec, name: str) -> list[Record]:
     return list(lines)
 
 
+def _prepared(lab: Lab, name: str) -> str | None:
+    """Install what experiment `name`'s engines need (once a run: a failed install is not
+    retried by the next experiment that needs it); why it could not be, else None."""
+    failed = lab.install_failures
+    needs = tuple(n for n in EXPERIMENTS[name].needs if n not in failed)
+    try:
+        prepare_engines(lab.settings, needs, lab.say)
+    except KvlabError as exc:
+        failed.update(dict.fromkeys(needs, str(exc)))
+    return next((failed[n] for n in EXPERIMENTS[name].needs if n in failed), None)
+
+
 def not_here(lab: Lab, name: str) -> str | None:
     """Why experiment `name` cannot run on this machine (None: it can)."""
     needs = EXPERIMENTS[name].needs
     if lab.placement.remote and name in SLOT_FILES_HERE:
         return NOT_PLACED
     if LLAMA_NEEDED in needs and llamacpp.find_llama_server(lab.settings) is None:
-        return NO_LLAMA
+        return llamacpp.not_found(lab.settings)
+    if LLAMA_NEEDED in needs and not lab.settings.llama_model:
+        return NO_GGUF
     if VLLM_NEEDED in needs and not lab.vllm.found:
         return f"no vLLM on this machine ({lab.vllm.reason})"
     if MLX_NEEDED in needs and install.mlx_python(lab.settings.home()) is None:
-        return NO_MLX
+        return MLX_ON_GPU if wants_gpu(lab.settings, lab.vllm.hardware) else NO_MLX
     return None
 
 

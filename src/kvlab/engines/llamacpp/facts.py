@@ -24,7 +24,7 @@ from pathlib import Path
 
 from kvlab.core.errors import EngineError, RefusedError
 from kvlab.core.settings import Settings
-from kvlab.engines import install
+from kvlab.engines import install, llama_build
 from kvlab.engines.base import LLAMA_CPP
 from kvlab.engines.plan import EnginePlan, Flag
 from kvlab.records.evidence import KvType
@@ -59,7 +59,8 @@ _BARE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 
 def find_llama_server(settings: Settings) -> Path | None:
     """LLAMA_BIN/llama-server, else llama-server on PATH (the user's build, for this machine's
-    accelerator: Metal, ROCm, CUDA), else kvlab's CPU build."""
+    accelerator: Metal, ROCm, CUDA), else kvlab's build for this machine's device (never its
+    CPU build where the engines run on a GPU: `llama_build.py`)."""
     if settings.llama_bin:
         candidate = Path(settings.llama_bin).expanduser()
         candidate = candidate / "llama-server" if candidate.is_dir() else candidate
@@ -67,7 +68,25 @@ def find_llama_server(settings: Settings) -> Path | None:
     found = shutil.which(SERVER_BINARY)
     if found:
         return Path(found)
-    return install.installed_llama_server(settings.home())
+    return install.installed_llama_server(settings.home(), build_target(settings))
+
+
+def build_target(settings: Settings) -> llama_build.Target:
+    """The llama-server build this machine's device takes."""
+    return llama_build.target(settings, install.isa_key())
+
+
+def not_found(settings: Settings) -> str:
+    """Why no llama-server runs here, and the one thing that fixes it."""
+    if settings.llama_bin:
+        return (f"LLAMA_BIN ({settings.llama_bin}) holds no executable llama-server: point it "
+                "at the binary or the directory holding it")
+    target = build_target(settings)
+    if target.missing:
+        return target.missing
+    return (f"llama-server is not on PATH and kvlab has not built it for "
+            f"{target.describe()}: `kvlab engines install --only llama` builds it, or set "
+            "LLAMA_BIN to the directory holding one")
 
 
 def version_note(build_info: str) -> str | None:
@@ -84,11 +103,7 @@ def version_note(build_info: str) -> str | None:
 def require_llama_server(settings: Settings) -> Path:
     binary = find_llama_server(settings)
     if binary is None:
-        where = f"LLAMA_BIN ({settings.llama_bin})" if settings.llama_bin else "PATH"
-        raise EngineError(
-            f"llama-server is not in {where} and kvlab has not built it: run "
-            "`kvlab engines install` or set LLAMA_BIN to the directory holding it"
-        )
+        raise EngineError(not_found(settings))
     return binary
 
 

