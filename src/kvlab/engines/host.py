@@ -20,14 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TextIO
 
+import httpx
+
 from kvlab.core.errors import EngineError
 from kvlab.core.say import Say
 from kvlab.core.settings import Settings
-from kvlab.engines import deaths, local, startup
+from kvlab.engines import deaths, local, reuse, startup
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import DEFAULT_READY_TIMEOUT_S, EngineProcess, orphan_note
 from kvlab.records.evidence import NodeInfo
-from kvlab.records.runs import StartupRecord
+from kvlab.records.runs import EngineReuse, StartupRecord
 
 Running = contextlib.AbstractAsyncContextManager[list[EngineProcess]]
 
@@ -67,18 +69,24 @@ def labels_for(plans: Sequence[EnginePlan], labels: Sequence[str]) -> list[str]:
 
 
 async def record_ready(scope: Scope, proc: EngineProcess, label: str,
-                       node: NodeInfo | None = None) -> StartupRecord:
+                       node: NodeInfo | None = None,
+                       reused: EngineReuse | None = None) -> StartupRecord:
     """The ready engine's startup line (its own version, its log's capacity), recorded and
-    said in one line."""
+    said in one line; a kept engine's (`reused`) says so, with its reset's check."""
     version = await startup.server_version(proc.plan)
     # a process on a node is not this machine's to name
     instance = local.instance_id(proc.pid) if node is None else None
-    line = startup.record(proc.plan, proc.log_text(), ready_s=proc.ready_s,
+    ready_s = reused.probe.reset_s if reused is not None else proc.ready_s
+    line = startup.record(proc.plan, proc.log_text(), ready_s=ready_s,
                           engine_version=version, label=label, node=node, instance=instance)
+    line.reused = reused
     scope.record(line)
     on = f" on node {node.node}" if node is not None else ""
-    scope.say(f"    {proc.plan.role} ready in {proc.ready_s or 0:.0f} s{on}: "
-              + "; ".join(line.capacity.lines))
+    how = (f"kept from {reused.started_as}, its cache reset (a probe: "
+           f"{reused.probe.cached_before} cached tokens before, {reused.probe.cached_after} "
+           f"after) in {reused.probe.reset_s:.1f} s" if reused is not None
+           else f"ready in {proc.ready_s or 0:.0f} s")
+    scope.say(f"    {proc.plan.role} {how}{on}: " + "; ".join(line.capacity.lines))
     if line.version_note:
         scope.say(f"    note: {line.version_note}")
     if (note := orphan_note(proc)):
@@ -120,6 +128,7 @@ class LocalHost:
     detached: bool = False
     log_prefix: str = ""
     started: list[EngineProcess] = field(default_factory=list)
+    pool: reuse.EnginePool | None = None  # a pass's kept engines (`engines/reuse.py`)
 
     @contextlib.asynccontextmanager
     async def running(self, plans: Sequence[EnginePlan], labels: Sequence[str],
@@ -127,30 +136,70 @@ class LocalHost:
                       ) -> AsyncIterator[list[EngineProcess]]:
         names = labels_for(plans, labels)
         settings = self.scope.settings
-        procs = [EngineProcess(p, self.log_dir / f"{self.log_prefix}{p.role}-{p.port}.log",
+        if self.pool is not None:
+            plans = [reuse.poolable(p) for p in plans]
+        kept = await self._reused(plans)
+        procs = [kept[i].proc if i in kept else
+                 EngineProcess(p, self.log_dir / f"{self.log_prefix}{p.role}-{p.port}.log",
                                run_dir=settings.paths().run,
                                secret_env=settings.engine_secret_env(),
                                ready_timeout_s=ready_timeout_s, detached=self.detached)
-                 for p in plans]
+                 for i, p in enumerate(plans)]
+        fresh = [p for i, p in enumerate(procs) if i not in kept]
         self.started = procs
-        stopping = True
+        stopping, clean = True, False
         try:
-            for proc in procs:
+            for proc in fresh:
                 proc.log_path.unlink(missing_ok=True)
                 proc.start()
                 if self.echo is not None:
                     proc.echo_log(self.echo)
-            self.scope.say("    starting " + ", ".join(f"{p.role}:{p.port}" for p in plans))
-            for choice in dict.fromkeys(c for p in plans if (c := choice_line(p))):
+            if fresh:
+                self.scope.say("    starting " + ", ".join(f"{p.plan.role}:{p.plan.port}"
+                                                          for p in fresh))
+            for choice in dict.fromkeys(c for p in fresh if (c := choice_line(p.plan))):
                 self.scope.say(f"    {choice}")
-            await asyncio.gather(*(p.wait_ready() for p in procs))
-            for proc, label in zip(procs, names, strict=True):
-                await record_ready(self.scope, proc, label)
+            await asyncio.gather(*(p.wait_ready() for p in fresh))
+            for i, (proc, label) in enumerate(zip(procs, names, strict=True)):
+                await record_ready(self.scope, proc, label,
+                                   reused=kept[i].reuse if i in kept else None)
             async with _watched(procs):
                 yield procs
-            stopping = not self.detached
+            stopping, clean = not self.detached, True
         finally:
+            if clean and stopping and self.pool is not None:  # an error stops them all
+                procs = [p for p, label in zip(procs, names, strict=True)
+                         if not self.pool.keep(p, label)]
             await asyncio.shield(asyncio.gather(*(_stop(p, stopping) for p in procs)))
+
+    async def _reused(self, plans: Sequence[EnginePlan]) -> dict[int, _Reused]:
+        """The pool's engines that `plans` can use, each reset and checked (one whose check
+        fails is stopped, and its plan starts fresh)."""
+        if self.pool is None:
+            return {}
+        out: dict[int, _Reused] = {}
+        for i, kept in (await self.pool.claim(plans)).items():
+            try:
+                probe = await reuse.reset_checked(kept.proc.plan, self.scope.settings.api_key())
+            except httpx.HTTPError as exc:
+                self.scope.say(f"    {kept.label}'s engine: the reset failed ({exc}); a fresh "
+                               "one starts")
+                await kept.proc.stop()
+                continue
+            if not probe.ok:
+                self.scope.say(f"    {kept.label}'s engine: the reset probe read "
+                               f"{probe.cached_before} cached tokens before and "
+                               f"{probe.cached_after} after; a fresh one starts")
+                await kept.proc.stop()
+                continue
+            out[i] = _Reused(kept.proc, reuse.reuse_line(kept, probe))
+        return out
+
+
+@dataclass(frozen=True)
+class _Reused:
+    proc: EngineProcess
+    reuse: EngineReuse
 
 
 async def _stop(proc: EngineProcess, stopping: bool) -> None:

@@ -54,8 +54,10 @@ EXPERIMENTS: dict[str, Registered] = {e.name: e for e in (
     Registered("disagg", "kvlab.experiments.disagg",
                (rows.BASELINE, rows.LOOPBACK, rows.CANCEL, rows.BOUNDARY)),
 )}
-# what `kvlab run all` runs, in order: the llama.cpp tiers (seconds) before the vLLM labs
-RUN_ALL = ("disk", "mlx-cache", "shared-slots", "interference", "llama-tiers", "offload",
+# what `kvlab run all` runs, in order: the llama.cpp tiers (seconds) before the vLLM labs;
+# disk and shared-slots side by side, as their llama-server plans are the same (one engine,
+# kept and reset between them: `engines/reuse.py`)
+RUN_ALL = ("disk", "shared-slots", "mlx-cache", "interference", "llama-tiers", "offload",
            "shared", "disagg")
 
 

@@ -61,6 +61,7 @@ async def run(lab: Lab, spec: DiskSpec) -> list[Record]:
     lab.say(f"starting llama-server (ctx {spec.ctx}, {spec.parallel} slots, "
             f"--cache-ram {spec.cache_ram_mib}) on {plan.base_url}")
     async with engines(lab, [plan], labels=[spec.label], ready_timeout_s=READY_S) as (proc,):
+        plan = proc.plan  # as started: a kept engine (run all) listens on its own port
         version = await startup.server_version(plan)
         async with LlamaClient(LlamaTarget.from_plan(plan, proc.log_path),
                                settings.api_key()) as client:

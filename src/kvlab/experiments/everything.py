@@ -3,7 +3,8 @@
 Order (the registry's `RUN_ALL`): the llama.cpp tiers first (a minute or two), then the vLLM
 experiments (offload, shared store, prefill/decode). Each experiment installs what its engines
 need (`engines/prepare.py`: for this machine's device, never the CPU's on a GPU) and starts
-its own engines. One that fails (an engine
+its own engines; an engine whose plan is the previous step's is kept instead of restarted,
+its prefix cache reset and the reset checked (`engines/reuse.py`). One that fails (an engine
 that dies, a refused configuration) is recorded as a `not-run` line for each of its report
 rows, with the error, everything it started is stopped, and the rest still run. Sizes:
 `AllSpec.lab()` are the labs' own; `AllSpec.quick()` are for CI and a first look. Both search
@@ -31,6 +32,7 @@ from kvlab.engines.prepare import (
     VLLM_NEEDED,
     prepare_engines,
 )
+from kvlab.engines.reuse import EnginePool
 from kvlab.experiments import DISAGG_PARTS, EXPERIMENTS, RUN_ALL
 from kvlab.experiments.lab import Lab
 from kvlab.loadgen.capacity import CapacityAsk, SearchPlan
@@ -191,12 +193,16 @@ def run_all(settings: Settings, spec: AllSpec, placement: Placement = LOCAL,
     """`kvlab run all`'s experiments in one lab (its placement open throughout); the lab,
     with each experiment's outcome. `after` is called after each experiment with those not
     run yet (the CLI writes the report so far)."""
-    lab = Lab(settings, say=say, placement=placement)
+    lab = Lab(settings, say=say, placement=placement, pool=EnginePool())
     say(f"==> kvlab run all (run {lab.run_id}, notebook {settings.labbook})")
 
     async def go() -> None:
-        async with lab.placed():
-            await run(lab, spec, after)
+        try:
+            async with lab.placed():
+                await run(lab, spec, after)
+        finally:
+            if lab.pool is not None:
+                await asyncio.shield(lab.pool.close())
 
     asyncio.run(go())
     return lab

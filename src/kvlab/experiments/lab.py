@@ -7,6 +7,8 @@
   all are ready, writes each one's `startup` line, and stops them all however the block ends;
 - `not_run(...)`: the line that says why a lab row cannot run on this machine, so the report
   (which reads only the notebook) can say so too;
+- `pool`: in `kvlab run all`, the engines kept from one step for the next that has the same
+  plan, reset and checked before they serve it (`engines/reuse.py`);
 - `placement`: where the engines run, this machine by default; on a Ray cluster (`--cluster`,
   RAY_ADDRESS) `placed()` opens the run's cluster session, and `engines(...)`, `preflight`,
   `api_key()` and the stores go through it (`kvlab.cluster`, imported only then: the
@@ -33,6 +35,7 @@ from kvlab.engines import llamacpp, vllm
 from kvlab.engines.host import EngineHost, LocalHost, Running
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import make_private_dir
+from kvlab.engines.reuse import EnginePool
 from kvlab.records import notebook
 from kvlab.records.base import Record
 from kvlab.records.rows import Row
@@ -60,6 +63,7 @@ class Lab:
     placement: Placement = LOCAL
     cluster: ClusterSession | None = None  # open while a cluster run runs (`placed()`)
     survey: Survey | None = None  # a cluster dry run: the nodes its names resolve to
+    pool: EnginePool | None = None  # `kvlab run all`'s kept engines (`engines/reuse.py`)
 
     @contextlib.asynccontextmanager
     async def placed(self) -> AsyncIterator[Lab]:
@@ -91,7 +95,7 @@ class Lab:
             from kvlab.cluster.runner import RayHost
 
             return RayHost(self, self.cluster, logs, self.stores)
-        return LocalHost(self, logs)
+        return LocalHost(self, logs, pool=self.pool)
 
     def api_key(self) -> str:
         """The key the run's engines expect: on a cluster the run's own (LOADTEST_API_KEY_ENV's

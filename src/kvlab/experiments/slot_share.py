@@ -68,6 +68,7 @@ async def run(lab: Lab, spec: SharedSlotsSpec) -> list[Record]:
             f"one store {store.directory}")
     async with engines(lab, plans, labels=[f"{spec.label}-{n}" for n in ("a", "b")],
                        ready_timeout_s=READY_S) as (proc_a, proc_b):
+        plans = [proc_a.plan, proc_b.plan]  # as started: a kept engine has its own port
         version = await startup.server_version(plans[0])
         async with LlamaClient(LlamaTarget.from_plan(plans[0], proc_a.log_path),
                                settings.api_key()) as a, \

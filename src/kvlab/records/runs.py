@@ -76,6 +76,32 @@ class StartupFacts(Strict):
                                         "(PREFILL_DEVICES/DECODE_DEVICES), as the variable set.")
 
 
+class ResetProbe(Strict):
+    """The check that a kept engine's prefix cache was emptied before it served another
+    experiment: one prompt sent twice (the second must hit, or a miss would prove nothing),
+    the cache reset, the prompt again (it must miss)."""
+
+    method: str = Field(description="The reset as sent, e.g. POST /reset_prefix_cache.")
+    prompt_tokens: int = Field(description="The probe prompt's tokens, as the engine counted.")
+    cached_before: int = Field(description="Cached tokens of its second send, before the reset.")
+    cached_after: int = Field(description="Cached tokens of its send after the reset.")
+    reset_s: float = Field(description="Seconds for the whole check, probe and resets.")
+
+    @property
+    def ok(self) -> bool:
+        return self.cached_before > 0 and self.cached_after == 0
+
+
+class EngineReuse(Strict):
+    """This startup line's engine was not started for it: it is the one the line labelled
+    `started_as` started earlier in the pass, kept with an identical plan and reset."""
+
+    started_as: str
+    start_ready_s: float | None = Field(None, description="That start's time to ready: what "
+                                        "this reuse saved.")
+    probe: ResetProbe
+
+
 class StartupRecord(Record, StartupFacts):
     """What an instance said about its KV capacity as it started."""
 
@@ -101,6 +127,9 @@ class StartupRecord(Record, StartupFacts):
                                  "measured it finds this line by.")
     engine_args: EngineArgs | None = Field(None, description="Its effective arguments as the "
                                            "engine logged them at start, else its argv.")
+    reused: EngineReuse | None = Field(None, description="Set when the engine was kept from "
+                                       "an earlier experiment of the pass and reset, not "
+                                       "started: ready_s is then the reset's check.")
 
 
 # --- reuse and proof ---------------------------------------------------------------------

