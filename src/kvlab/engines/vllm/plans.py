@@ -25,6 +25,7 @@ from kvlab.engines.plan import EnginePlan, Flag
 from kvlab.engines.vllm import store as kvstore
 from kvlab.engines.vllm.facts import (
     BLOCK_SIZE_FLAG,
+    CACHE_ROOT_ENV,
     CONTEXT_FLAG,
     MEMORY_FRACTION_FLAG,
     MOONCAKE_BOOTSTRAP_PORT,
@@ -193,6 +194,8 @@ class _PlanBuilder:
         ]
         if settings.hf_home:
             self.env["HF_HOME"] = settings.hf_home
+        if CACHE_ROOT_ENV not in os.environ:  # compiled graphs kept for the next start
+            self.env[CACHE_ROOT_ENV] = str(settings.home() / "cache" / "vllm")
         if Path(model).is_dir():
             self.env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
             from kvlab.engines.models import has_weights
