@@ -26,6 +26,7 @@ from kvlab.report.offload import offload_table
 from kvlab.report.pd import pd_table
 from kvlab.report.plots import Plot
 from kvlab.report.procedure import procedure_table
+from kvlab.report.starts import latest as latest_starts
 
 LAB_TITLES = {"offload": "Offload lab, task 6 (three sentences: which tiers to keep)",
               "pd": "P/D lab (one sentence: which configuration you would actually use)"}
@@ -40,6 +41,7 @@ class Report:
     skipped_lines: int = 0
     decisions: list[Decision] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)  # experiments not run yet
+    starts: str = ""  # how much of the latest run went to engine starts (`starts.py`)
 
     @property
     def title(self) -> str:
@@ -50,6 +52,8 @@ class Report:
         if self.pending:
             parts += [f"(Written while the run goes on: not run yet: "
                       f"{', '.join(self.pending)}.)", ""]
+        if self.starts:
+            parts += [self.starts, ""]
         for table in self.tables:
             parts += [table.markdown(), ""]
         if self.decisions:
@@ -69,7 +73,8 @@ class Report:
         return "\n".join(parts)
 
     def html(self) -> str:
-        return page(self.title, self.tables, self.decisions, self.plots, self.pending)
+        return page(self.title, self.tables, self.decisions, self.plots, self.pending,
+                    self.starts)
 
     def as_dict(self) -> dict[str, object]:
         return {"labbook": self.labbook, "skipped_lines": self.skipped_lines,
@@ -78,7 +83,8 @@ class Report:
                 "decisions": [d.as_dict() for d in self.decisions],
                 "plots": [{"file": str(p.path), "question": p.question, "answer": p.answer}
                           for p in self.plots],
-                "csv": [str(p) for p in self.csv_files], "pending": self.pending}
+                "csv": [str(p) for p in self.csv_files], "pending": self.pending,
+                "starts": self.starts}
 
 
 def build(labbook: str | Path, plots_dir: Path | None = None,
@@ -89,6 +95,8 @@ def build(labbook: str | Path, plots_dir: Path | None = None,
     tables = [offload_table(book, llama_lines(book)), pd_table(book), procedure_table(book)]
     report = Report(str(labbook), tables,
                     skipped_lines=book.broken_lines, decisions=decide(book))
+    if (starts := latest_starts(book)) is not None:
+        report.starts = starts.sentence()
     if plots_dir is not None:
         from kvlab.report.plots import draw_all
 

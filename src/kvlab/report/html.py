@@ -45,9 +45,9 @@ LAB_NAMES = {"offload": "Offload lab", "pd": "P/D lab"}
 
 
 def page(title: str, tables: Sequence[Table], decisions: Sequence[Decision],
-         plots: Sequence[Plot], pending: Sequence[str] = ()) -> str:
+         plots: Sequence[Plot], pending: Sequence[str] = (), starts: str = "") -> str:
     """The whole page; `pending` names the experiments not run yet (a report written while
-    a run goes on)."""
+    a run goes on), `starts` how much of the latest run went to engine starts."""
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              '<meta name="viewport" content="width=device-width, initial-scale=1">',
              f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>",
@@ -55,6 +55,8 @@ def page(title: str, tables: Sequence[Table], decisions: Sequence[Decision],
     if pending:
         parts.append(f'<p class="sub pending">Written while the run goes on: not run yet: '
                      f'{escape(", ".join(pending))}.</p>')
+    if starts:
+        parts.append(f'<p class="sub">{escape(starts)}</p>')
     parts += _decisions(decisions, tables)
     for table in tables:
         parts += _table(table)

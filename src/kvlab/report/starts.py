@@ -1,0 +1,67 @@
+"""How much of the latest run went to starting engines, from its startup lines alone.
+
+A run's span is its first notebook line to its last (the time before the first line, and
+after the last, are not in the notebook). A fresh start counts its time to ready; an engine
+kept from an earlier step of a `kvlab run all` pass (`StartupRecord.reused`) counts the reset
+and its check instead, and the start it saved is said beside.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from kvlab.records.notebook import Notebook
+from kvlab.records.runs import StartupRecord
+
+
+@dataclass(frozen=True)
+class Starts:
+    """The latest run's engine starts, against its span."""
+
+    run_id: str
+    span_s: float
+    starts: int
+    start_s: float
+    kept: int
+    reset_s: float
+    saved_s: float
+
+    def sentence(self) -> str:
+        kept = (f"; {self.kept} engine(s) kept from the previous step and reset instead "
+                f"(checked in {_clock(self.reset_s)}, {_clock(self.saved_s)} of starts saved)"
+                if self.kept else "")
+        share = f" ({100 * self.start_s / self.span_s:.0f}%)" if self.span_s > 0 else ""
+        return (f"Engine starts in run {self.run_id}: {self.starts} start(s) took "
+                f"{_clock(self.start_s)} of its {_clock(self.span_s)}{share}, first line to "
+                f"last{kept}.")
+
+
+def latest(book: Notebook) -> Starts | None:
+    """The engine starts of the notebook's latest run that started any (None: no startup
+    line)."""
+    lines = book.of(StartupRecord)
+    if not lines or not lines[-1].run_id:
+        return None
+    run_id = lines[-1].run_id
+    mine = [r for r in lines if r.run_id == run_id]
+    stamps = [_when(r.recorded_at) for r in book.records if r.run_id == run_id]
+    known = [s for s in stamps if s is not None]
+    span = (max(known) - min(known)).total_seconds() if known else 0.0
+    fresh = [r for r in mine if r.reused is None]
+    kept = [r.reused for r in mine if r.reused is not None]
+    return Starts(run_id, span, len(fresh), sum(r.ready_s or 0.0 for r in fresh), len(kept),
+                  sum(k.probe.reset_s for k in kept),
+                  sum(k.start_ready_s or 0.0 for k in kept))
+
+
+def _when(stamp: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(stamp)
+    except ValueError:
+        return None
+
+
+def _clock(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s" if minutes else f"{seconds:.1f} s"
