@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvlab.core.errors import InputError
-from kvlab.experiments.repeats import Stint, one_side, order, stints
+from kvlab.experiments.repeats import Sequential, Stint, one_side, order, stints
 
 
 def test_two_sides_alternate_a_b_b_a() -> None:
@@ -53,3 +53,23 @@ def test_every_side_runs_every_repeat_once_and_drift_is_balanced(count: int,
         positions = [[i for i, (s, _) in enumerate(runs) if s == side] for side in range(sides)]
         assert len({sum(p) for p in positions}) == 1
 
+
+
+def test_a_sequential_run_stops_when_its_interval_settles_or_at_its_cap() -> None:
+    rule = Sequential(cap=5)
+    assert rule.looks == 4 and rule.confidence == pytest.approx(0.9875)
+    assert rule.verdict(1, 0.5, 0.6) is None  # one round: no between-repeat interval yet
+    assert rule.verdict(2, 0.5, 0.6) == "the interval excluded 1 after 2 rounds"
+    assert rule.verdict(3, 0.95, 1.1) == "the interval was narrower than 1.2x after 3 rounds"
+    assert rule.verdict(4, 0.7, 1.4) is None  # spans 1, wide: another round
+    assert rule.verdict(5, 0.7, 1.4) == "the cap of 5 rounds"
+    assert rule.verdict(5, None, None) == "the cap of 5 rounds"  # no interval at all
+    assert "98.75% interval (Bonferroni over 4 looks: at least 95% over all)" in rule.rule()
+    with pytest.raises(InputError, match="at least 2"):
+        Sequential(cap=1)
+
+
+@given(st.integers(min_value=2, max_value=20))
+def test_the_looks_together_miss_at_most_five_percent(cap: int) -> None:
+    rule = Sequential(cap)
+    assert rule.looks * (1 - rule.confidence) == pytest.approx(0.05)

@@ -5,6 +5,20 @@ falls on both sides alike instead of favouring whichever side ran first. Consecu
 of one side share one stint of its engines (A | B B | A A | B): engines restart only where the
 side changes, and each repeat's prompts are its own (`LoadSpec.repeat` picks a disjoint block),
 so a repeat never finds the previous repeat's prompts in the cache.
+
+Enough repeats, not more (`Sequential`): rounds (one repeat of every side) are added until
+the interval of the ratio under test settles, with a cap. After each round from the second
+on (Welch's between-repeat interval needs two a side), the run stops when the interval
+excludes 1 (a difference is shown), when it is narrower than `WIDTH` (high/low 1.2: the ratio
+is known to about +-9%, finer than any decision the labs take from it, whose thresholds are
+"within 90% of the best gain" and "faster or not"), or at the cap. Looking at the interval
+after every round and stopping on what it shows is optional stopping: a 95% interval read
+up to `cap - 1` times would miss the true ratio more often than 5% of the time. So each look
+reads the interval at 1 - 0.05 / looks (Bonferroni over the looks the cap allows: 97.5% for
+a cap of 3, 98.75% for 5): the chance that any look's interval misses is at most 5%, so the
+interval the run stops on covers the ratio with at least 95%, whichever look it stopped at.
+That is conservative (the looks are correlated, so the true level is above 95%), and the
+interval is reported at the level it was read at, with the rule, so it stays honest.
 """
 
 from __future__ import annotations
@@ -12,6 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvlab.core.errors import InputError
+
+FAMILY_ERROR = 0.05  # over every look a sequential run may take
+WIDTH = 1.2  # high / low: settled enough to stop
+MIN_ROUNDS = 2  # the between-repeat interval needs two repeats a side
 
 
 @dataclass(frozen=True)
@@ -57,3 +75,43 @@ def one_side(count: int) -> tuple[int | None, ...]:
 def _check(count: int) -> None:
     if count < 1:
         raise InputError(f"--repeat {count}: give at least 1")
+
+
+@dataclass(frozen=True)
+class Sequential:
+    """The stopping rule of a run whose repeats continue until its interval settles."""
+
+    cap: int  # rounds at most
+
+    def __post_init__(self) -> None:
+        if self.cap < MIN_ROUNDS:
+            raise InputError(f"--repeat-until-settled {self.cap}: give at least {MIN_ROUNDS} "
+                             "(the between-repeat interval needs two repeats a side)")
+
+    @property
+    def looks(self) -> int:
+        """How many times the interval may be read: after rounds MIN_ROUNDS..cap."""
+        return self.cap - MIN_ROUNDS + 1
+
+    @property
+    def confidence(self) -> float:
+        """Each look's level, so that all of them together miss at most FAMILY_ERROR."""
+        return 1 - FAMILY_ERROR / self.looks
+
+    def verdict(self, rounds: int, low: float | None, high: float | None) -> str | None:
+        """Why the run stops after `rounds` complete rounds with this interval (None: go
+        on)."""
+        if rounds < MIN_ROUNDS:
+            return None
+        if low is not None and high is not None and low > 0:
+            if not low <= 1.0 <= high:
+                return f"the interval excluded 1 after {rounds} rounds"
+            if high / low <= WIDTH:
+                return f"the interval was narrower than {WIDTH:g}x after {rounds} rounds"
+        return f"the cap of {self.cap} rounds" if rounds >= self.cap else None
+
+    def rule(self) -> str:
+        """The rule, as the row states it."""
+        return (f"sequential: after each round from {MIN_ROUNDS} to {self.cap}, stop when the "
+                f"{100 * self.confidence:.2f}% interval (Bonferroni over {self.looks} looks: "
+                f"at least 95% over all) excludes 1 or is narrower than {WIDTH:g}x")

@@ -271,8 +271,10 @@ def _words(metric: Metric, low: float, high: float) -> str:
 
 
 def ratio_interval(metric: Metric, runs_a: Sequence[Floats], runs_b: Sequence[Floats],
-                   names: tuple[str, str], seed: int = SEED) -> Interval:
-    """`metric` A / B with its interval, from each side's repeats (`columns` arrays)."""
+                   names: tuple[str, str], seed: int = SEED,
+                   confidence: float = CONFIDENCE) -> Interval:
+    """`metric` A / B with its interval, from each side's repeats (`columns` arrays), at
+    `confidence` (95% unless a sequential rule asks for more: `experiments/repeats.py`)."""
     a, b = select(runs_a, metric), select(runs_b, metric)
     counts = (sum(len(g) for g in a), sum(len(g) for g in b))
     reps = (len(a), len(b))
@@ -289,17 +291,19 @@ def ratio_interval(metric: Metric, runs_a: Sequence[Floats], runs_b: Sequence[Fl
         return Interval(metric.key, point, words=f"no interval: the {names[1]} side's "
                         f"{metric.name} is zero in too many resamples",
                         requests=counts, repeats=reps, values=(top, bottom))
-    tail = (1 - CONFIDENCE) / 2
+    tail = (1 - confidence) / 2
     low, high = (float(v) for v in np.quantile(ratios, [tail, 1 - tail]))
-    if (between := between_repeats(metric, a, b)) is not None:
+    if (between := between_repeats(metric, a, b, confidence)) is not None:
         low, high = min(low, between[0]), max(high, between[1])
     return Interval(metric.key, point, low, high, _words(metric, low, high), counts, reps,
                     (top, bottom))
 
 
-def between_repeats(metric: Metric, a: list[Floats], b: list[Floats]) -> tuple[float, float] | None:
-    """Welch's 95% interval of A / B over the repeats' own statistics (on logs), or None
-    without two repeats a side with a positive statistic, or when no repeat differs."""
+def between_repeats(metric: Metric, a: list[Floats], b: list[Floats],
+                    confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """Welch's interval (95% by default) of A / B over the repeats' own statistics (on logs),
+    or None without two repeats a side with a positive statistic, or when no repeat
+    differs."""
     from scipy import stats
 
     logs = []
@@ -314,7 +318,7 @@ def between_repeats(metric: Metric, a: list[Floats], b: list[Floats]) -> tuple[f
     if spread == 0:
         return None
     df = spread ** 2 / sum(v ** 2 / (len(x) - 1) for v, x in zip(shares, logs, strict=True))
-    half = float(stats.t.ppf(1 - (1 - CONFIDENCE) / 2, df)) * spread ** 0.5
+    half = float(stats.t.ppf(1 - (1 - confidence) / 2, df)) * spread ** 0.5
     centre = float(logs[0].mean() - logs[1].mean())
     return float(np.exp(centre - half)), float(np.exp(centre + half))
 
