@@ -177,23 +177,33 @@ class LocalHost:
         fails is stopped, and its plan starts fresh)."""
         if self.pool is None:
             return {}
+        claimed = await self.pool.claim(plans)
         out: dict[int, _Reused] = {}
-        for i, kept in (await self.pool.claim(plans)).items():
-            try:
-                probe = await reuse.reset_checked(kept.proc.plan, self.scope.settings.api_key())
-            except httpx.HTTPError as exc:
-                self.scope.say(f"    {kept.label}'s engine: the reset failed ({exc}); a fresh "
-                               "one starts")
-                await kept.proc.stop()
-                continue
-            if not probe.ok:
-                self.scope.say(f"    {kept.label}'s engine: the reset probe read "
-                               f"{probe.cached_before} cached tokens before and "
-                               f"{probe.cached_after} after; a fresh one starts")
-                await kept.proc.stop()
-                continue
-            out[i] = _Reused(kept.proc, reuse.reuse_line(kept, probe))
+        try:
+            for i, kept in claimed.items():
+                if (line := await self._checked(kept)) is not None:
+                    out[i] = _Reused(kept.proc, line)
+        except BaseException:  # cancelled mid-check: what was claimed is nobody's, stop it
+            await asyncio.shield(asyncio.gather(*(k.proc.stop() for k in claimed.values())))
+            raise
         return out
+
+    async def _checked(self, kept: reuse.Kept) -> EngineReuse | None:
+        """The kept engine reset and its reset proven, else stopped (None)."""
+        try:
+            probe = await reuse.reset_checked(kept.proc.plan, self.scope.settings.api_key())
+        except httpx.HTTPError as exc:
+            self.scope.say(f"    {kept.label}'s engine: the reset failed ({exc}); a fresh one "
+                           "starts")
+            await kept.proc.stop()
+            return None
+        if not probe.ok:
+            self.scope.say(f"    {kept.label}'s engine: the reset probe read "
+                           f"{probe.cached_before} cached tokens before and "
+                           f"{probe.cached_after} after; a fresh one starts")
+            await kept.proc.stop()
+            return None
+        return reuse.reuse_line(kept, probe)
 
 
 @dataclass(frozen=True)
