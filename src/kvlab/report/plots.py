@@ -20,6 +20,7 @@ Every linear y axis starts at zero, so a bar's or a point's height is its size.
 from __future__ import annotations
 
 import re
+import textwrap
 from dataclasses import dataclass, field
 from io import StringIO
 from pathlib import Path
@@ -474,8 +475,10 @@ def size_curve(book: Notebook, out: Path, knob: curves.Knob) -> Plot | None:
                color=COLOURS[1], label="returning turns recomputed")
     turns.set_ylabel("returning turns recomputed")
     question = f"How much {knob.tier} is worth having? ({knob.row.how})"
+    # a ratio's interval from two repeats can span 0.1x to 10x: a log axis keeps 1x readable
+    ax.set_yscale("log")
     ax.set(xlabel=f"{knob.setting} ({knob.unit})", ylabel="TTFT p50, against none",
-           title=question)
+           title=textwrap.fill(question, 60))
     handles = [*ax.get_legend_handles_labels()[0], *turns.get_legend_handles_labels()[0]]
     ax.legend(handles=handles, fontsize="small", loc="upper right")
     if knob is tc.HOST:
