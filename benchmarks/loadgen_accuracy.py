@@ -359,7 +359,11 @@ def main() -> None:
     rates = [50.0, 200.0, 800.0] if args.quick else points(args.rates)
     vrates = [] if args.no_vllm else [50.0, 200.0] if args.quick else points(args.vllm_rates)
     up = Upstream(args.ttft_ms, args.itl_ms, args.tokens)
-    sampler = start_sampler(args)
+    try:
+        sampler = start_sampler(args)
+    except BaseException:
+        up.stop()  # a sampler that failed to start must not leave the upstream running
+        raise
     modes = kvlab_modes(sampler, args.sampler_ab)
     print(f"load average at start: {os.getloadavg()}; {os.cpu_count()} cores", flush=True)
     print_header()
