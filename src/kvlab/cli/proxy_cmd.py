@@ -39,12 +39,24 @@ from kvlab.proxy.pd import CONNECTORS
                    "(default PREFILL_HOST:PREFILL_PORT).")
 @click.option("--decode", multiple=True, metavar="URL",
               help="A decode engine; repeat for several (default DECODE_HOST:DECODE_PORT).")
+@click.option("--replica", multiple=True, metavar="URL",
+              help="A plain replica (no prefill leg: each request served whole by one); "
+                   "repeat for several. Replaces --prefill and --decode.")
 @click.option("--port", type=click.IntRange(0, 65535), help="Port to listen on (PROXY_PORT); "
               "with --check, the port of the running proxy to check on this machine.")
 @click.option("--host", help="Address to bind (SERVE_HOST, 127.0.0.1 by default).")
 @click.option("--connector", type=click.Choice(CONNECTORS), help="Override CONNECTOR.")
 @click.option("--balance", type=click.Choice(BALANCES), default="round-robin",
-              show_default=True, help="How a repeated leg is chosen per request.")
+              show_default=True,
+              help="How a repeated leg is chosen per request: in turn, the fewest in flight, "
+                   "or by affinity (the prompt's leading blocks, or its conversation) within "
+                   "--load-factor of the mean load.")
+@click.option("--tokenizer", metavar="PATH",
+              help="The model's directory or tokenizer.json, for prefix affinity (MODEL).")
+@click.option("--load-factor", type=click.FloatRange(1.0), default=1.25, show_default=True,
+              help="Affinity's bound: no leg holds more than this times the mean in flight.")
+@click.option("--picks", metavar="FILE",
+              help="Append every routing choice to FILE, one JSON line each.")
 @click.option("--workers", type=click.IntRange(1, 64),
               help="Processes serving the port (PROXY_WORKERS, 2 by default).")
 @ignore_option
@@ -54,8 +66,10 @@ from kvlab.proxy.pd import CONNECTORS
 @json_option
 @click.pass_context
 def proxy_command(ctx: click.Context, prefill: tuple[str, ...], decode: tuple[str, ...],
-                  port: int | None, host: str | None, connector: str | None, balance: Balance,
-                  workers: int | None, ignore: tuple[str, ...], check: bool, url: str | None,
+                  replica: tuple[str, ...], port: int | None, host: str | None,
+                  connector: str | None, balance: Balance, tokenizer: str | None,
+                  load_factor: float, picks: str | None, workers: int | None,
+                  ignore: tuple[str, ...], check: bool, url: str | None,
                   as_json: bool) -> None:
     """Run kvlab's prefill/decode proxy (OpenAI-compatible) in the foreground."""
     from kvlab.report import console
@@ -63,7 +77,9 @@ def proxy_command(ctx: click.Context, prefill: tuple[str, ...], decode: tuple[st
     loaded = settings_from(ctx, connector=connector)
     out = Output(as_json)
     config = ProxyConfig.from_settings(loaded.values, prefill, decode, ignore, host=host,
-                                       port=port, balance=balance, workers=workers)
+                                       port=port, balance=balance, workers=workers,
+                                       replicas=replica, tokenizer=tokenizer,
+                                       picks_path=picks or "", load_factor=load_factor)
     if url and not check:
         raise click.UsageError("--url only goes with --check")
     if check and port is not None and url and urlsplit(url).port != port:

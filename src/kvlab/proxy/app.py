@@ -166,9 +166,12 @@ class ProxyApp:
         """`worker`: one of several processes on the port (see `workers.py`)."""
         self.config = config
         self.worker = worker
+        keyer, log = config.keyer(), config.pick_log()  # the routing layer (legs.py)
         self.prefill = LegPool("prefill", config.prefill, config.balance,
-                               config.connect_timeout_s)
-        self.decode = LegPool("decode", config.decode, config.balance, config.connect_timeout_s)
+                               config.connect_timeout_s, keyer=keyer, log=log,
+                               load_factor=config.load_factor, optional=True)
+        self.decode = LegPool("decode", config.decode, config.balance, config.connect_timeout_s,
+                              keyer=keyer, log=log, load_factor=config.load_factor)
         self.metrics = ProxyMetrics(shared=worker)
         for pool in (self.prefill, self.decode):
             for i, leg in enumerate(pool.legs):
@@ -271,7 +274,11 @@ class ProxyApp:
         stage = "prefill"
         try:
             body = parse_body(req.body)
-            reply, leg, prefill = await self._prefill(req, body, rid)
+            if self.config.replicas:  # plain replicas: no prefill leg; the timeline's
+                # hand-over is then the routing before decode's request (the pick, its key)
+                reply, leg, prefill = None, None, (now_ns(), 0)
+            else:
+                reply, leg, prefill = await self._prefill(req, body, rid)
             stage = "decode"
             await self._decode(conn, req, body, rid, reply, leg, prefill)
         except Failed as failure:
@@ -291,7 +298,7 @@ class ProxyApp:
         """Prefill's answer (parsed where decode needs it), its leg, and (sent, took) ns."""
         connector = self.config.connector
         data = encode(pd.prefill_body(body, connector, rid.decode()))
-        leg = self.prefill.pick()
+        leg = self.prefill.pick(body, rid)
         started = now_ns()
         try:
             ex = await leg.origin.exchange(self._request(leg, req.path, data, rid),
@@ -314,14 +321,14 @@ class ProxyApp:
         return reply, leg, (started, took)
 
     async def _decode(self, conn: ClientConnection, req: Request, body: dict[str, object],
-                      rid: bytes, reply: dict[str, object] | None, prefill_leg: Leg,
+                      rid: bytes, reply: dict[str, object] | None, prefill_leg: Leg | None,
                       prefill: tuple[int, int]) -> None:
         plan = pd.decode_plan(body, self.config.connector, rid.decode(), reply,
-                              prefill_leg.peer)
+                              prefill_leg.peer if prefill_leg else None)
         if plan.params_missing:
             self.metrics.no_params.inc()
         data = req.body if plan.body is None else encode(plan.body)
-        leg = self.decode.pick()
+        leg = self.decode.pick(body, rid)
         sent = now_ns()
         try:
             ex = await leg.origin.exchange(self._request(leg, req.path, data, rid),
@@ -374,6 +381,7 @@ class ProxyApp:
         try:
             await ex.done
         except UpstreamError as err:
+            leg.failed(err.kind)
             metrics.outcome("stream_error", "decode")
             if sse and conn.can_append:
                 event = error_body(502, f"the decode leg ({leg.url}) failed mid-stream: {err}",
@@ -392,6 +400,7 @@ class ProxyApp:
         metrics.outcome("ok")
 
     def _leg_failed(self, name: str, leg: Leg, err: UpstreamError) -> Failed:
+        leg.failed(err.kind)  # counted, and a dead engine left out for a while (legs.py)
         status = _STATUS_BY_KIND.get(err.kind, 502)
         outcome = {503: "unavailable", 504: "timeout"}.get(status, "upstream_error")
         return Failed(status, f"the {name} leg ({leg.url}) failed: {err}",

@@ -9,6 +9,13 @@ Neither is ever shown: both fields are left out of `repr` and `summary()`. A pro
 listens beyond loopback with no client key is not refused (a lab may want that), but
 `exposure_warning()` says so on every start. One engine given as both a prefill and a decode
 leg is refused: decode would serve itself from its own prefix cache and nothing would cross.
+
+Plain replicas (`replicas=`, `kvlab proxy --replica URL`): no prefill leg; each request goes
+whole to one replica, chosen by `balance`. Prefix affinity reads the model's tokenizer
+(`tokenizer`: its directory or tokenizer.json; MODEL by default) and hashes the leading
+`affinity_blocks` blocks of `block_tokens` tokens; `load_factor` bounds how far above the mean
+in-flight count affinity may load one leg (`affinity.py`). `picks_path`: every routing choice
+appended there as a JSON line (`legs.PickLog`), for a run that joins them to its requests.
 """
 
 from __future__ import annotations
@@ -23,7 +30,8 @@ from kvlab.core.errors import SettingError
 from kvlab.core.settings import Settings
 from kvlab.engines import local
 from kvlab.engines.vllm.facts import MOONCAKE_BOOTSTRAP_PORT
-from kvlab.proxy.legs import Balance, check_legs
+from kvlab.proxy import affinity
+from kvlab.proxy.legs import Balance, Keyer, PickLog, check_legs
 from kvlab.proxy.limits import ClientLimits
 from kvlab.proxy.pd import CONNECTORS
 from kvlab.proxy.upstream import parse_url
@@ -49,6 +57,11 @@ class ProxyConfig:
     upstream_key: str = field(default="", repr=False)
     mooncake_bootstrap_port: int = MOONCAKE_BOOTSTRAP_PORT
     workers: int = 1  # processes sharing the port (workers.py); 1 serves in this process
+    tokenizer: str = ""  # the model's tokenizer.json or directory (prefix affinity)
+    affinity_blocks: int = affinity.DEFAULT_BLOCKS
+    block_tokens: int = affinity.DEFAULT_BLOCK_TOKENS
+    load_factor: float = affinity.DEFAULT_LOAD_FACTOR
+    picks_path: str = ""  # append every routing choice here ("" = none)
     # the start-up agreement check; None skips it (tests of the proxy alone)
     compat: CompatCheck | None = check_legs
 
@@ -58,6 +71,15 @@ class ProxyConfig:
         if self.connector not in CONNECTORS:
             raise SettingError(f"CONNECTOR={self.connector!r} is not one the proxy speaks; "
                                f"choose one of {', '.join(CONNECTORS)}")
+        if not self.decode:
+            raise SettingError("no decode engine or replica given: pass --decode URL or "
+                               "--replica URL")
+        if self.load_factor < 1:
+            raise SettingError(f"--load-factor {self.load_factor}: give 1 or more (1.25 lets "
+                               "a replica hold a quarter more than the mean)")
+        if self.balance == "prefix-affinity" and not self.tokenizer:
+            raise SettingError("--balance prefix-affinity needs the model's tokenizer: give "
+                               "--tokenizer DIR (the model directory) or set MODEL to one")
         for url in (*self.prefill, *self.decode):
             parse_url(url)
         both = same_instance(self.prefill, self.decode)
@@ -66,6 +88,24 @@ class ProxyConfig:
                 f"{both} is both a prefill and a decode leg: decode would serve the prompt from "
                 "its own prefix cache and nothing would cross; give the prefill and decode "
                 "engines' own URLs (--prefill, --decode, or PREFILL_PORT and DECODE_PORT)")
+
+    @property
+    def replicas(self) -> bool:
+        """Plain replicas: no prefill leg, each request served whole by one engine."""
+        return not self.prefill
+
+    def keyer(self) -> Keyer | None:
+        """The affinity key of a request body for this balance (None: no affinity); the
+        tokenizer is read here, once per proxy process."""
+        if self.balance == "prefix-affinity":
+            return affinity.PrefixKey(affinity.load_tokenizer(self.tokenizer),
+                                      self.block_tokens, self.affinity_blocks)
+        if self.balance == "conversation-affinity":
+            return affinity.conversation_key
+        return None
+
+    def pick_log(self) -> PickLog | None:
+        return PickLog(self.picks_path) if self.picks_path else None
 
     async def check_legs(self) -> object:
         """The start-up agreement check's result (None when `compat` skips it)."""
@@ -82,7 +122,8 @@ class ProxyConfig:
         """What a person (or --json) should see; never a key."""
         lim = self.limits
         return {**self.urls, "listen": listen_url(self.host, self.port),
-                "connector": self.connector, "balance": self.balance,
+                "connector": "none (plain replicas)" if self.replicas else self.connector,
+                "balance": self.balance,
                 "timeouts_s": {"connect": self.connect_timeout_s,
                                "prefill": self.prefill_timeout_s,
                                "decode_read": self.decode_timeout_s,
@@ -106,18 +147,24 @@ class ProxyConfig:
                       decode: tuple[str, ...] = (), ignore: tuple[str, ...] = (), *,
                       host: str | None = None, port: int | None = None,
                       balance: Balance | None = None, workers: int | None = None,
-                      decode_timeout_s: float | None = None) -> ProxyConfig:
+                      decode_timeout_s: float | None = None, replicas: tuple[str, ...] = (),
+                      tokenizer: str | None = None, picks_path: str = "",
+                      load_factor: float | None = None) -> ProxyConfig:
         """A config from settings; repeated --prefill/--decode URLs replace the defaults, and
-        each keyword given (not None) its setting.
+        each keyword given (not None) its setting. `replicas`: plain replicas instead of
+        prefill and decode legs.
 
         `ignore`: compatibility fields the start-up check leaves out (as `kvlab check`)."""
+        if replicas and (prefill or decode):
+            raise SettingError("--replica serves plain replicas: give it without --prefill "
+                               "and --decode")
         # the engines protect /v1/* with the key the load generator also uses
         auth = {"Authorization": f"Bearer {settings.api_key()}"} if settings.api_key() else None
         return cls(
-            prefill=prefill or (f"{settings.prefill_host or '127.0.0.1'}:"
-                                f"{settings.prefill_port}",),
-            decode=decode or (f"{settings.decode_host or '127.0.0.1'}:"
-                              f"{settings.decode_port}",),
+            prefill=() if replicas else prefill or (
+                f"{settings.prefill_host or '127.0.0.1'}:{settings.prefill_port}",),
+            decode=replicas or decode or (f"{settings.decode_host or '127.0.0.1'}:"
+                                          f"{settings.decode_port}",),
             host=settings.serve_host if host is None else host,
             port=settings.proxy_port if port is None else port,
             connector=settings.connector, balance=balance or "round-robin",
@@ -138,6 +185,9 @@ class ProxyConfig:
             workers=settings.proxy_workers if workers is None else workers,
             api_key=client_key(settings), upstream_key=settings.api_key(),
             compat=functools.partial(check_legs, headers=auth, ignore=ignore),
+            tokenizer=settings.model if tokenizer is None else tokenizer,
+            picks_path=picks_path,
+            load_factor=affinity.DEFAULT_LOAD_FACTOR if load_factor is None else load_factor,
         )
 
 

@@ -1,7 +1,13 @@
 """The engines behind the proxy: choosing one per request, and checking them before traffic.
 
-A `LegPool` holds the prefill engines or the decode engines (XpYd: each may be repeated) and
-picks one per request, round-robin or least-outstanding (ties broken round-robin). The
+A `LegPool` holds the prefill engines or the decode engines (XpYd: each may be repeated), or
+plain replicas (the decode pool of a proxy with no prefill leg), and picks one per request:
+round-robin, least-outstanding (ties broken round-robin), or by affinity (`affinity.py`: the
+prompt's leading blocks, or its conversation, pick the replica, within a load bound). A leg
+that could not be reached, or closed before answering, is left out of the choice for
+`DOWN_S` seconds, then tried again by the next request that picks it; its failures are
+counted (`Leg.failures`), and the requests it took (`Leg.picked`). With a pick log
+(`PickLog`) every choice is written as one JSON line. The
 start-up check asks every engine's /v1/models (naming a dead one by its role), refuses a
 set that disagrees on the served model id or `max_model_len`, then runs `kvlab check`'s
 whole comparison (`kvlab.measure.compat`): two engines that disagree produce no error, only silent
@@ -17,7 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import secrets
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -28,25 +38,34 @@ from kvlab.engines.base import InstanceFacts
 from kvlab.engines.registry import evidence_deltas
 from kvlab.measure import compat
 from kvlab.observe import metrics
+from kvlab.proxy import affinity
 from kvlab.proxy.pd import PrefillPeer
 from kvlab.proxy.upstream import Origin
 
 if TYPE_CHECKING:
     from prometheus_client import Gauge
 
-Balance = Literal["round-robin", "least-outstanding"]
-BALANCES: tuple[Balance, ...] = ("round-robin", "least-outstanding")
+Balance = Literal["round-robin", "least-outstanding", "prefix-affinity",
+                  "conversation-affinity"]
+BALANCES: tuple[Balance, ...] = ("round-robin", "least-outstanding", "prefix-affinity",
+                                 "conversation-affinity")
+DOWN_S = 5.0  # a leg that failed to answer sits out this long before it is tried again
+Keyer = Callable[[dict[str, object]], int]
 
 
 class Leg:
     """One engine in one role, with its count of requests in flight (and a gauge of it)."""
 
-    __slots__ = ("gauge", "origin", "outstanding", "peer", "role")
+    __slots__ = ("down_until", "failures", "gauge", "origin", "outstanding", "peer", "picked",
+                 "role")
 
     def __init__(self, role: str, origin: Origin) -> None:
         self.role = role
         self.origin = origin
         self.outstanding = 0
+        self.picked = 0  # requests sent its way
+        self.failures = 0  # of them, those it could not be reached for or closed on
+        self.down_until = 0.0  # time.monotonic() before which it is left out
         self.peer = PrefillPeer()
         self.gauge: Gauge | None = None  # a child of the outstanding gauge, when metrics are kept
 
@@ -54,33 +73,92 @@ class Leg:
     def url(self) -> str:
         return self.origin.url
 
+    def up(self, now: float) -> bool:
+        return now >= self.down_until
+
+    def failed(self, kind: str) -> None:
+        """Count a failure; an engine that refused the connection or closed it before
+        answering sits out `DOWN_S` (a timeout or a 5xx leaves it in: it is alive)."""
+        self.failures += 1
+        if kind in ("unavailable", "closed"):
+            self.down_until = time.monotonic() + DOWN_S
+
+
+class PickLog:
+    """Every routing choice as one JSON line (appended whole: several workers share a file):
+    the request id, the role, the leg's index and URL, and the digest of the request's
+    messages (`affinity.body_digest`), so a run can tell which replica served which prompt."""
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+    def write(self, rid: bytes, leg: Leg, index: int, body: dict[str, object]) -> None:
+        line = {"rid": rid.decode(), "role": leg.role, "leg": index, "url": leg.url,
+                "body": affinity.body_digest(body)}
+        os.write(self.fd, (json.dumps(line) + "\n").encode())
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
 
 class LegPool:
-    """The engines of one role; `pick()` counts the choice, `done(leg)` uncounts it."""
+    """The engines of one role; `pick()` counts the choice, `done(leg)` uncounts it.
+
+    `keyer`: the affinity key of a request body (prefix or conversation balance only);
+    `load_factor`: how far above the mean in-flight count affinity may load one leg.
+    `optional`: an empty pool is allowed (a proxy of plain replicas has no prefill legs)."""
 
     def __init__(self, role: str, urls: tuple[str, ...], balance: Balance,
-                 connect_timeout_s: float) -> None:
-        if not urls:
+                 connect_timeout_s: float, *, keyer: Keyer | None = None,
+                 load_factor: float = affinity.DEFAULT_LOAD_FACTOR,
+                 log: PickLog | None = None, optional: bool = False) -> None:
+        if not urls and not optional:
             raise RefusedError(f"no {role} engine given: pass --{role} URL (or set "
                                f"{role.upper()}_HOST/{role.upper()}_PORT)")
+        if balance.endswith("-affinity") and keyer is None:
+            raise RefusedError(f"--balance {balance} needs the request's key: give the "
+                               "model's tokenizer (--tokenizer) for prefix affinity")
         self.role = role
         self.legs = [Leg(role, Origin(u, connect_timeout_s)) for u in urls]
         self.balance = balance
+        self.keyer = keyer
+        self.load_factor = load_factor
+        self.ring = affinity.Ring([leg.url for leg in self.legs])
+        self.log = log
         self._next = 0
 
-    def pick(self) -> Leg:
+    def pick(self, body: dict[str, object] | None = None, rid: bytes = b"") -> Leg:
+        """The leg for one request (`body`: the client's parsed request, for affinity)."""
         legs = self.legs
-        i = self._next
-        self._next = (i + 1) % len(legs)
-        if self.balance == "least-outstanding" and len(legs) > 1:
-            n = len(legs)
-            leg = min((legs[(i + k) % n] for k in range(n)), key=lambda x: x.outstanding)
+        now = time.monotonic()
+        if self.keyer is not None and body is not None and len(legs) > 1:
+            index = affinity.bounded_choice(self.ring, self.keyer(body), legs,
+                                            self.load_factor, now)
         else:
-            leg = legs[i]
+            index = self._rotate(now)
+        leg = legs[index]
         leg.outstanding += 1
+        leg.picked += 1
         if leg.gauge is not None:
             leg.gauge.inc()
+        if self.log is not None and body is not None:
+            self.log.write(rid, leg, index, body)
         return leg
+
+    def _rotate(self, now: float) -> int:
+        """Round-robin (or the least outstanding from the round-robin point) over the legs
+        that are up; all of them when none is."""
+        legs = self.legs
+        n = len(legs)
+        i = self._next
+        self._next = (i + 1) % n
+        order = [(i + k) % n for k in range(n)]
+        live = [j for j in order if legs[j].up(now)] or order
+        if self.balance == "round-robin":
+            return live[0]
+        return min(live, key=lambda j: legs[j].outstanding)  # affinity without a body too
 
     @staticmethod
     def done(leg: Leg) -> None:
@@ -91,6 +169,9 @@ class LegPool:
     def close(self) -> None:
         for leg in self.legs:
             leg.origin.close()
+        if self.log is not None:
+            self.log.close()
+            self.log = None
 
 
 @dataclass(frozen=True)
