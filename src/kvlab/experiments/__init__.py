@@ -15,7 +15,7 @@ import importlib
 from dataclasses import dataclass
 from types import ModuleType
 
-from kvlab.engines.prepare import LLAMA_NEEDED, MLX_NEEDED, VLLM_NEEDED
+from kvlab.engines.prepare import LLAMA_NEEDED, MLX_NEEDED, ROUTER_NEEDED, VLLM_NEEDED
 from kvlab.records import rows
 
 # `kvlab run disagg --part`: the load comparison (the default) and the lab's procedure steps
@@ -53,6 +53,8 @@ EXPERIMENTS: dict[str, Registered] = {e.name: e for e in (
     Registered("shared", "kvlab.experiments.shared", (rows.SHARED_STORE,)),
     Registered("disagg", "kvlab.experiments.disagg",
                (rows.BASELINE, rows.LOOPBACK, rows.CANCEL, rows.BOUNDARY)),
+    Registered("replicas", "kvlab.experiments.replicas", (rows.REPLICAS,),
+               (VLLM_NEEDED, ROUTER_NEEDED)),
 )}
 # what `kvlab run all` runs, in order: the llama.cpp tiers (seconds) before the vLLM labs;
 # disk and shared-slots side by side, as their llama-server plans are the same (one engine,

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from kvlab.experiments.manual import Note, Pair
     from kvlab.experiments.mlx_cache import MlxCacheSpec
     from kvlab.experiments.offload import OffloadSpec
+    from kvlab.experiments.replicas import ReplicasSpec
     from kvlab.experiments.shared import SharedSpec
     from kvlab.experiments.slot_share import SharedSlotsSpec
     from kvlab.loadgen.capacity import CapacityAsk
@@ -362,6 +363,38 @@ class SharedArgs(PlannedArgs):
         return SharedSpec(turns=self.turns,
                           preamble_words=self.preamble_words or loaded.values.preamble_words,
                           repeat=self.repeat)
+
+
+class ReplicasArgs(PlannedArgs):
+    """N plain replicas behind one front, one arm per routing choice, measured for reuse."""
+
+    replicas: int = Field(3, ge=2, description="How many vLLM replicas.")
+    arm: tuple[str, ...] = Field((), description="An arm to run (repeat for several): "
+                                 "round-robin, least-outstanding, prefix-affinity, "
+                                 "conversation-affinity, vllm-router:cache_aware, "
+                                 "vllm-router:consistent_hash, shared-store; default all.")
+    prompt_set: tuple[str, ...] = Field((), description="shared-prefix or multi-turn (repeat "
+                                        "for both, the default).")
+    groups: int = Field(6, ge=1, description="shared-prefix: how many preambles.")
+    requests: int = Field(24, ge=1, description="Requests per arm and prompt set.")
+    concurrency: int = Field(4, ge=1, description="Requests in flight through the front.")
+    preamble_tokens: int | None = Field(None, ge=16, description="Default: PREAMBLE_TOKENS.")
+    load_factor: float = Field(1.25, ge=1.0, description="kvlab's affinity bound: no replica "
+                               "holds more than this times the mean in flight.")
+
+    def spec(self, loaded: LoadedSettings) -> ReplicasSpec:
+        from kvlab.experiments.replicas import ARMS, ReplicasSpec
+
+        if self.repeat != 1:
+            raise SettingError(f"--repeat {self.repeat}: run replicas runs each arm once; "
+                               "each arm's TTFT carries its own interval over requests")
+        s = loaded.values
+        return ReplicasSpec(
+            replicas=self.replicas, arms=self.arm or ARMS,
+            prompt_sets=self.prompt_set or ("shared-prefix", "multi-turn"),
+            groups=self.groups, requests=self.requests, concurrency=self.concurrency,
+            preamble_tokens=self.preamble_tokens or s.preamble_tokens,
+            max_tokens=s.max_tokens, load_factor=self.load_factor).check()
 
 
 class DisaggArgs(PlannedArgs):

@@ -21,6 +21,7 @@ from kvlab.core.jsondata import JsonObject
 from kvlab.records.base import LAB_OFFLOAD, LAB_PD, Record, now_stamp
 from kvlab.records.evidence import Percentiles
 from kvlab.records.load import CapacityRecord, LinkRecord, LoadRecord
+from kvlab.records.replicas import ReplicasRecord
 from kvlab.records.runs import (
     BoundaryPointRecord,
     BoundaryRecord,
@@ -60,6 +61,7 @@ __all__ = [
     "ProcedureRecord",
     "ProofRecord",
     "Record",
+    "ReplicasRecord",
     "ReuseRecord",
     "ReuseRow",
     "StartupRecord",
@@ -73,6 +75,7 @@ KINDS: tuple[type[Record], ...] = (
     StartupRecord, ReuseRecord, ProofRecord, LoadRecord, LinkRecord, ComparisonRecord,
     PredictionRecord, CrossingRecord, NotRunRecord, DiskRecord, ProcedureRecord,
     BoundaryPointRecord, BoundaryRecord, CapacityRecord, KvQuantRecord, NoteRecord,
+    ReplicasRecord,
 )
 BY_KIND: dict[str, type[Record]] = {cls.kind: cls for cls in KINDS}
 _LOAD_FIELDS = frozenset(f.alias or name for name, f in LoadRecord.model_fields.items())

@@ -162,13 +162,18 @@ INTERFERENCE = Row("interference", LAB_PD, "llama-server, 4 slots against 1 slot
                    "one llama-server, --parallel 4 then 1", side="candidate",
     command="kvlab run interference")
 
+REPLICAS = Row("replicas", LAB_PD, "N replicas behind one front, one arm per routing choice",
+               "plain vLLM replicas; kvlab's proxy (round-robin, least-outstanding, prefix or "
+               "conversation affinity) against vllm-router's policies", side="candidate",
+               command="kvlab run replicas")
+
 ROWS: tuple[Row, ...] = (
     QUIET_OFF, QUIET_ON, PRESSURE_OFF, PRESSURE_ON, OFFLOAD_CURVE, OFFLOAD_BOUNDARY,
     SHARED_STORE, SHARED_SINGLE, SHARED_PROOF,
     DISK, MLX_CACHE, MLX_TURNS, SHARED_SLOTS, LLAMA_PROMPT_OFF, LLAMA_PROMPT_ON, LLAMA_RAM_OFF,
     LLAMA_RAM_ON, LLAMA_RAM_SMALL, LLAMA_RAM_CURVE, LLAMA_KV_QUANT, BASELINE, SPLIT,
     TWO_MACHINES_SHARED, TWO_MACHINES_NIXL, LOOPBACK, PREDICTION, CANCEL, BOUNDARY,
-    BOUNDARY_SPLIT, BOUNDARY_BASELINE, INTERFERENCE,
+    BOUNDARY_SPLIT, BOUNDARY_BASELINE, INTERFERENCE, REPLICAS,
 )
 
 
@@ -186,6 +191,11 @@ def serve_label(role: str, host_tier: bool) -> str:
 def interference_label(parallel: int) -> str:
     """The load label of the interference run with `parallel` slots."""
     return f"{INTERFERENCE.label}-parallel-{parallel}"
+
+
+def replicas_label(label: str, arm: str, prompt_set: str) -> str:
+    """The lines of one arm of `kvlab run replicas` on one prompt set."""
+    return f"{label}-{arm.replace(':', '-')}-{prompt_set}"
 
 
 def prediction_label(split_label: str) -> str:

