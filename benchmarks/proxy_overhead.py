@@ -22,6 +22,11 @@ httptools one on uvloop, callback-driven, so it is not the bottleneck it measure
 
   .venv/bin/python benchmarks/proxy_overhead.py --quick
   .venv/bin/python benchmarks/proxy_overhead.py --json-out /tmp/proxy.json
+  .venv/bin/python benchmarks/proxy_overhead.py --legs 8 --kvlab-balance prefix-affinity \
+      --router-policy cache_aware --targets kvlab,router --levels 64,256
+(16 legs: 8 prefill and 8 decode upstreams; every request carries the same prompt, one hot
+prefix, so both routers' affinity meets its load bound: kvlab's --load-factor, vllm-router's
+--balance-abs-threshold 64 / --balance-rel-threshold 1.5)
 The machine's load average is printed with the figures: on a busy machine they are noisy.
 """
 
@@ -257,21 +262,23 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
-def prefill_service(prefill_port: int) -> dict[str, float]:
-    status, raw = http("GET", f"http://127.0.0.1:{prefill_port}/stats", timeout=30)
+def prefill_service(prefill_ports: list[int]) -> dict[str, float]:
+    """Every prefill upstream's own service time per request id."""
     out: dict[str, float] = {}
-    for r in json.loads(raw)["records"] if status == 200 else []:
-        if r["first_ns"]:
-            out[r["xrid"] or f"sid{r['sid']}"] = (r["first_ns"] - r["arr_ns"]) / 1e6
+    for port in prefill_ports:
+        status, raw = http("GET", f"http://127.0.0.1:{port}/stats", timeout=30)
+        for r in json.loads(raw)["records"] if status == 200 else []:
+            if r["first_ns"]:
+                out[r["xrid"] or f"{port}sid{r['sid']}"] = (r["first_ns"] - r["arr_ns"]) / 1e6
     return out
 
 
 async def measure(target: str, port: int, pid: int | None, c: int, n: int, tokens: int,
-                  prefill_port: int, spread_s: float) -> tuple[Level, list[Record]]:
+                  prefill_ports: list[int], spread_s: float) -> tuple[Level, list[Record]]:
     run = Run("/v1/completions", tokens, f"{target}{c}", spread_s)
     await run.connect(port, c)
     await run.go(c)  # warm-up: one request per connection, not recorded
-    for p in (prefill_port,):
+    for p in prefill_ports:
         http("POST", f"http://127.0.0.1:{p}/reset")
     proc = psutil.Process(pid) if pid else None
     own0 = _self_added(port) if target == "kvlab" else None
@@ -344,23 +351,30 @@ def overheads(level: Level, ok: list[Record], direct: Level, service: dict[str, 
 
 
 # --- targets ------------------------------------------------------------------------------
-def target_argv(name: str, args: argparse.Namespace, port: int, pf: int, dc: int
-                ) -> list[str] | None:
+def target_argv(name: str, args: argparse.Namespace, port: int, pfs: list[int],
+                dcs: list[int]) -> list[str] | None:
     if name == "kvlab":
-        return [sys.executable, "-m", "kvlab", "proxy", "--prefill", f"127.0.0.1:{pf}",
-                "--decode", f"127.0.0.1:{dc}", "--port", str(port),
-                "--connector", args.kvlab_connector, "--workers", str(args.kvlab_workers)]
+        legs = [x for p in pfs for x in ("--prefill", f"127.0.0.1:{p}")] + \
+            [x for d in dcs for x in ("--decode", f"127.0.0.1:{d}")]
+        balance = ["--balance", args.kvlab_balance]
+        if args.kvlab_balance == "prefix-affinity":
+            balance += ["--tokenizer", args.tokenizer]
+        return [sys.executable, "-m", "kvlab", "proxy", *legs, "--port", str(port),
+                "--connector", args.kvlab_connector, "--workers", str(args.kvlab_workers),
+                *balance]
     if name == "router":
         if not args.router_bin or not Path(args.router_bin).exists():
             return None
+        legs = [x for p in pfs for x in ("--prefill", f"http://127.0.0.1:{p}")] + \
+            [x for d in dcs for x in ("--decode", f"http://127.0.0.1:{d}")]
         return [args.router_bin, "--vllm-pd-disaggregation", "--host", "127.0.0.1", "--port",
-                str(port), "--prefill", f"http://127.0.0.1:{pf}", "--decode",
-                f"http://127.0.0.1:{dc}", "--policy", "round_robin"]
+                str(port), *legs, "--policy", args.router_policy,
+                "--prometheus-port", str(free_port())]
     if name == "demo":
         if not args.demo or not Path(args.demo).exists():
             return None
         return [args.demo_python, args.demo, "--model", "fake-model", "--prefill",
-                f"127.0.0.1:{pf}", "--decode", f"127.0.0.1:{dc}", "--port", str(port)]
+                f"127.0.0.1:{pfs[0]}", "--decode", f"127.0.0.1:{dcs[0]}", "--port", str(port)]
     raise ValueError(name)
 
 
@@ -381,6 +395,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--burst-start", action="store_true",
                     help="start each level with all its requests at once (default: spread "
                          "the first requests over one request's length)")
+    ap.add_argument("--legs", type=int, default=1,
+                    help="synthetic upstreams per side: N prefill and N decode (16 legs: 8)")
+    ap.add_argument("--kvlab-balance", default="round-robin",
+                    help="kvlab proxy's --balance (prefix-affinity reads --tokenizer)")
+    ap.add_argument("--tokenizer", default=str(Path.home() / ".cache" / "kvlab" / "models"
+                                               / "tiny-qwen3-seed0" / "hf"),
+                    help="the model directory kvlab's prefix affinity tokenizes with")
+    ap.add_argument("--router-policy", default="round_robin",
+                    help="vllm-router's --policy (cache_aware: its prefix tree)")
     ap.add_argument("--kvlab-workers", type=int, default=2,
                     help="kvlab proxy worker processes (its default, PROXY_WORKERS, is 2)")
     ap.add_argument("--upstream", default=str(HERE / "synthetic_upstream.py"),
@@ -410,27 +433,29 @@ def _first_existing(*candidates: str) -> str | None:
 async def bench(args: argparse.Namespace, logdir: Path) -> dict[str, Any]:
     levels = [int(x) for x in args.levels.split(",")]
     per = args.per_level or (6 if args.quick else 25)
-    pf, dc = free_port(), free_port()
+    pfs = [free_port() for _ in range(args.legs)]
+    dcs = [free_port() for _ in range(args.legs)]
     spread = 0.0 if args.burst_start else (2 * args.ttft_ms + args.tokens * args.itl_ms) / 1000
     up = [args.upstream_python, args.upstream, "--ttft-ms", str(args.ttft_ms),
           "--itl-ms", str(args.itl_ms), "--tokens", str(args.tokens)]
-    ups = [start([*up, "--port", str(pf), "--name", "prefill"], "prefill", logdir),
-           start([*up, "--port", str(dc), "--name", "decode"], "decode", logdir)]
+    ups = [start([*up, "--port", str(p), "--name", f"{role}{i}"], f"{role}{i}", logdir)
+           for role, ports in (("prefill", pfs), ("decode", dcs))
+           for i, p in enumerate(ports)]
     results: dict[str, Any] = {"load_before": os.getloadavg(), "levels": levels,
                                "targets": {}, "skipped": []}
     try:
-        for proc, port in zip(ups, (pf, dc), strict=True):
+        for proc, port in zip(ups, (*pfs, *dcs), strict=True):
             wait_serving(port, proc, "upstream")
         direct: dict[int, Level] = {}
         for c in levels:
-            direct[c], _ = await measure("direct", dc, None, c, c * per, args.tokens, pf,
-                                         spread)
+            direct[c], _ = await measure("direct", dcs[0], None, c, c * per, args.tokens,
+                                         pfs, spread)
             _say("direct", direct[c])
         results["targets"]["direct"] = {c: vars(lv) | {"residual_ms": None, "ttfts": None}
                                         for c, lv in direct.items()}
         for name in args.targets.split(","):
             port = free_port()
-            argv = target_argv(name, args, port, pf, dc)
+            argv = target_argv(name, args, port, pfs, dcs)
             if argv is None:
                 results["skipped"].append(name)
                 print(f"[{name}] not found; skipped", file=sys.stderr)
@@ -441,8 +466,8 @@ async def bench(args: argparse.Namespace, logdir: Path) -> dict[str, Any]:
                 out = {}
                 for c in levels:
                     level, ok = await measure(name, port, proc.pid, c, c * per, args.tokens,
-                                              pf, spread)
-                    overheads(level, ok, direct[c], prefill_service(pf))
+                                              pfs, spread)
+                    overheads(level, ok, direct[c], prefill_service(pfs))
                     _say(name, level)
                     out[c] = vars(level) | {"residual_ms": None, "ttfts": None}
                 results["targets"][name] = out
