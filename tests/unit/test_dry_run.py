@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-COMMANDS = [("run", "offload"), ("run", "shared"), ("run", "disagg"), ("serve", "baseline"),
+COMMANDS = [("run", "offload"), ("run", "shared"), ("run", "disagg"), ("run", "replicas"),
+            ("serve", "baseline"),
             ("serve", "decode"), ("serve", "offload"), ("serve", "llama")]
 
 

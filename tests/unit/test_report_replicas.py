@@ -1,0 +1,48 @@
+"""The replicas row's answer: the fastest arms (overlapping TTFT intervals), then the most
+reuse; an arm with failures never wins; the figures are the lines' own."""
+
+from __future__ import annotations
+
+from kvlab.records.evidence import Percentiles
+from kvlab.records.models import parse
+from kvlab.records.replicas import ReplicaCounts, ReplicasRecord
+from kvlab.report import replicas as answer
+
+
+def arm(name: str, hit: float, p50: float, low: float, high: float, failed: int = 0,
+        imbalance: float = 1.0) -> ReplicasRecord:
+    return ReplicasRecord(
+        lab="l", label=f"replicas-{name}", arm=name, router="kvlab proxy", policy=name,
+        prompt_set="shared-prefix", seed=0, concurrency=2, requests=18, failed=failed,
+        replicas=[ReplicaCounts(url=f"http://127.0.0.1:{i}", requests=6) for i in range(3)],
+        hit_rate=hit, imbalance=imbalance, ttft_s=Percentiles(p50=p50, p99=2 * p50),
+        ttft_p50_low_s=low, ttft_p50_high_s=high, oracle_hit_share=hit + 0.01,
+        oracle_ideal_hit_share=0.8)
+
+
+def test_reuse_decides_among_arms_latency_cannot_tell_apart() -> None:
+    arms = [arm("round-robin", 0.3, 0.10, 0.09, 0.12),
+            arm("prefix-affinity", 0.7, 0.11, 0.10, 0.13)]
+    chosen = answer.best(arms)
+    assert chosen is not None and chosen.arm == "prefix-affinity"
+    text = answer.decision("shared-prefix", arms)
+    assert "run prefix-affinity" in text and "70.0%" in text and "round-robin hit 30.0%" in text
+
+
+def test_a_measurably_slower_arm_loses_whatever_it_hits() -> None:
+    arms = [arm("round-robin", 0.3, 0.10, 0.09, 0.11),
+            arm("prefix-affinity", 0.9, 0.30, 0.25, 0.35)]
+    assert answer.best(arms).arm == "round-robin"  # type: ignore[union-attr]
+
+
+def test_an_arm_with_failures_never_wins() -> None:
+    arms = [arm("a", 0.9, 0.05, 0.04, 0.06, failed=1), arm("b", 0.2, 0.2, 0.1, 0.3)]
+    assert answer.best(arms).arm == "b"  # type: ignore[union-attr]
+    assert "no answer" in answer.decision("x", [arms[0]])
+
+
+def test_a_line_round_trips_through_the_notebook_reader() -> None:
+    line = arm("conversation-affinity", 0.5, 0.1, 0.09, 0.11).line()
+    back = parse(line)
+    assert isinstance(back, ReplicasRecord) and back.arm == "conversation-affinity"
+    assert answer.cells(back)[2] == "50.0%"
