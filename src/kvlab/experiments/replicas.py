@@ -129,7 +129,7 @@ def router_front(binary: Path, urls: list[str], policy: str) -> EnginePlan:
     port = free_port()
     flags = (Flag("--host", "127.0.0.1"), Flag("--port", str(port)), Flag("--policy", policy),
              Flag("--prometheus-port", str(free_port())), Flag("--log-level", "warning"))
-    return EnginePlan(engine="vllm-router", role="router", command=(str(binary),),
+    return EnginePlan(engine="vllm-router", role="proxy", command=(str(binary),),
                       flags=flags, extra_args=("--worker-urls", *urls), host="127.0.0.1",
                       port=port, health_path="/health")
 
@@ -280,7 +280,7 @@ def _oracle(sent: list[RequestLine], tokens: dict[int, list[int]], replica_of: l
             shape: tuple[int, int], n: int) -> tuple[float | None, float | None, str | None]:
     """(actual assignment's hit share, ideal's, why one is missing)."""
     block, device = shape
-    kept = [(line, tokens.get(line.prompt_index or -1), r)
+    kept = [(line, tokens.get(line.prompt_index) if line.prompt_index is not None else None, r)
             for line, r in zip(sent, replica_of, strict=True)]
     if any(t is None for _, t, _ in kept) or not kept:
         return None, None, "a prompt could not be tokenized by the replica's /tokenize"
