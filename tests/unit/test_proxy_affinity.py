@@ -60,10 +60,13 @@ def test_bounded_choice_keeps_a_key_until_its_replica_is_at_the_bound() -> None:
     key = aff.digest(b"preamble")
     home, second = ring.walk(key)[:2]
     assert aff.bounded_choice(ring, key, legs, 1.25, 0.0) == home
-    legs[home].outstanding = 2  # with this one, 3 in flight: the bound is ceil(1.25) = 2
+    legs[home].outstanding = aff.MIN_BOUND - 1  # at low load the floor keeps it home
+    assert aff.bounded_choice(ring, key, legs, 1.25, 0.0) == home
+    legs[home].outstanding = 8  # 9 in flight: ceil(1.25 x 9 / 3) = 4, home is over
     assert aff.bounded_choice(ring, key, legs, 1.25, 0.0) == second
-    legs[home].outstanding = 1  # 2 in flight: bound ceil(0.83) = 1, home at it
-    assert aff.bounded_choice(ring, key, legs, 2.0, 0.0) == home  # bound ceil(1.33) = 2
+    for i, leg in enumerate(legs):
+        leg.outstanding = 8 if i != home else 10  # 27 in flight: the bound is 12
+    assert aff.bounded_choice(ring, key, legs, 1.25, 0.0) == home
 
 
 def test_bounded_choice_skips_a_dead_replica_and_needs_one_alive() -> None:
@@ -143,15 +146,15 @@ def test_pick_log_names_each_choice(tmp_path: Path) -> None:
                    "conversation-affinity", 1.0, keyer=aff.conversation_key,
                    log=PickLog(str(log_path)))
     body = chat([("system", "s"), ("user", "first")])
-    legs = [pool.pick(body, b"r%d" % i) for i in range(3)]
+    count = aff.MIN_BOUND + 1
+    legs = [pool.pick(body, b"r%d" % i) for i in range(count)]
     pool.close()
     lines = [json.loads(x) for x in log_path.read_text().splitlines()]
-    assert [x["rid"] for x in lines] == ["r0", "r1", "r2"]
-    # nothing finished in between: the 2nd would make 2 in flight on one (bound ceil(1.25 x
-    # 2 / 3) = 1) and goes on along the ring; the 3rd fits at home (bound ceil(1.25) = 2)
+    assert [x["rid"] for x in lines] == [f"r{i}" for i in range(count)]
+    # nothing finished in between: home takes MIN_BOUND, the next goes on along the ring
     home, second = pool.ring.walk(aff.conversation_key(body))[:2]
-    assert [x["leg"] for x in lines] == [home, second, home]
-    assert legs[0] is legs[2] is not legs[1]
+    assert [x["leg"] for x in lines] == [home] * aff.MIN_BOUND + [second]
+    assert legs[-1] is not legs[0]
     assert {x["body"] for x in lines} == {aff.body_digest(body)}
     assert oct(log_path.stat().st_mode & 0o777) == "0o600"
 

@@ -46,3 +46,10 @@ def test_a_line_round_trips_through_the_notebook_reader() -> None:
     back = parse(line)
     assert isinstance(back, ReplicasRecord) and back.arm == "conversation-affinity"
     assert answer.cells(back)[2] == "50.0%"
+
+
+def test_an_arm_that_loads_one_replica_is_not_the_answer_for_n() -> None:
+    arms = [arm("consistent_hash", 0.66, 0.13, 0.10, 0.18, imbalance=3.0),
+            arm("round-robin", 0.54, 0.26, 0.14, 0.52)]
+    assert answer.best(arms).arm == "round-robin"  # type: ignore[union-attr]
+    assert "no arm kept" in answer.decision("m", arms[:1])

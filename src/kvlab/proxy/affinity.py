@@ -27,7 +27,11 @@ Zadimoghaddam, 2018; HAProxy's `hash-balance-factor`): each replica owns `VNODES
 ring, a key walks the ring from its hash, and the first replica whose requests in flight stay
 within `load_factor` x the mean (counting this one) takes it. So no replica holds more than
 ceil(load_factor x mean), a key's overflow goes to the same next replica every time (which then
-caches it too), and adding or losing a replica moves only its own keys. Nothing is learned from
+caches it too), and adding or losing a replica moves only its own keys. The bound is never
+below `MIN_BOUND` in flight: at low load the formula alone (ceil(1.25 x 2 / 3) = 1 with two
+requests in flight over three replicas) sends a key away from its cache whenever its replica
+is busy at all, where an engine batches a few requests at little cost (vllm-router's
+`cache_aware` tolerates a difference of 64 before it balances). Nothing is learned from
 traffic: every proxy worker (PROXY_WORKERS) decides alike from the ring, and only the load
 bound, counted per worker, can differ between them.
 
@@ -64,6 +68,7 @@ KEYS_KEPT = 4096  # leading texts whose key is remembered
 DEFAULT_BLOCKS = 4
 DEFAULT_BLOCK_TOKENS = 16  # vLLM's default block size on GPU
 DEFAULT_LOAD_FACTOR = 1.25
+MIN_BOUND = 4  # requests in flight a replica may always hold for its own keys
 
 
 class Loaded(Protocol):
@@ -114,7 +119,7 @@ def bounded_choice(ring: Ring, key: int, legs: Sequence[Loaded], load_factor: fl
     if not live:
         return order[0]
     total = sum(legs[i].outstanding for i in live) + 1
-    bound = math.ceil(load_factor * total / len(live))
+    bound = max(MIN_BOUND, math.ceil(load_factor * total / len(live)))
     for i in live:
         if legs[i].outstanding + 1 <= bound:
             return i

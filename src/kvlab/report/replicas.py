@@ -1,10 +1,14 @@
 """The replicas row: each arm's figures, and the lab's answer for a user with N replicas.
 
 Read from `replicas` lines alone (`records/replicas.py`). The answer, per prompt set: of the
-arms with no failed request, those whose TTFT median is not measurably slower than the
-fastest's (their 95% intervals overlap), and of them the one whose replicas hit the most of
-the prompt in their caches. Reuse decides only where latency cannot tell the arms apart, so an
-arm that hits more but queues on one replica does not win.
+arms with no failed request that used the replicas (the busiest took at most `EVEN` times the
+mean: an arm that sends everything to one replica measures one replica, and on a machine
+whose replicas share its cores that can look as fast as three), those whose TTFT median is not
+measurably slower than the fastest's (their 95% intervals overlap), and of them the one whose
+replicas hit the most of the prompt in their caches. Reuse decides only where latency cannot
+tell the arms apart, so an arm that hits more but queues on one replica does not win. When no
+arm used the replicas evenly enough, all that ran without failures are ranked, and the answer
+says so.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Sequence
 
 from kvlab.records.replicas import ReplicasRecord
 
+EVEN = 1.5  # the busiest replica's requests over the mean, at most, to count as using N
 COLUMNS = ("arm", "router", "hit rate", "oracle (its assignment)", "oracle (ideal)",
            "TTFT p50 [95%]", "TTFT p99 [95%]", "busiest / mean", "requests per replica",
            "failed", "router's own time")
@@ -61,6 +66,7 @@ def newest(records: Sequence[ReplicasRecord]) -> dict[str, list[ReplicasRecord]]
 def best(arms: Sequence[ReplicasRecord]) -> ReplicasRecord | None:
     """The arm the lab would run (see the module's docstring); None when none qualifies."""
     ok = [r for r in arms if not r.failed and r.ttft_s and r.ttft_s.p50 is not None]
+    ok = [r for r in ok if (r.imbalance or 1.0) <= EVEN] or ok
     if not ok:
         return None
     fastest = min(ok, key=lambda r: r.ttft_s.p50 if r.ttft_s and r.ttft_s.p50 else 0.0)
@@ -76,6 +82,8 @@ def decision(prompt_set: str, arms: Sequence[ReplicasRecord]) -> str:
     if chosen is None:
         return f"{prompt_set}: no arm ran without failures; no answer"
     n = len(chosen.replicas)
+    uneven = "" if (chosen.imbalance or 1.0) <= EVEN else \
+        f" (no arm kept its busiest replica within {EVEN}x the mean)"
     against = next((r for r in arms if r.arm == "round-robin" and r is not chosen), None)
     base = ""
     if against is not None:
@@ -85,4 +93,4 @@ def decision(prompt_set: str, arms: Sequence[ReplicasRecord]) -> str:
             f"{_pct(chosen.hit_rate)} (the oracle: {_pct(chosen.oracle_hit_share)} for its "
             f"assignment, {_pct(chosen.oracle_ideal_hit_share)} ideal), TTFT p50 "
             f"{_p50(chosen)}, the busiest "
-            f"replica {chosen.imbalance or 0:.2f}x the mean{base}")
+            f"replica {chosen.imbalance or 0:.2f}x the mean{uneven}{base}")
