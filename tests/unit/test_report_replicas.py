@@ -3,9 +3,13 @@ reuse; an arm with failures never wins; the figures are the lines' own."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from kvlab.records import notebook
 from kvlab.records.evidence import Percentiles
 from kvlab.records.models import parse
 from kvlab.records.replicas import ReplicaCounts, ReplicasRecord
+from kvlab.records.runs import NoteRecord
 from kvlab.report import replicas as answer
 
 
@@ -53,3 +57,22 @@ def test_an_arm_that_loads_one_replica_is_not_the_answer_for_n() -> None:
             arm("round-robin", 0.54, 0.26, 0.14, 0.52)]
     assert answer.best(arms).arm == "round-robin"  # type: ignore[union-attr]
     assert "no arm kept" in answer.decision("m", arms[:1])
+
+
+def test_the_table_reads_the_notebook_and_names_the_answer(tmp_path: Path) -> None:
+    book = tmp_path / "book.jsonl"
+    for r in (arm("round-robin", 0.3, 0.10, 0.09, 0.12),
+              arm("prefix-affinity", 0.7, 0.11, 0.10, 0.13)):
+        notebook.append(str(book), r)
+    table = answer.replicas_table(notebook.read(book))
+    assert [line.name for line in table.lines] == ["round-robin (shared-prefix)",
+                                                   "prefix-affinity (shared-prefix)"]
+    assert table.lines[0].verdict == "measured"
+    assert "run prefix-affinity" in table.lines[1].verdict
+
+
+def test_no_line_is_said_once(tmp_path: Path) -> None:
+    book = tmp_path / "book.jsonl"
+    notebook.append(str(book), NoteRecord(lab="l", label="x", about="store", text="t"))
+    (line,) = answer.replicas_table(notebook.read(book)).lines
+    assert line.absent and "kvlab run replicas" in line.command

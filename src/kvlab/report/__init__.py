@@ -26,6 +26,7 @@ from kvlab.report.offload import offload_table
 from kvlab.report.pd import pd_table
 from kvlab.report.plots import Plot
 from kvlab.report.procedure import procedure_table
+from kvlab.report.replicas import replicas_table
 from kvlab.report.starts import latest as latest_starts
 
 LAB_TITLES = {"offload": "Offload lab, task 6 (three sentences: which tiers to keep)",
@@ -92,7 +93,8 @@ def build(labbook: str | Path, plots_dir: Path | None = None,
     """Both tables (and, with `plots_dir`, the plots; with `csv_dir`, the CSV files) from one
     notebook file."""
     book = notebook.read(labbook)
-    tables = [offload_table(book, llama_lines(book)), pd_table(book), procedure_table(book)]
+    tables = [offload_table(book, llama_lines(book)), pd_table(book), procedure_table(book),
+              replicas_table(book)]
     report = Report(str(labbook), tables,
                     skipped_lines=book.broken_lines, decisions=decide(book))
     if (starts := latest_starts(book)) is not None:

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kvlab.records.notebook import Notebook
 from kvlab.records.replicas import ReplicasRecord
+from kvlab.records.rows import REPLICAS
+from kvlab.report.common import Line, Table, missing
 
 EVEN = 1.5  # the busiest replica's requests over the mean, at most, to count as using N
 COLUMNS = ("arm", "router", "hit rate", "oracle (its assignment)", "oracle (ideal)",
@@ -94,3 +97,27 @@ def decision(prompt_set: str, arms: Sequence[ReplicasRecord]) -> str:
             f"assignment, {_pct(chosen.oracle_ideal_hit_share)} ideal), TTFT p50 "
             f"{_p50(chosen)}, the busiest "
             f"replica {chosen.imbalance or 0:.2f}x the mean{uneven}{base}")
+
+
+def replicas_table(book: Notebook) -> Table:
+    """The replicas row as a table of its own: one line per arm and prompt set, the answer
+    as each prompt set's chosen arm's verdict (the columns are `COLUMNS` less the first two)."""
+    table = Table(REPLICAS.title, "Arm (prompt set)", list(COLUMNS[2:]))
+    records = [r for r in book.records if isinstance(r, ReplicasRecord)]
+    if not records:
+        table.lines.append(missing(REPLICAS, book, len(COLUMNS) - 2))
+        return table
+    for prompt_set, arms in newest(records).items():
+        chosen = best(arms)
+        for r in arms:
+            evidence = [f"{c.url}: {c.requests} requests, {c.prefix_cache_hits} of "
+                        f"{c.prefix_cache_queries} prompt tokens hit" for c in r.replicas]
+            if r.oracle_note:
+                evidence.append(f"oracle: {r.oracle_note}")
+            if r.router_added_from:
+                evidence.append(f"router's own time: {r.router_added_from}")
+            verdict = decision(prompt_set, arms) if r is chosen else "measured"
+            table.lines.append(Line(f"{r.arm} ({prompt_set})", r.router, cells(r)[2:],
+                                    evidence, verdict=verdict, command=REPLICAS.command,
+                                    anchor=r.label))
+    return table
