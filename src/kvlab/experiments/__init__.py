@@ -60,7 +60,7 @@ EXPERIMENTS: dict[str, Registered] = {e.name: e for e in (
 # disk and shared-slots side by side, as their llama-server plans are the same (one engine,
 # kept and reset between them: `engines/reuse.py`)
 RUN_ALL = ("disk", "shared-slots", "mlx-cache", "interference", "llama-tiers", "offload",
-           "shared", "disagg")
+           "shared", "disagg", "replicas")
 
 
 def registered(name: str) -> Registered:

@@ -464,7 +464,7 @@ class AllArgs(PlacementArgs):
 
     quick: bool = Field(False, description="Small sizes: a first look, and CI.")
     only: tuple[Literal["disk", "mlx-cache", "shared-slots", "interference", "llama-tiers",
-                        "offload", "shared", "disagg"], ...] = Field(
+                        "offload", "shared", "disagg", "replicas"], ...] = Field(
         (), description="Run just these experiments (repeatable).")
     report_dir: str = Field("kvlab-report", description="Where the report and its plots go.")
 

@@ -92,6 +92,7 @@ def specs(lab: Lab, spec: AllSpec) -> dict[str, object]:
     from kvlab.experiments.llama_tiers import LlamaTiersSpec
     from kvlab.experiments.mlx_cache import MlxCacheSpec
     from kvlab.experiments.offload import OffloadSpec
+    from kvlab.experiments.replicas import ReplicasSpec
     from kvlab.experiments.shared import SharedSpec
     from kvlab.experiments.slot_share import SharedSlotsSpec
 
@@ -119,6 +120,10 @@ def specs(lab: Lab, spec: AllSpec) -> dict[str, object]:
                              max_tokens=spec.max_tokens, preamble_tokens=spec.preamble_tokens,
                              prompt_set=spec.prompt_set, parts=DISAGG_PARTS,  # + the procedures
                              capacity=spec.capacity),
+        # three small replicas: every arm, both prompt sets, a few requests each
+        "replicas": ReplicasSpec(replicas=3, requests=max(8, min(spec.requests or 24, 24)),
+                                 concurrency=2, preamble_tokens=spec.preamble_tokens,
+                                 max_tokens=spec.max_tokens),
     }
 
 
