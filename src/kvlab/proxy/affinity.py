@@ -135,10 +135,29 @@ def _messages(body: dict[str, object]) -> list[tuple[str, str]]:
     out = []
     for m in raw:
         if isinstance(m, dict):
-            content = m.get("content")
-            text = content if isinstance(content, str) else repr(content)
-            out.append((str(m.get("role", "")), text))
+            out.append((str(m.get("role", "")), _content_text(m.get("content"))))
     return out
+
+
+def _content_text(content: object) -> str:
+    """A message's text: the string, or the text of its content parts (images and other
+    parts carry no text to key on); never the repr of a hostile structure."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part["text"] for part in content
+                       if isinstance(part, dict) and isinstance(part.get("text"), str))
+    return ""
+
+
+def prompt_ids(body: dict[str, object]) -> list[int] | None:
+    """A completion request's prompt given as token ids (its leading list when several)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
+        prompt = prompt[0]
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt[:64]):
+        return [t for t in prompt if isinstance(t, int)]
+    return None
 
 
 def prompt_text(body: dict[str, object], limit: int) -> str:
@@ -222,6 +241,8 @@ class PrefixKey:
         self.known: OrderedDict[str, int] = OrderedDict()
 
     def __call__(self, body: dict[str, object]) -> int:
+        if (ids := prompt_ids(body)) is not None:  # already the model's tokens
+            return block_key(ids[:self.wanted], self.block_tokens, self.blocks)
         chars = self.chars
         while True:
             text = prompt_text(body, chars)
