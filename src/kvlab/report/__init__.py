@@ -93,8 +93,9 @@ def build(labbook: str | Path, plots_dir: Path | None = None,
     """Both tables (and, with `plots_dir`, the plots; with `csv_dir`, the CSV files) from one
     notebook file."""
     book = notebook.read(labbook)
-    tables = [offload_table(book, llama_lines(book)), pd_table(book), procedure_table(book),
-              replicas_table(book)]
+    # the procedure's table stays last (readers take it as the last)
+    tables = [offload_table(book, llama_lines(book)), pd_table(book), replicas_table(book),
+              procedure_table(book)]
     report = Report(str(labbook), tables,
                     skipped_lines=book.broken_lines, decisions=decide(book))
     if (starts := latest_starts(book)) is not None:
