@@ -43,6 +43,7 @@ class Counters:
     prefix_queries: float = 0.0
     bodies: list[dict[str, Any]] = field(default_factory=list)
     authorization: list[str] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)  # each request's, lower-cased
 
 
 class SseUpstream:
@@ -122,6 +123,7 @@ class SseUpstream:
         if method != "POST" or not path.endswith("completions"):
             return await self._plain(writer, 404, b'{"error":"not found"}')
         self.counters.authorization.append(headers.get("authorization", ""))
+        self.counters.headers.append(headers)
         return await self._complete(writer, json.loads(body), path.endswith("chat/completions"))
 
     async def _plain(self, writer: asyncio.StreamWriter, status: int, body: bytes,

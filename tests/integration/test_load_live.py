@@ -8,6 +8,7 @@ cache can hit it, and the mixed control shares nothing but a partial block.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import statistics
 import subprocess
@@ -28,6 +29,7 @@ from kvlab.records.models import LoadRecord
 
 pytestmark = pytest.mark.vllm
 SERVED = "local-chat"
+KEY = "sk-kvlabtest0123456789abcdef"
 
 
 @pytest.fixture(scope="module")
@@ -143,25 +145,68 @@ def test_seed_run_load_and_compare_unchanged(engine: str, tmp_path: Path) -> Non
     assert ours.stdout.splitlines()[:4] == seed.stdout.splitlines()[:4]
 
 
+def test_vllm_bench_flags_against_vllm(engine: str, tmp_path: Path) -> None:
+    """vllm bench serve's flags as it is given them: a server-root URL, random prompts of
+    exactly --random-input-len tokens as the server counts them, gamma arrivals, the body's
+    extras, the chosen percentiles and the result document beside the row."""
+    book, results = tmp_path / "labbook.md", tmp_path / "results"
+    run = subprocess.run(
+        [sys.executable, "-m", "kvlab", "load", "--labbook", str(book), "--no-progress",
+         "--base-url", engine.removesuffix("/v1"), "--endpoint", "/v1/completions",
+         "--model", SERVED, "--random-input-len", "200", "--random-output-len", "4",
+         "--num-prompts", "8", "--max-concurrency", "2", "--request-rate", "20",
+         "--burstiness", "0.5", "--ignore-eos", "--temperature", "0",
+         "--extra-body", '{"top_k": 1}', "--header", "X-Bench=kvlab", "--metadata",
+         "run=parity", "--goodput", "ttft:60000", "--percentile-metrics", "ttft,tpot,e2el",
+         "--metric-percentiles", "50,99", "--save-result", "--result-dir", str(results),
+         "--result-filename", "r.json"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    row = notebook.read(book).of(LoadRecord)[0]
+    assert (row.ok, row.prompt_set, row.random_input_len, row.arrivals) == \
+        (8, "random", 200, "gamma 0.5"), row.failures
+    assert row.prompt_sizing is None and row.preamble_tokens is None
+    assert row.requests_file is not None
+    lines = [x for x in requests.read(requests.location(book, row.requests_file),
+                                      row.requests_sha256) if not x.warmup]
+    assert {x.prompt_tokens for x in lines} == {200}  # vLLM's own count, every request
+    assert all((x.cached_tokens or 0) == 0 for x in lines)  # random: nothing shared
+    doc = json.loads((results / "r.json").read_text())
+    assert (doc["completed"], doc["total_input_tokens"], doc["total_output_tokens"]) == \
+        (8, 1600, 32)
+    assert (doc["run"], doc["burstiness"], doc["max_concurrency"], doc["request_rate"]) == \
+        ("parity", 0.5, 2, 20.0)
+    assert doc["request_goodput"] == pytest.approx(doc["request_throughput"])
+    assert 0 < doc["p50_ttft_ms"] <= doc["p99_ttft_ms"] <= doc["p99_e2el_ms"]
+    assert row.vllm_metrics is not None
+    assert row.vllm_metrics["p99_tpot_ms"] == pytest.approx(doc["p99_tpot_ms"])
+    assert str(results / "r.json") == row.result_file
+
+
 async def test_load_against_a_stock_server_takes_the_model_it_serves(
         tiny_models: TinyModels, vllm_install: vllm.VllmInstall, tmp_path: Path) -> None:
     """A server kvlab did not name: vLLM answers 404 to any other model name. With no
     --model the one it lists is taken (said, and on the row); a --model it does not list is
-    refused before any request, naming what it serves."""
+    refused before any request, naming what it serves. The server wants an API key: read
+    from OPENAI_API_KEY, as vllm bench reads it, when LOADTEST_API_KEY_ENV is unset (vLLM
+    answers 401 without it), and written nowhere."""
     plan = vllm.plan(cpu_settings(model=tiny_models.hf, served_name="someone-elses"),
                      "baseline", vllm_install, vllm.PlanOptions(port=free_port()))
     book = tmp_path / "labbook.md"
-    env = {k: v for k, v in os.environ.items() if k not in ("SERVED_NAME", "KVLAB_PROFILE")}
+    env = {k: v for k, v in os.environ.items() if k not in (
+        "SERVED_NAME", "KVLAB_PROFILE", "LOADTEST_API_KEY_ENV", "LOADTEST_API_KEY")}
+    env["OPENAI_API_KEY"] = KEY
     base = [sys.executable, "-m", "kvlab", "load", "--labbook", str(book), "--concurrency",
             "1", "--requests", "3", "--max-tokens", "2", "--preamble-tokens", "300",
             "--no-progress"]
-    async with EngineProcess(plan, tmp_path / "vllm.log"):
+    async with EngineProcess(plan, tmp_path / "vllm.log", secret_env={"VLLM_API_KEY": KEY}):
         url = plan.base_url + "/v1"
         taken, named = [await asyncio.to_thread(
             subprocess.run, [*base, "--base-url", url, *more], capture_output=True, text=True,
             timeout=300, env=env) for more in ((), ("--model", "mine"))]
     assert taken.returncode == 0, taken.stdout + taken.stderr
     assert "model 'someone-elses': the one " in taken.stdout
+    assert "API key from OPENAI_API_KEY" in taken.stdout
+    assert KEY not in taken.stdout + taken.stderr + book.read_text()
     rows = notebook.read(book).of(LoadRecord)
     assert len(rows) == 1 and rows[0].model == "someone-elses" and rows[0].ok == 3
     assert named.returncode == 2, named.stdout + named.stderr

@@ -90,9 +90,13 @@ async def test_a_generated_trace_replays_its_prefix_blocks(roomy: str, tmp_path:
     spec = LoadSpec(base_url=roomy, model=SERVED, levels=(64,), requests=None, max_tokens=4,
                     prompt_set="trace", label="trace", timeout_s=120, labbook=str(book),
                     endpoint="completions", trace=trace.TraceSpec(str(path), BLOCK))
-    row = (await run_sweep(spec)).rows[0]
+    totals: list[int] = []
+    row = (await run_sweep(spec, progress=lambda _, total: totals.append(total))).rows[0]
     assert row.trace is not None and row.requests_file is not None, row.failures
     assert row.ok == 16 and row.trace.requests == 16, row.failures
+    assert totals == [16]  # the bar counts the trace's requests (it read 640 at cap 64)
+    # a trace sends no preamble: nothing about one is written
+    assert row.preamble_tokens is None and row.prompt_sizing is None
     lines = [x for x in requests.read(requests.location(book, row.requests_file),
                                       row.requests_sha256) if not x.warmup]
     expected = [n * BLOCK for n in trace.reusable_blocks(made, BLOCK)]
@@ -103,6 +107,40 @@ async def test_a_generated_trace_replays_its_prefix_blocks(roomy: str, tmp_path:
     assert row.prefix_hit_rate is not None
     assert row.prefix_hit_rate == pytest.approx(
         row.trace.reusable_fraction_infinite_cache, abs=0.1)
+
+
+def test_a_trace_from_the_command_line_says_what_it_sent(roomy: str, tmp_path: Path) -> None:
+    """--trace-limit takes the file's first requests; --trace-max-input cuts the longer ones
+    to fit (the server counts the cut prompts' tokens) or leaves them out, and the console
+    says which and how many; the row names no lab, no connector, no preamble."""
+    made = trace.synthetic(10, groups=2, shared_blocks=2, own_blocks=(1, 2), block_tokens=BLOCK,
+                           rate=20.0, output_length=2, seed=3)
+    path = trace.write(tmp_path / "trace.jsonl", made)
+    cap = 3 * BLOCK
+    over = sum(r.input_length > cap for r in made[:8])
+    assert 0 < over < 8
+    book = tmp_path / "labbook.md"
+    runs = {way: subprocess.run(
+        [sys.executable, "-m", "kvlab", "load", "--base-url", roomy, "--model", SERVED,
+         "--labbook", str(book), "--label", way, "--trace", str(path), "--trace-block-size",
+         str(BLOCK), "--trace-limit", "8", "--trace-max-input", str(cap),
+         "--trace-over-max-input", way, "--max-tokens", "2", "--no-progress"],
+        capture_output=True, text=True, timeout=300) for way in ("truncate", "filter")}
+    for run in runs.values():
+        assert run.returncode == 0, run.stderr[-2000:]
+    assert f"8 requests sent of the first 8; over {cap} tokens: {over} truncated" \
+        in runs["truncate"].stdout
+    assert f"{8 - over} requests sent of the first 8; over {cap} tokens: {over} left out" \
+        in runs["filter"].stdout
+    cut, kept = (notebook.read(book).of(LoadRecord, way)[0] for way in ("truncate", "filter"))
+    assert cut.ok == 8 and kept.ok == 8 - over, (cut.failures, kept.failures)
+    assert cut.requests_file is not None
+    sent = [x.prompt_tokens for x in requests.read(requests.location(book, cut.requests_file),
+                                                   cut.requests_sha256) if not x.warmup]
+    assert sent == [min(r.input_length, cap) for r in made[:8]]  # the server's count
+    for row in (cut, kept):
+        assert row.lab == "none" and row.connector == "unknown"
+        assert row.preamble_tokens is None and row.prompt_sizing is None
 
 
 def test_find_capacity_end_to_end(roomy: str, tmp_path: Path) -> None:

@@ -130,8 +130,8 @@ async def test_rate_search_finds_a_queue_that_falls_behind(tmp_path: Path) -> No
     target = LatencyTarget.parse("ttft_p90<=0.125")
     plan = SearchPlan(start=4, duration_s=1.5, min_requests=5, warmup=1, max_steps=9)
     async with OneAtATime(service_s=0.05) as up:  # keeps up with 20 requests a second
-        result = await search(spec(up.base_url, book, poisson=False), target, Knob.of("rate"),
-                              plan, on_row=lambda r: notebook.append(book, r))
+        result = await search(spec(up.base_url, book, burstiness=float("inf")), target,
+                              Knob.of("rate"), plan, on_row=lambda r: notebook.append(book, r))
     rec = result.record
     assert isinstance(rec, CapacityRecord) and rec.verdict == "found", rec.statement
     assert rec.met_below is not None and rec.missed_at is not None

@@ -211,7 +211,7 @@ def test_ctrl_c_keeps_measured_levels(home: Path, tmp_path: Path) -> None:
     (["--slo", "ttft=5"], "--slo"),
     (["--concurrency", "1,x"], "CONCURRENCY"),
     (["--prompt-set", "nope"], "PROMPT_SET"),
-    (["--slo", "ttft_p90<=0.5"], "is for --find-capacity"),
+    (["--slo", "ttft_p90<=0.5"], "a --find-capacity target"),
     (["--find-capacity"], "--find-capacity needs --slo"),
     (["--find-capacity", "--slo", "ttft_p90<=0.5", "--capacity-knob", "users"], "--users"),
     (["--users", "2", "--think-time", "soon"], "--think-time"),

@@ -112,7 +112,7 @@ def test_request_counts_default_to_enough_for_a_p99() -> None:
 
 
 def test_open_loop_duration_counts_the_arrivals_within_it() -> None:
-    even = Schedule(concurrency=4, rate=10.0, poisson=False)
+    even = Schedule(concurrency=4, rate=10.0, burstiness=float("inf"))
     assert even.within(1.0, 1000) == 10 and even.within(1.0, 5) == 5
     poisson = Schedule(concurrency=4, rate=50.0, seed=3)
     offsets = poisson.offsets_ns(1000)

@@ -64,6 +64,9 @@ def test_derive_says_only_what_the_url_and_settings_say() -> None:
                                                               proxy_port=8000))
     assert (other.topology, other.single_machine, other.link) == ("unknown", None, "unknown")
     assert other.hosts == {"url": "127.0.0.1", "prefill": "unknown", "decode": "unknown"}
+    # nothing says a split runs behind it: CONNECTOR's default is not its connector (a row
+    # against a stock vllm serve said "connector: shared")
+    assert other.connector == "unknown"
 
 
 async def test_kvlab_proxy_names_its_legs() -> None:

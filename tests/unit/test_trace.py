@@ -46,13 +46,38 @@ def test_reads_the_mooncake_format(tmp_path: Path) -> None:
     assert len(got.sha256) == 64 and got.left_out == 0
     short = trace.read(TraceSpec(spec.path, max_input=7000, limit=1))
     assert [r.input_length for r in short.requests] == [6758]
-    left = trace.read(TraceSpec(spec.path, max_input=7000))
+    left = trace.read(TraceSpec(spec.path, max_input=7000, over="filter"))
     assert left.left_out == 1 and len(left.requests) == 2
     # an infinite cache: request 2 finds block 0 held; the third too, and no more
     assert trace.reusable_blocks(got.requests, 512) == [0, 1, 1]
     described = trace.describe(spec, got, POOL, max_tokens=400)
     assert described.outputs_capped == 2 and described.distinct_blocks == 31
     assert described.reusable_fraction_infinite_cache == round(2 * 512 / 16092, 4)
+
+
+def test_the_first_n_requests_are_the_files_first_n_cut_or_left_out(tmp_path: Path) -> None:
+    """--trace-limit counts the file's requests, before any is left out: "the first 2" of a
+    trace whose second request is too long are never its first and third (which doubled the
+    reuse of a real replay). Truncation keeps every request, its blocks cut to fit, and the
+    reuse is counted on what is sent."""
+    path = write(tmp_path / "t.jsonl", MOONCAKE)
+    filtered = trace.read(TraceSpec(path=str(path), max_input=7000, limit=2, over="filter"))
+    assert [r.input_length for r in filtered.requests] == [6758]
+    assert (filtered.left_out, filtered.truncated) == (1, 0)
+    cut = trace.read(TraceSpec(str(path), max_input=7000, limit=2))  # truncate, the default
+    assert [r.input_length for r in cut.requests] == [6758, 7000]
+    assert (cut.left_out, cut.truncated) == (0, 1)
+    assert cut.requests[1].hash_ids == (0, *range(14, 27))  # ceil(7000 / 512) = 14 blocks
+    said = trace.describe(TraceSpec(str(path), max_input=7000, limit=2), cut)
+    assert (said.requests, said.limit, said.max_input, said.over_max_input) == \
+        (2, 2, 7000, "truncate")
+    assert (said.truncated_to_max_input, said.left_out_over_max_input) == (1, 0)
+    # the second request finds block 0 held: one block of the 13,758 tokens sent
+    assert said.reusable_fraction_infinite_cache == round(512 / (6758 + 7000), 4)
+    # a cut request's prompt is the first tokens of the uncut one: the same blocks, shorter
+    whole = trace.read(TraceSpec(str(path), limit=2)).requests[1]
+    assert trace.prompt_tokens(cut.requests[1], 1, POOL, 1, 0, 512) == \
+        trace.prompt_tokens(whole, 1, POOL, 1, 0, 512)[:7000]
 
 
 @pytest.mark.parametrize(("line", "message"), [
@@ -72,7 +97,8 @@ def test_refuses_what_cannot_be_replayed(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="cannot read"):
         trace.read(TraceSpec(str(tmp_path / "missing.jsonl")))
     with pytest.raises(InputError, match="no request"):
-        trace.read(TraceSpec(str(write(tmp_path / "t.jsonl", MOONCAKE)), max_input=10))
+        trace.read(TraceSpec(str(write(tmp_path / "t.jsonl", MOONCAKE)), max_input=10,
+                              over="filter"))
     for bad in ({"block_tokens": 0}, {"speedup": 0.0}, {"limit": 0}):
         with pytest.raises(InputError, match="--trace"):
             TraceSpec("x", **bad)

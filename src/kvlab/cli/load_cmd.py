@@ -39,8 +39,10 @@ from kvlab.loadgen.args import (
     TargetArgs,
     lab_named,
     load_spec,
+    openai_key,
     understood_url,
 )
+from kvlab.loadgen.benchargs import BenchArgs
 
 if TYPE_CHECKING:
     from kvlab.core.settings import Settings
@@ -88,10 +90,11 @@ def finish(out: Output, rows: list[LoadRecord], interrupted: bool) -> None:
 @click.command("load", epilog=EXIT_CODES)
 @arguments(TargetArgs, "target")
 @arguments(LoadArgs, "load")
+@arguments(BenchArgs, "bench")
 @arguments(CapacityArgs, "search")
 @json_option
 @click.pass_context
-def load_command(ctx: click.Context, /, target: TargetArgs, load: LoadArgs,
+def load_command(ctx: click.Context, /, target: TargetArgs, load: LoadArgs, bench: BenchArgs,
                  search: CapacityArgs, as_json: bool) -> None:
     """Stream requests at each concurrency level; one notebook row and one per-request file
     (beside the notebook, in kvlab-requests/) per level."""
@@ -100,7 +103,7 @@ def load_command(ctx: click.Context, /, target: TargetArgs, load: LoadArgs,
     from kvlab.report import console
 
     out = Output(as_json)
-    loaded = server_settings(ctx, **target.overrides())
+    loaded, key_from = openai_key(server_settings(ctx, **target.overrides()))
     settings = loaded.values
     if target.print_load_test_path:
         path = write_launcher(settings.home(), sys.executable)
@@ -109,11 +112,13 @@ def load_command(ctx: click.Context, /, target: TargetArgs, load: LoadArgs,
     if not target.base_url:
         raise InputError("--base-url is required, e.g. --base-url http://127.0.0.1:8200/v1")
     base_url, understood = understood_url(target.base_url)
-    if understood:
-        out.note(f"    {understood}")
+    for words in (understood, key_from):
+        if words:
+            out.note(f"    {words}")
     spec = load_spec(loaded, load, base_url=base_url, label=target.label,
                      engine=target.engine, lab=lab_named(target.lab),
-                     metrics_url=target.metrics_url, find_capacity=search.find_capacity)
+                     metrics_url=target.metrics_url, find_capacity=search.find_capacity,
+                     bench=bench, say=out.note)
     spec = run_interruptible(out, lambda _: manual.served_spec(settings, spec, out.note))
     if search.find_capacity:
         _find_capacity(out, settings, spec, load, search)
@@ -183,7 +188,8 @@ def run_load_command(ctx: click.Context, /, label: str, base_url: str,
     if understood:
         out.note(f"    {understood}")
     spec = load_spec(loaded, load, base_url=base_url, label=label, engine=VLLM,
-                     lab=lab_named("pd"), metrics_url=metrics_urls[0] if metrics_urls else "")
+                     lab=lab_named("pd"), metrics_url=metrics_urls[0] if metrics_urls else "",
+                     say=out.note)
     link = link_spec(settings, spec, metrics_urls)
     if not link.load_test:  # LOAD_TEST's script names its own model
         spec = run_interruptible(out, lambda _: manual.served_spec(settings, spec, out.note))

@@ -10,14 +10,18 @@ MAX_TOKENS, PROMPT_SET, PREAMBLE_TOKENS, CTX, MEM_FRACTION) and say where the UR
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from kvlab.core.errors import InputError
+from kvlab.core.say import Say, quiet
 from kvlab.core.settings import LoadedSettings, Settings
-from kvlab.records.base import LAB_OFFLOAD, LAB_PD
+from kvlab.loadgen.benchargs import BenchArgs, bench_ask, extra_body, headers
+from kvlab.records.base import LAB_NONE, LAB_OFFLOAD, LAB_PD
 from kvlab.records.evidence import Where
 from kvlab.records.load import RunContext
 
@@ -25,9 +29,11 @@ if TYPE_CHECKING:
     from kvlab.loadgen.capacity import Knob, LatencyTarget, SearchPlan
     from kvlab.loadgen.dataset import Dataset
     from kvlab.loadgen.linkrun import LinkSpec
+    from kvlab.loadgen.slo import Objectives
     from kvlab.loadgen.spec import LoadSpec
 
 TRACE_IN_FLIGHT = 256  # a trace's in-flight cap unless CONCURRENCY is set
+OPENAI_KEY_ENV = "OPENAI_API_KEY"  # where vllm bench serve reads the servers' key
 
 
 class Args(BaseModel):
@@ -53,16 +59,23 @@ NoteText = Annotated[str, AfterValidator(_no_secret)]  # a --note for the notebo
 class LoadArgs(Args):
     """kvlab's own load options, shared by `load` and `run-load`."""
 
-    slo: str | None = Field(None, description="Goodput bounds, e.g. ttft_ms=500,tpot_ms=50 "
-                            "(e2e_ms too); with --find-capacity the target, e.g. "
-                            "'ttft_p90<=0.5,tpot_p90<=0.05' (seconds; errors<=0.01).")
+    slo: tuple[str, ...] = Field(
+        (), json_schema_extra={"aliases": "--goodput", "metavar": "BOUNDS"},
+        description="Latency bounds, repeatable: on each request, counted as goodput "
+        "('ttft<=500ms,tpot<=50ms'; e2e too), or on a percentile, the --find-capacity target "
+        "('ttft_p90<=500ms,errors<=0.01'; ttft, tpot, itl, e2e at p50/p90/p95/p99). Units ms "
+        "or s. Also understood, and said: ttft_ms=500, ttft_p90<=0.5 (seconds) and vllm "
+        "bench's --goodput ttft:500 (ms; e2el).")
     timeout: float = Field(600.0, gt=0, description="Seconds one request may take; then it "
                            "failed.")
     rate: str | None = Field(None, json_schema_extra={"aliases": "--request-rate"},
                              description="Open loop: requests per second, capped at the "
                              "concurrency; several (1,2,4) sweep them, one level each.")
-    arrivals: Literal["poisson", "even"] = Field(
-        "poisson", description="Open-loop arrival gaps (even: a constant rate).")
+    arrivals: str = Field(
+        "poisson", json_schema_extra={"aliases": "--burstiness"},
+        description="Open-loop arrival gaps: poisson, even (a constant rate), or vllm bench's "
+        "burstiness B: gamma gaps of shape B and mean 1/rate (1 is poisson, below 1 burstier, "
+        "inf even).")
     users: str | None = Field(None, description="User sessions: users per level, e.g. 4,8 "
                               "(they replace --concurrency and the prompt set).")
     turns: int = Field(4, ge=1, description="User sessions: turns per conversation.")
@@ -84,10 +97,15 @@ class LoadArgs(Args):
                               "prompts to /v1/completions.")
     trace_block_size: int = Field(512, ge=1, description="Tokens per hash id in the trace.")
     trace_speedup: float = Field(1.0, gt=0, description="Replay this many times faster.")
-    trace_limit: int | None = Field(None, ge=1, description="Replay the first N requests "
-                                    "only.")
-    trace_max_input: int | None = Field(None, ge=1, description="Leave out requests with "
-                                        "longer prompts (counted in the row).")
+    trace_limit: int | None = Field(None, ge=1, description="Replay the trace's first N "
+                                    "requests only, counted in the file before any is left "
+                                    "out (with --trace-over-max-input filter, fewer are sent).")
+    trace_max_input: int | None = Field(None, ge=1, description="Prompts longer than this many "
+                                        "tokens are cut to fit or left out (see "
+                                        "--trace-over-max-input; counted in the row).")
+    trace_over_max_input: Literal["truncate", "filter"] = Field(
+        "truncate", description="A request over --trace-max-input: truncate keeps it with its "
+        "blocks cut to fit (reuse computed on what is sent); filter leaves it out.")
     dataset: str | None = Field(None, json_schema_extra={"aliases": "--dataset-path --data"},
                                 description="Your dataset file: a ShareGPT JSON list "
                                 "(conversations of from/value messages) or JSON lines of "
@@ -101,8 +119,10 @@ class LoadArgs(Args):
     preamble_tokens: int | None = Field(None, ge=1, description="Preamble size, approximate "
                                         "tokens (default: PREAMBLE_TOKENS).")
     seed: int = Field(0, description="Workload seed.")
-    endpoint: str = Field("chat", description="chat or completions, or the path as vllm "
-                          "bench takes it: /v1/chat/completions or /v1/completions.")
+    endpoint: str | None = Field(None, description="chat or completions, or the path as vllm "
+                                 "bench takes it: /v1/chat/completions or /v1/completions "
+                                 "[default: chat; completions for --trace and "
+                                 "--random-input-len].")
     ignore_eos: bool = Field(False, description="Ask for exactly --max-tokens tokens.")
     kv_cache_type: str | None = Field(None, description="Record the server's KV type (f16, "
                                       "q8_0, ...).")
@@ -110,7 +130,8 @@ class LoadArgs(Args):
     no_progress: bool = Field(False, description="No progress bars.")
     warmup: int | None = Field(None, ge=0, description="Requests sent first at each level and "
                                "left out of every statistic (marked in the per-request file) "
-                               "[default: one per concurrent request].")
+                               "[default: one per concurrent request; 1 for --trace; 2 per "
+                               "probe with --find-capacity].")
     min_requests: int | None = Field(None, ge=1, description="Measured requests per level at "
                                      "least [default: REQUESTS when set, else max(10 x "
                                      "concurrency, 200)].")
@@ -123,6 +144,21 @@ class LoadArgs(Args):
     tokenize_url: str = Field("", description="The engine whose /tokenize sizes the prompts "
                               "[default: the base URL's server, then --metrics-url's; behind a "
                               "proxy, an engine].")
+
+
+def burstiness(given: str) -> float:
+    """`--arrivals`/`--burstiness` as the gamma shape: poisson 1, even infinity, or B > 0."""
+    word = given.strip().lower()
+    if word in ("poisson", "even"):
+        return 1.0 if word == "poisson" else math.inf
+    try:
+        value = float(word)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise InputError(f"--arrivals {given!r}: give poisson, even or a burstiness above 0 "
+                         "(vllm bench's --burstiness: 1 is poisson, inf even)")
+    return value
 
 
 ENDPOINTS = {"chat": "chat", "completions": "completions", "/v1/chat/completions": "chat",
@@ -171,7 +207,8 @@ class TargetArgs(Args):
         "vllm", description="Whose /tokenize sizes the prompts and whose counters the rows "
         "read.")
     labbook: str | None = Field(None, description="Notebook file (default: LABBOOK).")
-    lab: Literal["pd", "offload"] = Field("pd", description="Which lab the rows belong to.")
+    lab: Literal["pd", "offload"] | None = Field(None, description="Which lab the rows belong "
+                                                 "to [default: pd; a trace's: none].")
     metrics_url: str = Field("", description="The engine's /metrics for the counter deltas "
                              "(default: the URL's server; behind a proxy, give the decode "
                              "engine's).")
@@ -207,9 +244,10 @@ class CapacityArgs(Args):
         """The target, the knob and the plan; refuses a search the workload cannot run."""
         from kvlab.loadgen.capacity import Knob, LatencyTarget, SearchPlan, check_knob
 
-        if not load.slo:
+        objectives = slo_objectives(load.slo, find_capacity=True)
+        if objectives is None:
             raise InputError("--find-capacity needs --slo with the target, e.g. "
-                             "--slo 'ttft_p90<=0.5,tpot_p90<=0.05'")
+                             "--slo 'ttft_p90<=500ms,tpot_p90<=50ms'")
         knob = Knob.of(self.capacity_knob or ("users" if spec.sessions else "speedup"
                                               if spec.trace else "rate"))
         check_knob(knob, spec)
@@ -218,7 +256,7 @@ class CapacityArgs(Args):
                           repeats=self.capacity_repeats, duration_s=load.duration or 15.0,
                           min_requests=load.min_requests or 20,
                           warmup=2 if load.warmup is None else load.warmup)
-        return LatencyTarget.parse(load.slo), knob, plan
+        return LatencyTarget.of(objectives, " ".join(load.slo)), knob, plan
 
 
 def requests_setting(loaded: LoadedSettings) -> int | None:
@@ -228,9 +266,9 @@ def requests_setting(loaded: LoadedSettings) -> int | None:
     return loaded.values.requests
 
 
-def lab_named(name: str) -> str:
-    """`--lab pd|offload` as the lab's full name."""
-    return LAB_PD if name == "pd" else LAB_OFFLOAD
+def lab_named(name: str | None) -> str | None:
+    """`--lab pd|offload` as the lab's full name (None: not given)."""
+    return None if name is None else LAB_PD if name == "pd" else LAB_OFFLOAD
 
 
 def floats(option: str, text: str | None) -> tuple[float, ...]:
@@ -259,38 +297,63 @@ def split_topology(settings: Settings, base_url: str) -> Where:
 
 
 def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: str,
-              engine: str, lab: str, metrics_url: str = "",
-              find_capacity: bool = False) -> LoadSpec:
-    """A LoadSpec from the settings and the arguments."""
+              engine: str, lab: str | None, metrics_url: str = "",
+              find_capacity: bool = False, bench: BenchArgs | None = None,
+              say: Say = quiet) -> LoadSpec:
+    """A LoadSpec from the settings and the arguments (`lab` None: the P/D lab's, a trace's
+    none); how an older or another tool's spelling was understood is said."""
     from kvlab.engines.base import canonical_name
-    from kvlab.loadgen.capacity import is_target
     from kvlab.loadgen.stats import Slo
     from kvlab.loadgen.sweep import LoadSpec
 
-    settings = loaded.values
-    if is_target(args.slo) and not find_capacity:
-        raise InputError(f"--slo {args.slo!r}: a latency target (<=) is for --find-capacity; "
-                         "goodput bounds are written ttft_ms=500,tpot_ms=50")
+    settings, bench = loaded.values, bench or BenchArgs()
+    objectives = slo_objectives(args.slo, find_capacity, say)
     context = RunContext(context_length=settings.ctx, memory_fraction=settings.mem_fraction,
                          kv_cache_type=args.kv_cache_type or None)
     context.overlay(split_topology(settings, base_url))
     rates = floats("--rate", args.rate)
+    tokens = bool(args.trace) or bench.random_input_len is not None
     spec = LoadSpec(
         base_url=base_url, model=settings.served_name, levels=tuple(settings.concurrency),
         requests=requests_setting(loaded), max_tokens=settings.max_tokens,
         prompt_set=settings.prompt_set, label=label, engine=canonical_name(engine),
-        endpoint=endpoint_word(args.endpoint), timeout_s=args.timeout,
-        poisson=args.arrivals == "poisson",
-        slo=Slo.parse(args.slo) if args.slo and not is_target(args.slo) else None,
+        endpoint=endpoint_word(args.endpoint) if args.endpoint
+        else "completions" if tokens else "chat",
+        timeout_s=args.timeout, burstiness=burstiness(args.arrivals),
+        slo=Slo.of(objectives) if objectives else None,
         preamble_tokens=args.preamble_tokens or settings.preamble_tokens, seed=args.seed,
         ignore_eos=args.ignore_eos, scrape_metrics=not args.no_metrics,
-        metrics_url=metrics_url, lab=lab, context=context, min_requests=args.min_requests,
+        metrics_url=metrics_url, lab=lab or (LAB_NONE if args.trace else LAB_PD),
+        context=context, min_requests=args.min_requests,
         duration_s=args.duration, warmup=args.warmup, labbook=settings.labbook,
         size_prompts=args.prompt_sizing == "tokenizer", tokenize_url=args.tokenize_url,
         rate=rates[0] if len(rates) == 1 else None, rates=rates if len(rates) > 1 else (),
         groups=args.prefix_groups, group_shares=floats("--group-shares", args.group_shares),
-        model_source="default" if loaded.unset("served_name") else "named")
+        model_source="default" if loaded.unset("served_name") else "named",
+        temperature=bench.temperature, extra_body=extra_body(bench.extra_body,
+                                                             bench.temperature),
+        headers=headers(bench.header), random_input_len=bench.random_input_len,
+        bench=bench_ask(bench, objectives, len(settings.concurrency) * max(1, len(rates))))
     return _workload(loaded, args, spec)
+
+
+def slo_objectives(given: tuple[str, ...], find_capacity: bool,
+                   say: Say = quiet) -> Objectives | None:
+    """`--slo`/`--goodput`'s terms, each older spelling said as understood; a percentile bound
+    is refused without --find-capacity (it is a search's target)."""
+    from kvlab.loadgen import slo
+
+    if not given:
+        return None
+    text = " ".join(given)
+    objectives = slo.parse(text)
+    for line in objectives.understood:
+        say(f"    {line}")
+    if objectives.percentiles and not find_capacity:
+        raise InputError(f"--slo {text!r}: {objectives.percentiles[0].text()} bounds a "
+                         "percentile, a --find-capacity target; a bound on each request "
+                         "(e.g. ttft<=500ms) counts goodput")
+    return objectives
 
 
 def _workload(loaded: LoadedSettings, args: LoadArgs, spec: LoadSpec) -> LoadSpec:
@@ -314,8 +377,7 @@ def _workload(loaded: LoadedSettings, args: LoadArgs, spec: LoadSpec) -> LoadSpe
         default = loaded.unset("concurrency")  # nobody asked a cap
         spec = replace(spec, trace=TraceSpec(args.trace, args.trace_block_size,
                                              args.trace_speedup, args.trace_limit,
-                                             args.trace_max_input),
-                       endpoint="completions",
+                                             args.trace_max_input, args.trace_over_max_input),
                        levels=(TRACE_IN_FLIGHT,) if default else spec.levels)
     return spec
 
@@ -335,6 +397,18 @@ def dataset_of(args: LoadArgs) -> Dataset | None:
                              "--dataset-path FILE")
         return None
     return read(DatasetSpec(args.dataset, args.dataset_name))
+def openai_key(loaded: LoadedSettings) -> tuple[LoadedSettings, str]:
+    """vllm bench's key: with LOADTEST_API_KEY_ENV unset and its variable empty, the settings
+    read the servers' key from OPENAI_API_KEY instead (sent, redacted and never written like
+    any key); and the words that say so, or ""."""
+    settings = loaded.values
+    if not loaded.unset("loadtest_api_key_env") or settings.api_key() \
+            or not os.environ.get(OPENAI_KEY_ENV):
+        return loaded, ""
+    values = settings.model_copy(update={"loadtest_api_key_env": OPENAI_KEY_ENV})
+    return replace(loaded, values=values), (
+        f"the servers' API key from {OPENAI_KEY_ENV}, as vllm bench reads it "
+        f"({settings.loadtest_api_key_env} is empty)")
 
 
 def link_spec(settings: Settings, spec: LoadSpec, metrics_urls: tuple[str, ...]) -> LinkSpec:

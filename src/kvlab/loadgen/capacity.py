@@ -1,10 +1,10 @@
 """Capacity at a latency target: the highest load whose measured percentiles meet it.
 
-The target (`LatencyTarget.parse`): `ttft_p90<=0.5,tpot_p90<=0.05`, seconds, any of ttft, tpot, itl
-and e2e at p50/p90/p95/p99, and `errors<=F`, the share of requests that may fail (0.01 unless
-given). TTFT and E2E count from when the request was due (its schedule, its think time's end),
-not from when the client sent it, so a queue in the client counts against the target as a
-queue in the server would.
+The target (`LatencyTarget.parse`, `--slo`'s percentile bounds in `loadgen/slo.py`'s grammar):
+`ttft_p90<=500ms,tpot_p90<=50ms`, any of ttft, tpot, itl and e2e at p50/p90/p95/p99, and
+`errors<=F`, the share of requests that may fail (0.01 unless given). TTFT and E2E count
+from when the request was due (its schedule, its think time's end), not from when the client
+sent it, so a queue in the client counts against the target as a queue in the server would.
 
 The load is one knob (`Knob`): an open-loop request rate (Poisson), a closed-loop concurrency,
 a number of users (user sessions) or a trace's replay speed. The search (`search`) measures a
@@ -23,8 +23,6 @@ latency grows with load, and says so when a probe contradicts that.
 from __future__ import annotations
 
 import asyncio
-import math
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -33,7 +31,7 @@ import numpy as np
 
 from kvlab.core.errors import InputError
 from kvlab.core.say import Say, quiet
-from kvlab.loadgen import stats
+from kvlab.loadgen import slo, stats
 from kvlab.loadgen.client import Endpoint
 from kvlab.loadgen.record import RequestRecord
 from kvlab.loadgen.spec import LoadSpec
@@ -50,15 +48,13 @@ from kvlab.records.load import (
 from kvlab.records.rows import capacity_label
 
 KnobName = Literal["rate", "concurrency", "users", "speedup"]
-METRICS = ("ttft", "tpot", "itl", "e2e")
-QUANTILES = (50, 90, 95, 99)
-DEFAULT_ERRORS = 0.01
+METRICS = slo.METRICS
+QUANTILES = slo.QUANTILES
+DEFAULT_ERRORS = slo.DEFAULT_ERRORS
 MIN_OK = 5  # fewer successes than this: a probe cannot meet anything
 RESAMPLES = 1000
 SEED = 17
 CAPACITY_BLOCK = 10_000  # probes' prompt blocks start here: no probe reuses a sweep's prompt
-_TERM = re.compile(r"^(ttft|tpot|itl|e2e)_p(\d+)\s*<=\s*(\S+)$")
-_ERRORS = re.compile(r"^errors\s*<=\s*(\S+)$")
 
 
 @dataclass(frozen=True)
@@ -81,41 +77,22 @@ class LatencyTarget:
 
     @classmethod
     def parse(cls, text: str) -> LatencyTarget:
-        bounds, errors = [], DEFAULT_ERRORS
-        for part in (p.strip() for p in text.split(",") if p.strip()):
-            if m := _ERRORS.match(part):
-                errors = _number(text, m.group(1), share=True)
-                continue
-            m = _TERM.match(part)
-            if not m or int(m.group(2)) not in QUANTILES:
-                raise InputError(f"--slo {text!r}: {part!r} is not a bound; use e.g. "
-                                 "ttft_p90<=0.5,tpot_p90<=0.05 (seconds; ttft, tpot, itl, e2e "
-                                 "at p50/p90/p95/p99) and errors<=0.01")
-            bounds.append(Bound(m.group(1), int(m.group(2)), _number(text, m.group(3))))
+        """The percentile bounds of an `--slo` (`loadgen/slo.py`'s grammar)."""
+        return cls.of(slo.parse(text), text)
+
+    @classmethod
+    def of(cls, objectives: slo.Objectives, text: str) -> LatencyTarget:
+        """The percentile bounds of parsed objectives; refused when there are none."""
+        bounds = tuple(Bound(t.metric, t.q, t.limit_s) for t in objectives.percentiles
+                       if t.q is not None)
         if not bounds:
-            raise InputError(f"--slo {text!r}: give at least one latency bound, e.g. "
-                             "ttft_p90<=0.5")
-        return cls(tuple(bounds), errors)
+            raise InputError(f"--slo {text!r}: a capacity target bounds a percentile, e.g. "
+                             "ttft_p90<=500ms,tpot_p90<=50ms (errors<=0.01)")
+        return cls(bounds, objectives.errors)
 
     def text(self) -> str:
         return ",".join([*(f"{b.key}<={b.limit_s:g}" for b in self.bounds),
                          f"errors<={self.errors:g}"])
-
-
-def _number(text: str, raw: str, share: bool = False) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise InputError(f"--slo {text!r}: {raw!r} is not a number") from None
-    if not (0 <= value <= 1 if share else 0 < value < math.inf):
-        raise InputError(f"--slo {text!r}: {raw} must be "
-                         + ("a share from 0 to 1" if share else "above 0 seconds"))
-    return value
-
-
-def is_target(text: str | None) -> bool:
-    """An `--slo` in the target form (`<=`) rather than goodput's `ttft_ms=500`."""
-    return bool(text) and "<=" in (text or "")
 
 
 @dataclass(frozen=True)

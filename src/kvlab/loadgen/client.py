@@ -81,16 +81,22 @@ class Endpoint:
         return self.host if self.port == default else f"{self.host}:{self.port}"
 
     def request_bytes(self, path: str, body: dict[str, object], api_key: str = "",
-                      request_id: str = "") -> bytes:
-        """A complete POST with a JSON body and its own request id (a new one unless
-        given), built once before any clock starts."""
+                      headers: tuple[tuple[str, str], ...] = (), request_id: str = "") -> bytes:
+        """A complete POST with a JSON body, the user's `headers` (checked by the caller: one
+        line each; one named as Accept, User-Agent or Authorization replaces kvlab's) and its
+        own request id (a new one unless given), built once before any clock starts."""
         data = json.dumps(body, separators=(",", ":")).encode()
-        auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
+        given = {name.lower() for name, _ in headers}
+        ours = [("Accept", "text/event-stream"), ("User-Agent", "kvlab-loadgen")]
+        if api_key:
+            ours.append(("Authorization", f"Bearer {api_key}"))
+        lines = "".join(f"{name}: {value}\r\n" for name, value in
+                        [*(h for h in ours if h[0].lower() not in given), *headers])
         head = (f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {self.host_header}\r\n"
-                f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
-                f"User-Agent: kvlab-loadgen\r\n{auth}"
-                f"X-Request-Id: {request_id or new_request_id()}\r\nX-Kvlab-Timeline: 1\r\n"
-                f"Content-Length: {len(data)}\r\n\r\n")
+                f"Content-Type: application/json\r\n{lines}"
+                + ("" if "x-request-id" in given
+                   else f"X-Request-Id: {request_id or new_request_id()}\r\n")
+                + f"X-Kvlab-Timeline: 1\r\nContent-Length: {len(data)}\r\n\r\n")
         return head.encode() + data
 
 

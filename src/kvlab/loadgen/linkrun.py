@@ -136,6 +136,7 @@ def link_record(load: LoadSpec, spec: LinkSpec, before: Readings, after: Reading
     link.overlay(topology.unknown(load.base_url, spec.connector))
     if spec.where is not None:
         link.overlay(spec.where)
+        link.connector = spec.connector  # run-load.sh writes CONNECTOR, the run's declared one
     if load.context.engines and load.context.connector is not None:
         link.connector = load.context.connector  # what the engines ran, not the setting
     if spec.side_channel_addr:

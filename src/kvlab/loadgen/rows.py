@@ -10,13 +10,18 @@ engines ran, the tier, the pressure) in the spec's `context`, which has the last
 
 from __future__ import annotations
 
+from typing import cast
+
+from pydantic import JsonValue
+
+from kvlab.core.secrets import is_secret_name, secret_in_text
 from kvlab.loadgen import stats, topology
 from kvlab.loadgen.runner import LevelResult
 from kvlab.loadgen.spec import LoadSpec
 from kvlab.measure import workloads
 from kvlab.observe import metrics
 from kvlab.records.base import Deltas
-from kvlab.records.load import LevelOwn, LoadRecord
+from kvlab.records.load import LevelOwn, LoadRecord, RequestShape
 
 
 def make_row(spec: LoadSpec, concurrency: int, result: LevelResult, deltas: Deltas,
@@ -28,10 +33,13 @@ def make_row(spec: LoadSpec, concurrency: int, result: LevelResult, deltas: Delt
         requests=sent, requests_planned=sent + result.unsent, model=spec.model,
         max_tokens=spec.max_tokens, engine=spec.engine, base_url=spec.base_url,
         endpoint=spec.endpoint, rate=spec.rate,
-        arrivals=("poisson" if spec.poisson else "even") if spec.rate else "closed-loop",
-        timeout_s=spec.timeout_s, ignore_eos=spec.ignore_eos, prompt_set=spec.prompt_set,
-        workload_seed=spec.seed, preamble_tokens=spec.preamble_tokens,
-        prefix_groups=workloads.prefix_groups(spec.prompt_set, spec.shares),
+        arrivals=spec.arrivals if spec.rate else "closed-loop",
+        timeout_s=spec.timeout_s, ignore_eos=spec.ignore_eos,
+        prompt_set="random" if spec.random_input_len is not None else spec.prompt_set,
+        workload_seed=spec.seed,
+        preamble_tokens=None if spec.token_prompts else spec.preamble_tokens,
+        prefix_groups=None if spec.token_prompts
+        else workloads.prefix_groups(spec.prompt_set, spec.shares),
         workload=spec.workload(concurrency), failures=stats.failures(result.records),
         connections_opened=result.connections_opened, metric_deltas=deltas,
         prefix_hit_rate=_rounded(metrics.hit_rate(deltas)),
@@ -39,6 +47,7 @@ def make_row(spec: LoadSpec, concurrency: int, result: LevelResult, deltas: Delt
         if spec.scrape_metrics else None,
         min_requests=spec.session_floor() if spec.sessions else None if spec.trace
         else spec.floor(concurrency), repeat=spec.repeat)
+    row.overlay(request_shape(spec))
     row.overlay(stats.level_stats(result, spec.slo))
     row.overlay(topology.unknown(spec.base_url))  # a caller that knows more says so in context
     if own is not None:
@@ -51,6 +60,23 @@ def make_row(spec: LoadSpec, concurrency: int, result: LevelResult, deltas: Delt
     if result.interrupted:
         row.interrupted = True
     return row
+
+
+def request_shape(spec: LoadSpec) -> RequestShape:
+    """What every request carried beyond its prompt, as the row says it (a header that looks
+    like a secret only counted; the rest was refused before the run if it held one)."""
+    return RequestShape(
+        temperature=spec.temperature,
+        extra_body=cast("dict[str, JsonValue]", spec.extra_body) or None,
+        request_headers={n: v for n, v in spec.headers if not _secret_header(n, v)} or None,
+        request_headers_withheld=sum(_secret_header(n, v) for n, v in spec.headers) or None,
+        metadata=dict(spec.bench.metadata) or None,
+        burstiness=spec.burstiness if spec.rate and spec.burstiness != float("inf") else None,
+        random_input_len=spec.random_input_len)
+
+
+def _secret_header(name: str, value: str) -> bool:
+    return is_secret_name(name) or secret_in_text(value) is not None
 
 
 def _rounded(value: float | None) -> float | None:

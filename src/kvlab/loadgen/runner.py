@@ -2,8 +2,9 @@
 
 Closed loop (no rate): `concurrency` requests start together and each completion releases the
 next one at once, the way the seed's generator works. Open loop (`rate` requests per second, or
-a trace's own arrival times, `arrivals_ns`): arrivals follow a seeded schedule (Poisson or
-evenly spaced) or the trace's, whatever the server does, capped
+a trace's own arrival times, `arrivals_ns`): arrivals follow a seeded schedule (gamma gaps of
+shape `burstiness` and mean 1/rate, as vllm bench serve draws them: 1 is Poisson, below 1
+burstier, infinity evenly spaced) or the trace's, whatever the server does, capped
 at `concurrency` in flight; a request that arrives while the cap is reached waits, and that wait
 shows as scheduling lag. Lag (send stamp minus scheduled stamp) is recorded for every request,
 so a client that cannot keep up is visible in the data instead of hiding in the server's times.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import gc
+import math
 import random
 import time
 from collections import deque
@@ -44,7 +46,7 @@ class Schedule:
 
     concurrency: int
     rate: float | None = None  # requests per second, open loop
-    poisson: bool = True  # open loop: exponential gaps (True) or even spacing
+    burstiness: float = 1.0  # open loop: the gaps' gamma shape (1 Poisson, inf even spacing)
     seed: int = 0
     arrivals_ns: tuple[int, ...] = ()  # open loop at these offsets (a trace's), not a rate
 
@@ -59,14 +61,22 @@ class Schedule:
                 0, count - len(self.arrivals_ns))
         if self.rate is None:
             return [0] * count
-        if not self.poisson:
+        if math.isinf(self.burstiness):
             return [round(i * 1e9 / self.rate) for i in range(count)]
         rng = random.Random(self.seed)
         out, t = [], 0.0
         for _ in range(count):
             out.append(round(t * 1e9))
-            t += rng.expovariate(self.rate)
+            t += self._gap(rng)
         return out
+
+    def _gap(self, rng: random.Random) -> float:
+        """One gap: gamma with shape `burstiness` and mean 1/rate, as vllm bench serve draws
+        them (shape 1 is the exponential, drawn as before so seeded schedules stay put)."""
+        assert self.rate is not None
+        if self.burstiness == 1.0:
+            return rng.expovariate(self.rate)
+        return rng.gammavariate(self.burstiness, 1.0 / (self.rate * self.burstiness))
 
     def within(self, duration_s: float, limit: int) -> int:
         """Open loop: how many arrivals of this seeded schedule fall within `duration_s` of

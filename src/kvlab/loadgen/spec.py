@@ -4,10 +4,10 @@ A level is a concurrency (closed loop), a concurrency capping an open-loop rate 
 one level per rate of `rates`), a number of users (`sessions`: user sessions with think
 time), or an in-flight cap on a replayed trace (`trace`). The workload is a prompt set
 (`shared-prefix` optionally split into `groups` with `group_shares`, `mixed`, `multi-turn`),
-user sessions, a trace, or the user's dataset (its prompts a level at a time, one pass of the
-file unless a count is given; its conversations as user sessions); the spec checks once that
-the combination makes sense and owns the defaults (how many requests a level takes, how many
-warm-ups, which prompt indices).
+user sessions, a trace, random prompts of `random_input_len` tokens, or the user's dataset
+(its prompts a level at a time, one pass of the file unless a count is given; its
+conversations as user sessions); the spec checks once that the combination makes sense and
+owns the defaults (how many requests a level takes, how many warm-ups, which prompt indices).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from kvlab.core.errors import InputError
 from kvlab.core.jsondata import JsonObject
 from kvlab.loadgen import stats
 from kvlab.loadgen.dataset import Dataset
+from kvlab.loadgen.benchresult import BenchAsk
 from kvlab.loadgen.sessions import SessionSpec
 from kvlab.loadgen.trace import TraceSpec
 from kvlab.measure import workloads
@@ -52,7 +53,7 @@ class LoadSpec:
     endpoint: Literal["chat", "completions"] = "chat"
     timeout_s: float = 600.0
     rate: float | None = None
-    poisson: bool = True
+    burstiness: float = 1.0  # open loop: the arrival gaps' gamma shape (1 Poisson, inf even)
     slo: stats.Slo | None = None
     preamble_tokens: int = workloads.DEFAULT_PREAMBLE_TOKENS
     seed: int = 0
@@ -85,6 +86,12 @@ class LoadSpec:
     # the user's --model or SERVED_NAME (refused unless the server lists it); "default" no
     # one named it (the one model the server lists is taken)
     model_source: Literal["", "named", "default"] = ""
+    # vllm bench serve's request options: every request carries them, every row says them
+    temperature: float | None = None
+    extra_body: JsonObject = field(default_factory=dict)  # merged into every body
+    headers: tuple[tuple[str, str], ...] = ()  # sent on every request
+    random_input_len: int | None = None  # prompts of this many random tokens (a workload)
+    bench: BenchAsk = field(default_factory=BenchAsk)  # vllm bench's metrics and result file
 
     def __post_init__(self) -> None:
         for name in ("requests", "min_requests", "warmup"):
@@ -113,6 +120,14 @@ class LoadSpec:
         if self.trace is not None and self.endpoint != "completions":
             raise InputError("--trace: a trace's prompts are token ids, sent to "
                              "/v1/completions: use --endpoint completions")
+        if self.random_input_len is not None:
+            if self.sessions is not None or self.trace is not None:
+                raise InputError("--random-input-len is a workload of its own: give it, "
+                                 "--users or --trace, one of them")
+            if self.endpoint != "completions":
+                raise InputError("--random-input-len: random prompts are token ids, sent to "
+                                 "/v1/completions (vllm bench's default endpoint): leave "
+                                 "--endpoint out or give /v1/completions")
         workloads.check_shares(self.groups, self.group_shares)
 
     @property
@@ -159,9 +174,25 @@ class LoadSpec:
             body["messages"] = prompt.as_messages()
         else:
             body["prompt"] = prompt.as_text()
-        if self.ignore_eos or tokens is not None:
+        if self.ignore_eos or (tokens is not None and self.trace is not None):
             body["ignore_eos"] = True
+        if self.temperature is not None:
+            body["temperature"] = self.temperature
+        body.update(self.extra_body)
         return body
+
+    @property
+    def token_prompts(self) -> bool:
+        """Prompts are the served model's token ids (a trace, random prompts), not text: no
+        preamble is sized or sent."""
+        return self.trace is not None or self.random_input_len is not None
+
+    @property
+    def arrivals(self) -> str:
+        """How an open-loop level's requests arrive, as rows say it."""
+        if self.burstiness == 1.0:
+            return "poisson"
+        return "even" if self.burstiness == float("inf") else f"gamma {self.burstiness:g}"
 
     @property
     def path(self) -> str:

@@ -36,6 +36,7 @@ from itertools import pairwise
 
 from kvlab.core.errors import InputError
 from kvlab.core.jsondata import integer
+from kvlab.loadgen import slo
 from kvlab.loadgen.record import RequestRecord
 from kvlab.loadgen.runner import LevelResult
 from kvlab.records.evidence import CachedTokens, Failure, Percentiles
@@ -148,23 +149,18 @@ class Slo:
 
     @classmethod
     def parse(cls, text: str) -> Slo:
-        """`ttft_ms=500,tpot_ms=50` (any of ttft_ms, tpot_ms, e2e_ms)."""
-        values: dict[str, float] = {}
-        for part in (p.strip() for p in text.split(",") if p.strip()):
-            key, sep, raw = part.partition("=")
-            key = key.strip()
-            if not sep or key not in ("ttft_ms", "tpot_ms", "e2e_ms"):
-                raise InputError(f"--slo {text!r}: use ttft_ms=N,tpot_ms=N,e2e_ms=N")
-            try:
-                value = float(raw)
-            except ValueError:
-                raise InputError(f"--slo {key}={raw!r}: not a number of milliseconds") from None
-            if not value > 0:
-                raise InputError(f"--slo {key}={raw}: must be above 0")
-            values[key] = value
-        if not values:
-            raise InputError(f"--slo {text!r}: give at least one bound, e.g. ttft_ms=500")
-        return cls(**values)
+        """The per-request bounds of an `--slo` (`loadgen/slo.py`'s grammar)."""
+        found = cls.of(slo.parse(text))
+        if found is None:
+            raise InputError(f"--slo {text!r}: give a bound on each request, e.g. "
+                             "ttft<=500ms,tpot<=50ms")
+        return found
+
+    @classmethod
+    def of(cls, objectives: slo.Objectives) -> Slo | None:
+        """The per-request bounds of parsed objectives (None: there are none)."""
+        bounds = {f"{t.metric}_ms": round(t.limit_s * 1000, 6) for t in objectives.per_request}
+        return cls(**bounds) if bounds else None
 
     def as_dict(self) -> dict[str, float]:
         return {k: v for k, v in (("ttft_ms", self.ttft_ms), ("tpot_ms", self.tpot_ms),

@@ -20,15 +20,18 @@ also runs until that many seconds have passed (whichever comes later; open loop:
 within the duration). Warm-up prompts come from their own index range, as do each level's and
 each repeat's: the warm-up warms the server and the shared preamble, never a measured prompt.
 
-A level runs the spec's workload: the prompt set (closed loop, or open loop at `rate`, one
-level per rate of `rates`), user sessions (`sessions.SessionRun`: the level is the number of
-users, each turn built from the real replies so far), a trace (`trace`: its requests as
-token prompts, released at its own times) or the user's dataset (`dataset`: its prompts as a
-prompt set's, its conversations as user sessions; the warm-up asks short questions of its
-own). `measure_level` also returns the level's records,
-for a caller that judges them (`capacity`).
+A level runs the spec's workload: the prompt set or random prompts of `random_input_len` of
+the served model's tokens drawn from the trace's token pool (closed loop, or open loop at
+`rate`, one level per rate of `rates`), user sessions (`sessions.SessionRun`: the level is
+the number of users, each turn built from the real replies so far), a trace (`trace`: its
+requests as token prompts, released at its own times) or the user's dataset (`dataset`: its
+prompts as a prompt set's, its conversations as user sessions; the warm-up asks short
+questions of its own). `measure_level` also returns the level's records, for a caller that
+judges them (`capacity`).
 
-The API key is used for the requests, the scrape and /tokenize, and appears in no row.
+The API key is used for the requests, the scrape and /tokenize, and appears in no row. With
+`spec.bench` asking, the row also carries vllm bench serve's figures and names the level's
+result document (`benchresult`).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from kvlab.engines.base import LLAMA_CPP, VLLM
 from kvlab.engines.registry import evidence_deltas
 from kvlab.engines.vllm.adapter import cache_blocks
 from kvlab.loadgen import (
+    benchresult,
     dataset,
     instances,
     oracle_level,
@@ -86,10 +90,15 @@ class SweepResult:
 def level_prompts(spec: LoadSpec, level_index: int, count: int, *, warmup: bool = False,
                   sizing: workloads.Sizing = workloads.ESTIMATE,
                   offset: int = 0) -> list[workloads.Prompt]:
-    """A level's prompts (or its warm-up's) from their own index range, from `offset` on."""
+    """A level's prompts (or its warm-up's) from their own index range, from `offset` on
+    (random prompts: their indices and sizes; the tokens come from the pool)."""
     if spec.dataset is not None:
         return _dataset_prompts(spec, level_index, count, warmup, offset)
     concurrency = spec.points()[level_index][0]
+    if spec.random_input_len is not None:
+        first = spec.block(level_index) * BLOCK + (WARMUP_OFFSET if warmup else 0) + offset
+        return [workloads.Prompt(first + k, (), document_tokens=spec.random_input_len)
+                for k in range(count)]
     conversations = math.ceil(spec.floor(concurrency) / workloads.DEFAULT_TURNS)
     return workloads.build(spec.prompt_set, count, seed=spec.seed,
                            preamble_tokens=spec.preamble_tokens,
@@ -126,7 +135,7 @@ def payloads_of(spec: LoadSpec, target: Endpoint, prompts: list[workloads.Prompt
                 tokens: list[list[int]] | None = None) -> list[tuple[int, bytes]]:
     """(prompt index, request bytes), built before any clock starts."""
     ids = tokens if tokens is not None else [None] * len(prompts)
-    return [(p.index, target.request_bytes(spec.path, spec.body(p, t), api_key))
+    return [(p.index, target.request_bytes(spec.path, spec.body(p, t), api_key, spec.headers))
             for p, t in zip(prompts, ids, strict=True)]
 
 
@@ -143,8 +152,8 @@ async def _scrape(client: httpx.AsyncClient | None, url: str) -> metrics.Snapsho
 
 @dataclass(frozen=True)
 class Inputs:
-    """What a sweep prepares once, before any level: the prompts' sizing and, for a trace,
-    the trace and the served model's tokens its blocks are drawn from."""
+    """What a sweep prepares once, before any level: the prompts' sizing and, for a trace or
+    random prompts, the served model's tokens they are drawn from (and the trace)."""
 
     sizing: workloads.Sizing = workloads.ESTIMATE
     pool: trace_replay.TokenPool | None = None
@@ -176,8 +185,13 @@ class _Level:
         return payloads_of(self.spec, self.target, prompts, self.api_key, tokens)
 
     def payloads(self, count: int, warmup: bool, offset: int = 0) -> list[tuple[int, bytes]]:
-        return self.encode(level_prompts(self.spec, self.index, count, warmup=warmup,
-                                         sizing=self.inputs.sizing, offset=offset))
+        prompts = level_prompts(self.spec, self.index, count, warmup=warmup,
+                                sizing=self.inputs.sizing, offset=offset)
+        size, pool = self.spec.random_input_len, self.inputs.pool
+        if size is None or pool is None:
+            return self.encode(prompts)
+        return self.encode(prompts, [pool.own(self.spec.seed, self.base, p.index, size)
+                                     for p in prompts])
 
     def warm_payloads(self, count: int) -> list[tuple[int, bytes]]:
         """Warm-up requests from their own range: session first turns of warm-up
@@ -187,7 +201,7 @@ class _Level:
             return self.encode([workloads.session_turn(
                 first + k, seed=spec.seed, conversation=first + k, turn=0, history=(),
                 tokens=spec.preamble_tokens, sizing=self.inputs.sizing) for k in range(count)])
-        if self.inputs.pool is not None:
+        if self.inputs.trace is not None and self.inputs.pool is not None:
             pool = self.inputs.pool
             return self.encode([workloads.Prompt(first + k, (), max_tokens=1)
                                 for k in range(count)],
@@ -227,7 +241,7 @@ class _Level:
 
     def schedule(self) -> Schedule:
         return Schedule(concurrency=self.concurrency, rate=self.spec.rate,
-                        poisson=self.spec.poisson, seed=self.spec.seed + self.index)
+                        burstiness=self.spec.burstiness, seed=self.spec.seed + self.index)
 
     def prepare(self, warm: LevelResult | None) -> Run:
         """Build the measured requests now (before the clock and the first scrape)."""
@@ -368,7 +382,8 @@ class _Level:
         warm-up and the sizing."""
         spec = self.spec
         own.warmup_requests = len(warm.records) if warm else 0
-        if spec.dataset is None:  # a dataset's prompts are the file's, not sized by kvlab
+        # a trace's, random or a dataset's prompts have no preamble of kvlab's to size
+        if not spec.token_prompts and spec.dataset is None:
             own.prompt_sizing = self.inputs.sizing.as_record(spec.seed, spec.preamble_tokens)
         if warm is not None:
             own.warmup_failed = sum(r.failed for r in warm.records) or None
@@ -413,7 +428,21 @@ async def measure_level(spec: LoadSpec, target: Endpoint, concurrency: int, leve
         await level.with_oracle(client, lines, after, own)
     row = make_row(spec, concurrency, result, evidence_deltas(before, after),
                    level.row_fields(warm, own, lines))
+    _bench_result(spec, concurrency, result, row)
     return Measured(row, result)
+
+
+def _bench_result(spec: LoadSpec, concurrency: int, result: LevelResult, row: Row) -> None:
+    """vllm bench's chosen figures on the row, and its result document when asked."""
+    ask = spec.bench
+    if ask.shown:
+        row.vllm_metrics = benchresult.metrics(result.records, ask)
+    if ask.save and not result.interrupted:
+        facts = benchresult.LevelFacts(
+            label=spec.label, model=spec.model, endpoint=spec.endpoint, rate=spec.rate,
+            burstiness=spec.burstiness, concurrency=concurrency,
+            planned=len(result.records) + result.unsent)
+        row.result_file = str(benchresult.write(ask, facts, result))
 
 
 async def run_level(spec: LoadSpec, target: Endpoint, concurrency: int, level_index: int, *,
@@ -437,7 +466,7 @@ async def sweep_sizing(spec: LoadSpec, api_key: str = "") -> workloads.Sizing:
     """The spec's sizing, counted by the server's tokenizer when it asks for that."""
     if spec.sizing is not None:
         return spec.sizing
-    if not spec.size_prompts or spec.dataset is not None:
+    if not spec.size_prompts or spec.token_prompts or spec.dataset is not None:
         return workloads.ESTIMATE
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     async with httpx.AsyncClient(timeout=30.0, trust_env=False, headers=headers) as client:
@@ -449,9 +478,9 @@ async def prepare_inputs(spec: LoadSpec, api_key: str = "") -> Inputs:
     """The sizing and, for a trace, the trace read and its token pool (the engine's
     /tokenize), once for every level."""
     sizing = await sweep_sizing(spec, api_key)
-    if spec.trace is None:
+    if not spec.token_prompts:
         return Inputs(sizing)
-    trace = trace_replay.read(spec.trace)
+    trace = trace_replay.read(spec.trace) if spec.trace is not None else None
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     async with httpx.AsyncClient(timeout=30.0, trust_env=False, headers=headers) as client:
         pool = await trace_replay.token_pool(spec.engine, tokenize_urls(spec), spec.seed,
@@ -463,6 +492,11 @@ def metrics_client(spec: LoadSpec, api_key: str = "") -> httpx.AsyncClient | Non
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     return httpx.AsyncClient(timeout=10.0, trust_env=False, headers=headers) \
         if spec.scrape_metrics else None
+
+
+def level_total(spec: LoadSpec, level: int, inputs: Inputs) -> int:
+    """The requests a level's progress bar counts to: a trace's requests, else its floor."""
+    return len(inputs.trace.requests) if inputs.trace is not None else spec.floor(level)
 
 
 async def run_sweep(spec: LoadSpec, *, api_key: str = "", stop: asyncio.Event | None = None,
@@ -478,7 +512,8 @@ async def run_sweep(spec: LoadSpec, *, api_key: str = "", stop: asyncio.Event | 
     try:
         for i, (level, rate) in enumerate(spec.points()):
             level_spec = replace(spec, rate=rate) if spec.rates else spec
-            hook = progress(level, spec.floor(level)) if progress is not None else None
+            hook = progress(level, level_total(spec, level, inputs)) \
+                if progress is not None else None
             row = (await measure_level(level_spec, target, level, i, api_key=api_key,
                                        stop=stop, progress=hook, client=client,
                                        inputs=inputs)).row

@@ -139,8 +139,9 @@ def derive(url: str, known: Known) -> Where:
         decode = known.decode_host or "127.0.0.1"
         how = "the URL's port is PROXY_PORT; PREFILL_HOST and DECODE_HOST settings"
     else:
-        return unknown(url, known.connector, "the URL alone: it is not PROXY_PORT and did not "
-                                             "name prefill and decode legs at /health")
+        # nothing says a split runs behind it, so CONNECTOR is not its connector
+        return unknown(url, how="the URL alone: it is not PROXY_PORT and did not name "
+                                "prefill and decode legs at /health")
     local = local_names()
     legs = {_machine(h, host, local) for h in (*prefill.split(","), *decode.split(","))}
     together = len(legs) == 1  # the KV stays on one machine

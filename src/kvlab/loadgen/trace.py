@@ -14,8 +14,11 @@ hash id are the request's own. A block cut short by `input_length` is the first 
 same block. Each request asks for its `output_length` tokens (capped at the run's
 `max_tokens`, with `ignore_eos`), and is released at `timestamp / speedup`.
 
-`reuse` is what an infinite cache would serve: the leading blocks of each request that an
-earlier request already held. `synthetic` writes a trace of this format for tests and first
+`--trace-limit N` takes the file's first N requests; a request over `--trace-max-input` is cut
+to fit (its blocks past the limit dropped, the last one cut short: "truncate", the default) or
+left out ("filter", so fewer than N are replayed); both are counted in the row. `reuse` is what
+an infinite cache would serve: the leading blocks of each request that an earlier request
+already held, of the prompts as sent. `synthetic` writes a trace of this format for tests and first
 looks. Not here: the schedule (`runner.Schedule.arrivals_ns`) and the row (`sweep`).
 """
 
@@ -25,8 +28,9 @@ import hashlib
 import json
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 import httpx
 import numpy as np
@@ -62,8 +66,9 @@ class TraceSpec:
     path: str
     block_tokens: int = BLOCK_TOKENS
     speedup: float = 1.0  # 2.0 replays twice as fast
-    limit: int | None = None  # the first N requests only
-    max_input: int | None = None  # leave out longer prompts (counted)
+    limit: int | None = None  # the trace's first N requests (before any is left out)
+    max_input: int | None = None  # longer prompts are cut to fit or left out (counted)
+    over: Literal["truncate", "filter"] = "truncate"  # what becomes of a longer prompt
 
     def __post_init__(self) -> None:
         if self.block_tokens < 1:
@@ -78,7 +83,8 @@ class TraceSpec:
 class Trace:
     requests: tuple[TraceRequest, ...]
     sha256: str
-    left_out: int  # longer than `max_input`
+    left_out: int  # longer than `max_input`, filtered out
+    truncated: int = 0  # longer than `max_input`, cut to fit
 
     def offsets_ns(self, speedup: float) -> tuple[int, ...]:
         first = self.requests[0].timestamp_ms if self.requests else 0.0
@@ -104,34 +110,44 @@ def _request(obj: object, where: str) -> TraceRequest:
     return request
 
 
+def truncated(request: TraceRequest, max_input: int, block_tokens: int) -> TraceRequest:
+    """`request` cut to `max_input` tokens: the blocks that still hold a token, the last one
+    cut short as a block cut by `input_length` always is."""
+    return replace(request, input_length=max_input,
+                   hash_ids=request.hash_ids[:-(-max_input // block_tokens)])
+
+
 def read(spec: TraceSpec) -> Trace:
-    """The trace's requests in arrival order (the first `limit`, none over `max_input`)."""
+    """The trace's first `limit` requests (in the file, before any is left out) in arrival
+    order, each over `max_input` cut to fit or left out as `over` says."""
     path = Path(spec.path)
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise InputError(f"--trace {path}: cannot read it ({exc.strerror})") from None
     out: list[TraceRequest] = []
-    left_out = 0
+    read_, left_out, cut = 0, 0, 0
     for number, raw in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
         if not raw.strip():
             continue
+        if spec.limit is not None and read_ == spec.limit:
+            break
         try:
             obj = json.loads(raw)
         except ValueError:
             raise InputError(f"{path}:{number}: not a JSON line") from None
-        request = _request(obj, f"{path}:{number}")
+        request, read_ = _request(obj, f"{path}:{number}"), read_ + 1
         if spec.max_input is not None and request.input_length > spec.max_input:
-            left_out += 1
-            continue
+            if spec.over == "filter":
+                left_out += 1
+                continue
+            request, cut = truncated(request, spec.max_input, spec.block_tokens), cut + 1
         out.append(request)
-        if spec.limit is not None and len(out) == spec.limit:
-            break
     if not out:
         raise InputError(f"--trace {path}: no request to replay"
                          + (f" ({left_out} longer than --trace-max-input)" if left_out else ""))
     out.sort(key=lambda r: r.timestamp_ms)  # stable: simultaneous requests keep their order
-    return Trace(tuple(out), hashlib.sha256(data).hexdigest(), left_out)
+    return Trace(tuple(out), hashlib.sha256(data).hexdigest(), left_out, cut)
 
 
 # --- tokens -------------------------------------------------------------------------------
@@ -215,7 +231,10 @@ def describe(spec: TraceSpec, trace: Trace, pool: TokenPool | None = None,
     offsets = trace.offsets_ns(spec.speedup)
     return TraceEvidence(
         path=spec.path, sha256=trace.sha256, format="mooncake", requests=len(requests),
-        left_out_over_max_input=trace.left_out, block_tokens=spec.block_tokens,
+        limit=spec.limit, max_input=spec.max_input,
+        over_max_input=spec.over if spec.max_input is not None else None,
+        left_out_over_max_input=trace.left_out, truncated_to_max_input=trace.truncated,
+        block_tokens=spec.block_tokens,
         speedup=spec.speedup, span_s=round(offsets[-1] / 1e9, 3) if offsets else 0.0,
         distinct_blocks=len({h for r in requests for h in r.hash_ids}),
         reusable_fraction_infinite_cache=round(sum(reuse) * spec.block_tokens / prompt, 4)

@@ -19,6 +19,7 @@ from kvlab.core.jsondata import JsonObject
 
 LAB_OFFLOAD = "part-22/lab-kv-cache-offload-and-sharing"
 LAB_PD = "part-22/lab-two-machine-prefill-decode"
+LAB_NONE = "none"  # a row no lab's table reads (a replayed trace)
 
 
 Number = int | float

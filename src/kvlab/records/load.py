@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, JsonValue
 
 from kvlab.records.base import Deltas, Number, Record, Strict
 from kvlab.records.evidence import (
@@ -80,7 +80,14 @@ class TraceEvidence(Strict):
     sha256: str
     format: str
     requests: int
+    limit: int | None = Field(None, description="--trace-limit: the trace's first N requests, "
+                              "counted before any was left out.")
+    max_input: int | None = Field(None, description="--trace-max-input, tokens.")
+    over_max_input: Literal["truncate", "filter"] | None = Field(
+        None, description="What became of a longer request: cut to fit (truncate) or left out "
+        "(filter).")
     left_out_over_max_input: int = 0
+    truncated_to_max_input: int = 0
     block_tokens: int
     speedup: float
     span_s: float
@@ -357,9 +364,32 @@ class LevelOwn(Strict):
                                       "relative to the notebook's folder.")
     requests_sha256: str | None = Field(None, description="That file's sha256.")
     oracle: OracleLevel | None = None
+    vllm_metrics: dict[str, float] | None = Field(
+        None, description="The metrics --percentile-metrics chose at --metric-percentiles, "
+        "in ms, named and defined as vllm bench serve's (mean_ttft_ms, p99_ttft_ms, ...).")
+    result_file: str | None = Field(None, description="--save-result: the level's document "
+                                    "in vllm bench serve's format.")
 
 
-class LoadRecord(Record, RunContext, LevelFigures, LevelOwn):
+class RequestShape(Strict):
+    """What every request of a row carried beyond its prompt (vllm bench serve's options)."""
+
+    temperature: float | None = None
+    extra_body: dict[str, JsonValue] | None = Field(None, description="--extra-body, merged "
+                                                     "into every request's body.")
+    request_headers: dict[str, str] | None = Field(
+        None, description="--header, sent on every request, but for those that look like a "
+        "secret.")
+    request_headers_withheld: int | None = Field(
+        None, description="Headers sent whose name or value looks like a secret: left out.")
+    metadata: dict[str, str] | None = Field(None, description="--metadata KEY=VALUE.")
+    burstiness: float | None = Field(None, description="Open loop: the gamma shape of the "
+                                     "arrival gaps (1: Poisson; inf is written as even).")
+    random_input_len: int | None = Field(None, description="--random-input-len: tokens of "
+                                         "every random prompt.")
+
+
+class LoadRecord(Record, RunContext, LevelFigures, LevelOwn, RequestShape):
     """One load-generator level (the seed's load-test.py row, as compare-disagg.py reads it)."""
 
     kind: ClassVar[str] = "load"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -33,7 +34,13 @@ from kvlab.proxy.check import Crossing
 from kvlab.proxy.config import ProxyConfig, listen_url
 from kvlab.records.base import Record
 from kvlab.records.evidence import Percentiles, Where
-from kvlab.records.load import BoundFigure, CapacityRecord, LinkRecord, LoadRecord
+from kvlab.records.load import (
+    BoundFigure,
+    CapacityRecord,
+    LinkRecord,
+    LoadRecord,
+    TraceEvidence,
+)
 from kvlab.records.rows import serve_label
 from kvlab.records.runs import (
     BoundaryRecord,
@@ -69,10 +76,14 @@ def load_plan(spec: LoadSpec, profile: str, reason: str) -> str:
         kind = "in-flight caps"
     else:
         kind = "concurrency"
-    counts = ", ".join(str(spec.floor(level)) for level, _ in spec.points())
-    unit = "turns" if spec.sessions is not None else "requests"
-    return (f"==> {spec.label}: {kind} {', '.join(map(str, spec.levels))} (at least {counts} "
-            f"{unit} a level), max_tokens {spec.max_tokens}, model {spec.model!r}; "
+    if spec.trace is not None:
+        limit = spec.trace.limit
+        counts = f"the trace's first {limit} requests" if limit else "every request of the trace"
+    else:
+        each = ", ".join(str(spec.floor(level)) for level, _ in spec.points())
+        counts = f"at least {each} {'turns' if spec.sessions is not None else 'requests'} a level"
+    return (f"==> {spec.label}: {kind} {', '.join(map(str, spec.levels))} ({counts}), "
+            f"max_tokens {spec.max_tokens}, model {spec.model!r}; "
             f"defaults from profile {profile}" + (f" ({reason})" if reason else "")
             + (dataset_plan(spec.dataset) if spec.dataset is not None else ""))
 
@@ -102,6 +113,16 @@ def load_rows(console: Console, rows: Sequence[LoadRecord]) -> None:
                       _ms((r.schedule_lag_s or NONE).p99))
     console.print(table)
     for r in rows:
+        if (t := r.trace) is not None:
+            console.print(f"    concurrency {r.concurrency}: {trace_summary(t)}")
+        if r.vllm_metrics:
+            console.print(f"    concurrency {r.concurrency}: vllm bench's figures, ms: "
+                          + ", ".join(f"{k.removesuffix('_ms')} {v:.2f}"
+                                      for k, v in r.vllm_metrics.items()
+                                      if not k.startswith("std_")))
+        if r.result_file:
+            console.print(f"    concurrency {r.concurrency}: vllm bench's result in "
+                          f"{r.result_file}")
         if r.errors:
             first = r.failures[0].detail if r.failures else ""
             console.print(f"    concurrency {r.concurrency}: failures {r.errors}; first: "
@@ -125,6 +146,21 @@ def load_rows(console: Console, rows: Sequence[LoadRecord]) -> None:
                           f"{o.infinite_cache_tokens / o.prompt_tokens:.1%})")
             if (words := oracle.shortfall(o)) is not None:
                 console.print(f"    concurrency {r.concurrency}: {words}")
+
+
+def trace_summary(t: TraceEvidence) -> str:
+    """What a trace replay sent: how many of its requests, and what became of the longer
+    ones."""
+    taken = f"the first {t.limit}" if t.limit else "all"
+    words = f"trace {Path(t.path).name}: {t.requests} requests sent of {taken}"
+    if t.max_input is not None:
+        words += (f"; over {t.max_input} tokens: {t.truncated_to_max_input} truncated to fit"
+                  if t.over_max_input == "truncate"
+                  else f"; over {t.max_input} tokens: {t.left_out_over_max_input} left out")
+    if t.reusable_fraction_infinite_cache is not None:
+        words += (f"; an infinite cache would reuse {t.reusable_fraction_infinite_cache:.1%} "
+                  "of what was sent")
+    return words
 
 
 def link(console: Console, record: LinkRecord, labbook: str) -> None:

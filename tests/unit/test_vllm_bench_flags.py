@@ -1,0 +1,172 @@
+"""`kvlab load` under `vllm bench serve`'s names: one --slo grammar (with --goodput), gamma
+arrivals (--burstiness), what every request carries (--header, --extra-body, --temperature,
+the key from OPENAI_API_KEY), what the rows keep (--metadata, the chosen percentiles) and the
+result document (--save-result), against the fake engine; the refusals, one line each."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+
+from fakes.sse_upstream import Behaviour, Counters, SseUpstream
+from kvlab.core.errors import InputError
+from kvlab.loadgen import slo
+from kvlab.loadgen.capacity import LatencyTarget
+from kvlab.loadgen.runner import Schedule
+from kvlab.loadgen.stats import Slo
+from kvlab.records import notebook
+from kvlab.records.models import LoadRecord
+
+KEY = "sk-test0123456789abcdefXYZ"  # the shape of a real key: the notebook must never hold it
+
+
+def test_one_slo_grammar_for_goodput_and_targets() -> None:
+    both = slo.parse("ttft<=500ms,tpot<=0.05s ttft_p90<=1s,errors<=0.02")
+    assert [t.text() for t in both.per_request] == ["ttft<=500ms", "tpot<=50ms"]
+    assert [t.text() for t in both.percentiles] == ["ttft_p90<=1000ms"]
+    assert both.errors == 0.02 and not both.understood
+    assert Slo.of(both) == Slo(ttft_ms=500.0, tpot_ms=50.0)
+    target = LatencyTarget.of(both, "x")
+    assert [(b.key, b.limit_s) for b in target.bounds] == [("ttft_p90", 1.0)]
+    # the older spellings and vllm bench's keep working, and say how they were read
+    old = slo.parse("ttft_ms=500,e2e_ms=2000")
+    vllm = slo.parse("ttft:500 tpot:50 e2el:2000")
+    target_old = slo.parse("ttft_p90<=0.5,tpot_p99<=0.05")
+    assert Slo.of(old) == Slo(ttft_ms=500.0, e2e_ms=2000.0)
+    assert Slo.of(vllm) == Slo(ttft_ms=500.0, tpot_ms=50.0, e2e_ms=2000.0)
+    assert [t.limit_s for t in target_old.percentiles] == [0.5, 0.05]
+    assert old.understood[0] == ("--slo ttft_ms=500: understood as ttft<=500ms (kvlab's older "
+                                 "goodput spelling, milliseconds)")
+    assert "vllm bench's --goodput, milliseconds" in vllm.understood[0]
+    assert "older target spelling, seconds" in target_old.understood[0]
+    for bad, words in (("ttft<=500", "give the unit"), ("itl<=50ms", "bound a percentile"),
+                       ("ttft_p91<=1s", "p50, p90"), ("ttft<=-1ms", "above 0"),
+                       ("errors<=0.1", "at least one bound"), ("queue<=1s", "not a bound"),
+                       ("ttft:abc", "not a number")):
+        with pytest.raises(InputError, match=words):
+            slo.parse(bad)
+    with pytest.raises(InputError, match="bounds a percentile"):
+        LatencyTarget.parse("ttft<=500ms")
+
+
+def test_burstiness_draws_gamma_gaps_of_mean_one_over_the_rate() -> None:
+    """vllm bench's definition: gaps ~ gamma(shape=B, scale=1/(rate x B)): mean 1/rate for
+    every B, coefficient of variation 1/sqrt(B); B=1 is the Poisson schedule kvlab drew
+    before, B=inf evenly spaced."""
+    rate, n = 20.0, 20_000
+    for b in (0.25, 1.0, 4.0):
+        gaps = [(y - x) / 1e9 for x, y in pairwise(
+            Schedule(concurrency=1, rate=rate, burstiness=b, seed=5).offsets_ns(n))]
+        mean = statistics.fmean(gaps)
+        assert mean == pytest.approx(1 / rate, rel=0.05)
+        assert statistics.stdev(gaps) / mean == pytest.approx(b ** -0.5, rel=0.08)
+    poisson = Schedule(concurrency=1, rate=rate, seed=5)
+    assert poisson.offsets_ns(50) == Schedule(concurrency=1, rate=rate, burstiness=1.0,
+                                              seed=5).offsets_ns(50)
+    even = Schedule(concurrency=1, rate=rate, burstiness=float("inf")).offsets_ns(4)
+    assert even == [0, 50_000_000, 100_000_000, 150_000_000]
+
+
+def kvlab(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvlab", "load", *args], capture_output=True,
+                          text=True, timeout=120, env=env)
+
+
+def load_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LOADTEST_API_KEY_ENV", "LOADTEST_API_KEY", "OPENAI_API_KEY")}
+    return {**env, "KVLAB_HOME": str(tmp_path / "home"), "KVLAB_PROFILE": "none",
+            "LABBOOK": str(tmp_path / "labbook.md")}
+
+
+async def against_the_fake(*args: str, env: dict[str, str]
+                           ) -> tuple[subprocess.CompletedProcess[str], Counters]:
+    async with SseUpstream(Behaviour(tokens=3)) as up:
+        run = await asyncio.to_thread(kvlab, "--base-url", up.base_url.removesuffix("/v1"),
+                                      *args, env=env)
+    return run, up.counters
+
+
+def test_vllm_bench_options_reach_every_request_the_row_and_the_result(
+        tmp_path: Path) -> None:
+    env = {**load_env(tmp_path), "OPENAI_API_KEY": KEY}
+    results = tmp_path / "results"
+    run, counters = asyncio.run(against_the_fake(
+        "--model", "fake", "--num-prompts", "6", "--max-concurrency", "2",
+        "--request-rate", "50", "--burstiness", "0.5", "--random-output-len", "3",
+        "--endpoint", "/v1/completions", "--header", "X-Team=kv", "--header",
+        f"X-Api-Key={KEY}", "--extra-body", '{"top_p": 0.5}', "--temperature", "0",
+        "--metadata", "run=one", "--goodput", "ttft:60000", "--percentile-metrics", "ttft,e2el",
+        "--metric-percentiles", "50,99", "--save-result", "--result-dir", str(results),
+        "--no-progress", env=env))
+    assert run.returncode == 0, run.stderr
+    said = run.stdout + run.stderr
+    assert "API key from OPENAI_API_KEY" in said and KEY not in said
+    assert "--slo ttft:60000: understood as ttft<=60000ms (vllm bench's --goodput" in said
+    assert len(counters.bodies) == 6 + 2  # and one warm-up per concurrent request
+    assert all(b["temperature"] == 0 and b["top_p"] == 0.5 and "prompt" in b
+               for b in counters.bodies)
+    assert all(h["x-team"] == "kv" and h["x-api-key"] == KEY for h in counters.headers)
+    assert set(counters.authorization) == {f"Bearer {KEY}"}
+    book = tmp_path / "labbook.md"
+    assert KEY not in book.read_text()
+    row = notebook.read(book).of(LoadRecord)[0]
+    assert (row.ok, row.rate, row.arrivals, row.burstiness) == (6, 50.0, "gamma 0.5", 0.5)
+    assert row.request_headers == {"X-Team": "kv"} and row.request_headers_withheld == 1
+    assert row.extra_body == {"top_p": 0.5} and row.temperature == 0
+    assert row.metadata == {"run": "one"}
+    assert row.goodput is not None and row.goodput.slo == {"ttft_ms": 60000.0}
+    assert row.vllm_metrics is not None and set(row.vllm_metrics) == {
+        f"{s}_{m}_ms" for m in ("ttft", "e2el") for s in ("mean", "median", "std", "p50", "p99")}
+    assert row.result_file is not None
+    doc_path = Path(row.result_file)
+    assert doc_path.parent == results and doc_path.name.startswith(
+        "load-50.0qps-concurrency2-fake-")
+    doc = json.loads(doc_path.read_text())
+    assert KEY not in doc_path.read_text()
+    assert list(doc)[:8] == ["date", "endpoint_type", "backend", "label", "model_id",
+                             "tokenizer_id", "num_prompts", "run"]
+    assert (doc["backend"], doc["num_prompts"], doc["completed"], doc["failed"]) == \
+        ("openai", 6, 6, 0)
+    assert (doc["request_rate"], doc["burstiness"], doc["max_concurrency"]) == (50.0, 0.5, 2)
+    assert doc["total_output_tokens"] == 18 and doc["total_input_tokens"] == 6 * 100
+    assert doc["request_goodput"] == pytest.approx(doc["request_throughput"])
+    assert len(doc["latencies"]) == 6 and "ttfts" not in doc  # no --save-detailed
+    for key in ("p50_ttft_ms", "p99_e2el_ms", "median_ttft_ms", "std_e2el_ms"):
+        assert doc[key] == pytest.approx(row.vllm_metrics[key], abs=1e-6)
+    assert doc["p99_e2el_ms"] >= doc["p50_e2el_ms"] > 0
+    assert "vllm bench's result in" in run.stdout
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (("--extra-body", '{"model": "x"}'), "--extra-body: 'model' is kvlab's to set (--model)"),
+    (("--extra-body", '{"stream": false}'), "'stream' is kvlab's to set"),
+    (("--extra-body", "[1]"), "--extra-body: give a JSON object"),
+    (("--extra-body", '{"temperature": 1}', "--temperature", "0"), "give it once"),
+    (("--header", "Host=elsewhere"), "--header Host: kvlab writes it"),
+    (("--header", "no-equals"), "--header 'no-equals': give KEY=VALUE"),
+    (("--slo", "ttft_p90<=500ms"), "a --find-capacity target"),
+    (("--goodput", "ttft<=500"), "give the unit"),
+    (("--burstiness", "0"), "--arrivals '0': give poisson, even or a burstiness above 0"),
+    (("--random-input-len", "8", "--endpoint", "chat"), "--random-input-len: random prompts"),
+    (("--concurrency", "1,2", "--save-result", "--result-filename", "r.json"),
+     "--result-filename names one file"),
+    (("--percentile-metrics", "ttft,queue"), "--percentile-metrics 'ttft,queue': choose"),
+    (("--metadata", f"key={KEY}"), "the notebook never keeps a secret"),
+    (("--extra-body", '{"api_key": "x"}'), "--extra-body: it names or holds a secret"),
+])
+def test_refusals_are_one_line_before_any_request(tmp_path: Path, args: tuple[str, ...],
+                                                  words: str) -> None:
+    run = kvlab("--base-url", "http://127.0.0.1:9/v1", "--model", "fake", "--no-progress",
+                *args, env=load_env(tmp_path))
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert words in run.stderr and "Traceback" not in run.stderr, run.stderr
+    assert not (tmp_path / "labbook.md").exists()
