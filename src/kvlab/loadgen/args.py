@@ -70,7 +70,8 @@ class LoadArgs(Args):
                            "failed.")
     rate: str | None = Field(None, json_schema_extra={"aliases": "--request-rate"},
                              description="Open loop: requests per second, capped at the "
-                             "concurrency; several (1,2,4) sweep them, one level each.")
+                             "concurrency; several (1,2,4) sweep them, one level each; inf "
+                             "(vllm bench's default) is the closed loop.")
     arrivals: str = Field(
         "poisson", json_schema_extra={"aliases": "--burstiness"},
         description="Open-loop arrival gaps: poisson, even (a constant rate), or vllm bench's "
@@ -311,7 +312,8 @@ def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: s
     context = RunContext(context_length=settings.ctx, memory_fraction=settings.mem_fraction,
                          kv_cache_type=args.kv_cache_type or None)
     context.overlay(split_topology(settings, base_url))
-    rates = floats("--rate", args.rate)
+    # vllm bench's default rate, inf, sends everything at once under the cap: a closed loop
+    rates = tuple(r for r in floats("--rate", args.rate) if r != math.inf)
     tokens = bool(args.trace) or bench.random_input_len is not None
     spec = LoadSpec(
         base_url=base_url, model=settings.served_name, levels=tuple(settings.concurrency),

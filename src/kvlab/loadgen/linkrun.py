@@ -137,7 +137,7 @@ def link_record(load: LoadSpec, spec: LinkSpec, before: Readings, after: Reading
     if spec.where is not None:
         link.overlay(spec.where)
         link.connector = spec.connector  # run-load.sh writes CONNECTOR, the run's declared one
-    if load.context.engines and load.context.connector is not None:
+    if load.context.engines and load.context.connector not in (None, topology.UNKNOWN):
         link.connector = load.context.connector  # what the engines ran, not the setting
     if spec.side_channel_addr:
         link.side_channel = sidechannel.check(
