@@ -35,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -131,7 +132,9 @@ def summarise(docs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "events_per_request": round(statistics.fmean(
                 len(r["itl"]) + 1 for r in requests), 2),
             "gaps_under_0.1ms": round(statistics.fmean(
-                [g < 1e-4 for r in requests for g in r["itl"]] or [0.0]), 3)}
+                [g < 1e-4 for r in requests for g in r["itl"]] or [0.0]), 3),
+            "errors": dict(Counter(e.splitlines()[-1][:80] for d in runs for e in d["errors"]
+                                   if e))}
         for metric in METRICS:
             for q in QUANTILES:
                 row[f"p{q}_{metric}_ms"] = interval(requests, metric, q, rng)
@@ -147,7 +150,7 @@ def show(table: dict[str, Any]) -> None:
     vllm, kvlab = table["vllm bench"], table["kvlab load"]
     print(f"{'':<22} {'vllm bench serve':>24} {'kvlab load':>24}  overlap")
     for key in ("runs", "completed", "failed", "total_input_tokens", "total_output_tokens",
-                "request_throughput", "events_per_request", "gaps_under_0.1ms"):
+                "request_throughput", "events_per_request", "gaps_under_0.1ms", "errors"):
         same = "same" if vllm[key] == kvlab[key] else ""
         print(f"{key:<22} {vllm[key]!s:>24} {kvlab[key]!s:>24}  {same}")
     both = 0

@@ -112,7 +112,8 @@ async def test_a_generated_trace_replays_its_prefix_blocks(roomy: str, tmp_path:
 def test_a_trace_from_the_command_line_says_what_it_sent(roomy: str, tmp_path: Path) -> None:
     """--trace-limit takes the file's first requests; --trace-max-input cuts the longer ones
     to fit (the server counts the cut prompts' tokens) or leaves them out, and the console
-    says which and how many; the row names no lab, no connector, no preamble."""
+    says which and how many; the row names no lab, no preamble, and the connector the engine
+    ran (none), not CONNECTOR's default."""
     made = trace.synthetic(10, groups=2, shared_blocks=2, own_blocks=(1, 2), block_tokens=BLOCK,
                            rate=20.0, output_length=2, seed=3)
     path = trace.write(tmp_path / "trace.jsonl", made)
@@ -139,7 +140,8 @@ def test_a_trace_from_the_command_line_says_what_it_sent(roomy: str, tmp_path: P
                                                    cut.requests_sha256) if not x.warmup]
     assert sent == [min(r.input_length, cap) for r in made[:8]]  # the server's count
     for row in (cut, kept):
-        assert row.lab == "none" and row.connector == "unknown"
+        # the engine ran no connector and says so; CONNECTOR's default is not written
+        assert row.lab == "none" and row.connector == "none"
         assert row.preamble_tokens is None and row.prompt_sizing is None
 
 
