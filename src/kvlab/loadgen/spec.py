@@ -18,8 +18,8 @@ from typing import Literal
 from kvlab.core.errors import InputError
 from kvlab.core.jsondata import JsonObject
 from kvlab.loadgen import stats
-from kvlab.loadgen.dataset import Dataset
 from kvlab.loadgen.benchresult import BenchAsk
+from kvlab.loadgen.dataset import Dataset
 from kvlab.loadgen.sessions import SessionSpec
 from kvlab.loadgen.trace import TraceSpec
 from kvlab.measure import workloads
