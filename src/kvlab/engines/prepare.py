@@ -76,6 +76,5 @@ def prepare_engines(settings: Settings, needs: tuple[str, ...], say: Say) -> Non
             say(f"mlx-lm: {MLX_ON_GPU}; its rows are recorded as not run")
         else:
             install.install_mlx(home, say)
-        install.install_mlx(home, say)
     if ROUTER_NEEDED in needs and install.router_binary(home) is None:
         install.install_vllm_router(home, say)
