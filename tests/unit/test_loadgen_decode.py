@@ -58,6 +58,22 @@ def test_stream_without_output_is_a_failure() -> None:
     assert r.error == "no output" and r.failed
 
 
+def test_tokens_that_decode_to_no_text_are_a_flagged_success() -> None:
+    """Random weights can sample tokens whose text is empty: vLLM streams choices with "" and
+    counts them in usage. vllm bench counts such a request (TTFT at its first choice-carrying
+    event); kvlab did too little (a "no output" failure) until it did the same, flagged."""
+    r = record((5, event({"choices": [{"index": 0, "text": ""}]})),
+               (9, event({"choices": [{"index": 0, "text": ""}]})),
+               (12, event({"choices": [], "usage": {"prompt_tokens": 40,
+                                                    "completion_tokens": 16}})),
+               (13, event(b"[DONE]")))
+    assert r.ok and r.blank_output and r.error is None
+    assert r.token_ns == [5, 9] and r.output_tokens == 16 and r.blank_ns == []
+    # no usage tokens: nothing came back, whatever the choices said
+    none = record((5, event({"choices": [{"index": 0, "text": ""}]})), (6, event(b"[DONE]")))
+    assert none.error == "no output" and not none.blank_output
+
+
 def test_error_status_is_not_decoded_as_a_stream() -> None:
     r = RequestRecord(index=0, prompt_index=0, status=500, error="http 500")
     r.events = [(1, event({"choices": [{"text": "x"}]}))]

@@ -167,6 +167,8 @@ def test_an_infinite_rate_is_the_closed_loop(tmp_path: Path) -> None:
     (("--goodput", "ttft<=500"), "give the unit"),
     (("--burstiness", "0"), "--arrivals '0': give poisson, even or a burstiness above 0"),
     (("--random-input-len", "8", "--endpoint", "chat"), "--random-input-len: random prompts"),
+    (("--synthetic-input-tokens-mean", "8", "--endpoint", "chat"),
+     "--random-input-len: random prompts"),
     (("--concurrency", "1,2", "--save-result", "--result-filename", "r.json"),
      "--result-filename names one file"),
     (("--percentile-metrics", "ttft,queue"), "--percentile-metrics 'ttft,queue': choose"),
@@ -180,3 +182,38 @@ def test_refusals_are_one_line_before_any_request(tmp_path: Path, args: tuple[st
     assert run.returncode == 2, run.stdout + run.stderr
     assert words in run.stderr and "Traceback" not in run.stderr, run.stderr
     assert not (tmp_path / "labbook.md").exists()
+
+
+
+def test_aiperf_and_guidellm_names_mean_what_they_mean_there(tmp_path: Path) -> None:
+    """aiperf's `--url host:port` (no scheme), `--request-count`, `--concurrency`,
+    `--output-tokens-mean`, `--warmup-request-count`; guidellm's `--target` (the server root)
+    and `--max-requests`. (aiperf's `--synthetic-input-tokens-mean` is among the refusals:
+    the fake has no /tokenize.)"""
+    async def both() -> tuple[str, subprocess.CompletedProcess[str], Counters,
+                              subprocess.CompletedProcess[str], Counters]:
+        async with SseUpstream(Behaviour(tokens=3)) as up:
+            hostport = up.base_url.removeprefix("http://").removesuffix("/v1")
+            aiperf = await asyncio.to_thread(
+                kvlab, "--url", hostport, "--model", "fake", "--request-count", "5",
+                "--concurrency", "1", "--output-tokens-mean", "3", "--warmup-request-count",
+                "2", "--endpoint", "completions", "--no-progress",
+                env=load_env(tmp_path / "a"))
+        async with SseUpstream(Behaviour(tokens=3)) as up2:
+            guide = await asyncio.to_thread(
+                kvlab, "--target", up2.base_url.removesuffix("/v1"), "--model", "fake",
+                "--max-requests", "4", "--concurrency", "2", "--no-progress",
+                env=load_env(tmp_path / "g"))
+        return hostport, aiperf, up.counters, guide, up2.counters
+
+    hostport, aiperf, seen, guide, seen2 = asyncio.run(both())
+    assert aiperf.returncode == 0, aiperf.stderr
+    assert f"--base-url {hostport}: a host and port, as aiperf takes it" in \
+        aiperf.stdout + aiperf.stderr
+    assert len(seen.bodies) == 5 + 2  # measured, and the warm-up asked for
+    assert all(b["max_tokens"] == 3 and "prompt" in b for b in seen.bodies)
+    assert notebook.read(tmp_path / "a" / "labbook.md").of(LoadRecord)[0].ok == 5
+    assert guide.returncode == 0, guide.stderr
+    assert "a server root, as vllm bench takes it" in guide.stdout + guide.stderr
+    assert len(seen2.bodies) == 4 + 2  # one warm-up per concurrent request
+    assert notebook.read(tmp_path / "g" / "labbook.md").of(LoadRecord)[0].ok == 4

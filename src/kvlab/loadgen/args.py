@@ -107,13 +107,12 @@ class LoadArgs(Args):
     trace_over_max_input: Literal["truncate", "filter"] = Field(
         "truncate", description="A request over --trace-max-input: truncate keeps it with its "
         "blocks cut to fit (reuse computed on what is sent); filter leaves it out.")
-    dataset: str | None = Field(None, json_schema_extra={"aliases": "--dataset-path --data"},
-                                description="Your dataset file: a ShareGPT JSON list "
-                                "(conversations of from/value messages) or JSON lines of "
-                                "prompts (prompt or text, optional output_tokens or "
-                                "output_length); one-message records are sent as prompts, "
-                                "conversations replayed as user sessions (--users, else the "
-                                "concurrency levels, are the users).")
+    dataset: str | None = Field(
+        None, json_schema_extra={"aliases": "--dataset-path --data --input-file"},
+        description="Your dataset file: a ShareGPT JSON list (conversations of from/value "
+        "messages) or JSON lines of prompts (prompt or text, optional output_tokens or "
+        "output_length); one-message records are sent as prompts, conversations replayed as "
+        "user sessions (--users, else the concurrency levels, are the users).")
     dataset_name: Literal["auto", "sharegpt", "custom", "random"] = Field(
         "auto", description="How --dataset is read: sharegpt, custom (JSON lines of prompts) "
         "or auto (each record by its keys); random: no file, kvlab's prompt set.")
@@ -129,7 +128,8 @@ class LoadArgs(Args):
                                       "q8_0, ...).")
     no_metrics: bool = Field(False, description="Do not scrape the server's /metrics.")
     no_progress: bool = Field(False, description="No progress bars.")
-    warmup: int | None = Field(None, ge=0, description="Requests sent first at each level and "
+    warmup: int | None = Field(None, ge=0, json_schema_extra={
+        "aliases": "--warmup-request-count"}, description="Requests sent first at each level and "
                                "left out of every statistic (marked in the per-request file) "
                                "[default: one per concurrent request; 1 for --trace; 2 per "
                                "probe with --find-capacity].")
@@ -180,6 +180,10 @@ def understood_url(given: str) -> tuple[str, str]:
     and the words that say which was understood ("" when it was the /v1 root)."""
     from kvlab.observe.chat import api_base
 
+    if "://" not in given:  # aiperf's --url localhost:8000
+        url = api_base("http://" + given)
+        return url, f"--base-url {given}: a host and port, as aiperf takes it; requests go " \
+            f"to {url}"
     url = api_base(given)
     if url == given.rstrip("/"):
         return url, ""
@@ -190,15 +194,19 @@ class TargetArgs(Args):
     """What `kvlab load` is pointed at (the options run-load.sh passes to Part 9's
     load-test.py), each unset one from the settings."""
 
-    base_url: str | None = Field(None, description="The server's OpenAI base URL, e.g. "
-                                 "http://127.0.0.1:8200/v1.")
+    base_url: str | None = Field(None, json_schema_extra={"aliases": "--url --target"},
+                                 description="The server's OpenAI base URL, e.g. "
+                                 "http://127.0.0.1:8200/v1; the server root and a bare "
+                                 "host:port are taken too, and said.")
     model: str | None = Field(None, description='Name sent in "model" (default: SERVED_NAME).')
     concurrency: str | None = Field(None, json_schema_extra={"aliases": "--max-concurrency"},
                                     description="Levels, e.g. 1,4,8 (default: CONCURRENCY).")
-    requests: int | None = Field(None, json_schema_extra={"aliases": "--num-prompts"},
+    requests: int | None = Field(None, json_schema_extra={
+        "aliases": "--num-prompts --request-count --max-requests"},
                                  description="Measured requests per level (default: "
                                  "REQUESTS when set, else max(10 x concurrency, 200)).")
-    max_tokens: int | None = Field(None, json_schema_extra={"aliases": "--random-output-len"},
+    max_tokens: int | None = Field(None, json_schema_extra={
+        "aliases": "--random-output-len --output-tokens-mean"},
                                    description="Output tokens per request (default: "
                                    "MAX_TOKENS).")
     prompt_set: str | None = Field(None, description="shared-prefix, mixed or multi-turn "

@@ -41,7 +41,8 @@ class BenchArgs(BaseModel):
     metadata: tuple[str, ...] = Field((), json_schema_extra={"metavar": "KEY=VALUE"},
                                       description="Kept with the rows and the --save-result "
                                       "document (repeat the flag for more).")
-    random_input_len: int | None = Field(None, ge=1, description="Random prompts of this many "
+    random_input_len: int | None = Field(None, ge=1, json_schema_extra={
+        "aliases": "--synthetic-input-tokens-mean"}, description="Random prompts of this many "
                                          "of the served model's tokens (token ids drawn from "
                                          "its tokens of a generated passage, a fresh draw per "
                                          "request, nothing shared), sent to /v1/completions: "

@@ -67,7 +67,8 @@ def line(record: RequestRecord, prompt: Prompt | None, *, number: int, level: in
         output_tokens=record.output_tokens if ok else record.completion_tokens,
         status=status_of(record), http_status=record.status,
         error=record.error, error_detail=record.error_detail[:DETAIL_CHARS] or None,
-        failed_leg=record.failed_leg, request_id=record.request_id or None,
+        failed_leg=record.failed_leg, blank_output=record.blank_output or None,
+        request_id=record.request_id or None,
         response_id=record.response_id, timeline=stats.timeline(record),
     )
 

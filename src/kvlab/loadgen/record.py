@@ -53,10 +53,13 @@ class RequestRecord:
     reasoning_ns: int = 0  # arrival of the first reasoning token
     response_id: str | None = None  # the `id` the server gave its answer
     timeline: JsonObject | None = None  # kvlab's proxy's, for this request
+    blank_ns: list[int] = field(default_factory=list)  # choice-carrying events with no text
+    blank_output: bool = False  # a success whose tokens decoded to no visible text
 
     @property
     def ok(self) -> bool:
-        """A success: HTTP 200, no error, not cancelled, and at least one output chunk."""
+        """A success: HTTP 200, no error, not cancelled, and at least one output chunk (or,
+        flagged `blank_output`, usage tokens whose text was empty)."""
         return (self.status == 200 and self.error is None and not self.cancelled
                 and bool(self.token_ns))
 
@@ -136,6 +139,8 @@ def _take_tokens(record: RequestRecord, obj: dict[str, object], stamp: int,
         a, r = carries(choice)
         answer, reasoning = answer or a, reasoning or r
     if not (answer or reasoning):
+        if isinstance(choices, list) and choices and not record.token_ns:
+            record.blank_ns.append(stamp)
         return
     if not record.token_ns:
         record.first_payload = payload
@@ -186,4 +191,16 @@ def decode_events(record: RequestRecord) -> None:
             _take_usage(record, obj)
     record.events = []
     if record.error is None and not record.cancelled and not record.token_ns:
+        _blank_or_no_output(record)
+    record.blank_ns = []
+
+
+def _blank_or_no_output(record: RequestRecord) -> None:
+    """A stream without a visible token: a success when the server still streamed choices and
+    counted output tokens in its usage (random weights can decode to nothing, and `vllm bench`
+    counts these: its TTFT is the first choice-carrying event), flagged; else "no output"."""
+    if record.blank_ns and (record.completion_tokens or 0) > 0:
+        record.token_ns, record.chunks = list(record.blank_ns), len(record.blank_ns)
+        record.blank_output = True
+    else:
         record.error = "no output"

@@ -205,6 +205,7 @@ def level_stats(result: LevelResult, slo: Slo | None = None) -> LevelFigures:
         ttft_s=summary([ttft_s(r) for r in ok]),
         ttft_answer_s=summary([x for x in (ttft_answer_s(r) for r in ok) if x is not None]),
         reasoning_requests=sum(1 for r in ok if r.reasoning_ns),
+        blank_outputs=sum(1 for r in ok if r.blank_output),
         ttft_parts=ttft_parts(ok),
         tpot_s=summary([x for x in (tpot_s(r) for r in ok) if x is not None]),
         itl_s=summary(_flat(itl_s(r) for r in ok)), e2e_s=summary([e2e_s(r) for r in ok]),

@@ -286,6 +286,10 @@ class LevelFigures(Strict):
                                               "over the successes that gave one.")
     reasoning_requests: int | None = Field(None, description="Successes that reasoned first "
                                            "(their TTFT is a reasoning token's).")
+    blank_outputs: int | None = Field(None, description="Successes whose stream carried "
+                                      "choices and usage output tokens but no visible text "
+                                      "(random weights can decode to nothing): timed from the "
+                                      "first choice-carrying event, as vllm bench does.")
     ttft_parts: TtftParts | None = Field(None, description="Through kvlab's proxy: TTFT "
                                          "split into prefill, hand-over, decode, proxy.")
     tpot_s: Percentiles | None = None

@@ -94,6 +94,9 @@ class RequestLine(Strict):
     error_detail: str | None = Field(None, description="The first 200 characters the "
                                      "server or the client said about the failure.")
     failed_leg: str | None = Field(None, description="prefill or decode, through the proxy.")
+    blank_output: bool | None = Field(None, description="True: a success whose output tokens "
+                                      "(the server's usage) decoded to no visible text; timed "
+                                      "from its first choice-carrying event.")
     request_id: str | None = Field(None, description="The X-Request-Id the client sent.")
     response_id: str | None = Field(None, description="The id the server gave its answer "
                                     "(vLLM's is `chatcmpl-` and the request id).")

@@ -123,6 +123,10 @@ def load_rows(console: Console, rows: Sequence[LoadRecord]) -> None:
         if r.result_file:
             console.print(f"    concurrency {r.concurrency}: vllm bench's result in "
                           f"{r.result_file}")
+        if r.blank_outputs:
+            console.print(f"    concurrency {r.concurrency}: {r.blank_outputs} answers counted "
+                          "output tokens but decoded to no visible text (kept as successes, "
+                          "timed from their first choice, as vllm bench does)")
         if r.errors:
             first = r.failures[0].detail if r.failures else ""
             console.print(f"    concurrency {r.concurrency}: failures {r.errors}; first: "
