@@ -165,3 +165,20 @@ def test_the_repeats_of_the_newest_run_are_found(tmp_path: Path) -> None:
     b = run_row(book, "b", 4, lognormal(60, 60, 0.2))
     iv = intervals.between(book, notebook.read(book).records, newest, b)["ttft_p50"]
     assert iv.repeats == (3, 1) and iv.requests == (60, 60)
+
+
+def test_a_sequential_runs_rows_are_read_at_the_level_they_state(tmp_path: Path) -> None:
+    """Rows that state `repeat_confidence` (a `--repeat auto` run) get their interval at
+    that level, wider than at 95%, and the cell names it; `between_rows` takes the level."""
+    book = tmp_path / "labbook.md"
+    stated = {"repeat_confidence": 0.9875, "run_id": "r1"}
+    a = [run_row(book, "a", 4, lognormal(70 + r, 40, 0.2), repeat=r, **stated) for r in (0, 1)]
+    b = [run_row(book, "b", 4, lognormal(80 + r, 40, 0.3), repeat=r, **stated) for r in (0, 1)]
+    records = notebook.read(book).records
+    wide = intervals.ttft(book, records, a[-1], b[-1])
+    plain = intervals.between_rows(book, a, b, (TTFT,))["ttft_p50"]
+    assert wide.confidence == 0.9875 and plain.confidence == intervals.CONFIDENCE
+    assert wide.low is not None and plain.low is not None and wide.high is not None
+    assert plain.high is not None and wide.low < plain.low and wide.high > plain.high
+    assert wide.cell().endswith("(98.75% interval)") and "interval)" not in plain.cell()
+    assert intervals.between_rows(book, a, b, (TTFT,), 0.9875)["ttft_p50"] == wide

@@ -473,9 +473,10 @@ def _level_lines(disagg: dict[int, LoadRecord], base: dict[int, LoadRecord],
 
 def _interval_lines(found: dict[int, dict[str, intervals.Interval]],
                     levels: list[ComparisonLevel]) -> list[str]:
-    """The level table again, each ratio with its 95% interval; the record's levels gain
-    `intervals` (by metric)."""
-    lines = ["", f"==> Ratios with {intervals.CONFIDENCE:.0%} intervals (bootstrap over requests "
+    """The level table again, each ratio with its interval (95%, or the level a sequential
+    run's rule set); the record's levels gain `intervals` (by metric)."""
+    level = intervals.level_words(_confidence(found))
+    lines = ["", f"==> Ratios with {level} intervals (bootstrap over requests "
              f"and repeats, seed {intervals.SEED})",
              f"    {'conc':>4}  {'metric':<13}  ratio [interval] and what it shows"]
     for entry in levels:
@@ -488,6 +489,12 @@ def _interval_lines(found: dict[int, dict[str, intervals.Interval]],
                          and max(iv.repeats) > 1 else "") + ")") if iv.requests else ""
             lines.append(f"    {entry.concurrency:>4}  {metric.name:<13}  {iv.cell()}{counts}")
     return lines
+
+
+def _confidence(found: dict[int, dict[str, intervals.Interval]]) -> float:
+    """The level the intervals were read at (the highest, where levels differ)."""
+    return max((iv.confidence for by_metric in found.values() for iv in by_metric.values()),
+               default=intervals.CONFIDENCE)
 
 
 def _p50(p: Percentiles | None) -> float | None:
@@ -589,7 +596,8 @@ def compare(records: list[Record], book: str, disagg: str, baseline: str, *,
     lines += ["", "    Below 1.00x on time to first token, the first run was faster; above it,",
               "    slower. For a prefill/decode split on ordinary Ethernet, slower is the usual",
               "    and honest result."]
-    lines += _interval_lines(intervals.pair_levels(Path(book), records, rows_d, rows_b), levels)
+    ratios = intervals.pair_levels(Path(book), records, rows_d, rows_b)
+    lines += _interval_lines(ratios, levels)
     seen = bytes_three_ways(link, rows_d, shared, kv_bytes_per_token, prompt_tokens)
     where = Where()  # a tier pair's comparison states its pressure, not a topology
     sides: dict[str, SidePressure] | None = None
@@ -621,7 +629,7 @@ def compare(records: list[Record], book: str, disagg: str, baseline: str, *,
         differences=[w.strip() for w in warnings], bytes=seen.as_record(),
         kv_cache_type={disagg: facts_d.kv_cache_type, baseline: facts_b.kv_cache_type},
         side_channel=link.side_channel if link else None, offload=offload,
-        interval_method=intervals.METHOD, pressure=sides,
+        interval_method=intervals.method_at(_confidence(ratios)), pressure=sides,
         topology=where.topology, single_machine=where.single_machine, hosts=where.hosts,
         link=where.link, topology_from=where.topology_from, placement=where.placement,
         nodes=where.nodes, same_machine=where.same_machine,

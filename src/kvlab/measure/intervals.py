@@ -30,6 +30,10 @@ at a time, and 24 comparisons of two identical configurations, two repeats a sid
 difference in 5 with the resampled interval alone and in none with both. Repeats that agree
 keep a narrow interval; repeats that disagree widen it as far as they disagree.
 
+A sequential run (`--repeat auto`, `experiments/repeats.py`) reads its intervals at the
+level its rule set, above 95%, and its rows say so (`repeat_confidence`): `between` reads
+them at that level, and the interval's cell names it.
+
 Words: an interval that spans 1 is "no measurable difference"; otherwise slower or faster
 (latencies), higher or lower (tokens/s). A side without a per-request file gets "no interval:
 no per-request data" and the rows' own point ratio (what `kvlab compare` printed before).
@@ -115,6 +119,7 @@ class Interval:
     requests: tuple[int, int] | None = None  # measured requests, A and B
     repeats: tuple[int, int] | None = None
     values: tuple[float | None, float | None] | None = None  # A's and B's, repeats pooled
+    confidence: float = CONFIDENCE
 
     @property
     def measured(self) -> bool:
@@ -128,11 +133,14 @@ class Interval:
         return self.low <= 1.0 <= self.high
 
     def cell(self) -> str:
-        """`1.50x [1.32, 1.71] slower`, or the point ratio and why there is no interval."""
+        """`1.50x [1.32, 1.71] slower` (with `(98.75% interval)` after it when read at another
+        level than 95%), or the point ratio and why there is no interval."""
         point = f"{self.ratio:.2f}x" if self.ratio is not None else "n/a"
         if self.low is None or self.high is None:
             return f"{point} ({self.words})"
-        return f"{point} [{self.low:.2f}, {self.high:.2f}] {self.words}"
+        level = f" ({level_words(self.confidence)} interval)" \
+            if self.confidence != CONFIDENCE else ""
+        return f"{point} [{self.low:.2f}, {self.high:.2f}] {self.words}{level}"
 
     def as_record(self) -> RatioInterval:
         """The interval as a comparison line holds it (figures to four places)."""
@@ -144,6 +152,23 @@ class Interval:
 
 def _round(value: float | None) -> float | None:
     return round(value, 4) if value is not None else None
+
+
+def level_words(confidence: float) -> str:
+    """`95%`, `98.75%`."""
+    return f"{100 * confidence:.4g}%"
+
+
+def stated_confidence(rows: Sequence[LoadRecord]) -> float:
+    """The level the rows' intervals are read at: the one a sequential run's rule stated
+    (`repeat_confidence`, the highest where they differ), else CONFIDENCE."""
+    return max((r.repeat_confidence for r in rows if r.repeat_confidence is not None),
+               default=CONFIDENCE)
+
+
+def method_at(confidence: float) -> IntervalMethod:
+    """How the intervals were drawn, at this level."""
+    return METHOD.model_copy(update={"confidence": confidence})
 
 
 @dataclass(frozen=True)
@@ -285,18 +310,20 @@ def ratio_interval(metric: Metric, runs_a: Sequence[Floats], runs_b: Sequence[Fl
              for n, name in zip(counts, names, strict=True) if n < MIN_SAMPLES]
     if short:
         return Interval(metric.key, point, words=f"no interval: only {'; '.join(short)}",
-                        requests=counts, repeats=reps, values=(top, bottom))
+                        requests=counts, repeats=reps, values=(top, bottom),
+                        confidence=confidence)
     ratios = _bootstrap(metric, a, b, seed)
     if len(ratios) < 0.9 * RESAMPLES:
         return Interval(metric.key, point, words=f"no interval: the {names[1]} side's "
                         f"{metric.name} is zero in too many resamples",
-                        requests=counts, repeats=reps, values=(top, bottom))
+                        requests=counts, repeats=reps, values=(top, bottom),
+                        confidence=confidence)
     tail = (1 - confidence) / 2
     low, high = (float(v) for v in np.quantile(ratios, [tail, 1 - tail]))
     if (between := between_repeats(metric, a, b, confidence)) is not None:
         low, high = min(low, between[0]), max(high, between[1])
     return Interval(metric.key, point, low, high, _words(metric, low, high), counts, reps,
-                    (top, bottom))
+                    (top, bottom), confidence)
 
 
 def between_repeats(metric: Metric, a: list[Floats], b: list[Floats],
@@ -337,13 +364,18 @@ def row_ratio(metric: Metric, a: LoadRecord, b: LoadRecord) -> float | None:
 
 def between(notebook: Path, records: Sequence[Record], a: LoadRecord, b: LoadRecord,
             metrics: Sequence[Metric] = METRICS) -> dict[str, Interval]:
-    """Each metric's ratio A / B at one level, `a` and `b` being each side's newest row."""
-    return between_rows(notebook, repeats(records, a), repeats(records, b), metrics)
+    """Each metric's ratio A / B at one level, `a` and `b` being each side's newest row, at
+    the level the rows state (`stated_confidence`)."""
+    rows_a, rows_b = repeats(records, a), repeats(records, b)
+    return between_rows(notebook, rows_a, rows_b, metrics,
+                        stated_confidence([*rows_a, *rows_b]))
 
 
 def between_rows(notebook: Path, a: Sequence[LoadRecord], b: Sequence[LoadRecord],
-                 metrics: Sequence[Metric] = METRICS) -> dict[str, Interval]:
-    """Each metric's ratio A / B, each side pooled over the rows given (its repeats)."""
+                 metrics: Sequence[Metric] = METRICS,
+                 confidence: float = CONFIDENCE) -> dict[str, Interval]:
+    """Each metric's ratio A / B, each side pooled over the rows given (its repeats), at
+    `confidence`."""
     sa, sb = side_of(notebook, a), side_of(notebook, b)
     names = (a[-1].label, b[-1].label)
     out = {}
@@ -354,7 +386,8 @@ def between_rows(notebook: Path, a: Sequence[LoadRecord], b: Sequence[LoadRecord
             out[metric.key] = Interval(metric.key, row_ratio(metric, a[-1], b[-1]), words=(
                 "no interval: an open-loop level's throughput follows its arrival rate"))
         else:
-            out[metric.key] = ratio_interval(metric, sa.runs, sb.runs, names)
+            out[metric.key] = ratio_interval(metric, sa.runs, sb.runs, names,
+                                             confidence=confidence)
     return out
 
 

@@ -424,6 +424,16 @@ class LoadRecord(Record, RunContext, LevelFigures, LevelOwn, RequestShape):
     metrics_url: str | None = None
     min_requests: int | None = None
     repeat: int | None = Field(None, description="Which repeat of the run (0-based).")
+    repeat_rule: str | None = Field(None, description="How a sequential run (--repeat auto) "
+                                    "decided how many repeats to run (`experiments/repeats."
+                                    "Sequential.rule`), on every row of its two sides.")
+    repeat_confidence: float | None = Field(None, description="The level the rule reads the "
+                                            "run's intervals at (e.g. 0.9875), on every row "
+                                            "of its two sides: reports read them at it too.")
+    repeat_stop: str | None = Field(None, description="Why the sequential run stopped, on the "
+                                    "row whose writing completed the round it stopped after "
+                                    "(the rows are written as they are measured, so the rows "
+                                    "before it were written without it).")
     kv_usage_samples: KvSamples | None = None
 
 
