@@ -19,10 +19,12 @@ a cap of 3, 98.75% for 5): the chance that any look's interval misses is at most
 interval the run stops on covers the ratio with at least 95%, whichever look it stopped at.
 That is conservative (the looks are correlated, so the true level is above 95%), and the
 interval is reported at the level it was read at, with the rule, so it stays honest.
+`--repeat auto[:CAP]` asks for it (`asked`; the cap 5 unless given); `rounds.py` runs it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kvlab.core.errors import InputError
@@ -30,6 +32,8 @@ from kvlab.core.errors import InputError
 FAMILY_ERROR = 0.05  # over every look a sequential run may take
 WIDTH = 1.2  # high / low: settled enough to stop
 MIN_ROUNDS = 2  # the between-repeat interval needs two repeats a side
+DEFAULT_CAP = 5
+AUTO = "auto"
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,8 @@ class Stint:
     """One start of a side's engines and the repeats measured before they stop."""
 
     side: int  # 0: the side that goes first (A), 1: the other (B)
-    repeats: tuple[int | None, ...]  # None: the only run (no --repeat), rows carry no number
+    repeats: Iterable[int | None]  # None: the only run (no --repeat), rows carry no number;
+    # a sequential run's are given one at a time, and end where its rule stops it
     first: bool  # this side's first stint: the one-off steps (checks, capacity) run here
 
 
@@ -77,6 +82,26 @@ def _check(count: int) -> None:
         raise InputError(f"--repeat {count}: give at least 1")
 
 
+def asked(text: str) -> int | Sequential:
+    """`--repeat`: N repeats a side, or `auto` / `auto:CAP`: rounds until the interval
+    settles, at most CAP (DEFAULT_CAP)."""
+    word, colon, cap = text.strip().partition(":")
+    if word == AUTO and not colon:
+        return Sequential(DEFAULT_CAP)
+    if word == AUTO and cap.isdigit():
+        return Sequential(int(cap))
+    if word.isdigit() and not colon and int(word) >= 1:
+        return int(word)
+    raise InputError(f"--repeat {text!r}: give a number of repeats (1 or more), or auto or "
+                     f"auto:CAP (rounds until the interval settles, at most CAP, {MIN_ROUNDS} "
+                     f"or more; {DEFAULT_CAP} unless given)")
+
+
+def numbered(repeat: int, count: int, rule: Sequential | None = None) -> str:
+    """`repeat 2 of 3`; in a sequential run `repeat 2 of at most 5`."""
+    return f"repeat {repeat + 1} of {'at most ' if rule else ''}{count}"
+
+
 @dataclass(frozen=True)
 class Sequential:
     """The stopping rule of a run whose repeats continue until its interval settles."""
@@ -85,8 +110,8 @@ class Sequential:
 
     def __post_init__(self) -> None:
         if self.cap < MIN_ROUNDS:
-            raise InputError(f"--repeat-until-settled {self.cap}: give at least {MIN_ROUNDS} "
-                             "(the between-repeat interval needs two repeats a side)")
+            raise InputError(f"--repeat {AUTO}:{self.cap}: give a cap of at least {MIN_ROUNDS} "
+                             "rounds (the between-repeat interval needs two repeats a side)")
 
     @property
     def looks(self) -> int:

@@ -1,0 +1,121 @@
+"""A sequential run's round loop (`experiments.rounds`), driven by a fake stint that writes
+per-request files with known TTFT distributions instead of starting engines."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvlab.core.errors import InputError
+from kvlab.experiments.repeats import Sequential, Stint, asked
+from kvlab.experiments.rounds import Rounds
+from kvlab.records import notebook
+from kvlab.records.models import LoadRecord
+from kvlab.records.rows import PRESSURE_OFF, PRESSURE_ON
+from perrequest import lognormal, run_row
+
+OFF, ON = PRESSURE_OFF.label, PRESSURE_ON.label  # side 0 runs first, the ratio is on / off
+RUN = "20250101-000000"
+
+
+def fake_stint(book: Path, rounds: Rounds, medians: Callable[[int, int], float],
+               ran: list[tuple[int, int | None]], levels: tuple[int, ...] = (8,),
+               sigma: float = 0.4) -> Callable[[Stint], None]:
+    """One engine start's repeats, each a load row per level whose per-request file holds
+    60 TTFTs around `medians(side, repeat)`, written through the rounds' writer."""
+    write = rounds.writer(lambda row: notebook.append(book, row))
+
+    def measure(stint: Stint) -> None:
+        for repeat in stint.repeats:
+            ran.append((stint.side, repeat))
+            seed = 1000 * stint.side + 10 * (repeat or 0)
+            for level in levels:
+                write(run_row(book, (OFF, ON)[stint.side], level,
+                              lognormal(seed + level, 60, medians(stint.side, repeat or 0),
+                                        sigma),
+                              repeat=repeat, lab=notebook.LAB_OFFLOAD, write=False,
+                              run_id=RUN))
+
+    return measure
+
+
+def sequential(book: Path, cap: int) -> Rounds:
+    return Rounds(cap, Sequential(cap), book, top=ON, bottom=OFF)
+
+
+def _rows(book: Path) -> list[LoadRecord]:
+    return notebook.read(book).of(LoadRecord)
+
+
+def clear(side: int, _: int) -> float:
+    """Tier on ten times faster: with two repeats a side Welch's t at 98.75% has one to two
+    degrees of freedom (t up to 51), so only a difference this clear shows after round 2."""
+    return 0.02 if side else 0.2
+
+
+def test_clearly_different_sides_stop_after_two_rounds(tmp_path: Path) -> None:
+    book = tmp_path / "labbook.md"
+    rounds = sequential(book, 5)
+    ran: list[tuple[int, int | None]] = []
+    for stint in rounds.stints():
+        fake_stint(book, rounds, clear, ran, sigma=0.2)(stint)
+    # A0 | B0 B1 | A1, and the A stint's second repeat (A2) never started
+    assert ran == [(0, 0), (1, 0), (1, 1), (0, 1)]
+    assert rounds.stop == "the interval excluded 1 after 2 rounds"
+    rows = _rows(book)
+    assert [r.repeat_stop for r in rows] == [None, None, None, rounds.stop]
+
+
+def test_identical_noisy_sides_run_to_the_cap(tmp_path: Path) -> None:
+    book = tmp_path / "labbook.md"
+    rounds = sequential(book, 4)
+    drift = np.random.default_rng(7).lognormal(0, 0.25, (2, 4))  # each run its own median
+    ran: list[tuple[int, int | None]] = []
+    for stint in rounds.stints():
+        fake_stint(book, rounds, lambda side, r: 0.2 * float(drift[side, r]), ran)(stint)
+    assert sorted(ran) == [(s, r) for s in (0, 1) for r in range(4)]
+    assert rounds.stop == "the cap of 4 rounds" and rounds.done == 4
+    assert _rows(book)[-1].repeat_stop == "the cap of 4 rounds"
+
+
+def test_the_rows_state_the_rule_and_the_stop_is_on_the_row_it_was_decided_on(
+        tmp_path: Path) -> None:
+    """Every row of both sides carries the rule and its level; with two levels the run
+    stops once both settled, and the last row written (the round's last level) says why."""
+    book = tmp_path / "labbook.md"
+    rounds = sequential(book, 5)
+    ran: list[tuple[int, int | None]] = []
+    for stint in rounds.stints():
+        fake_stint(book, rounds, clear, ran, (1, 4), 0.2)(stint)
+    rows = _rows(book)
+    assert len(rows) == 8 and all(r.repeat_confidence == pytest.approx(0.9875) for r in rows)
+    assert all(r.repeat_rule == Sequential(5).rule() for r in rows)
+    assert [r.repeat_stop for r in rows[:-1]] == [None] * 7
+    assert rows[-1].repeat_stop == ("c=1: the interval excluded 1 after 2 rounds; "
+                                    "c=4: the interval excluded 1 after 2 rounds")
+
+
+def test_a_fixed_count_runs_every_repeat_and_stamps_nothing(tmp_path: Path) -> None:
+    book = tmp_path / "labbook.md"
+    rounds = Rounds(3)
+    ran: list[tuple[int, int | None]] = []
+    for stint in rounds.stints():
+        fake_stint(book, rounds, clear, ran, sigma=0.2)(stint)
+    assert ran == [(0, 0), (1, 0), (1, 1), (0, 1), (0, 2), (1, 2)]
+    assert all(r.repeat_rule is None and r.repeat_confidence is None for r in _rows(book))
+
+
+@pytest.mark.parametrize(("text", "found"), [("3", 3), ("1", 1), ("auto", Sequential(5)),
+                                             ("auto:3", Sequential(3))])
+def test_repeat_is_a_count_or_auto_with_a_cap(text: str, found: object) -> None:
+    assert asked(text) == found
+
+
+@pytest.mark.parametrize("text", ["auto:1", "auto:x", "auto:", "0", "-1", "x", "2:3"])
+def test_a_bad_repeat_is_refused_naming_the_option(text: str) -> None:
+    with pytest.raises(InputError, match=r"^--repeat ") as refused:
+        asked(text)
+    assert "\n" not in str(refused.value)
