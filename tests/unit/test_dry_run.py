@@ -46,6 +46,10 @@ def test_a_dry_run_writes_nothing(tmp_path: Path, command: tuple[str, str]) -> N
 
 @pytest.mark.parametrize("args", [("disagg", "--label", "mine", "--dry-run"),
                                   ("disagg", "--repeat", "0", "--dry-run"),
+                                  ("disagg", "--repeat", "auto:1", "--dry-run"),
+                                  ("offload", "--repeat", "auto:1", "--dry-run"),
+                                  ("offload", "--repeat", "auto:x", "--dry-run"),
+                                  ("offload", "--repeat", "auto", "--tier", "on", "--dry-run"),
                                   ("interference", "--parallel", "4,4")])
 def test_a_bad_run_option_is_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...]) -> None:
     env = {**os.environ, "KVLAB_HOME": str(tmp_path / "home")}
@@ -110,3 +114,23 @@ def test_the_labs_own_pressure_method_is_one_flag_away(tmp_path: Path) -> None:
                               timeout=300)
     assert all("--kv-cache-memory-bytes" in p["shell"]
                for p in json.loads(sessions.stdout)["plans"])
+
+
+@pytest.mark.parametrize("command", ["offload", "disagg"])
+def test_repeat_auto_is_a_run_options_value(tmp_path: Path, command: str) -> None:
+    """`--repeat auto` and `auto:CAP` are taken where the sequential rule runs; a refused
+    one is a single line naming the option."""
+    env = {**os.environ, "KVLAB_HOME": str(tmp_path / "home"), "KV_OFFLOAD_GB": "0.5",
+           "KV_SHARED_PATH": str(tmp_path)}
+    for given in ("auto", "auto:3", "2"):
+        done = subprocess.run([sys.executable, "-m", "kvlab", "run", command, "--repeat", given,
+                               "--dry-run", "--json"], capture_output=True, text=True, env=env,
+                              check=False, timeout=300)
+        assert done.returncode == 0, done.stderr
+    refused = subprocess.run([sys.executable, "-m", "kvlab", "run", command, "--repeat",
+                              "auto:1", "--dry-run"], capture_output=True, text=True, env=env,
+                             check=False, timeout=300)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        "kvlab: --repeat auto:1: give a cap of at least 2 rounds (the between-repeat interval "
+        "needs two repeats a side)"]

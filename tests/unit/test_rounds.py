@@ -3,17 +3,23 @@ per-request files with known TTFT distributions instead of starting engines."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 
 from kvlab.core.errors import InputError
+from kvlab.engines.vllm.selection import VllmInstall
+from kvlab.experiments import disagg, offload
 from kvlab.experiments.repeats import Sequential, Stint, asked
 from kvlab.experiments.rounds import Rounds
 from kvlab.records import notebook
-from kvlab.records.models import LoadRecord
+from kvlab.records.evidence import Where
+from kvlab.records.models import LoadRecord, Record
 from kvlab.records.rows import PRESSURE_OFF, PRESSURE_ON
 from perrequest import lognormal, run_row
 
@@ -119,3 +125,65 @@ def test_a_bad_repeat_is_refused_naming_the_option(text: str) -> None:
     with pytest.raises(InputError, match=r"^--repeat ") as refused:
         asked(text)
     assert "\n" not in str(refused.value)
+
+
+def test_run_offload_with_repeat_auto_stops_the_pressure_pair_by_the_rule(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`kvlab run offload --repeat auto`: the pressure pair's stints come from the rule,
+    each stint's rows written through its writer (a fake stint for the engines)."""
+    book = tmp_path / "labbook.md"
+    ran: list[tuple[int, int | None]] = []
+
+    async def fake_pressure(lab: Any, spec: Any, on: bool, pressure: Any, stint: Stint,
+                            rounds: Rounds) -> list[Record]:
+        fake_stint(book, rounds, clear, ran, sigma=0.2)(stint)
+        return []
+
+    monkeypatch.setattr(offload, "under_pressure", fake_pressure)
+    monkeypatch.setattr(offload, "pressure_plan", lambda lab, spec: object())
+    lab = SimpleNamespace(vllm=VllmInstall(("vllm",), "cuda", "PATH"), say=lambda _: None,
+                          settings=SimpleNamespace(labbook=str(book)))
+    spec = offload.OffloadSpec(part="pressure", repeat=5, rule=Sequential(5))
+    asyncio.run(offload.run(lab, spec))  # type: ignore[arg-type]
+    assert ran == [(0, 0), (1, 0), (1, 1), (0, 1)]
+    assert _rows(book)[-1].repeat_stop == "the interval excluded 1 after 2 rounds"
+
+
+def test_run_disagg_with_repeat_auto_stops_the_load_by_the_rule(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`kvlab run disagg --repeat auto`: the split (first) over the baseline at every level;
+    the load's rows go through the rule's writer (a fake load for the engines)."""
+    book = tmp_path / "labbook.md"
+    lab = SimpleNamespace(settings=SimpleNamespace(labbook=str(book)), say=lambda _: None,
+                          api_key=lambda: "")
+    spec = disagg.DisaggSpec(levels=(1, 4), repeat=5, rule=Sequential(5))
+    got = disagg._Measured(disagg._rounds(lab, spec))  # type: ignore[arg-type]
+
+    async def fake_load(load: Any, link: Any, labbook: str, write: Callable[[Record], object],
+                        api_key: str = "") -> tuple[object, object]:
+        rows = [run_row(book, load.label, level, lognormal(
+            10 * (load.repeat or 0) + level, 60, 0.02 if load.label == "baseline" else 0.2,
+            0.2), repeat=load.repeat, write=False, run_id=RUN) for level in spec.levels]
+        for row in rows:
+            write(row)
+        return object(), SimpleNamespace(rows=rows)
+
+    monkeypatch.setattr(disagg, "run_load", fake_load)
+    monkeypatch.setattr(disagg, "_load_spec", lambda lab, spec, label, url, where, repeat=None:
+                        SimpleNamespace(label=label, repeat=repeat))
+    monkeypatch.setattr(disagg, "_writer", lambda lab, roles, store="":
+                        lambda row: notebook.append(book, row) if isinstance(row, LoadRecord)
+                        else None)
+    sides = []
+    for stint in got.rounds.stints():
+        label = spec.label if stint.side == 0 else "baseline"
+        loads = disagg._loads(lab, spec, got, label, "", Where(),  # type: ignore[arg-type]
+                              None, (), stint)  # type: ignore[arg-type]
+        asyncio.run(loads)
+        sides.append(label)
+    assert sides == ["disagg", "baseline", "disagg"]
+    rows = _rows(book)
+    assert [(r.label, r.repeat) for r in rows[::2]] == [
+        ("disagg", 0), ("baseline", 0), ("baseline", 1), ("disagg", 1)]
+    assert rows[-1].repeat_stop == ("c=1: the interval excluded 1 after 2 rounds; "
+                                    "c=4: the interval excluded 1 after 2 rounds")

