@@ -17,11 +17,15 @@ from kvlab.engines.vllm.selection import VllmInstall
 from kvlab.experiments import disagg, offload
 from kvlab.experiments.repeats import Sequential, Stint, asked
 from kvlab.experiments.rounds import Rounds
+from kvlab.loadgen import topology
+from kvlab.measure import compare
 from kvlab.records import notebook
 from kvlab.records.evidence import Where
 from kvlab.records.models import LoadRecord, Record
 from kvlab.records.rows import PRESSURE_OFF, PRESSURE_ON
-from perrequest import lognormal, run_row
+from kvlab.report.offload import offload_table, tier_against_none
+from kvlab.report.pd import pd_table
+from perrequest import lognormal, run_row, where_fields
 
 OFF, ON = PRESSURE_OFF.label, PRESSURE_ON.label  # side 0 runs first, the ratio is on / off
 RUN = "20250101-000000"
@@ -29,7 +33,8 @@ RUN = "20250101-000000"
 
 def fake_stint(book: Path, rounds: Rounds, medians: Callable[[int, int], float],
                ran: list[tuple[int, int | None]], levels: tuple[int, ...] = (8,),
-               sigma: float = 0.4) -> Callable[[Stint], None]:
+               sigma: float = 0.4, labels: tuple[str, str] = (OFF, ON),
+               lab: str = notebook.LAB_OFFLOAD, **extra: Any) -> Callable[[Stint], None]:
     """One engine start's repeats, each a load row per level whose per-request file holds
     60 TTFTs around `medians(side, repeat)`, written through the rounds' writer."""
     write = rounds.writer(lambda row: notebook.append(book, row))
@@ -39,11 +44,11 @@ def fake_stint(book: Path, rounds: Rounds, medians: Callable[[int, int], float],
             ran.append((stint.side, repeat))
             seed = 1000 * stint.side + 10 * (repeat or 0)
             for level in levels:
-                write(run_row(book, (OFF, ON)[stint.side], level,
+                write(run_row(book, labels[stint.side], level,
                               lognormal(seed + level, 60, medians(stint.side, repeat or 0),
                                         sigma),
-                              repeat=repeat, lab=notebook.LAB_OFFLOAD, write=False,
-                              run_id=RUN))
+                              repeat=repeat, lab=lab,
+                              write=False, run_id=RUN, **extra))
 
     return measure
 
@@ -187,3 +192,44 @@ def test_run_disagg_with_repeat_auto_stops_the_load_by_the_rule(
         ("disagg", 0), ("baseline", 0), ("baseline", 1), ("disagg", 1)]
     assert rows[-1].repeat_stop == ("c=1: the interval excluded 1 after 2 rounds; "
                                     "c=4: the interval excluded 1 after 2 rounds")
+
+
+RULE = ("98.75% interval, sequential: stopped because the interval excluded 1 after 2 rounds; "
+        "the rule: after each round from 2 to 5, stop when the 98.75% interval (Bonferroni "
+        "over 4 looks: at least 95% over all) excludes 1 or is narrower than 1.2x")
+
+
+def test_the_offload_report_reads_the_run_at_its_rules_level_and_says_so(
+        tmp_path: Path) -> None:
+    book = tmp_path / "labbook.md"
+    rounds = sequential(book, 5)
+    for stint in rounds.stints():
+        fake_stint(book, rounds, clear, [], sigma=0.2)(stint)
+    read = notebook.read(book)
+    against = tier_against_none(read)
+    assert against is not None and against.ttft.confidence == pytest.approx(0.9875)
+    assert against.ttft.cell().endswith("] faster (98.75% interval)")
+    line = offload_table(read).lines[3]  # the tier on, under pressure
+    assert line.cells[3].startswith(against.ttft.cell()) and RULE in line.evidence
+
+
+def test_the_pd_report_and_compare_read_the_run_at_its_rules_level(tmp_path: Path) -> None:
+    book = tmp_path / "labbook.md"
+    rounds = Rounds(5, Sequential(5), book, top="disagg", bottom="baseline")
+    loop = where_fields(topology.loopback_split("shared", "test"))
+    for stint in rounds.stints():
+        fake_stint(book, rounds, lambda side, _: 0.02 if side else 0.2, [], (1, 4), 0.2,
+                   ("disagg", "baseline"), notebook.LAB_PD, **loop)(stint)
+    found = compare.compare(notebook.read(book).records, str(book), "disagg", "baseline")
+    assert "==> Ratios with 98.75% intervals (bootstrap over requests and repeats, seed 16)" \
+        in found.lines
+    assert found.record.interval_method is not None
+    assert found.record.interval_method.confidence == pytest.approx(0.9875)
+    notebook.append(book, found.record.model_copy(update=loop))
+    table = pd_table(notebook.read(book))
+    split = next(line for line in table.lines if line.name == "Two processes on one device")
+    against = next(e for e in split.evidence if e.startswith("TTFT p50 against the baseline"))
+    assert against.count("slower (98.75% interval)") == 2
+    assert RULE.replace("the interval excluded 1 after 2 rounds", "c=1: the interval excluded "
+                        "1 after 2 rounds; c=4: the interval excluded 1 after 2 rounds") \
+        in split.evidence

@@ -5,6 +5,7 @@ label wins; a figure that was not recorded is said in words, never "None"."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -12,7 +13,7 @@ from kvlab.core.sizes import human_bytes
 from kvlab.engines.base import NAMES as ENGINE_NAMES
 from kvlab.engines.base import LaunchSettings
 from kvlab.engines.registry import failure_meaning, known_engine
-from kvlab.measure import oracle
+from kvlab.measure import intervals, oracle
 from kvlab.records.base import Number
 from kvlab.records.evidence import LOOPBACK, Where
 from kvlab.records.models import (
@@ -102,6 +103,22 @@ def details_text(line: Line) -> str:
 
 def _md_cell(text: str) -> str:
     return text.replace("|", "/").replace("\n", " ")
+
+
+def sequential_words(records: Sequence[Record], row: LoadRecord, other: str) -> str | None:
+    """How a sequential run (`--repeat auto`) of `row`'s label against `other` chose its
+    repeats, and the level its intervals are read at: `98.75% interval, sequential:
+    stopped because ...; the rule: ...` (None: a run of a fixed count). The stop is on the
+    one row of the run it was decided on, whichever side and level that was."""
+    if row.repeat_confidence is None:
+        return None
+    stop = next((r.repeat_stop for r in reversed(records) if isinstance(r, LoadRecord)
+                 and r.run_id == row.run_id and r.label in (row.label, other)
+                 and r.repeat_stop), None)
+    why = f"stopped because {stop}" if stop else "no stop recorded (the run ended first)"
+    rule = (row.repeat_rule or "").removeprefix("sequential: ")
+    return (f"{intervals.level_words(row.repeat_confidence)} interval, sequential: {why}"
+            + (f"; the rule: {rule}" if rule else ""))
 
 
 def latest(book: Notebook, kind: type[R], label: str) -> R | None:

@@ -292,7 +292,8 @@ def _host_decision(a: LoadRecord, b: LoadRecord, level: int, why: str,
                                              f"concurrency {level}")
     r = iv.ratio if iv.measured and iv.ratio is not None else on_s / off_s
     figures = (f"TTFT p50 {num(on_s)} s with it against {num(off_s)} s without{pooled} (x{r:.2f}"
-               + (f", 95% interval {iv.low:.2f} to {iv.high:.2f}" if iv.measured else "")
+               + (f", {intervals.level_words(iv.confidence)} interval {iv.low:.2f} to "
+                  f"{iv.high:.2f}" if iv.measured else "")
                + f") at concurrency {level}, with the cache under pressure ({why})")
     served = a.metric_deltas.get("external_prefix_cache_hits")
     recall = f"; the tier served {float(served):,.0f} prompt tokens" if served else ""
@@ -538,6 +539,12 @@ def _figure(level: int, iv: intervals.Interval) -> str:
     return f"c={level} x{iv.ratio:.2f} [{iv.low:.2f}, {iv.high:.2f}]"
 
 
+def _level(found: list[tuple[int, intervals.Interval]]) -> str:
+    """The level the intervals were read at (95%, or a sequential run's)."""
+    return intervals.level_words(max((iv.confidence for _, iv in found),
+                                     default=intervals.CONFIDENCE))
+
+
 def _pd_decision(best: Judged, judged: list[Judged],
                  boundary: BoundaryRecord | None) -> Decision:
     c = best.group.comparison
@@ -552,7 +559,7 @@ def _pd_decision(best: Judged, judged: list[Judged],
     if not faster and not slower:
         return _undecided("pd", PD_Q, f"the best split measured, {_name(best.group)}, made no "
                                       f"measurable difference to first token at any level "
-                                      f"(95% intervals span 1: {ttft})")
+                                      f"({_level(best.ttft)} intervals span 1: {ttft})")
     if faster and not slower and not same:
         head = f"Use {_name(best.group)}: its TTFT p50 against the baseline was {ttft}"
     elif not faster:

@@ -1,7 +1,8 @@
 """The offload lab's six-row table: tiers off and on, quiet and under pressure, the shared
 store, and llama.cpp's disk tier. The tier-on row under pressure also carries its TTFT p50
 against the tier-off row's, with the 95% interval from the per-request files
-(`intervals.py`), or the point ratio and why there is no interval. A pressure row states
+(`intervals.py`; a `--repeat auto` run's at its rule's level, the rule and why it stopped in
+the evidence), or the point ratio and why there is no interval. A pressure row states
 `measure/pressure.py`'s judgement of its run first (the one `kvlab compare` gives); a run
 judged quiet shows no figures there. A pressure row run as user sessions also states the
 returning turns and how many came back after eviction, the measured working set, the device
@@ -53,6 +54,7 @@ from kvlab.report.common import (
     oracle_words,
     pct,
     said,
+    sequential_words,
     startup_of,
 )
 from kvlab.report.turns import median_interval, p50, turns
@@ -77,6 +79,8 @@ def offload_table(book: Notebook, more: Sequence[Line] = ()) -> Table:
             line.cells[3] = f"{against.ttft.cell()} (TTFT p50 against the tier off, " \
                 f"c={against.level})"
             line.verdict = tier_verdict(against.ttft) or line.verdict
+            if rule := sequential_words(book.records, against.on, against.off.label):
+                line.evidence.append(rule)
         table.lines.append(line)
     table.lines.append(reuse_row(book, SHARED_STORE, alternating=True))
     table.lines.append(_disk_row(book))

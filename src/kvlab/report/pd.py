@@ -3,7 +3,8 @@ the split on one device (loopback), and llama-server's slot interference. Split 
 placed by the connector and topology they recorded (`placement.py`); a run that matches no
 row of the lab's table gets a row of its own that says what was recorded, "unknown" included.
 A split's TTFT against the baseline, and the interference row's 4 slots against 1, carry their
-95% intervals from the per-request files (`intervals.py`), or the point ratio and "no interval"
+95% intervals from the per-request files (`intervals.py`; a `--repeat auto` run's at its rule's
+level, the rule and why it stopped in the evidence), or the point ratio and "no interval"
 with the reason. The baseline and each split also state their capacity at the latency target
 (the highest request rate that met it), where a `capacity` line was recorded. A split's TTFT
 is also taken apart into prefill, hand-over, decode, proxy and the wire between client and
@@ -45,6 +46,7 @@ from kvlab.report.common import (
     missing,
     num,
     oracle_words,
+    sequential_words,
 )
 from kvlab.report.offload import capacity_words
 from kvlab.report.placement import Group, split_groups, take
@@ -157,10 +159,11 @@ def _split_row(book: Notebook, row: Row, name: str, link: str | None, group: Gro
     else:
         link_cell = f"{link} (recorded: {recorded})"
     against = _against_baseline(book, group)
+    rule = sequential_words(book.records, group.rows[-1], BASELINE.label) if against else None
     evidence = [group.where(), *_row_evidence(group.rows, [group.link] if group.link else [],
                                               group.comparison),
                 *(["TTFT p50 against the baseline: " + ", ".join(against)] if against else []),
-                capacity_words(book, group.label)]
+                *([rule] if rule else []), capacity_words(book, group.label)]
     bytes_cell, crossed = _bytes_cell(group.comparison)
     verdict = crossed or _ok_word(group.rows)
     return Line(name, link_cell, [*_figures(group.rows), bytes_cell,

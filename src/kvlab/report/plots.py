@@ -265,11 +265,13 @@ def _p50(p: Percentiles | None) -> float | None:
 
 def _ratio_panel(ax: Axes, book: Notebook, base: str, other: str,
                  where: dict[int, int]) -> str:
-    """TTFT p50 other / base by level, each with its 95% interval as an error bar; the
-    answer in words."""
+    """TTFT p50 other / base by level, each with its interval (95%, or a sequential run's
+    level) as an error bar; the answer in words."""
     a, b = compare.paired_rows(book.records, other, base)
     found = intervals.pair_levels(book.path, book.records, a, b, (intervals.BY_KEY["ttft_p50"],))
-    ax.set(ylabel=f"TTFT p50, {other} / {base}", title="TTFT p50 ratio, 95% interval")
+    level = max((m["ttft_p50"].confidence for m in found.values()), default=intervals.CONFIDENCE)
+    ax.set(ylabel=f"TTFT p50, {other} / {base}",
+           title=f"TTFT p50 ratio, {intervals.level_words(level)} interval")
     ax.axhline(1.0, color="#999999", linewidth=1)
     with_bars = [(lv, m["ttft_p50"]) for lv, m in found.items() if m["ttft_p50"].measured]
     points = [(lv, point) for lv, m in found.items()
