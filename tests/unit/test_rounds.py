@@ -23,6 +23,7 @@ from kvlab.records import notebook
 from kvlab.records.evidence import Where
 from kvlab.records.models import LoadRecord, Record
 from kvlab.records.rows import PRESSURE_OFF, PRESSURE_ON
+from kvlab.report import export
 from kvlab.report.offload import offload_table, tier_against_none
 from kvlab.report.pd import pd_table
 from perrequest import lognormal, run_row, where_fields
@@ -226,6 +227,8 @@ def test_the_pd_report_and_compare_read_the_run_at_its_rules_level(tmp_path: Pat
     assert found.record.interval_method is not None
     assert found.record.interval_method.confidence == pytest.approx(0.9875)
     notebook.append(book, found.record.model_copy(update=loop))
+    spans = [row for row in export.interval_rows(notebook.read(book)) if row[0] == "disagg"]
+    assert {row[-1] for row in spans if row[3] == "ttft_p50"} == {0.9875}
     table = pd_table(notebook.read(book))
     split = next(line for line in table.lines if line.name == "Two processes on one device")
     against = next(e for e in split.evidence if e.startswith("TTFT p50 against the baseline"))

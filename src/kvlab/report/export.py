@@ -3,7 +3,8 @@
 Written with the csv module, one file per table: each table of the report (its title made a
 file name, its columns the header), the decisions (lab, question, answer, decided), and the
 ratios with their 95% intervals (`intervals.csv`: every pair the plots draw, and each split
-run against the baseline). Then one file per run with per-request data,
+run against the baseline; `confidence` says the level, a `--repeat auto` run's its rule's).
+Then one file per run with per-request data,
 `requests-LABEL-cLEVEL[-rREPEAT].csv`: `label`, `level` and `repeat` columns, then every field
 of the request lines, warm-up and failed requests included (their `warmup` and `status` say
 so), inter-token gaps flattened to `itl_n`, `itl_p50_s`, `itl_p99_s`, `itl_max_s` and kvlab's
@@ -32,7 +33,7 @@ from kvlab.report.placement import split_groups
 from kvlab.report.plots import LOAD_PAIRS
 
 INTERVAL_COLUMNS = ["label_a", "label_b", "concurrency", "metric", "ratio", "low", "high",
-                    "words", "requests_a", "requests_b", "repeats_a", "repeats_b"]
+                    "words", "requests_a", "requests_b", "repeats_a", "repeats_b", "confidence"]
 ITL_COLUMNS = {"n": "itl_n", "p50": "itl_p50_s", "p99": "itl_p99_s", "max": "itl_max_s"}
 TIMELINE_COLUMNS = {k: f"timeline_{k}" for k in requests.ProxyTimeline.model_fields}
 Cell = str | int | float | bool | None  # one CSV cell: None is written empty
@@ -96,7 +97,8 @@ def interval_rows(book: Notebook) -> list[list[Cell]]:
                 row = iv.as_record()
                 out.append([a_label, b_label, level, key, row.ratio, row.low, row.high,
                             iv.words, *(iv.requests or (None, None)),
-                            *(iv.repeats or (None, None))])
+                            *(iv.repeats or (None, None)),
+                            iv.confidence if iv.measured else None])
     return out
 
 
