@@ -96,3 +96,30 @@ def test_stop_strays_stops_a_recorded_group(tmp_path: Path) -> None:
         assert child.wait(timeout=5) is not None
     assert not list(pids.glob("*.json"))
     assert os.getpgid(os.getpid()) != child.pid
+
+
+def test_free_port_never_hands_out_the_same_port_twice(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found in CI: two vLLM plans made back to back got the same port from the kernel, both
+    'started', and each one's readiness probe was answered by the other."""
+    offered = iter([41001, 41001, 41001, 41002])
+
+    class Kernel:
+        def __init__(self, *_: object) -> None:
+            self.port = next(offered)
+
+        def __enter__(self) -> Kernel:
+            return self
+
+        def __exit__(self, *_: object) -> None:
+            return None
+
+        def bind(self, _: object) -> None:
+            return None
+
+        def getsockname(self) -> tuple[str, int]:
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(process.socket, "socket", Kernel)
+    monkeypatch.setattr(process, "_GIVEN", set())
+    assert [process.free_port(), process.free_port()] == [41001, 41002]
