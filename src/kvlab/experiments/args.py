@@ -25,6 +25,8 @@ from kvlab.records.base import LAB_OFFLOAD
 from kvlab.records.rows import SPLIT
 
 WORKING_SET = "working-set"  # `run offload --tier-gb`: a tier sized to hold the working set
+# kvlab.proxy.legs.BALANCES, spelled here so that `kvlab --help` imports no proxy
+Balance = Literal["round-robin", "least-outstanding", "prefix-affinity", "conversation-affinity"]
 
 if TYPE_CHECKING:
     from kvlab.cluster.placement import Placement
@@ -427,6 +429,10 @@ class DisaggArgs(PlannedArgs):
     proxy_node: str | None = Field(None, description="On the cluster, kvlab's proxy on this "
                                    "node (default: where kvlab runs).",
                                    json_schema_extra={"metavar": "NAME"})
+    balance: Balance = Field("round-robin", description="How kvlab's proxy picks among several "
+                             "prefill or decode engines (PREFILL_HOSTS, DECODE_HOSTS): in turn, "
+                             "the fewest in flight, or by affinity (the prompt's leading "
+                             "blocks, or its conversation).")
 
     def proxy(self) -> str | None:
         return self.proxy_node
@@ -441,7 +447,8 @@ class DisaggArgs(PlannedArgs):
                           max_tokens=s.max_tokens, preamble_tokens=s.preamble_tokens,
                           prompt_set=s.prompt_set, link_gbps=self.link_gbps,
                           parts=self.parts(), capacity=capacity_ask(self.slo),
-                          repeat=self.repeat, label=split_label(self.label))
+                          repeat=self.repeat, label=split_label(self.label),
+                          balance=self.balance)
         b, c = spec.boundary, spec.cancel
         lengths = ints("--lengths", self.lengths)
         levels = ints("--boundary-concurrency", self.boundary_concurrency)
