@@ -462,3 +462,14 @@ def test_each_leg_of_a_split_has_its_requests_and_bytes() -> None:
     # every decode leg counts in what decode computed itself: 100 of 500 prompt tokens
     assert compare._decode_computed_share(link) == pytest.approx(0.2)
     assert startup.lab_for("decode-2") == LAB == startup.lab_for("prefill")
+
+
+def test_run_all_on_xpyd_runs_the_split_under_load_only(tmp_path: Path) -> None:
+    from kvlab.experiments import everything
+    from kvlab.experiments.lab import Lab
+
+    lab = _xpyd_lab(tmp_path)
+    spec = everything.specs(lab, everything.AllSpec.quick("mixed"))["disagg"]
+    assert spec.parts == ("load",)  # type: ignore[attr-defined]
+    one = everything.specs(Lab(Settings()), everything.AllSpec.quick("mixed"))["disagg"]
+    assert one.parts == ("load", "cancel", "boundary")  # type: ignore[attr-defined]
