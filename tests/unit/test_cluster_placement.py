@@ -456,6 +456,10 @@ def test_each_leg_of_a_split_has_its_requests_and_bytes() -> None:
                                ("decode", 4, 4000, 3840, "loaded_tokens"),
                                ("decode-2", 1, 1000, 160, "loaded_tokens")]
     assert legs[0].node == "pre [0c9ff01a]" and legs[1].node is None
+    assert leg_bytes.line(legs[0]) == ("leg prefill on pre [0c9ff01a]: 3 requests; KV "
+                                       "predicted 3.00 KB, moved none counted by it")
+    assert leg_bytes.line(legs[3]).endswith("1 requests; KV predicted 1.00 KB, moved 160 B by "
+                                            "loaded_tokens")
     link.per_leg = legs
     assert LinkRecord.model_validate_json(link.model_dump_json()).per_leg == legs
     assert LinkRecord(label="x", lab=LAB).per_leg is None  # older lines read as before

@@ -331,6 +331,8 @@ def _with_legs(lab: Lab, write: Callable[[Record], object],
             nodes = {role: lab.cluster.node_facts(role).node if lab.cluster else None
                      for role in line.legs}
             line.per_leg = leg_bytes.per_leg(line, prediction, nodes)
+            for leg in line.per_leg:
+                lab.say("    " + leg_bytes.line(leg))
         return write(line)
 
     return wrapped

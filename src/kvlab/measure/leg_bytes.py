@@ -6,6 +6,7 @@ decodes (XpYd) this is what says each leg was used and what crossed it."""
 
 from __future__ import annotations
 
+from kvlab.core.sizes import human_bytes
 from kvlab.records.base import Deltas
 from kvlab.records.load import LegFigures, LinkRecord
 from kvlab.records.runs import PredictionRecord
@@ -37,6 +38,16 @@ def _leg(link: LinkRecord, role: str, url: str, prediction: PredictionRecord | N
     elif loaded is not None and per_token:
         leg.observed_bytes, leg.observed_from = round(loaded * per_token, 1), "loaded_tokens"
     return leg
+
+
+def line(leg: LegFigures) -> str:
+    """One leg in words: where, how many requests its counters saw, its KV bytes."""
+    where = f" on {leg.node}" if leg.node else ""
+    served = "no request counter" if leg.requests is None else f"{leg.requests:.0f} requests"
+    predicted = human_bytes(leg.predicted_bytes) if leg.predicted_bytes else "not predicted"
+    moved = (f"{human_bytes(leg.observed_bytes)} by {leg.observed_from}"
+             if leg.observed_bytes is not None else "none counted by it")
+    return f"leg {leg.role}{where}: {served}; KV predicted {predicted}, moved {moved}"
 
 
 def _number(value: object) -> float | None:
