@@ -306,3 +306,174 @@ async def test_run_all_on_a_node_records_the_disk_tier_as_not_run_there(tmp_path
     assert written[0].reason == everything.NOT_PLACED
     assert lab.outcomes["disk"]["not_run"] == everything.NOT_PLACED
     assert notebook.read(book).records[0].label == written[0].label
+
+
+C = Node("c1c1c1c1c1c1c1c1c1c1c1c1", "10.0.0.3", "node-c")
+D = Node("d4d4d4d4d4d4d4d4d4d4d4d4", "10.0.0.4", "node-d")
+XPYD = Settings(prefill_hosts="pre,node-c", decode_hosts="node-b,node-d")
+
+
+def test_xpyd_places_one_engine_per_listed_node() -> None:
+    where = placement.from_options(XPYD, "head:6379", environ={})
+    assert where.counts() == (2, 2)
+    assert where.split_roles() == ("prefill", "prefill-2", "decode", "decode-2")
+    assert [where.target(r) for r in (*where.split_roles(), "baseline")] == [
+        ("PREFILL_HOSTS", "pre"), ("PREFILL_HOSTS", "node-c"), ("DECODE_HOSTS", "node-b"),
+        ("DECODE_HOSTS", "node-d"), ("DECODE_HOSTS", "node-b")]  # the baseline: the first
+    assert where.targets() == [("PREFILL_HOSTS", "pre"), ("PREFILL_HOSTS", "node-c"),
+                               ("DECODE_HOSTS", "node-b"), ("DECODE_HOSTS", "node-d")]
+    # the single names keep working, as one of each; this machine runs one of each
+    single = placement.from_options(Settings(prefill_host="pre", decode_host="node-b"),
+                                    "head:6379", environ={})
+    assert (single.split_roles(), single.targets()) == (
+        ("prefill", "decode"), [("PREFILL_HOST", "pre"), ("DECODE_HOST", "node-b")])
+    assert placement.from_options(XPYD, environ={}).counts() == (1, 1)
+    one_list = placement.from_options(Settings(prefill_hosts="pre", decode_host="node-b"),
+                                      "head:6379", environ={})
+    assert one_list.targets() == [("PREFILL_HOSTS", "pre"), ("DECODE_HOST", "node-b")]
+
+
+def test_a_listed_name_matching_no_node_is_refused_naming_the_list() -> None:
+    where = placement.from_options(Settings(prefill_hosts="pre,node-z", decode_hosts="node-b"),
+                                   "10.0.0.1:6379", environ={})
+    with pytest.raises(RefusedError) as caught:
+        for target in where.targets():
+            nodes.resolve(*target, [A, B, C, D], where.cluster, _lookup({}))
+    message = str(caught.value)
+    assert message.startswith("PREFILL_HOSTS=node-z matches no node of the Ray cluster at "
+                              "10.0.0.1:6379; its nodes: node-a.home.arpa 10.0.0.1")
+    assert "node-d 10.0.0.4 [d4d4d4d4]" in message and "\n" not in message
+
+
+def _xpyd_lab(tmp_path: Path, **settings: Any) -> Any:
+    from kvlab.cluster.survey import Survey
+    from kvlab.experiments.lab import Lab
+
+    s = Settings(kv_shared_path=str(tmp_path / "mnt"), labbook=str(tmp_path / "book"),
+                 prefill_hosts="pre,node-c", decode_hosts="node-b,node-d", **settings)
+    where = placement.from_options(s, "10.0.0.1:6379", environ={})
+    listed = [A, B, C, D]
+    survey = Survey(where, tuple(listed), {t: nodes.resolve(*t, listed, where.cluster,
+                                                            _lookup({}))
+                                           for t in where.targets()})
+    return Lab(s, run_id="<run id>", placement=where, survey=survey)
+
+
+def test_an_xpyd_dry_run_places_every_engine_and_gives_the_proxy_every_leg(
+        tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from kvlab.experiments import disagg
+    from kvlab.report import console
+
+    found = disagg.dry_run(_xpyd_lab(tmp_path), disagg.DisaggSpec(balance="least-outstanding"))
+    plans = {str(p["label"]): p for p in found}
+    assert list(plans) == ["placement", "prefill", "prefill-2", "decode", "decode-2", "proxy",
+                           "baseline", "disagg-two-machines", "disagg-nixl"]
+    at = {label: str(plans[label]["node"]) for label in list(plans)[1:7]}
+    assert at == {"prefill": "pre [0c9ff01a] at 10.0.0.1",
+                  "prefill-2": "node-c [c1c1c1c1] at 10.0.0.3",
+                  "decode": "node-b [83f2f3dc] at 10.0.0.2",
+                  "decode-2": "node-d [d4d4d4d4] at 10.0.0.4",
+                  "proxy": "where kvlab runs", "baseline": "node-b [83f2f3dc] at 10.0.0.2"}
+    argv = plans["proxy"]["plan"]["argv"]  # type: ignore[index]
+    legs = [(argv[i], argv[i + 1].split(":")[1]) for i, a in enumerate(argv)
+            if a in ("--prefill", "--decode")]
+    assert legs == [("--prefill", "//10.0.0.1"), ("--prefill", "//10.0.0.3"),
+                    ("--decode", "//10.0.0.2"), ("--decode", "//10.0.0.4")]
+    assert argv[argv.index("--balance") + 1] == "least-outstanding"
+    for label in ("prefill-2", "decode-2"):  # each its side's engine, on its own node
+        assert plans[label]["plan"]["role"] == label  # type: ignore[index]
+        assert "--kv-transfer-config" in str(plans[label]["shell"])
+    where = plans["placement"]["placement"]
+    assert isinstance(where, placement.DryPlacement)
+    assert [r.role for r in where.roles] == ["prefill", "prefill-2", "decode", "decode-2",
+                                             "proxy", "baseline"]
+    assert where.roles[1].named_by == "PREFILL_HOSTS=node-c: its host name"
+    assert len(where.store_seen_by) == 4
+    out = Console(file=io.StringIO(), width=300)
+    console.plans(out, found)
+    text = out.file.getvalue()  # type: ignore[attr-defined]
+    assert "    prefill-2 node-c [c1c1c1c1] at 10.0.0.3, http://10.0.0.3:" in text
+    assert "    decode-2  node-d [d4d4d4d4] at 10.0.0.4, http://10.0.0.4:" in text
+
+
+def test_xpyd_prefix_affinity_gives_the_proxy_the_tokenizer(tmp_path: Path) -> None:
+    from kvlab.experiments import disagg
+
+    found = disagg.dry_run(_xpyd_lab(tmp_path, small_model="/models/tiny"),
+                           disagg.DisaggSpec(balance="prefix-affinity"))
+    argv = next(p for p in found if p["label"] == "proxy")["plan"]["argv"]  # type: ignore[index]
+    assert argv[argv.index("--tokenizer") + 1] == "/models/tiny"
+    assert argv[argv.index("--block-tokens") + 1].isdigit()
+
+
+def test_xpyd_runs_the_load_part_only(tmp_path: Path) -> None:
+    from kvlab.experiments import disagg
+
+    with pytest.raises(SettingError, match=r"^--part cancel and --part boundary run on one "
+                       "prefill and one decode"):
+        disagg.dry_run(_xpyd_lab(tmp_path), disagg.DisaggSpec(parts=("load", "cancel")))
+
+
+def test_the_disagg_balance_choices_are_the_proxys() -> None:
+    from typing import get_args
+
+    from kvlab.experiments.args import Balance
+    from kvlab.proxy.legs import BALANCES
+
+    assert get_args(Balance) == BALANCES
+
+
+def test_each_leg_of_a_split_has_its_requests_and_bytes() -> None:
+    from kvlab.engines import startup
+    from kvlab.measure import compare, leg_bytes
+    from kvlab.records.models import LinkRecord
+    from kvlab.records.runs import PredictionRecord
+
+    urls = {r: f"http://10.0.0.{i}:8000/metrics"
+            for i, r in enumerate(("prefill", "prefill-2", "decode", "decode-2"), 1)}
+    deltas = {urls["prefill"]: {"requests_succeeded": 3, "prompt_tokens": 300,
+                                "prompt_tokens_local_compute": 300},
+              urls["prefill-2"]: {"requests_succeeded": 2, "prompt_tokens": 200,
+                                  "prompt_tokens_local_compute": 200},
+              urls["decode"]: {"requests_succeeded": 4, "prompt_tokens": 400,
+                               "prompt_tokens_local_compute": 16,
+                               "prompt_tokens_external_kv_transfer": 384},
+              urls["decode-2"]: {"requests_succeeded": 1, "prompt_tokens": 100,
+                                 "prompt_tokens_local_compute": 84,
+                                 "prompt_tokens_external_kv_transfer": 16}}
+    link = LinkRecord(label="disagg", lab=LAB, legs=urls, metric_deltas=deltas,
+                      connector="shared")
+    prediction = PredictionRecord(label="prediction", lab=LAB, bytes_per_token=10.0,
+                                  prompt_tokens=100, payload_bytes=1000.0)
+    legs = leg_bytes.per_leg(link, prediction, {"prefill": "pre [0c9ff01a]"})
+    assert [(g.role, g.requests, g.predicted_bytes, g.observed_bytes, g.observed_from)
+            for g in legs] == [("prefill", 3, 3000, None, None),
+                               ("prefill-2", 2, 2000, None, None),
+                               ("decode", 4, 4000, 3840, "loaded_tokens"),
+                               ("decode-2", 1, 1000, 160, "loaded_tokens")]
+    assert legs[0].node == "pre [0c9ff01a]" and legs[1].node is None
+    assert leg_bytes.line(legs[0]) == ("leg prefill on pre [0c9ff01a]: 3 requests; KV "
+                                       "predicted 3.00 KB, moved none counted by it")
+    assert leg_bytes.line(legs[3]).endswith("1 requests; KV predicted 1.00 KB, moved 160 B by "
+                                            "loaded_tokens")
+    link.per_leg = legs
+    assert LinkRecord.model_validate_json(link.model_dump_json()).per_leg == legs
+    assert LinkRecord(label="x", lab=LAB).per_leg is None  # older lines read as before
+    # every decode leg counts in what decode computed itself: 100 of 500 prompt tokens
+    assert compare._decode_computed_share(link) == pytest.approx(0.2)
+    assert startup.lab_for("decode-2") == LAB == startup.lab_for("prefill")
+
+
+def test_run_all_on_xpyd_runs_the_split_under_load_only(tmp_path: Path) -> None:
+    from kvlab.experiments import everything
+    from kvlab.experiments.lab import Lab
+
+    lab = _xpyd_lab(tmp_path)
+    spec = everything.specs(lab, everything.AllSpec.quick("mixed"))["disagg"]
+    assert spec.parts == ("load",)  # type: ignore[attr-defined]
+    one = everything.specs(Lab(Settings()), everything.AllSpec.quick("mixed"))["disagg"]
+    assert one.parts == ("load", "cancel", "boundary")  # type: ignore[attr-defined]

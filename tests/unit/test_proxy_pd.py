@@ -136,6 +136,10 @@ def test_config_from_settings_follows_the_seed(monkeypatch: pytest.MonkeyPatch) 
     assert config.port == 9000 and config.prefill_timeout_s == 7
     assert config.api_key == "s3cret-value"
     assert "s3cret" not in repr(config) and "s3cret" not in repr(config.summary())
+    xpyd = Settings(prefill_hosts="node-a,node-c", decode_hosts="node-b,node-d")
+    config = ProxyConfig.from_settings(xpyd)  # every listed node, at the role's port
+    assert config.urls == {"prefill": ["http://node-a:8100", "http://node-c:8100"],
+                           "decode": ["http://node-b:8200", "http://node-d:8200"]}
 
 
 def test_an_empty_key_variable_fails_closed(monkeypatch: pytest.MonkeyPatch) -> None:

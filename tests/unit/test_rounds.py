@@ -177,7 +177,7 @@ def test_run_disagg_with_repeat_auto_stops_the_load_by_the_rule(
     monkeypatch.setattr(disagg, "run_load", fake_load)
     monkeypatch.setattr(disagg, "_load_spec", lambda lab, spec, label, url, where, repeat=None:
                         SimpleNamespace(label=label, repeat=repeat))
-    monkeypatch.setattr(disagg, "_writer", lambda lab, roles, store="":
+    monkeypatch.setattr(disagg, "_writer", lambda lab, roles, store="", prediction=None:
                         lambda row: notebook.append(book, row) if isinstance(row, LoadRecord)
                         else None)
     sides = []

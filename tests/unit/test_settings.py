@@ -136,6 +136,37 @@ def test_concurrency_parses_the_seed_form(monkeypatch: pytest.MonkeyPatch) -> No
     assert load_settings().values.concurrency == (2, 16, 64)
 
 
+def test_host_lists_parse_and_the_single_names_keep_working(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PREFILL_HOSTS", " node-a, node-c ,")
+    monkeypatch.setenv("DECODE_HOST", "node-b")
+    s = load_settings().values
+    assert s.prefill_hosts == "node-a,node-c"
+    assert (s.hosts("prefill"), s.hosts("decode")) == (("node-a", "node-c"), ("node-b",))
+    assert load_settings(overrides={"prefill_hosts": "", "decode_host": ""}).values.hosts(
+        "decode") == ()
+    # the same node in both forms is no conflict
+    monkeypatch.setenv("DECODE_HOSTS", "node-b")
+    assert load_settings().values.hosts("decode") == ("node-b",)
+
+
+def test_a_single_host_and_a_list_that_differ_are_one_refusal_naming_both(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PREFILL_HOST", "node-a")
+    monkeypatch.setenv("PREFILL_HOSTS", "node-a,node-c")
+    with pytest.raises(SettingError) as caught:
+        load_settings()
+    message = str(caught.value)
+    assert message == ("PREFILL_HOST=node-a and PREFILL_HOSTS=node-a,node-c name different "
+                       "prefill nodes: set PREFILL_HOSTS alone (every prefill node) or "
+                       "PREFILL_HOST alone (one)")
+    monkeypatch.delenv("PREFILL_HOST")
+    monkeypatch.setenv("DECODE_HOSTS", "node-b,node-b")
+    with pytest.raises(SettingError, match=r"^DECODE_HOSTS='node-b,node-b' \(from environment\) "
+                       r"is invalid: lists node-b more than once"):
+        load_settings()
+
+
 def test_secret_is_masked_and_never_shown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_TOKEN", "hf_supersecret")
     loaded = load_settings()

@@ -37,9 +37,10 @@ from kvlab.proxy.pd import CONNECTORS
 @click.command("proxy")
 @click.option("--prefill", multiple=True, metavar="URL",
               help="A prefill engine, host:port or http://host:port; repeat for several "
-                   "(default PREFILL_HOST:PREFILL_PORT).")
+                   "(default each PREFILL_HOSTS name, else PREFILL_HOST, at PREFILL_PORT).")
 @click.option("--decode", multiple=True, metavar="URL",
-              help="A decode engine; repeat for several (default DECODE_HOST:DECODE_PORT).")
+              help="A decode engine; repeat for several (default each DECODE_HOSTS name, "
+                   "else DECODE_HOST, at DECODE_PORT).")
 @click.option("--replica", multiple=True, metavar="URL",
               help="A plain replica (no prefill leg: each request served whole by one); "
                    "repeat for several. Replaces --prefill and --decode.")

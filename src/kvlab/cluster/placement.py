@@ -8,7 +8,10 @@ A `Placement` is data, read from the settings and flags before anything starts:
   GPU box, driven from a laptop);
 - a cluster and PREFILL_HOST / DECODE_HOST: the prefill side (`prefill`, `shared-a`) on
   PREFILL_HOST's node and every other engine (decode, the baseline, as the seed's
-  serve-decode.sh serves it) on DECODE_HOST's node.
+  serve-decode.sh serves it) on DECODE_HOST's node;
+- a cluster and PREFILL_HOSTS / DECODE_HOSTS (XpYd): one prefill engine per listed prefill
+  node (`prefill`, `prefill-2`, ...: `records.rows.leg_role`) and one decode engine per listed
+  decode node, the baseline on the first decode node.
 
 kvlab's proxy and its load generator run where kvlab runs, unless `--proxy-node NAME` puts the
 proxy on a node. Which node a name means is decided against the live cluster (`nodes.py`);
@@ -28,6 +31,7 @@ from kvlab.core.errors import SettingError
 from kvlab.core.settings import Settings
 from kvlab.engines.plan import EnginePlan, Flag
 from kvlab.engines.registry import known_engine
+from kvlab.records.rows import leg_of, leg_roles
 
 RAY_ADDRESS = "RAY_ADDRESS"  # Ray's own variable naming the cluster to join
 PREFILL_SIDE = ("prefill", "shared-a")
@@ -46,10 +50,29 @@ class Placement:
     prefill_host: str = ""
     decode_host: str = ""
     proxy_node: str = ""
+    prefill_hosts: tuple[str, ...] = ()  # PREFILL_HOSTS: one prefill engine on each
+    decode_hosts: tuple[str, ...] = ()  # DECODE_HOSTS: one decode engine on each
 
     @property
     def remote(self) -> bool:
         return bool(self.cluster)
+
+    def side(self, side: str) -> tuple[str, tuple[str, ...]]:
+        """The setting naming `side`'s nodes (prefill, decode) and the names it gives."""
+        many: tuple[str, ...] = getattr(self, f"{side}_hosts")
+        if many:
+            return f"{side.upper()}_HOSTS", many
+        return f"{side.upper()}_HOST", (getattr(self, f"{side}_host"),)
+
+    def counts(self) -> tuple[int, int]:
+        """How many prefill and decode engines the split runs (one each on this machine)."""
+        if not self.remote:
+            return 1, 1
+        return len(self.side("prefill")[1]), len(self.side("decode")[1])
+
+    def split_roles(self) -> tuple[str, ...]:
+        """The split's engine roles: every prefill, then every decode."""
+        return leg_roles(*self.counts())
 
     def target(self, role: str) -> tuple[str, str] | None:
         """(setting, name) of the node `role` goes to; None: where kvlab runs."""
@@ -59,13 +82,13 @@ class Placement:
             return ("--proxy-node", self.proxy_node) if self.proxy_node else None
         if self.node:
             return "--node", self.node
-        if role in PREFILL_SIDE:
-            return "PREFILL_HOST", self.prefill_host
-        return "DECODE_HOST", self.decode_host
+        side, index = leg_of(role)
+        setting, names = self.side("prefill" if side in PREFILL_SIDE else "decode")
+        return setting, names[index]
 
     def targets(self) -> list[tuple[str, str]]:
         """Every (setting, name) this placement names, once each."""
-        roles = ("prefill", "decode", PROXY)
+        roles = (*self.split_roles(), PROXY)
         found = [t for t in (self.target(r) for r in roles) if t is not None]
         return list(dict.fromkeys(found))
 
@@ -73,7 +96,7 @@ class Placement:
         if not self.remote:
             return {"placement": "local"}
         roles = {r: (t[1] if (t := self.target(r)) else "where kvlab runs")
-                 for r in ("prefill", "decode", "baseline", PROXY)}
+                 for r in (*self.split_roles(), "baseline", PROXY)}
         return {"placement": "ray", "cluster": self.cluster, "from": self.origin,
                 "roles": roles}
 
@@ -120,14 +143,20 @@ def from_options(settings: Settings, cluster: str | None = None, node: str | Non
                                "--cluster ADDRESS or set RAY_ADDRESS (kvlab joins a running "
                                "cluster; it never starts one)")
         return LOCAL
-    if not node and not (settings.prefill_host and settings.decode_host):
+    if not node and not (settings.hosts("prefill") and settings.hosts("decode")):
         raise SettingError(
             "a cluster run places prefill on PREFILL_HOST's node and decode on DECODE_HOST's: "
-            "set both (a node's address, host name or kvlab-host label), or pass --node NAME "
-            "to place every engine on one node")
+            "set both (a node's address, host name or kvlab-host label; PREFILL_HOSTS and "
+            "DECODE_HOSTS list several), or pass --node NAME to place every engine on one node")
     return Placement(cluster=address, origin=origin, node=node or "",
                      prefill_host=settings.prefill_host, decode_host=settings.decode_host,
-                     proxy_node=proxy_node or "")
+                     proxy_node=proxy_node or "",
+                     prefill_hosts=_listed(settings.prefill_hosts),
+                     decode_hosts=_listed(settings.decode_hosts))
+
+
+def _listed(value: str) -> tuple[str, ...]:
+    return tuple(value.split(",")) if value else ()
 
 
 def on_node(plan: EnginePlan, address: str, port: int) -> EnginePlan:

@@ -122,7 +122,7 @@ class ClusterSession:
         for placed in self.by_name.values():
             placed.facts = facts[placed.resolved.node.node_id]
             self._check_node(placed)
-        for role in ("prefill", "decode", "proxy"):
+        for role in (*self.placement.split_roles(), "proxy"):
             if (p := self.where(role)) is not None:
                 self.say(f"    {role}: node {p.name} at {p.address} "
                          f"({p.resolved.setting}={p.resolved.name})")

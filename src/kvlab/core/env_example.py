@@ -6,7 +6,8 @@ from __future__ import annotations
 from kvlab.core.settings import SCRIPT_SWITCHES, SECRET_FIELDS, Settings, shown_value
 
 _GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("the two machines", ("prefill_host", "decode_host", "side_channel_addr",
+    ("the two machines", ("prefill_host", "decode_host", "prefill_hosts", "decode_hosts",
+                          "side_channel_addr",
                           "prefill_side_channel_port", "decode_side_channel_port",
                           "cluster_iface", "prefill_devices", "decode_devices")),
     ("the connector", ("connector", "kv_shared_path")),

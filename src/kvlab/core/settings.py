@@ -26,7 +26,7 @@ from typing import Annotated, Any, Literal
 
 from dotenv.main import resolve_variables
 from dotenv.parser import Binding, parse_stream
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from kvlab.core.errors import SettingError
@@ -62,6 +62,11 @@ class Settings(BaseSettings):
     # the two machines
     prefill_host: str = Field("", description="Name of the prefill machine; empty = loopback.")
     decode_host: str = Field("", description="Name of the decode machine; empty = loopback.")
+    # XpYd on a Ray cluster: the list forms, one engine per name (the single names stay valid)
+    prefill_hosts: str = Field("", description="Prefill machines, comma-separated: one prefill "
+                               "engine on each (a Ray cluster run); empty = PREFILL_HOST.")
+    decode_hosts: str = Field("", description="Decode machines, comma-separated: one decode "
+                              "engine on each, the baseline on the first; empty = DECODE_HOST.")
     side_channel_addr: str = Field(
         "", description="Address THIS machine advertises for the connector handshake (nixl)."
     )
@@ -198,6 +203,32 @@ class Settings(BaseSettings):
         if not all(p.isdigit() or _GPU_UUID.match(p) for p in parts):
             raise ValueError("must be GPU indices or UUIDs separated by commas, e.g. 0 or 1,2")
         return ",".join(parts)
+
+    @field_validator("prefill_hosts", "decode_hosts")
+    @classmethod
+    def _host_list(cls, value: str) -> str:
+        names = [n.strip() for n in value.split(",") if n.strip()]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"lists {', '.join(twice)} more than once: one engine per node")
+        return ",".join(names)
+
+    @model_validator(mode="after")
+    def _one_form_per_side(self) -> Settings:
+        for side in ("prefill", "decode"):
+            one, many = getattr(self, f"{side}_host"), getattr(self, f"{side}_hosts")
+            if one and many and many != one:
+                key = side.upper()
+                raise ValueError(
+                    f"{key}_HOST={one} and {key}_HOSTS={many} name different {side} nodes: "
+                    f"set {key}_HOSTS alone (every {side} node) or {key}_HOST alone (one)")
+        return self
+
+    def hosts(self, side: str) -> tuple[str, ...]:
+        """The nodes of one side of the split (`prefill`, `decode`): PREFILL_HOSTS's list,
+        else PREFILL_HOST alone, else none."""
+        many, one = getattr(self, f"{side}_hosts"), getattr(self, f"{side}_host")
+        return tuple(many.split(",")) if many else (one,) if one else ()
 
     @field_validator("loadtest_api_key_env", "proxy_api_key_env")
     @classmethod
@@ -405,10 +436,12 @@ def _validate(init: dict[str, Any], sources: dict[str, str]) -> Settings:
 
 def _first_error(exc: ValidationError, sources: dict[str, str]) -> str:
     err = exc.errors()[0]
-    name = str(err["loc"][0]) if err["loc"] else "?"
+    message = str(err["msg"]).removeprefix("Value error, ")
+    if not err["loc"]:  # a check across settings: its message names them
+        return message
+    name = str(err["loc"][0])
     source = sources.get(name, "?")
     shown = "(hidden)" if hides_value(name) else _shown_input(err.get("input"))
-    message = str(err["msg"]).removeprefix("Value error, ")
     return f"{name.upper()}={shown} (from {source}) is invalid: {message}"
 
 

@@ -12,6 +12,7 @@ from kvlab.engines.plan import EnginePlan
 from kvlab.engines.registry import known_engine
 from kvlab.records import notebook
 from kvlab.records.evidence import KvCapacity, NodeInfo
+from kvlab.records.rows import leg_of
 from kvlab.records.runs import StartupRecord
 
 _PD_ROLES = ("baseline", "prefill", "decode", "proxy")
@@ -24,7 +25,7 @@ def capacity(plan: EnginePlan, log_text: str) -> KvCapacity:
 
 
 def lab_for(role: str) -> str:
-    return notebook.LAB_PD if role in _PD_ROLES else notebook.LAB_OFFLOAD
+    return notebook.LAB_PD if leg_of(role)[0] in _PD_ROLES else notebook.LAB_OFFLOAD
 
 
 def record(plan: EnginePlan, log_text: str, *, ready_s: float | None, engine_version: str,

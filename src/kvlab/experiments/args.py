@@ -25,6 +25,8 @@ from kvlab.records.base import LAB_OFFLOAD
 from kvlab.records.rows import SPLIT
 
 WORKING_SET = "working-set"  # `run offload --tier-gb`: a tier sized to hold the working set
+# kvlab.proxy.legs.BALANCES, spelled here so that `kvlab --help` imports no proxy
+Balance = Literal["round-robin", "least-outstanding", "prefix-affinity", "conversation-affinity"]
 
 if TYPE_CHECKING:
     from kvlab.cluster.placement import Placement
@@ -460,6 +462,10 @@ class DisaggArgs(PlannedArgs):
                                    json_schema_extra={"metavar": "NAME"})
     repeat: str = Field("1", description=REPEAT_HELP + " For --part load," + AUTO_HELP,
                         json_schema_extra={"metavar": "N|auto[:CAP]"})
+    balance: Balance = Field("round-robin", description="How kvlab's proxy picks among several "
+                             "prefill or decode engines (PREFILL_HOSTS, DECODE_HOSTS): in turn, "
+                             "the fewest in flight, or by affinity (the prompt's leading "
+                             "blocks, or its conversation).")
 
     def proxy(self) -> str | None:
         return self.proxy_node
@@ -475,7 +481,8 @@ class DisaggArgs(PlannedArgs):
                           max_tokens=s.max_tokens, preamble_tokens=s.preamble_tokens,
                           prompt_set=s.prompt_set, link_gbps=self.link_gbps,
                           parts=self.parts(), capacity=capacity_ask(self.slo),
-                          repeat=count, rule=rule, label=split_label(self.label))
+                          repeat=count, rule=rule, label=split_label(self.label),
+                          balance=self.balance)
         b, c = spec.boundary, spec.cancel
         lengths = ints("--lengths", self.lengths)
         levels = ints("--boundary-concurrency", self.boundary_concurrency)

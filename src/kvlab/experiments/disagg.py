@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TypeVar
 
 from kvlab.cluster.placement import DryPlacement, on_node
+from kvlab.core.errors import SettingError
 from kvlab.core.settings import POINT_TO_POINT, Settings
 from kvlab.core.sizes import human_bytes
 from kvlab.engines import vllm
@@ -64,13 +66,13 @@ from kvlab.loadgen import topology
 from kvlab.loadgen.capacity import CapacityAsk
 from kvlab.loadgen.linkrun import LinkSpec, run_load
 from kvlab.loadgen.sweep import LoadSpec
-from kvlab.measure import kvmath, workloads
+from kvlab.measure import kvmath, leg_bytes, workloads
 from kvlab.observe.chat import api_base
 from kvlab.records import notebook, rows
 from kvlab.records.base import Record
 from kvlab.records.evidence import Where
-from kvlab.records.load import LoadRecord, RunContext
-from kvlab.records.rows import PROXY_LABEL
+from kvlab.records.load import LinkRecord, LoadRecord, RunContext
+from kvlab.records.rows import PROXY_LABEL, leg_of
 from kvlab.records.runs import BoundaryPointRecord, PredictionRecord
 
 LAB = notebook.LAB_PD
@@ -87,8 +89,8 @@ TWO_MACHINES = (
     "disagg URL` and `kvlab compare`"
 )
 CLUSTER_CHECKS = ("each node holds its address, the engine and model paths exist on it, and "
-                  "the store is one directory for both nodes (a probe file): checked by the "
-                  "run's agents, before any engine starts")
+                  "the store is one directory for every node that uses it (a probe file): "
+                  "checked by the run's agents, before any engine starts")
 NO_NIXL = (
     "needs NixlConnector between two machines over RDMA (CONNECTOR=nixl, SIDE_CHANNEL_ADDR on "
     "each); kvlab runs one machine here"
@@ -96,6 +98,7 @@ NO_NIXL = (
 PARTS = DISAGG_PARTS
 LOAD, CANCEL, BOUNDARY = PARTS
 PREDICTED_PROMPTS = 8  # the prompts whose mean length the prediction takes
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,7 @@ class DisaggSpec:
     repeat: int = 1  # --part load: each side's load this many times, in alternating order
     rule: repeats.Sequential | None = None  # --repeat auto: until settled, `repeat` the cap
     label: str = "disagg"  # the split's rows (the baseline's are `baseline`)
+    balance: str = "round-robin"  # how the proxy picks among several prefills or decodes
 
     def has(self, part: str) -> bool:
         return part in self.parts
@@ -138,26 +142,52 @@ def transport(lab: Lab) -> str | None:
     return vllm.nixl_transport(lab.settings.connector, dict(os.environ))
 
 
-def pair_plans(lab: Lab, store: str) -> list[EnginePlan]:
+def split_plans(lab: Lab, store: str) -> list[EnginePlan]:
+    """The split's engines: one prefill per PREFILL_HOSTS node, then one decode per
+    DECODE_HOSTS node (one of each without the lists, or on this machine)."""
     settings, install = _settings(lab, store), lab.vllm
-    # one core each when the two share a machine's cores (two Ray nodes on one machine too)
+    # the two cores shared out when the engines share a machine's (Ray nodes on one machine too)
     cpu = install.platform == "cpu" and (
         lab.cluster is None or lab.cluster.same_machine("prefill", "decode") is not False)
-    return [vllm.plan(settings, role, install, vllm.PlanOptions(
-        port=free_port(), cpu_core=core if cpu else None, store_here=lab.survey is None))
-        for role, core in (("prefill", 0), ("decode", 1))]
+    out = []
+    for i, role in enumerate(lab.placement.split_roles()):
+        plan = vllm.plan(settings, leg_of(role)[0], install, vllm.PlanOptions(
+            port=free_port(), cpu_core=i % 2 if cpu else None, store_here=lab.survey is None))
+        out.append(replace(plan, role=role))
+    return out
 
 
-def proxy_plan(prefill: EnginePlan, decode: EnginePlan, via: str = "shared") -> EnginePlan:
-    """kvlab's proxy as its own process, so it never shares an event loop with the load."""
+def sides(lab: Lab, plans: Sequence[T]) -> tuple[list[T], list[T]]:
+    """The split's plans (or engines) as its prefills and its decodes."""
+    prefills = lab.placement.counts()[0]
+    return list(plans[:prefills]), list(plans[prefills:])
+
+
+def proxy_plan(prefills: Sequence[EnginePlan], decodes: Sequence[EnginePlan],
+               via: str = "shared", balance: str = "round-robin",
+               affinity: tuple[str, int] = ("", 0)) -> EnginePlan:
+    """kvlab's proxy as its own process, so it never shares an event loop with the load;
+    every leg given, each side balanced by `balance` (prefix affinity: `affinity` is the
+    model's tokenizer and the engines' block size)."""
     port = free_port()
+    flags = [*(Flag("--prefill", p.base_url) for p in prefills),
+             *(Flag("--decode", d.base_url) for d in decodes),
+             Flag("--port", str(port)), Flag("--host", "127.0.0.1"), Flag("--connector", via),
+             Flag("--balance", balance)]
+    if balance == "prefix-affinity":
+        flags += [Flag("--tokenizer", affinity[0]), Flag("--block-tokens", str(affinity[1]))]
     return EnginePlan(
         engine="kvlab-proxy", role="proxy", command=(sys.executable, "-m", "kvlab", "proxy"),
-        flags=(Flag("--prefill", prefill.base_url), Flag("--decode", decode.base_url),
-               Flag("--port", str(port)), Flag("--host", "127.0.0.1"),
-               Flag("--connector", via)),
-        host="127.0.0.1", port=port, health_path="/health",
-        model=prefill.model, served_name=prefill.served_name)
+        flags=tuple(flags), host="127.0.0.1", port=port, health_path="/health",
+        model=prefills[0].model, served_name=prefills[0].served_name)
+
+
+def split_proxy(lab: Lab, spec: DisaggSpec, plans: Sequence[EnginePlan]) -> EnginePlan:
+    """The proxy in front of the split's `plans`, with the run's balance policy."""
+    prefills, decodes = sides(lab, plans)
+    block = engine_for(VLLM).block_size(lab.vllm.platform)
+    return proxy_plan(prefills, decodes, lab.settings.connector, spec.balance,
+                      (lab.settings.small_model, block))
 
 
 def baseline_plan(lab: Lab, store: str) -> EnginePlan:
@@ -238,10 +268,16 @@ class _Measured:
     records: list[Record] = field(default_factory=list)
     sweeps: dict[str, list[LoadRecord]] = field(default_factory=dict)
     points: list[BoundaryPointRecord] = field(default_factory=list)
+    prediction: PredictionRecord | None = None  # the per-leg bytes are set against it
 
 
 def _checked(lab: Lab, spec: DisaggSpec) -> DisaggSpec:
     """The spec with the load's preamble fitted to CTX; refuses a step that cannot fit."""
+    if lab.placement.counts() != (1, 1) and (spec.has(CANCEL) or spec.has(BOUNDARY)):
+        raise SettingError(
+            "--part cancel and --part boundary run on one prefill and one decode: list one "
+            "node each in PREFILL_HOSTS and DECODE_HOSTS (or use PREFILL_HOST and DECODE_HOST) "
+            "for them; --part load runs on every listed node")
     ctx = lab.settings.ctx
     spec = replace(spec, cancel=spec.cancel.resolved(ctx) if spec.has(CANCEL) else spec.cancel,
                    boundary=spec.boundary.resolved(ctx) if spec.has(BOUNDARY)
@@ -281,13 +317,31 @@ def _link_spec(lab: Lab, urls: tuple[str, ...], legs: dict[str, str], where: Whe
                     run_id=lab.run_id)
 
 
-def _writer(lab: Lab, roles: tuple[str, ...], store: str = "") -> Callable[[Record], object]:
-    """How the load's rows are written: on a cluster, with each node's counters."""
+def _writer(lab: Lab, roles: tuple[str, ...], store: str = "",
+            prediction: PredictionRecord | None = None) -> Callable[[Record], object]:
+    """How the load's rows are written: the split's link row with each leg's figures; on a
+    cluster, with each node's counters."""
+    write = _with_legs(lab, lab.record, prediction)
     if lab.cluster is None:
-        return lab.record
+        return write
     from kvlab.cluster.runner import NodeReader
 
-    return NodeReader(lab.cluster.placed(roles), store).writer(lab.record)
+    return NodeReader(lab.cluster.placed(roles), store).writer(write)
+
+
+def _with_legs(lab: Lab, write: Callable[[Record], object],
+               prediction: PredictionRecord | None) -> Callable[[Record], object]:
+    """`write`, with a split's link row carrying each leg's requests and bytes."""
+    def wrapped(line: Record) -> object:
+        if isinstance(line, LinkRecord) and line.legs:
+            nodes = {role: lab.cluster.node_facts(role).node if lab.cluster else None
+                     for role in line.legs}
+            line.per_leg = leg_bytes.per_leg(line, prediction, nodes)
+            for leg in line.per_leg:
+                lab.say("    " + leg_bytes.line(leg))
+        return write(line)
+
+    return wrapped
 
 
 def store_writes(lab: Lab, spec: DisaggSpec) -> int:
@@ -315,11 +369,11 @@ def _require_room(lab: Lab, spec: DisaggSpec, store: Path,
 
 async def _preflight(lab: Lab, spec: DisaggSpec, store: Path) -> None:
     """On a cluster, before anything starts: engines and models on their nodes, one store."""
-    prefill, decode = pair_plans(lab, str(store))
-    plans = [prefill, decode, proxy_plan(prefill, decode, lab.settings.connector)]
+    split = split_plans(lab, str(store))
+    plans = [*split, split_proxy(lab, spec, split)]
     if spec.has(LOAD) or spec.has(BOUNDARY):
         plans.append(baseline_plan(lab, str(store)))
-    await lab.preflight(plans, store, "prefill", ("decode",))
+    await lab.preflight(plans, store, "prefill", lab.placement.split_roles()[1:])
 
 
 async def run(lab: Lab, spec: DisaggSpec) -> list[Record]:
@@ -333,6 +387,7 @@ async def run(lab: Lab, spec: DisaggSpec) -> list[Record]:
         await _preflight(lab, spec, store)
         if spec.has(LOAD):
             prediction = predict(lab, spec, engine_for(VLLM).block_size(lab.vllm.platform))
+            got.prediction = prediction
             out.append(prediction)
             _require_room(lab, spec, store, prediction)
             if (why := _two_machines(lab)) is not None:
@@ -369,26 +424,28 @@ async def _split_stint(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured,
     from kvlab.proxy.check import crossing_check
 
     settings, where = lab.settings, split_where(lab)
-    # the proxy starts once both legs are ready (it checks them as it starts); the legs' URLs
+    roles = lab.placement.split_roles()
+    # the proxy starts once every leg is ready (it checks them as it starts); the legs' URLs
     # are the started plans' (on a cluster, their nodes' addresses)
-    async with engines(lab, pair_plans(lab, str(store)),
-                       labels=list(rows.engine_labels(spec.label))) as pair, \
-            engines(lab, [proxy_plan(pair[0].plan, pair[1].plan, lab.settings.connector)],
+    async with engines(lab, split_plans(lab, str(store)),
+                       labels=[f"{spec.label}-{r}" for r in roles]) as pair, \
+            engines(lab, [split_proxy(lab, spec, [e.plan for e in pair])],
                     labels=[PROXY_LABEL]) as (proxy,):
-        prefill, decode = pair[0].plan, pair[1].plan
+        prefills, decodes = sides(lab, [e.plan for e in pair])
+        decode = decodes[0]
         if stint.first:
-            crossing = await crossing_check(proxy.plan.base_url, [prefill.base_url],
-                                            [decode.base_url], settings.served_name,
-                                            api_key=lab.api_key())
+            crossing = await crossing_check(proxy.plan.base_url,
+                                            [p.base_url for p in prefills],
+                                            [d.base_url for d in decodes],
+                                            settings.served_name, api_key=lab.api_key())
             got.records.append(lab.record(crossing.as_record(spec.label, LAB).overlay(where)))
             lab.say(f"==> proxy check: crossed={crossing.crossed} "
                     + "; ".join(crossing.reasons))
         if spec.has(LOAD):
-            link = _link_spec(lab, (prefill.metrics_url, decode.metrics_url),
-                              {"prefill": prefill.metrics_url, "decode": decode.metrics_url},
-                              where, str(store))
+            legs = {e.plan.role: e.plan.metrics_url for e in pair}
+            link = _link_spec(lab, tuple(legs.values()), legs, where, str(store))
             await _loads(lab, spec, got, spec.label, proxy.plan.base_url, where, link,
-                         ("prefill", "decode"), stint, str(store))
+                         roles, stint, str(store))
         if not stint.first:
             return
         if spec.has(BOUNDARY):
@@ -421,7 +478,8 @@ async def _loads(lab: Lab, spec: DisaggSpec, got: _Measured, label: str, url: st
             lab.say(f"==> {label}: {got.rounds.numbered(repeat)}")
         row_link, sweep = await run_load(
             _load_spec(lab, spec, label, url, where, repeat), link, lab.settings.labbook,
-            got.rounds.writer(_writer(lab, roles, store)), api_key=lab.api_key())
+            got.rounds.writer(_writer(lab, roles, store, got.prediction)),
+            api_key=lab.api_key())
         rows = sweep.rows if sweep else []
         got.sweeps.setdefault(label, []).extend(rows)
         got.records += [*rows, row_link]
@@ -470,9 +528,8 @@ def dry_run(lab: Lab, spec: DisaggSpec) -> list[dict[str, object]]:
     # (on a cluster, inside KV_SHARED_PATH on the nodes: named, not made)
     with tempfile.TemporaryDirectory(prefix="kvlab-store-") as scratch:
         store = str(lab.store_path("pd")) if lab.survey else scratch
-        prefill, decode = (_on_node(lab, p) for p in pair_plans(lab, store))
-        plans = [prefill, decode,
-                 _on_node(lab, proxy_plan(prefill, decode, lab.settings.connector))]
+        split = [_on_node(lab, p) for p in split_plans(lab, store)]
+        plans = [*split, _on_node(lab, split_proxy(lab, spec, split))]
         if spec.has(LOAD) or spec.has(BOUNDARY):
             plans.append(_on_node(lab, baseline_plan(lab, store)))
     out: list[dict[str, object]] = [] if lab.survey is None else [_placement(lab, plans, store)]
@@ -504,7 +561,7 @@ def _placement(lab: Lab, plans: list[EnginePlan], store: str) -> dict[str, objec
     survey = lab.survey
     assert survey is not None
     shared = lab.settings.connector == "shared"
-    sides = [survey.role(r, "").node for r in ("prefill", "decode")]
+    sides = list(dict.fromkeys(survey.role(r, "").node for r in lab.placement.split_roles()))
     if not shared:
         store_from = f"CONNECTOR={lab.settings.connector}: the KV goes point to point"
     elif lab.settings.kv_shared_path:

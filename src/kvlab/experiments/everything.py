@@ -84,6 +84,12 @@ class AllSpec:
                    CapacityAsk("", QUICK_SEARCH), llama_slot_ctx=1024)
 
 
+def _disagg_parts(lab: Lab) -> tuple[str, ...]:
+    """The load and the procedures; the load alone on several prefills or decodes (XpYd),
+    where the procedures do not run."""
+    return DISAGG_PARTS if lab.placement.counts() == (1, 1) else DISAGG_PARTS[:1]
+
+
 def specs(lab: Lab, spec: AllSpec) -> dict[str, object]:
     """Each experiment's own spec, at this run's sizes."""
     from kvlab.experiments.disagg import DisaggSpec
@@ -118,7 +124,7 @@ def specs(lab: Lab, spec: AllSpec) -> dict[str, object]:
                              proof_preamble_words=min(600, spec.preamble_words)),
         "disagg": DisaggSpec(levels=spec.levels, requests=spec.requests,
                              max_tokens=spec.max_tokens, preamble_tokens=spec.preamble_tokens,
-                             prompt_set=spec.prompt_set, parts=DISAGG_PARTS,  # + the procedures
+                             prompt_set=spec.prompt_set, parts=_disagg_parts(lab),
                              capacity=spec.capacity),
         # three small replicas: every arm, both prompt sets, a few requests each
         "replicas": ReplicasSpec(replicas=3, requests=max(8, min(spec.requests or 24, 24)),

@@ -50,7 +50,7 @@ from kvlab.records.models import (
     ReuseRecord,
     StartupRecord,
 )
-from kvlab.records.rows import PRESSURE_OFF, PRESSURE_ON
+from kvlab.records.rows import PRESSURE_OFF, PRESSURE_ON, leg_of
 from kvlab.records.runs import BytesEvidence, ComparisonLevel, NixlTransfer, SidePressure
 
 CROSSED = "the cache crossed the link"
@@ -364,13 +364,14 @@ def bytes_three_ways(link: LinkRecord | None, rows: dict[int, LoadRecord], level
 
 
 def _decode_computed_share(link: LinkRecord) -> float | None:
-    """The share of decode's prompt tokens it computed itself (needs the link's `legs`)."""
-    decode_url = (link.legs or {}).get("decode")
-    deltas = link.metric_deltas.get(decode_url) if decode_url else None
-    if deltas is None:
-        return None
-    computed, total = deltas.get("prompt_tokens_local_compute"), deltas.get("prompt_tokens")
-    return float(computed) / float(total) if computed is not None and total else None
+    """The share of the decodes' prompt tokens they computed themselves (needs the link's
+    `legs`; every decode leg of an XpYd split counts)."""
+    urls = [u for role, u in (link.legs or {}).items() if leg_of(role)[0] == "decode"]
+    found = [(d.get("prompt_tokens_local_compute"), d.get("prompt_tokens"))
+             for u in urls if (d := link.metric_deltas.get(u)) is not None]
+    pairs = [(float(c), float(t)) for c, t in found if c is not None and t is not None]
+    total = sum(t for _, t in pairs)
+    return sum(c for c, _ in pairs) / total if pairs and total else None
 
 
 def _external_tokens(link: LinkRecord) -> float | None:

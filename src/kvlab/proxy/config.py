@@ -1,7 +1,8 @@
 """What one proxy runs with, built from settings and flags.
 
 Defaults follow the seed's `run-proxy.sh`: prefill at PREFILL_HOST:PREFILL_PORT, decode at
-DECODE_HOST:DECODE_PORT (an empty host is loopback), listening on SERVE_HOST:PROXY_PORT
+DECODE_HOST:DECODE_PORT (an empty host is loopback; PREFILL_HOSTS and DECODE_HOSTS give a leg
+per listed host, at the same ports), listening on SERVE_HOST:PROXY_PORT
 (127.0.0.1 unless changed). Timeouts and what a client may send and hold (`ClientLimits`)
 come from the PROXY_* settings. The bearer key clients must send is read from the variable
 PROXY_API_KEY_ENV names; the key the engines expect, from the one LOADTEST_API_KEY_ENV names.
@@ -161,10 +162,8 @@ class ProxyConfig:
         # the engines protect /v1/* with the key the load generator also uses
         auth = {"Authorization": f"Bearer {settings.api_key()}"} if settings.api_key() else None
         return cls(
-            prefill=() if replicas else prefill or (
-                f"{settings.prefill_host or '127.0.0.1'}:{settings.prefill_port}",),
-            decode=replicas or decode or (f"{settings.decode_host or '127.0.0.1'}:"
-                                          f"{settings.decode_port}",),
+            prefill=() if replicas else prefill or _default_legs(settings, "prefill"),
+            decode=replicas or decode or _default_legs(settings, "decode"),
             host=settings.serve_host if host is None else host,
             port=settings.proxy_port if port is None else port,
             connector=settings.connector, balance=balance or "round-robin",
@@ -233,3 +232,10 @@ def client_key(settings: Settings) -> str:
         raise SettingError(f"PROXY_API_KEY_ENV names {name}, but {name} is empty or unset; "
                            f"export {name} or clear PROXY_API_KEY_ENV")
     return key
+
+
+def _default_legs(settings: Settings, side: str) -> tuple[str, ...]:
+    """`side`'s engines as the seed's run-proxy.sh finds them: each PREFILL_HOSTS name (else
+    PREFILL_HOST; empty is loopback) at PREFILL_PORT, and so for decode."""
+    port = settings.prefill_port if side == "prefill" else settings.decode_port
+    return tuple(f"{host}:{port}" for host in settings.hosts(side) or ("127.0.0.1",))

@@ -464,6 +464,27 @@ class NixlCounters(Strict):
     nixl_failed_transfers: float | None = None
 
 
+class LegFigures(Strict):
+    """One engine of a split over a load run (XpYd: each of them), by its own /metrics and
+    against the prediction."""
+
+    role: str = Field(description="prefill, prefill-2, ..., decode, decode-2, ...")
+    metrics_url: str
+    node: str | None = Field(None, description="Its Ray node (None: where kvlab runs).")
+    requests: float | None = Field(None, description="Requests it finished "
+                                   "(vllm:request_success delta).")
+    prompt_tokens: float | None = None
+    computed_tokens: float | None = Field(None, description="Prompt tokens it computed itself.")
+    loaded_tokens: float | None = Field(None, description="Prompt tokens it loaded through "
+                                        "the connector.")
+    predicted_bytes: float | None = Field(None, description="Its requests times the "
+                                          "prediction's KV payload per request.")
+    observed_bytes: float | None = Field(None, description="KV it moved by its own counters: "
+                                         "NIXL's bytes, else its loaded tokens times the "
+                                         "prediction's bytes per token.")
+    observed_from: str | None = Field(None, description="nixl or loaded_tokens.")
+
+
 class LinkRecord(Record, Where):
     """run-load.sh's interface counters around one load run."""
 
@@ -496,6 +517,8 @@ class LinkRecord(Record, Where):
     interrupted: bool | None = None
     engines: list[EngineLine] | None = Field(None, description="The engines the run measured, "
                                              "as on its load rows.")
+    per_leg: list[LegFigures] | None = Field(None, description="A split's engines, one entry "
+                                             "each: requests and KV bytes per leg.")
 
 
 class BoundFigure(Strict):

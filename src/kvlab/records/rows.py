@@ -203,9 +203,28 @@ def prediction_label(split_label: str) -> str:
     return PREDICTION.label if split_label == SPLIT.label else f"{PREDICTION.label}-{split_label}"
 
 
-def engine_labels(split_label: str) -> tuple[str, str]:
-    """A split's prefill and decode startup labels."""
-    return f"{split_label}-prefill", f"{split_label}-decode"
+LEG_SIDES = ("prefill", "decode")
+
+
+def leg_role(side: str, index: int) -> str:
+    """The role of a split's `index`-th engine on `side` (XpYd: PREFILL_HOSTS, DECODE_HOSTS):
+    the first keeps the side's name, so a 1P1D split is named as before; the others are
+    numbered from 2 (`prefill-2`)."""
+    return side if index == 0 else f"{side}-{index + 1}"
+
+
+def leg_of(role: str) -> tuple[str, int]:
+    """`prefill-2` -> (`prefill`, 1); any other role -> (role, 0)."""
+    side, _, number = role.rpartition("-")
+    if side in LEG_SIDES and number.isdigit() and int(number) >= 2:
+        return side, int(number) - 1
+    return role, 0
+
+
+def leg_roles(prefills: int, decodes: int) -> tuple[str, ...]:
+    """A split's engine roles, every prefill then every decode."""
+    return (*(leg_role("prefill", i) for i in range(prefills)),
+            *(leg_role("decode", i) for i in range(decodes)))
 
 
 def row_of_startup(label: str) -> Row | None:

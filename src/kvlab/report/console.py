@@ -8,6 +8,7 @@ reads "n/a" or "-", never "None". Nothing here measures, reads the notebook, or 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -272,26 +273,26 @@ def plans(console: Console, found: Sequence[dict[str, object]]) -> None:
             placement(console, where)
             continue
         node = f" (on {item['node']})" if "node" in item else ""
-        console.print(f"==> {item['label']}{node}")
+        console.print(f"==> {item['label']}{node}", markup=False)
         console.print(f"    {item['shell']}" if "plan" in item
-                      else f"    not run here: {item['reason']}")
+                      else f"    not run here: {item['reason']}", markup=False)
         if "note" in item:
             console.print(f"    note: {item['note']}")
 
 
 def placement(console: Console, p: DryPlacement) -> None:
     """Where a cluster run would put each role, read from the cluster; nothing started."""
-    console.print(f"==> placement on the Ray cluster at {p.cluster} (from {p.origin})")
+    say = functools.partial(console.print, markup=False)  # a node id [c1c1c1c1] is no style
+    say(f"==> placement on the Ray cluster at {p.cluster} (from {p.origin})")
     for r in p.roles:
-        console.print(f"    {r.role:<9} {r.node}, {r.url}"
-                      + (f" ({r.named_by})" if r.named_by else ""))
+        say(f"    {r.role:<9} {r.node}, {r.url}" + (f" ({r.named_by})" if r.named_by else ""))
     if p.store is not None:
         seen = " and ".join(dict.fromkeys(p.store_seen_by))
-        console.print(f"    store     {p.store} on {seen}: {p.store_from}")
+        say(f"    store     {p.store} on {seen}: {p.store_from}")
     else:
-        console.print(f"    store     none: {p.store_from}")
-    console.print(f"    nodes     {p.nodes}")
-    console.print(f"    ports are chosen free on each node when it starts; {p.left_to_the_run}")
+        say(f"    store     none: {p.store_from}")
+    say(f"    nodes     {p.nodes}")
+    say(f"    ports are chosen free on each node when it starts; {p.left_to_the_run}")
 
 
 # --- llama.cpp's tiers ------------------------------------------------------------------------
