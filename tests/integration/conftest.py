@@ -6,7 +6,10 @@ a missing engine fails the test with that instruction rather than skipping silen
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import logging
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -70,6 +73,35 @@ def mlx_python() -> Path:
     if python is None:
         pytest.fail("mlx-lm is not installed: run `kvlab engines install` (make test does)")
     return python
+
+
+@contextmanager
+def ray_nodes(home: Path, names: tuple[str, ...]) -> Iterator[str]:
+    """A Ray cluster of one machine from Ray's own utilities, a node per name (the first the
+    head), each labelled as kvlab reads a node's name; its address. The nodes' agents keep
+    logs and PID records in `home`, a KVLAB_HOME of their own, so a `kvlab clean` elsewhere
+    on this shared machine cannot take the run's engines."""
+    from ray.cluster_utils import Cluster
+
+    from kvlab.cluster.nodes import LABEL
+
+    before = os.environ.get("KVLAB_HOME")
+    os.environ["KVLAB_HOME"] = str(home)
+    try:
+        c = Cluster(initialize_head=True,
+                    head_node_args={"num_cpus": 1, "labels": {LABEL: names[0]}})
+        for name in names[1:]:
+            c.add_node(num_cpus=1, labels={LABEL: name})
+    finally:
+        if before is None:
+            del os.environ["KVLAB_HOME"]
+        else:
+            os.environ["KVLAB_HOME"] = before
+    logging.getLogger("ray").setLevel(logging.WARNING)
+    try:
+        yield c.address
+    finally:
+        c.shutdown()
 
 
 def oracle_misses(book: Path, row: LoadRecord, name: Callable[[RequestLine], str]) -> list[str]:

@@ -9,7 +9,6 @@ four requests each) keep the run near two minutes on two cores."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.cluster.nodes import LABEL
+from integration.conftest import ray_nodes
 from kvlab.core.settings import Settings
 from kvlab.engines import vllm
 from kvlab.engines.models import TinyModels
@@ -40,24 +39,9 @@ KEY = "kvlab-cluster-test-key-5f2a9c"  # the servers' key: it must reach no file
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The two nodes; their agents keep logs and PID records in a KVLAB_HOME of their own, so
-    a `kvlab clean` elsewhere on this shared machine cannot take the run's engines."""
-    from ray.cluster_utils import Cluster
-
-    home = os.environ.get("KVLAB_HOME")
-    os.environ["KVLAB_HOME"] = str(tmp_path_factory.mktemp("node-home"))
-    try:
-        c = Cluster(initialize_head=True,
-                    head_node_args={"num_cpus": 1, "labels": {LABEL: "node-a"}})
-        c.add_node(num_cpus=1, labels={LABEL: "node-b"})
-    finally:
-        if home is None:
-            del os.environ["KVLAB_HOME"]
-        else:
-            os.environ["KVLAB_HOME"] = home
-    logging.getLogger("ray").setLevel(logging.WARNING)
-    yield c.address
-    c.shutdown()
+    """The two nodes."""
+    with ray_nodes(tmp_path_factory.mktemp("node-home"), ("node-a", "node-b")) as address:
+        yield address
 
 
 def test_kvlab_run_disagg_on_two_ray_nodes_of_one_machine(

@@ -9,7 +9,6 @@ carries each leg's requests and bytes. One level of few short requests keeps it 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.cluster.nodes import LABEL
+from integration.conftest import ray_nodes
 from kvlab.engines import vllm
 from kvlab.engines.models import TinyModels
 from kvlab.engines.process import port_in_use
@@ -32,25 +31,10 @@ LEGS = {"prefill": "node-a", "prefill-2": "node-c", "decode": "node-b", "decode-
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Four nodes; their agents keep logs and PID records in a KVLAB_HOME of their own, so a
-    `kvlab clean` elsewhere on this shared machine cannot take the run's engines."""
-    from ray.cluster_utils import Cluster
-
-    home = os.environ.get("KVLAB_HOME")
-    os.environ["KVLAB_HOME"] = str(tmp_path_factory.mktemp("node-home"))
-    try:
-        c = Cluster(initialize_head=True,
-                    head_node_args={"num_cpus": 1, "labels": {LABEL: "node-a"}})
-        for name in ("node-b", "node-c", "node-d"):
-            c.add_node(num_cpus=1, labels={LABEL: name})
-    finally:
-        if home is None:
-            del os.environ["KVLAB_HOME"]
-        else:
-            os.environ["KVLAB_HOME"] = home
-    logging.getLogger("ray").setLevel(logging.WARNING)
-    yield c.address
-    c.shutdown()
+    """Four nodes."""
+    names = ("node-a", "node-b", "node-c", "node-d")
+    with ray_nodes(tmp_path_factory.mktemp("node-home"), names) as address:
+        yield address
 
 
 def test_two_prefills_and_two_decodes_on_four_ray_nodes_all_serve(
