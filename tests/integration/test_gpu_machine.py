@@ -69,3 +69,30 @@ def test_a_gpu_machine_without_llama_server_builds_nothing_and_says_why(tmp_path
         assert "nvcc" in skipped[label], skipped[label]
         assert "LLAMA_BIN=/path/to/llama-server kvlab run all" in skipped[label]
     assert skipped["mlx-cache"].startswith("mlx-lm is Apple's engine")
+
+
+def test_a_gpu_machine_with_nvcc_builds_no_llama_server_when_there_is_no_gguf(
+        tmp_path: Path) -> None:
+    """With a CUDA compiler, kvlab would build llama-server (minutes); without LLAMA_MODEL
+    there is nothing for it to serve, so the rows say that instead of building."""
+    env = {**os.environ, **_fake_gpu_machine(tmp_path), "KVLAB_HOME": str(tmp_path / "home"),
+           "LABBOOK": str(tmp_path / "labbook.md"), "MODEL": str(tmp_path / "no-model")}
+    cuda = tmp_path / "no-cuda" / "bin"
+    cuda.mkdir(parents=True)
+    (cuda / "nvcc").write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0'\n",
+                               encoding="utf-8")
+    (cuda / "nvcc").chmod(0o755)
+    for name in ("VLLM_CMD", "LLAMA_BIN", "LLAMA_MODEL", "KVLAB_PROFILE", "CUDA_HOME"):
+        env.pop(name, None)
+    run = subprocess.run([sys.executable, "-m", "kvlab", "run", "all", "--quick",
+                          "--only", "disk", "--only", "interference"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "downloading" not in run.stdout + run.stderr
+    assert not (tmp_path / "home" / "sources").exists()
+    skipped = {r.label: r.reason for r in notebook.read(tmp_path / "labbook.md").of(NotRunRecord)}
+    assert {"disk", "interference"} <= set(skipped), sorted(skipped)
+    for label in ("disk", "interference"):
+        why = skipped[label]
+        assert why.startswith("no GGUF for llama-server: set LLAMA_MODEL"), why
+        assert "kvlab engines install --only llama" in why, why

@@ -157,7 +157,7 @@ async def _one(lab: Lab, spec: AllSpec, name: str) -> list[Record]:
     """One experiment of the run, or the not-run lines that say why it could not run."""
     lab.say(f"\n######## {name}")
     entry = EXPERIMENTS[name]
-    why = _prepared(lab, name) or not_here(lab, name)
+    why = _unwanted(lab, name) or _prepared(lab, name) or not_here(lab, name)
     if why is not None:
         lab.outcomes[name] = {"ok": True, "lines": 0, "not_run": why}
         return [lab.not_run(r, why) for r in entry.rows]
@@ -169,6 +169,16 @@ async def _one(lab: Lab, spec: AllSpec, name: str) -> list[Record]:
         return [lab.not_run(r, f"the {name} experiment failed: {exc}") for r in entry.rows]
     lab.outcomes[name] = {"ok": True, "lines": len(lines)}
     return list(lines)
+
+
+def _unwanted(lab: Lab, name: str) -> str | None:
+    """Why building experiment `name`'s engine would be wasted: llama-server (minutes to
+    build with CUDA) with no GGUF for it to serve."""
+    if LLAMA_NEEDED not in EXPERIMENTS[name].needs or lab.settings.llama_model:
+        return None
+    if llamacpp.find_llama_server(lab.settings) is None:
+        return f"{NO_GGUF}; and {llamacpp.not_found(lab.settings)}"
+    return NO_GGUF
 
 
 def _prepared(lab: Lab, name: str) -> str | None:
