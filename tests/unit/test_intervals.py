@@ -182,3 +182,23 @@ def test_a_sequential_runs_rows_are_read_at_the_level_they_state(tmp_path: Path)
     assert plain.high is not None and wide.low < plain.low and wide.high > plain.high
     assert wide.cell().endswith("(98.75% interval)") and "interval)" not in plain.cell()
     assert intervals.between_rows(book, a, b, (TTFT,), 0.9875)["ttft_p50"] == wide
+
+
+def test_a_percentile_statistic_is_numpys_with_the_padding_left_out() -> None:
+    p90 = intervals.percentile(90)
+    values = np.arange(1.0, 11.0)
+    padded = np.append(values[:6], [np.nan] * 4)
+    found = p90(np.stack([values, padded])[..., None])
+    assert found.tolist() == [np.percentile(values, 90), np.percentile(values[:6], 90)]
+
+
+def test_between_repeats_reads_another_percentile_than_the_median() -> None:
+    p90 = intervals.Metric("ttft_p90", "TTFT p90", ("ttft_s",), intervals.percentile(90),
+                           "slower", "faster")
+    slow = [run(60 + i, median=0.4 * (1 + 0.02 * i))[:, :1] for i in range(3)]
+    fast = [run(70 + i, median=0.2 * (1 - 0.02 * i))[:, :1] for i in range(3)]
+    found = intervals.between_repeats(p90, slow, fast)
+    assert found is not None and 1.5 < found[0] <= 2.0 <= found[1] < 3.0, found
+    same = intervals.between_repeats(p90, fast, [run(80 + i, median=0.2)[:, :1]
+                                                 for i in range(3)])
+    assert same is not None and same[0] <= 1.0 <= same[1], same

@@ -82,6 +82,20 @@ def _median(draws: Floats) -> Floats:
     return np.asarray(found, dtype=np.float64)
 
 
+def percentile(q: float) -> Callable[[Floats], Floats]:
+    """A `Metric.statistic`: the q-th percentile (0-100, linear, as vllm bench's) of each
+    draw's first column, padding left out as in `_median`."""
+    def statistic(draws: Floats) -> Floats:
+        values = draws[..., 0]
+        found = np.percentile(values, q, axis=1)
+        padded = np.isnan(found)
+        if padded.any():
+            found[padded] = np.nanpercentile(values[padded], q, axis=1)
+        return np.asarray(found, dtype=np.float64)
+
+    return statistic
+
+
 def _rate(draws: Floats) -> Floats:
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.asarray(np.nansum(draws[..., 0], axis=1) / np.nansum(draws[..., 1], axis=1),
