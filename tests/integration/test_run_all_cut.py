@@ -51,7 +51,9 @@ def test_a_run_cut_by_sigterm_leaves_a_report_of_what_ran(
     assert "stopped: the report of what ran is in" in out, out[-2000:]
 
     report = (where / "report.md").read_text(encoding="utf-8")
-    assert "not run yet: interference" in report
+    assert "The run was stopped before it finished" in report
+    assert "cut short or not run: interference." in report
+    assert "Written while the run goes on" not in report  # it is not going on
     disk = next(ln for ln in report.splitlines() if ln.startswith("| Disk, llama.cpp slot"))
     assert "not run" not in disk and "not measured" not in disk, disk
     read = notebook.read(book)

@@ -231,6 +231,9 @@ def run_all_command(ctx: click.Context, args: AllArgs, as_json: bool) -> None:
     out = Output(as_json)
     loaded = prepared_settings(ctx, out.err, ())  # the models; each experiment its engines
     out.note(f"profile {loaded.profile}")
+    values, changed = everything.quick_settings(loaded, args.quick)
+    if changed:
+        out.note(changed)
     spec, where = args.spec(loaded), Path(args.report_dir)
     pending = everything.planned(spec)
 
@@ -242,10 +245,10 @@ def run_all_command(ctx: click.Context, args: AllArgs, as_json: bool) -> None:
 
     try:
         with stop_on_sigterm():
-            lab = everything.run_all(loaded.values, spec, args.placement(loaded.values),
+            lab = everything.run_all(values, spec, args.placement(values),
                                      out.note, so_far)
     except KeyboardInterrupt:
-        write(loaded.values.labbook, where, pending=pending)
+        write(loaded.values.labbook, where, pending=pending, stopped=True)
         out.note(f"stopped: the report of what ran is in {where}/report.html")
         raise
     report = write(loaded.values.labbook, where)

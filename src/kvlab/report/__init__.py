@@ -42,6 +42,7 @@ class Report:
     skipped_lines: int = 0
     decisions: list[Decision] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)  # experiments not run yet
+    stopped: bool = False  # the run was cut (a signal, Ctrl-C): pending never will run
     starts: str = ""  # how much of the latest run went to engine starts (`starts.py`)
 
     @property
@@ -51,8 +52,7 @@ class Report:
     def markdown(self) -> str:
         parts = [f"# {self.title}", ""]
         if self.pending:
-            parts += [f"(Written while the run goes on: not run yet: "
-                      f"{', '.join(self.pending)}.)", ""]
+            parts += [f"({self.pending_line})", ""]
         if self.starts:
             parts += [self.starts, ""]
         for table in self.tables:
@@ -73,9 +73,17 @@ class Report:
             parts.append(f"({self.skipped_lines} broken notebook lines were skipped.)")
         return "\n".join(parts)
 
+    @property
+    def pending_line(self) -> str:
+        names = ", ".join(self.pending)
+        if self.stopped:
+            return ("The run was stopped before it finished: what it measured is below; "
+                    f"cut short or not run: {names}.")
+        return f"Written while the run goes on: not run yet: {names}."
+
     def html(self) -> str:
-        return page(self.title, self.tables, self.decisions, self.plots, self.pending,
-                    self.starts)
+        return page(self.title, self.tables, self.decisions, self.plots,
+                    self.pending_line if self.pending else "", self.starts)
 
     def as_dict(self) -> dict[str, object]:
         return {"labbook": self.labbook, "skipped_lines": self.skipped_lines,
@@ -112,12 +120,13 @@ def build(labbook: str | Path, plots_dir: Path | None = None,
 
 
 def write(labbook: str | Path, out_dir: Path, *, plots: bool = True,
-          csv_dir: Path | None = None, pending: Sequence[str] = ()) -> Report:
+          csv_dir: Path | None = None, pending: Sequence[str] = (),
+          stopped: bool = False) -> Report:
     """The report (with its plots unless `plots` is false, and CSV files in `csv_dir`),
     written as `out_dir`/report.md and `out_dir`/report.html, each whole or not at all."""
     out_dir.mkdir(parents=True, exist_ok=True)
     report = build(labbook, out_dir if plots else None, csv_dir)
-    report.pending = list(pending)
+    report.pending, report.stopped = list(pending), stopped
     write_private(out_dir / "report.md", report.markdown() + "\n")
     write_private(out_dir / "report.html", report.html() + "\n")
     return report

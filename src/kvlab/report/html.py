@@ -45,16 +45,16 @@ LAB_NAMES = {"offload": "Offload lab", "pd": "P/D lab"}
 
 
 def page(title: str, tables: Sequence[Table], decisions: Sequence[Decision],
-         plots: Sequence[Plot], pending: Sequence[str] = (), starts: str = "") -> str:
-    """The whole page; `pending` names the experiments not run yet (a report written while
-    a run goes on), `starts` how much of the latest run went to engine starts."""
+         plots: Sequence[Plot], pending: str = "", starts: str = "") -> str:
+    """The whole page; `pending` says which experiments have not run (a report written while
+    a run goes on, or after it was cut), `starts` how much of the latest run went to engine
+    starts."""
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              '<meta name="viewport" content="width=device-width, initial-scale=1">',
              f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>",
              f"<h1>{escape(title)}</h1>"]
     if pending:
-        parts.append(f'<p class="sub pending">Written while the run goes on: not run yet: '
-                     f'{escape(", ".join(pending))}.</p>')
+        parts.append(f'<p class="sub pending">{escape(pending)}</p>')
     if starts:
         parts.append(f'<p class="sub">{escape(starts)}</p>')
     parts += _decisions(decisions, tables)
