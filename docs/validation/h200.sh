@@ -38,6 +38,8 @@ WORK=/tmp/kv; mkdir -p "$WORK"; S="$WORK/steps-$PHASE.log"
 el() { echo $(( $(date +%s) - T0 )); }; left() { echo $(( BUDGET_S - $(date +%s) + T0 )); }
 say() { echo "[$(el)s] $*" | tee -a "$S"; }
 finish() {
+  # the engines' own logs (vLLM's startup timings) before clean; the models and caches stay out
+  tar -C "$KVLAB_HOME" -czf "$WORK/engine-logs.tar.gz" run 2>/dev/null
   $PY -m kvlab clean --json > "$WORK/clean-$PHASE.json" 2>&1
   tar -C "$WORK" -czf "$OUT/$PHASE.tar.gz" --exclude=home . 2>/dev/null
   say "phase $PHASE done"; cp "$S" "$OUT/"

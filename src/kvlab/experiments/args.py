@@ -510,11 +510,13 @@ class AllArgs(PlacementArgs):
     report_dir: str = Field("kvlab-report", description="Where the report and its plots go.")
 
     def spec(self, loaded: LoadedSettings) -> AllSpec:
+        from kvlab.core.profiles import GPU_PROFILES
         from kvlab.experiments.everything import AllSpec
 
         s = loaded.values
         only = tuple(self.only)
-        return (AllSpec.quick(s.prompt_set, only) if self.quick else AllSpec.lab(
+        return (AllSpec.quick(s.prompt_set, only, loaded.profile in GPU_PROFILES)
+                if self.quick else AllSpec.lab(
             s.concurrency, s.requests, s.max_tokens, s.preamble_tokens, s.preamble_words,
             s.prompt_set, only))
 

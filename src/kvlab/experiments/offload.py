@@ -21,6 +21,7 @@ not run, with the reason, instead of being started to fail.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -320,7 +321,16 @@ async def run(lab: Lab, spec: OffloadSpec) -> list[Record]:
     support = lab.vllm.offload_support()
     out: list[Record] = []
     if spec.part in ("all", "quiet"):
-        out.append(await quiet(lab, spec, on=False))
+        # vLLM's flag list for the tier's plans, read while the tier-off engine starts: on
+        # the H200 `vllm serve --help=all` took about 30 s between the two quiet runs
+        flags = asyncio.create_task(asyncio.to_thread(
+            vllm.accepted_flags, lab.vllm, lab.settings.paths().flag_probes)) \
+            if support.ok else None
+        try:
+            out.append(await quiet(lab, spec, on=False))
+        finally:
+            if flags is not None:
+                await flags
         if not support.ok:
             out.append(lab.not_run(QUIET_ON, support.reason))
         else:
