@@ -73,7 +73,8 @@ def test_a_run_all_cut_after_its_first_experiment_leaves_its_report(
     assert child.returncode != 0
     assert "stopped: the report of what ran is in" in rest, rest[-2000:]
     text = (out / "report.md").read_text(encoding="utf-8")
-    assert "not run yet: interference" in text
+    assert "The run was stopped before it finished" in text
+    assert "cut short or not run: interference." in text
     disk = next(line for line in text.splitlines() if line.startswith("| Disk, llama.cpp"))
     assert "(after restore)" in disk and "not measured" not in disk, disk
     seen = check(out / "report.html")
