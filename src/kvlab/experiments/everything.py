@@ -186,8 +186,10 @@ async def _one(lab: Lab, spec: AllSpec, name: str) -> list[Record]:
 
 
 def _unwanted(lab: Lab, name: str) -> str | None:
-    """Why building experiment `name`'s engine would be wasted: llama-server (minutes to
-    build with CUDA) with no GGUF for it to serve."""
+    """Why preparing experiment `name`'s engine would be wasted: a slot experiment placed on
+    a Ray node, or llama-server (minutes to build with CUDA) with no GGUF for it to serve."""
+    if lab.placement.remote and name in SLOT_FILES_HERE:
+        return NOT_PLACED
     if LLAMA_NEEDED not in EXPERIMENTS[name].needs or lab.settings.llama_model:
         return None
     if llamacpp.find_llama_server(lab.settings) is None:
@@ -210,8 +212,6 @@ def _prepared(lab: Lab, name: str) -> str | None:
 def not_here(lab: Lab, name: str) -> str | None:
     """Why experiment `name` cannot run on this machine (None: it can)."""
     needs = EXPERIMENTS[name].needs
-    if lab.placement.remote and name in SLOT_FILES_HERE:
-        return NOT_PLACED
     if LLAMA_NEEDED in needs and llamacpp.find_llama_server(lab.settings) is None:
         return llamacpp.not_found(lab.settings)
     if LLAMA_NEEDED in needs and not lab.settings.llama_model:
