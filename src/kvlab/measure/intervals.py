@@ -73,27 +73,21 @@ Floats = NDArray[np.float64]
 _COLUMNS = ("ttft_s", "tpot_s", "output_tokens", "duration_s")
 
 
-def _median(draws: Floats) -> Floats:
-    values = draws[..., 0]
-    found = np.median(values, axis=1)  # NaN where padding was drawn: those rows again
-    padded = np.isnan(found)
-    if padded.any():
-        found[padded] = np.nanmedian(values[padded], axis=1)
-    return np.asarray(found, dtype=np.float64)
-
-
 def percentile(q: float) -> Callable[[Floats], Floats]:
     """A `Metric.statistic`: the q-th percentile (0-100, linear, as vllm bench's) of each
-    draw's first column, padding left out as in `_median`."""
+    draw's first column, padding left out."""
     def statistic(draws: Floats) -> Floats:
         values = draws[..., 0]
-        found = np.percentile(values, q, axis=1)
+        found = np.percentile(values, q, axis=1)  # NaN where padding was drawn: those again
         padded = np.isnan(found)
         if padded.any():
             found[padded] = np.nanpercentile(values[padded], q, axis=1)
         return np.asarray(found, dtype=np.float64)
 
     return statistic
+
+
+_median = percentile(50)
 
 
 def _rate(draws: Floats) -> Floats:
