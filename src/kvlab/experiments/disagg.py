@@ -61,7 +61,7 @@ from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.offload import measure_capacity, require_successes
 from kvlab.experiments.pressure_plan import Counter, fit_preamble
 from kvlab.experiments.procedure import CancelSpec
-from kvlab.experiments.rounds import Rounds
+from kvlab.experiments.rounds import Rounds, for_pair
 from kvlab.loadgen import topology
 from kvlab.loadgen.capacity import CapacityAsk
 from kvlab.loadgen.linkrun import LinkSpec, run_load
@@ -413,8 +413,7 @@ def _rounds(lab: Lab, spec: DisaggSpec) -> Rounds:
     """The pair's and the baseline's stints: `--repeat`'s, for the load (once without it)."""
     if not spec.has(LOAD):
         return Rounds(1)
-    return Rounds(spec.repeat, spec.rule, Path(lab.settings.labbook), spec.label, "baseline",
-                  lab.say)
+    return for_pair(lab, spec.repeat, spec.rule, spec.label, "baseline")
 
 
 async def _split_stint(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured,

@@ -36,7 +36,7 @@ from kvlab.engines.vllm import facts as vllm_facts
 from kvlab.experiments import repeats
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.pressure_plan import TURNS, PressurePlan, plan_pressure
-from kvlab.experiments.rounds import Rounds, Write
+from kvlab.experiments.rounds import Rounds, Write, for_pair
 from kvlab.loadgen.capacity import CapacityAsk
 from kvlab.loadgen.spec import LoadSpec
 from kvlab.measure import kvmath
@@ -340,7 +340,7 @@ async def run(lab: Lab, spec: OffloadSpec) -> list[Record]:
     pressure = pressure_plan(lab, spec)
     if not support.ok or spec.tier != "both":
         return out + await _one_side(lab, spec, pressure, support)
-    rounds = _rounds(lab, spec)
+    rounds = for_pair(lab, spec.repeat, spec.rule, PRESSURE_ON.label, PRESSURE_OFF.label)
     for stint in rounds.stints():
         rows = await under_pressure(lab, spec, stint.side == 1, pressure, stint, rounds)
         think = think_of(rows)
@@ -350,14 +350,6 @@ async def run(lab: Lab, spec: OffloadSpec) -> list[Record]:
             spec = replace(spec, think_time=f"exponential:{think}")
         out += rows
     return out
-
-
-def _rounds(lab: Lab, spec: OffloadSpec) -> Rounds:
-    """The pressure pair's runs: `--repeat N`, or until TTFT p50 on / off settles."""
-    if spec.rule is None:
-        return Rounds(spec.repeat)
-    return Rounds(spec.repeat, spec.rule, Path(lab.settings.labbook), PRESSURE_ON.label,
-                  PRESSURE_OFF.label, lab.say)
 
 
 async def _one_side(lab: Lab, spec: OffloadSpec, pressure: PressurePlan,

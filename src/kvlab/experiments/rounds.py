@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kvlab.experiments import repeats
+from kvlab.experiments.lab import Lab
 from kvlab.experiments.repeats import MIN_ROUNDS, Sequential, Stint
 from kvlab.measure import intervals
 from kvlab.records.base import Record
@@ -119,6 +120,14 @@ class Rounds:
 
     def _side(self, label: str, level: int) -> list[LoadRecord]:
         return [r for r in self.rows if r.label == label and r.concurrency == level]
+
+
+def for_pair(lab: Lab, count: int, rule: Sequential | None, top: str, bottom: str) -> Rounds:
+    """A lab's two-sided runs: `count` repeats a side, or (with `rule`) rounds until TTFT p50
+    `top` over `bottom` settles, read from the lab's notebook."""
+    if rule is None:
+        return Rounds(count)
+    return Rounds(count, rule, Path(lab.settings.labbook), top, bottom, lab.say)
 
 
 def complete_rounds(rows: Sequence[LoadRecord], labels: tuple[str, str]) -> int:
