@@ -19,7 +19,8 @@ def _run(monkeypatch: pytest.MonkeyPatch, platform: str,
     calls: list[tuple[bool, repeats.Stint]] = []
 
     async def fake_pressure(lab: Any, spec: Any, on: bool, pressure: Any,
-                            stint: repeats.Stint, rounds: Any = None) -> list[Record]:
+                            stint: repeats.Stint, rounds: Any = None,
+                            given: Any = None) -> list[Record]:
         calls.append((on, stint))
         return []
 

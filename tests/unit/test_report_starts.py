@@ -38,3 +38,19 @@ def test_a_kept_engine_counts_its_reset_and_says_what_it_saved(tmp_path: Path) -
     assert found.saved_s == first.ready_s and found.reset_s == 0.2
     assert "1 engine(s) kept from the previous step and reset instead" in found.sentence()
     assert found.sentence() in build(book).markdown()
+
+
+def test_engines_started_together_count_their_longest_start_once(tmp_path: Path) -> None:
+    book = tmp_path / "book.jsonl"
+    book.write_text(DEMO.read_text(encoding="utf-8"), encoding="utf-8")
+    before = latest(notebook.read(book))
+    assert before is not None
+    first = next(r for r in notebook.read(DEMO).of(StartupRecord) if r.label == "disk")
+    for label, ready in (("offload-off", 60.0), ("offload-on", 75.0), ("offload-off-load", 50.0)):
+        notebook.append(book, first.model_copy(update={"label": label, "ready_s": ready,
+                                                       "start_batch": "b1"}))
+    found = latest(notebook.read(book))
+    assert found is not None and found.starts == before.starts + 3
+    assert found.start_s == before.start_s + 75.0  # one batch: its longest, not 185 s
+    assert (found.together, found.batches) == (3, 1)
+    assert "(3 of them together, in 1 batch(es) counted once each)" in found.sentence()

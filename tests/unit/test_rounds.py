@@ -141,7 +141,7 @@ def test_run_offload_with_repeat_auto_stops_the_pressure_pair_by_the_rule(
     ran: list[tuple[int, int | None]] = []
 
     async def fake_pressure(lab: Any, spec: Any, on: bool, pressure: Any, stint: Stint,
-                            rounds: Rounds) -> list[Record]:
+                            rounds: Rounds, given: Any = None) -> list[Record]:
         fake_stint(book, rounds, clear, ran, sigma=0.2)(stint)
         return []
 

@@ -78,6 +78,15 @@ def cuda_architecture() -> str | None:
     return digits if digits.isdigit() else None
 
 
+def device_memory_bytes() -> int | None:
+    """The first NVIDIA GPU's memory, from `nvidia-smi --query-gpu=memory.total` (MiB); None
+    when it cannot say (no nvidia-smi, a unified-memory GPU that reports none)."""
+    text = _nvidia_smi("--query-gpu=memory.total", "--format=csv,noheader,nounits")
+    first = (text or "").strip().splitlines()[:1]
+    mib = first[0].strip() if first else ""
+    return int(mib) * 2**20 if mib.isdigit() else None
+
+
 def memory_kind(query_csv: str) -> str:
     """unified or discrete, from `nvidia-smi --query-gpu=name,memory.total --format=csv,...`."""
     kinds = set()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,7 +71,8 @@ def labels_for(plans: Sequence[EnginePlan], labels: Sequence[str]) -> list[str]:
 
 async def record_ready(scope: Scope, proc: EngineProcess, label: str,
                        node: NodeInfo | None = None,
-                       reused: EngineReuse | None = None) -> StartupRecord:
+                       reused: EngineReuse | None = None,
+                       batch: str | None = None) -> StartupRecord:
     """The ready engine's startup line (its own version, its log's capacity), recorded and
     said in one line; a kept engine's (`reused`) says so, with its reset's check."""
     version = await startup.server_version(proc.plan)
@@ -79,7 +81,7 @@ async def record_ready(scope: Scope, proc: EngineProcess, label: str,
     ready_s = reused.probe.reset_s if reused is not None else proc.ready_s
     line = startup.record(proc.plan, proc.log_text(), ready_s=ready_s,
                           engine_version=version, label=label, node=node, instance=instance)
-    line.reused = reused
+    line.reused, line.start_batch = reused, batch
     scope.record(line)
     on = f" on node {node.node}" if node is not None else ""
     how = (f"kept from {reused.started_as}, its cache reset (a probe: "
@@ -160,9 +162,11 @@ class LocalHost:
             for choice in dict.fromkeys(c for p in fresh if (c := choice_line(p.plan))):
                 self.scope.say(f"    {choice}")
             await asyncio.gather(*(p.wait_ready() for p in fresh))
+            batch = secrets.token_hex(4) if len(fresh) > 1 else None
             for i, (proc, label) in enumerate(zip(procs, names, strict=True)):
                 await record_ready(self.scope, proc, label,
-                                   reused=kept[i].reuse if i in kept else None)
+                                   reused=kept[i].reuse if i in kept else None,
+                                   batch=None if i in kept else batch)
             async with _watched(procs):
                 yield procs
             stopping, clean = not self.detached, True

@@ -513,12 +513,11 @@ class AllArgs(PlacementArgs):
         from kvlab.core.profiles import GPU_PROFILES
         from kvlab.experiments.everything import AllSpec
 
-        s = loaded.values
+        s, gpu = loaded.values, loaded.profile in GPU_PROFILES
         only = tuple(self.only)
-        return (AllSpec.quick(s.prompt_set, only, loaded.profile in GPU_PROFILES)
-                if self.quick else AllSpec.lab(
+        return (AllSpec.quick(s.prompt_set, only, gpu) if self.quick else AllSpec.lab(
             s.concurrency, s.requests, s.max_tokens, s.preamble_tokens, s.preamble_words,
-            s.prompt_set, only))
+            s.prompt_set, only, gpu))
 
 
 def split_label(label: str) -> str:

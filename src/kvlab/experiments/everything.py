@@ -72,20 +72,21 @@ class AllSpec:
     only: tuple[str, ...] = ()
     capacity: CapacityAsk | None = None  # the target "" is the platform's
     llama_slot_ctx: int = 2048  # llama-tiers' pressure runs: tokens per slot
+    together: bool = False  # on a GPU: an experiment's engines start at once (`together.py`)
 
     @classmethod
     def lab(cls, levels: tuple[int, ...], requests: int | None, max_tokens: int,
             preamble_tokens: int, preamble_words: int, prompt_set: str,
-            only: tuple[str, ...] = ()) -> AllSpec:
+            only: tuple[str, ...] = (), gpu: bool = False) -> AllSpec:
         return cls(6, preamble_words, 8, levels, requests, max_tokens, preamble_tokens, 3500,
-                   prompt_set, only, CapacityAsk("", LAB_SEARCH))
+                   prompt_set, only, CapacityAsk("", LAB_SEARCH), together=gpu)
 
     @classmethod
     def quick(cls, prompt_set: str, only: tuple[str, ...] = (), gpu: bool = False) -> AllSpec:
         # a GPU serves a pressure run's turns fast: pacing 2 users in flight stretched its
         # think time to 8.1 s and each run to 88 s on the H200, 8 keep it near 20 s
         return cls(3, 400, 8 if gpu else 2, (1, 2), 4, 8, 300, 3000, prompt_set, only,
-                   CapacityAsk("", QUICK_SEARCH), llama_slot_ctx=1024)
+                   CapacityAsk("", QUICK_SEARCH), llama_slot_ctx=1024, together=gpu)
 
 
 def quick_settings(loaded: LoadedSettings, quick: bool) -> tuple[Settings, str]:
@@ -133,7 +134,8 @@ def specs(lab: Lab, spec: AllSpec) -> dict[str, object]:
         "offload": OffloadSpec(turns=spec.turns, preamble_words=spec.preamble_words,
                                concurrency=spec.offload_concurrency,
                                load_max_tokens=spec.max_tokens,
-                               preamble_tokens=spec.preamble_tokens, capacity=spec.capacity),
+                               preamble_tokens=spec.preamble_tokens, capacity=spec.capacity,
+                               together=spec.together),
         "shared": SharedSpec(turns=spec.turns, preamble_words=spec.preamble_words,
                              proof_preamble_words=min(600, spec.preamble_words)),
         "disagg": DisaggSpec(levels=spec.levels, requests=spec.requests,

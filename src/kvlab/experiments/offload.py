@@ -22,18 +22,20 @@ not run, with the reason, instead of being started to fail.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from kvlab.core.errors import EngineError
 from kvlab.engines import vllm
 from kvlab.engines.base import VLLM, Support
 from kvlab.engines.plan import EnginePlan
-from kvlab.engines.process import free_port
+from kvlab.engines.process import EngineProcess, free_port
 from kvlab.engines.registry import engine_for
 from kvlab.engines.vllm import facts as vllm_facts
-from kvlab.experiments import repeats
+from kvlab.experiments import repeats, together
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.pressure_plan import TURNS, PressurePlan, plan_pressure
 from kvlab.experiments.rounds import Rounds, Write, for_pair
@@ -80,6 +82,7 @@ class OffloadSpec:
     rule: repeats.Sequential | None = None  # --repeat auto: until settled, `repeat` the cap
     tier_gb: float | str | None = None  # the pressure runs' host tier in GiB, or
     # "working-set" (sized to hold it); None: KV_OFFLOAD_GB as set (the lab: start small)
+    together: bool = False  # part all: every engine started at once on one GPU (run all)
     tier: str = "both"  # the pressure runs' sides: "off", "on" or both (a side alone: its
     # capacity search in a call of its own; the other side is another run's)
     requests: int | None = None  # the lab's method: requests a level (None: the default)
@@ -107,10 +110,22 @@ def plan_for(lab: Lab, on: bool, *, kv_cache_bytes: int = 0, probe: bool = True,
                      vllm.PlanOptions(port=free_port(), offload=on), flags)
 
 
-async def quiet(lab: Lab, spec: OffloadSpec, on: bool) -> Record:
+@contextlib.asynccontextmanager
+async def _engine(lab: Lab, label: str, plan: Callable[[], EnginePlan],
+                  given: EngineProcess | None) -> AsyncIterator[EngineProcess]:
+    """`given` (one of engines started together), else `plan()` started for the block."""
+    if given is not None:
+        yield given
+        return
+    async with engines(lab, [plan()], labels=[label]) as (proc,):
+        yield proc
+
+
+async def quiet(lab: Lab, spec: OffloadSpec, on: bool,
+                given: EngineProcess | None = None) -> Record:
     """Six turns of one conversation against one instance, tier off or on."""
     label = (QUIET_ON if on else QUIET_OFF).label
-    async with engines(lab, [plan_for(lab, on)], labels=[label]) as (proc,):
+    async with _engine(lab, label, lambda: plan_for(lab, on), given) as proc:
         plan = proc.plan  # as started: on a cluster node, its address and port
         lab.say(f"==> {label}: {spec.turns} turns on a quiet server")
         run = await run_reuse(ReuseOptions(
@@ -176,7 +191,8 @@ def sessions_load(lab: Lab, spec: OffloadSpec, pressure: PressurePlan, label: st
 
 
 async def under_pressure(lab: Lab, spec: OffloadSpec, on: bool, pressure: PressurePlan,
-                         stint: repeats.Stint, rounds: Rounds | None = None) -> list[Record]:
+                         stint: repeats.Stint, rounds: Rounds | None = None,
+                         given: EngineProcess | None = None) -> list[Record]:
     """User sessions against a cache sized to be too small, tier off or on, once per repeat
     of the stint (its rows written through `rounds`' writer); then, in the side's first stint
     and with a target, the most users that meet it."""
@@ -188,8 +204,8 @@ async def under_pressure(lab: Lab, spec: OffloadSpec, on: bool, pressure: Pressu
     if gb is not None and (note := tier_note(gb, pressure)):
         lab.say(f"    note: {note}")
     rows: list[Record] = []
-    async with engines(lab, [plan_for(lab, on, kv_cache_bytes=pressure.kv_cache_bytes,
-                                   tier_gb=gb)], labels=[label]) as (proc,):
+    async with _engine(lab, label, lambda: plan_for(
+            lab, on, kv_cache_bytes=pressure.kv_cache_bytes, tier_gb=gb), given) as proc:
         plan = proc.plan  # as started: on a cluster node, its address and port
         load = sessions_load(lab, spec, pressure, label, plan.base_url, tier_words(lab, on, gb))
         planned = pressure.as_record()
@@ -319,30 +335,47 @@ async def run(lab: Lab, spec: OffloadSpec) -> list[Record]:
     """All four measurements (or the reasons some cannot run here)."""
     spec = replace(spec, block_size=engine_for(VLLM).block_size(lab.vllm.platform))
     support = lab.vllm.offload_support()
+    if spec.together and spec.part == "all" and spec.method == "sessions" \
+            and spec.tier == "both" and (found := await _together(lab, spec, support)):
+        return found
     out: list[Record] = []
     if spec.part in ("all", "quiet"):
-        # vLLM's flag list for the tier's plans, read while the tier-off engine starts: on
-        # the H200 `vllm serve --help=all` took about 30 s between the two quiet runs
-        flags = asyncio.create_task(asyncio.to_thread(
-            vllm.accepted_flags, lab.vllm, lab.settings.paths().flag_probes)) \
-            if support.ok else None
-        try:
-            out.append(await quiet(lab, spec, on=False))
-        finally:
-            if flags is not None:
-                await flags
-        if not support.ok:
-            out.append(lab.not_run(QUIET_ON, support.reason))
-        else:
-            out.append(await quiet(lab, spec, on=True))
+        out += await _quiet_pair(lab, spec, support, {})
     if spec.part == "quiet":
         return out
-    pressure = pressure_plan(lab, spec)
+    return out + await _pressure(lab, spec, pressure_plan(lab, spec), support, {})
+
+
+Given = dict[str, EngineProcess]  # engines started together, by the label of their row
+
+
+async def _quiet_pair(lab: Lab, spec: OffloadSpec, support: Support,
+                      given: Given) -> list[Record]:
+    # vLLM's flag list for the tier's plans, read while the tier-off engine starts: on the
+    # H200 `vllm serve --help=all` took about 30 s between the two quiet runs
+    flags = asyncio.create_task(asyncio.to_thread(
+        vllm.accepted_flags, lab.vllm, lab.settings.paths().flag_probes)) \
+        if support.ok and not given else None
+    try:
+        out = [await quiet(lab, spec, False, given.get(QUIET_OFF.label))]
+    finally:
+        if flags is not None:
+            await flags
+    if not support.ok:
+        return [*out, lab.not_run(QUIET_ON, support.reason)]
+    return [*out, await quiet(lab, spec, True, given.get(QUIET_ON.label))]
+
+
+async def _pressure(lab: Lab, spec: OffloadSpec, pressure: PressurePlan, support: Support,
+                    given: Given) -> list[Record]:
     if not support.ok or spec.tier != "both":
-        return out + await _one_side(lab, spec, pressure, support)
+        return await _one_side(lab, spec, pressure, support, given)
+    out: list[Record] = []
     rounds = for_pair(lab, spec.repeat, spec.rule, PRESSURE_ON.label, PRESSURE_OFF.label)
     for stint in rounds.stints():
-        rows = await under_pressure(lab, spec, stint.side == 1, pressure, stint, rounds)
+        on = stint.side == 1
+        rows = await under_pressure(lab, spec, on, pressure, stint, rounds,
+                                    given.get((PRESSURE_ON if on else PRESSURE_OFF).label))
         think = think_of(rows)
         if stint.side == 0 and think is not None and not spec.think_time:
             # the first tier-off run's think time from then on, both sides: the tier is the
@@ -353,13 +386,14 @@ async def run(lab: Lab, spec: OffloadSpec) -> list[Record]:
 
 
 async def _one_side(lab: Lab, spec: OffloadSpec, pressure: PressurePlan,
-                    support: Support) -> list[Record]:
+                    support: Support, given: Given) -> list[Record]:
     """The pressure runs of one side, repeats back to back: `--tier off|on`, or tier off
     alone where the tier cannot run (with the reason the other side is missing)."""
     out: list[Record] = []
     every = repeats.Stint(0, repeats.one_side(spec.repeat), True)
     if spec.tier in ("both", "off"):
-        out += await under_pressure(lab, spec, False, pressure, every)
+        out += await under_pressure(lab, spec, False, pressure, every,
+                                    given=given.get(PRESSURE_OFF.label))
     if spec.tier in ("both", "on") and not support.ok:
         out.append(lab.not_run(PRESSURE_ON, support.reason))
         if spec.capacity is not None:
@@ -367,6 +401,35 @@ async def _one_side(lab: Lab, spec: OffloadSpec, pressure: PressurePlan,
     elif spec.tier == "on":
         out += await under_pressure(lab, spec, True, pressure, replace(every, side=1))
     return out
+
+
+async def _together(lab: Lab, spec: OffloadSpec, support: Support) -> list[Record]:
+    """Every engine of the lab started at once, each with its share of the device
+    (`together.py`), then the measurements in their usual order; [] when they would not fit
+    (said, and the caller starts them one at a time)."""
+    pressure = pressure_plan(lab, spec)
+    sides = (False, True) if support.ok else (False,)
+    quiet_bytes = together.quiet_cache_bytes(lab, pressure.bytes_per_token, spec.block_size)
+    why = together.apart(lab, [quiet_bytes, pressure.kv_cache_bytes] * len(sides))
+    if why is not None:
+        lab.say(f"    note: the offload engines start one at a time: {why}")
+        return []
+    gb = _pressure_tier_gb(lab, spec, pressure)
+    share = 2 * len(sides)
+
+    def side(on: bool) -> tuple[list[EnginePlan], list[str]]:
+        plans = [plan_for(lab, on, kv_cache_bytes=quiet_bytes, sharing=share),
+                 plan_for(lab, on, kv_cache_bytes=pressure.kv_cache_bytes,
+                          tier_gb=gb if on else None, sharing=share)]
+        return plans, [(QUIET_ON if on else QUIET_OFF).label,
+                       (PRESSURE_ON if on else PRESSURE_OFF).label]
+
+    async with contextlib.AsyncExitStack() as stack:
+        given = await together.start(lab, stack, [partial(side, on) for on in sides])
+        lab.say(f"    {len(given)} engines started together, each with 1/{share} of "
+                f"MEM_FRACTION {lab.settings.mem_fraction:g} and a planned device cache")
+        return [*await _quiet_pair(lab, spec, support, given),
+                *await _pressure(lab, spec, pressure, support, given)]
 
 
 def think_of(rows: Sequence[Record]) -> float | None:

@@ -83,6 +83,11 @@ class _HfConfig(BaseModel):
     dtype: str | None = None
     kv_lora_rank: int | None = None
     q_lora_rank: int | None = None
+    intermediate_size: int | None = None
+    vocab_size: int | None = None
+    tie_word_embeddings: bool = False
+    num_experts: int | None = None
+    num_local_experts: int | None = None
     text_config: _HfConfig | None = None
 
 
@@ -144,6 +149,34 @@ def load_shape(path: Path) -> KvShape:
     if path.suffix == ".gguf":
         return shape_from_gguf(path)
     return shape_from_hf_config(path)
+
+
+def weight_bytes(model_dir: Path) -> int | None:
+    """The model's weights in bytes: its weight files' sizes, or for a directory without them
+    (random weights made at load) a dense decoder's parameters from config.json; None when
+    neither says (no directory, a mixture of experts, fields missing)."""
+    if not model_dir.is_dir():
+        return None
+    files = [*model_dir.glob("*.safetensors"), *model_dir.glob("*.bin")]
+    if files:
+        return sum(f.stat().st_size for f in files)
+    try:
+        config = _HfConfig.model_validate_json((model_dir / "config.json").read_bytes())
+    except (OSError, ValidationError):
+        return None
+    c = config.text_config or config
+    shape = (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.intermediate_size,
+             c.vocab_size)
+    if c.num_experts or c.num_local_experts or not all(shape):
+        return None
+    hidden, layers, heads, inner, vocab = (int(v or 0) for v in shape)
+    head_dim = c.head_dim or hidden // heads
+    kv_heads = c.num_key_value_heads or heads
+    attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+    per_layer = attention + 3 * hidden * inner  # q, o, k, v; gate, up, down
+    embeddings = vocab * hidden * (1 if c.tie_word_embeddings else 2)
+    per = element_bytes(c.torch_dtype or c.dtype or config.torch_dtype or "bf16")
+    return int((layers * per_layer + embeddings) * per)
 
 
 def round_up(tokens: int, block: int) -> int:

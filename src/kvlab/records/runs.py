@@ -130,6 +130,9 @@ class StartupRecord(Record, StartupFacts):
     reused: EngineReuse | None = Field(None, description="Set when the engine was kept from "
                                        "an earlier experiment of the pass and reset, not "
                                        "started: ready_s is then the reset's check.")
+    start_batch: str | None = Field(None, description="Shared by the engines started "
+                                    "together (their starts overlapped: the run's time in "
+                                    "starts counts the batch's longest time to ready once).")
 
 
 # --- reuse and proof ---------------------------------------------------------------------

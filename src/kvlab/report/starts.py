@@ -1,7 +1,8 @@
 """How much of the latest run went to starting engines, from its startup lines alone.
 
 A run's span is its first notebook line to its last (the time before the first line, and
-after the last, are not in the notebook). A fresh start counts its time to ready; an engine
+after the last, are not in the notebook). A fresh start counts its time to ready, and engines
+started together (one `start_batch`) count their longest time to ready once; an engine
 kept from an earlier step of a `kvlab run all` pass (`StartupRecord.reused`) counts the reset
 and its check instead, and the start it saved is said beside.
 """
@@ -23,6 +24,8 @@ class Starts:
     span_s: float
     starts: int
     start_s: float
+    together: int  # of `starts`, the engines started together with others
+    batches: int  # the starts they shared
     kept: int
     reset_s: float
     saved_s: float
@@ -32,7 +35,9 @@ class Starts:
                 f"(checked in {_clock(self.reset_s)}, {_clock(self.saved_s)} of starts saved)"
                 if self.kept else "")
         share = f" ({100 * self.start_s / self.span_s:.0f}%)" if self.span_s > 0 else ""
-        return (f"Engine starts in run {self.run_id}: {self.starts} start(s) took "
+        together = (f" ({self.together} of them together, in {self.batches} batch(es) counted "
+                    "once each)" if self.batches else "")
+        return (f"Engine starts in run {self.run_id}: {self.starts} start(s){together} took "
                 f"{_clock(self.start_s)} of its {_clock(self.span_s)}{share}, first line to "
                 f"last{kept}.")
 
@@ -50,7 +55,13 @@ def latest(book: Notebook) -> Starts | None:
     span = (max(known) - min(known)).total_seconds() if known else 0.0
     fresh = [r for r in mine if r.reused is None]
     kept = [r.reused for r in mine if r.reused is not None]
-    return Starts(run_id, span, len(fresh), sum(r.ready_s or 0.0 for r in fresh), len(kept),
+    walls: dict[str, float] = {}
+    for i, r in enumerate(fresh):
+        key = r.start_batch or f"alone-{i}"
+        walls[key] = max(walls.get(key, 0.0), r.ready_s or 0.0)
+    batched = [r for r in fresh if r.start_batch]
+    return Starts(run_id, span, len(fresh), sum(walls.values()), len(batched),
+                  len({r.start_batch for r in batched}), len(kept),
                   sum(k.probe.reset_s for k in kept),
                   sum(k.start_ready_s or 0.0 for k in kept))
 

