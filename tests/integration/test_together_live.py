@@ -13,7 +13,7 @@ import pytest
 
 from integration.conftest import cpu_settings
 from kvlab.engines.models import TinyModels
-from kvlab.experiments import offload
+from kvlab.experiments import disagg, offload
 from kvlab.experiments.lab import Lab
 from kvlab.measure import kvmath
 from kvlab.records import notebook
@@ -49,3 +49,22 @@ async def test_the_offload_engines_start_together_and_serve_their_rows_in_order(
     counted = latest(notebook.read(book))
     assert counted is not None and (counted.together, counted.batches) == (2, 1)
     assert counted.start_s == max(s.ready_s or 0.0 for s in starts)
+
+
+async def test_the_split_and_its_baseline_start_together_and_each_serves_its_load(
+        tiny_models: TinyModels, tmp_path: Path) -> None:
+    book = tmp_path / "book.md"
+    lab = Lab(cpu_settings(model=tiny_models.hf, ctx=2048, max_seqs=2, labbook=str(book),
+                           kv_shared_path=str(tmp_path / "kv")))
+    spec = disagg.DisaggSpec(levels=(1,), requests=4, max_tokens=8, preamble_tokens=200,
+                             together=True)
+    found = await disagg.run(lab, spec)
+    starts = notebook.read(book).of(StartupRecord)
+    engines = [s for s in starts if s.engine == "vllm"]
+    assert sorted(s.label for s in engines) == ["baseline", "disagg-decode", "disagg-prefill"]
+    assert len({s.start_batch for s in engines}) == 1 and engines[0].start_batch is not None
+    cache = kvmath.round_up(2 * 2048, 128)  # each its MAX_SEQS x CTX, the same for all three
+    assert {s.capacity.kv_cache_tokens for s in engines} == {cache}
+    loads = [r for r in found if isinstance(r, LoadRecord)]
+    assert {r.label for r in loads} == {"disagg", "baseline"}
+    assert all(r.ok == r.requests for r in loads)

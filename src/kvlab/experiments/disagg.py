@@ -30,9 +30,10 @@ TTFT p50 over the baseline's settles at every level (`rounds.py`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
@@ -47,7 +48,7 @@ from kvlab.engines.plan import EnginePlan, Flag
 from kvlab.engines.process import EngineProcess, free_port
 from kvlab.engines.registry import engine_for
 from kvlab.engines.vllm import store as kvstore
-from kvlab.experiments import DISAGG_PARTS, repeats
+from kvlab.experiments import DISAGG_PARTS, repeats, together
 from kvlab.experiments.boundary import (
     BoundarySpec,
     Side,
@@ -102,6 +103,17 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
+class Share:
+    """Each engine's part of one device when the split and the baseline start together."""
+
+    fraction: float
+    cache_bytes: int
+
+
+Given = dict[str, EngineProcess]  # engines started together, by startup label
+
+
+@dataclass(frozen=True)
 class DisaggSpec:
     levels: tuple[int, ...] = (1, 4, 8)
     requests: int | None = None  # None: the load generator's default per level
@@ -117,16 +129,21 @@ class DisaggSpec:
     rule: repeats.Sequential | None = None  # --repeat auto: until settled, `repeat` the cap
     label: str = "disagg"  # the split's rows (the baseline's are `baseline`)
     balance: str = "round-robin"  # how the proxy picks among several prefills or decodes
+    together: bool = False  # one round: the split and the baseline start at once (run all)
 
     def has(self, part: str) -> bool:
         return part in self.parts
 
 
-def _settings(lab: Lab, store: str) -> Settings:
+def _settings(lab: Lab, store: str, share: Share | None = None) -> Settings:
     """CONNECTOR as set (shared by default; nixl and mooncake move the KV point to point,
-    the store then unused), both roles on this machine's one device unless placed."""
-    return lab.settings.model_copy(update={"single_machine": True, "kv_shared_path": store,
-                                           "side_channel_addr": _side_channel(lab)})
+    the store then unused), both roles on this machine's one device unless placed; with
+    `share`, each engine's fraction of the device and its device cache."""
+    update: dict[str, object] = {"single_machine": True, "kv_shared_path": store,
+                                 "side_channel_addr": _side_channel(lab)}
+    if share is not None:
+        update |= {"split_mem_fraction": share.fraction, "kv_cache_bytes": share.cache_bytes}
+    return lab.settings.model_copy(update=update)
 
 
 def _side_channel(lab: Lab) -> str:
@@ -142,10 +159,10 @@ def transport(lab: Lab) -> str | None:
     return vllm.nixl_transport(lab.settings.connector, dict(os.environ))
 
 
-def split_plans(lab: Lab, store: str) -> list[EnginePlan]:
+def split_plans(lab: Lab, store: str, share: Share | None = None) -> list[EnginePlan]:
     """The split's engines: one prefill per PREFILL_HOSTS node, then one decode per
     DECODE_HOSTS node (one of each without the lists, or on this machine)."""
-    settings, install = _settings(lab, store), lab.vllm
+    settings, install = _settings(lab, store, share), lab.vllm
     # the two cores shared out when the engines share a machine's (Ray nodes on one machine too)
     cpu = install.platform == "cpu" and (
         lab.cluster is None or lab.cluster.same_machine("prefill", "decode") is not False)
@@ -190,8 +207,8 @@ def split_proxy(lab: Lab, spec: DisaggSpec, plans: Sequence[EnginePlan]) -> Engi
                       (lab.settings.small_model, block))
 
 
-def baseline_plan(lab: Lab, store: str) -> EnginePlan:
-    return vllm.plan(_settings(lab, store), "baseline", lab.vllm,
+def baseline_plan(lab: Lab, store: str, share: Share | None = None) -> EnginePlan:
+    return vllm.plan(_settings(lab, store, share), "baseline", lab.vllm,
                      vllm.PlanOptions(port=free_port()))
 
 
@@ -393,11 +410,13 @@ async def run(lab: Lab, spec: DisaggSpec) -> list[Record]:
             if (why := _two_machines(lab)) is not None:
                 out.append(lab.not_run(rows.TWO_MACHINES_SHARED, why))
             out.append(lab.not_run(rows.TWO_MACHINES_NIXL, NO_NIXL))
-        for stint in got.rounds.stints():
-            if stint.side == 0:
-                await _split_stint(lab, spec, store, got, stint)
-            elif spec.has(LOAD) or spec.has(BOUNDARY):
-                await _baseline_stint(lab, spec, store, got, stint)
+        async with contextlib.AsyncExitStack() as stack:
+            given = await _together(lab, spec, str(store), stack)
+            for stint in got.rounds.stints():
+                if stint.side == 0:
+                    await _split_stint(lab, spec, store, got, stint, given)
+                elif spec.has(LOAD) or spec.has(BOUNDARY):
+                    await _baseline_stint(lab, spec, store, got, stint, given)
     finally:
         lab.cleanup()
     out += got.records
@@ -416,8 +435,45 @@ def _rounds(lab: Lab, spec: DisaggSpec) -> Rounds:
     return for_pair(lab, spec.repeat, spec.rule, spec.label, "baseline")
 
 
+async def _together(lab: Lab, spec: DisaggSpec, store: str,
+                    stack: contextlib.AsyncExitStack) -> Given:
+    """With one round (no repeats), the split's engines and the baseline started at once,
+    each with an equal share of the device and the same device cache (the baseline and the
+    split still differ in one thing); {} where they start apart (said, when it is the fit)."""
+    if not spec.together or spec.repeat != 1 or spec.rule is not None:
+        return {}
+    roles = lab.placement.split_roles()
+    model = Path(lab.settings.small_model)
+    block = engine_for(VLLM).block_size(lab.vllm.platform)
+    cache = together.quiet_cache_bytes(lab, kvmath.load_shape(model).bytes_per_token(),
+                                       block) if (model / "config.json").exists() else 0
+    why = together.apart(lab, [cache] * (len(roles) + 1), str(model))
+    if why is not None:
+        lab.say(f"    note: the split and the baseline start one at a time: {why}")
+        return {}
+    share = Share(round(lab.settings.mem_fraction / (len(roles) + 1), 3), cache)
+    labels = [f"{spec.label}-{r}" for r in roles]
+
+    def plans() -> tuple[list[EnginePlan], list[str]]:
+        return ([*split_plans(lab, store, share), baseline_plan(lab, store, share)],
+                [*labels, "baseline"])
+
+    return await together.start(lab, stack, [plans])
+
+
+@contextlib.asynccontextmanager
+async def _pair(lab: Lab, spec: DisaggSpec, store: Path,
+                given: Given) -> AsyncIterator[list[EngineProcess]]:
+    labels = [f"{spec.label}-{r}" for r in lab.placement.split_roles()]
+    if given:
+        yield [given[label] for label in labels]
+        return
+    async with engines(lab, split_plans(lab, str(store)), labels=labels) as pair:
+        yield pair
+
+
 async def _split_stint(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured,
-                         stint: repeats.Stint) -> None:
+                       stint: repeats.Stint, given: Given) -> None:
     """The pair behind the proxy: the crossing check, the stint's load repeats, then (in
     the pair's first stint) each other part that needs the split."""
     from kvlab.proxy.check import crossing_check
@@ -426,8 +482,7 @@ async def _split_stint(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured,
     roles = lab.placement.split_roles()
     # the proxy starts once every leg is ready (it checks them as it starts); the legs' URLs
     # are the started plans' (on a cluster, their nodes' addresses)
-    async with engines(lab, split_plans(lab, str(store)),
-                       labels=[f"{spec.label}-{r}" for r in roles]) as pair, \
+    async with _pair(lab, spec, store, given) as pair, \
             engines(lab, [split_proxy(lab, spec, [e.plan for e in pair])],
                     labels=[PROXY_LABEL]) as (proxy,):
         prefills, decodes = sides(lab, [e.plan for e in pair])
@@ -454,10 +509,10 @@ async def _split_stint(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured,
 
 
 async def _baseline_stint(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured,
-                            stint: repeats.Stint) -> None:
+                          stint: repeats.Stint, given: Given) -> None:
     """The monolithic baseline, the one variable changed, for each part that compares."""
     where = baseline_where(lab)
-    async with engines(lab, [baseline_plan(lab, str(store))], labels=["baseline"]) as (engine,):
+    async with _baseline(lab, store, given) as engine:
         base = engine.plan
         if spec.has(LOAD):
             await _loads(lab, spec, got, "baseline", base.base_url, where,
@@ -465,6 +520,15 @@ async def _baseline_stint(lab: Lab, spec: DisaggSpec, store: Path, got: _Measure
                          stint)
         if stint.first and spec.has(BOUNDARY):
             await _boundary_side(lab, spec, got, engine, base.metrics_url, "baseline", where)
+
+
+@contextlib.asynccontextmanager
+async def _baseline(lab: Lab, store: Path, given: Given) -> AsyncIterator[EngineProcess]:
+    if "baseline" in given:
+        yield given["baseline"]
+        return
+    async with engines(lab, [baseline_plan(lab, str(store))], labels=["baseline"]) as (engine,):
+        yield engine
 
 
 async def _loads(lab: Lab, spec: DisaggSpec, got: _Measured, label: str, url: str,

@@ -141,7 +141,7 @@ def specs(lab: Lab, spec: AllSpec) -> dict[str, object]:
         "disagg": DisaggSpec(levels=spec.levels, requests=spec.requests,
                              max_tokens=spec.max_tokens, preamble_tokens=spec.preamble_tokens,
                              prompt_set=spec.prompt_set, parts=_disagg_parts(lab),
-                             capacity=spec.capacity),
+                             capacity=spec.capacity, together=spec.together),
         # three small replicas: every arm, both prompt sets, a few requests each
         "replicas": ReplicasSpec(replicas=3, requests=max(8, min(spec.requests or 24, 24)),
                                  concurrency=2, preamble_tokens=spec.preamble_tokens,

