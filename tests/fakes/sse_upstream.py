@@ -6,7 +6,9 @@ its /metrics counters as if the engine had restarted. Everything else (chunked S
 role-only first chunk like vLLM's, `usage` in a last chunk when asked) follows the OpenAI
 shapes, and a reasoning model's stream as vLLM documents it (`reasoning`: the first tokens
 are `delta.reasoning`, the field vLLM 0.11 and later stream, the answer follows in
-`delta.content`). Runs in the test's own event loop (`async with SseUpstream(...) as up`) or as a
+`delta.content`). On request it also answers vLLM's /tokenize of a text prompt and /detokenize
+(`tokenizer`), with a toy tokenizer: a word's id from its letters, an id's text `w<id>`. Runs
+in the test's own event loop (`async with SseUpstream(...) as up`) or as a
 script: `python sse_upstream.py --port N [--fail-every 3] [--stall-every 2] ...`.
 """
 
@@ -31,6 +33,7 @@ class Behaviour:
     usage: bool = True  # honour stream_options.include_usage
     prompt_tokens: int = 100
     reasoning: int = 0  # chat: this many first tokens are reasoning (`delta.reasoning`)
+    tokenizer: tuple[str, ...] = ()  # the routes answered: "/tokenize", "/detokenize"
 
 
 @dataclass
@@ -44,6 +47,7 @@ class Counters:
     bodies: list[dict[str, Any]] = field(default_factory=list)
     authorization: list[str] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)  # each request's, lower-cased
+    detokenized: list[list[int]] = field(default_factory=list)  # /detokenize's token lists
 
 
 class SseUpstream:
@@ -120,11 +124,25 @@ class SseUpstream:
         body = await reader.readexactly(int(headers.get("content-length", "0")))
         if method == "GET" and path == "/metrics":
             return await self._plain(writer, 200, self.metrics_text().encode(), "text/plain")
+        if method == "POST" and path in self.behaviour.tokenizer:
+            return await self._tokenizer(writer, path, json.loads(body))
         if method != "POST" or not path.endswith("completions"):
             return await self._plain(writer, 404, b'{"error":"not found"}')
         self.counters.authorization.append(headers.get("authorization", ""))
         self.counters.headers.append(headers)
         return await self._complete(writer, json.loads(body), path.endswith("chat/completions"))
+
+    async def _tokenizer(self, writer: asyncio.StreamWriter, path: str,
+                         body: dict[str, Any]) -> bool:
+        """vLLM's shapes: {"prompt"} -> {"tokens"}, {"model", "tokens"} -> {"prompt"}."""
+        if path == "/detokenize" and isinstance(body.get("tokens"), list):
+            self.counters.detokenized.append(body["tokens"])
+            answer = {"prompt": " ".join(f"w{t}" for t in body["tokens"])}
+        elif path == "/tokenize" and isinstance(body.get("prompt"), str):
+            answer = {"tokens": [toy_token(w) for w in body["prompt"].split()]}
+        else:
+            return await self._plain(writer, 400, b'{"error":"bad request"}')
+        return await self._plain(writer, 200, json.dumps(answer).encode())
 
     async def _plain(self, writer: asyncio.StreamWriter, status: int, body: bytes,
                      ctype: str = "application/json") -> bool:
@@ -178,6 +196,11 @@ class SseUpstream:
     @staticmethod
     def _chunk(data: bytes) -> bytes:
         return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def toy_token(word: str) -> int:
+    """The toy tokenizer's id of a word."""
+    return len(word) * 1000 + sum(map(ord, word)) % 1000
 
 
 async def _main() -> None:

@@ -16,6 +16,7 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 import seeds
@@ -23,6 +24,7 @@ from integration.conftest import cpu_settings
 from kvlab.engines import vllm
 from kvlab.engines.models import TinyModels
 from kvlab.engines.process import EngineProcess, free_port
+from kvlab.loadgen.client import Endpoint
 from kvlab.loadgen.sweep import LoadSpec, run_sweep
 from kvlab.records import notebook, requests
 from kvlab.records.models import LoadRecord
@@ -180,6 +182,52 @@ def test_vllm_bench_flags_against_vllm(engine: str, tmp_path: Path) -> None:
     assert row.vllm_metrics is not None
     assert row.vllm_metrics["p99_tpot_ms"] == pytest.approx(doc["p99_tpot_ms"])
     assert str(results / "r.json") == row.result_file
+
+
+def sent_prompts(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Every request body's "prompt" as kvlab builds it, in order."""
+    sent: list[object] = []
+    build = Endpoint.request_bytes
+
+    def spy(self: Endpoint, path: str, body: dict[str, object], *rest: object,
+            **named: object) -> bytes:
+        sent.append(body["prompt"])
+        return build(self, path, body, *rest, **named)  # type: ignore[arg-type]
+    monkeypatch.setattr(Endpoint, "request_bytes", spy)
+    return sent
+
+
+async def test_text_prompts_are_strings_the_server_tokenizes(
+        engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--prompt-form text: each random prompt goes out as a string, vLLM's /detokenize of the
+    token ids --prompt-form ids sends; vLLM counts that string's tokens (its /tokenize's
+    count, on each line): about --random-input-len of them, not necessarily exactly."""
+    sent = sent_prompts(monkeypatch)
+    book = tmp_path / "labbook.md"
+    rows = [(await run_sweep(LoadSpec(
+        base_url=engine, model=SERVED, levels=(2,), requests=6, max_tokens=2,
+        prompt_set="mixed", label=form, endpoint="completions", random_input_len=200,
+        prompt_form=form, seed=31, ignore_eos=True, timeout_s=120, labbook=str(book),
+        scrape_metrics=False))).rows[0] for form in ("ids", "text")]
+    ids, texts = sent[:8], sent[8:]
+    assert [(r.prompt_form, r.ok, r.warmup_requests) for r in rows] == [
+        ("ids", 6, 2), ("text", 6, 2)], rows[1].failures
+    assert all(isinstance(p, list) and len(p) == 200 for p in ids)
+    assert len(texts) == 8 and all(isinstance(t, str) for t in texts)
+    root = engine.removesuffix("/v1")
+    async with httpx.AsyncClient(timeout=30) as client:
+        spelt = [(await client.post(f"{root}/detokenize", json={"model": SERVED, "tokens": p})
+                  ).json()["prompt"] for p in ids]
+        counts = [len((await client.post(f"{root}/tokenize", json={"prompt": t})
+                       ).json()["tokens"]) for t in texts]
+    assert texts == spelt
+    row = rows[1]
+    assert row.requests_file is not None
+    lines = requests.read(requests.location(book, row.requests_file), row.requests_sha256)
+    assert sorted(x.prompt_tokens or 0 for x in lines) == sorted(counts)
+    assert all(x.prompt_tokens_requested == 200 for x in lines)
+    assert all(180 <= n <= 220 for n in counts), counts
+    assert row.prompt_tokens_mean == pytest.approx(statistics.fmean(counts[2:]), abs=0.05)
 
 
 async def test_load_against_a_stock_server_takes_the_model_it_serves(

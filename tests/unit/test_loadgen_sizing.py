@@ -54,6 +54,26 @@ async def test_each_engine_posts_its_own_tokenize_shape() -> None:
     assert seen[1] == ("http://e:1/tokenize", {"content": "The river.", "add_special": False})
 
 
+async def test_each_engine_posts_its_own_detokenize_shape() -> None:
+    seen: list[tuple[str, dict[str, object]]] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append((str(request.url), body))
+        if request.url.host != "e":
+            return httpx.Response(404, json={"error": "not found"})
+        text = " ".join(map(str, body["tokens"]))
+        return httpx.Response(200, json={"prompt": text} if "model" in body
+                              else {"content": text})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as client:
+        assert await engine_for(VLLM).detokenize(client, "http://e:1", "m", [7, 8]) == "7 8"
+        assert await engine_for(LLAMA_CPP).detokenize(client, "http://e:1", "m", [9]) == "9"
+        assert await engine_for(VLLM).detokenize(client, "http://other:2", "m", [1]) is None
+    assert seen[:2] == [("http://e:1/detokenize", {"model": "m", "tokens": [7, 8]}),
+                        ("http://e:1/detokenize", {"tokens": [9]})]
+
+
 async def test_the_preamble_is_fitted_to_the_token() -> None:
     seen: list[tuple[str, dict[str, object]]] = []
     async with tokenizer_server(seen, ("http://engine:8200",)) as client:

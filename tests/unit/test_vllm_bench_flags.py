@@ -87,9 +87,9 @@ def load_env(tmp_path: Path) -> dict[str, str]:
             "LABBOOK": str(tmp_path / "labbook.md")}
 
 
-async def against_the_fake(*args: str, env: dict[str, str]
+async def against_the_fake(*args: str, env: dict[str, str], behaviour: Behaviour | None = None
                            ) -> tuple[subprocess.CompletedProcess[str], Counters]:
-    async with SseUpstream(Behaviour(tokens=3)) as up:
+    async with SseUpstream(behaviour or Behaviour(tokens=3)) as up:
         run = await asyncio.to_thread(kvlab, "--base-url", up.base_url.removesuffix("/v1"),
                                       *args, env=env)
     return run, up.counters
@@ -169,6 +169,9 @@ def test_an_infinite_rate_is_the_closed_loop(tmp_path: Path) -> None:
     (("--random-input-len", "8", "--endpoint", "chat"), "--random-input-len: random prompts"),
     (("--synthetic-input-tokens-mean", "8", "--endpoint", "chat"),
      "--random-input-len: random prompts"),
+    (("--prompt-form", "text"), "--prompt-form text: only random prompts (--random-input-len)"),
+    (("--prompt-form", "ids", "--users", "2"), "--prompt-form ids: only random prompts"),
+    (("--prompt-form", "words", "--random-input-len", "8"), "--prompt-form"),
     (("--concurrency", "1,2", "--save-result", "--result-filename", "r.json"),
      "--result-filename names one file"),
     (("--percentile-metrics", "ttft,queue"), "--percentile-metrics 'ttft,queue': choose"),
@@ -217,3 +220,39 @@ def test_aiperf_and_guidellm_names_mean_what_they_mean_there(tmp_path: Path) -> 
     assert "a server root, as vllm bench takes it" in guide.stdout + guide.stderr
     assert len(seen2.bodies) == 4 + 2  # one warm-up per concurrent request
     assert notebook.read(tmp_path / "g" / "labbook.md").of(LoadRecord)[0].ok == 4
+
+
+def random_prompts(form: str, tmp_path: Path, tokenizer: tuple[str, ...]) -> tuple[
+        subprocess.CompletedProcess[str], Counters]:
+    return asyncio.run(against_the_fake(
+        "--model", "fake", "--random-input-len", "12", "--num-prompts", "3",
+        "--max-concurrency", "1", "--max-tokens", "2", "--seed", "5", "--prompt-form", form,
+        "--no-progress", env=load_env(tmp_path / form),
+        behaviour=Behaviour(tokens=2, tokenizer=tokenizer)))
+
+
+def test_text_prompts_are_the_servers_text_of_the_same_token_ids(tmp_path: Path) -> None:
+    """--prompt-form text sends, as a string, what the server's /detokenize made of the
+    token ids --prompt-form ids sends (warm-up included); the row says which form."""
+    both = ("/tokenize", "/detokenize")
+    (ids, sent_ids), (text, sent_text) = (random_prompts(f, tmp_path, both)
+                                          for f in ("ids", "text"))
+    assert ids.returncode == 0 and text.returncode == 0, ids.stderr + text.stderr
+    prompts = [b["prompt"] for b in sent_ids.bodies]
+    assert len(prompts) == 1 + 3 and all(isinstance(p, list) and len(p) == 12 for p in prompts)
+    assert not sent_ids.detokenized
+    assert sent_text.detokenized[1:] == prompts  # after the probe: each prompt's ids, once
+    assert [b["prompt"] for b in sent_text.bodies] == [
+        " ".join(f"w{t}" for t in p) for p in prompts]
+    rows = [notebook.read(tmp_path / f / "labbook.md").of(LoadRecord)[0] for f in ("ids", "text")]
+    assert [(r.prompt_form, r.random_input_len, r.ok) for r in rows] == [
+        ("ids", 12, 3), ("text", 12, 3)]
+
+
+def test_text_prompts_without_a_detokenizer_are_refused_before_any_request(
+        tmp_path: Path) -> None:
+    run, sent = random_prompts("text", tmp_path, ("/tokenize",))
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "--prompt-form text: no /detokenize answered" in run.stderr
+    assert "--tokenize-url" in run.stderr and "Traceback" not in run.stderr
+    assert sent.requests == 0 and not (tmp_path / "text" / "labbook.md").exists()

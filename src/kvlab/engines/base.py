@@ -328,3 +328,9 @@ class Engine(Protocol):
         """`text` in the served model's tokens, without special tokens, by the server's own
         tokenizer endpoint (None: the server has none, or it did not answer)."""
         ...
+
+    async def detokenize(self, client: httpx.AsyncClient, root: str, model: str,
+                         tokens: list[int]) -> str | None:
+        """`tokens` of the served model (`model`) as text, by the server's own detokenizer
+        endpoint (None: the server has none, or it did not answer)."""
+        ...

@@ -343,6 +343,7 @@ def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: s
         temperature=bench.temperature, extra_body=extra_body(bench.extra_body,
                                                              bench.temperature),
         headers=headers(bench.header), random_input_len=bench.random_input_len,
+        prompt_form=bench.prompt_form,
         bench=bench_ask(bench, objectives, len(settings.concurrency) * max(1, len(rates))))
     return _workload(loaded, args, spec)
 

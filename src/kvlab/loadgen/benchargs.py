@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,6 +48,12 @@ class BenchArgs(BaseModel):
                                          "request, nothing shared), sent to /v1/completions: "
                                          "vllm bench's random dataset. Replaces the prompt "
                                          "set.")
+    prompt_form: Literal["ids", "text"] | None = Field(
+        None, description="How the --random-input-len prompts are sent: ids (the token ids; "
+        "the server counts exactly N and tokenizes nothing) or text (those ids made text by "
+        "the server's /detokenize before the run, as vllm bench sends its prompts: the "
+        "server's tokenization is inside TTFT, and its count may differ from N by a few) "
+        "[default: ids].")
     percentile_metrics: str | None = Field(None, description="vllm bench's figures to show "
                                            "and save: ttft,tpot,itl,e2el,client_queue_time,"
                                            "e2el_including_client_queue [default: "

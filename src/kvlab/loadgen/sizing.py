@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable, Iterable
 import httpx
 
 from kvlab.engines.registry import engine_for
+from kvlab.loadgen.trace import server_roots
 from kvlab.measure import workloads
 from kvlab.measure.workloads import Sizing
-from kvlab.observe.chat import server_root
 
 Count = Callable[[str], Awaitable[int | None]]
 
@@ -50,9 +50,7 @@ def _counter(engine: str, client: httpx.AsyncClient, root: str) -> Count:
 async def prompt_sizing(engine: str, urls: Iterable[str], seed: int, preamble_tokens: int,
                         client: httpx.AsyncClient) -> Sizing:
     """The sizing counted by the first server that tokenizes, else the word estimate."""
-    # a --metrics-url names the engine by its /metrics page: its tokenizer is at the root
-    roots = list(dict.fromkeys(server_root(u.rstrip("/").removesuffix("/metrics"))
-                               for u in urls if u))
+    roots = server_roots(urls)
     for root in roots:
         found = await size_with_async(_counter(engine, client, root), seed, preamble_tokens,
                                       f"{engine} tokenizer at {root}")

@@ -91,6 +91,9 @@ class LoadSpec:
     extra_body: JsonObject = field(default_factory=dict)  # merged into every body
     headers: tuple[tuple[str, str], ...] = ()  # sent on every request
     random_input_len: int | None = None  # prompts of this many random tokens (a workload)
+    # random prompts sent as their token ids or as the server's text of them; None: not asked
+    # (ids)
+    prompt_form: Literal["ids", "text"] | None = None
     bench: BenchAsk = field(default_factory=BenchAsk)  # vllm bench's metrics and result file
 
     def __post_init__(self) -> None:
@@ -125,9 +128,12 @@ class LoadSpec:
                 raise InputError("--random-input-len is a workload of its own: give it, "
                                  "--users or --trace, one of them")
             if self.endpoint != "completions":
-                raise InputError("--random-input-len: random prompts are token ids, sent to "
-                                 "/v1/completions (vllm bench's default endpoint): leave "
-                                 "--endpoint out or give /v1/completions")
+                raise InputError("--random-input-len: random prompts are a completion's "
+                                 "prompt, sent to /v1/completions (vllm bench's default "
+                                 "endpoint): leave --endpoint out or give /v1/completions")
+        elif self.prompt_form is not None:
+            raise InputError(f"--prompt-form {self.prompt_form}: only random prompts "
+                             "(--random-input-len) have a form to choose; leave it out")
         workloads.check_shares(self.groups, self.group_shares)
 
     @property
@@ -162,9 +168,11 @@ class LoadSpec:
             return self.warmup
         return TRACE_WARMUP if self.trace is not None else concurrency
 
-    def body(self, prompt: workloads.Prompt, tokens: list[int] | None = None) -> JsonObject:
+    def body(self, prompt: workloads.Prompt,
+             tokens: list[int] | str | None = None) -> JsonObject:
         """The request body: streamed, with the server's usage in the last chunk; `tokens`
-        (a trace's prompt) go to /v1/completions as token ids."""
+        (a trace's or random prompt: its token ids, or their text) go to /v1/completions as
+        the prompt."""
         body: JsonObject = {"model": self.model,
                                 "max_tokens": prompt.max_tokens or self.max_tokens,
                                 "stream": True, "stream_options": {"include_usage": True}}
@@ -183,9 +191,14 @@ class LoadSpec:
 
     @property
     def token_prompts(self) -> bool:
-        """Prompts are the served model's token ids (a trace, random prompts), not text: no
-        preamble is sized or sent."""
+        """Prompts are made of the served model's token ids (a trace, random prompts), not of
+        kvlab's text: no preamble is sized or sent."""
         return self.trace is not None or self.random_input_len is not None
+
+    @property
+    def text_prompts(self) -> bool:
+        """Random prompts are sent as the server's text of their token ids."""
+        return self.prompt_form == "text"
 
     @property
     def arrivals(self) -> str:

@@ -22,16 +22,17 @@ each repeat's: the warm-up warms the server and the shared preamble, never a mea
 
 A level runs the spec's workload: the prompt set or random prompts of `random_input_len` of
 the served model's tokens drawn from the trace's token pool (closed loop, or open loop at
-`rate`, one level per rate of `rates`), user sessions (`sessions.SessionRun`: the level is
+`rate`, one level per rate of `rates`; sent as their token ids, or as the server's text of them
+with `prompt_form` text, `textform`), user sessions (`sessions.SessionRun`: the level is
 the number of users, each turn built from the real replies so far), a trace (`trace`: its
 requests as token prompts, released at its own times) or the user's dataset (`dataset`: its
 prompts as a prompt set's, its conversations as user sessions; the warm-up asks short
 questions of its own). `measure_level` also returns the level's records, for a caller that
 judges them (`capacity`).
 
-The API key is used for the requests, the scrape and /tokenize, and appears in no row. With
-`spec.bench` asking, the row also carries vllm bench serve's figures and names the level's
-result document (`benchresult`).
+The API key is used for the requests, the scrape, /tokenize and /detokenize, and appears in
+no row. With `spec.bench` asking, the row also carries vllm bench serve's figures and names the
+level's result document (`benchresult`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -57,6 +58,7 @@ from kvlab.loadgen import (
     returning,
     sessions,
     stats,
+    textform,
 )
 from kvlab.loadgen import trace as trace_replay
 from kvlab.loadgen.client import Endpoint
@@ -132,8 +134,9 @@ def _dataset_prompts(spec: LoadSpec, level_index: int, count: int, warmup: bool,
 
 def payloads_of(spec: LoadSpec, target: Endpoint, prompts: list[workloads.Prompt],
                 api_key: str = "",
-                tokens: list[list[int]] | None = None) -> list[tuple[int, bytes]]:
-    """(prompt index, request bytes), built before any clock starts."""
+                tokens: Sequence[list[int] | str] | None = None) -> list[tuple[int, bytes]]:
+    """(prompt index, request bytes), built before any clock starts (`tokens`: each prompt's
+    token ids or their text, for a trace or random prompts)."""
     ids = tokens if tokens is not None else [None] * len(prompts)
     return [(p.index, target.request_bytes(spec.path, spec.body(p, t), api_key, spec.headers))
             for p, t in zip(prompts, ids, strict=True)]
@@ -153,11 +156,13 @@ async def _scrape(client: httpx.AsyncClient | None, url: str) -> metrics.Snapsho
 @dataclass(frozen=True)
 class Inputs:
     """What a sweep prepares once, before any level: the prompts' sizing and, for a trace or
-    random prompts, the served model's tokens they are drawn from (and the trace)."""
+    random prompts, the served model's tokens they are drawn from (and the trace, or the
+    server that makes random prompts text)."""
 
     sizing: workloads.Sizing = workloads.ESTIMATE
     pool: trace_replay.TokenPool | None = None
     trace: trace_replay.Trace | None = None
+    detokenizer: textform.Detokenizer | None = None
 
 
 Run = Callable[[asyncio.Event | None, Progress | None], Awaitable[tuple[LevelResult, LevelOwn]]]
@@ -174,24 +179,43 @@ class _Level:
     inputs: Inputs
     api_key: str
     prompts: dict[int, workloads.Prompt] = field(default_factory=dict)
+    texts: dict[int, str] = field(default_factory=dict)  # text prompts, by prompt index
 
     @property
     def base(self) -> int:
         return self.spec.block(self.index) * BLOCK
 
     def encode(self, prompts: list[workloads.Prompt],
-               tokens: list[list[int]] | None = None) -> list[tuple[int, bytes]]:
+               tokens: Sequence[list[int] | str] | None = None) -> list[tuple[int, bytes]]:
         self.prompts.update((p.index, p) for p in prompts)
         return payloads_of(self.spec, self.target, prompts, self.api_key, tokens)
+
+    def random_tokens(self, prompts: list[workloads.Prompt]) -> list[list[int]] | None:
+        """Random prompts' token ids, from the pool (None: not random prompts)."""
+        size, pool = self.spec.random_input_len, self.inputs.pool
+        if size is None or pool is None:
+            return None
+        return [pool.own(self.spec.seed, self.base, p.index, size) for p in prompts]
 
     def payloads(self, count: int, warmup: bool, offset: int = 0) -> list[tuple[int, bytes]]:
         prompts = level_prompts(self.spec, self.index, count, warmup=warmup,
                                 sizing=self.inputs.sizing, offset=offset)
-        size, pool = self.spec.random_input_len, self.inputs.pool
-        if size is None or pool is None:
-            return self.encode(prompts)
-        return self.encode(prompts, [pool.own(self.spec.seed, self.base, p.index, size)
-                                     for p in prompts])
+        tokens = self.random_tokens(prompts)
+        if tokens is not None and self.inputs.detokenizer is not None:
+            return self.encode(prompts, [self.texts[p.index] for p in prompts])
+        return self.encode(prompts, tokens)
+
+    async def spell(self, warmup: bool, warm: LevelResult | None = None) -> None:
+        """Text prompts: the random prompts of the warm-up (or, after it, of the measured
+        requests) made text by the server's detokenizer, before any of them is timed."""
+        detokenizer = self.inputs.detokenizer
+        if detokenizer is None:
+            return
+        count = self.spec.warmup_for(self.concurrency) if warmup \
+            else self.measured_count(warm)[0]
+        prompts = level_prompts(self.spec, self.index, count, warmup=warmup)
+        texts = await detokenizer.texts(self.random_tokens(prompts) or [])
+        self.texts.update(zip((p.index for p in prompts), texts, strict=True))
 
     def warm_payloads(self, count: int) -> list[tuple[int, bytes]]:
         """Warm-up requests from their own range: session first turns of warm-up
@@ -217,6 +241,7 @@ class _Level:
         count = self.spec.warmup_for(self.concurrency)
         if count == 0:
             return None
+        await self.spell(True)
         result = await LevelRun(self.target, self.warm_payloads(count),
                                 Schedule(concurrency=self.concurrency),
                                 timeout_s=self.spec.timeout_s).run(stop)
@@ -236,8 +261,9 @@ class _Level:
         e2es = [stats.e2e_s(r) for r in (warm.records if warm else []) if r.ok]
         per_request = max(min(e2es), 1e-3) if e2es else GUESSED_E2E_S
         wanted = math.ceil(TIMED_MARGIN * self.concurrency * spec.duration_s / per_request)
+        more = None if self.inputs.detokenizer is not None else self.one_more
         return max(floor, min(MAX_TIMED, wanted + self.concurrency)), \
-            Until(floor, spec.duration_s, more=self.one_more, limit=WARMUP_OFFSET)
+            Until(floor, spec.duration_s, more=more, limit=WARMUP_OFFSET)
 
     def schedule(self) -> Schedule:
         return Schedule(concurrency=self.concurrency, rate=self.spec.rate,
@@ -419,6 +445,7 @@ async def measure_level(spec: LoadSpec, target: Endpoint, concurrency: int, leve
         result = LevelResult(records=[], start_ns=now, end_ns=now, interrupted=True,
                              unsent=spec.floor(concurrency))
     else:
+        await level.spell(False, warm)
         run = level.prepare(warm)
         before = await _scrape(client, url)
         result, own = await run(stop, progress)
@@ -475,8 +502,9 @@ async def sweep_sizing(spec: LoadSpec, api_key: str = "") -> workloads.Sizing:
 
 
 async def prepare_inputs(spec: LoadSpec, api_key: str = "") -> Inputs:
-    """The sizing and, for a trace, the trace read and its token pool (the engine's
-    /tokenize), once for every level."""
+    """The sizing and, for a trace or random prompts, the trace read, their token pool (the
+    engine's /tokenize) and, for text prompts, the server whose /detokenize answers, once for
+    every level."""
     sizing = await sweep_sizing(spec, api_key)
     if not spec.token_prompts:
         return Inputs(sizing)
@@ -485,7 +513,10 @@ async def prepare_inputs(spec: LoadSpec, api_key: str = "") -> Inputs:
     async with httpx.AsyncClient(timeout=30.0, trust_env=False, headers=headers) as client:
         pool = await trace_replay.token_pool(spec.engine, tokenize_urls(spec), spec.seed,
                                              client)
-    return Inputs(sizing, pool, trace)
+    detokenizer = await textform.detokenizer(
+        spec.engine, tokenize_urls(spec), spec.model, list(pool.tokens[:textform.SAMPLE_TOKENS]),
+        api_key) if spec.text_prompts else None
+    return Inputs(sizing, pool, trace, detokenizer)
 
 
 def metrics_client(spec: LoadSpec, api_key: str = "") -> httpx.AsyncClient | None:

@@ -174,14 +174,19 @@ class TokenPool:
         return [int(t) for t in pool[rng.integers(0, len(pool), count)]]
 
 
+def server_roots(urls: Iterable[str]) -> list[str]:
+    """The servers behind `urls`, in order, each once (a --metrics-url: its server's root)."""
+    return list(dict.fromkeys(server_root(u.rstrip("/").removesuffix("/metrics"))
+                              for u in urls if u))
+
+
 async def token_pool(engine: str, urls: Iterable[str], seed: int,
                      client: httpx.AsyncClient) -> TokenPool:
     """The distinct tokens of a long generated passage, from the first server whose /tokenize
     answers; a trace cannot be replayed in the served model's tokens without one."""
     text = workloads.passage(random.Random(f"trace-pool:{seed}"), POOL_WORDS)
     adapter = engine_for(engine)
-    roots = list(dict.fromkeys(server_root(u.rstrip("/").removesuffix("/metrics"))
-                               for u in urls if u))  # a --metrics-url: its server's root
+    roots = server_roots(urls)
     for root in roots:
         tokens = await adapter.tokenize(client, root, text)
         if tokens:

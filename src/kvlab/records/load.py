@@ -389,8 +389,14 @@ class RequestShape(Strict):
     metadata: dict[str, str] | None = Field(None, description="--metadata KEY=VALUE.")
     burstiness: float | None = Field(None, description="Open loop: the gamma shape of the "
                                      "arrival gaps (1: Poisson; inf is written as even).")
-    random_input_len: int | None = Field(None, description="--random-input-len: tokens of "
-                                         "every random prompt.")
+    random_input_len: int | None = Field(
+        None, description="--random-input-len: the token ids drawn for every random prompt "
+        "(sent as ids, the server counts exactly these; sent as text, the input token figures "
+        "are the server's count of the text, which may differ by a few).")
+    prompt_form: Literal["ids", "text"] | None = Field(
+        None, description="--prompt-form: how the random prompts were sent: ids (their token "
+        "ids, no tokenization in TTFT) or text (the server's /detokenize of those ids, made "
+        "before the run, as vllm bench sends text: the server's tokenization is inside TTFT).")
 
 
 class LoadRecord(Record, RunContext, LevelFigures, LevelOwn, RequestShape):

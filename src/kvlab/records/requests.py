@@ -82,7 +82,9 @@ class RequestLine(Strict):
     itl_s: Gaps | None = None
     prompt_tokens_requested: int | None = Field(
         None, description="The size asked of the prompt's sized text (the shared preamble, "
-        "the mixed set's document, a conversation's opening), in the sizing's tokens.")
+        "the mixed set's document, a conversation's opening), in the sizing's tokens; of a "
+        "random prompt or a trace's, its token ids (sent as text: those its text was made "
+        "from, which the server may count differently).")
     prompt_tokens: int | None = Field(None, description="The server's usage count.")
     cached_tokens: int | None = Field(None, description="usage.prompt_tokens_details.")
     oracle_cached_tokens: int | None = Field(None, description="What the cache oracle says "

@@ -121,6 +121,12 @@ class LlamaCppEngine:
         body = await post_json(client, root + facts.TOKENIZE_PATH, facts.tokenize_text_body(text))
         return token_list(body)
 
+    async def detokenize(self, client: httpx.AsyncClient, root: str, model: str,
+                         tokens: list[int]) -> str | None:
+        body = await post_json(client, root + facts.DETOKENIZE_PATH,
+                               facts.detokenize_body(tokens))
+        return text(dig(body, "content"))
+
 
 def argv_facts(argv: list[str], out: InstanceFacts) -> None:
     """What a llama-server's command line says about its KV types and numerics flags."""

@@ -323,6 +323,11 @@ def tokenize_text_body(text: str) -> dict[str, object]:
     return {"content": text, "add_special": False}
 
 
+def detokenize_body(tokens: list[int]) -> dict[str, object]:
+    """/detokenize of token ids: {"content": text} back."""
+    return {"tokens": tokens}
+
+
 # a request longer than a slot's context answers 400 "the request exceeds the available context
 # size, try increasing it" (type exceed_context_size_error)
 PROMPT_TOO_LONG = ("exceeds the available context size",)

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvlab.core.jsondata import dig, integers
+from kvlab.core.jsondata import dig, integers, text
 from kvlab.core.secrets import is_secret_name
 from kvlab.engines import local
 from kvlab.engines.base import (
@@ -120,6 +120,12 @@ class VllmEngine:
     async def tokenize(self, client: httpx.AsyncClient, root: str, text: str) -> list[int] | None:
         body = await post_json(client, root + facts.TOKENIZE_PATH, facts.tokenize_text_body(text))
         return token_list(body)
+
+    async def detokenize(self, client: httpx.AsyncClient, root: str, model: str,
+                         tokens: list[int]) -> str | None:
+        body = await post_json(client, root + facts.DETOKENIZE_PATH,
+                               facts.detokenize_body(model, tokens))
+        return text(dig(body, "prompt"))
 
 
 async def tokenize_chat(client: httpx.AsyncClient, root: str, model: str,

@@ -99,6 +99,7 @@ TIER_SERIES: dict[str, tuple[str, ...]] = {
 # --- endpoints kvlab probes, and the KV block -----------------------------------------------
 VERSION_PATH = "/version"  # {"version": "0.32.0"}
 TOKENIZE_PATH = "/tokenize"  # {"model", "messages", "add_generation_prompt"} -> {"tokens"}
+DETOKENIZE_PATH = "/detokenize"  # {"model", "tokens"} -> {"prompt"}
 # empties the prefix cache ({"success": bool}; false while blocks are held); reset_external
 # also empties a connector's (the host tier's) cache. Served only with VLLM_SERVER_DEV_MODE=1
 # (vllm/entrypoints/serve/dev/cache/api_router.py, 0.32), which also serves other dev routes:
@@ -116,6 +117,11 @@ def tokenize_text_body(text: str) -> dict[str, object]:
     """/tokenize of plain text (the completion form), no BOS: {"tokens", "count", ...} back.
     "model" may be left out: the server tokenizes with its one model (vLLM >= 0.6)."""
     return {"prompt": text, "add_special_tokens": False}
+
+
+def detokenize_body(model: str, tokens: list[int]) -> dict[str, object]:
+    """/detokenize of token ids: {"prompt": text} back."""
+    return {"model": model, "tokens": tokens}
 
 
 def tokenize_messages_body(model: str, messages: list[dict[str, str]]) -> dict[str, object]:
