@@ -1,8 +1,9 @@
 """How much of the latest run went to starting engines, from its startup lines alone.
 
 A run's span is its first notebook line to its last (the time before the first line, and
-after the last, are not in the notebook). A fresh start counts its time to ready, and engines
-started together (one `start_batch`) count their longest time to ready once; an engine
+after the last, are not in the notebook). A fresh start is the time from its launch to its
+ready line (its `ready_s` before the line's stamp), and starts that overlap (engines started
+together, one `start_batch`, or two batches of one experiment) count their union once; an engine
 kept from an earlier step of a `kvlab run all` pass (`StartupRecord.reused`) counts the reset
 and its check instead, and the start it saved is said beside.
 """
@@ -35,8 +36,8 @@ class Starts:
                 f"(checked in {_clock(self.reset_s)}, {_clock(self.saved_s)} of starts saved)"
                 if self.kept else "")
         share = f" ({100 * self.start_s / self.span_s:.0f}%)" if self.span_s > 0 else ""
-        together = (f" ({self.together} of them together, in {self.batches} batch(es) counted "
-                    "once each)" if self.batches else "")
+        together = (f" ({self.together} of them together, in {self.batches} batch(es); time "
+                    "that starts overlap counts once)" if self.batches else "")
         return (f"Engine starts in run {self.run_id}: {self.starts} start(s){together} took "
                 f"{_clock(self.start_s)} of its {_clock(self.span_s)}{share}, first line to "
                 f"last{kept}.")
@@ -55,15 +56,22 @@ def latest(book: Notebook) -> Starts | None:
     span = (max(known) - min(known)).total_seconds() if known else 0.0
     fresh = [r for r in mine if r.reused is None]
     kept = [r.reused for r in mine if r.reused is not None]
-    walls: dict[str, float] = {}
-    for i, r in enumerate(fresh):
-        key = r.start_batch or f"alone-{i}"
-        walls[key] = max(walls.get(key, 0.0), r.ready_s or 0.0)
     batched = [r for r in fresh if r.start_batch]
-    return Starts(run_id, span, len(fresh), sum(walls.values()), len(batched),
+    return Starts(run_id, span, len(fresh), _union(fresh), len(batched),
                   len({r.start_batch for r in batched}), len(kept),
                   sum(k.probe.reset_s for k in kept),
                   sum(k.start_ready_s or 0.0 for k in kept))
+
+
+def _union(fresh: list[StartupRecord]) -> float:
+    """Seconds covered by the starts' intervals, each from launch to its ready line."""
+    spans = sorted((end.timestamp() - (r.ready_s or 0.0), end.timestamp())
+                   for r in fresh if (end := _when(r.recorded_at)) is not None)
+    total, reach = 0.0, float("-inf")
+    for begin, end in spans:
+        total += max(0.0, end - max(begin, reach))
+        reach = max(reach, end)
+    return total
 
 
 def _when(stamp: str) -> datetime | None:
