@@ -65,12 +65,12 @@ def latest(book: Notebook) -> Starts | None:
 
 def _union(fresh: list[StartupRecord]) -> float:
     """Seconds covered by the starts' intervals, each from launch to its ready line."""
-    spans = sorted((end.timestamp() - (r.ready_s or 0.0), end.timestamp())
-                   for r in fresh if (end := _when(r.recorded_at)) is not None)
+    spans = sorted((ready.timestamp() - (r.ready_s or 0.0), ready.timestamp())
+                   for r in fresh if (ready := _when(r.recorded_at)) is not None)
     total, reach = 0.0, float("-inf")
-    for begin, end in spans:
-        total += max(0.0, end - max(begin, reach))
-        reach = max(reach, end)
+    for begin, until in spans:
+        total += max(0.0, until - max(begin, reach))
+        reach = max(reach, until)
     return total
 
 
