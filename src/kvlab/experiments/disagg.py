@@ -35,6 +35,7 @@ import os
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -548,7 +549,22 @@ async def _loads(lab: Lab, spec: DisaggSpec, got: _Measured, label: str, url: st
         got.records += [*rows, row_link]
     if stint.first and spec.capacity is not None:
         got.records.append(await measure_capacity(lab, spec.capacity, _load_spec(
-            lab, spec, label, url, where), "rate"))
+            lab, spec, label, url, where), "rate", _between_probes(lab, store)))
+
+
+def _between_probes(lab: Lab, store: str) -> Callable[[], object] | None:
+    """A capacity search sends as many requests as it takes, more than the store-room check
+    counts (on the H200 one filled a 64 GiB disk and stopped prefill): with the shared
+    directory, the store's entries are removed before the search and after each probe. No
+    later request reads them (each request's entry is its own prompt's, read by decode as
+    the request crosses), so the disk holds one probe's writes."""
+    if lab.settings.connector != "shared" or not store or lab.cluster is not None:
+        return None
+    path = Path(store)
+    removed = kvstore.remove_entries(path)
+    lab.say(f"    store: {removed} entries of the load removed before the capacity search; "
+            "each probe's are removed after it")
+    return partial(kvstore.remove_entries, path)
 
 
 async def _boundary_side(lab: Lab, spec: DisaggSpec, got: _Measured, front: EngineProcess,

@@ -307,16 +307,23 @@ def target_for(lab: Lab, ask: CapacityAsk) -> CapacityAsk:
     return replace(ask, slo=CPU_TARGET if lab.vllm.platform == "cpu" else GPU_TARGET)
 
 
-async def measure_capacity(lab: Lab, ask: CapacityAsk, load: LoadSpec, knob: str) -> Record:
+async def measure_capacity(lab: Lab, ask: CapacityAsk, load: LoadSpec, knob: str,
+                           after_probe: Callable[[], object] | None = None) -> Record:
     """A capacity search on a running engine (`loadgen.capacity`): every probe asks for
     exactly max_tokens tokens (a random-weight model may otherwise stop at once, a failure
-    that is not the server's); each probe's row and the `capacity` line go to the notebook."""
+    that is not the server's); each probe's row and the `capacity` line go to the notebook,
+    and `after_probe` runs once each probe's requests are done."""
     from kvlab.loadgen.capacity import Knob, search
+
+    def probed(row: Record) -> None:
+        lab.record(row)
+        if after_probe is not None:
+            after_probe()
 
     ask = target_for(lab, ask)
     lab.say(f"==> {load.label}: capacity in {knob} at {ask.slo}")
     found = await search(replace(load, ignore_eos=True), ask.target(), Knob.of(knob), ask.plan,
-                         api_key=lab.api_key(), on_row=lab.record, say=lab.say)
+                         api_key=lab.api_key(), on_row=probed, say=lab.say)
     lab.say(f"    capacity: {found.record.statement}")
     return lab.record(found.record)
 

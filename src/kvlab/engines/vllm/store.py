@@ -38,6 +38,14 @@ def is_entry(path: Path) -> bool:
             and all(p.suffix == ".safetensors" for p in path.iterdir()))
 
 
+def remove_entries(store: Path) -> int:
+    """Remove the store's entries (nothing else a user keeps there); how many went."""
+    entries = [p for p in store.iterdir() if is_entry(p)] if store.is_dir() else []
+    for entry in entries:
+        shutil.rmtree(entry, ignore_errors=True)
+    return len(entries)
+
+
 def whole_file(path: Path) -> bool:
     """A safetensors file as long as its header says (8-byte length, JSON header, data)."""
     try:
