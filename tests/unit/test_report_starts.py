@@ -67,3 +67,19 @@ def test_starts_that_overlap_count_their_time_once(tmp_path: Path) -> None:
     assert (found.together, found.batches) == (4, 2)
     assert "(4 of them together, in 2 batch(es); time that starts overlap counts once)" \
         in found.sentence()
+
+
+def test_a_run_that_opens_with_a_start_counts_the_launch_in_its_span(tmp_path: Path) -> None:
+    # the together lab's first line is a startup line written when its engines were ready, 24 s
+    # after launch; its span must not be the 4 s from that line to the last (600% in starts)
+    book = tmp_path / "book.jsonl"
+    first = next(r for r in notebook.read(DEMO).of(StartupRecord) if r.label == "disk")
+    for label, at in (("a", "2026-12-02T22:19:24+00:00"), ("b", "2026-12-02T22:19:28+00:00")):
+        notebook.append(book, first.model_copy(update={
+            "label": label, "ready_s": 23.98, "start_batch": "b1", "recorded_at": at,
+            "run_id": "r1"}))
+    found = latest(notebook.read(book))
+    assert found is not None
+    assert found.start_s == pytest.approx(27.98)
+    assert found.span_s == pytest.approx(27.98)
+    assert "(100%)" in found.sentence()

@@ -1,7 +1,8 @@
 """How much of the latest run went to starting engines, from its startup lines alone.
 
-A run's span is its first notebook line to its last (the time before the first line, and
-after the last, are not in the notebook). A fresh start is the time from its launch to its
+A run's span runs from its first notebook line, or the launch of an engine whose ready line
+came first (a lab that opens with a start), to its last line; the time after the last line is not
+in the notebook. A fresh start is the time from its launch to its
 ready line (its `ready_s` before the line's stamp), and starts that overlap (engines started
 together, one `start_batch`, or two batches of one experiment) count their union once; an engine
 kept from an earlier step of a `kvlab run all` pass (`StartupRecord.reused`) counts the reset
@@ -39,8 +40,8 @@ class Starts:
         together = (f" ({self.together} of them together, in {self.batches} batch(es); time "
                     "that starts overlap counts once)" if self.batches else "")
         return (f"Engine starts in run {self.run_id}: {self.starts} start(s){together} took "
-                f"{_clock(self.start_s)} of its {_clock(self.span_s)}{share}, first line to "
-                f"last{kept}.")
+                f"{_clock(self.start_s)} of its {_clock(self.span_s)}{share}, first launch or "
+                f"line to last{kept}.")
 
 
 def latest(book: Notebook) -> Starts | None:
@@ -52,9 +53,10 @@ def latest(book: Notebook) -> Starts | None:
     run_id = lines[-1].run_id
     mine = [r for r in lines if r.run_id == run_id]
     stamps = [_when(r.recorded_at) for r in book.records if r.run_id == run_id]
-    known = [s for s in stamps if s is not None]
-    span = (max(known) - min(known)).total_seconds() if known else 0.0
+    known = [s.timestamp() for s in stamps if s is not None]
     fresh = [r for r in mine if r.reused is None]
+    opened = min(known + [begin for begin, _ in _intervals(fresh)], default=0.0)
+    span = max(known) - opened if known else 0.0
     kept = [r.reused for r in mine if r.reused is not None]
     batched = [r for r in fresh if r.start_batch]
     return Starts(run_id, span, len(fresh), _union(fresh), len(batched),
@@ -65,13 +67,17 @@ def latest(book: Notebook) -> Starts | None:
 
 def _union(fresh: list[StartupRecord]) -> float:
     """Seconds covered by the starts' intervals, each from launch to its ready line."""
-    spans = sorted((ready.timestamp() - (r.ready_s or 0.0), ready.timestamp())
-                   for r in fresh if (ready := _when(r.recorded_at)) is not None)
     total, reach = 0.0, float("-inf")
-    for begin, until in spans:
+    for begin, until in _intervals(fresh):
         total += max(0.0, until - max(begin, reach))
         reach = max(reach, until)
     return total
+
+
+def _intervals(fresh: list[StartupRecord]) -> list[tuple[float, float]]:
+    """Each start's launch and ready times (epoch seconds), in launch order."""
+    return sorted((ready.timestamp() - (r.ready_s or 0.0), ready.timestamp())
+                  for r in fresh if (ready := _when(r.recorded_at)) is not None)
 
 
 def _when(stamp: str) -> datetime | None:
