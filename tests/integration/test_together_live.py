@@ -17,9 +17,10 @@ from kvlab.experiments import disagg, offload
 from kvlab.experiments.lab import Lab
 from kvlab.measure import kvmath
 from kvlab.records import notebook
+from kvlab.records.load import LinkRecord
 from kvlab.records.models import LoadRecord, NotRunRecord, ReuseRecord
 from kvlab.records.rows import PRESSURE_OFF, PRESSURE_ON, QUIET_OFF, QUIET_ON
-from kvlab.records.runs import StartupRecord
+from kvlab.records.runs import PredictionRecord, StartupRecord
 from kvlab.report.starts import latest
 
 pytestmark = pytest.mark.vllm
@@ -69,3 +70,8 @@ async def test_the_split_and_its_baseline_start_together_and_each_serves_its_loa
     loads = [r for r in found if isinstance(r, LoadRecord)]
     assert {r.label for r in loads} == {"disagg", "baseline"}
     assert all(r.ok == r.requests for r in loads)
+    # the store was emptied after each level; the link row still counts what every level wrote
+    predicted = next(r for r in found if isinstance(r, PredictionRecord))
+    link = next(r for r in found if isinstance(r, LinkRecord) and r.label == "disagg")
+    assert predicted.bytes_per_token and link.requests_sent
+    assert (link.store_bytes or 0) >= link.requests_sent * predicted.bytes_per_token * 128

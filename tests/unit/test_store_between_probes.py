@@ -1,6 +1,8 @@
 """A capacity search through the shared-directory store keeps one probe's entries on disk, not
 the search's: on the H200 the seed's split at REQUESTS=16 passed the store-room check, and its
-capacity search then filled the 64 GiB disk and stopped prefill ("No space left on device")."""
+capacity search then filled the 64 GiB disk and stopped prefill ("No space left on device").
+A load sweep keeps one level's, and its link row still counts every level's bytes: at the labs'
+REQUESTS=24 the room check asked for 68.8 GB of a 67.5 GB disk."""
 
 from __future__ import annotations
 
@@ -14,9 +16,10 @@ import pytest
 from kvlab.core.settings import Settings
 from kvlab.engines.vllm import store as kvstore
 from kvlab.experiments import disagg, offload
-from kvlab.loadgen import capacity
+from kvlab.loadgen import capacity, linkrun
 from kvlab.loadgen.capacity import CapacityAsk, SearchPlan
 from kvlab.loadgen.spec import LoadSpec
+from kvlab.records.load import RunContext
 from kvlab.records.models import LoadRecord
 
 
@@ -79,3 +82,71 @@ def test_a_point_to_point_split_or_no_store_removes_nothing(tmp_path: Path) -> N
     assert disagg._between_probes(fake_lab(tmp_path, "nixl"), str(store)) is None
     assert disagg._between_probes(fake_lab(tmp_path, "shared"), "") is None
     assert any(store.iterdir())
+
+
+def held(store: Path) -> int:
+    return sum(1 for p in store.iterdir() if kvstore.is_entry(p))
+
+
+def sweep_writing(store: Path, per_level: int, left: list[int]) -> Any:
+    """A sweep of two levels through the store: each level's requests write their entries,
+    then its row is written."""
+    async def fake_sweep(load: Any, *, api_key: str, stop: Any, progress: Any,
+                         on_row: Any) -> Any:
+        rows = []
+        for level in range(2):
+            for i in range(per_level):
+                entry(store, f"{level}{i}".ljust(32, "e"))
+            row = LoadRecord(label="disagg", lab="pd", concurrency=level + 1,
+                             requests=per_level)
+            on_row(row)
+            rows.append(row)
+            left.append(held(store))
+        return linkrun.SweepResult(rows=rows)
+    return fake_sweep
+
+
+def run_split_load(store: Path, drain: bool, monkeypatch: pytest.MonkeyPatch,
+                   left: list[int]) -> Any:
+    monkeypatch.setattr(linkrun, "run_sweep", sweep_writing(store, 3, left))
+    load = LoadSpec(base_url="http://127.0.0.1:1/v1", model="m", levels=(1, 2), requests=3,
+                    max_tokens=8, prompt_set="mixed", label="disagg",
+                    context=RunContext(engines=[]))
+    spec = linkrun.LinkSpec(connector="shared", context_length=2048, iface="",
+                            store_path=str(store), drain_store=drain)
+    written: list[Any] = []
+    link, _ = asyncio.run(linkrun.run_load(load, spec, str(store.parent / "book.md"),
+                                           written.append))
+    return link
+
+
+def test_a_split_load_holds_one_levels_entries_and_counts_every_levels_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = tmp_path / "pd"
+    entry(store, "f" * 32)  # the proxy check's, before the load
+    left: list[int] = []
+    link = run_split_load(store, True, monkeypatch, left)
+    assert left == [0, 0]
+    assert link.store_bytes == 6 * 64  # both levels' entries, not the one left on disk
+
+
+def test_without_draining_the_store_keeps_the_sweeps_entries(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = tmp_path / "pd"
+    entry(store, "f" * 32)
+    left: list[int] = []
+    link = run_split_load(store, False, monkeypatch, left)
+    assert left == [4, 7] and link.store_bytes == 6 * 64
+
+
+def test_the_room_check_counts_the_largest_level_or_a_load_test_files_whole_sweep(
+        tmp_path: Path) -> None:
+    spec = disagg.DisaggSpec(levels=(1, 4), requests=10, repeat=2)
+    ours = SimpleNamespace(settings=Settings(labbook=str(tmp_path / "b")), cluster=None,
+                           run_id=None, placement=None)
+    theirs = SimpleNamespace(settings=Settings(labbook=str(tmp_path / "b"),
+                                               load_test=str(tmp_path / "lt.py")),
+                             cluster=None, run_id=None, placement=None)
+    largest = disagg.store_writes(ours, spec)  # type: ignore[arg-type]
+    whole = disagg.store_writes(theirs, spec)  # type: ignore[arg-type]
+    assert 10 <= largest < whole and whole > 2 * 2 * 10

@@ -329,8 +329,10 @@ def _link_spec(lab: Lab, urls: tuple[str, ...], legs: dict[str, str], where: Whe
     iface = LOOPBACK if where.link == topology.LOOPBACK else lab.settings.cluster_iface
     via = lab.settings.connector if legs else "none"
     side = _side_channel(lab) if via in POINT_TO_POINT else ""
+    shared = via == "shared"
     return LinkSpec(connector=via, context_length=lab.settings.ctx, iface=iface,
-                    metrics_urls=urls, store_path=store_path if via == "shared" else "",
+                    metrics_urls=urls, store_path=store_path if shared else "",
+                    drain_store=shared and lab.cluster is None,
                     side_channel_addr=side, where=where, legs=legs or None,
                     run_id=lab.run_id)
 
@@ -363,12 +365,16 @@ def _with_legs(lab: Lab, write: Callable[[Record], object],
 
 
 def store_writes(lab: Lab, spec: DisaggSpec) -> int:
-    """Requests the split sends through the store: each level's warm-up and measured ones,
-    every repeat, and the proxy check's one (each a distinct prompt: one entry each); a
-    capacity search sends more, as many as it takes, so this is the least the run writes."""
+    """The most entries the store holds at once (each request a distinct prompt: one entry):
+    kvlab's generator removes them after each level (`LinkSpec.drain_store`), so the largest
+    level's warm-up and measured requests; a LOAD_TEST file's sweep keeps every level's, every
+    repeat's, and the proxy check's one. A capacity search removes its own after each probe
+    (`_between_probes`)."""
     load = _load_spec(lab, spec, spec.label, "http://127.0.0.1", split_where(lab))
-    per_sweep = sum(load.floor(c) + load.warmup_for(c) for c in load.levels)
-    return per_sweep * spec.repeat + 1
+    levels = [load.floor(c) + load.warmup_for(c) for c in load.levels]
+    if not lab.settings.load_test:
+        return max(levels)
+    return sum(levels) * spec.repeat + 1
 
 
 def _require_room(lab: Lab, spec: DisaggSpec, store: Path,
@@ -381,8 +387,10 @@ def _require_room(lab: Lab, spec: DisaggSpec, store: Path,
     block = prediction.block_size or engine_for(VLLM).block_size(lab.vllm.platform)
     room = kvstore.require_room(store, store_writes(lab, spec),
                                 per_token * kvmath.round_up(tokens, block))
+    held = ("" if lab.settings.load_test
+            else ", the largest level's: each level's entries are removed after it")
     lab.say(f"    store room: {human_bytes(room.free_bytes)} free for about "
-            f"{human_bytes(room.predicted_bytes)} ({room.requests} entries)")
+            f"{human_bytes(room.predicted_bytes)} ({room.requests} entries{held})")
 
 
 async def _preflight(lab: Lab, spec: DisaggSpec, store: Path) -> None:

@@ -26,13 +26,14 @@ import httpx
 from kvlab.core.errors import InputError
 from kvlab.core.sizes import tree_bytes
 from kvlab.engines.registry import evidence_deltas, transfer_deltas
+from kvlab.engines.vllm import store as kvstore
 from kvlab.loadgen import instances, sidechannel, topology
 from kvlab.loadgen.sweep import LoadSpec, ProgressHook, SweepResult, run_sweep
 from kvlab.observe import metrics, netdev
 from kvlab.records import notebook
 from kvlab.records.base import Record
 from kvlab.records.evidence import Where
-from kvlab.records.load import LinkRecord, NixlCounters
+from kvlab.records.load import LinkRecord, LoadRecord, NixlCounters
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class LinkSpec:
     load_test: str = ""  # a file run as LOAD_TEST; empty = kvlab's generator in-process
     metrics_urls: tuple[str, ...] = ()  # engines to scrape; empty = the base URL's server
     store_path: str = ""  # a shared-directory connector's store: its growth is the transfer
+    drain_store: bool = False  # remove the store's entries after each level, counting their bytes
     side_channel_addr: str = ""  # NIXL/Mooncake: check which interface carried the run
     where: Where | None = None  # where the engines ran, when the caller placed them
     legs: dict[str, str] | None = None  # the proxy's upstreams by role
@@ -60,6 +62,13 @@ class Readings:
     every_iface: dict[str, netdev.IfaceCounters] = field(default_factory=dict)
 
 
+@dataclass
+class Drained:
+    """Bytes of store entries removed during a run: the store's growth counts them."""
+
+    bytes: int = 0
+
+
 def store_size(path: str) -> int | None:
     """Bytes under a store directory (ExampleConnector writes one file per layer and prompt)."""
     root = Path(path).expanduser() if path else None
@@ -68,11 +77,35 @@ def store_size(path: str) -> int | None:
     return tree_bytes(root)
 
 
-async def _read(spec: LinkSpec, urls: tuple[str, ...], client: httpx.AsyncClient) -> Readings:
+async def _read(spec: LinkSpec, urls: tuple[str, ...], client: httpx.AsyncClient,
+                drained: Drained) -> Readings:
     snaps = {url: await metrics.scrape(client, url) for url in urls}
     size = await asyncio.to_thread(store_size, spec.store_path)
+    if size is not None:
+        size += drained.bytes
     every = netdev.read_all() if spec.side_channel_addr else {}
     return Readings(netdev.read_iface(spec.iface), netdev.read_rdma(), snaps, size, every)
+
+
+def _drain(store_path: str) -> int:
+    """Remove a store's entries; their bytes."""
+    return kvstore.drain(Path(store_path).expanduser())[1]
+
+
+def _draining(spec: LinkSpec, write: Callable[[Record], object],
+              drained: Drained) -> Callable[[Record], object]:
+    """`write`, and with `drain_store` the store's entries removed once each level's row is
+    written (its requests have all crossed), their bytes kept for the store's growth: the disk
+    holds one level's writes, not the sweep's."""
+    if not (spec.drain_store and spec.store_path):
+        return write
+    def wrapped(row: Record) -> object:
+        out = write(row)
+        if isinstance(row, LoadRecord):
+            drained.bytes += _drain(spec.store_path)
+        return out
+
+    return wrapped
 
 
 def load_test_argv(load_test: str, load: LoadSpec, labbook: str) -> list[str]:
@@ -164,17 +197,20 @@ async def run_load(load: LoadSpec, spec: LinkSpec, labbook: str,
     load = await instances.with_engines(load, api_key)
     urls = spec.metrics_urls or (metrics.metrics_url(load.base_url),)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    drained = Drained()
+    if spec.drain_store and spec.store_path:
+        await asyncio.to_thread(_drain, spec.store_path)
     async with httpx.AsyncClient(timeout=10.0, trust_env=False, headers=headers) as client:
-        before = await _read(spec, urls, client)
+        before = await _read(spec, urls, client, drained)
         started = time.monotonic()
         sweep: SweepResult | None = None
         if spec.load_test:
             await _run_load_test(spec.load_test, load, labbook)
         else:
             sweep = await run_sweep(load, api_key=api_key, stop=stop, progress=progress,
-                                    on_row=write)
+                                    on_row=_draining(spec, write, drained))
         wall = time.monotonic() - started
-        after = await _read(spec, urls, client)
+        after = await _read(spec, urls, client, drained)
     record = link_record(load, spec, before, after, wall, sweep)
     write(record)
     return record, sweep

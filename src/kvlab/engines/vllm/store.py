@@ -10,8 +10,9 @@ prompt dies loading the missing layer (`FileNotFoundError ... model.layers.2...`
 is whole when it holds every layer file and each file is as long as its own header says.
 
 The number of layers comes from the model's config when the caller knows it, else from the
-store itself (the most layer files any entry holds). This module reads the disk only; it
-starts nothing and removes nothing (`engines/cleanup.py` removes entries).
+store itself (the most layer files any entry holds). This module starts nothing; it removes
+entries only when a run asks (`remove_entries`, `drain`: each entry is read by decode as its
+request crosses, and by no later request), and `engines/cleanup.py` removes whole stores.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvlab.core.errors import RefusedError
-from kvlab.core.sizes import human_bytes
+from kvlab.core.sizes import human_bytes, tree_bytes
 
 ENTRY = re.compile(r"^[0-9a-f]{32}$")
 LAYER_FILE = re.compile(r"\.(\d+)\.[\w.]*safetensors$")  # model.layers.N.self_attn.attn....
@@ -40,10 +41,17 @@ def is_entry(path: Path) -> bool:
 
 def remove_entries(store: Path) -> int:
     """Remove the store's entries (nothing else a user keeps there); how many went."""
+    return drain(store)[0]
+
+
+def drain(store: Path) -> tuple[int, int]:
+    """Remove the store's entries; how many went and their bytes."""
     entries = [p for p in store.iterdir() if is_entry(p)] if store.is_dir() else []
+    size = 0
     for entry in entries:
+        size += tree_bytes(entry)
         shutil.rmtree(entry, ignore_errors=True)
-    return len(entries)
+    return len(entries), size
 
 
 def whole_file(path: Path) -> bool:
