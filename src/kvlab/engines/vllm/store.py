@@ -171,8 +171,8 @@ class Room:
 
     def refusal(self) -> str:
         return (f"the KV store's filesystem is too small for this run: {self.store} has "
-                f"{human_bytes(self.free_bytes)} free and the run writes about "
-                f"{human_bytes(self.predicted_bytes)} ({self.requests} requests x "
+                f"{human_bytes(self.free_bytes)} free and the run keeps up to about "
+                f"{human_bytes(self.predicted_bytes)} there at once ({self.requests} requests x "
                 f"{human_bytes(int(self.bytes_per_request))} of KV each, from the model's "
                 "shape); an engine that meets a full store dies mid-write and leaves a partial "
                 "entry: free space there, point the store at a larger filesystem, or send "
