@@ -52,6 +52,10 @@ class LinkSpec:
     legs: dict[str, str] | None = None  # the proxy's upstreams by role
     run_id: str | None = None
 
+    @property
+    def drains(self) -> bool:
+        return self.drain_store and bool(self.store_path)
+
 
 @dataclass
 class Readings:
@@ -97,8 +101,9 @@ def _draining(spec: LinkSpec, write: Callable[[Record], object],
     """`write`, and with `drain_store` the store's entries removed once each level's row is
     written (its requests have all crossed), their bytes kept for the store's growth: the disk
     holds one level's writes, not the sweep's."""
-    if not (spec.drain_store and spec.store_path):
+    if not spec.drains:
         return write
+
     def wrapped(row: Record) -> object:
         out = write(row)
         if isinstance(row, LoadRecord):
@@ -198,7 +203,7 @@ async def run_load(load: LoadSpec, spec: LinkSpec, labbook: str,
     urls = spec.metrics_urls or (metrics.metrics_url(load.base_url),)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     drained = Drained()
-    if spec.drain_store and spec.store_path:
+    if spec.drains:
         await asyncio.to_thread(_drain, spec.store_path)
     async with httpx.AsyncClient(timeout=10.0, trust_env=False, headers=headers) as client:
         before = await _read(spec, urls, client, drained)

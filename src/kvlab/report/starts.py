@@ -1,9 +1,9 @@
 """How much of the latest run went to starting engines, from its startup lines alone.
 
 A run's span runs from its first notebook line, or the launch of an engine whose ready line
-came first (a lab that opens with a start), to its last line; the time after the last line is not
-in the notebook. A fresh start is the time from its launch to its
-ready line (its `ready_s` before the line's stamp), and starts that overlap (engines started
+came first (a lab that opens with a start), to its last line; the time after the last line is
+not in the notebook. A fresh start is the time from its launch to its ready line (its
+`ready_s` before the line's stamp), and starts that overlap (engines started
 together, one `start_batch`, or two batches of one experiment) count their union once; an engine
 kept from an earlier step of a `kvlab run all` pass (`StartupRecord.reused`) counts the reset
 and its check instead, and the start it saved is said beside.
@@ -55,20 +55,21 @@ def latest(book: Notebook) -> Starts | None:
     stamps = [_when(r.recorded_at) for r in book.records if r.run_id == run_id]
     known = [s.timestamp() for s in stamps if s is not None]
     fresh = [r for r in mine if r.reused is None]
-    opened = min(known + [begin for begin, _ in _intervals(fresh)], default=0.0)
+    intervals = _intervals(fresh)
+    opened = min(known + [begin for begin, _ in intervals], default=0.0)
     span = max(known) - opened if known else 0.0
     kept = [r.reused for r in mine if r.reused is not None]
     batched = [r for r in fresh if r.start_batch]
-    return Starts(run_id, span, len(fresh), _union(fresh), len(batched),
+    return Starts(run_id, span, len(fresh), _union(intervals), len(batched),
                   len({r.start_batch for r in batched}), len(kept),
                   sum(k.probe.reset_s for k in kept),
                   sum(k.start_ready_s or 0.0 for k in kept))
 
 
-def _union(fresh: list[StartupRecord]) -> float:
-    """Seconds covered by the starts' intervals, each from launch to its ready line."""
+def _union(intervals: list[tuple[float, float]]) -> float:
+    """Seconds covered by the starts' intervals (launch to ready line, in launch order)."""
     total, reach = 0.0, float("-inf")
-    for begin, until in _intervals(fresh):
+    for begin, until in intervals:
         total += max(0.0, until - max(begin, reach))
         reach = max(reach, until)
     return total
