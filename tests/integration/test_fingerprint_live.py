@@ -26,7 +26,7 @@ from kvlab.engines.models import TinyModels
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import EngineProcess, free_port
 from kvlab.measure import compat
-from kvlab.measure.prove import ProveOptions, prove
+from kvlab.measure.prove import ProveOptions, run_proof
 from kvlab.observe import fingerprint
 
 pytestmark = pytest.mark.vllm
@@ -174,7 +174,7 @@ async def test_vllm_float32_against_bfloat16_is_refused(trio: list[str]) -> None
 async def test_prove_names_the_store_that_differs(trio: list[str]) -> None:
     a, _, c = trio
     with pytest.raises(RefusedError) as err:
-        await prove(ProveOptions([a, c], "local-chat", preamble_words=200, connector="shared",
+        await run_proof(ProveOptions([a, c], "local-chat", preamble_words=200, connector="shared",
                                  ignore=("dtype", "fingerprint")))
     assert str(err.value).startswith("instances disagree on kv_store")
     assert "store-1" in str(err.value) and "store-2" in str(err.value)

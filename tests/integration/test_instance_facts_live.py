@@ -32,7 +32,7 @@ from kvlab.engines.models import TinyModels
 from kvlab.engines.process import free_port
 from kvlab.experiments.serve import LabbookScope
 from kvlab.measure import compat
-from kvlab.measure.prove import ProveOptions, prove
+from kvlab.measure.prove import ProveOptions, run_proof
 
 pytestmark = pytest.mark.vllm
 SERVED = "local-chat"
@@ -85,7 +85,7 @@ async def test_check_names_prefix_caching_and_notes_the_unread_template(pair: Pa
 
 async def test_prove_on_the_store_instance_says_the_store_served_the_repeat(pair: Pair
                                                                              ) -> None:
-    run = await prove(ProveOptions([pair.store + "/v1"], SERVED, preamble_words=200))
+    run = await run_proof(ProveOptions([pair.store + "/v1"], SERVED, preamble_words=200))
     repeat = next(c for c in run.cases if c.name == "identical-repeat")
     assert repeat.judgement is not None and repeat.judgement.verdict == "inconclusive"
     assert repeat.deltas.get("prompt_tokens_external_kv_transfer"), repeat.deltas

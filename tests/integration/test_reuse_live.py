@@ -23,7 +23,7 @@ from kvlab.engines.models import TinyModels
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import EngineProcess, free_port
 from kvlab.measure import compat
-from kvlab.measure.prove import ProveOptions, prove
+from kvlab.measure.prove import ProveOptions, run_proof
 from kvlab.measure.reuse import ReuseOptions, run_reuse
 from kvlab.observe import metrics
 from kvlab.records import notebook
@@ -170,7 +170,7 @@ async def shared_pair(tiny_models: TinyModels, vllm_install: vllm.VllmInstall,
 
 async def test_shared_store_identical_prompt_and_the_explained_trap(shared_pair: list[str]
                                                                      ) -> None:
-    run = await prove(ProveOptions(shared_pair, "local-chat", preamble_words=500,
+    run = await run_proof(ProveOptions(shared_pair, "local-chat", preamble_words=500,
                                    connector="shared"))
     verdicts = run.verdicts()
     assert verdicts["identical-on-b"] == "reused"
@@ -203,7 +203,7 @@ async def test_llama_server_repeat_is_reused_via_cache_n(tmp_path: Path, tiny_mo
     settings = cpu_settings(llama_slot_save_path=str(tmp_path / "slots"))
     plan = llamacpp.plan(settings, llama_binary, llamacpp.LlamaOptions(port=free_port()))
     async with EngineProcess(plan, tmp_path / "llama.log"):
-        run = await prove(ProveOptions([plan.base_url], "local-chat", preamble_words=400))
+        run = await run_proof(ProveOptions([plan.base_url], "local-chat", preamble_words=400))
     verdicts = run.verdicts()
     assert verdicts["identical-repeat"] == "reused"
     repeat = next(c for c in run.cases if c.name == "identical-repeat")
@@ -238,7 +238,7 @@ async def test_prove_two_llama_servers_through_a_slot_file(tmp_path: Path,
         port=free_port(), role=f"llama-{n}", cache_ram_mib=0)) for n in "ab"]
     async with EngineProcess(plans[0], tmp_path / "a.log"), \
             EngineProcess(plans[1], tmp_path / "b.log"):
-        run = await prove(ProveOptions([p.base_url for p in plans], "local-chat",
+        run = await run_proof(ProveOptions([p.base_url for p in plans], "local-chat",
                                        preamble_words=400, settings=settings))
     verdicts = run.verdicts()
     assert verdicts["cold-on-a"] == "no-reuse-expected"

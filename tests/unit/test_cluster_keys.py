@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import pytest
 
-from kvlab.measure.prove import ProveOptions, prove
+from kvlab.measure.prove import ProveOptions, run_proof
 from kvlab.measure.reuse import ReuseOptions, run_reuse
 
 KEY = "cluster-run-key-271828"
@@ -62,7 +62,7 @@ def keyed() -> Iterator[str]:
 
 async def test_reuse_and_prove_ask_a_keyed_engine_with_its_key(keyed: str) -> None:
     steps = (lambda: run_reuse(ReuseOptions([keyed], "local-chat", api_key=KEY, timeout_s=5)),
-             lambda: prove(ProveOptions([keyed, keyed + "/"], "local-chat", api_key=KEY,
+             lambda: run_proof(ProveOptions([keyed, keyed + "/"], "local-chat", api_key=KEY,
                                         timeout_s=5)))
     for step in steps:
         _Keyed.seen.clear()

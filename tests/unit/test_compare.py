@@ -60,14 +60,14 @@ def test_same_table_as_the_seed(tmp_path: Path) -> None:
     script = seeds.extract("compare-disagg.py", tmp_path)
     seed = subprocess.run([sys.executable, str(script), "--labbook", str(path), "--print-only"],
                           capture_output=True, text=True, check=True).stdout.splitlines()
-    ours = compare.compare(notebook.read(path).records, str(path), "disagg", "baseline")
+    ours = compare.compare_runs(notebook.read(path).records, str(path), "disagg", "baseline")
     assert ours.lines[:4] == seed[:4]  # header, column heads, one line per level
     assert "1.50x" in ours.lines[2] and "+50.0%" in ours.lines[2]
 
 
 def test_record_keeps_the_seed_fields(tmp_path: Path) -> None:
     path = book(tmp_path, *pair(), link("disagg", 16_000_000))
-    result = compare.compare(notebook.read(path).records, str(path), "disagg", "baseline",
+    result = compare.compare_runs(notebook.read(path).records, str(path), "disagg", "baseline",
                              kv_bytes_per_token=2000, prompt_tokens=1000, note="n")
     rec = result.record.line()
     for key in ("lab", "record", "disagg_label", "baseline_label", "model", "prompt_set",
@@ -92,7 +92,7 @@ def test_verdicts_three_ways(tmp_path: Path) -> None:
     nixl = {"http://d/metrics": NixlCounters(nixl_bytes=0.0, nixl_transfers=0.0)}
     records = [*pair(), link("disagg", 16_000_000, nixl=nixl,
                              rdma=RdmaCounters(rx_bytes=64, tx_bytes=0))]
-    seen = seen_bytes(compare.compare(records, "b", "disagg", "baseline",
+    seen = seen_bytes(compare.compare_runs(records, "b", "disagg", "baseline",
                                       kv_bytes_per_token=2000).record)
     by = seen.observed_bytes_per_request_by_source
     assert by == {"iface": 1_000_000.0, "rdma": 4.0, "nixl": 0.0}
@@ -100,13 +100,13 @@ def test_verdicts_three_ways(tmp_path: Path) -> None:
     assert seen.verdict == compare.NOT_CROSSED
     assert seen.verdict_source == "nixl"
     assert seen.prompt_tokens_from == "server usage"
-    small = compare.compare([*pair(), link("disagg", 1_000)], "b", "disagg", "baseline",
+    small = compare.compare_runs([*pair(), link("disagg", 1_000)], "b", "disagg", "baseline",
                             kv_bytes_per_token=2000).record
     assert seen_bytes(small).verdict == compare.NOT_CROSSED
-    mid = compare.compare([*pair(), link("disagg", 1_000_000)], "b", "disagg", "baseline",
+    mid = compare.compare_runs([*pair(), link("disagg", 1_000_000)], "b", "disagg", "baseline",
                           kv_bytes_per_token=2000).record
     assert seen_bytes(mid).verdict == compare.UNCLEAR
-    none = compare.compare([*pair(), link("disagg", None)], "b", "disagg", "baseline")
+    none = compare.compare_runs([*pair(), link("disagg", None)], "b", "disagg", "baseline")
     assert seen_bytes(none.record).verdict is None
     assert any("recorded no byte counters" in line for line in none.lines)
 
@@ -115,7 +115,7 @@ def test_not_the_same_experiment(tmp_path: Path) -> None:
     records = [row("baseline", 1, 0.2, 0.01, 90, context_length=4096),
                row("baseline", 8, 0.2, 0.01, 90),
                row("disagg", 1, 0.3, 0.01, 95, max_tokens=32, context_length=8192)]
-    result = compare.compare(records, "b", "disagg", "baseline")
+    result = compare.compare_runs(records, "b", "disagg", "baseline")
     assert result.record.same_experiment is False
     text = "\n".join(result.lines)
     assert "not the same experiment" in text
@@ -129,18 +129,18 @@ def test_quantised_kv_is_never_paired_with_f16() -> None:
     records[0] = records[0].model_copy(update={"kv_cache_type": "f16"})
     records[2] = records[2].model_copy(update={"kv_cache_type": "q8_0"})
     with pytest.raises(RefusedError, match="q8_0"):
-        compare.compare(records, "b", "disagg", "baseline")
+        compare.compare_runs(records, "b", "disagg", "baseline")
     # both quantised but different: a warning, not a refusal
     records[0] = records[0].model_copy(update={"kv_cache_type": "q4_0"})
-    result = compare.compare(records, "b", "disagg", "baseline")
+    result = compare.compare_runs(records, "b", "disagg", "baseline")
     assert "kv_cache_type differs" in "\n".join(result.warnings)
 
 
 def test_missing_labels_and_no_shared_level() -> None:
     with pytest.raises(InputError, match="Labels present: baseline"):
-        compare.compare(pair()[:2], "b", "disagg", "baseline")
+        compare.compare_runs(pair()[:2], "b", "disagg", "baseline")
     with pytest.raises(InputError, match="share no concurrency level"):
-        compare.compare([row("baseline", 1, 1, 1, 1), row("disagg", 2, 1, 1, 1)], "b",
+        compare.compare_runs([row("baseline", 1, 1, 1, 1), row("disagg", 2, 1, 1, 1)], "b",
                         "disagg", "baseline")
 
 
@@ -151,8 +151,8 @@ def test_offload_pairing_states_pressure() -> None:
     on = row("offload-on-load", 4, 0.1, 0.01, 100,
              metric_deltas={"preemptions": 3.0, "kv_cache_usage_perc_end": 0.97})
     off = row("offload-off-load", 4, 0.3, 0.01, 80, metric_deltas={"preemptions": 0.0})
-    result = compare.compare([startup_on, on, off], "b", compare.OFFLOAD_ON, compare.OFFLOAD_OFF,
-                             offload=True, lab=notebook.LAB_OFFLOAD)
+    result = compare.compare_runs([startup_on, on, off], "b", compare.OFFLOAD_ON,
+                                  compare.OFFLOAD_OFF, offload=True, lab=notebook.LAB_OFFLOAD)
     pressure = result.record.pressure
     assert pressure is not None
     assert pressure["offload-on-load"].under_pressure is True
@@ -178,7 +178,8 @@ def test_compare_takes_the_newest_tier_run_whatever_its_size() -> None:
                side("offload-on-load", 0.12, "holds", 32),
                side("offload-off-load", 0.20, "small", 0),
                side("offload-on-load", 0.21, "small", 6)]
-    result = compare.compare(records, "b", compare.OFFLOAD_ON, compare.OFFLOAD_OFF, offload=True)
+    result = compare.compare_runs(records, "b", compare.OFFLOAD_ON, compare.OFFLOAD_OFF,
+                                  offload=True)
     assert "1.05x" in result.lines[2], result.lines
     on, off = compare.paired_rows(records, compare.OFFLOAD_ON, compare.OFFLOAD_OFF)
     assert (on[18].ttft_s.p50, off[18].ttft_s.p50) == (0.12, 0.30)  # type: ignore[union-attr]
@@ -283,7 +284,7 @@ def two_runs(path: Path, disagg_median: float) -> None:
 def test_each_ratio_has_its_interval_and_words(tmp_path: Path) -> None:
     path = tmp_path / "labbook.md"
     two_runs(path, 0.4)
-    result = compare.compare(notebook.read(path).records, str(path), "disagg", "baseline")
+    result = compare.compare_runs(notebook.read(path).records, str(path), "disagg", "baseline")
     assert result.lines[2].split()[0] == "1" and result.lines[2].split()[1].endswith("x")
     start = result.lines.index(next(line for line in result.lines
                                     if line.startswith("==> Ratios with 95% intervals")))
@@ -306,7 +307,7 @@ def test_each_ratio_has_its_interval_and_words(tmp_path: Path) -> None:
 def test_two_identical_configurations_show_no_measurable_difference(tmp_path: Path) -> None:
     path = tmp_path / "labbook.md"
     two_runs(path, 0.2)
-    result = compare.compare(notebook.read(path).records, str(path), "disagg", "baseline")
+    result = compare.compare_runs(notebook.read(path).records, str(path), "disagg", "baseline")
     for level in result.record.levels:
         assert level.intervals is not None
         assert level.intervals["ttft_p50"].words == intervals.NO_DIFFERENCE
@@ -315,7 +316,7 @@ def test_two_identical_configurations_show_no_measurable_difference(tmp_path: Pa
 
 def test_rows_without_per_request_files_keep_the_point_ratio(tmp_path: Path) -> None:
     path = book(tmp_path, *pair(), link("disagg", 16_000_000))
-    result = compare.compare(notebook.read(path).records, str(path), "disagg", "baseline")
+    result = compare.compare_runs(notebook.read(path).records, str(path), "disagg", "baseline")
     assert "       1  TTFT p50       1.50x (no interval: no per-request data)" in result.lines
     found = result.record.levels[0].intervals
     assert found is not None
@@ -347,7 +348,7 @@ def test_cli_compare_refuses_a_changed_per_request_file(tmp_path: Path) -> None:
 def test_prompts_of_different_sizes_are_not_the_same_experiment() -> None:
     records = [row("baseline", 1, 0.2, 0.01, 90, prompt_tokens_mean=519.0),
                row("disagg", 1, 0.3, 0.01, 95, prompt_tokens_mean=1389.0)]
-    result = compare.compare(records, "b", "disagg", "baseline")
+    result = compare.compare_runs(records, "b", "disagg", "baseline")
     assert result.record.same_experiment is False
     assert "1,389 prompt tokens a request against 519" in "\n".join(result.warnings)
 
@@ -357,7 +358,7 @@ def test_nixl_timing_from_its_own_histograms_beside_the_bytes(tmp_path: Path) ->
     the comparison states them, the rate they imply, and no timing when none was exported."""
     nixl = {"http://d/metrics": NixlCounters(nixl_bytes=932_184_064.0, nixl_transfers=2.0,
                                              nixl_transfer_s=2.2)}
-    result = compare.compare([*pair(), link("disagg", 10_000, nixl=nixl)], "b", "disagg",
+    result = compare.compare_runs([*pair(), link("disagg", 10_000, nixl=nixl)], "b", "disagg",
                              "baseline", kv_bytes_per_token=114_688)
     timing = seen_bytes(result.record).nixl_transfer
     assert timing == NixlTransfer(transfers=2.0, bytes_per_transfer=466_092_032.0,
@@ -365,7 +366,7 @@ def test_nixl_timing_from_its_own_histograms_beside_the_bytes(tmp_path: Path) ->
     assert any(line.startswith("    NIXL's own timing: 2 transfers of") and "1.1000 s each "
                "(3.39 Gbit/s)" in line for line in result.lines)
     bare = {"http://d/metrics": NixlCounters(nixl_bytes=932_184_064.0, nixl_transfers=2.0)}
-    untimed = compare.compare([*pair(), link("disagg", 10_000, nixl=bare)], "b", "disagg",
+    untimed = compare.compare_runs([*pair(), link("disagg", 10_000, nixl=bare)], "b", "disagg",
                               "baseline", kv_bytes_per_token=114_688).record
     assert seen_bytes(untimed).nixl_transfer is None
 
@@ -390,5 +391,5 @@ def test_a_changed_memory_fraction_is_a_stated_difference() -> None:
     # the committed H200 notebook's split ran at 0.4 against a baseline at 0.85
     records = [row("baseline", 1, 0.2, 0.01, 90, memory_fraction=0.85),
                row("disagg", 1, 0.3, 0.01, 95, memory_fraction=0.4)]
-    text = "\n".join(compare.compare(records, "b", "disagg", "baseline").lines)
+    text = "\n".join(compare.compare_runs(records, "b", "disagg", "baseline").lines)
     assert "memory_fraction differs (0.4 against 0.85)" in text

@@ -20,7 +20,7 @@ from kvlab.engines.base import InstanceFacts, argv_args
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.vllm.adapter import VLLM_ENGINE
 from kvlab.measure import compat
-from kvlab.measure.compare import compare
+from kvlab.measure.compare import compare_runs as compare
 from kvlab.measure.verdict import Evidence, judge
 from kvlab.records.evidence import EngineArgs, EngineLine, Percentiles
 from kvlab.records.load import LoadRecord

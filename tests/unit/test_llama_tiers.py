@@ -15,7 +15,7 @@ from kvlab.engines.base import InstanceFacts
 from kvlab.engines.llamacpp import ramcache
 from kvlab.engines.llamacpp.adapter import LLAMA_CPP_ENGINE, argv_facts
 from kvlab.experiments.llama_tiers import LlamaTiersSpec, SlotPressure, candidate_ctx
-from kvlab.measure.pressure import judge
+from kvlab.measure.pressure import judge_pressure as judge
 from kvlab.records.load import HostTierUse, LoadRecord, Pressure, PressureReached
 from kvlab.records.notebook import Notebook
 from kvlab.records.runs import KvQuantRecord, KvTypeSide, RatioInterval

@@ -166,6 +166,6 @@ def test_link_bytes_per_request_count_the_warmup_requests_too(tmp_path: Path) ->
     notebook.append(book, LinkRecord(label="disagg", lab=notebook.LAB_PD, base_url="u",
                                      connector="shared", iface="lo", rx_bytes=2_100_000,
                                      tx_bytes=0, requests=8))
-    result = compare.compare(notebook.read(book).records, str(book), "disagg", "baseline")
+    result = compare.compare_runs(notebook.read(book).records, str(book), "disagg", "baseline")
     # the counters ran over 16 measured and 5 warm-up requests
     assert result.record.line()["observed_bytes_per_request"] == 2_100_000 / 21

@@ -50,7 +50,7 @@ def test_the_cache_size_is_read_from_the_engines_metrics() -> None:
 def test_in_flight_beyond_the_engines_own_cache_size_is_pressure() -> None:
     records = the_pair_kvlab_did_not_start()
     row = records[1]
-    judged = pressure.judge(records, row)
+    judged = pressure.judge_pressure(records, row)
     assert judged.state is True and judged.cache_tokens == 4992
     assert judged.cache_from == "the engine's /metrics"
     assert "11,808 prompt tokens in flight against a cache of 4,992" in judged.why
@@ -91,20 +91,20 @@ def test_a_quiet_run_never_fills_a_pressure_row(tmp_path: Path) -> None:
     assert "n/ax" not in " ".join(row) and "None" not in " ".join(row[1:])
     records = notebook.read(path).records
     assert isinstance(records[0], LoadRecord)
-    judged = pressure.judge(records, records[0])
+    judged = pressure.judge_pressure(records, records[0])
     assert judged.state is False and "fit the cache of 524,288" in judged.why
 
 
 def test_nothing_measured_is_unknown_not_quiet() -> None:
     bare = load(compare.OFFLOAD_OFF, 0.1)
-    judged = pressure.judge([bare], bare)
+    judged = pressure.judge_pressure([bare], bare)
     assert judged.state is None and judged.words == "pressure unknown"
 
 
 def test_each_kind_of_evidence_decides() -> None:
     def state(**extra: Any) -> bool | None:
         r = load(compare.OFFLOAD_OFF, 0.1, prompt=100.0, **extra)
-        return pressure.judge([r], r).state
+        return pressure.judge_pressure([r], r).state
 
     def reached(**figures: float) -> Pressure:
         return Pressure(state="under pressure", reached=PressureReached(**figures))

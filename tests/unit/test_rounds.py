@@ -221,7 +221,7 @@ def test_the_pd_report_and_compare_read_the_run_at_its_rules_level(tmp_path: Pat
     for stint in rounds.stints():
         fake_stint(book, rounds, lambda side, _: 0.02 if side else 0.2, [], (1, 4), 0.2,
                    ("disagg", "baseline"), notebook.LAB_PD, **loop)(stint)
-    found = compare.compare(notebook.read(book).records, str(book), "disagg", "baseline")
+    found = compare.compare_runs(notebook.read(book).records, str(book), "disagg", "baseline")
     assert "==> Ratios with 98.75% intervals (bootstrap over requests and repeats, seed 16)" \
         in found.lines
     assert found.record.interval_method is not None

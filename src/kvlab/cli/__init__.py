@@ -29,7 +29,7 @@ from kvlab.cli import (
     settings_cmd,
 )
 from kvlab.cli.common import GlobalOptions
-from kvlab.core.errors import KvlabError
+from kvlab.core import KvlabError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

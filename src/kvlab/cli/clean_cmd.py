@@ -15,7 +15,7 @@ from kvlab.cli.common import Output, json_option, settings_from
 def clean_command(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     """Stop stray engines (recorded process groups, identified by start time, group and
     port); remove KV stores and slot files (users' prompts)."""
-    from kvlab.engines.cleanup import clean
+    from kvlab.engines import clean
 
     report = clean(settings_from(ctx).values, dry_run=dry_run)
     stop, remove = ("would stop", "would remove") if dry_run else ("stopped", "removed")

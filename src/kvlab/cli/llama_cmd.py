@@ -19,8 +19,8 @@ from rich.console import Console
 from kvlab.cli.common import Output, json_option, settings_from
 
 if TYPE_CHECKING:
+    from kvlab.engines import EnginePlan
     from kvlab.engines.llamacpp.slots import Done
-    from kvlab.engines.plan import EnginePlan
 
 port_option = click.option("--port", type=click.IntRange(1, 65535),
                            help="The server's port (default: LLAMA_PORT).")

@@ -24,16 +24,11 @@ from rich.console import Console
 
 from kvlab.cli.common import Output, json_option, server_settings, settings_from
 from kvlab.cli.options import arguments
-from kvlab.core.errors import (
-    EXIT_ALL_FAILED,
-    EXIT_CODES,
-    EXIT_INTERRUPTED,
-    EXIT_NOT_CONVERGED,
-    InputError,
-)
-from kvlab.engines.base import VLLM
+from kvlab.core import EXIT_ALL_FAILED, EXIT_CODES, EXIT_INTERRUPTED, EXIT_NOT_CONVERGED, InputError
+from kvlab.engines import VLLM
 from kvlab.experiments.args import CompareArgs
-from kvlab.loadgen.args import (
+from kvlab.loadgen import (
+    BenchArgs,
     CapacityArgs,
     LoadArgs,
     TargetArgs,
@@ -42,12 +37,11 @@ from kvlab.loadgen.args import (
     openai_key,
     understood_url,
 )
-from kvlab.loadgen.benchargs import BenchArgs
 
 if TYPE_CHECKING:
-    from kvlab.core.settings import Settings
-    from kvlab.loadgen.spec import LoadSpec
-    from kvlab.records.load import LoadRecord
+    from kvlab.core import Settings
+    from kvlab.loadgen import LoadSpec
+    from kvlab.records import LoadRecord
 
 T = TypeVar("T")
 
@@ -99,7 +93,7 @@ def load_command(ctx: click.Context, /, target: TargetArgs, load: LoadArgs, benc
     """Stream requests at each concurrency level; one notebook row and one per-request file
     (beside the notebook, in kvlab-requests/) per level."""
     from kvlab.experiments import manual
-    from kvlab.loadgen.load_test_entry import write_launcher
+    from kvlab.loadgen import write_launcher
     from kvlab.report import console
 
     out = Output(as_json)
@@ -178,7 +172,7 @@ def run_load_command(ctx: click.Context, /, label: str, base_url: str,
                      as_json: bool) -> None:
     """The seed's run-load.sh: a load run with the link's byte counters around it."""
     from kvlab.experiments import manual
-    from kvlab.loadgen.args import link_spec
+    from kvlab.loadgen import link_spec
     from kvlab.report import console
 
     out = Output(as_json)

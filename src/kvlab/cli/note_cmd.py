@@ -7,7 +7,7 @@ from __future__ import annotations
 import click
 
 from kvlab.cli.common import Output, json_option, settings_from
-from kvlab.records.runs import NOTE_TOPICS
+from kvlab.records import NOTE_TOPICS
 
 
 @click.command("note")
@@ -21,11 +21,8 @@ from kvlab.records.runs import NOTE_TOPICS
 def note_command(ctx: click.Context, words: tuple[str, ...], about: str, labbook: str | None,
                  as_json: bool) -> None:
     """Append your own answer to one of the labs' questions to the notebook."""
-    from kvlab.core.errors import InputError
-    from kvlab.core.secrets import secret_in_text
-    from kvlab.records import notebook
-    from kvlab.records.base import LAB_OFFLOAD, LAB_PD
-    from kvlab.records.runs import NoteRecord
+    from kvlab.core import InputError, secret_in_text
+    from kvlab.records import LAB_OFFLOAD, LAB_PD, NoteRecord, notebook
 
     text = " ".join(words).strip()
     if not text or len(text) > 2000:

@@ -28,10 +28,8 @@ from rich.console import Console
 
 from kvlab.cli.common import Output, json_option, settings_from
 from kvlab.cli.reuse_cmd import ignore_option
-from kvlab.core.errors import RefusedError
-from kvlab.proxy.config import ProxyConfig
-from kvlab.proxy.legs import BALANCES, Balance
-from kvlab.proxy.pd import CONNECTORS
+from kvlab.core import RefusedError
+from kvlab.proxy import BALANCES, CONNECTORS, Balance, ProxyConfig
 
 
 @click.command("proxy")
@@ -95,11 +93,11 @@ def proxy_command(ctx: click.Context, prefill: tuple[str, ...], decode: tuple[st
         raise click.UsageError(f"--port {port} and --url {url} name two proxies; give one")
     if check and port is not None and not url:
         url = f"http://127.0.0.1:{port}"  # the running proxy there, not one of ours
-    from kvlab.proxy.app import loop_runner
+    from kvlab.proxy import loop_runner
 
     runner = loop_runner()
     if check:
-        from kvlab.proxy.check import check_proxy
+        from kvlab.proxy import check_proxy
 
         found = runner.run(check_proxy(config, loaded.values.served_name, url))
         out.result(found.as_dict(), lambda c: console.crossing(c, found))
@@ -112,7 +110,7 @@ def proxy_command(ctx: click.Context, prefill: tuple[str, ...], decode: tuple[st
     shown = out.err if out.as_json else out.console
     shown.print("==> Checking the engines")
     on_ready = _on_ready(config, out, shown)
-    from kvlab.proxy.workers import serve_workers, spread_note
+    from kvlab.proxy import serve_workers, spread_note
 
     if note := spread_note(config.workers):
         shown.print(f"    note: {note}")

@@ -14,9 +14,9 @@ import click
 
 from kvlab.cli.common import Output, json_option, settings_from
 from kvlab.cli.options import arguments
-from kvlab.core.errors import InputError, RefusedError
+from kvlab.core import InputError, RefusedError
 from kvlab.experiments.args import ProveArgs, ReuseArgs
-from kvlab.measure.verdict import FAILED
+from kvlab.measure import FAILED
 
 ignore_option = click.option(
     "--ignore", multiple=True,

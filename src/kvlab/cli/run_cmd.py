@@ -44,7 +44,7 @@ from kvlab.experiments.args import (
 )
 
 if TYPE_CHECKING:
-    from kvlab.records.base import Record
+    from kvlab.records import Record
 
 Render = Callable[[Console, "list[Record]", str], None]
 
@@ -101,8 +101,7 @@ def disk(ctx: click.Context, args: DiskArgs, as_json: bool) -> None:
 @click.pass_context
 def interference(ctx: click.Context, args: InterferenceArgs, as_json: bool) -> None:
     """Prefill interference: the same load with --parallel 4, then 1 (one variable)."""
-    from kvlab.records.load import LoadRecord
-    from kvlab.records.runs import ComparisonRecord
+    from kvlab.records import ComparisonRecord, LoadRecord
     from kvlab.report import console
 
     def draw(c: Console, lines: list[Record], book: str) -> None:
@@ -127,7 +126,7 @@ def mlx_cache(ctx: click.Context, args: MlxCacheArgs, as_json: bool) -> None:
 def _disk_lines(c: Console, lines: list[Record], book: str) -> None:
     """A disk tier's stopwatch as a table of its steps; any other line (mlx-lm's turns) as
     every line is shown."""
-    from kvlab.records.runs import DiskRecord
+    from kvlab.records import DiskRecord
     from kvlab.report import console
 
     for line in lines:
@@ -153,7 +152,7 @@ def llama_tiers(ctx: click.Context, args: LlamaTiersArgs, as_json: bool) -> None
 @click.pass_context
 def shared_slots(ctx: click.Context, args: SharedSlotsArgs, as_json: bool) -> None:
     """Two llama-servers share one slot store: save on A, restore on B, prove reuse on B."""
-    from kvlab.records.runs import ReuseRecord
+    from kvlab.records import ReuseRecord
     from kvlab.report import console
 
     def draw(c: Console, lines: list[Record], book: str) -> None:
@@ -209,7 +208,7 @@ def replicas(ctx: click.Context, args: ReplicasArgs, as_json: bool) -> None:
 def disagg(ctx: click.Context, args: DisaggArgs, as_json: bool) -> None:
     """Prediction, the split behind kvlab's proxy, the baseline, the comparison; with --part,
     the lab's procedure steps (a cancel and a worker restart; the prompt-length boundary)."""
-    from kvlab.records.runs import ProcedureRecord
+    from kvlab.records import ProcedureRecord
 
     lines = _run(ctx, "disagg", args, as_json)
     if any(isinstance(r, ProcedureRecord) and r.verdict == "fail" for r in lines):
@@ -224,7 +223,7 @@ def run_all_command(ctx: click.Context, args: AllArgs, as_json: bool) -> None:
     """Every experiment this machine can run, then `kvlab report` (the README's main command)."""
     from pathlib import Path
 
-    from kvlab.core.errors import KvlabError
+    from kvlab.core import KvlabError
     from kvlab.experiments import everything
     from kvlab.report import write
 

@@ -14,8 +14,8 @@ from kvlab.cli.common import Output, json_option
 @json_option
 def schema_command(kind: str | None, as_json: bool) -> None:
     """Print the JSON Schema of each notebook record kind (or of KIND)."""
-    from kvlab.core.errors import InputError
-    from kvlab.records.models import BY_KIND, json_schemas
+    from kvlab.core import InputError
+    from kvlab.records import BY_KIND, json_schemas
 
     schemas = json_schemas()
     if kind is not None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import click
 
 from kvlab.cli.common import Output, json_option, settings_from
-from kvlab.engines.roles import ENGINE_ROLES, plan_for_role
+from kvlab.engines import ENGINE_ROLES, plan_for_role
 
 if TYPE_CHECKING:
     from kvlab.experiments.serve import Served

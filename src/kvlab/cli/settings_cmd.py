@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from kvlab.cli.common import Output, json_option, settings_from
-from kvlab.core.errors import InputError
+from kvlab.core import InputError
 
 
 @click.command("settings")
@@ -44,7 +44,7 @@ def init_command(out: str, force: bool, as_json: bool) -> None:
     path = Path(out)
     if path.exists() and not force:
         raise InputError(f"{path} exists; pass --force to overwrite it")
-    from kvlab.core.env_example import env_example_text
+    from kvlab.core import env_example_text
 
     path.write_text(env_example_text(), encoding="utf-8")
     Output(as_json).result({"written": str(path)},

@@ -31,12 +31,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvlab import __version__
-from kvlab.core.settings import Settings
-from kvlab.engines.plan import EnginePlan
-from kvlab.engines.process import EngineProcess, make_private_dir, port_in_use, stop_group
+from kvlab.core import Settings
+from kvlab.engines import EnginePlan, EngineProcess, make_private_dir, port_in_use, stop_group
 
 if TYPE_CHECKING:
-    from kvlab.observe.netdev import RdmaPort
+    from kvlab.observe import RdmaPort
 
 MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
 STOP_ALL_GRACE_S = 5.0
@@ -200,7 +199,7 @@ class NodeAgent:
 
     def counters(self, iface: str, store: str) -> Counters:
         """This node's byte counters: the interface, every RDMA port, the store's size."""
-        from kvlab.loadgen.linkrun import store_size
+        from kvlab.loadgen import store_size
         from kvlab.observe import netdev
 
         found = netdev.read_iface(iface)

@@ -18,7 +18,7 @@ import ipaddress
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from kvlab.core.errors import RefusedError
+from kvlab.core import RefusedError
 from kvlab.observe import netdev
 
 LABEL = "kvlab-host"  # a node label naming the node, for several nodes on one machine

@@ -27,11 +27,9 @@ from dataclasses import dataclass, replace
 
 from pydantic import BaseModel, ConfigDict
 
-from kvlab.core.errors import SettingError
-from kvlab.core.settings import Settings
-from kvlab.engines.plan import EnginePlan, Flag
-from kvlab.engines.registry import known_engine
-from kvlab.records.rows import leg_of, leg_roles
+from kvlab.core import SettingError, Settings
+from kvlab.engines import EnginePlan, Flag, known_engine
+from kvlab.records import leg_of, leg_roles
 
 RAY_ADDRESS = "RAY_ADDRESS"  # Ray's own variable naming the cluster to join
 PREFILL_SIDE = ("prefill", "shared-a")

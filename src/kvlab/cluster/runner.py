@@ -42,17 +42,18 @@ import ray
 from kvlab.cluster.agent import UNKNOWN_ENGINE, Counters
 from kvlab.cluster.placement import on_node
 from kvlab.cluster.session import ClusterSession, Placed
-from kvlab.core.errors import EngineError, KvlabError
-from kvlab.core.files import write_private
-from kvlab.core.settings import Settings
-from kvlab.engines.host import Scope, labels_for, record_ready
-from kvlab.engines.plan import EnginePlan
-from kvlab.engines.process import DEFAULT_READY_TIMEOUT_S, EngineProcess
-from kvlab.engines.registry import known_engine
+from kvlab.core import EngineError, KvlabError, Settings, write_private
+from kvlab.engines import (
+    DEFAULT_READY_TIMEOUT_S,
+    EnginePlan,
+    EngineProcess,
+    Scope,
+    known_engine,
+    labels_for,
+    record_ready,
+)
 from kvlab.observe import netdev
-from kvlab.records.base import Record
-from kvlab.records.evidence import NodeCounters
-from kvlab.records.load import LinkRecord, LoadRecord
+from kvlab.records import LinkRecord, LoadRecord, NodeCounters, Record
 
 WATCH_S = 2.0
 ECHO_POLL_S = 1.0

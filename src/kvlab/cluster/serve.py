@@ -22,11 +22,9 @@ from collections.abc import AsyncIterator
 from kvlab.cluster.placement import Placement, rebind
 from kvlab.cluster.runner import RayHost, RemoteEngine
 from kvlab.cluster.session import ClusterSession
-from kvlab.core.errors import SettingError
-from kvlab.core.settings import Settings
-from kvlab.engines.host import Scope
-from kvlab.engines.plan import EnginePlan
-from kvlab.records.rows import serve_label
+from kvlab.core import SettingError, Settings
+from kvlab.engines import EnginePlan, Scope
+from kvlab.records import serve_label
 
 POLL_S = 1.0
 

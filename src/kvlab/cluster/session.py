@@ -41,12 +41,10 @@ from kvlab import __version__
 from kvlab.cluster import nodes
 from kvlab.cluster.agent import NodeFacts, machine_id, remote_class
 from kvlab.cluster.placement import Placement
-from kvlab.core.errors import EngineError, KvlabError, RefusedError, SettingError
-from kvlab.core.say import Say, quiet
-from kvlab.core.settings import Settings
-from kvlab.engines.plan import EnginePlan
+from kvlab.core import EngineError, KvlabError, RefusedError, Say, SettingError, Settings, quiet
+from kvlab.engines import EnginePlan
 from kvlab.loadgen import topology
-from kvlab.records.evidence import NodeInfo, Where
+from kvlab.records import NodeInfo, Where
 
 PROBE = ".kvlab-shared-probe-"
 REACH_TIMEOUT_S = 5.0  # a GCS that does not answer a connect by then is not there

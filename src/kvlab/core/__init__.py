@@ -1,0 +1,104 @@
+"""kvlab.core"""
+
+from kvlab.core.env_example import env_example_text
+from kvlab.core.errors import (
+    EXIT_ALL_FAILED,
+    EXIT_CODES,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_CONVERGED,
+    EngineError,
+    InputError,
+    KvlabError,
+    RefusedError,
+    SettingError,
+    UnreachableError,
+)
+from kvlab.core.files import write_private
+from kvlab.core.hardware import (
+    UNDETECTED,
+    Hardware,
+    cuda_architecture,
+    detect_hardware,
+    device_memory_bytes,
+)
+from kvlab.core.jsondata import JsonObject, dig, integer, integers, items, number, obj, text
+from kvlab.core.paths import PROXY_METRICS_PREFIX
+from kvlab.core.profiles import (
+    CPU_PROFILE,
+    GPU_PROFILES,
+    TINY_DIR,
+    embedded,
+    for_a_server,
+    shaped_paths,
+    wants_gpu,
+)
+from kvlab.core.say import Say, quiet
+from kvlab.core.secrets import (
+    REDACTED,
+    is_secret_name,
+    redact_argv,
+    redact_text,
+    secret_flag_values,
+    secret_in_list,
+    secret_in_text,
+)
+from kvlab.core.settings import (
+    POINT_TO_POINT,
+    LoadedSettings,
+    ProfileValues,
+    Settings,
+    load_settings,
+)
+from kvlab.core.sizes import human_bytes, tree_bytes
+
+__all__ = [
+    "CPU_PROFILE",
+    "EXIT_ALL_FAILED",
+    "EXIT_CODES",
+    "EXIT_INTERRUPTED",
+    "EXIT_NOT_CONVERGED",
+    "GPU_PROFILES",
+    "POINT_TO_POINT",
+    "PROXY_METRICS_PREFIX",
+    "REDACTED",
+    "TINY_DIR",
+    "UNDETECTED",
+    "EngineError",
+    "Hardware",
+    "InputError",
+    "JsonObject",
+    "KvlabError",
+    "LoadedSettings",
+    "ProfileValues",
+    "RefusedError",
+    "Say",
+    "SettingError",
+    "Settings",
+    "UnreachableError",
+    "cuda_architecture",
+    "detect_hardware",
+    "device_memory_bytes",
+    "dig",
+    "embedded",
+    "env_example_text",
+    "for_a_server",
+    "human_bytes",
+    "integer",
+    "integers",
+    "is_secret_name",
+    "items",
+    "load_settings",
+    "number",
+    "obj",
+    "quiet",
+    "redact_argv",
+    "redact_text",
+    "secret_flag_values",
+    "secret_in_list",
+    "secret_in_text",
+    "shaped_paths",
+    "text",
+    "tree_bytes",
+    "wants_gpu",
+    "write_private",
+]

@@ -1,2 +1,111 @@
 """Engines: one module per engine holds all its knowledge (`vllm`, `llamacpp`); `plan` is the
 shared data shape, `process` runs any plan, `install` puts the CPU engines on a machine."""
+
+from kvlab.engines.base import (
+    LLAMA_CPP,
+    NAMES,
+    PROBE_MESSAGES,
+    VLLM,
+    InstanceFacts,
+    LaunchSettings,
+    Support,
+    TwoEndpointProof,
+    canonical_name,
+    token_digest,
+)
+from kvlab.engines.cleanup import clean
+from kvlab.engines.host import (
+    EngineHost,
+    LocalHost,
+    Running,
+    Scope,
+    death_cause,
+    labels_for,
+    record_ready,
+)
+from kvlab.engines.install import EngineStatus
+from kvlab.engines.models import KNOWN_SHAPES, hf_config, make_tiny, prose, write_shaped_config
+from kvlab.engines.plan import EnginePlan, Flag, client_host
+from kvlab.engines.prepare import (
+    LLAMA_NEEDED,
+    MLX_NEEDED,
+    MLX_ON_GPU,
+    ROUTER_NEEDED,
+    VLLM_NEEDED,
+    prepare_engines,
+    prepare_for,
+)
+from kvlab.engines.process import (
+    DEFAULT_READY_TIMEOUT_S,
+    EngineProcess,
+    free_port,
+    make_private_dir,
+    port_in_use,
+    stop_group,
+)
+from kvlab.engines.registry import (
+    all_engines,
+    engine_for,
+    evidence_deltas,
+    failure_meaning,
+    known_engine,
+    source_of,
+    transfer_deltas,
+)
+from kvlab.engines.reuse import EnginePool
+from kvlab.engines.roles import ENGINE_ROLES, TITLES, as_started, plan_for_role
+
+__all__ = [
+    "DEFAULT_READY_TIMEOUT_S",
+    "ENGINE_ROLES",
+    "KNOWN_SHAPES",
+    "LLAMA_CPP",
+    "LLAMA_NEEDED",
+    "MLX_NEEDED",
+    "MLX_ON_GPU",
+    "NAMES",
+    "PROBE_MESSAGES",
+    "ROUTER_NEEDED",
+    "TITLES",
+    "VLLM",
+    "VLLM_NEEDED",
+    "EngineHost",
+    "EnginePlan",
+    "EnginePool",
+    "EngineProcess",
+    "EngineStatus",
+    "Flag",
+    "InstanceFacts",
+    "LaunchSettings",
+    "LocalHost",
+    "Running",
+    "Scope",
+    "Support",
+    "TwoEndpointProof",
+    "all_engines",
+    "as_started",
+    "canonical_name",
+    "clean",
+    "client_host",
+    "death_cause",
+    "engine_for",
+    "evidence_deltas",
+    "failure_meaning",
+    "free_port",
+    "hf_config",
+    "known_engine",
+    "labels_for",
+    "make_private_dir",
+    "make_tiny",
+    "plan_for_role",
+    "port_in_use",
+    "prepare_engines",
+    "prepare_for",
+    "prose",
+    "record_ready",
+    "source_of",
+    "stop_group",
+    "token_digest",
+    "transfer_deltas",
+    "write_shaped_config",
+]

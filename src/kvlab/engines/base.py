@@ -19,18 +19,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from kvlab.core.secrets import is_secret_name
-from kvlab.observe.metrics import CounterTable, GaugeTable, Snapshot
-from kvlab.records.evidence import EngineArgs, InstanceLine, KvCapacity
+from kvlab.core import is_secret_name
+from kvlab.observe import CounterTable, GaugeTable, Snapshot
+from kvlab.records import EngineArgs, InstanceLine, KvCapacity
 
 if TYPE_CHECKING:
     import httpx
 
-    from kvlab.core.say import Say
-    from kvlab.core.settings import Settings
+    from kvlab.core import Say, Settings
     from kvlab.engines.plan import EnginePlan
-    from kvlab.observe.chat import ChatResult
-    from kvlab.observe.fingerprint import Fingerprint
+    from kvlab.observe import ChatResult, Fingerprint
 
 VLLM = "vllm"
 LLAMA_CPP = "llama.cpp"  # the one spelling, in plans, records and load rows

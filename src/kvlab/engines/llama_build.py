@@ -22,9 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvlab.core.hardware import Hardware, cuda_architecture, detect_hardware
-from kvlab.core.profiles import wants_gpu
-from kvlab.core.settings import Settings
+from kvlab.core import Hardware, Settings, cuda_architecture, detect_hardware, wants_gpu
 
 # h200.sh's llama-cuda phase built with these (277 s with ninja on 16 cores)
 CUDA_FLAGS = ("-DGGML_CUDA=ON", "-DLLAMA_CURL=OFF")

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvlab.core.errors import InputError
+from kvlab.core import InputError
 
 if TYPE_CHECKING:
     import numpy as np

@@ -15,14 +15,8 @@ import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from kvlab.core.secrets import (
-    REDACTED,
-    is_secret_name,
-    redact_argv,
-    redact_text,
-    secret_flag_values,
-)
-from kvlab.records.runs import StartupFacts
+from kvlab.core import REDACTED, is_secret_name, redact_argv, redact_text, secret_flag_values
+from kvlab.records import StartupFacts
 
 
 def client_host(bind_host: str) -> str:

@@ -15,11 +15,16 @@ install empties that experiment's rows, not the whole run.
 
 from __future__ import annotations
 
-from kvlab.core.errors import EngineError
-from kvlab.core.hardware import detect_hardware
-from kvlab.core.profiles import TINY_DIR, shaped_paths, wants_gpu
-from kvlab.core.say import Say
-from kvlab.core.settings import LoadedSettings, Settings
+from kvlab.core import (
+    TINY_DIR,
+    EngineError,
+    LoadedSettings,
+    Say,
+    Settings,
+    detect_hardware,
+    shaped_paths,
+    wants_gpu,
+)
 from kvlab.engines import install, llamacpp, vllm
 from kvlab.engines.models import make_tiny, write_shaped_config
 
@@ -30,7 +35,7 @@ MLX_ON_GPU = ("mlx-lm is Apple's engine, and on this GPU machine kvlab would ins
 ROUTER_NEEDED = "vllm-router"  # the anchor router (`kvlab run replicas`)
 
 
-def prepare(loaded: LoadedSettings, needs: tuple[str, ...], say: Say) -> None:
+def prepare_for(loaded: LoadedSettings, needs: tuple[str, ...], say: Say) -> None:
     """Make the profile's models and install the builds of `needs`' engines."""
     prepare_models(loaded, say)
     prepare_engines(loaded.values, needs, say)

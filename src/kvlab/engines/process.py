@@ -37,8 +37,7 @@ from typing import TYPE_CHECKING, TextIO
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kvlab.core.errors import EngineError, RefusedError
-from kvlab.core.secrets import redact_text
+from kvlab.core import EngineError, RefusedError, redact_text
 from kvlab.engines.plan import EnginePlan
 
 if TYPE_CHECKING:

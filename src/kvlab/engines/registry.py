@@ -11,9 +11,8 @@ from kvlab.engines.llamacpp import facts as llamacpp_facts
 from kvlab.engines.llamacpp.adapter import LLAMA_CPP_ENGINE
 from kvlab.engines.vllm import facts as vllm_facts
 from kvlab.engines.vllm.adapter import VLLM_ENGINE
-from kvlab.observe import metrics
-from kvlab.observe.metrics import Snapshot
-from kvlab.records.base import Deltas
+from kvlab.observe import Snapshot, metrics
+from kvlab.records import Deltas
 
 ENGINES: dict[str, Engine] = {VLLM: VLLM_ENGINE, LLAMA_CPP: LLAMA_CPP_ENGINE}
 

@@ -37,7 +37,7 @@ from kvlab.engines.llamacpp.facts import SLOTS_PATH, slot_url
 from kvlab.engines.plan import EnginePlan, client_host
 from kvlab.engines.process import EngineProcess
 from kvlab.engines.vllm.facts import DEV_MODE_ENV, RESET_PREFIX_CACHE_PATH
-from kvlab.records.runs import EngineReuse, ResetProbe
+from kvlab.records import EngineReuse, ResetProbe
 
 BEYOND_RESET = ("--kv-transfer-config", "--kv-offloading-size", "--kv-offloading-backend",
                 "--cpu-offload-gb")  # vLLM flags that put KV (or weights) where no reset reaches

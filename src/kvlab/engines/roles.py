@@ -9,7 +9,7 @@ set rather than the settings'.
 
 from __future__ import annotations
 
-from kvlab.core.settings import LoadedSettings
+from kvlab.core import LoadedSettings
 from kvlab.engines import llamacpp, vllm
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.registry import known_engine

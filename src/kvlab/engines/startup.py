@@ -10,10 +10,7 @@ from __future__ import annotations
 from kvlab.engines.base import LaunchSettings
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.registry import known_engine
-from kvlab.records import notebook
-from kvlab.records.evidence import KvCapacity, NodeInfo
-from kvlab.records.rows import leg_of
-from kvlab.records.runs import StartupRecord
+from kvlab.records import KvCapacity, NodeInfo, StartupRecord, leg_of, notebook
 
 _PD_ROLES = ("baseline", "prefill", "decode", "proxy")
 

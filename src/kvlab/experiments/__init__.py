@@ -15,7 +15,7 @@ import importlib
 from dataclasses import dataclass
 from types import ModuleType
 
-from kvlab.engines.prepare import LLAMA_NEEDED, MLX_NEEDED, ROUTER_NEEDED, VLLM_NEEDED
+from kvlab.engines import LLAMA_NEEDED, MLX_NEEDED, ROUTER_NEEDED, VLLM_NEEDED
 from kvlab.records import rows
 
 # `kvlab run disagg --part`: the load comparison (the default) and the lab's procedure steps
@@ -52,7 +52,7 @@ EXPERIMENTS: dict[str, Registered] = {e.name: e for e in (
                (rows.OFFLOAD_CURVE, rows.OFFLOAD_BOUNDARY)),
     Registered("shared", "kvlab.experiments.shared", (rows.SHARED_STORE,)),
     Registered("disagg", "kvlab.experiments.disagg",
-               (rows.BASELINE, rows.LOOPBACK, rows.CANCEL, rows.BOUNDARY)),
+               (rows.BASELINE, rows.SPLIT_LOOPBACK, rows.CANCEL, rows.BOUNDARY)),
     Registered("replicas", "kvlab.experiments.replicas", (rows.REPLICAS,),
                (VLLM_NEEDED, ROUTER_NEEDED)),
 )}

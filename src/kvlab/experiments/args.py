@@ -16,13 +16,11 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from pydantic import Field
 
-from kvlab.core.errors import InputError, SettingError
-from kvlab.core.settings import LoadedSettings, Settings
+from kvlab.core import InputError, LoadedSettings, SettingError, Settings
 from kvlab.experiments import DISAGG_PARTS
-from kvlab.loadgen.args import Args, NoteText, requests_setting
-from kvlab.measure.conversation import PREAMBLE_WORDS, TURN_MAX_TOKENS
-from kvlab.records.base import LAB_OFFLOAD
-from kvlab.records.rows import SPLIT
+from kvlab.loadgen import Args, NoteText, requests_setting
+from kvlab.measure import PREAMBLE_WORDS, TURN_MAX_TOKENS
+from kvlab.records import LAB_OFFLOAD, SPLIT
 
 WORKING_SET = "working-set"  # `run offload --tier-gb`: a tier sized to hold the working set
 # kvlab.proxy.legs.BALANCES, spelled here so that `kvlab --help` imports no proxy
@@ -42,10 +40,9 @@ if TYPE_CHECKING:
     from kvlab.experiments.replicas import ReplicasSpec
     from kvlab.experiments.shared import SharedSpec
     from kvlab.experiments.slot_share import SharedSlotsSpec
-    from kvlab.loadgen.capacity import CapacityAsk
-    from kvlab.measure.prove import ProveOptions
-    from kvlab.measure.reuse import ReuseOptions
-    from kvlab.records.runs import KvPrediction
+    from kvlab.loadgen import CapacityAsk
+    from kvlab.measure import ProveOptions, ReuseOptions
+    from kvlab.records import KvPrediction
 
 SLO_HELP = ("The latency target whose capacity is searched, e.g. 'ttft_p90<=0.5,tpot_p90<=0.05' "
             "[default: ttft_p90<=0.5,tpot_p90<=0.05 on a GPU, ttft_p90<=0.25,tpot_p90<=0.05 on "
@@ -134,7 +131,7 @@ def capacity_ask(slo: str) -> CapacityAsk | None:
     """The experiments' capacity search at `--slo` (None: `--slo none`), refused now if it
     is not a target, before any engine starts."""
     from kvlab.experiments.everything import LAB_SEARCH
-    from kvlab.loadgen.capacity import CapacityAsk, LatencyTarget
+    from kvlab.loadgen import CapacityAsk, LatencyTarget
 
     if slo == "none":
         return None
@@ -326,7 +323,7 @@ class OffloadArgs(PlannedArgs):
     def spec(self, loaded: LoadedSettings) -> OffloadSpec:
         from kvlab.experiments.offload import OffloadSpec
         from kvlab.experiments.tier_sizes import check_sizes
-        from kvlab.loadgen.sessions import ThinkTime
+        from kvlab.loadgen import ThinkTime
 
         if self.think_time:
             ThinkTime.parse(self.think_time)  # refused now, before any engine starts
@@ -510,7 +507,7 @@ class AllArgs(PlacementArgs):
     report_dir: str = Field("kvlab-report", description="Where the report and its plots go.")
 
     def spec(self, loaded: LoadedSettings) -> AllSpec:
-        from kvlab.core.profiles import GPU_PROFILES
+        from kvlab.core import GPU_PROFILES
         from kvlab.experiments.everything import AllSpec
 
         s, gpu = loaded.values, loaded.profile in GPU_PROFILES
@@ -593,7 +590,7 @@ class ReuseArgs(Measured):
     label: str = Field("reuse", description="Notebook label.")
 
     def options(self, settings: Settings) -> ReuseOptions:
-        from kvlab.measure.reuse import ReuseOptions
+        from kvlab.measure import ReuseOptions
 
         return ReuseOptions(urls=self.targets(), model=self.model or settings.served_name,
                             turns=self.turns, preamble_words=self.preamble_words,
@@ -611,7 +608,7 @@ class ProveArgs(Measured):
     label: str = Field("prove", description="Notebook label.")
 
     def options(self, settings: Settings) -> ProveOptions:
-        from kvlab.measure.prove import ProveOptions
+        from kvlab.measure import ProveOptions
 
         targets = self.targets()
         if len(targets) > 2:
@@ -689,7 +686,7 @@ class PredictArgs(Args):
 
     def predicted(self, settings: Settings) -> KvPrediction:
         """The arithmetic for the shape given (a file or a known shape)."""
-        from kvlab.engines.models import KNOWN_SHAPES, hf_config
+        from kvlab.engines import KNOWN_SHAPES, hf_config
         from kvlab.measure import kvmath
 
         if (self.config is None) == (self.shape is None):

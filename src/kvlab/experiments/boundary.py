@@ -10,8 +10,8 @@ what the chat template adds. Each length and side gives one `boundary-point` lin
 percentiles from the load generator's own client, the server's prompt token counts, the
 engine's counter deltas); each concurrency gives one `boundary` line with the judgement.
 
-The judgement is `measure.crossing.judge`'s: where the split/baseline ratio of TTFT p50 crosses
-1.0 along the lengths.
+The judgement is `measure.crossing.judge_crossing`'s: where the split/baseline ratio of TTFT
+p50 crosses 1.0 along the lengths.
 Deliberately not here: starting engines (the disagg experiment's sessions do that).
 """
 
@@ -25,22 +25,23 @@ from typing import TYPE_CHECKING, Literal
 
 import httpx
 
-from kvlab.core.errors import EngineError, SettingError
-from kvlab.core.jsondata import JsonObject
-from kvlab.engines.registry import evidence_deltas
+from kvlab.core import EngineError, JsonObject, SettingError
+from kvlab.engines import evidence_deltas
 from kvlab.experiments.lab import Lab
-from kvlab.loadgen import stats
-from kvlab.loadgen.client import Endpoint
-from kvlab.loadgen.record import decode_events
-from kvlab.loadgen.runner import LevelResult, LevelRun, Schedule
-from kvlab.measure import workloads
-from kvlab.measure.crossing import Point, judge
-from kvlab.observe import metrics
-from kvlab.observe.chat import api_base
-from kvlab.records.base import LAB_PD
-from kvlab.records.evidence import Failure, Where
-from kvlab.records.rows import BOUNDARY, BOUNDARY_BASELINE, BOUNDARY_SPLIT
-from kvlab.records.runs import BoundaryCell, BoundaryPointRecord, BoundaryRecord
+from kvlab.loadgen import Endpoint, LevelResult, LevelRun, Schedule, decode_events, stats
+from kvlab.measure import Point, judge_crossing, workloads
+from kvlab.observe import api_base, metrics
+from kvlab.records import (
+    BOUNDARY,
+    BOUNDARY_BASELINE,
+    BOUNDARY_SPLIT,
+    LAB_PD,
+    BoundaryCell,
+    BoundaryPointRecord,
+    BoundaryRecord,
+    Failure,
+    Where,
+)
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -249,7 +250,7 @@ def summarise(lab: Lab, spec: BoundarySpec,
                 split_prompt_tokens=split.prompt_tokens_mean if split else None,
                 baseline_prompt_tokens=base.prompt_tokens_mean if base else None,
                 split_tokens_from_store=_from_store(split)))
-        found = judge(points)
+        found = judge_crossing(points)
         lab.say(f"==> boundary at concurrency {level}: {found.statement}")
         out.append(lab.record(BoundaryRecord(
             label=BOUNDARY.label, lab=LAB_PD, concurrency=level, verdict=found.verdict,

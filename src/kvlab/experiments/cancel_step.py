@@ -24,10 +24,8 @@ from functools import partial
 
 import httpx
 
-from kvlab.core.errors import KvlabError
-from kvlab.core.jsondata import JsonObject
-from kvlab.engines.process import EngineProcess
-from kvlab.engines.registry import evidence_deltas
+from kvlab.core import JsonObject, KvlabError
+from kvlab.engines import EngineProcess, evidence_deltas
 from kvlab.experiments.boundary import messages, tokenizer_for
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.procedure import (
@@ -39,11 +37,8 @@ from kvlab.experiments.procedure import (
     take_line,
     verdict,
 )
-from kvlab.observe import metrics
-from kvlab.observe.chat import api_base
-from kvlab.records.base import LAB_PD
-from kvlab.records.rows import CANCEL
-from kvlab.records.runs import CancelEvidence, ProcedureRecord, StreamCut
+from kvlab.observe import api_base, metrics
+from kvlab.records import CANCEL, LAB_PD, CancelEvidence, ProcedureRecord, StreamCut
 
 Snaps = dict[str, metrics.Snapshot | None]
 AtCut = Callable[[], Awaitable[tuple[float | None, float | None]]]

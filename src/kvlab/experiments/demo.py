@@ -14,15 +14,12 @@ from pathlib import Path
 
 import httpx
 
-from kvlab.core.settings import Settings
-from kvlab.engines import vllm
-from kvlab.engines.host import LocalHost
-from kvlab.engines.models import KNOWN_SHAPES, hf_config
+from kvlab.core import Settings
+from kvlab.engines import KNOWN_SHAPES, LocalHost, hf_config, vllm
 from kvlab.experiments.serve import LabbookScope
 from kvlab.measure import kvmath
-from kvlab.observe.chat import ChatResult, chat_body, stream_chat
-from kvlab.records.evidence import KvCapacity
-from kvlab.records.runs import KvPrediction
+from kvlab.observe import ChatResult, chat_body, stream_chat
+from kvlab.records import KvCapacity, KvPrediction
 
 LABEL = "demo-baseline"
 QUESTION = [{"role": "user", "content": "Say hello in one short sentence."}]

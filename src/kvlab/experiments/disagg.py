@@ -40,14 +40,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from kvlab.cluster.placement import DryPlacement, on_node
-from kvlab.core.errors import SettingError
-from kvlab.core.settings import POINT_TO_POINT, Settings
-from kvlab.core.sizes import human_bytes
-from kvlab.engines import vllm
-from kvlab.engines.base import VLLM
-from kvlab.engines.plan import EnginePlan, Flag
-from kvlab.engines.process import EngineProcess, free_port
-from kvlab.engines.registry import engine_for
+from kvlab.core import POINT_TO_POINT, SettingError, Settings, human_bytes
+from kvlab.engines import VLLM, EnginePlan, EngineProcess, Flag, engine_for, free_port, vllm
 from kvlab.engines.vllm import store as kvstore
 from kvlab.experiments import DISAGG_PARTS, repeats, together
 from kvlab.experiments.boundary import (
@@ -64,18 +58,22 @@ from kvlab.experiments.offload import measure_capacity, require_successes
 from kvlab.experiments.pressure_plan import Counter, fit_preamble
 from kvlab.experiments.procedure import CancelSpec
 from kvlab.experiments.rounds import Rounds, for_pair
-from kvlab.loadgen import topology
-from kvlab.loadgen.capacity import CapacityAsk
-from kvlab.loadgen.linkrun import LinkSpec, run_load
-from kvlab.loadgen.sweep import LoadSpec
+from kvlab.loadgen import CapacityAsk, LinkSpec, LoadSpec, run_load, topology
 from kvlab.measure import kvmath, leg_bytes, workloads
-from kvlab.observe.chat import api_base
-from kvlab.records import notebook, rows
-from kvlab.records.base import Record
-from kvlab.records.evidence import Where
-from kvlab.records.load import LinkRecord, LoadRecord, RunContext
-from kvlab.records.rows import PROXY_LABEL, leg_of
-from kvlab.records.runs import BoundaryPointRecord, PredictionRecord
+from kvlab.observe import api_base
+from kvlab.records import (
+    PROXY_LABEL,
+    BoundaryPointRecord,
+    LinkRecord,
+    LoadRecord,
+    PredictionRecord,
+    Record,
+    RunContext,
+    Where,
+    leg_of,
+    notebook,
+    rows,
+)
 
 LAB = notebook.LAB_PD
 LOOPBACK = "lo0" if sys.platform == "darwin" else "lo"
@@ -485,7 +483,7 @@ async def _split_stint(lab: Lab, spec: DisaggSpec, store: Path, got: _Measured,
                        stint: repeats.Stint, given: Given) -> None:
     """The pair behind the proxy: the crossing check, the stint's load repeats, then (in
     the pair's first stint) each other part that needs the split."""
-    from kvlab.proxy.check import crossing_check
+    from kvlab.proxy import crossing_check
 
     settings, where = lab.settings, split_where(lab)
     roles = lab.placement.split_roles()
@@ -585,13 +583,13 @@ async def _boundary_side(lab: Lab, spec: DisaggSpec, got: _Measured, front: Engi
 
 def _compare(lab: Lab, spec: DisaggSpec, got: _Measured,
              prediction: PredictionRecord) -> Record:
-    from kvlab.measure.compare import compare
+    from kvlab.measure import compare_runs
 
     require_successes(spec.label, got.sweeps.get(spec.label, []))
     require_successes("baseline", got.sweeps.get("baseline", []))
     labbook = lab.settings.labbook
     where = split_where(lab)
-    result = compare(notebook.read(labbook).records, labbook, spec.label, "baseline",
+    result = compare_runs(notebook.read(labbook).records, labbook, spec.label, "baseline",
                      kv_bytes_per_token=prediction.bytes_per_token,
                      prompt_tokens=prediction.prompt_tokens, note=where.link or "")
     line = result.record.overlay(where)

@@ -19,8 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvlab.engines import llamacpp, startup
-from kvlab.engines.base import LLAMA_CPP
+from kvlab.engines import LLAMA_CPP, llamacpp, startup
 from kvlab.engines.llamacpp import roundtrip, slotstore
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget
 from kvlab.engines.llamacpp.roundtrip import RoundTrip
@@ -32,11 +31,8 @@ from kvlab.engines.llamacpp.server import (
     server_plan,
 )
 from kvlab.experiments.lab import Lab, engines
-from kvlab.observe.chat import ChatResult
-from kvlab.records import notebook
-from kvlab.records.evidence import LlamaServerLine
-from kvlab.records.models import DiskRecord, Record
-from kvlab.records.runs import SlotEvidence
+from kvlab.observe import ChatResult
+from kvlab.records import DiskRecord, LlamaServerLine, Record, SlotEvidence, notebook
 
 SLOT = 0
 

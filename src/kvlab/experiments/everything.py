@@ -20,23 +20,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvlab.cluster.placement import LOCAL, Placement
-from kvlab.core.errors import KvlabError
-from kvlab.core.profiles import GPU_PROFILES, wants_gpu
-from kvlab.core.say import Say, quiet
-from kvlab.core.settings import LoadedSettings, Settings
-from kvlab.engines import install, llamacpp
-from kvlab.engines.prepare import (
+from kvlab.core import GPU_PROFILES, KvlabError, LoadedSettings, Say, Settings, quiet, wants_gpu
+from kvlab.engines import (
     LLAMA_NEEDED,
     MLX_NEEDED,
     MLX_ON_GPU,
     VLLM_NEEDED,
+    EnginePool,
+    install,
+    llamacpp,
     prepare_engines,
 )
-from kvlab.engines.reuse import EnginePool
 from kvlab.experiments import DISAGG_PARTS, EXPERIMENTS, RUN_ALL
 from kvlab.experiments.lab import Lab
-from kvlab.loadgen.capacity import CapacityAsk, SearchPlan
-from kvlab.records.base import Record
+from kvlab.loadgen import CapacityAsk, SearchPlan
+from kvlab.records import Record
 
 Done = Callable[[list[str]], None] | None  # told the experiments not run yet
 

@@ -18,8 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvlab.engines import llamacpp, startup
-from kvlab.engines.base import LLAMA_CPP
+from kvlab.engines import LLAMA_CPP, EnginePlan, llamacpp, startup
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget
 from kvlab.engines.llamacpp.server import (
     TEMPLATE_MARGIN,
@@ -27,16 +26,20 @@ from kvlab.engines.llamacpp.server import (
     server_fields,
     server_plan,
 )
-from kvlab.engines.plan import EnginePlan
 from kvlab.experiments import repeats
 from kvlab.experiments.lab import Lab, engines
 from kvlab.measure import intervals, workloads
-from kvlab.records import notebook
-from kvlab.records.base import Record
-from kvlab.records.evidence import Percentiles
-from kvlab.records.load import LoadRecord, RunContext
-from kvlab.records.rows import INTERFERENCE, interference_label
-from kvlab.records.runs import ComparisonLevel, ComparisonRecord
+from kvlab.records import (
+    INTERFERENCE,
+    ComparisonLevel,
+    ComparisonRecord,
+    LoadRecord,
+    Percentiles,
+    Record,
+    RunContext,
+    interference_label,
+    notebook,
+)
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ async def loadgen_level(base_url: str, concurrency: int, requests: int, workload
                         label: str, context: RunContext, api_key: str,
                         labbook: str, repeat: int | None = None) -> LoadRecord:
     """One level of kvlab's load generator; its row, not yet appended."""
-    from kvlab.loadgen.sweep import LoadSpec, run_sweep
+    from kvlab.loadgen import LoadSpec, run_sweep
 
     spec = LoadSpec(base_url=base_url, model=workload.model, levels=(concurrency,),
                     requests=requests, max_tokens=workload.max_tokens,
@@ -98,7 +101,7 @@ class InterferenceSpec:
     @property
     def count(self) -> int:
         """Requests per run."""
-        from kvlab.loadgen.sweep import default_requests
+        from kvlab.loadgen import default_requests
 
         return self.requests or default_requests(self.concurrency)
 

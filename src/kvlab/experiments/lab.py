@@ -29,17 +29,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from kvlab.cluster.placement import LOCAL, Placement
-from kvlab.core.say import Say, quiet
-from kvlab.core.settings import Settings
-from kvlab.engines import llamacpp, vllm
-from kvlab.engines.host import EngineHost, LocalHost, Running
-from kvlab.engines.plan import EnginePlan
-from kvlab.engines.process import make_private_dir
-from kvlab.engines.reuse import EnginePool
-from kvlab.records import notebook
-from kvlab.records.base import Record
-from kvlab.records.rows import Row
-from kvlab.records.runs import NotRunRecord
+from kvlab.core import Say, Settings, quiet
+from kvlab.engines import (
+    EngineHost,
+    EnginePlan,
+    EnginePool,
+    LocalHost,
+    Running,
+    llamacpp,
+    make_private_dir,
+    vllm,
+)
+from kvlab.records import NotRunRecord, Record, Row, notebook
 
 if TYPE_CHECKING:
     from kvlab.cluster.session import ClusterSession

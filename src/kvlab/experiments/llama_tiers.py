@@ -25,36 +25,28 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kvlab.core.errors import EngineError, SettingError
-from kvlab.engines import llamacpp, startup
-from kvlab.engines.base import LLAMA_CPP
+from kvlab.core import EngineError, SettingError
+from kvlab.engines import LLAMA_CPP, EnginePlan, EngineProcess, llamacpp, startup
 from kvlab.engines.llamacpp import ramcache
 from kvlab.engines.llamacpp.adapter import LLAMA_CPP_ENGINE
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget, logprob_gap
 from kvlab.engines.llamacpp.server import prompt_of, server_fields, server_plan
-from kvlab.engines.plan import EnginePlan
-from kvlab.engines.process import EngineProcess
 from kvlab.experiments import repeats
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.offload import require_successes, think_of
 from kvlab.experiments.pressure_plan import OVERSUBSCRIPTION, TURNS
-from kvlab.loadgen.spec import LoadSpec
-from kvlab.measure import intervals, workloads
-from kvlab.measure.conversation import PREAMBLE_WORDS, TURN_MAX_TOKENS
-from kvlab.measure.reuse import ReuseOptions, reuse_record, run_reuse
-from kvlab.observe.chat import api_base
-from kvlab.observe.sampler import sampling
-from kvlab.records import notebook
-from kvlab.records.base import Record
-from kvlab.records.evidence import KvCapacity
-from kvlab.records.load import (
-    LoadRecord,
-    Pressure,
-    PressurePlanned,
-    PressureReached,
-    RunContext,
+from kvlab.loadgen import LoadSpec
+from kvlab.measure import (
+    PREAMBLE_WORDS,
+    TURN_MAX_TOKENS,
+    ReuseOptions,
+    intervals,
+    reuse_record,
+    run_reuse,
+    workloads,
 )
-from kvlab.records.rows import (
+from kvlab.observe import api_base, sampling
+from kvlab.records import (
     LLAMA_KV_QUANT,
     LLAMA_PROMPT_OFF,
     LLAMA_PROMPT_ON,
@@ -62,9 +54,18 @@ from kvlab.records.rows import (
     LLAMA_RAM_OFF,
     LLAMA_RAM_ON,
     LLAMA_RAM_SMALL,
+    KvCapacity,
+    KvQuantRecord,
+    KvTypeSide,
+    LoadRecord,
+    Pressure,
+    PressurePlanned,
+    PressureReached,
+    Record,
     Row,
+    RunContext,
+    notebook,
 )
-from kvlab.records.runs import KvQuantRecord, KvTypeSide
 
 LAB = notebook.LAB_OFFLOAD
 PARTS = ("turns", "pressure", "curve", "quant")
@@ -290,8 +291,7 @@ def _tier_words(mib: int) -> str:
 async def _pressure_run(lab: Lab, spec: LlamaTiersSpec, proc: EngineProcess,
                         sizing: SlotPressure, row: Row, mib: int, context: RunContext,
                         repeat: int | None) -> LoadRecord:
-    from kvlab.loadgen.sessions import SessionSpec, ThinkTime
-    from kvlab.loadgen.sweep import run_sweep
+    from kvlab.loadgen import SessionSpec, ThinkTime, run_sweep
 
     planned = sizing.planned(mib)
     think = ThinkTime.parse(spec.think_time or f"paced:{spec.slots}")
@@ -363,7 +363,7 @@ async def _quant_prompts(client: LlamaClient, cells: int) -> tuple[str, str]:
 async def _quant_side(lab: Lab, spec: LlamaTiersSpec, plan: EnginePlan, client: LlamaClient,
                       kv_type: str, ctx: int, prompts: tuple[str, str], capacity: KvCapacity,
                       ) -> tuple[KvTypeSide, LoadRecord, list[tuple[str, float]]]:
-    from kvlab.loadgen.sweep import run_sweep
+    from kvlab.loadgen import run_sweep
 
     label = f"llama-kv-{kv_type}"
     lab.say(f"==> {label}: --ctx-size {ctx}, {capacity.kv_cache_tokens} cells in "

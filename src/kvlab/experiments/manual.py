@@ -14,25 +14,48 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kvlab.core.errors import InputError, SettingError
-from kvlab.core.say import Say, quiet
-from kvlab.core.settings import Settings
+from kvlab.core import InputError, Say, SettingError, Settings, quiet
 from kvlab.experiments.repeats import one_side
-from kvlab.loadgen import served
-from kvlab.loadgen.capacity import CapacityResult, Knob, LatencyTarget, SearchPlan, search
-from kvlab.loadgen.linkrun import LinkSpec
-from kvlab.loadgen.linkrun import run_load as link_run
-from kvlab.loadgen.spec import LoadSpec
-from kvlab.loadgen.sweep import ProgressHook, SweepResult, run_sweep
+from kvlab.loadgen import (
+    CapacityResult,
+    Knob,
+    LatencyTarget,
+    LinkSpec,
+    LoadSpec,
+    ProgressHook,
+    SearchPlan,
+    SweepResult,
+    run_sweep,
+    search,
+    served,
+)
+from kvlab.loadgen import run_load as link_run
+from kvlab.measure import (
+    ProofRun,
+    ProveOptions,
+    ReuseOptions,
+    ReuseRun,
+    compat,
+    kvmath,
+    proof_record,
+    reuse_record,
+    run_proof,
+    run_reuse,
+)
 from kvlab.measure import compare as pairing
-from kvlab.measure import compat, kvmath
-from kvlab.measure.prove import ProofRun, ProveOptions, proof_record, prove
-from kvlab.measure.reuse import ReuseOptions, ReuseRun, reuse_record, run_reuse
-from kvlab.records import notebook
-from kvlab.records.base import LAB_OFFLOAD, LAB_PD
-from kvlab.records.load import LinkRecord
-from kvlab.records.rows import BASELINE, PRESSURE_OFF, PRESSURE_ON, SPLIT
-from kvlab.records.runs import PredictionRecord, ProofRecord, ReuseRecord
+from kvlab.records import (
+    BASELINE,
+    LAB_OFFLOAD,
+    LAB_PD,
+    PRESSURE_OFF,
+    PRESSURE_ON,
+    SPLIT,
+    LinkRecord,
+    PredictionRecord,
+    ProofRecord,
+    ReuseRecord,
+    notebook,
+)
 
 
 @dataclass(frozen=True)
@@ -61,7 +84,7 @@ async def reuse(settings: Settings, opts: ReuseOptions, note: Note,
 async def proof(settings: Settings, opts: ProveOptions, note: Note,
                 say: Say = quiet) -> tuple[ProofRun, ProofRecord]:
     """Cold, identical, changed-prefix control (and a shared store's cases)."""
-    run = await prove(opts, say=say)
+    run = await run_proof(opts, say=say)
     record = proof_record(run, note.label, note.lab, note.note)
     if note.write:
         notebook.append(settings.labbook, record)
@@ -146,7 +169,7 @@ def compare(settings: Settings, pair: Pair, note: Note) -> pairing.Comparison:
         kvmath.load_shape(pair.model_config).bytes_per_token(pair.kv_dtype)
         if pair.model_config else None)
     records = pairing.read_records(settings.labbook)
-    result = pairing.compare(
+    result = pairing.compare_runs(
         records, settings.labbook,
         pair.disagg or (PRESSURE_ON.label if pair.offload else SPLIT.label),
         pair.baseline or (PRESSURE_OFF.label if pair.offload else BASELINE.label),

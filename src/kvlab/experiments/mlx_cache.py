@@ -17,20 +17,22 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvlab.core.errors import SettingError
-from kvlab.core.files import write_private
-from kvlab.engines import install, mlx
+from kvlab.core import SettingError, write_private
+from kvlab.engines import free_port, install, make_private_dir, mlx, prose
 from kvlab.engines.llamacpp.client import logprob_gap
 from kvlab.engines.llamacpp.roundtrip import LOGPROB_TOLERANCE, NOT_PROVEN, PROVEN
-from kvlab.engines.models import prose
-from kvlab.engines.process import free_port, make_private_dir
 from kvlab.experiments.lab import Lab, engines
-from kvlab.measure.reuse import ReuseOptions, reuse_record, run_reuse
-from kvlab.records import notebook
-from kvlab.records.load import Pressure
-from kvlab.records.models import DiskRecord, Record
-from kvlab.records.rows import MLX_CACHE, MLX_TURNS
-from kvlab.records.runs import SlotEvidence, Turn
+from kvlab.measure import ReuseOptions, reuse_record, run_reuse
+from kvlab.records import (
+    MLX_CACHE,
+    MLX_TURNS,
+    DiskRecord,
+    Pressure,
+    Record,
+    SlotEvidence,
+    Turn,
+    notebook,
+)
 
 PARTS = ("file", "turns")
 

@@ -28,35 +28,37 @@ from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
-from kvlab.core.errors import EngineError
-from kvlab.engines import vllm
-from kvlab.engines.base import VLLM, Support
-from kvlab.engines.plan import EnginePlan
-from kvlab.engines.process import EngineProcess, free_port
-from kvlab.engines.registry import engine_for
+from kvlab.core import EngineError
+from kvlab.engines import VLLM, EnginePlan, EngineProcess, Support, engine_for, free_port, vllm
 from kvlab.engines.vllm import facts as vllm_facts
 from kvlab.experiments import repeats, together
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.pressure_plan import TURNS, PressurePlan, plan_pressure
 from kvlab.experiments.rounds import Rounds, Write, for_pair
-from kvlab.loadgen.capacity import CapacityAsk
-from kvlab.loadgen.spec import LoadSpec
-from kvlab.measure import kvmath
-from kvlab.measure.conversation import PREAMBLE_WORDS, TURN_MAX_TOKENS
-from kvlab.measure.reuse import ReuseOptions, reuse_record, run_reuse
-from kvlab.observe.chat import api_base
-from kvlab.observe.sampler import sampling
-from kvlab.records import notebook
-from kvlab.records.base import Record
-from kvlab.records.evidence import Failure
-from kvlab.records.load import (
+from kvlab.loadgen import CapacityAsk, LoadSpec
+from kvlab.measure import (
+    PREAMBLE_WORDS,
+    TURN_MAX_TOKENS,
+    ReuseOptions,
+    kvmath,
+    reuse_record,
+    run_reuse,
+)
+from kvlab.observe import api_base, sampling
+from kvlab.records import (
+    PRESSURE_OFF,
+    PRESSURE_ON,
+    QUIET_OFF,
+    QUIET_ON,
+    Failure,
     LoadRecord,
     Pressure,
     PressurePlanned,
     PressureReached,
+    Record,
     RunContext,
+    notebook,
 )
-from kvlab.records.rows import PRESSURE_OFF, PRESSURE_ON, QUIET_OFF, QUIET_ON
 
 LAB = notebook.LAB_OFFLOAD
 # the capacity targets when none is given: an interactive chat service on a GPU (the issue's
@@ -177,7 +179,7 @@ def tier_note(gb: float, pressure: PressurePlan) -> str:
 def sessions_load(lab: Lab, spec: OffloadSpec, pressure: PressurePlan, label: str,
                    url: str, tier: str) -> LoadSpec:
     """The pressure run's user sessions: the planned users, their conversations, think time."""
-    from kvlab.loadgen.sessions import SessionSpec, ThinkTime
+    from kvlab.loadgen import SessionSpec, ThinkTime
 
     think = ThinkTime.parse(spec.think_time or f"paced:{spec.concurrency}")
     sessions = SessionSpec(turns=TURNS, think=think, conversations=pressure.conversations,
@@ -259,7 +261,7 @@ async def pressure_rows(lab: Lab, load: LoadSpec, metrics_url: str,
                          ) -> list[Record]:
     """One pressure run's rows, each with the pressure planned and reached, written with
     `write` (the notebook's: `lab.record`)."""
-    from kvlab.loadgen.sweep import run_sweep
+    from kvlab.loadgen import run_sweep
 
     gauges = engine_for(VLLM).gauges
     if planned is None or planned.host_tier_bytes:  # what the tier moved, over time
@@ -288,7 +290,7 @@ async def users_capacity(lab: Lab, ask: CapacityAsk, load: LoadSpec,
     sessions, one conversation per user, each probe for the plan's duration), starting at
     the planned population. Each user thinks as long as in the pressure run (a paced think
     time would hold the load still as users are added)."""
-    from kvlab.loadgen.sessions import ThinkTime
+    from kvlab.loadgen import ThinkTime
 
     assert load.sessions is not None
     probes = replace(load, requests=None,
@@ -313,7 +315,7 @@ async def measure_capacity(lab: Lab, ask: CapacityAsk, load: LoadSpec, knob: str
     exactly max_tokens tokens (a random-weight model may otherwise stop at once, a failure
     that is not the server's); each probe's row and the `capacity` line go to the notebook,
     and `after_probe` runs once each probe's requests are done."""
-    from kvlab.loadgen.capacity import Knob, search
+    from kvlab.loadgen import Knob, search
 
     def probed(row: Record) -> None:
         lab.record(row)

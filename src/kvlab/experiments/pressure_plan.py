@@ -21,9 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvlab.measure import workloads
-from kvlab.measure.tokens import ChatTokens
-from kvlab.records.load import PressurePlanned
+from kvlab.measure import ChatTokens, workloads
+from kvlab.records import PressurePlanned
 
 TURNS = workloads.DEFAULT_TURNS
 HEADROOM = 1.5  # the cache holds this many times the concurrent requests' tokens

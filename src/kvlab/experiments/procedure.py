@@ -22,9 +22,9 @@ import time
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from kvlab.core.errors import SettingError
-from kvlab.observe.sse import chunk, data_of
-from kvlab.records.runs import CancelEvidence, CancelSpecLine, Check, StreamCut
+from kvlab.core import SettingError
+from kvlab.observe import chunk, data_of
+from kvlab.records import CancelEvidence, CancelSpecLine, Check, StreamCut
 
 ATTEMPTS = 3
 MIN_ANSWER = 256  # answer tokens the cancelled request may generate, at least

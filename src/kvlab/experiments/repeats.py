@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvlab.core.errors import InputError
+from kvlab.core import InputError
 
 FAMILY_ERROR = 0.05  # over every look a sequential run may take
 WIDTH = 1.2  # high / low: settled enough to stop

@@ -32,25 +32,26 @@ from pathlib import Path
 
 import httpx
 
-from kvlab.core.errors import InputError
-from kvlab.engines import install, vllm
-from kvlab.engines.plan import EnginePlan, Flag
-from kvlab.engines.process import free_port
+from kvlab.core import InputError
+from kvlab.engines import EnginePlan, Flag, free_port, install, vllm
 from kvlab.engines.vllm import facts as vllm_facts
 from kvlab.engines.vllm.adapter import cache_blocks, tokenize_chat
 from kvlab.experiments.lab import Lab, engines
-from kvlab.loadgen.spec import LoadSpec
-from kvlab.loadgen.sweep import level_prompts, run_sweep
-from kvlab.measure import intervals, oracle, workloads
-from kvlab.measure.workloads import Prompt
+from kvlab.loadgen import LoadSpec, level_prompts, run_sweep
+from kvlab.measure import Prompt, intervals, oracle, workloads
 from kvlab.observe import metrics
-from kvlab.proxy.affinity import body_digest
-from kvlab.records import notebook, requests
-from kvlab.records.base import Record
-from kvlab.records.load import LoadRecord
-from kvlab.records.replicas import ReplicaCounts, ReplicasRecord
-from kvlab.records.requests import RequestLine
-from kvlab.records.rows import REPLICAS, replicas_label
+from kvlab.proxy import body_digest
+from kvlab.records import (
+    REPLICAS,
+    LoadRecord,
+    Record,
+    ReplicaCounts,
+    ReplicasRecord,
+    RequestLine,
+    notebook,
+    replicas_label,
+    requests,
+)
 
 KVLAB_ARMS = ("round-robin", "least-outstanding", "prefix-affinity", "conversation-affinity")
 ROUTER_ARMS = ("vllm-router:cache_aware", "vllm-router:consistent_hash")

@@ -24,8 +24,7 @@ from kvlab.experiments import repeats
 from kvlab.experiments.lab import Lab
 from kvlab.experiments.repeats import MIN_ROUNDS, Sequential, Stint
 from kvlab.measure import intervals
-from kvlab.records.base import Record
-from kvlab.records.load import LoadRecord
+from kvlab.records import LoadRecord, Record
 
 Write = Callable[[Record], object]
 

@@ -25,16 +25,10 @@ from pathlib import Path
 import httpx
 
 from kvlab.cluster.placement import Placement
-from kvlab.core.errors import KvlabError
-from kvlab.core.settings import Settings
-from kvlab.engines.host import LocalHost, death_cause
-from kvlab.engines.plan import EnginePlan
-from kvlab.engines.process import EngineProcess
-from kvlab.measure.compat import probe
-from kvlab.records import notebook
-from kvlab.records.evidence import KvCapacity, NodeInfo
-from kvlab.records.rows import serve_label
-from kvlab.records.runs import StartupRecord
+from kvlab.core import KvlabError, Settings
+from kvlab.engines import EnginePlan, EngineProcess, LocalHost, death_cause
+from kvlab.measure import probe
+from kvlab.records import KvCapacity, NodeInfo, StartupRecord, notebook, serve_label
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 POLL_S = 1.0

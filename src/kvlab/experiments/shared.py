@@ -12,17 +12,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvlab.engines import vllm
-from kvlab.engines.plan import EnginePlan
-from kvlab.engines.process import free_port
+from kvlab.engines import EnginePlan, free_port, vllm
 from kvlab.experiments import repeats
 from kvlab.experiments.lab import Lab, engines
-from kvlab.measure import compat
-from kvlab.measure.conversation import PREAMBLE_WORDS, TURN_MAX_TOKENS
-from kvlab.measure.prove import ProveOptions, proof_record, prove
-from kvlab.measure.reuse import ReuseOptions, reuse_record, run_reuse
-from kvlab.records import notebook
-from kvlab.records.models import Record
+from kvlab.measure import (
+    PREAMBLE_WORDS,
+    TURN_MAX_TOKENS,
+    ProveOptions,
+    ReuseOptions,
+    compat,
+    proof_record,
+    reuse_record,
+    run_proof,
+    run_reuse,
+)
+from kvlab.records import Record, notebook
 
 LAB = notebook.LAB_OFFLOAD
 
@@ -92,8 +96,9 @@ async def run(lab: Lab, spec: SharedSpec) -> list[Record]:
                 number = repeat if spec.repeat > 1 else None
                 out.append(await _conversation(lab, spec, urls, side, number))
             lab.say("==> shared-store-proof")
-            proof = await prove(ProveOptions(urls, name, preamble_words=spec.proof_preamble_words,
-                                             api_key=key, connector="shared"), say=lab.say)
+            opts = ProveOptions(urls, name, preamble_words=spec.proof_preamble_words,
+                                api_key=key, connector="shared")
+            proof = await run_proof(opts, say=lab.say)
             out.append(lab.record(proof_record(proof, "shared-store-proof", LAB,
                                                "identical prompt, changed prefix, growing turns")))
             files = sum(1 for _ in store.rglob("*.safetensors"))

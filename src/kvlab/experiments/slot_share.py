@@ -17,9 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvlab.core.errors import SettingError
-from kvlab.engines import llamacpp, startup
-from kvlab.engines.base import LLAMA_CPP
+from kvlab.core import SettingError
+from kvlab.engines import LLAMA_CPP, llamacpp, startup
 from kvlab.engines.llamacpp import roundtrip, slotstore
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget
 from kvlab.engines.llamacpp.roundtrip import RoundTrip
@@ -31,12 +30,16 @@ from kvlab.engines.llamacpp.server import (
     server_plan,
 )
 from kvlab.experiments.lab import Lab, engines
-from kvlab.observe.chat import ChatResult
-from kvlab.records import notebook
-from kvlab.records.evidence import LlamaServerLine
-from kvlab.records.models import Record, ReuseRecord
-from kvlab.records.rows import SHARED_SLOTS
-from kvlab.records.runs import ReuseRow, SlotEvidence
+from kvlab.observe import ChatResult
+from kvlab.records import (
+    SHARED_SLOTS,
+    LlamaServerLine,
+    Record,
+    ReuseRecord,
+    ReuseRow,
+    SlotEvidence,
+    notebook,
+)
 
 
 @dataclass(frozen=True)

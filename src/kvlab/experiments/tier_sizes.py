@@ -30,17 +30,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from kvlab.core.errors import RefusedError, SettingError
-from kvlab.engines.base import VLLM
-from kvlab.engines.plan import EnginePlan
-from kvlab.engines.registry import engine_for
+from kvlab.core import RefusedError, SettingError
+from kvlab.engines import VLLM, EnginePlan, engine_for
 from kvlab.engines.vllm.host import HostMemory
 from kvlab.experiments import offload, repeats
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.offload import OffloadSpec
 from kvlab.experiments.pressure_plan import PressurePlan
-from kvlab.records.base import Record
-from kvlab.records.rows import OFFLOAD_BOUNDARY, OFFLOAD_CURVE, Row
+from kvlab.records import OFFLOAD_BOUNDARY, OFFLOAD_CURVE, Record, Row
 
 PARTS = ("curve", "boundary")
 DEFAULT_SIZES = ("0.25x", "0.5x", "1x", "1.5x")  # of the working set: below it to above it

@@ -19,9 +19,8 @@ import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from kvlab.core.hardware import device_memory_bytes
-from kvlab.engines.plan import EnginePlan
-from kvlab.engines.process import EngineProcess
+from kvlab.core import device_memory_bytes
+from kvlab.engines import EnginePlan, EngineProcess
 from kvlab.engines.vllm.host import HostMemory
 from kvlab.experiments.lab import Lab, engines
 from kvlab.measure import kvmath

@@ -11,3 +11,84 @@ seed's run-load.sh); `trace` reads and rebuilds a Mooncake-format trace; `capaci
 the load for the highest that meets a latency target. It knows no engine beyond the OpenAI
 streaming shapes and what the engine adapter answers.
 """
+
+from kvlab.loadgen.args import (
+    Args,
+    CapacityArgs,
+    LoadArgs,
+    NoteText,
+    TargetArgs,
+    lab_named,
+    link_spec,
+    load_spec,
+    openai_key,
+    requests_setting,
+    understood_url,
+)
+from kvlab.loadgen.benchargs import BenchArgs
+from kvlab.loadgen.capacity import (
+    CapacityAsk,
+    CapacityResult,
+    Knob,
+    LatencyTarget,
+    SearchPlan,
+    search,
+)
+from kvlab.loadgen.client import Endpoint
+from kvlab.loadgen.dataset import Dataset
+from kvlab.loadgen.linkrun import LinkSpec, run_load, store_size
+from kvlab.loadgen.load_test_entry import write_launcher
+from kvlab.loadgen.record import RequestRecord, decode_events
+from kvlab.loadgen.runner import LevelResult, LevelRun, Schedule
+from kvlab.loadgen.sessions import SessionSpec, ThinkTime
+from kvlab.loadgen.spec import LoadSpec
+from kvlab.loadgen.sweep import (
+    ProgressHook,
+    SweepResult,
+    default_requests,
+    level_prompts,
+    run_sweep,
+)
+from kvlab.loadgen.topology import RAY_ONE_MACHINE, RAY_TWO_MACHINES
+
+__all__ = [
+    "RAY_ONE_MACHINE",
+    "RAY_TWO_MACHINES",
+    "Args",
+    "BenchArgs",
+    "CapacityArgs",
+    "CapacityAsk",
+    "CapacityResult",
+    "Dataset",
+    "Endpoint",
+    "Knob",
+    "LatencyTarget",
+    "LevelResult",
+    "LevelRun",
+    "LinkSpec",
+    "LoadArgs",
+    "LoadSpec",
+    "NoteText",
+    "ProgressHook",
+    "RequestRecord",
+    "Schedule",
+    "SearchPlan",
+    "SessionSpec",
+    "SweepResult",
+    "TargetArgs",
+    "ThinkTime",
+    "decode_events",
+    "default_requests",
+    "lab_named",
+    "level_prompts",
+    "link_spec",
+    "load_spec",
+    "openai_key",
+    "requests_setting",
+    "run_load",
+    "run_sweep",
+    "search",
+    "store_size",
+    "understood_url",
+    "write_launcher",
+]

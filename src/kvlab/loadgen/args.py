@@ -17,13 +17,9 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from kvlab.core.errors import InputError
-from kvlab.core.say import Say, quiet
-from kvlab.core.settings import LoadedSettings, Settings
+from kvlab.core import InputError, LoadedSettings, Say, Settings, quiet
 from kvlab.loadgen.benchargs import BenchArgs, bench_ask, extra_body, headers
-from kvlab.records.base import LAB_NONE, LAB_OFFLOAD, LAB_PD
-from kvlab.records.evidence import Where
-from kvlab.records.load import RunContext
+from kvlab.records import LAB_NONE, LAB_OFFLOAD, LAB_PD, RunContext, Where
 
 if TYPE_CHECKING:
     from kvlab.loadgen.capacity import Knob, LatencyTarget, SearchPlan
@@ -45,7 +41,7 @@ class Args(BaseModel):
 def _no_secret(text: str) -> str:
     """Free text bound for the notebook, refused before the run when it holds a key (the
     notebook would refuse it after the run, and the run would be lost)."""
-    from kvlab.core.secrets import secret_in_text
+    from kvlab.core import secret_in_text
 
     found = secret_in_text(text)
     if found is not None:
@@ -178,7 +174,7 @@ def endpoint_word(given: str) -> Literal["chat", "completions"]:
 def understood_url(given: str) -> tuple[str, str]:
     """The OpenAI base URL for `--base-url` (kvlab's /v1 root, or vllm bench's server root),
     and the words that say which was understood ("" when it was the /v1 root)."""
-    from kvlab.observe.chat import api_base
+    from kvlab.observe import api_base
 
     if "://" not in given:  # aiperf's --url localhost:8000
         url = api_base("http://" + given)
@@ -311,7 +307,7 @@ def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: s
               say: Say = quiet) -> LoadSpec:
     """A LoadSpec from the settings and the arguments (`lab` None: the P/D lab's, a trace's
     none); how an older or another tool's spelling was understood is said."""
-    from kvlab.engines.base import canonical_name
+    from kvlab.engines import canonical_name
     from kvlab.loadgen.stats import Slo
     from kvlab.loadgen.sweep import LoadSpec
 
@@ -425,7 +421,7 @@ def openai_key(loaded: LoadedSettings) -> tuple[LoadedSettings, str]:
 def link_spec(settings: Settings, spec: LoadSpec, metrics_urls: tuple[str, ...]) -> LinkSpec:
     """run-load.sh's counters around `spec`'s sweep, from the settings (CONNECTOR, CTX,
     CLUSTER_IFACE, LOAD_TEST, SIDE_CHANNEL_ADDR for a point-to-point connector)."""
-    from kvlab.core.settings import POINT_TO_POINT
+    from kvlab.core import POINT_TO_POINT
     from kvlab.loadgen.linkrun import LinkSpec, check_load_test
 
     if settings.load_test:

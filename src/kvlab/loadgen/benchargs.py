@@ -14,9 +14,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvlab.core.errors import InputError
-from kvlab.core.jsondata import JsonObject
-from kvlab.core.secrets import is_secret_name, secret_in_text
+from kvlab.core import InputError, JsonObject, is_secret_name, secret_in_text
 
 if TYPE_CHECKING:
     from kvlab.loadgen.benchresult import BenchAsk
@@ -127,7 +125,7 @@ def extra_body(text: str | None, temperature: float | None) -> JsonObject:
     if "temperature" in body and temperature is not None:
         raise InputError("--extra-body: temperature is also given by --temperature; give it "
                          "once")
-    from kvlab.records.notebook import check_no_secrets
+    from kvlab.records import check_no_secrets
 
     try:
         check_no_secrets(body)

@@ -27,8 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvlab.core.errors import InputError
-from kvlab.core.jsondata import JsonObject
+from kvlab.core import InputError, JsonObject
 from kvlab.loadgen.record import RequestRecord
 from kvlab.loadgen.runner import LevelResult
 

@@ -29,14 +29,13 @@ from typing import Literal
 
 import numpy as np
 
-from kvlab.core.errors import InputError
-from kvlab.core.say import Say, quiet
+from kvlab.core import InputError, Say, quiet
 from kvlab.loadgen import slo, stats
 from kvlab.loadgen.client import Endpoint
 from kvlab.loadgen.record import RequestRecord
 from kvlab.loadgen.spec import LoadSpec
 from kvlab.loadgen.sweep import Measured, measure_level, metrics_client, prepare_inputs
-from kvlab.records.load import (
+from kvlab.records import (
     BoundFigure,
     CapacityMethod,
     CapacityProbe,
@@ -44,8 +43,8 @@ from kvlab.records.load import (
     CapacityStep,
     CapacityTarget,
     LoadRecord,
+    capacity_label,
 )
-from kvlab.records.rows import capacity_label
 
 KnobName = Literal["rate", "concurrency", "users", "speedup"]
 METRICS = slo.METRICS

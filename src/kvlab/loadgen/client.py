@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from kvlab.core.errors import InputError
+from kvlab.core import InputError
 from kvlab.loadgen.record import RequestRecord
 
 _ERROR_BODY_LIMIT = 4096

@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from kvlab.core.errors import InputError
-from kvlab.measure.workloads import Prompt
-from kvlab.records.load import DatasetEvidence
+from kvlab.core import InputError
+from kvlab.measure import Prompt
+from kvlab.records import DatasetEvidence
 
 DatasetName = Literal["auto", "sharegpt", "custom"]
 PROMPT_KEYS = ("prompt", "text_input", "text", "instruction", "question", "input", "content")

@@ -21,17 +21,13 @@ from pathlib import Path
 
 import httpx
 
-from kvlab.core.errors import KvlabError
-from kvlab.engines import local
-from kvlab.engines.registry import known_engine
+from kvlab.core import KvlabError
+from kvlab.engines import known_engine, local
 from kvlab.loadgen import topology
 from kvlab.loadgen.spec import LoadSpec
-from kvlab.measure.compat import probe
-from kvlab.observe.chat import server_root
-from kvlab.records import notebook
-from kvlab.records.evidence import EngineLine
-from kvlab.records.load import RunContext
-from kvlab.records.runs import StartupRecord
+from kvlab.measure import probe
+from kvlab.observe import server_root
+from kvlab.records import EngineLine, RunContext, StartupRecord, notebook
 
 
 def startups_by_instance(labbook: str) -> dict[str, StartupRecord]:

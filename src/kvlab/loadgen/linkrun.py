@@ -23,17 +23,13 @@ from pathlib import Path
 
 import httpx
 
-from kvlab.core.errors import InputError
-from kvlab.core.sizes import tree_bytes
-from kvlab.engines.registry import evidence_deltas, transfer_deltas
+from kvlab.core import InputError, tree_bytes
+from kvlab.engines import evidence_deltas, transfer_deltas
 from kvlab.engines.vllm import store as kvstore
 from kvlab.loadgen import instances, sidechannel, topology
 from kvlab.loadgen.sweep import LoadSpec, ProgressHook, SweepResult, run_sweep
 from kvlab.observe import metrics, netdev
-from kvlab.records import notebook
-from kvlab.records.base import Record
-from kvlab.records.evidence import Where
-from kvlab.records.load import LinkRecord, LoadRecord, NixlCounters
+from kvlab.records import LinkRecord, LoadRecord, NixlCounters, Record, Where, notebook
 
 
 @dataclass(frozen=True)

@@ -29,11 +29,9 @@ import httpx
 from kvlab.engines.llamacpp import adapter as llama_adapter
 from kvlab.engines.vllm import facts as vllm_facts
 from kvlab.engines.vllm.adapter import cache_blocks, tokenize_chat
-from kvlab.measure import oracle, slot_oracle
-from kvlab.measure.workloads import Prompt
-from kvlab.observe.metrics import Snapshot
-from kvlab.records.load import OracleLevel, TierPoint
-from kvlab.records.requests import RequestLine
+from kvlab.measure import Prompt, oracle, slot_oracle
+from kvlab.observe import Snapshot
+from kvlab.records import OracleLevel, RequestLine, TierPoint
 
 MODEL_WORDS = ("vLLM prefix cache as an LRU over whole blocks, one prompt token always "
                "computed, the requests in flight as measured (the median over the level of "

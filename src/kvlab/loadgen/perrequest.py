@@ -16,8 +16,8 @@ from typing import Literal
 from kvlab.loadgen import stats
 from kvlab.loadgen.record import RequestRecord
 from kvlab.loadgen.runner import LevelResult
-from kvlab.measure.workloads import Prompt
-from kvlab.records.requests import Gaps, RequestLine
+from kvlab.measure import Prompt
+from kvlab.records import Gaps, RequestLine
 
 NS = 1e9
 Status = Literal["ok", "failed", "cancelled"]

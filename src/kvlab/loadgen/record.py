@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from kvlab.core.jsondata import JsonObject
-from kvlab.observe.sse import carries, timeline_of
+from kvlab.core import JsonObject
+from kvlab.observe import carries, timeline_of
 
 
 @dataclass(slots=True)

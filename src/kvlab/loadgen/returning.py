@@ -14,8 +14,8 @@ import math
 from collections.abc import Sequence
 
 from kvlab.loadgen.record import RequestRecord
-from kvlab.measure.workloads import Prompt
-from kvlab.records.load import SessionsEvidence
+from kvlab.measure import Prompt
+from kvlab.records import SessionsEvidence
 
 
 def cache_block(cached: Sequence[int], given: int | None) -> tuple[int, str]:

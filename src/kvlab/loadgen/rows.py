@@ -14,14 +14,13 @@ from typing import cast
 
 from pydantic import JsonValue
 
-from kvlab.core.secrets import is_secret_name, secret_in_text
+from kvlab.core import is_secret_name, secret_in_text
 from kvlab.loadgen import stats, topology
 from kvlab.loadgen.runner import LevelResult
 from kvlab.loadgen.spec import LoadSpec
 from kvlab.measure import workloads
 from kvlab.observe import metrics
-from kvlab.records.base import Deltas
-from kvlab.records.load import LevelOwn, LoadRecord, RequestShape
+from kvlab.records import Deltas, LevelOwn, LoadRecord, RequestShape
 
 
 def make_row(spec: LoadSpec, concurrency: int, result: LevelResult, deltas: Deltas,

@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kvlab.core.errors import UnreachableError
+from kvlab.core import UnreachableError
 from kvlab.loadgen.client import Connection, Endpoint, open_connection, request_id_of
 from kvlab.loadgen.record import RequestRecord
 

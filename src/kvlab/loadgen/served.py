@@ -14,7 +14,7 @@ from dataclasses import replace
 import httpx
 
 from kvlab.loadgen.spec import LoadSpec
-from kvlab.measure.compat import listed_models, pick_model
+from kvlab.measure import listed_models, pick_model
 
 
 async def resolve(spec: LoadSpec, api_key: str = "") -> tuple[LoadSpec, str]:

@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from kvlab.core.errors import InputError
+from kvlab.core import InputError
 from kvlab.loadgen.client import Connection, Endpoint, open_connection, request_id_of
 from kvlab.loadgen.record import RequestRecord, decode_events, reply_text
 from kvlab.loadgen.runner import LevelResult, Progress
-from kvlab.measure.workloads import Prompt
-from kvlab.records.load import ThinkTimeLine, Workload
+from kvlab.measure import Prompt
+from kvlab.records import ThinkTimeLine, Workload
 
 History = tuple[tuple[str, str], ...]
 # (conversation number within the level, turn, history) -> the prompt and its request bytes,

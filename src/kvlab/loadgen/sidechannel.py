@@ -13,9 +13,9 @@ machine's is reported as uncheckable here, never guessed.
 
 from __future__ import annotations
 
-from kvlab.core.sizes import human_bytes
+from kvlab.core import human_bytes
 from kvlab.observe import netdev
-from kvlab.records.evidence import SideChannel
+from kvlab.records import SideChannel
 
 MANAGEMENT = ("a side channel on a management address works and is slow, and nothing in any "
               "log says so")

@@ -15,10 +15,9 @@ from collections.abc import Awaitable, Callable, Iterable
 
 import httpx
 
-from kvlab.engines.registry import engine_for
+from kvlab.engines import engine_for
 from kvlab.loadgen.trace import server_roots
-from kvlab.measure import workloads
-from kvlab.measure.workloads import Sizing
+from kvlab.measure import Sizing, workloads
 
 Count = Callable[[str], Awaitable[int | None]]
 

@@ -26,7 +26,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from kvlab.core.errors import InputError
+from kvlab.core import InputError
 
 METRICS = ("ttft", "tpot", "itl", "e2e")
 REQUEST_METRICS = ("ttft", "tpot", "e2e")  # a per-request bound (vllm bench's goodput keys)

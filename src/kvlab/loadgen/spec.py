@@ -15,16 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from kvlab.core.errors import InputError
-from kvlab.core.jsondata import JsonObject
+from kvlab.core import InputError, JsonObject
 from kvlab.loadgen import stats
 from kvlab.loadgen.benchresult import BenchAsk
 from kvlab.loadgen.dataset import Dataset
 from kvlab.loadgen.sessions import SessionSpec
 from kvlab.loadgen.trace import TraceSpec
 from kvlab.measure import workloads
-from kvlab.records import notebook
-from kvlab.records.load import RunContext, Workload
+from kvlab.records import RunContext, Workload, notebook
 
 MIN_REQUESTS = 200  # a level's default: p99 of at least 200 values is not one request
 PER_CONCURRENCY = 10  # ... and at least 10 per concurrent slot

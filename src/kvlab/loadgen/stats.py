@@ -34,14 +34,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
-from kvlab.core.errors import InputError
-from kvlab.core.jsondata import integer
+from kvlab.core import InputError, integer
 from kvlab.loadgen import slo
 from kvlab.loadgen.record import RequestRecord
 from kvlab.loadgen.runner import LevelResult
-from kvlab.records.evidence import CachedTokens, Failure, Percentiles
-from kvlab.records.load import Goodput, LevelFigures, TtftParts
-from kvlab.records.requests import ProxyTimeline
+from kvlab.records import (
+    CachedTokens,
+    Failure,
+    Goodput,
+    LevelFigures,
+    Percentiles,
+    ProxyTimeline,
+    TtftParts,
+)
 
 NS = 1e9
 QUANTILES = (50, 90, 95, 99)

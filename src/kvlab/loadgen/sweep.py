@@ -46,8 +46,7 @@ from pathlib import Path
 
 import httpx
 
-from kvlab.engines.base import LLAMA_CPP, VLLM
-from kvlab.engines.registry import evidence_deltas
+from kvlab.engines import LLAMA_CPP, VLLM, evidence_deltas
 from kvlab.engines.vllm.adapter import cache_blocks
 from kvlab.loadgen import (
     benchresult,
@@ -68,11 +67,9 @@ from kvlab.loadgen.runner import LevelResult, LevelRun, Progress, Schedule, Unti
 from kvlab.loadgen.sizing import prompt_sizing
 from kvlab.loadgen.spec import BLOCK, MIN_REQUESTS, WARMUP_OFFSET, LoadSpec, default_requests
 from kvlab.measure import workloads
-from kvlab.observe import metrics
-from kvlab.observe.metrics import Snapshot
+from kvlab.observe import Snapshot, metrics
+from kvlab.records import DatasetEvidence, LevelOwn, LoadRecord, RequestLine
 from kvlab.records import requests as request_files
-from kvlab.records.load import DatasetEvidence, LevelOwn, LoadRecord
-from kvlab.records.requests import RequestLine
 
 ProgressHook = Callable[[int, int], Progress | None]  # (concurrency, requests) -> per-record
 Row = LoadRecord

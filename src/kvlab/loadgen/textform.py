@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from kvlab.core.errors import EngineError, InputError
-from kvlab.engines.registry import engine_for
+from kvlab.core import EngineError, InputError
+from kvlab.engines import engine_for
 from kvlab.loadgen.trace import server_roots
 
 SAMPLE_TOKENS = 16  # of the pool, to find the server that detokenizes

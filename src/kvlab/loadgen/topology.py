@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from kvlab.records.evidence import (
+from kvlab.records import (
     LOCAL,
     LOOPBACK,
     MANUAL,

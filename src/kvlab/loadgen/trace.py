@@ -35,12 +35,11 @@ from typing import Literal
 import httpx
 import numpy as np
 
-from kvlab.core.errors import InputError
-from kvlab.core.jsondata import JsonObject
-from kvlab.engines.registry import engine_for
+from kvlab.core import InputError, JsonObject
+from kvlab.engines import engine_for
 from kvlab.measure import workloads
-from kvlab.observe.chat import server_root
-from kvlab.records.load import TraceEvidence
+from kvlab.observe import server_root
+from kvlab.records import TraceEvidence
 
 BLOCK_TOKENS = 512  # the published Mooncake traces' block size
 POOL_WORDS = 2000  # the passage whose tokens every block is drawn from

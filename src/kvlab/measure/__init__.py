@@ -1,0 +1,42 @@
+"""kvlab.measure"""
+
+from kvlab.measure.compare import compare_runs, comparison_label
+from kvlab.measure.compat import Compatibility, listed_models, pick_model, probe
+from kvlab.measure.conversation import PREAMBLE_WORDS, TURN_MAX_TOKENS
+from kvlab.measure.crossing import Judgement, Point, judge_crossing
+from kvlab.measure.pressure import judge_pressure, preemptions, tier_holds, tier_too_small
+from kvlab.measure.prove import ProofRun, ProveOptions, proof_record, run_proof
+from kvlab.measure.reuse import ReuseOptions, ReuseRun, reuse_record, run_reuse
+from kvlab.measure.tokens import ChatTokens
+from kvlab.measure.verdict import FAILED
+from kvlab.measure.workloads import Prompt, Sizing
+
+__all__ = [
+    "FAILED",
+    "PREAMBLE_WORDS",
+    "TURN_MAX_TOKENS",
+    "ChatTokens",
+    "Compatibility",
+    "Judgement",
+    "Point",
+    "Prompt",
+    "ProofRun",
+    "ProveOptions",
+    "ReuseOptions",
+    "ReuseRun",
+    "Sizing",
+    "compare_runs",
+    "comparison_label",
+    "judge_crossing",
+    "judge_pressure",
+    "listed_models",
+    "pick_model",
+    "preemptions",
+    "probe",
+    "proof_record",
+    "reuse_record",
+    "run_proof",
+    "run_reuse",
+    "tier_holds",
+    "tier_too_small",
+]

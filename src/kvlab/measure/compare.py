@@ -30,28 +30,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from kvlab.core.errors import InputError, RefusedError
-from kvlab.core.sizes import human_bytes
+from kvlab.core import InputError, RefusedError, human_bytes
 from kvlab.measure import engine_args, intervals
-from kvlab.measure.pressure import judge as judge_pressure
-from kvlab.measure.pressure import same_engines, tier_too_small
-from kvlab.records import notebook
-from kvlab.records.evidence import Where
-from kvlab.records.models import (
+from kvlab.measure.pressure import judge_pressure, same_engines, tier_too_small
+from kvlab.records import (
+    PRESSURE_OFF,
+    PRESSURE_ON,
+    BytesEvidence,
     CapacityRecord,
+    ComparisonLevel,
     ComparisonRecord,
     CrossingRecord,
     DiskRecord,
     LinkRecord,
     LoadRecord,
+    NixlTransfer,
     Percentiles,
     PredictionRecord,
     Record,
     ReuseRecord,
+    SidePressure,
     StartupRecord,
+    Where,
+    leg_of,
+    notebook,
 )
-from kvlab.records.rows import PRESSURE_OFF, PRESSURE_ON, leg_of
-from kvlab.records.runs import BytesEvidence, ComparisonLevel, NixlTransfer, SidePressure
 
 CROSSED = "the cache crossed the link"
 NOT_CROSSED = "it did not: decode is prefilling by itself"
@@ -570,7 +573,7 @@ def _link_lines(name: str, link: LinkRecord | None, seen: Bytes) -> list[str]:
     return lines
 
 
-def compare(records: list[Record], book: str, disagg: str, baseline: str, *,
+def compare_runs(records: list[Record], book: str, disagg: str, baseline: str, *,
             kv_bytes_per_token: float | None = None, prompt_tokens: float | None = None,
             note: str = "", lab: str = notebook.LAB_PD, offload: bool = False,
             ignore_args: tuple[str, ...] = ()) -> Comparison:

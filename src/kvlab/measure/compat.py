@@ -26,13 +26,10 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from kvlab.core.errors import InputError, RefusedError, UnreachableError
-from kvlab.engines import local
-from kvlab.engines.base import InstanceFacts, token_digest
-from kvlab.engines.registry import all_engines, known_engine, source_of
+from kvlab.core import InputError, RefusedError, UnreachableError
+from kvlab.engines import InstanceFacts, all_engines, known_engine, local, source_of, token_digest
 from kvlab.engines.vllm import store as kvstore
-from kvlab.observe import fingerprint, metrics
-from kvlab.observe.chat import api_base, server_root
+from kvlab.observe import api_base, fingerprint, metrics, server_root
 
 # compared on every instance, an unknown value included (the server answers these itself)
 COMPARED = ("engine", "version", "model_id", "max_model_len", "block_size", "template_tokens")

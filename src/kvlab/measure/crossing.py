@@ -2,8 +2,8 @@
 judgement the P/D lab's boundary step (the split against the one-instance baseline) and the
 offload lab's (the host tier against none, by opening length) both make.
 
-The judgement (`judge`) reads the candidate/reference ratio of TTFT p50 per length: below 1.0
-the candidate pays. One crossing gives the length where it starts (or stops) paying,
+The judgement (`judge_crossing`) reads the candidate/reference ratio of TTFT p50 per length:
+below 1.0 the candidate pays. One crossing gives the length where it starts (or stops) paying,
 interpolated between the two measured lengths around it; no crossing says it pays everywhere
 or nowhere in the range; more than one crossing is reported as mixed rather than as a
 boundary.
@@ -63,7 +63,7 @@ def _crossing(a: Point, b: Point) -> float:
     return min(max(at, a.tokens), b.tokens)
 
 
-def judge(points: Sequence[Point], subject: str = "the split",
+def judge_crossing(points: Sequence[Point], subject: str = "the split",
           reference: str = "the baseline") -> Judgement:
     """Where `subject`'s TTFT ratio against `reference` crosses 1.0, in words and tokens."""
     measured = sorted((p for p in points if p.ratio is not None), key=lambda p: p.tokens)

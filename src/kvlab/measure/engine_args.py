@@ -19,9 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvlab.engines.registry import known_engine
-from kvlab.records.evidence import EngineLine
-from kvlab.records.load import LinkRecord, LoadRecord
+from kvlab.engines import known_engine
+from kvlab.records import EngineLine, LinkRecord, LoadRecord
 
 DEFAULT = "the engine's default"
 

@@ -18,11 +18,10 @@ from dataclasses import dataclass
 
 import httpx
 
-from kvlab.engines.base import PROBE_MESSAGES, InstanceFacts
-from kvlab.engines.registry import known_engine
+from kvlab.engines import PROBE_MESSAGES, InstanceFacts, known_engine
 from kvlab.measure.conversation import QUESTIONS, preamble
-from kvlab.observe.chat import server_root
-from kvlab.records.runs import Fitted as FittedLine
+from kvlab.observe import server_root
+from kvlab.records import Fitted as FittedLine
 
 TEMPLATE_TOKENS_GUESS = 8  # per message, when the instance cannot say
 ANSWER_SLACK = 1.1  # an answer re-tokenised from its text can take a few more tokens

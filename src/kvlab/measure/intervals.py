@@ -51,9 +51,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from kvlab.records import requests
-from kvlab.records.models import LoadRecord, Record, ReuseRecord
-from kvlab.records.runs import IntervalMethod, RatioInterval
+from kvlab.records import IntervalMethod, LoadRecord, RatioInterval, Record, ReuseRecord, requests
 
 SEED = 16  # issue 16; any fixed seed makes a report reproducible
 RESAMPLES = 2000

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from kvlab.core.errors import InputError
-from kvlab.records.runs import KvPrediction
+from kvlab.core import InputError
+from kvlab.records import KvPrediction
 
 # Bytes per stored element. llama.cpp's block-quantised types carry a scale per 32 values:
 # q8_0 is 34 bytes per 32 values, q4_0 is 18 bytes per 32.

@@ -6,10 +6,8 @@ decodes (XpYd) this is what says each leg was used and what crossed it."""
 
 from __future__ import annotations
 
-from kvlab.core.sizes import human_bytes
-from kvlab.records.base import Deltas
-from kvlab.records.load import LegFigures, LinkRecord
-from kvlab.records.runs import PredictionRecord
+from kvlab.core import human_bytes
+from kvlab.records import Deltas, LegFigures, LinkRecord, PredictionRecord
 
 
 def per_leg(link: LinkRecord, prediction: PredictionRecord | None,

@@ -78,10 +78,9 @@ from typing import Literal, Protocol, cast
 import numpy as np
 from numpy.typing import NDArray
 
-from kvlab.core.errors import InputError
+from kvlab.core import InputError
 from kvlab.measure import intervals
-from kvlab.records.base import Strict
-from kvlab.records.load import OracleLevel
+from kvlab.records import OracleLevel, Strict
 
 ROOT = 0x6B766C6162  # the parent hash of a prompt's first block ("kvlab"); any fixed int works
 TierStores = Literal["on_evict", "on_write"]

@@ -24,10 +24,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvlab.records.load import PressurePlanned, RunContext
-from kvlab.records.models import LoadRecord, Record, StartupRecord
-from kvlab.records.rows import PRESSURE_OFF, PRESSURE_ON
-from kvlab.records.runs import LevelPressure
+from kvlab.records import (
+    PRESSURE_OFF,
+    PRESSURE_ON,
+    LevelPressure,
+    LoadRecord,
+    PressurePlanned,
+    Record,
+    RunContext,
+    StartupRecord,
+)
 
 FULL = 0.95  # peak KV usage at or above this: the cache was full
 EVICTED = 0.9  # a hit rate below this share of the reusable share: blocks were evicted
@@ -108,7 +114,7 @@ def cache_size(records: list[Record], row: LoadRecord) -> tuple[int | None, str 
     return None, None
 
 
-def judge(records: list[Record], row: LoadRecord) -> Pressure:
+def judge_pressure(records: list[Record], row: LoadRecord) -> Pressure:
     """Under pressure, quiet, or unknown, for one load row (see the module docstring)."""
     plan = planned(row)
     reached = row.pressure.reached if row.pressure is not None else None

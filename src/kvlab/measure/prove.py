@@ -26,10 +26,8 @@ from typing import Literal
 
 import httpx
 
-from kvlab.core.say import Say, quiet
-from kvlab.core.settings import Settings
-from kvlab.engines.base import InstanceFacts, TwoEndpointProof
-from kvlab.engines.registry import known_engine
+from kvlab.core import Say, Settings, quiet
+from kvlab.engines import InstanceFacts, TwoEndpointProof, known_engine
 from kvlab.measure.compat import check, probe
 from kvlab.measure.conversation import Conversation, preamble
 from kvlab.measure.reuse import (
@@ -49,9 +47,8 @@ from kvlab.measure.verdict import (
     no_reuse_cause,
     reusable_tokens,
 )
-from kvlab.observe.chat import ChatResult, api_base, chat_body
-from kvlab.records.base import Deltas
-from kvlab.records.runs import ProofCase, ProofRecord
+from kvlab.observe import ChatResult, api_base, chat_body
+from kvlab.records import Deltas, ProofCase, ProofRecord
 
 
 @dataclass
@@ -212,7 +209,7 @@ class _Prover:
                 {"role": "user", "content": "In one sentence, what is reused here?"}]
 
 
-async def prove(opts: ProveOptions, say: Say = quiet) -> ProofRun:
+async def run_proof(opts: ProveOptions, say: Say = quiet) -> ProofRun:
     """Run the proof against one endpoint or two (then the shared-store cases)."""
     run = ProofRun(opts, nonce=secrets.token_hex(4))
     timeout = httpx.Timeout(opts.timeout_s, connect=10.0)

@@ -18,10 +18,8 @@ from dataclasses import dataclass, field, replace
 
 import httpx
 
-from kvlab.core.jsondata import JsonObject
-from kvlab.core.say import Say, quiet
-from kvlab.engines.base import InstanceFacts
-from kvlab.engines.registry import evidence_deltas
+from kvlab.core import JsonObject, Say, quiet
+from kvlab.engines import InstanceFacts, evidence_deltas
 from kvlab.measure.compat import probe, served_model
 from kvlab.measure.conversation import (
     PREAMBLE_WORDS,
@@ -39,10 +37,8 @@ from kvlab.measure.verdict import (
     reusable_tokens,
     store_key,
 )
-from kvlab.observe import metrics
-from kvlab.observe.chat import ChatResult, api_base, chat_body, server_root, stream_chat
-from kvlab.records.base import Deltas
-from kvlab.records.runs import ReuseRecord, ReuseRow, ReuseSummary
+from kvlab.observe import ChatResult, api_base, chat_body, metrics, server_root, stream_chat
+from kvlab.records import Deltas, ReuseRecord, ReuseRow, ReuseSummary
 
 
 def exact_prompt_trap(block: int) -> str:

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvlab.core.errors import InputError
+from kvlab.core import InputError
 from kvlab.measure import workloads
 
 if TYPE_CHECKING:

@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kvlab.records.runs import CaseEvidence
-from kvlab.records.runs import Verdict as VerdictName
+from kvlab.records import CaseEvidence
+from kvlab.records import Verdict as VerdictName
 
 if TYPE_CHECKING:
-    from kvlab.engines.base import InstanceFacts
+    from kvlab.engines import InstanceFacts
 
 Verdict = VerdictName
 # no reuse where reuse was expected: `kvlab reuse` and `kvlab prove` exit 1 on these

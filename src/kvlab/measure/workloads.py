@@ -38,8 +38,8 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from kvlab.core.errors import InputError
-from kvlab.records.load import PrefixGroups, PromptSizing
+from kvlab.core import InputError
+from kvlab.records import PrefixGroups, PromptSizing
 
 PROMPT_SETS = ("shared-prefix", "mixed", "multi-turn")
 DEFAULT_PREAMBLE_TOKENS = 4096

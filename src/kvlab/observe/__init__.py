@@ -1,1 +1,27 @@
 """Evidence read from outside the workload: engine /metrics, interface byte counters."""
+
+from kvlab.observe.chat import ChatResult, api_base, chat_body, server_root, stream_chat
+from kvlab.observe.fingerprint import Fingerprint
+from kvlab.observe.metrics import CounterTable, GaugeTable, Snapshot, hit_rate
+from kvlab.observe.netdev import RdmaPort
+from kvlab.observe.sampler import sampling
+from kvlab.observe.sse import carries, chunk, data_of, timeline_of
+
+__all__ = [
+    "ChatResult",
+    "CounterTable",
+    "Fingerprint",
+    "GaugeTable",
+    "RdmaPort",
+    "Snapshot",
+    "api_base",
+    "carries",
+    "chat_body",
+    "chunk",
+    "data_of",
+    "hit_rate",
+    "sampling",
+    "server_root",
+    "stream_chat",
+    "timeline_of",
+]

@@ -21,10 +21,9 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from kvlab.core.errors import EngineError, UnreachableError
-from kvlab.core.jsondata import JsonObject, dig, items, number
+from kvlab.core import EngineError, JsonObject, UnreachableError, dig, items, number
 from kvlab.observe.sse import Stream, data_of
-from kvlab.records.runs import ChatTiming
+from kvlab.records import ChatTiming
 
 
 def api_base(url: str) -> str:

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import httpx
 
-from kvlab.core.jsondata import dig, items
+from kvlab.core import dig, items
 from kvlab.observe.chat import top_logprobs
-from kvlab.records.evidence import Fingerprint as FingerprintLine
+from kvlab.records import Fingerprint as FingerprintLine
 
 TOP_K = 10
 MAX_TOKENS = 4

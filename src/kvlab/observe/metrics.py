@@ -20,7 +20,7 @@ from typing import Protocol
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvlab.records.base import Deltas
+from kvlab.records import Deltas
 
 SeriesKey = tuple[str, frozenset[tuple[str, str]]]
 # evidence key (as the notebook names it) -> (counter family, label filter)

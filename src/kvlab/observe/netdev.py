@@ -23,8 +23,8 @@ from pathlib import Path
 
 import psutil
 
-from kvlab.core.errors import InputError
-from kvlab.records.load import RdmaCounters, RdmaPortDelta
+from kvlab.core import InputError
+from kvlab.records import RdmaCounters, RdmaPortDelta
 
 INFINIBAND_ROOT = Path("/sys/class/infiniband")
 WORD_BYTES = 4

@@ -41,7 +41,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvlab.observe import metrics
-from kvlab.records.load import KvSamples
+from kvlab.records import KvSamples
 
 SCRAPE_TIMEOUT_S = 5.0
 READY_TIMEOUT_S = 30.0  # a cold interpreter on a loaded 2-core machine

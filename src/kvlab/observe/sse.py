@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from kvlab.core.jsondata import JsonObject, dig, integer, items, obj
+from kvlab.core import JsonObject, dig, integer, items, obj
 
 DONE = "[DONE]"
 ANSWER_KEYS = ("content",)

@@ -4,7 +4,28 @@
 `serve(config, on_ready)` runs one in the foreground until cancelled (Ctrl-C).
 """
 
-from kvlab.proxy.app import ProxyApp, running, serve
-from kvlab.proxy.config import ProxyConfig
+from kvlab.proxy.affinity import body_digest
+from kvlab.proxy.app import ProxyApp, loop_runner, running, serve
+from kvlab.proxy.check import Crossing, check_proxy, crossing_check
+from kvlab.proxy.config import ProxyConfig, listen_url
+from kvlab.proxy.legs import BALANCES, Balance
+from kvlab.proxy.pd import CONNECTORS
+from kvlab.proxy.workers import serve_workers, spread_note
 
-__all__ = ["ProxyApp", "ProxyConfig", "running", "serve"]
+__all__ = [
+    "BALANCES",
+    "CONNECTORS",
+    "Balance",
+    "Crossing",
+    "ProxyApp",
+    "ProxyConfig",
+    "body_digest",
+    "check_proxy",
+    "crossing_check",
+    "listen_url",
+    "loop_runner",
+    "running",
+    "serve",
+    "serve_workers",
+    "spread_note",
+]

@@ -56,7 +56,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from kvlab.core.errors import SettingError
+from kvlab.core import SettingError
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

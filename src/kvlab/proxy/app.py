@@ -54,7 +54,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from kvlab.engines.plan import client_host
+from kvlab.engines import client_host
 from kvlab.proxy import pd
 from kvlab.proxy.config import ProxyConfig
 from kvlab.proxy.front import Front

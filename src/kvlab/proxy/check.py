@@ -22,13 +22,11 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from kvlab.core.jsondata import JsonObject
-from kvlab.engines import vllm
-from kvlab.engines.registry import evidence_deltas
+from kvlab.core import JsonObject
+from kvlab.engines import evidence_deltas, vllm
 from kvlab.observe import metrics
 from kvlab.proxy.config import ProxyConfig
-from kvlab.records.base import Deltas
-from kvlab.records.runs import CrossingRecord
+from kvlab.records import CrossingRecord, Deltas
 
 WORDS = ("amber", "basalt", "cobalt", "delta", "ember", "fjord", "garnet", "harbor",
          "indigo", "juniper", "kestrel", "lagoon", "meadow", "nickel", "obsidian", "prairie")

@@ -27,8 +27,7 @@ import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from kvlab.core.errors import SettingError
-from kvlab.core.settings import Settings
+from kvlab.core import SettingError, Settings
 from kvlab.engines import local
 from kvlab.engines.vllm.facts import MOONCAKE_BOOTSTRAP_PORT
 from kvlab.proxy import affinity

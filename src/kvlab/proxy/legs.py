@@ -33,9 +33,8 @@ from typing import TYPE_CHECKING, Literal
 
 import httpx
 
-from kvlab.core.errors import RefusedError, UnreachableError
-from kvlab.engines.base import InstanceFacts
-from kvlab.engines.registry import evidence_deltas
+from kvlab.core import RefusedError, UnreachableError
+from kvlab.engines import InstanceFacts, evidence_deltas
 from kvlab.measure import compat
 from kvlab.observe import metrics
 from kvlab.proxy import affinity

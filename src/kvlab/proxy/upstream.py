@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from kvlab.core.errors import SettingError
+from kvlab.core import SettingError
 
 Kind = Literal["unavailable", "timeout", "closed", "protocol"]
 IDLE_KEEP_S = 3.0  # under uvicorn's (so vLLM's) 5 s keep-alive: we close first, no races

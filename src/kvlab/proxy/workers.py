@@ -38,9 +38,8 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from types import FrameType
 
-from kvlab.core.errors import EngineError
-from kvlab.core.paths import PROXY_METRICS_PREFIX
-from kvlab.engines.plan import client_host
+from kvlab.core import PROXY_METRICS_PREFIX, EngineError
+from kvlab.engines import client_host
 from kvlab.proxy.app import loop_runner, serve
 from kvlab.proxy.config import ProxyConfig
 from kvlab.proxy.metrics import MULTIPROC_ENV

@@ -15,7 +15,7 @@ from typing import ClassVar, Self
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvlab import SCHEMA, __version__
-from kvlab.core.jsondata import JsonObject
+from kvlab.core import JsonObject
 
 LAB_OFFLOAD = "part-22/lab-kv-cache-offload-and-sharing"
 LAB_PD = "part-22/lab-two-machine-prefill-decode"

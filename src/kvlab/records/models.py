@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from kvlab.core.jsondata import JsonObject
+from kvlab.core import JsonObject
 from kvlab.records.base import LAB_OFFLOAD, LAB_PD, Record, now_stamp
 from kvlab.records.evidence import Percentiles
 from kvlab.records.load import CapacityRecord, LinkRecord, LoadRecord

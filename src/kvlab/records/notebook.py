@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from kvlab.core.errors import InputError
-from kvlab.core.secrets import is_secret_name, secret_in_list, secret_in_text
+from kvlab.core import InputError, is_secret_name, secret_in_list, secret_in_text
 from kvlab.records.base import LAB_OFFLOAD, LAB_PD, Record, now_stamp
 from kvlab.records.models import parse
 

@@ -19,8 +19,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationError
 
-from kvlab.core.errors import InputError
-from kvlab.core.files import write_private
+from kvlab.core import InputError, write_private
 from kvlab.records.base import Strict
 
 REQUESTS_DIR = "kvlab-requests"  # beside the notebook

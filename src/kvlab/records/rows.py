@@ -141,7 +141,7 @@ TWO_MACHINES_SHARED = Row("disagg-two-machines", LAB_PD,
 TWO_MACHINES_NIXL = Row("disagg-nixl", LAB_PD, "Two machines, NixlConnector",
                         "direct RDMA cable", side="split",
     command="CONNECTOR=nixl kvlab run disagg --cluster ADDRESS")
-LOOPBACK = Row("disagg-loopback", LAB_PD, "Two processes on one device", "loopback",
+SPLIT_LOOPBACK = Row("disagg-loopback", LAB_PD, "Two processes on one device", "loopback",
                side="split",
     command="kvlab run disagg")
 PREDICTION = Row("prediction", LAB_PD, "The prediction, before any run",
@@ -172,7 +172,7 @@ ROWS: tuple[Row, ...] = (
     SHARED_STORE, SHARED_SINGLE, SHARED_PROOF,
     DISK, MLX_CACHE, MLX_TURNS, SHARED_SLOTS, LLAMA_PROMPT_OFF, LLAMA_PROMPT_ON, LLAMA_RAM_OFF,
     LLAMA_RAM_ON, LLAMA_RAM_SMALL, LLAMA_RAM_CURVE, LLAMA_KV_QUANT, BASELINE, SPLIT,
-    TWO_MACHINES_SHARED, TWO_MACHINES_NIXL, LOOPBACK, PREDICTION, CANCEL, BOUNDARY,
+    TWO_MACHINES_SHARED, TWO_MACHINES_NIXL, SPLIT_LOOPBACK, PREDICTION, CANCEL, BOUNDARY,
     BOUNDARY_SPLIT, BOUNDARY_BASELINE, INTERFERENCE, REPLICAS,
 )
 

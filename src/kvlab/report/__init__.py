@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvlab.core.files import write_private
+from kvlab.core import write_private
 from kvlab.records import notebook
 from kvlab.report.common import Table
 from kvlab.report.decisions import Decision, decide

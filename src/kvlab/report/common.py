@@ -9,27 +9,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from kvlab.core.sizes import human_bytes
-from kvlab.engines.base import NAMES as ENGINE_NAMES
-from kvlab.engines.base import LaunchSettings
-from kvlab.engines.registry import failure_meaning, known_engine
+from kvlab.core import human_bytes
+from kvlab.engines import NAMES as ENGINE_NAMES
+from kvlab.engines import LaunchSettings, failure_meaning, known_engine
 from kvlab.measure import intervals, oracle
-from kvlab.records.base import Number
-from kvlab.records.evidence import LOOPBACK, Where
-from kvlab.records.models import (
+from kvlab.records import (
+    LOOPBACK,
     CapacityRecord,
     ComparisonRecord,
     DiskRecord,
     LoadRecord,
+    Notebook,
     NotRunRecord,
+    Number,
     PredictionRecord,
     ProofRecord,
     Record,
     ReuseRecord,
+    Row,
     StartupRecord,
+    Where,
 )
-from kvlab.records.notebook import Notebook
-from kvlab.records.rows import Row
 
 R = TypeVar("R", bound=Record)
 

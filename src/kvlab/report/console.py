@@ -17,43 +17,34 @@ from rich.console import Console
 from rich.table import Table
 
 from kvlab.cluster.placement import DryPlacement
-from kvlab.core.settings import LoadedSettings
-from kvlab.core.sizes import human_bytes
-from kvlab.engines.install import EngineStatus
+from kvlab.core import LoadedSettings, human_bytes
+from kvlab.engines import TITLES, EnginePlan, EngineStatus, as_started
 from kvlab.engines.llamacpp.slots import Done, Held, holds
-from kvlab.engines.plan import EnginePlan
-from kvlab.engines.roles import TITLES, as_started
 from kvlab.engines.vllm import VllmInstall
-from kvlab.loadgen.dataset import Dataset
-from kvlab.loadgen.record import RequestRecord
-from kvlab.loadgen.spec import LoadSpec
-from kvlab.loadgen.sweep import ProgressHook
-from kvlab.measure import compat, oracle
-from kvlab.measure.compat import Compatibility
+from kvlab.loadgen import Dataset, LoadSpec, ProgressHook, RequestRecord
+from kvlab.measure import Compatibility, compat, oracle
 from kvlab.observe import fingerprint
-from kvlab.proxy.check import Crossing
-from kvlab.proxy.config import ProxyConfig, listen_url
-from kvlab.records.base import Record
-from kvlab.records.evidence import Percentiles, Where
-from kvlab.records.load import (
+from kvlab.proxy import Crossing, ProxyConfig, listen_url
+from kvlab.records import (
+    BoundaryRecord,
     BoundFigure,
     CapacityRecord,
-    LinkRecord,
-    LoadRecord,
-    TraceEvidence,
-)
-from kvlab.records.rows import serve_label
-from kvlab.records.runs import (
-    BoundaryRecord,
     ComparisonRecord,
     DiskRecord,
     KvPrediction,
+    LinkRecord,
+    LoadRecord,
     NotRunRecord,
+    Percentiles,
     ProcedureRecord,
     ProofRecord,
+    Record,
     ReuseRecord,
     ReuseSummary,
+    TraceEvidence,
     Turn,
+    Where,
+    serve_label,
 )
 
 NONE = Percentiles()
@@ -358,7 +349,7 @@ def interference(console: Console, rows: Sequence[LoadRecord], comp: ComparisonR
 
 def replicas(console: Console, lines: Sequence[Record]) -> None:
     """Each arm's figures per prompt set, then the lab's answer."""
-    from kvlab.records.replicas import ReplicasRecord
+    from kvlab.records import ReplicasRecord
     from kvlab.report import replicas as answer
 
     arms = [r for r in lines if isinstance(r, ReplicasRecord)]

@@ -22,18 +22,7 @@ from typing import Literal
 
 from kvlab.engines.llamacpp.roundtrip import PROVEN
 from kvlab.measure import compare, intervals, pressure
-from kvlab.records.evidence import LOOPBACK, TWO_MACHINES, UNKNOWN
-from kvlab.records.models import (
-    BoundaryRecord,
-    ComparisonRecord,
-    DiskRecord,
-    LoadRecord,
-    NoteRecord,
-    Record,
-    ReuseRecord,
-)
-from kvlab.records.notebook import Notebook
-from kvlab.records.rows import (
+from kvlab.records import (
     BASELINE,
     BOUNDARY,
     DISK,
@@ -41,6 +30,7 @@ from kvlab.records.rows import (
     LLAMA_RAM_CURVE,
     LLAMA_RAM_ON,
     LLAMA_RAM_SMALL,
+    LOOPBACK,
     MLX_CACHE,
     OFFLOAD_BOUNDARY,
     OFFLOAD_CURVE,
@@ -48,6 +38,16 @@ from kvlab.records.rows import (
     PRESSURE_ON,
     SHARED_SINGLE,
     SHARED_STORE,
+    TWO_MACHINES,
+    UNKNOWN,
+    BoundaryRecord,
+    ComparisonRecord,
+    DiskRecord,
+    LoadRecord,
+    Notebook,
+    NoteRecord,
+    Record,
+    ReuseRecord,
     capacity_label,
 )
 from kvlab.report import tier_curve
@@ -334,7 +334,7 @@ def _settings(row: LoadRecord, level: int) -> str:
 def _pressure(records: list[Record], off: LoadRecord) -> tuple[bool | None, str]:
     """Was the cache under pressure without the tier, and the figure that says so (the one
     judgement `kvlab compare` and the report's pressure rows give: `measure/pressure.py`)."""
-    judged = pressure.judge(records, off)
+    judged = pressure.judge_pressure(records, off)
     return judged.state, judged.why
 
 

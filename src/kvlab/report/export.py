@@ -23,10 +23,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from kvlab.measure import compare, intervals
-from kvlab.records import requests
-from kvlab.records.models import LoadRecord
-from kvlab.records.notebook import Notebook
-from kvlab.records.rows import BASELINE
+from kvlab.records import BASELINE, LoadRecord, Notebook, requests
 from kvlab.report.common import Table
 from kvlab.report.decisions import Decision
 from kvlab.report.placement import split_groups

@@ -6,11 +6,9 @@ q8_0 KV against f16 in the same memory."""
 
 from __future__ import annotations
 
-from kvlab.core.sizes import human_bytes
+from kvlab.core import human_bytes
 from kvlab.measure import compare
-from kvlab.records.models import KvQuantRecord, LoadRecord, ReuseRecord
-from kvlab.records.notebook import Notebook
-from kvlab.records.rows import (
+from kvlab.records import (
     LLAMA_KV_QUANT,
     LLAMA_PROMPT_OFF,
     LLAMA_PROMPT_ON,
@@ -19,6 +17,10 @@ from kvlab.records.rows import (
     LLAMA_RAM_SMALL,
     MLX_TURNS,
     SHARED_SLOTS,
+    KvQuantRecord,
+    LoadRecord,
+    Notebook,
+    ReuseRecord,
 )
 from kvlab.report.common import NO_FIGURE, Line, latest, measured_on, missing, said
 from kvlab.report.offload import (

@@ -14,22 +14,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvlab.core.sizes import human_bytes
-from kvlab.measure import compare, intervals
-from kvlab.measure.pressure import judge as judge_pressure
-from kvlab.measure.pressure import preemptions, tier_holds, tier_too_small
-from kvlab.observe.metrics import hit_rate
-from kvlab.records.base import Deltas
-from kvlab.records.load import CapacityProbe, HostTierUse, PressurePlanned
-from kvlab.records.models import (
-    CapacityRecord,
-    DiskRecord,
-    LoadRecord,
-    ProofRecord,
-    ReuseRecord,
+from kvlab.core import human_bytes
+from kvlab.measure import (
+    compare,
+    intervals,
+    judge_pressure,
+    preemptions,
+    tier_holds,
+    tier_too_small,
 )
-from kvlab.records.notebook import Notebook
-from kvlab.records.rows import (
+from kvlab.observe import hit_rate
+from kvlab.records import (
     DISK,
     MLX_CACHE,
     PRESSURE_OFF,
@@ -38,6 +33,16 @@ from kvlab.records.rows import (
     QUIET_ON,
     SHARED_STORE,
     SMALLER_ON,
+    CapacityProbe,
+    CapacityRecord,
+    Deltas,
+    DiskRecord,
+    HostTierUse,
+    LoadRecord,
+    Notebook,
+    PressurePlanned,
+    ProofRecord,
+    ReuseRecord,
     Row,
     capacity_label,
 )

@@ -15,24 +15,28 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from kvlab.core.sizes import human_bytes
+from kvlab.core import human_bytes
 from kvlab.measure import compare, intervals
-from kvlab.records.evidence import LOOPBACK, TWO_MACHINES, UNKNOWN, Percentiles
-from kvlab.records.models import ComparisonRecord, LinkRecord, LoadRecord
-from kvlab.records.notebook import Notebook
-from kvlab.records.rows import (
+from kvlab.records import (
     BASELINE,
     INTERFERENCE,
+    LOOPBACK,
     SPLIT,
+    TWO_MACHINES,
     TWO_MACHINES_NIXL,
     TWO_MACHINES_SHARED,
+    UNKNOWN,
+    ComparisonLevel,
+    ComparisonRecord,
+    LinkRecord,
+    LoadRecord,
+    NixlTransfer,
+    Notebook,
+    Percentiles,
     Row,
     interference_label,
 )
-from kvlab.records.rows import (
-    LOOPBACK as LOOPBACK_ROW,
-)
-from kvlab.records.runs import ComparisonLevel, NixlTransfer
+from kvlab.records import SPLIT_LOOPBACK as LOOPBACK_ROW
 from kvlab.report.common import (
     NO_FIGURE,
     Line,

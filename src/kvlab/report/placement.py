@@ -20,12 +20,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from kvlab.loadgen.topology import RAY_ONE_MACHINE, RAY_TWO_MACHINES
-from kvlab.measure.compare import comparison_label
-from kvlab.records.evidence import LOOPBACK, ONE_INSTANCE, RAY, TWO_MACHINES, UNKNOWN, NodeInfo
-from kvlab.records.models import ComparisonRecord, LinkRecord, LoadRecord
-from kvlab.records.notebook import Notebook
-from kvlab.records.rows import BASELINE, INTERFERENCE, SPLIT, TWO_MACHINES_NIXL
+from kvlab.loadgen import RAY_ONE_MACHINE, RAY_TWO_MACHINES
+from kvlab.measure import comparison_label
+from kvlab.records import (
+    BASELINE,
+    INTERFERENCE,
+    LOOPBACK,
+    ONE_INSTANCE,
+    RAY,
+    SPLIT,
+    TWO_MACHINES,
+    TWO_MACHINES_NIXL,
+    UNKNOWN,
+    ComparisonRecord,
+    LinkRecord,
+    LoadRecord,
+    NodeInfo,
+    Notebook,
+)
 
 NOT_SPLIT = (BASELINE.label, f"{INTERFERENCE.label}-")
 SEED_LABELS = (SPLIT.label, TWO_MACHINES_NIXL.label)  # the labels the P/D lab's tasks use

@@ -30,18 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kvlab.measure import compare, intervals
-from kvlab.records.evidence import Percentiles
-from kvlab.records.load import KvSamples
-from kvlab.records.models import (
-    BoundaryRecord,
-    CapacityRecord,
-    ComparisonRecord,
-    DiskRecord,
-    LoadRecord,
-    ReuseRecord,
-)
-from kvlab.records.notebook import Notebook
-from kvlab.records.rows import (
+from kvlab.records import (
     BASELINE,
     BOUNDARY,
     DISK,
@@ -52,6 +41,15 @@ from kvlab.records.rows import (
     SHARED_SINGLE,
     SHARED_STORE,
     SPLIT,
+    BoundaryRecord,
+    CapacityRecord,
+    ComparisonRecord,
+    DiskRecord,
+    KvSamples,
+    LoadRecord,
+    Notebook,
+    Percentiles,
+    ReuseRecord,
     interference_label,
 )
 from kvlab.report import tier_curve as curves

@@ -11,10 +11,16 @@ A step with no line says how to get one, or why it could not run (a `not-run` li
 
 from __future__ import annotations
 
-from kvlab.records.models import BoundaryRecord, ProcedureRecord, Record
-from kvlab.records.notebook import Notebook
-from kvlab.records.rows import BOUNDARY, CANCEL, SPLIT
-from kvlab.records.runs import CancelEvidence
+from kvlab.records import (
+    BOUNDARY,
+    CANCEL,
+    SPLIT,
+    BoundaryRecord,
+    CancelEvidence,
+    Notebook,
+    ProcedureRecord,
+    Record,
+)
 from kvlab.report.common import Line, Table, measured_on, missing, num
 
 COLUMNS = ["Result", "Figures"]

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvlab.records.notebook import Notebook
-from kvlab.records.replicas import ReplicasRecord
-from kvlab.records.rows import REPLICAS
+from kvlab.records import REPLICAS, Notebook, ReplicasRecord
 from kvlab.report.common import Line, Table, missing
 
 EVEN = 1.5  # the busiest replica's requests over the mean, at most, to count as using N

@@ -14,8 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from kvlab.records.notebook import Notebook
-from kvlab.records.runs import StartupRecord
+from kvlab.records import Notebook, StartupRecord
 
 
 @dataclass(frozen=True)

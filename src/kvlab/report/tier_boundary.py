@@ -1,7 +1,8 @@
 """vLLM's host tier against the opening's length (`kvlab run offload --part boundary`), from the
 notebook: at each length the tier-on runs' TTFT p50 against the tier-off runs' (repeats
 pooled, the 95% interval from the per-request files), where the tier starts paying
-(`measure.crossing.judge`, a length paying only where its interval lies below 1), and beside
+(`measure.crossing.judge_crossing`, a length paying only where its interval lies below
+1), and beside
 it the arithmetic that predicts it: recalling a token costs its KV bytes over the host-to-device
 rate vLLM's own counters measured (`vllm:kv_offload_load_bytes` over `_time`), recomputing it
 one over the prefill rate the tier-off runs' first turns measured (their prompt tokens over
@@ -13,12 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from statistics import median
 
-from kvlab.measure import intervals
-from kvlab.measure.crossing import Judgement, Point, judge
-from kvlab.records import requests
-from kvlab.records.models import LoadRecord, NotRunRecord
-from kvlab.records.notebook import Notebook
-from kvlab.records.rows import OFFLOAD_BOUNDARY
+from kvlab.measure import Judgement, Point, intervals, judge_crossing
+from kvlab.records import OFFLOAD_BOUNDARY, LoadRecord, Notebook, NotRunRecord, requests
 from kvlab.report.tier_curve import newest_run
 
 SUBJECT, REFERENCE = "the host tier", "the tier off"
@@ -101,7 +98,7 @@ def recall_rate(rows: tuple[LoadRecord, ...] | list[LoadRecord]) -> float | None
 
 
 def judgement(found: list[Length]) -> Judgement:
-    return judge([f.point() for f in found], SUBJECT, REFERENCE)
+    return judge_crossing([f.point() for f in found], SUBJECT, REFERENCE)
 
 
 def arithmetic(found: list[Length]) -> str:

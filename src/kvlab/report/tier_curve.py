@@ -22,10 +22,15 @@ from pathlib import Path
 import numpy as np
 
 from kvlab.measure import intervals
-from kvlab.records import requests
-from kvlab.records.models import LoadRecord, NotRunRecord
-from kvlab.records.notebook import Notebook
-from kvlab.records.rows import LLAMA_RAM_CURVE, OFFLOAD_CURVE, Row
+from kvlab.records import (
+    LLAMA_RAM_CURVE,
+    OFFLOAD_CURVE,
+    LoadRecord,
+    Notebook,
+    NotRunRecord,
+    Row,
+    requests,
+)
 
 SHARE_OF_BEST = 0.9  # the lab's "raise it only if the measurement rewards you", as a rule
 

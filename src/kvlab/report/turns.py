@@ -9,9 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvlab.measure import intervals
-from kvlab.records import requests
-from kvlab.records.models import LoadRecord
-from kvlab.records.notebook import Notebook
+from kvlab.records import LoadRecord, Notebook, requests
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvlab.core.jsondata import dig, integer, integers, text
+from kvlab.core import dig, integer, integers, text
 from kvlab.engines import local
 from kvlab.engines.base import (
     LLAMA_CPP,
@@ -28,13 +28,13 @@ from kvlab.engines.base import (
 from kvlab.engines.http import get_json, post_json
 from kvlab.engines.llamacpp import facts
 from kvlab.engines.llamacpp.prove import slot_store_proof
-from kvlab.records.evidence import EngineArgs, KvCapacity
+from kvlab.records import EngineArgs, KvCapacity
 
 if TYPE_CHECKING:
     import httpx
 
     from kvlab.engines.plan import EnginePlan
-    from kvlab.observe.metrics import Snapshot
+    from kvlab.observe import Snapshot
 
 
 

@@ -24,13 +24,22 @@ from types import TracebackType
 
 import httpx
 
-from kvlab.core.errors import EngineError, RefusedError, UnreachableError
-from kvlab.core.jsondata import JsonObject, dig, integer, integers, number, obj
-from kvlab.core.settings import Settings
+from kvlab.core import (
+    EngineError,
+    JsonObject,
+    RefusedError,
+    Settings,
+    UnreachableError,
+    dig,
+    integer,
+    integers,
+    number,
+    obj,
+)
 from kvlab.engines import llamacpp
 from kvlab.engines.plan import EnginePlan, client_host
-from kvlab.observe.chat import ChatResult, chat_body, stream_chat
-from kvlab.records.runs import SlotOpLine
+from kvlab.observe import ChatResult, chat_body, stream_chat
+from kvlab.records import SlotOpLine
 
 DEFAULT_TIMEOUT_S = 600.0  # a cold prefill of a long prompt on two CPU cores takes a while
 

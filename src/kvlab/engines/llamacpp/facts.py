@@ -22,12 +22,11 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvlab.core.errors import EngineError, RefusedError
-from kvlab.core.settings import Settings
+from kvlab.core import EngineError, RefusedError, Settings
 from kvlab.engines import install, llama_build
 from kvlab.engines.base import LLAMA_CPP
 from kvlab.engines.plan import EnginePlan, Flag
-from kvlab.records.evidence import KvType
+from kvlab.records import KvType
 
 # the server's bearer key when --api-key is absent (common/arg.cpp: `--api-key`, env)
 API_KEY_ENV = "LLAMA_API_KEY"

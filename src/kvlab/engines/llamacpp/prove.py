@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import contextlib
 
-from kvlab.core.errors import RefusedError
-from kvlab.core.settings import Settings
+from kvlab.core import RefusedError, Settings
 from kvlab.engines.base import CaseRunner
 from kvlab.engines.llamacpp import roundtrip, slotstore
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget, target_from_settings
-from kvlab.observe.chat import ChatResult, server_root
+from kvlab.observe import ChatResult, server_root
 
 LOGPROBS: dict[str, object] = {"logprobs": True, "top_logprobs": 5}  # for the logprob evidence
 IDENTICAL_WHY = "the slot file saved on A was restored into this slot of B"

@@ -9,7 +9,7 @@ holds. The server logs each save, each load and the cache's state after each upd
 from __future__ import annotations
 
 from kvlab.engines.llamacpp import facts
-from kvlab.records.load import HostTierUse
+from kvlab.records import HostTierUse
 
 SOURCE = "llama-server's log (prompt cache state, saves and loads at --log-verbosity 4)"
 

@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
 
-from kvlab.core.say import Say, quiet
+from kvlab.core import Say, quiet
 from kvlab.engines.llamacpp import slotstore
 from kvlab.engines.llamacpp.client import LlamaClient, SlotOp, logprob_gap
-from kvlab.observe.chat import ChatResult
-from kvlab.records.runs import Turn
+from kvlab.observe import ChatResult
+from kvlab.records import Turn
 
 REUSE_FRACTION = 0.95    # the post-restore cache_n must cover this share of the prompt
 CONTROL_FRACTION = 0.05  # the control may reuse at most this share (template tokens)

@@ -11,14 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kvlab.core.errors import SettingError
-from kvlab.core.settings import Settings
+from kvlab.core import SettingError, Settings
 from kvlab.engines import llamacpp
 from kvlab.engines.llamacpp.client import LlamaClient
 from kvlab.engines.models import prose
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import free_port
-from kvlab.records.evidence import LlamaServerLine
+from kvlab.records import LlamaServerLine
 
 TEMPLATE_MARGIN = 32  # chat-template tokens around a user message, with room to spare
 

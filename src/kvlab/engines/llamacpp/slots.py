@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvlab.core.jsondata import JsonObject
-from kvlab.core.settings import Settings
+from kvlab.core import JsonObject, Settings
 from kvlab.engines.llamacpp import slotstore
 from kvlab.engines.llamacpp.client import LlamaClient, SlotOp, target_from_settings
 from kvlab.engines.llamacpp.facts import SLOT_PROMPT_TOKENS

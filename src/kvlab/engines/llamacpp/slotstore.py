@@ -40,9 +40,7 @@ from pathlib import Path
 from pydantic import TypeAdapter
 
 from kvlab import __version__
-from kvlab.core.errors import InputError, RefusedError
-from kvlab.core.files import write_private
-from kvlab.core.jsondata import integer
+from kvlab.core import InputError, RefusedError, integer, write_private
 from kvlab.engines import llamacpp, local
 from kvlab.engines.llamacpp import slotfacts
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget, SlotOp

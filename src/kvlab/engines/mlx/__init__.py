@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from kvlab.core.errors import EngineError, RefusedError
+from kvlab.core import EngineError, RefusedError
 from kvlab.engines import install, local
 from kvlab.engines.plan import EnginePlan, Flag
 

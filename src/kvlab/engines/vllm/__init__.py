@@ -1,6 +1,6 @@
 """vLLM: everything kvlab knows about it, in this package."""
 
-from kvlab.core.hardware import Hardware, detect_hardware
+from kvlab.core import Hardware, detect_hardware
 from kvlab.engines.vllm.facts import (
     CACHE_CONFIG_INFO,
     CONNECTOR_CLASS,

@@ -14,8 +14,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvlab.core.jsondata import dig, integers, text
-from kvlab.core.secrets import is_secret_name
+from kvlab.core import dig, integers, is_secret_name, text
 from kvlab.engines import local
 from kvlab.engines.base import (
     PROBE_MESSAGES,
@@ -33,13 +32,13 @@ from kvlab.engines.base import (
 from kvlab.engines.http import get_json, post_json
 from kvlab.engines.vllm import facts
 from kvlab.engines.vllm.plans import TRANSFER_CONFIG
-from kvlab.records.evidence import EngineArgs, KvCapacity
+from kvlab.records import EngineArgs, KvCapacity
 
 if TYPE_CHECKING:
     import httpx
 
     from kvlab.engines.plan import EnginePlan
-    from kvlab.observe.metrics import Snapshot
+    from kvlab.observe import Snapshot
 
 
 

@@ -10,7 +10,7 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 
-from kvlab.records.evidence import KvCapacity
+from kvlab.records import KvCapacity
 
 CONTEXT_FLAG = "--max-model-len"
 BLOCK_SIZE_FLAG = "--block-size"

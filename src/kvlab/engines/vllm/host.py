@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kvlab.core.errors import RefusedError
+from kvlab.core import RefusedError
 from kvlab.observe import netdev
-from kvlab.records.runs import HostTierCheck, SideChannelAddress
+from kvlab.records import HostTierCheck, SideChannelAddress
 
 GIB = 2**30
 

@@ -18,8 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvlab.core.errors import RefusedError, SettingError
-from kvlab.core.settings import Settings
+from kvlab.core import RefusedError, SettingError, Settings
 from kvlab.engines.base import VLLM
 from kvlab.engines.plan import EnginePlan, Flag
 from kvlab.engines.vllm import store as kvstore
@@ -38,7 +37,7 @@ from kvlab.engines.vllm.facts import (
 )
 from kvlab.engines.vllm.host import HostMemory, check_offload_memory, side_channel
 from kvlab.engines.vllm.selection import VllmInstall, base_env
-from kvlab.records.runs import StartupFacts
+from kvlab.records import StartupFacts
 
 WEIGHT_OFFLOAD_FLAG = "--cpu-offload-gb"
 PREFIX_CACHING = "--enable-prefix-caching"

@@ -19,13 +19,19 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvlab.core.errors import EngineError
-from kvlab.core.hardware import UNDETECTED, Hardware, detect_hardware
-from kvlab.core.profiles import CPU_PROFILE, GPU_PROFILES, wants_gpu
-from kvlab.core.settings import Settings
+from kvlab.core import (
+    CPU_PROFILE,
+    GPU_PROFILES,
+    UNDETECTED,
+    EngineError,
+    Hardware,
+    Settings,
+    detect_hardware,
+    wants_gpu,
+)
 from kvlab.engines import install
 from kvlab.engines.base import Support
-from kvlab.records.runs import EngineChoice
+from kvlab.records import EngineChoice
 
 # vLLM's own words when a CPU build is asked for the host-memory tier
 CPU_CANNOT_OFFLOAD = (

@@ -25,8 +25,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvlab.core.errors import RefusedError
-from kvlab.core.sizes import human_bytes, tree_bytes
+from kvlab.core import RefusedError, human_bytes, tree_bytes
 
 ENTRY = re.compile(r"^[0-9a-f]{32}$")
 LAYER_FILE = re.compile(r"\.(\d+)\.[\w.]*safetensors$")  # model.layers.N.self_attn.attn....
