@@ -6,6 +6,7 @@ import copy
 
 import pytest
 
+from kvlab.core import connectors
 from kvlab.core.errors import RefusedError, SettingError
 from kvlab.core.settings import Settings
 from kvlab.proxy import pd
@@ -22,26 +23,26 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream":
 @pytest.mark.parametrize("connector", ["shared", "lmcache"])
 def test_content_addressed_prefill_is_one_token_and_decode_is_untouched(connector: str) -> None:
     original = copy.deepcopy(CHAT)
-    body = pd.prefill_body(CHAT, connector, "r1")
+    body = pd.prefill_body(CHAT, connectors.get(connector), "r1")
     assert body["max_tokens"] == 1 and body["max_completion_tokens"] == 1
     assert body["stream"] is False
     assert "stream_options" not in body and "min_tokens" not in body
     assert "kv_transfer_params" not in body
     assert body["cache_salt"] == "tenant-a" and body["messages"] == CHAT["messages"]
-    plan = pd.decode_plan(CHAT, connector, "r1")
+    plan = pd.decode_plan(CHAT, connectors.get(connector), "r1")
     assert plan.body is None and not plan.params_missing  # the client's bytes go as they are
     assert original == CHAT
 
 
 def test_max_completion_tokens_only_where_the_client_used_it() -> None:
-    body = pd.prefill_body({"model": "m", "prompt": "x", "max_tokens": 9}, "shared", "r")
+    body = pd.prefill_body({"model": "m", "prompt": "x", "max_tokens": 9}, connectors.SHARED, "r")
     assert body["max_tokens"] == 1 and "max_completion_tokens" not in body
 
 
 def test_a_clients_kv_transfer_params_never_reach_an_engine() -> None:
     hostile = {**CHAT, "kv_transfer_params": {"do_remote_prefill": True,
                                               "remote_host": "attacker.example"}}
-    for connector in pd.CONNECTORS:
+    for connector in connectors.CONNECTORS.values():
         prefill = pd.prefill_body(hostile, connector, "r")
         assert "attacker.example" not in repr(prefill)
         peer = pd.PrefillPeer("http://p:8998", "engine-p")
@@ -50,13 +51,15 @@ def test_a_clients_kv_transfer_params_never_reach_an_engine() -> None:
 
 
 def test_nixl_round_trip() -> None:
-    prefill = pd.prefill_body(CHAT, "nixl", "r7")
+    prefill = pd.prefill_body(CHAT, connectors.NIXL, "r7")
     assert prefill["kv_transfer_params"]["do_remote_decode"] is True
     assert prefill["kv_transfer_params"]["do_remote_prefill"] is False
-    assert pd.prefill_reply_needed("nixl") and not pd.prefill_reply_needed("shared")
+    assert pd.prefill_reply_needed(connectors.NIXL)
+    assert not pd.prefill_reply_needed(connectors.SHARED)
     params = {"do_remote_prefill": True, "remote_block_ids": [[1, 2]], "remote_engine_id": "e",
               "remote_host": "10.0.0.1", "remote_port": 5600, "remote_request_id": "r7"}
-    plan = pd.decode_plan(CHAT, "nixl", "r7", {"choices": [], "kv_transfer_params": params})
+    reply = {"choices": [], "kv_transfer_params": params}
+    plan = pd.decode_plan(CHAT, connectors.NIXL, "r7", reply)
     assert plan.body is not None and plan.body["kv_transfer_params"] == params
     assert plan.body["stream"] is True and plan.body["max_completion_tokens"] == 50
     assert not plan.params_missing
@@ -65,27 +68,27 @@ def test_nixl_round_trip() -> None:
 @pytest.mark.parametrize("reply", [{"choices": []}, {"kv_transfer_params": None},
                                    {"kv_transfer_params": {}}, None])
 def test_nixl_without_params_is_flagged(reply: dict[str, object] | None) -> None:
-    plan = pd.decode_plan(CHAT, "nixl", "r", reply)
+    plan = pd.decode_plan(CHAT, connectors.NIXL, "r", reply)
     assert plan.params_missing
     assert plan.body is not None and "kv_transfer_params" not in plan.body
 
 
 def test_mooncake_shares_a_transfer_id_and_names_the_prefill_engine() -> None:
-    prefill = pd.prefill_body(CHAT, "mooncake", "abc")
+    prefill = pd.prefill_body(CHAT, connectors.MOONCAKE, "abc")
     peer = pd.PrefillPeer("http://10.0.0.1:8998", "engine-1")
-    plan = pd.decode_plan(CHAT, "mooncake", "abc", None, peer)
+    plan = pd.decode_plan(CHAT, connectors.MOONCAKE, "abc", None, peer)
     assert plan.body is not None
     decode = plan.body["kv_transfer_params"]
     assert prefill["kv_transfer_params"]["transfer_id"] == decode["transfer_id"] == "xfer-abc"
     assert decode["do_remote_prefill"] is True and decode["do_remote_decode"] is False
     assert decode["remote_bootstrap_addr"] == "http://10.0.0.1:8998"
     assert decode["remote_engine_id"] == "engine-1"
-    assert pd.decode_plan(CHAT, "mooncake", "abc", None, pd.PrefillPeer()).params_missing
+    assert pd.decode_plan(CHAT, connectors.MOONCAKE, "abc", None, pd.PrefillPeer()).params_missing
 
 
 def test_unknown_connector_is_refused() -> None:
-    with pytest.raises(ValueError, match="p2pnccl"):
-        pd.check_connector("p2pnccl")
+    with pytest.raises(SettingError, match="p2pnccl"):
+        connectors.get("p2pnccl")
     with pytest.raises(SettingError, match="CONNECTOR"):
         ProxyConfig(prefill=("a:1",), decode=("b:2",), connector="p2pnccl")
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from kvlab.core.errors import RefusedError
+from kvlab.core.hardware import HostMemory
 from kvlab.core.settings import Settings
 from kvlab.engines import vllm
 from kvlab.engines.plan import EnginePlan
@@ -20,7 +21,7 @@ COMMON = ["--served-model-name", "local-chat", "--max-model-len", "8192", "--max
 # kvlab's additions to every role (the seed scripts pass none of these on the baseline)
 ADDED = ["--enable-prefix-caching", "--enable-prompt-tokens-details",
          "--max-num-batched-tokens", "65536"]  # CTX x MAX_SEQS
-PLENTY = vllm.HostMemory(available=512 * 2**30, swap_free=0, total=1024 * 2**30)
+PLENTY = HostMemory(available=512 * 2**30, swap_free=0, total=1024 * 2**30)
 
 
 def settings(**values: object) -> Settings:
@@ -287,7 +288,7 @@ def test_monolithic_serve_decode_dry_run(tmp_path: Path) -> None:
 
 # --- host memory for the offload tier -------------------------------------------------------
 def test_a_tier_larger_than_available_memory_is_refused_naming_both_figures() -> None:
-    small = vllm.HostMemory(available=3 * 2**30, swap_free=2 * 2**30, total=16 * 2**30)
+    small = HostMemory(available=3 * 2**30, swap_free=2 * 2**30, total=16 * 2**30)
     with pytest.raises(RefusedError) as err:
         vllm.plan(settings(kv_offload_gb=8), "offload", GPU,
                   vllm.PlanOptions(host_memory=small))
@@ -301,7 +302,7 @@ def test_a_tier_larger_than_available_memory_is_refused_naming_both_figures() ->
 
 
 def test_allow_swap_starts_it_and_records_the_figures() -> None:
-    small = vllm.HostMemory(available=3 * 2**30, swap_free=0, total=16 * 2**30)
+    small = HostMemory(available=3 * 2**30, swap_free=0, total=16 * 2**30)
     plan = vllm.plan(settings(kv_offload_gb=8, kv_offload_allow_swap=True), "offload", GPU,
                      vllm.PlanOptions(host_memory=small))
     assert plan.startup_facts.host_memory.model_dump() == {
@@ -312,7 +313,7 @@ def test_allow_swap_starts_it_and_records_the_figures() -> None:
 def test_unified_memory_counts_the_engines_own_share() -> None:
     unified = vllm.VllmInstall(("vllm",), "cuda", "PATH", hardware=vllm.Hardware(
         True, "nvidia-smi -L lists 1 GPU(s)", "unified"))
-    memory = vllm.HostMemory(available=100 * 2**30, swap_free=0, total=128 * 2**30)
+    memory = HostMemory(available=100 * 2**30, swap_free=0, total=128 * 2**30)
     with pytest.raises(RefusedError, match="unified memory"):  # 0.85 x 128 + 8 > 100
         vllm.plan(settings(kv_offload_gb=8), "offload", unified,
                   vllm.PlanOptions(host_memory=memory))

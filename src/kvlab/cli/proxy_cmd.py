@@ -28,8 +28,8 @@ from rich.console import Console
 
 from kvlab.cli.common import Output, json_option, settings_from
 from kvlab.cli.reuse_cmd import ignore_option
-from kvlab.core import RefusedError
-from kvlab.proxy import BALANCES, CONNECTORS, Balance, ProxyConfig
+from kvlab.core import RefusedError, connectors
+from kvlab.proxy import BALANCES, Balance, ProxyConfig
 
 
 @click.command("proxy")
@@ -45,7 +45,7 @@ from kvlab.proxy import BALANCES, CONNECTORS, Balance, ProxyConfig
 @click.option("--port", type=click.IntRange(0, 65535), help="Port to listen on (PROXY_PORT); "
               "with --check, the port of the running proxy to check on this machine.")
 @click.option("--host", help="Address to bind (SERVE_HOST, 127.0.0.1 by default).")
-@click.option("--connector", type=click.Choice(CONNECTORS), help="Override CONNECTOR.")
+@click.option("--connector", type=click.Choice(connectors.NAMES), help="Override CONNECTOR.")
 @click.option("--balance", type=click.Choice(BALANCES), default="round-robin",
               show_default=True,
               help="How a repeated leg is chosen per request: in turn, the fewest in flight, "

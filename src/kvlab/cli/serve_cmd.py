@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import click
 
 from kvlab.cli.common import Output, json_option, settings_from
+from kvlab.core import connectors
 from kvlab.engines import ENGINE_ROLES, plan_for_role
 
 if TYPE_CHECKING:
@@ -34,7 +35,8 @@ detach_option = click.option(
 @click.option("--model", help="Model to load (default: MODEL, or SMALL_MODEL when split).")
 @click.option("--port", type=click.IntRange(1, 65535), help="Port (default: the role's).")
 @click.option("--dry-run", is_flag=True, help="Print the plan and start nothing.")
-@click.option("--connector", help="Override CONNECTOR for this instance.")
+@click.option("--connector", type=click.Choice(connectors.NAMES),
+              help="Override CONNECTOR for this instance.")
 @click.option("--offload/--no-offload", default=None, help="Override OFFLOAD (offload role).")
 @detach_option
 @click.option("--node", metavar="NAME", help="Serve on this Ray node (its address, host name, "

@@ -1,5 +1,7 @@
 """kvlab.core"""
 
+from kvlab.core import connectors
+from kvlab.core.connectors import Connector, ConnectorName
 from kvlab.core.env_example import env_example_text
 from kvlab.core.errors import (
     EXIT_ALL_FAILED,
@@ -17,6 +19,7 @@ from kvlab.core.files import write_private
 from kvlab.core.hardware import (
     UNDETECTED,
     Hardware,
+    HostMemory,
     cuda_architecture,
     detect_hardware,
     device_memory_bytes,
@@ -43,7 +46,6 @@ from kvlab.core.secrets import (
     secret_in_text,
 )
 from kvlab.core.settings import (
-    POINT_TO_POINT,
     LoadedSettings,
     ProfileValues,
     Settings,
@@ -58,13 +60,15 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_NOT_CONVERGED",
     "GPU_PROFILES",
-    "POINT_TO_POINT",
     "PROXY_METRICS_PREFIX",
     "REDACTED",
     "TINY_DIR",
     "UNDETECTED",
+    "Connector",
+    "ConnectorName",
     "EngineError",
     "Hardware",
+    "HostMemory",
     "InputError",
     "JsonObject",
     "KvlabError",
@@ -75,6 +79,7 @@ __all__ = [
     "SettingError",
     "Settings",
     "UnreachableError",
+    "connectors",
     "cuda_architecture",
     "detect_hardware",
     "device_memory_bytes",

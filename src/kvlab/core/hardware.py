@@ -179,3 +179,17 @@ def _json(text: str | None) -> object:
         return None
 
 
+@dataclass(frozen=True)
+class HostMemory:
+    """Host memory right now, in bytes (what a host-memory KV tier can take)."""
+
+    available: int
+    swap_free: int
+    total: int
+
+    @classmethod
+    def now(cls) -> HostMemory:
+        import psutil
+
+        vm, swap = psutil.virtual_memory(), psutil.swap_memory()
+        return cls(int(vm.available), int(swap.free), int(vm.total))

@@ -29,12 +29,12 @@ from dotenv.parser import Binding, parse_stream
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from kvlab.core.connectors import DEFAULT as DEFAULT_CONNECTOR
+from kvlab.core.connectors import NAMES as CONNECTOR_NAMES
+from kvlab.core.connectors import ConnectorName, OffloadBackend
 from kvlab.core.errors import SettingError
 from kvlab.core.paths import KvlabPaths
 
-Connector = Literal["shared", "nixl", "mooncake", "lmcache"]
-POINT_TO_POINT = ("nixl", "mooncake")  # connectors whose handshake uses SIDE_CHANNEL_ADDR
-OffloadBackend = Literal["native", "lmcache"]
 PromptSet = Literal["shared-prefix", "mixed", "multi-turn"]
 LlamaCacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 Profile = Literal["auto", "cpu-tiny", "gpu", "gpu-shaped", "none"]
@@ -79,7 +79,7 @@ class Settings(BaseSettings):
     decode_devices: str = Field("", description="GPUs the decode instance sees on this "
                                 "machine, e.g. 1; empty = all.")
     # the connector
-    connector: Connector = Field("shared", description="shared, nixl, mooncake or lmcache.")
+    connector: ConnectorName = Field(DEFAULT_CONNECTOR, description=", ".join(CONNECTOR_NAMES))
     kv_shared_path: str = Field("", description="Directory both instances read and write.")
     # models
     model: str = Field("Qwen/Qwen3-8B", description="Model both instances load.")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from pydantic import Field
 
-from kvlab.core import InputError, LoadedSettings, SettingError, Settings
+from kvlab.core import ConnectorName, InputError, LoadedSettings, SettingError, Settings
 from kvlab.experiments import DISAGG_PARTS
 from kvlab.loadgen import Args, NoteText, requests_setting
 from kvlab.measure import PREAMBLE_WORDS, TURN_MAX_TOKENS
@@ -542,7 +542,7 @@ def ints(option: str, text: str | None) -> tuple[int, ...] | None:
 
 # --- the manual measurements' arguments (experiments/manual.py runs them) ----------------------
 DEFAULT_URL = "http://127.0.0.1:8000/v1"
-Connector = Literal["shared", "nixl", "mooncake", "lmcache", "none"]
+Linked = ConnectorName | Literal["none"]  # a connector, or none between the endpoints
 
 
 class Measured(Args):
@@ -554,7 +554,7 @@ class Measured(Args):
     model: str | None = Field(None, description="Model name the server reports (default: "
                               "SERVED_NAME).")
     timeout: float = Field(300.0, gt=0, description="Seconds one request may take.")
-    connector: Connector | None = Field(None, description="What links two endpoints "
+    connector: Linked | None = Field(None, description="What links two endpoints "
                                         "(default: CONNECTOR).")
     api_key_env: str | None = Field(None, description="Variable holding the API key (default: "
                                     "LOADTEST_API_KEY_ENV).")

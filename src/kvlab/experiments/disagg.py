@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from kvlab.cluster.placement import DryPlacement, on_node
-from kvlab.core import POINT_TO_POINT, SettingError, Settings, human_bytes
+from kvlab.core import SettingError, Settings, connectors, human_bytes
 from kvlab.engines import VLLM, EnginePlan, EngineProcess, Flag, engine_for, free_port, vllm
 from kvlab.engines.vllm import store as kvstore
 from kvlab.experiments import DISAGG_PARTS, repeats, together
@@ -148,14 +148,19 @@ def _settings(lab: Lab, store: str, share: Share | None = None) -> Settings:
 def _side_channel(lab: Lab) -> str:
     """SIDE_CHANNEL_ADDR, or this machine's loopback for a point-to-point connector when it is
     unset (both roles here; on a cluster each node's own address replaces it)."""
-    if lab.settings.connector in POINT_TO_POINT:
+    if _connector(lab).side_channel:
         return lab.settings.side_channel_addr or "127.0.0.1"
     return lab.settings.side_channel_addr
 
 
+def _connector(lab: Lab) -> connectors.Connector:
+    """The connector the split runs (CONNECTOR)."""
+    return connectors.get(lab.settings.connector)
+
+
 def transport(lab: Lab) -> str | None:
     """What carried the KV, as far as the environment forces it (NIXL's UCX_TLS)."""
-    return vllm.nixl_transport(lab.settings.connector, dict(os.environ))
+    return _connector(lab).transport(dict(os.environ))
 
 
 def split_plans(lab: Lab, store: str, share: Share | None = None) -> list[EnginePlan]:
@@ -268,7 +273,7 @@ def predict(lab: Lab, spec: DisaggSpec, block: int) -> PredictionRecord:
     if link is None:
         line.ttft_prediction = (
             "worse at every concurrency on one device: the split adds a second prefill "
-            "request, " + ("a store write and read" if lab.settings.connector == "shared"
+            "request, " + ("a store write and read" if _connector(lab).needs_store
                            else f"a {lab.settings.connector} transfer")
             + ", and a proxy hop, and no network can be faster than not moving the cache at "
             "all")
@@ -325,9 +330,10 @@ def _link_spec(lab: Lab, urls: tuple[str, ...], legs: dict[str, str], where: Whe
     """The counters around a load: the split's (`legs` named) or the baseline's."""
     # this machine's counters: loopback, unless the cluster's nodes are other machines
     iface = LOOPBACK if where.link == topology.LOOPBACK else lab.settings.cluster_iface
-    via = lab.settings.connector if legs else "none"
-    side = _side_channel(lab) if via in POINT_TO_POINT else ""
-    shared = via == "shared"
+    connector = _connector(lab) if legs else None
+    via = connector.name if connector else connectors.NONE
+    side = _side_channel(lab) if connector and connector.side_channel else ""
+    shared = connector is not None and connector.needs_store
     return LinkSpec(connector=via, context_length=lab.settings.ctx, iface=iface,
                     metrics_urls=urls, store_path=store_path if shared else "",
                     drain_store=shared and lab.cluster is None,
@@ -380,7 +386,7 @@ def _require_room(lab: Lab, spec: DisaggSpec, store: Path,
     """Before any engine starts: the store's filesystem holds every entry the split writes
     (CONNECTOR=shared only; a point-to-point connector writes none)."""
     per_token, tokens = prediction.bytes_per_token, prediction.prompt_tokens
-    if lab.settings.connector != "shared" or not per_token or not tokens or lab.cluster:
+    if not _connector(lab).needs_store or not per_token or not tokens or lab.cluster:
         return
     block = prediction.block_size or engine_for(VLLM).block_size(lab.vllm.platform)
     room = kvstore.require_room(store, store_writes(lab, spec),
@@ -564,7 +570,7 @@ def _between_probes(lab: Lab, store: str) -> Callable[[], object] | None:
     directory, the store's entries are removed before the search and after each probe. No
     later request reads them (each request's entry is its own prompt's, read by decode as
     the request crosses), so the disk holds one probe's writes."""
-    if lab.settings.connector != "shared" or not store or lab.cluster is not None:
+    if not _connector(lab).needs_store or not store or lab.cluster is not None:
         return None
     path = Path(store)
     removed = kvstore.remove_entries(path)
@@ -645,7 +651,7 @@ def _placement(lab: Lab, plans: list[EnginePlan], store: str) -> dict[str, objec
     and the nodes that would read it."""
     survey = lab.survey
     assert survey is not None
-    shared = lab.settings.connector == "shared"
+    shared = _connector(lab).needs_store
     sides = list(dict.fromkeys(survey.role(r, "").node for r in lab.placement.split_roles()))
     if not shared:
         store_from = f"CONNECTOR={lab.settings.connector}: the KV goes point to point"

@@ -30,9 +30,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from kvlab.core import RefusedError, SettingError
+from kvlab.core import HostMemory, RefusedError, SettingError
 from kvlab.engines import VLLM, EnginePlan, engine_for
-from kvlab.engines.vllm.host import HostMemory
 from kvlab.experiments import offload, repeats
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.offload import OffloadSpec

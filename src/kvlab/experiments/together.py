@@ -19,9 +19,8 @@ import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from kvlab.core import device_memory_bytes
+from kvlab.core import HostMemory, device_memory_bytes
 from kvlab.engines import EnginePlan, EngineProcess
-from kvlab.engines.vllm.host import HostMemory
 from kvlab.experiments.lab import Lab, engines
 from kvlab.measure import kvmath
 

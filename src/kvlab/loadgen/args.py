@@ -421,7 +421,7 @@ def openai_key(loaded: LoadedSettings) -> tuple[LoadedSettings, str]:
 def link_spec(settings: Settings, spec: LoadSpec, metrics_urls: tuple[str, ...]) -> LinkSpec:
     """run-load.sh's counters around `spec`'s sweep, from the settings (CONNECTOR, CTX,
     CLUSTER_IFACE, LOAD_TEST, SIDE_CHANNEL_ADDR for a point-to-point connector)."""
-    from kvlab.core import POINT_TO_POINT
+    from kvlab.core import connectors
     from kvlab.loadgen.linkrun import LinkSpec, check_load_test
 
     if settings.load_test:
@@ -430,5 +430,5 @@ def link_spec(settings: Settings, spec: LoadSpec, metrics_urls: tuple[str, ...])
                     iface=settings.cluster_iface, load_test=settings.load_test,
                     metrics_urls=metrics_urls,
                     side_channel_addr=settings.side_channel_addr
-                    if settings.connector in POINT_TO_POINT else "",
+                    if connectors.get(settings.connector).side_channel else "",
                     where=Where.part_of(spec.context))

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from kvlab.core import InputError, RefusedError, UnreachableError
+from kvlab.core import InputError, RefusedError, UnreachableError, connectors
 from kvlab.engines import InstanceFacts, all_engines, known_engine, local, source_of, token_digest
 from kvlab.engines.vllm import store as kvstore
 from kvlab.observe import api_base, fingerprint, metrics, server_root
@@ -40,7 +40,6 @@ KV_ROLE = "kv_role"  # compared as a whole: one instance must write what another
 FINGERPRINT = "fingerprint"  # the behavioural comparison's name, for --ignore
 CONTENT = "content_digest"
 FIELDS = (*COMPARED, *COMPARED_WHERE_KNOWN, KV_ROLE, FINGERPRINT)
-WRITERS, READERS = frozenset({"kv_producer", "kv_both"}), frozenset({"kv_consumer", "kv_both"})
 NOTED = ("root",)  # where the model lies: a difference is a note, never a refusal
 _UNKNOWN = (None, "auto")  # "auto" dtype: vLLM resolves it from the config, kvlab cannot
 
@@ -221,8 +220,9 @@ def role_mismatch(instances: list[InstanceFacts]) -> Mismatch | None:
     if len(instances) < 2 or any(r is None for r in roles.values()):
         return None
     known = set(roles.values())
-    why = ("no instance writes KV for another to read" if not known & WRITERS else
-           "no instance reads the KV another writes" if not known & READERS else "")
+    why = ("no instance writes KV for another to read" if not any(map(connectors.writes, known))
+           else "no instance reads the KV another writes"
+           if not any(map(connectors.reads, known)) else "")
     return Mismatch(KV_ROLE, {u: str(r) for u, r in roles.items()}, why) if why else None
 
 

@@ -26,7 +26,7 @@ from typing import Literal
 
 import httpx
 
-from kvlab.core import Say, Settings, quiet
+from kvlab.core import Say, Settings, connectors, quiet
 from kvlab.engines import InstanceFacts, TwoEndpointProof, known_engine
 from kvlab.measure.compat import check, probe
 from kvlab.measure.conversation import Conversation, preamble
@@ -273,7 +273,7 @@ async def _two_endpoints(p: _Prover, a: str, b: str) -> None:
     chat.answer(cross.result.text)
     own_turn = reusable_tokens(first.result.prompt_tokens or 0, p.block(a))
     await p.case("growing-turn-3-on-a", a, chat.ask(2), Expect.tokens(own_turn))
-    if p.opts.connector == "shared" and cross.judgement:
+    if connectors.is_shared_store(p.opts.connector) and cross.judgement:
         p.run.explanations.append(
             f"identical prompt on B: {p.run.verdicts().get('identical-on-b')}; growing "
             f"conversation on B: {cross.judgement.verdict}. " + exact_prompt_trap(grow))

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import httpx
 
-from kvlab.core import JsonObject, Say, quiet
+from kvlab.core import JsonObject, Say, connectors, quiet
 from kvlab.engines import InstanceFacts, evidence_deltas
 from kvlab.measure.compat import probe, served_model
 from kvlab.measure.conversation import (
@@ -60,7 +60,6 @@ EXACT_PROMPT_COINCIDENCE = (
     "blocks as a stored one (it grew by less than a block); one more block of growth and it "
     "misses"
 )
-PREFIX_CONNECTORS = frozenset({"lmcache"})
 WARM_UP = [{"role": "user", "content": "Name three colours of the sea at dawn."}]
 
 
@@ -215,9 +214,10 @@ def _expected(run: ReuseRun, url: str, last_prompt: dict[str, int],
 def store_expectation(connector: str, prompt_tokens: int | None, stored: list[int],
                       block: int) -> tuple[int, str]:
     """Tokens a store linking the instances could serve a prompt that extends `stored` ones."""
-    if connector in PREFIX_CONNECTORS:
+    link = connectors.known(connector)
+    if link is not None and link.prefix_match:
         return max(reusable_tokens(n, block) for n in stored), ""
-    if connector != "shared":
+    if not connectors.is_shared_store(connector):
         return 0, "the other instance computed this prefix, and nothing shares it with this one"
     key = lookup_key(prompt_tokens or 0, block)
     if key and any(store_key(n, block) == key for n in stored):
@@ -228,7 +228,8 @@ def store_expectation(connector: str, prompt_tokens: int | None, stored: list[in
 def off_by_one(connector: str, prompt_tokens: int | None, block: int) -> str:
     """Why ExampleConnector cannot serve even an identical prompt of this length, if so."""
     n = prompt_tokens or 0
-    if connector != "shared" or n < 2 or lookup_key(n, block) == store_key(n, block):
+    if not connectors.is_shared_store(connector) or n < 2 \
+            or lookup_key(n, block) == store_key(n, block):
         return ""
     return (f"ExampleConnector stores a {n}-token prompt under its first {store_key(n, block)} "
             f"tokens but looks it up under its first {lookup_key(n, block)}: when n - 1 is a "

@@ -9,12 +9,10 @@ from kvlab.proxy.app import ProxyApp, loop_runner, running, serve
 from kvlab.proxy.check import Crossing, check_proxy, crossing_check
 from kvlab.proxy.config import ProxyConfig, listen_url
 from kvlab.proxy.legs import BALANCES, Balance
-from kvlab.proxy.pd import CONNECTORS
 from kvlab.proxy.workers import serve_workers, spread_note
 
 __all__ = [
     "BALANCES",
-    "CONNECTORS",
     "Balance",
     "Crossing",
     "ProxyApp",

@@ -191,8 +191,9 @@ class ProxyApp:
         """Check the legs (unless the config says not to), then listen."""
         cfg = self.config
         self.agreement = await cfg.check_legs()
-        if cfg.connector == "mooncake":
-            await mooncake_peers(self.prefill, cfg.mooncake_bootstrap_port)
+        port = cfg.bootstrap_port or cfg.kv.bootstrap_port
+        if cfg.kv.handover == "bootstrap" and port:
+            await mooncake_peers(self.prefill, port)
         limits = cfg.limits
         open_files = raise_file_limit()
         cap = connection_cap(limits.max_connections, open_files)
@@ -296,7 +297,7 @@ class ProxyApp:
     async def _prefill(self, req: Request, body: dict[str, object],
                        rid: bytes) -> tuple[dict[str, object] | None, Leg, tuple[int, int]]:
         """Prefill's answer (parsed where decode needs it), its leg, and (sent, took) ns."""
-        connector = self.config.connector
+        connector = self.config.kv
         data = encode(pd.prefill_body(body, connector, rid.decode()))
         leg = self.prefill.pick(body, rid)
         started = now_ns()
@@ -323,7 +324,7 @@ class ProxyApp:
     async def _decode(self, conn: ClientConnection, req: Request, body: dict[str, object],
                       rid: bytes, reply: dict[str, object] | None, prefill_leg: Leg | None,
                       prefill: tuple[int, int]) -> None:
-        plan = pd.decode_plan(body, self.config.connector, rid.decode(), reply,
+        plan = pd.decode_plan(body, self.config.kv, rid.decode(), reply,
                               prefill_leg.peer if prefill_leg else None)
         if plan.params_missing:
             self.metrics.no_params.inc()

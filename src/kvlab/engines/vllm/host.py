@@ -1,5 +1,5 @@
-"""What this machine offers vLLM: the host memory a KV tier can take, and the interface a
-connector's side channel resolves to (whether a GPU is visible is `core/hardware.py`).
+"""What this machine offers vLLM: whether the host memory (`core/hardware.HostMemory`) can take
+a KV tier, and the interface a connector's side channel resolves to.
 
 Every probe here only looks (no process is started but `nvidia-smi`, nothing is written), and
 every check takes its figures as arguments, so a test passes a machine in instead of patching
@@ -9,9 +9,8 @@ the real one. Deliberately not here: choosing a vLLM build (`selection.py`) or a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from kvlab.core import RefusedError
+from kvlab.core import HostMemory, RefusedError
 from kvlab.observe import netdev
 from kvlab.records import HostTierCheck, SideChannelAddress
 
@@ -19,22 +18,6 @@ GIB = 2**30
 
 
 # --- host memory for the KV tier ------------------------------------------------------------
-@dataclass(frozen=True)
-class HostMemory:
-    """Host memory right now, in bytes."""
-
-    available: int
-    swap_free: int
-    total: int
-
-    @classmethod
-    def now(cls) -> HostMemory:
-        import psutil
-
-        vm, swap = psutil.virtual_memory(), psutil.swap_memory()
-        return cls(int(vm.available), int(swap.free), int(vm.total))
-
-
 def _gib(n: float) -> str:
     return f"{n / GIB:.1f} GiB"
 

