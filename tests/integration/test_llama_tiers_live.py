@@ -28,13 +28,16 @@ from integration.conftest import cpu_settings
 from kvlab.core.errors import EngineError, InputError, RefusedError
 from kvlab.engines import llamacpp
 from kvlab.engines.llamacpp import slotstore
-from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget, logprob_gap
+from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget
 from kvlab.engines.llamacpp.server import READY_S, prompt_of, server_plan
 from kvlab.engines.models import TinyModels
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import EngineProcess
-from kvlab.experiments import disk, interference, slot_share
+from kvlab.experiments import llama_disk as disk
+from kvlab.experiments import llama_interference as interference
+from kvlab.experiments import llama_slot_share as slot_share
 from kvlab.experiments.lab import Lab as RunLab
+from kvlab.observe.chat import logprob_gap
 from kvlab.records import notebook
 from kvlab.records.models import ComparisonRecord, DiskRecord, LoadRecord, ReuseRecord
 

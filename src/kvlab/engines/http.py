@@ -1,6 +1,9 @@
-"""Two tolerant JSON calls the engine adapters probe servers with: None instead of an error."""
+"""The JSON calls the engine adapters make: two tolerant probes (None instead of an error) and
+one strict call for a step that must not pass on a failure (a checked reset)."""
 
 from __future__ import annotations
+
+import contextlib
 
 import httpx
 
@@ -24,3 +27,14 @@ async def post_json(client: httpx.AsyncClient, url: str,
     except (httpx.HTTPError, ValueError):
         return None
     return body if isinstance(body, dict) else None
+
+
+async def post_strict(client: httpx.AsyncClient, url: str,
+                      payload: dict[str, object] | None) -> dict[str, object]:
+    """The JSON object answered to a POST (empty when the answer is no object); httpx's
+    error when the server fails or refuses it."""
+    response = (await client.post(url, json=payload)).raise_for_status()
+    with contextlib.suppress(ValueError):
+        found = response.json()
+        return found if isinstance(found, dict) else {}
+    return {}

@@ -1,6 +1,8 @@
-"""An engine plan: everything needed to start one engine process, as data.
+"""An engine plan: everything needed to start one engine process, as data; and the request a
+plan is made from.
 
-A plan is built by an engine module (`vllm.py`, `llamacpp.py`) from settings and a role; the
+A plan is built by an engine's adapter (`Engine.plan`: `engines/vllm/plans.py`,
+`engines/llamacpp/facts.py`, `engines/mlx/`) from settings, a role and a `PlanRequest`; the
 process runner (`process.py`) renders argv from it and never parses argv back. Secrets kvlab
 holds are not part of a plan: they are added to the child's environment at spawn time only.
 A secret the user passes to the engine (`-- --api-key sk-...`) is in the plan, so every view
@@ -12,11 +14,58 @@ settings know). Only `exec_argv()`, what the process runner spawns, carries the 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
 
-from kvlab.core import REDACTED, is_secret_name, redact_argv, redact_text, secret_flag_values
+from kvlab.core import (
+    REDACTED,
+    HostMemory,
+    is_secret_name,
+    redact_argv,
+    redact_text,
+    secret_flag_values,
+)
 from kvlab.records import StartupFacts
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What an experiment or a command asks of one instance beyond the settings, in the lab's
+    words; each engine's adapter says which fields it honours (`Engine.plan_fields`) and the
+    registry refuses a request that sets one it does not."""
+
+    # every engine
+    model: str | None = None  # the model to serve (default: the settings')
+    port: int | None = None  # (default: the role's port setting)
+    extra_args: tuple[str, ...] = ()  # after `--`, passed unchanged and winning
+    store_path: str | None = None  # where KV it shares or saves lives (KV_SHARED_PATH or the
+    # slot directory, LLAMA_SLOT_SAVE_PATH)
+    # vLLM
+    host_tier: bool | None = None  # override OFFLOAD for the offload role
+    host_memory: HostMemory | None = None  # None: measured when a host-tier plan is made
+    cpu_core: int | None = None  # pin a CPU build's threads to one core
+    enforce_eager: bool | None = None
+    monolithic_switch: bool = False  # honour MONOLITHIC as serve-decode.sh does (kvlab serve)
+    # the user's store must already exist (kvlab serve): a writer that created it would hide
+    # an unmounted share; an experiment's own store is made at start
+    store_must_exist: bool = False
+    interfaces: Mapping[str, tuple[str, ...]] | None = None  # None: this machine's
+    # the store is checked on this machine; False: on a cluster's nodes' mount, which the
+    # run checks there (a cluster dry run's plans)
+    store_here: bool = True
+    # read the engine's own --help where the plan depends on it (a start; a dry run shows the
+    # plan without spending the time)
+    probe_flags: bool = False
+    # llama-server
+    slots: int | None = None  # parallel sequences (default: the settings')
+    kv_cache_type: str | None = None  # the KV cache's element type, K and V alike
+    host_cache_mib: int | None = None  # an in-RAM prompt cache of this size (0: none)
+    prefix_caching: bool = True  # False: no request reuses a cached prefix
+    log_cache_state: bool = False  # log the prompt cache's state on every change
+
+    def set_fields(self) -> frozenset[str]:
+        """The fields given a value other than their default."""
+        return frozenset(f.name for f in fields(self) if getattr(self, f.name) != f.default)
 
 
 def client_host(bind_host: str) -> str:

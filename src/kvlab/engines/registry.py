@@ -1,20 +1,26 @@
-"""Which engine is which: the adapters by name, and the engine a /metrics scrape is from.
+"""Which engine is which: the adapters by name, the engine a /metrics scrape is from, a plan
+for a role, and the store a connector keeps on disk.
 
-The only module that imports every engine package's adapter, so `base.py` (the protocol the
-adapters implement) imports none of them.
+The only module that imports the engine packages' adapters, so `base.py` (the protocol the
+adapters implement) imports none. A new engine is its package and one line in `ENGINES`.
 """
 
 from __future__ import annotations
 
-from kvlab.engines.base import LLAMA_CPP, NAMES, VLLM, Engine
+from kvlab.core import RefusedError, Settings, connectors
+from kvlab.engines.base import LLAMA_CPP, MLX_LM, NAMES, VLLM, Engine, Install, KvStore
 from kvlab.engines.llamacpp import facts as llamacpp_facts
 from kvlab.engines.llamacpp.adapter import LLAMA_CPP_ENGINE
+from kvlab.engines.mlx.adapter import MLX_ENGINE
+from kvlab.engines.plan import EnginePlan, PlanRequest
 from kvlab.engines.vllm import facts as vllm_facts
 from kvlab.engines.vllm.adapter import VLLM_ENGINE
+from kvlab.engines.vllm.store import EXAMPLE_STORE
 from kvlab.observe import Snapshot, metrics
 from kvlab.records import Deltas
 
-ENGINES: dict[str, Engine] = {VLLM: VLLM_ENGINE, LLAMA_CPP: LLAMA_CPP_ENGINE}
+ENGINES: dict[str, Engine] = {VLLM: VLLM_ENGINE, LLAMA_CPP: LLAMA_CPP_ENGINE,
+                              MLX_LM: MLX_ENGINE}
 
 
 def engine_for(name: str) -> Engine:
@@ -34,12 +40,46 @@ def all_engines() -> list[Engine]:
     return [engine_for(name) for name in NAMES]
 
 
+def install_of(settings: Settings, name: str) -> Install:
+    """The build of engine `name` this machine runs, or why there is none."""
+    return engine_for(name).install(settings)
+
+
+def plan(settings: Settings, name: str, role: str, install: Install | None = None,
+         request: PlanRequest | None = None) -> EnginePlan:
+    """Engine `name`'s plan for `role`; RefusedError for a role it does not play or a request
+    field it does not honour (the request would be silently ignored otherwise)."""
+    engine = engine_for(name)
+    if role not in engine.roles:
+        raise RefusedError(f"{name} plays no role {role!r}; it plays {', '.join(engine.roles)}")
+    unused = sorted((request or PlanRequest()).set_fields() - engine.plan_fields)
+    if unused:
+        raise RefusedError(f"{name} has no equivalent of {', '.join(unused)} in its plans")
+    return engine.plan(settings, role, install or engine.install(settings), request)
+
+
+def engine_of_role(role: str) -> Engine:
+    """The engine that plays `role` (`kvlab serve ROLE`)."""
+    found = next((e for e in all_engines() if role in e.roles), None)
+    if found is None:
+        raise RefusedError(f"no engine plays the role {role!r}")
+    return found
+
+
+def store_for(connector: str | None) -> KvStore | None:
+    """The on-disk store a connector keeps, where it keeps one (vLLM's ExampleConnector
+    directory for the shared connector; None for the others and for none)."""
+    found = connectors.known(connector)
+    return EXAMPLE_STORE if found is not None and found.needs_store else None
+
+
 def source_of(snap: Snapshot | None) -> Engine | None:
     """The engine whose namespace a /metrics scrape uses (None: no engine kvlab knows)."""
     if snap is None:
         return None
     prefixes = snap.namespaces
-    return next((e for e in all_engines() if e.metric_namespace in prefixes), None)
+    return next((e for e in all_engines()
+                 if e.metric_namespace and e.metric_namespace in prefixes), None)
 
 
 def evidence_deltas(before: Snapshot | None, after: Snapshot | None) -> Deltas:

@@ -11,7 +11,8 @@ probe's own prompt is reset away again. Only engines whose whole cache is the on
 empties are kept: not a vLLM with a connector or a host tier (a store's files, a tier's
 blocks), not a llama-server with its RAM prompt cache on (`--cache-ram` other than 0: a probe
 that has only been in a slot passes an erase, seen on the pinned build, while prompts moved to
-the RAM cache earlier would stay).
+the RAM cache earlier would stay). Each engine's adapter says which of its plans a reset
+empties, and how it probes and resets (`Engine.resettable`, `cached_probe`, `reset_cache`).
 
 The pool keeps only the previous step's engines, and only until the next step starts: one it
 cannot use is stopped before anything new starts, so a pass never holds more engines (or
@@ -24,23 +25,18 @@ check. `EnginePool.close()` stops the rest at the end.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import httpx
 
-from kvlab.engines.base import LLAMA_CPP
-from kvlab.engines.llamacpp.facts import SLOTS_PATH, slot_url
-from kvlab.engines.plan import EnginePlan, client_host
+from kvlab.engines.plan import EnginePlan
 from kvlab.engines.process import EngineProcess
-from kvlab.engines.vllm.facts import DEV_MODE_ENV, RESET_PREFIX_CACHE_PATH
+from kvlab.engines.registry import engine_for, known_engine
 from kvlab.records import EngineReuse, ResetProbe
 
-BEYOND_RESET = ("--kv-transfer-config", "--kv-offloading-size", "--kv-offloading-backend",
-                "--cpu-offload-gb")  # vLLM flags that put KV (or weights) where no reset reaches
 MIN_START_S = 10.0  # a start quicker than this is cheaper than a checked reset
 PROBE_WORDS = 160  # a few hundred tokens: more than one of vLLM's blocks on CPU (128)
 TIMEOUT_S = 60.0
@@ -58,19 +54,15 @@ def key(plan: EnginePlan) -> tuple[object, ...]:
 
 def resettable(plan: EnginePlan) -> bool:
     """Whether the reset empties every cache the engine has (so a kept one starts clean)."""
-    if plan.engine == LLAMA_CPP:
-        return plan.flag_value("--cache-ram") == "0"
-    return plan.engine == "vllm" and not plan.host_tier \
-        and not any(plan.has_flag(flag) for flag in BEYOND_RESET)
+    engine = known_engine(plan.engine)
+    return engine is not None and engine.resettable(plan)
 
 
 def poolable(plan: EnginePlan) -> EnginePlan:
-    """`plan` as a pooled pass starts it: vLLM with its reset route served (dev mode), only
-    where it listens on loopback alone; other plans unchanged."""
-    if plan.engine != "vllm" or client_host(plan.host) != plan.host \
-            or not plan.host.startswith("127."):
-        return plan
-    return replace(plan, env={**plan.env, DEV_MODE_ENV: "1"})
+    """`plan` as a pooled pass starts it (its adapter adds a reset route where it needs
+    one); a process that is no engine, unchanged."""
+    engine = known_engine(plan.engine)
+    return engine.poolable(plan) if engine is not None else plan
 
 
 @dataclass
@@ -141,46 +133,9 @@ def _words(count: int) -> str:
 
 async def _cached(client: httpx.AsyncClient, plan: EnginePlan, prompt: str) -> tuple[int, int]:
     """(prompt tokens, cached tokens) of one one-token completion of `prompt`."""
-    if plan.engine == LLAMA_CPP:
-        body = {"prompt": prompt, "n_predict": 1, "cache_prompt": True, "temperature": 0}
-        timings = _part(await _post(client, "/completion", body), "timings")
-        cached = _int(timings, "cache_n")
-        return _int(timings, "prompt_n") + cached, cached
-    body = {"model": plan.served_name, "prompt": prompt, "max_tokens": 1, "temperature": 0}
-    usage = _part(await _post(client, "/v1/completions", body), "usage")
-    return _int(usage, "prompt_tokens"), _int(_part(usage, "prompt_tokens_details"),
-                                              "cached_tokens")
-
-
-def _part(body: dict[str, object], name: str) -> dict[str, object]:
-    found = body.get(name)
-    return found if isinstance(found, dict) else {}
-
-
-def _int(body: dict[str, object], name: str) -> int:
-    found = body.get(name)
-    return int(found) if isinstance(found, int | float) else 0
+    return await engine_for(plan.engine).cached_probe(client, plan, prompt)
 
 
 async def _reset(client: httpx.AsyncClient, plan: EnginePlan) -> str:
     """Empty the engine's prefix cache; the method, as sent."""
-    if plan.engine == LLAMA_CPP:
-        slots = (await client.get(SLOTS_PATH)).raise_for_status().json()
-        ids = [int(s["id"]) for s in slots if isinstance(s, dict) and "id" in s]
-        for slot in ids:
-            url = slot_url(plan.base_url, slot, "erase")
-            (await client.post(url)).raise_for_status()
-        return f"POST /slots/ID?action=erase, each of {len(ids)} slot(s)"
-    answer = await _post(client, RESET_PREFIX_CACHE_PATH, None)
-    if answer.get("success") is False:
-        raise httpx.HTTPError("the reset answered success=false (blocks still held)")
-    return f"POST {RESET_PREFIX_CACHE_PATH}"
-
-
-async def _post(client: httpx.AsyncClient, path: str,
-                body: dict[str, object] | None) -> dict[str, object]:
-    response = (await client.post(path, json=body)).raise_for_status()
-    with contextlib.suppress(ValueError):
-        found = response.json()
-        return found if isinstance(found, dict) else {}
-    return {}
+    return await engine_for(plan.engine).reset_cache(client, plan)

@@ -1,8 +1,9 @@
 """A lab role's engine plan, as `kvlab serve ROLE` starts it, and the plan's summary as the
 engine will really run it.
 
-The roles are the seed scripts': vLLM's (`vllm.ROLES`: baseline, offload, shared-a,
-shared-b, prefill, decode) and llama-server's (`llama`). Arguments after `--` come last on an
+The roles are the seed scripts', each played by the engine whose adapter lists it: vLLM's
+(baseline, offload, shared-a, shared-b, prefill, decode), llama-server's (`llama`) and
+mlx-lm's server (`mlx`). Arguments after `--` come last on an
 engine's command line and win, so the summary states the context, slots and block size they
 set rather than the settings'.
 """
@@ -10,37 +11,35 @@ set rather than the settings'.
 from __future__ import annotations
 
 from kvlab.core import LoadedSettings
-from kvlab.engines import llamacpp, vllm
-from kvlab.engines.plan import EnginePlan
-from kvlab.engines.registry import known_engine
+from kvlab.engines.llamacpp.adapter import ROLE as LLAMA_ROLE
+from kvlab.engines.plan import EnginePlan, PlanRequest
+from kvlab.engines.registry import all_engines, engine_of_role, known_engine, plan
 
-LLAMA_ROLE = "llama"
-ENGINE_ROLES = (*vllm.ROLES, LLAMA_ROLE)
+ENGINE_ROLES = tuple(role for engine in all_engines() for role in engine.roles)
 TITLES = {"baseline": "monolithic baseline (no connector, no split)",
           "offload": "with a key-value cache tier", "prefill": "prefill instance (producer)",
           "decode": "decode instance (consumer)", LLAMA_ROLE: "llama-server with its cache tiers",
           "shared-a": "instance a, sharing a key-value store",
-          "shared-b": "instance b, sharing a key-value store"}
+          "shared-b": "instance b, sharing a key-value store", "mlx": "mlx-lm's server"}
 
 
 def plan_for_role(loaded: LoadedSettings, role: str, model: str | None, port: int | None,
                   extra: tuple[str, ...], *, probe: bool) -> EnginePlan:
-    """The plan for `role`, probing vLLM's flags only where the role needs them (`probe`:
-    the engine must exist, as for a start; a dry run only shows the plan)."""
+    """The plan for `role`, probing the engine's flags only where the plan needs them
+    (`probe`: the engine must exist, as for a start; a dry run only shows the plan)."""
     settings = loaded.values
-    if role == LLAMA_ROLE:
-        binary = llamacpp.find_llama_server(settings) or "llama-server"
-        opts = llamacpp.LlamaOptions(model=model, port=port, extra_args=extra)
-        return llamacpp.plan(settings, binary, opts).with_secrets(settings.known_secrets())
-    install = vllm.find_vllm(settings)
+    engine = engine_of_role(role)
+    install = engine.install(settings)
     if probe:
-        vllm.require_found(install)
-    flags = None
-    if probe and role == "offload" and settings.offload:
-        flags = vllm.accepted_flags(install, settings.paths().flag_probes)
-    opts_v = vllm.PlanOptions(model=model, port=port, extra_args=extra, monolithic_switch=True,
-                              store_must_exist=True)
-    return vllm.plan(settings, role, install, opts_v, flags).with_secrets(
+        install.require()
+    # what `kvlab serve` asks beyond the settings, where the engine has it: MONOLITHIC honoured
+    # as serve-decode.sh does, the user's store already there, its flags read at a start
+    has = engine.plan_fields
+    request = PlanRequest(model=model, port=port, extra_args=extra,
+                          monolithic_switch="monolithic_switch" in has,
+                          store_must_exist="store_must_exist" in has,
+                          probe_flags=probe and "probe_flags" in has)
+    return plan(settings, engine.name, role, install, request).with_secrets(
         settings.known_secrets())
 
 

@@ -15,7 +15,7 @@ import importlib
 from dataclasses import dataclass
 from types import ModuleType
 
-from kvlab.engines import LLAMA_NEEDED, MLX_NEEDED, ROUTER_NEEDED, VLLM_NEEDED
+from kvlab.engines import LLAMA_CPP, MLX_LM, ROUTER_NEEDED, VLLM
 from kvlab.records import rows
 
 # `kvlab run disagg --part`: the load comparison (the default) and the lab's procedure steps
@@ -27,24 +27,24 @@ class Registered:
     name: str
     module: str
     rows: tuple[rows.Row, ...]
-    needs: tuple[str, ...] = (VLLM_NEEDED,)  # only these are installed before it runs
+    needs: tuple[str, ...] = (VLLM,)  # only these are installed before it runs
 
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
 
 
 EXPERIMENTS: dict[str, Registered] = {e.name: e for e in (
-    Registered("disk", "kvlab.experiments.disk", (rows.DISK,), (LLAMA_NEEDED,)),
-    Registered("interference", "kvlab.experiments.interference", (rows.INTERFERENCE,),
-               (LLAMA_NEEDED,)),
+    Registered("disk", "kvlab.experiments.llama_disk", (rows.DISK,), (LLAMA_CPP,)),
+    Registered("interference", "kvlab.experiments.llama_interference", (rows.INTERFERENCE,),
+               (LLAMA_CPP,)),
     Registered("llama-tiers", "kvlab.experiments.llama_tiers",
                (rows.LLAMA_PROMPT_OFF, rows.LLAMA_PROMPT_ON, rows.LLAMA_RAM_OFF, rows.LLAMA_RAM_ON,
                 rows.LLAMA_RAM_SMALL, rows.LLAMA_RAM_CURVE, rows.LLAMA_KV_QUANT),
-               (LLAMA_NEEDED,)),
+               (LLAMA_CPP,)),
     Registered("mlx-cache", "kvlab.experiments.mlx_cache", (rows.MLX_CACHE, rows.MLX_TURNS),
-               (MLX_NEEDED,)),
-    Registered("shared-slots", "kvlab.experiments.slot_share", (rows.SHARED_SLOTS,),
-               (LLAMA_NEEDED,)),
+               (MLX_LM,)),
+    Registered("shared-slots", "kvlab.experiments.llama_slot_share", (rows.SHARED_SLOTS,),
+               (LLAMA_CPP,)),
     Registered("offload", "kvlab.experiments.offload",
                (rows.QUIET_OFF, rows.QUIET_ON, rows.PRESSURE_OFF, rows.PRESSURE_ON)),
     # `kvlab run offload --part curve|boundary`: the tier at several sizes or opening lengths
@@ -54,7 +54,7 @@ EXPERIMENTS: dict[str, Registered] = {e.name: e for e in (
     Registered("disagg", "kvlab.experiments.disagg",
                (rows.BASELINE, rows.SPLIT_LOOPBACK, rows.CANCEL, rows.BOUNDARY)),
     Registered("replicas", "kvlab.experiments.replicas", (rows.REPLICAS,),
-               (VLLM_NEEDED, ROUTER_NEEDED)),
+               (VLLM, ROUTER_NEEDED)),
 )}
 # what `kvlab run all` runs, in order: the llama.cpp tiers (seconds) before the vLLM labs;
 # disk and shared-slots side by side, as their llama-server plans are the same (one engine,

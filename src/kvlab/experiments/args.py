@@ -29,9 +29,10 @@ Balance = Literal["round-robin", "least-outstanding", "prefix-affinity", "conver
 if TYPE_CHECKING:
     from kvlab.cluster.placement import Placement
     from kvlab.experiments.disagg import DisaggSpec
-    from kvlab.experiments.disk import DiskSpec
     from kvlab.experiments.everything import AllSpec
-    from kvlab.experiments.interference import InterferenceSpec
+    from kvlab.experiments.llama_disk import DiskSpec
+    from kvlab.experiments.llama_interference import InterferenceSpec
+    from kvlab.experiments.llama_slot_share import SharedSlotsSpec
     from kvlab.experiments.llama_tiers import LlamaTiersSpec
     from kvlab.experiments.manual import Note, Pair
     from kvlab.experiments.mlx_cache import MlxCacheSpec
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
     from kvlab.experiments.repeats import Sequential
     from kvlab.experiments.replicas import ReplicasSpec
     from kvlab.experiments.shared import SharedSpec
-    from kvlab.experiments.slot_share import SharedSlotsSpec
     from kvlab.loadgen import CapacityAsk
     from kvlab.measure import ProveOptions, ReuseOptions
     from kvlab.records import KvPrediction
@@ -159,7 +159,7 @@ class DiskArgs(LocalArgs):
         return {"llama_cache_type": self.cache_type}
 
     def spec(self, loaded: LoadedSettings) -> DiskSpec:
-        from kvlab.experiments.disk import DiskSpec
+        from kvlab.experiments.llama_disk import DiskSpec
 
         return DiskSpec(prompt_tokens=self.prompt_tokens, ctx=self.ctx, parallel=self.parallel,
                         cache_ram_mib=self.cache_ram, label=self.label,
@@ -202,7 +202,7 @@ class SharedSlotsArgs(LocalArgs):
         return {"llama_cache_type": self.cache_type}
 
     def spec(self, loaded: LoadedSettings) -> SharedSlotsSpec:
-        from kvlab.experiments.slot_share import SharedSlotsSpec
+        from kvlab.experiments.llama_slot_share import SharedSlotsSpec
 
         return SharedSlotsSpec(prompt_tokens=self.prompt_tokens, ctx=self.ctx,
                                parallel=self.parallel, label=self.label,
@@ -238,7 +238,7 @@ class InterferenceArgs(PlacementArgs):
         return values
 
     def spec(self, loaded: LoadedSettings) -> InterferenceSpec:
-        from kvlab.experiments.interference import InterferenceSpec
+        from kvlab.experiments.llama_interference import InterferenceSpec
 
         s = loaded.values
         # a shared preamble lets one slot reuse it and hides the interference being measured

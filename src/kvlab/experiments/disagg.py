@@ -41,8 +41,17 @@ from typing import TypeVar
 
 from kvlab.cluster.placement import DryPlacement, on_node
 from kvlab.core import SettingError, Settings, connectors, human_bytes
-from kvlab.engines import VLLM, EnginePlan, EngineProcess, Flag, engine_for, free_port, vllm
-from kvlab.engines.vllm import store as kvstore
+from kvlab.engines import (
+    VLLM,
+    EnginePlan,
+    EngineProcess,
+    Flag,
+    KvStore,
+    PlanRequest,
+    engine_for,
+    free_port,
+    store_for,
+)
 from kvlab.experiments import DISAGG_PARTS, repeats, together
 from kvlab.experiments.boundary import (
     BoundarySpec,
@@ -158,6 +167,14 @@ def _connector(lab: Lab) -> connectors.Connector:
     return connectors.get(lab.settings.connector)
 
 
+def _store(lab: Lab) -> KvStore:
+    """The on-disk store of the split's connector (asked only where it keeps one)."""
+    found = store_for(lab.settings.connector)
+    if found is None:
+        raise SettingError(f"CONNECTOR={lab.settings.connector} keeps no store on disk")
+    return found
+
+
 def transport(lab: Lab) -> str | None:
     """What carried the KV, as far as the environment forces it (NIXL's UCX_TLS)."""
     return _connector(lab).transport(dict(os.environ))
@@ -166,14 +183,15 @@ def transport(lab: Lab) -> str | None:
 def split_plans(lab: Lab, store: str, share: Share | None = None) -> list[EnginePlan]:
     """The split's engines: one prefill per PREFILL_HOSTS node, then one decode per
     DECODE_HOSTS node (one of each without the lists, or on this machine)."""
-    settings, install = _settings(lab, store, share), lab.vllm
+    settings = _settings(lab, store, share)
     # the two cores shared out when the engines share a machine's (Ray nodes on one machine too)
-    cpu = install.platform == "cpu" and (
+    cpu = lab.install(VLLM).platform == "cpu" and (
         lab.cluster is None or lab.cluster.same_machine("prefill", "decode") is not False)
     out = []
     for i, role in enumerate(lab.placement.split_roles()):
-        plan = vllm.plan(settings, leg_of(role)[0], install, vllm.PlanOptions(
-            port=free_port(), cpu_core=i % 2 if cpu else None, store_here=lab.survey is None))
+        plan = lab.plan(VLLM, leg_of(role)[0], PlanRequest(
+            port=free_port(), cpu_core=i % 2 if cpu else None, store_here=lab.survey is None),
+            settings)
         out.append(replace(plan, role=role))
     return out
 
@@ -206,14 +224,14 @@ def proxy_plan(prefills: Sequence[EnginePlan], decodes: Sequence[EnginePlan],
 def split_proxy(lab: Lab, spec: DisaggSpec, plans: Sequence[EnginePlan]) -> EnginePlan:
     """The proxy in front of the split's `plans`, with the run's balance policy."""
     prefills, decodes = sides(lab, plans)
-    block = engine_for(VLLM).block_size(lab.vllm.platform)
+    block = engine_for(VLLM).block_size(lab.install(VLLM).platform)
     return proxy_plan(prefills, decodes, lab.settings.connector, spec.balance,
                       (lab.settings.small_model, block))
 
 
 def baseline_plan(lab: Lab, store: str, share: Share | None = None) -> EnginePlan:
-    return vllm.plan(_settings(lab, store, share), "baseline", lab.vllm,
-                     vllm.PlanOptions(port=free_port()))
+    return lab.plan(VLLM, "baseline", PlanRequest(port=free_port()),
+                    _settings(lab, store, share))
 
 
 def split_where(lab: Lab) -> Where:
@@ -388,9 +406,9 @@ def _require_room(lab: Lab, spec: DisaggSpec, store: Path,
     per_token, tokens = prediction.bytes_per_token, prediction.prompt_tokens
     if not _connector(lab).needs_store or not per_token or not tokens or lab.cluster:
         return
-    block = prediction.block_size or engine_for(VLLM).block_size(lab.vllm.platform)
-    room = kvstore.require_room(store, store_writes(lab, spec),
-                                per_token * kvmath.round_up(tokens, block))
+    block = prediction.block_size or engine_for(VLLM).block_size(lab.install(VLLM).platform)
+    room = _store(lab).require_room(store, store_writes(lab, spec),
+                                    per_token * kvmath.round_up(tokens, block))
     held = ("" if lab.settings.load_test
             else ", the largest level's: each level's entries are removed after it")
     lab.say(f"    store room: {human_bytes(room.free_bytes)} free for about "
@@ -407,7 +425,7 @@ async def _preflight(lab: Lab, spec: DisaggSpec, store: Path) -> None:
 
 
 async def run(lab: Lab, spec: DisaggSpec) -> list[Record]:
-    vllm.require_found(lab.vllm)
+    lab.install(VLLM).require()
     spec = _checked(lab, spec)
     out: list[Record] = []
     prediction = None
@@ -416,7 +434,7 @@ async def run(lab: Lab, spec: DisaggSpec) -> list[Record]:
     try:
         await _preflight(lab, spec, store)
         if spec.has(LOAD):
-            prediction = predict(lab, spec, engine_for(VLLM).block_size(lab.vllm.platform))
+            prediction = predict(lab, spec, engine_for(VLLM).block_size(lab.install(VLLM).platform))
             got.prediction = prediction
             out.append(prediction)
             _require_room(lab, spec, store, prediction)
@@ -457,7 +475,7 @@ async def _together(lab: Lab, spec: DisaggSpec, store: str,
         return {}
     roles = lab.placement.split_roles()
     model = Path(lab.settings.small_model)
-    block = engine_for(VLLM).block_size(lab.vllm.platform)
+    block = engine_for(VLLM).block_size(lab.install(VLLM).platform)
     cache = together.quiet_cache_bytes(lab, kvmath.load_shape(model).bytes_per_token(),
                                        block) if (model / "config.json").exists() else 0
     why = together.apart(lab, [cache] * (len(roles) + 1), str(model))
@@ -573,10 +591,11 @@ def _between_probes(lab: Lab, store: str) -> Callable[[], object] | None:
     if not _connector(lab).needs_store or not store or lab.cluster is not None:
         return None
     path = Path(store)
-    removed = kvstore.remove_entries(path)
+    drain = _store(lab).drain
+    removed = drain(path)[0]
     lab.say(f"    store: {removed} entries of the load removed before the capacity search; "
             "each probe's are removed after it")
-    return partial(kvstore.remove_entries, path)
+    return partial(drain, path)
 
 
 async def _boundary_side(lab: Lab, spec: DisaggSpec, got: _Measured, front: EngineProcess,

@@ -20,17 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvlab.cluster.placement import LOCAL, Placement
-from kvlab.core import GPU_PROFILES, KvlabError, LoadedSettings, Say, Settings, quiet, wants_gpu
-from kvlab.engines import (
-    LLAMA_NEEDED,
-    MLX_NEEDED,
-    MLX_ON_GPU,
-    VLLM_NEEDED,
-    EnginePool,
-    install,
-    llamacpp,
-    prepare_engines,
-)
+from kvlab.core import GPU_PROFILES, KvlabError, LoadedSettings, Say, Settings, quiet
+from kvlab.engines import NAMES, EnginePool, engine_for, prepare_engines
 from kvlab.experiments import DISAGG_PARTS, EXPERIMENTS, RUN_ALL
 from kvlab.experiments.lab import Lab
 from kvlab.loadgen import CapacityAsk, SearchPlan
@@ -46,12 +37,8 @@ QUICK_SEARCH = SearchPlan(start=2.0, max_steps=2, duration_s=2.0, min_requests=6
 SLOT_FILES_HERE = ("disk", "mlx-cache", "shared-slots")
 NOT_PLACED = ("not placed on a Ray node: kvlab times llama.cpp's slot files on the disk where "
               "it runs; run `kvlab run disk` on that machine")
-NO_GGUF = ("no GGUF for llama-server: set LLAMA_MODEL to one (`LLAMA_MODEL=/path/model.gguf "
-           "kvlab run all`; `kvlab models tiny` makes a tiny random-weight one)")
 QUICK_EAGER = ("--quick on a GPU: vLLM in eager mode, as ENFORCE_EAGER=1 (no torch.compile, no "
                "CUDA graphs: starts 30-48% shorter on an H200); ENFORCE_EAGER=0 compiles")
-NO_MLX = ("mlx-lm is not installed on this machine: `kvlab engines install --only mlx` puts it in "
-          "a venv of its own (mlx[cpu] on Linux, mlx with Metal on macOS)")
 
 
 @dataclass(frozen=True)
@@ -106,14 +93,14 @@ def _disagg_parts(lab: Lab) -> tuple[str, ...]:
 def specs(lab: Lab, spec: AllSpec) -> dict[str, object]:
     """Each experiment's own spec, at this run's sizes."""
     from kvlab.experiments.disagg import DisaggSpec
-    from kvlab.experiments.disk import DiskSpec
-    from kvlab.experiments.interference import InterferenceSpec
+    from kvlab.experiments.llama_disk import DiskSpec
+    from kvlab.experiments.llama_interference import InterferenceSpec
+    from kvlab.experiments.llama_slot_share import SharedSlotsSpec
     from kvlab.experiments.llama_tiers import LlamaTiersSpec
     from kvlab.experiments.mlx_cache import MlxCacheSpec
     from kvlab.experiments.offload import OffloadSpec
     from kvlab.experiments.replicas import ReplicasSpec
     from kvlab.experiments.shared import SharedSpec
-    from kvlab.experiments.slot_share import SharedSlotsSpec
 
     return {
         "disk": DiskSpec(prompt_tokens=spec.disk_prompt_tokens),
@@ -185,16 +172,22 @@ async def _one(lab: Lab, spec: AllSpec, name: str) -> list[Record]:
     return list(lines)
 
 
+def _engines(name: str) -> list[str]:
+    """The engines experiment `name` starts (its needs but the router)."""
+    return [n for n in EXPERIMENTS[name].needs if n in NAMES]
+
+
 def _unwanted(lab: Lab, name: str) -> str | None:
-    """Why preparing experiment `name`'s engine would be wasted: a slot experiment placed on
-    a Ray node, or llama-server (minutes to build with CUDA) with no GGUF for it to serve."""
+    """Why preparing experiment `name`'s engines would be wasted: a slot experiment placed on
+    a Ray node, or an engine (llama-server: minutes to build with CUDA) with no model of its
+    format to serve."""
     if lab.placement.remote and name in SLOT_FILES_HERE:
         return NOT_PLACED
-    if LLAMA_NEEDED not in EXPERIMENTS[name].needs or lab.settings.llama_model:
-        return None
-    if llamacpp.find_llama_server(lab.settings) is None:
-        return f"{NO_GGUF}; and {llamacpp.not_found(lab.settings)}"
-    return NO_GGUF
+    for engine in _engines(name):
+        if (lacking := engine_for(engine).missing(lab.settings)) is not None:
+            install = lab.install(engine)
+            return lacking if install.found else f"{lacking}; and {install.reason}"
+    return None
 
 
 def _prepared(lab: Lab, name: str) -> str | None:
@@ -211,15 +204,12 @@ def _prepared(lab: Lab, name: str) -> str | None:
 
 def not_here(lab: Lab, name: str) -> str | None:
     """Why experiment `name` cannot run on this machine (None: it can)."""
-    needs = EXPERIMENTS[name].needs
-    if LLAMA_NEEDED in needs and llamacpp.find_llama_server(lab.settings) is None:
-        return llamacpp.not_found(lab.settings)
-    if LLAMA_NEEDED in needs and not lab.settings.llama_model:
-        return NO_GGUF
-    if VLLM_NEEDED in needs and not lab.vllm.found:
-        return f"no vLLM on this machine ({lab.vllm.reason})"
-    if MLX_NEEDED in needs and install.mlx_python(lab.settings.home()) is None:
-        return MLX_ON_GPU if wants_gpu(lab.settings, lab.vllm.hardware) else NO_MLX
+    for engine in _engines(name):
+        install = lab.install(engine)
+        if not install.found:
+            return install.reason
+        if (lacking := engine_for(engine).missing(lab.settings)) is not None:
+            return lacking
     return None
 
 

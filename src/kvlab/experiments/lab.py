@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import shutil
 import time
 from collections.abc import AsyncIterator
@@ -34,11 +33,13 @@ from kvlab.engines import (
     EngineHost,
     EnginePlan,
     EnginePool,
+    Install,
     LocalHost,
+    PlanRequest,
     Running,
-    llamacpp,
+    install_of,
     make_private_dir,
-    vllm,
+    plan,
 )
 from kvlab.records import NotRunRecord, Record, Row, notebook
 
@@ -65,6 +66,7 @@ class Lab:
     cluster: ClusterSession | None = None  # open while a cluster run runs (`placed()`)
     survey: Survey | None = None  # a cluster dry run: the nodes its names resolve to
     pool: EnginePool | None = None  # `kvlab run all`'s kept engines (`engines/reuse.py`)
+    installs: dict[str, Install] = field(default_factory=dict)  # by engine, chosen once
 
     @contextlib.asynccontextmanager
     async def placed(self) -> AsyncIterator[Lab]:
@@ -113,14 +115,18 @@ class Lab:
         if store is not None:
             await self.cluster.check_shared(store, writer, readers)
 
-    @functools.cached_property
-    def vllm(self) -> vllm.VllmInstall:
-        """The vLLM this run uses, chosen once (by the hardware: `engines/vllm/selection.py`)."""
-        return vllm.find_vllm(self.settings)
+    def install(self, engine: str) -> Install:
+        """The build of `engine` this run uses, chosen once (by the settings and the
+        hardware: the engine's adapter says how)."""
+        if engine not in self.installs:
+            self.installs[engine] = install_of(self.settings, engine)
+        return self.installs[engine]
 
-    def llama_server(self) -> Path:
-        """The llama-server binary this run uses (EngineError naming the fix if none)."""
-        return llamacpp.require_llama_server(self.settings)
+    def plan(self, engine: str, role: str, request: PlanRequest | None = None,
+             settings: Settings | None = None) -> EnginePlan:
+        """`engine`'s plan for `role` with this run's install (and `settings`, where a step
+        runs with its own copy)."""
+        return plan(settings or self.settings, engine, role, self.install(engine), request)
 
     def record(self, line: R) -> R:
         """Append one line to the notebook, stamped with this run, and keep it."""

@@ -29,7 +29,7 @@ from kvlab.core import EngineError, SettingError
 from kvlab.engines import LLAMA_CPP, EnginePlan, EngineProcess, llamacpp, startup
 from kvlab.engines.llamacpp import ramcache
 from kvlab.engines.llamacpp.adapter import LLAMA_CPP_ENGINE
-from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget, logprob_gap
+from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget
 from kvlab.engines.llamacpp.server import prompt_of, server_fields, server_plan
 from kvlab.experiments import repeats
 from kvlab.experiments.lab import Lab, engines
@@ -45,7 +45,7 @@ from kvlab.measure import (
     run_reuse,
     workloads,
 )
-from kvlab.observe import api_base, sampling
+from kvlab.observe import api_base, logprob_gap, sampling
 from kvlab.records import (
     LLAMA_KV_QUANT,
     LLAMA_PROMPT_OFF,
@@ -135,7 +135,7 @@ async def run(lab: Lab, spec: LlamaTiersSpec) -> list[Record]:
 
 def _plan(lab: Lab, row: Row, *, ctx: int, parallel: int, cache_ram_mib: int,
           chosen: llamacpp.LlamaOptions | None = None) -> EnginePlan:
-    binary = lab.llama_server()
+    binary = llamacpp.require_llama_server(lab.settings)
     return server_plan(lab.settings, binary, role=row.label, ctx=ctx, parallel=parallel,
                        slot_dir=lab.settings.paths().scratch / "llama-tiers-slots",
                        cache_ram_mib=cache_ram_mib, chosen=chosen)

@@ -18,14 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvlab.core import SettingError, write_private
-from kvlab.engines import free_port, install, make_private_dir, mlx, prose
-from kvlab.engines.llamacpp.client import logprob_gap
-from kvlab.engines.llamacpp.roundtrip import LOGPROB_TOLERANCE, NOT_PROVEN, PROVEN
+from kvlab.engines import MLX_LM, free_port, install, make_private_dir, mlx, prose
 from kvlab.experiments.lab import Lab, engines
 from kvlab.measure import ReuseOptions, reuse_record, run_reuse
+from kvlab.observe import LOGPROB_TOLERANCE, logprob_gap
 from kvlab.records import (
     MLX_CACHE,
     MLX_TURNS,
+    NOT_PROVEN,
+    PROVEN,
     DiskRecord,
     Pressure,
     Record,
@@ -80,7 +81,7 @@ async def turns(lab: Lab, spec: MlxCacheSpec) -> Record:
     """Turns of one conversation on mlx_lm.server: its in-memory prompt cache across turns,
     proven by the cached tokens it reports per response."""
     python, model = mlx.require_mlx(lab.settings.home()), model_dir(lab)
-    plan = mlx.server_plan(python, model, free_port(),
+    plan = mlx.server_plan(python, model, free_port(), role=MLX_TURNS.label,
                            hub_cache=lab.settings.paths().cache / "mlx-hub")
     async with engines(lab, [plan], labels=[MLX_TURNS.label], ready_timeout_s=120.0) as (proc,):
         lab.say(f"==> {MLX_TURNS.label}: {spec.turns} turns on mlx_lm.server")
@@ -130,7 +131,7 @@ def disk_record(spec: MlxCacheSpec, saved: mlx.ShimAnswer, loaded: mlx.ShimAnswe
     proven = (cached >= prompt - 1 and gap is not None and gap <= LOGPROB_TOLERANCE
               and cold is not None and after is not None and after < cold)
     return DiskRecord(
-        label=spec.label, lab=notebook.LAB_OFFLOAD, engine=mlx.MLX_LM,
+        label=spec.label, lab=notebook.LAB_OFFLOAD, engine=MLX_LM,
         engine_version=f"mlx-lm {saved.mlx_lm} ({saved.device})", model=model,
         model_sha256=mlx.manifest(model)[mlx.DIGEST_KEY], prompt_tokens=prompt,
         max_tokens=1, cold_ttft_s=_round(cold), save_ms=_ms(saved.save_s),

@@ -29,8 +29,16 @@ from functools import partial
 from pathlib import Path
 
 from kvlab.core import EngineError
-from kvlab.engines import VLLM, EnginePlan, EngineProcess, Support, engine_for, free_port, vllm
-from kvlab.engines.vllm import facts as vllm_facts
+from kvlab.engines import (
+    HOST_TIER,
+    VLLM,
+    EnginePlan,
+    EngineProcess,
+    PlanRequest,
+    Support,
+    engine_for,
+    free_port,
+)
 from kvlab.experiments import repeats, together
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.pressure_plan import TURNS, PressurePlan, plan_pressure
@@ -104,12 +112,10 @@ def plan_for(lab: Lab, on: bool, *, kv_cache_bytes: int = 0, probe: bool = True,
     if sharing > 1:
         update["mem_fraction"] = round(lab.settings.mem_fraction / sharing, 3)
     settings = lab.settings.model_copy(update=update) if update else lab.settings
-    install = lab.vllm
     if probe:
-        vllm.require_found(install)
-    flags = vllm.accepted_flags(install, settings.paths().flag_probes) if on and probe else None
-    return vllm.plan(settings, "offload", install,
-                     vllm.PlanOptions(port=free_port(), offload=on), flags)
+        lab.install(VLLM).require()
+    return lab.plan(VLLM, "offload", PlanRequest(port=free_port(), host_tier=on,
+                                                 probe_flags=probe), settings)
 
 
 @contextlib.asynccontextmanager
@@ -263,9 +269,10 @@ async def pressure_rows(lab: Lab, load: LoadSpec, metrics_url: str,
     `write` (the notebook's: `lab.record`)."""
     from kvlab.loadgen import run_sweep
 
-    gauges = engine_for(VLLM).gauges
+    engine = engine_for(VLLM)
+    gauges = engine.gauges
     if planned is None or planned.host_tier_bytes:  # what the tier moved, over time
-        gauges = {**gauges, **vllm_facts.TIER_SERIES}
+        gauges = {**gauges, **engine.tier_gauges}
     async with sampling(metrics_url, gauges) as samples:
         result = await run_sweep(load, api_key=lab.api_key())
     rows: list[Record] = []
@@ -306,7 +313,7 @@ def target_for(lab: Lab, ask: CapacityAsk) -> CapacityAsk:
     """The ask with its target: the one given, else this platform's."""
     if ask.slo:
         return ask
-    return replace(ask, slo=CPU_TARGET if lab.vllm.platform == "cpu" else GPU_TARGET)
+    return replace(ask, slo=CPU_TARGET if lab.install(VLLM).platform == "cpu" else GPU_TARGET)
 
 
 async def measure_capacity(lab: Lab, ask: CapacityAsk, load: LoadSpec, knob: str,
@@ -342,8 +349,8 @@ def require_successes(label: str, rows: Sequence[Record]) -> None:
 
 async def run(lab: Lab, spec: OffloadSpec) -> list[Record]:
     """All four measurements (or the reasons some cannot run here)."""
-    spec = replace(spec, block_size=engine_for(VLLM).block_size(lab.vllm.platform))
-    support = lab.vllm.offload_support()
+    spec = replace(spec, block_size=engine_for(VLLM).block_size(lab.install(VLLM).platform))
+    support = lab.install(VLLM).supports(HOST_TIER)
     if spec.together and spec.part == "all" and spec.method == "sessions" \
             and spec.tier == "both" and (found := await _together(lab, spec, support)):
         return found
@@ -363,7 +370,7 @@ async def _quiet_pair(lab: Lab, spec: OffloadSpec, support: Support,
     # vLLM's flag list for the tier's plans, read while the tier-off engine starts: on the
     # H200 `vllm serve --help=all` took about 30 s between the two quiet runs
     flags = asyncio.create_task(asyncio.to_thread(
-        vllm.accepted_flags, lab.vllm, lab.settings.paths().flag_probes)) \
+        lab.install(VLLM).accepted_flags, lab.settings.paths().flag_probes)) \
         if support.ok and not given else None
     try:
         out = [await quiet(lab, spec, False, given.get(QUIET_OFF.label))]
@@ -451,9 +458,9 @@ def think_of(rows: Sequence[Record]) -> float | None:
 
 def dry_run(lab: Lab, spec: OffloadSpec) -> list[dict[str, object]]:
     """Every plan this experiment would start, or why a row would not run; starts nothing."""
-    spec = replace(spec, block_size=engine_for(VLLM).block_size(lab.vllm.platform))
+    spec = replace(spec, block_size=engine_for(VLLM).block_size(lab.install(VLLM).platform))
     pressure = pressure_plan(lab, spec)
-    support = lab.vllm.offload_support()
+    support = lab.install(VLLM).supports(HOST_TIER)
     out: list[dict[str, object]] = []
     for label, on, kv in ((QUIET_OFF.label, False, 0), (QUIET_ON.label, True, 0),
                           (PRESSURE_OFF.label, False, pressure.kv_cache_bytes),

@@ -33,9 +33,16 @@ from pathlib import Path
 import httpx
 
 from kvlab.core import InputError
-from kvlab.engines import EnginePlan, Flag, free_port, install, vllm
-from kvlab.engines.vllm import facts as vllm_facts
-from kvlab.engines.vllm.adapter import cache_blocks, tokenize_chat
+from kvlab.engines import (
+    VLLM,
+    EnginePlan,
+    Flag,
+    PlanRequest,
+    engine_for,
+    evidence_deltas,
+    free_port,
+    install,
+)
 from kvlab.experiments.lab import Lab, engines
 from kvlab.loadgen import LoadSpec, level_prompts, run_sweep
 from kvlab.measure import Prompt, intervals, oracle, workloads
@@ -97,11 +104,11 @@ class ReplicasSpec:
 def replica_plans(lab: Lab, count: int) -> list[EnginePlan]:
     """N plain instances (the baseline role: no connector), each on the next core in turn."""
     settings = lab.settings.model_copy(update={"single_machine": True})
-    install_ = lab.vllm
     cores = max(1, len(_cores()))
-    cpu = install_.platform == "cpu" and lab.cluster is None
-    return [vllm.plan(settings, "baseline", install_, vllm.PlanOptions(
-        port=free_port(), cpu_core=i % cores if cpu else None)) for i in range(count)]
+    cpu = lab.install(VLLM).platform == "cpu" and lab.cluster is None
+    return [lab.plan(VLLM, "baseline", PlanRequest(port=free_port(),
+                                                   cpu_core=i % cores if cpu else None), settings)
+            for i in range(count)]
 
 
 def _cores() -> list[int]:
@@ -136,7 +143,7 @@ def router_front(binary: Path, urls: list[str], policy: str) -> EnginePlan:
 
 
 async def run(lab: Lab, spec: ReplicasSpec) -> list[Record]:
-    vllm.require_found(lab.vllm)
+    lab.install(VLLM).require()
     spec = spec.check()
     plans = replica_plans(lab, spec.replicas)
     labels = [f"{spec.label}-replica-{i}" for i in range(spec.replicas)]
@@ -159,13 +166,14 @@ async def measure(lab: Lab, spec: ReplicasSpec, urls: list[str]) -> list[Record]
 
 
 async def _cache_shape(lab: Lab, url: str) -> tuple[int, int]:
+    """(block tokens, blocks) of the replicas' prefix cache, as the first one states it."""
     async with _client(lab) as client:
         snap = await metrics.scrape(client, metrics.metrics_url(url))
-    shape = cache_blocks(snap)
-    if shape is None:
-        raise InputError(f"the replica at {url} does not state its cache "
-                         f"({vllm_facts.CACHE_CONFIG_INFO}); is it vLLM?")
-    return shape
+        shape = await engine_for(VLLM).cache_shape(client, url, snap)
+    if shape is None or shape.kind != "blocks":
+        raise InputError(f"the replica at {url} does not state its cache's blocks on its "
+                         "/metrics; is it vLLM?")
+    return shape.block_tokens, shape.blocks
 
 
 def _client(lab: Lab) -> httpx.AsyncClient:
@@ -252,7 +260,8 @@ async def _tokens(client: httpx.AsyncClient, url: str, model: str, lines: list[R
         index = line.prompt_index
         if index is None or index in out or index not in prompts:
             continue
-        found = await tokenize_chat(client, url, model, prompts[index].as_messages())
+        found = await engine_for(VLLM).tokenize_chat(client, url, model,
+                                                     prompts[index].as_messages())
         if found is not None:
             out[index] = found
     return out
@@ -262,14 +271,10 @@ def _counts(urls: list[str], before: list[metrics.Snapshot | None],
             after: list[metrics.Snapshot | None]) -> list[ReplicaCounts]:
     out = []
     for url, a, b in zip(urls, before, after, strict=True):
-        def delta(name: str, a: metrics.Snapshot | None = a,
-                  b: metrics.Snapshot | None = b) -> float | None:
-            if a is None or b is None:
-                return None
-            return metrics.counter_delta(a, b, name)
-        out.append(ReplicaCounts(url=url, requests=delta(vllm_facts.REQUEST_SUCCESS),
-                                 prefix_cache_queries=delta(vllm_facts.PREFIX_QUERIES),
-                                 prefix_cache_hits=delta(vllm_facts.PREFIX_HITS)))
+        moved = evidence_deltas(a, b) if a is not None and b is not None else {}
+        out.append(ReplicaCounts(url=url, requests=moved.get("requests_succeeded"),
+                                 prefix_cache_queries=moved.get("prefix_cache_queries"),
+                                 prefix_cache_hits=moved.get("prefix_cache_hits")))
     return out
 
 

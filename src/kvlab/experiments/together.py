@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvlab.core import HostMemory, device_memory_bytes
-from kvlab.engines import EnginePlan, EngineProcess
+from kvlab.engines import VLLM, EnginePlan, EngineProcess
 from kvlab.experiments.lab import Lab, engines
 from kvlab.measure import kvmath
 
@@ -52,7 +52,7 @@ def apart(lab: Lab, caches: Sequence[int], model: str = "") -> str | None:
 
 def _room(lab: Lab) -> tuple[int | None, str]:
     """The memory the engines share out, and what it is (or why it is not known)."""
-    if lab.vllm.platform == "cpu":
+    if lab.install(VLLM).platform == "cpu":
         return HostMemory.now().available, "the host memory available"
     device = device_memory_bytes()
     if device is None:

@@ -24,8 +24,7 @@ from pathlib import Path
 import httpx
 
 from kvlab.core import InputError, tree_bytes
-from kvlab.engines import evidence_deltas, transfer_deltas
-from kvlab.engines.vllm import store as kvstore
+from kvlab.engines import evidence_deltas, store_for, transfer_deltas
 from kvlab.loadgen import instances, sidechannel, topology
 from kvlab.loadgen.sweep import LoadSpec, ProgressHook, SweepResult, run_sweep
 from kvlab.observe import metrics, netdev
@@ -87,9 +86,10 @@ async def _read(spec: LinkSpec, urls: tuple[str, ...], client: httpx.AsyncClient
     return Readings(netdev.read_iface(spec.iface), netdev.read_rdma(), snaps, size, every)
 
 
-def _drain(store_path: str) -> int:
-    """Remove a store's entries; their bytes."""
-    return kvstore.drain(Path(store_path).expanduser())[1]
+def _drain(connector: str, store_path: str) -> int:
+    """Remove the entries of the connector's store; their bytes (none without a store)."""
+    store = store_for(connector)
+    return store.drain(Path(store_path).expanduser())[1] if store is not None else 0
 
 
 def _draining(spec: LinkSpec, write: Callable[[Record], object],
@@ -103,7 +103,7 @@ def _draining(spec: LinkSpec, write: Callable[[Record], object],
     def wrapped(row: Record) -> object:
         out = write(row)
         if isinstance(row, LoadRecord):
-            drained.bytes += _drain(spec.store_path)
+            drained.bytes += _drain(spec.connector, spec.store_path)
         return out
 
     return wrapped
@@ -200,7 +200,7 @@ async def run_load(load: LoadSpec, spec: LinkSpec, labbook: str,
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     drained = Drained()
     if spec.drains:
-        await asyncio.to_thread(_drain, spec.store_path)
+        await asyncio.to_thread(_drain, spec.connector, spec.store_path)
     async with httpx.AsyncClient(timeout=10.0, trust_env=False, headers=headers) as client:
         before = await _read(spec, urls, client, drained)
         started = time.monotonic()

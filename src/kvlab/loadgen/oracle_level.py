@@ -1,21 +1,20 @@
 """The cache oracle beside a load level: what the engine's prefix cache could have served.
 
-After the level (never while it runs: the client's timing is not disturbed), each request's
-exact tokens come from the engine's own `/tokenize` of its messages with the chat template
-(vLLM), and the cache's block size and capacity from the engine's `vllm:cache_config_info` as
-scraped after the level. The level's requests, warm-up first, are replayed in the order they
+After the level (never while it runs: the client's timing is not disturbed), the engine's
+adapter says which model its cache follows and how large it is (`Engine.cache_shape`), and
+gives each request's exact tokens (`Engine.tokenize_chat`: the server's own template and
+tokenizer). A block cache (vLLM: its block size and blocks from `vllm:cache_config_info` as
+scraped after the level): the level's requests, warm-up first, are replayed in the order they
 were sent through `measure.oracle` (an LRU over whole blocks; vLLM's block hash and eviction
 in `oracle`'s docstring), with the level's concurrency, and set against the cached tokens each
 response reported. The cache is taken as empty when the level starts: an engine that served
 earlier levels may hold more, which shows as requests served above the oracle.
 
-For llama-server the model is its slots (`measure.slot_oracle`): the prompts' tokens from its
-/apply-template and /tokenize, the slot count from /props, each request's slot busy from its
-send to its end as measured.
+Slots (llama-server: the slot count from /props) are replayed by `measure.slot_oracle`, each
+request's slot busy from its send to its end as measured.
 
-A level gets no oracle, and says why in its row's absence of one, when the engine is neither,
-its /metrics has no cache config (vLLM) or /props no slot count (llama-server), or a prompt
-cannot be tokenized.
+A level gets no oracle, and says why in its row's absence of one, when the engine states no
+cache kvlab can replay (mlx-lm), or a prompt cannot be tokenized.
 """
 
 from __future__ import annotations
@@ -26,9 +25,7 @@ from statistics import median
 
 import httpx
 
-from kvlab.engines.llamacpp import adapter as llama_adapter
-from kvlab.engines.vllm import facts as vllm_facts
-from kvlab.engines.vllm.adapter import cache_blocks, tokenize_chat
+from kvlab.engines import CacheShape, Engine
 from kvlab.measure import Prompt, oracle, slot_oracle
 from kvlab.observe import Snapshot
 from kvlab.records import OracleLevel, RequestLine, TierPoint
@@ -71,21 +68,31 @@ def in_flight(sent: Sequence[RequestLine]) -> int:
     return max(1, int(median(counts))) if counts else 1
 
 
-async def beside(client: httpx.AsyncClient, root: str, model: str, lines: list[RequestLine],
-                 prompts: Mapping[int, Prompt], snap: Snapshot | None,
-                 tier_blocks: int = 0, curve_tokens: Sequence[int] = ()) -> OracleLevel | None:
-    """The oracle for one level's `lines` (each gets its `oracle_cached_tokens`), or None
-    when the engine's cache or a request's tokens cannot be known. Its tier curve replays
-    `CURVE`'s multiples of the device cache and the tiers of `curve_tokens`."""
-    shape = cache_blocks(snap)
+async def beside(client: httpx.AsyncClient, engine: Engine, root: str, model: str,
+                 lines: list[RequestLine], prompts: Mapping[int, Prompt], snap: Snapshot | None,
+                 tier_tokens: int = 0, curve_tokens: Sequence[int] = ()) -> OracleLevel | None:
+    """The oracle for one level's `lines` (each gets its `oracle_cached_tokens`) by the cache
+    model the engine's own cache follows (`Engine.cache_shape`), or None when the cache or a
+    request's tokens cannot be known. A block cache's tier curve replays `CURVE`'s multiples
+    of the device cache and the tiers of `curve_tokens`; a tier of `tier_tokens` sits under
+    it."""
+    shape = await engine.cache_shape(client, root, snap)
     sent = _sent(lines, prompts)
     if shape is None or not sent:
         return None
-    tokens = await tokenized(lambda m: tokenize_chat(client, root, model, m),
+    tokens = await tokenized(lambda m: engine.tokenize_chat(client, root, model, m),
                              [prompts[ln.prompt_index or 0] for ln in sent])
     if tokens is None:
         return None
-    block, device = shape
+    if shape.kind == "slots":
+        return _slots(shape, sent, tokens)
+    return _blocks(shape, sent, tokens, tier_tokens // shape.block_tokens, curve_tokens)
+
+
+def _blocks(shape: CacheShape, sent: list[RequestLine], tokens: list[list[int]],
+            tier_blocks: int, curve_tokens: Sequence[int]) -> OracleLevel:
+    """The block LRU replayed (vLLM's prefix cache)."""
+    block, device = shape.block_tokens, shape.blocks
     running = in_flight(sent)
     cache = oracle.CacheModel(block, device, tier_blocks, concurrency=running)
     stream = oracle.prepare(tokens, block)
@@ -101,7 +108,7 @@ async def beside(client: httpx.AsyncClient, root: str, model: str, lines: list[R
     return OracleLevel(
         cache_model=MODEL_WORDS, block_tokens=block, device_blocks=device,
         tier_blocks=tier_blocks, in_flight=running,
-        sizes_from=f"{vllm_facts.CACHE_CONFIG_INFO} after the level",
+        sizes_from=shape.sizes_from,
         tokens_from="the engine's /tokenize of each request's messages, chat template applied",
         requests=found.requests, prompt_tokens=found.prompt_tokens,
         predicted_cached_tokens=found.predicted_tokens,
@@ -131,18 +138,9 @@ def _sent(lines: list[RequestLine], prompts: Mapping[int, Prompt]) -> list[Reque
                    and ln.prompt_index in prompts), key=lambda ln: ln.sent_s or 0.0)
 
 
-async def beside_slots(client: httpx.AsyncClient, root: str, lines: list[RequestLine],
-                       prompts: Mapping[int, Prompt]) -> OracleLevel | None:
-    """`beside` for llama-server: its slots replayed (`measure.slot_oracle`), or None when
-    its slot count or a request's tokens cannot be known."""
-    sent = _sent(lines, prompts)
-    slots = await llama_adapter.slot_count(client, root)
-    if not slots or not sent:
-        return None
-    tokens = await tokenized(lambda m: llama_adapter.tokenize_chat(client, root, m),
-                             [prompts[ln.prompt_index or 0] for ln in sent])
-    if tokens is None:
-        return None
+def _slots(shape: CacheShape, sent: list[RequestLine], tokens: list[list[int]]) -> OracleLevel:
+    """The slots replayed (llama-server's, `measure.slot_oracle`)."""
+    slots = shape.slots
     stream = [slot_oracle.SlotRequest(t, ln.sent_s or 0.0, ln.end_s or ln.sent_s or 0.0)
               for t, ln in zip(tokens, sent, strict=True)]
     served = slot_oracle.replay(stream, slot_oracle.SlotCache(slots))
@@ -154,7 +152,7 @@ async def beside_slots(client: httpx.AsyncClient, root: str, lines: list[Request
     found = oracle.compare([p for p, _, _ in counted], [m for _, m, _ in counted])
     return OracleLevel(
         cache_model=SLOT_WORDS, block_tokens=1, device_blocks=0, slots=slots,
-        in_flight=in_flight(sent), sizes_from="the server's /props (total_slots)",
+        in_flight=in_flight(sent), sizes_from=shape.sizes_from,
         tokens_from="the server's /apply-template and /tokenize of each request's messages",
         requests=found.requests, prompt_tokens=found.prompt_tokens,
         predicted_cached_tokens=found.predicted_tokens,

@@ -46,8 +46,7 @@ from pathlib import Path
 
 import httpx
 
-from kvlab.engines import LLAMA_CPP, VLLM, evidence_deltas
-from kvlab.engines.vllm.adapter import cache_blocks
+from kvlab.engines import evidence_deltas, known_engine
 from kvlab.loadgen import (
     benchresult,
     dataset,
@@ -386,18 +385,13 @@ class _Level:
                           after: Snapshot | None, own: LevelOwn) -> None:
         """The cache oracle beside the level, where the engine lets it be known."""
         spec = self.spec
-        if not spec.oracle or client is None or spec.engine not in (VLLM, LLAMA_CPP) or not lines:
+        engine = known_engine(spec.engine)
+        if not spec.oracle or client is None or engine is None or not lines:
             return
         root = spec.tokenize_url or spec.base_url.removesuffix("/v1")
-        if spec.engine == LLAMA_CPP:
-            own.oracle = await oracle_level.beside_slots(client, root.rstrip("/"), lines,
-                                                         self.prompts)
-            return
-        tier = spec.oracle_tier_tokens
-        shape = cache_blocks(after)
         own.oracle = await oracle_level.beside(
-            client, root.rstrip("/"), spec.model, lines, self.prompts, after,
-            tier // shape[0] if shape else 0, spec.oracle_curve_tokens)
+            client, engine, root.rstrip("/"), spec.model, lines, self.prompts, after,
+            spec.oracle_tier_tokens, spec.oracle_curve_tokens)
 
     def row_fields(self, warm: LevelResult | None, own: LevelOwn,
                    lines: list[RequestLine]) -> LevelOwn:

@@ -27,8 +27,15 @@ from dataclasses import dataclass, field
 import httpx
 
 from kvlab.core import InputError, RefusedError, UnreachableError, connectors
-from kvlab.engines import InstanceFacts, all_engines, known_engine, local, source_of, token_digest
-from kvlab.engines.vllm import store as kvstore
+from kvlab.engines import (
+    InstanceFacts,
+    all_engines,
+    known_engine,
+    local,
+    source_of,
+    store_for,
+    token_digest,
+)
 from kvlab.observe import api_base, fingerprint, metrics, server_root
 
 # compared on every instance, an unknown value included (the server answers these itself)
@@ -292,14 +299,16 @@ async def compare(urls: list[str], *, ignore: tuple[str, ...] = (), timeout_s: f
 
 def store_faults(instances: list[InstanceFacts]) -> list[str]:
     """Why a store the instances name (on this machine) cannot be served: a partial entry."""
-    stores = sorted({p for f in instances for p in kvstore.stores_named(f.kv_store)})
-    return [why for s in stores if (why := kvstore.partial_message(s)) is not None]
+    named = {(p, store) for f in instances if (store := store_for(f.connector)) is not None
+             for p in store.named(f.kv_store)}
+    return [why for path, store in sorted(named, key=lambda n: n[0])
+            if (why := store.partial(path)) is not None]
 
 
 async def check(urls: list[str], *, ignore: tuple[str, ...] = (), timeout_s: float = 20.0,
                 headers: dict[str, str] | None = None) -> list[InstanceFacts]:
     """Probe every instance and refuse (RefusedError) if any compared field differs, or if a
-    store they share on this machine holds a partial entry (`engines/vllm/store.py`)."""
+    store they share on this machine holds a partial entry (`engines/registry.store_for`)."""
     result = await compare(urls, ignore=ignore, timeout_s=timeout_s, headers=headers)
     if not result.compatible:
         raise RefusedError(result.refusal())

@@ -1,6 +1,14 @@
 """Evidence read from outside the workload: engine /metrics, interface byte counters."""
 
-from kvlab.observe.chat import ChatResult, api_base, chat_body, server_root, stream_chat
+from kvlab.observe.chat import (
+    LOGPROB_TOLERANCE,
+    ChatResult,
+    api_base,
+    chat_body,
+    logprob_gap,
+    server_root,
+    stream_chat,
+)
 from kvlab.observe.fingerprint import Fingerprint
 from kvlab.observe.metrics import CounterTable, GaugeTable, Snapshot, hit_rate
 from kvlab.observe.netdev import RdmaPort
@@ -8,6 +16,7 @@ from kvlab.observe.sampler import sampling
 from kvlab.observe.sse import carries, chunk, data_of, timeline_of
 
 __all__ = [
+    "LOGPROB_TOLERANCE",
     "ChatResult",
     "CounterTable",
     "Fingerprint",
@@ -20,6 +29,7 @@ __all__ = [
     "chunk",
     "data_of",
     "hit_rate",
+    "logprob_gap",
     "sampling",
     "server_root",
     "stream_chat",

@@ -147,3 +147,19 @@ def top_logprobs(position: object) -> tuple[tuple[str, float], ...]:
     pairs = ((str(dig(t, "token")), number(dig(t, "logprob")))
              for t in items(dig(position, "top_logprobs")))
     return tuple((token, lp) for token, lp in pairs if lp is not None)
+
+
+# two answers agree when their first token's top logprobs differ by at most this
+LOGPROB_TOLERANCE = 1e-3
+
+
+def logprob_gap(a: list[tuple[str, float]], b: list[tuple[str, float]]) -> float | None:
+    """Largest |difference| between two top-logprob lists over the tokens both list.
+
+    None when either list is empty or they share no token (not comparable at all).
+    """
+    left, right = dict(a), dict(b)
+    common = set(left) & set(right)
+    if not common:
+        return None
+    return max(abs(left[t] - right[t]) for t in common)

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 import httpx
 
 from kvlab.core import JsonObject
-from kvlab.engines import evidence_deltas, vllm
-from kvlab.observe import metrics
+from kvlab.engines import CacheShape, evidence_deltas, source_of
+from kvlab.observe import Snapshot, metrics
 from kvlab.proxy.config import ProxyConfig
 from kvlab.records import CrossingRecord, Deltas
 
@@ -88,6 +88,13 @@ async def _scrape_all(client: httpx.AsyncClient,
     return {u: await metrics.scrape(client, metrics.metrics_url(u)) for u in urls}
 
 
+async def _cache_shape(client: httpx.AsyncClient, url: str,
+                       snap: Snapshot | None) -> CacheShape | None:
+    """The decode leg's cache as its engine states it (None: no engine kvlab knows)."""
+    engine = source_of(snap)
+    return await engine.cache_shape(client, url, snap) if engine is not None else None
+
+
 async def crossing_check(proxy_url: str, prefill: list[str], decode: list[str], model: str,
                          *, api_key: str = "", timeout_s: float = 300.0,
                          words: int = 200) -> Crossing:
@@ -106,6 +113,7 @@ async def crossing_check(proxy_url: str, prefill: list[str], decode: list[str], 
             return result
         result.seconds = time.perf_counter() - started
         after = await _scrape_all(client, [*prefill, *decode])
+        shapes = [await _cache_shape(client, url, after[url]) for url in decode]
     result.status = response.status_code
     result.request_id = response.headers.get("x-request-id")
     result.kv_transfer_header = response.headers.get("x-kvlab-kv-transfer")
@@ -118,12 +126,10 @@ async def crossing_check(proxy_url: str, prefill: list[str], decode: list[str], 
                               f"{response.text[:300]}")
     for url in prefill:
         result.prefill[url] = evidence_deltas(before[url], after[url])
-    for url in decode:
+    for url, shape in zip(decode, shapes, strict=True):
         result.decode[url] = evidence_deltas(before[url], after[url])
-        snap = after[url]
-        size = snap.label_value(vllm.CACHE_CONFIG_INFO, "block_size") if snap else None
-        if size and size.isdigit():
-            result.block_size = int(size)
+        if shape is not None and shape.kind == "blocks":
+            result.block_size = shape.block_tokens
     _judge(result, before)
     return result
 

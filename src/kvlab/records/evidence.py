@@ -7,7 +7,7 @@ Each is declared field by field; a map keyed by data (a URL, an interface, a rol
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import Field
 
@@ -232,3 +232,10 @@ class CachedTokens(Strict):
 
 PerUrl = dict[str, Deltas]
 """Counter deltas of several engines, by URL."""
+
+
+# a restored cache's verdict (the slot store's round trip, mlx-lm's prompt-cache file): the
+# notebook's words, shown by `kvlab report` as written
+PROVEN: Final = "reuse proven"
+NOT_PROVEN: Final = "not proven"
+RestoreVerdict = Literal["reuse proven", "not proven"]

@@ -20,7 +20,6 @@ from dataclasses import dataclass, replace
 from statistics import mean
 from typing import Literal
 
-from kvlab.engines.llamacpp.roundtrip import PROVEN
 from kvlab.measure import compare, intervals, pressure
 from kvlab.records import (
     BASELINE,
@@ -36,6 +35,7 @@ from kvlab.records import (
     OFFLOAD_CURVE,
     PRESSURE_OFF,
     PRESSURE_ON,
+    PROVEN,
     SHARED_SINGLE,
     SHARED_STORE,
     TWO_MACHINES,

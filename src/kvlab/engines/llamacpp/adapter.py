@@ -11,35 +11,46 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvlab.core import dig, integer, integers, text
-from kvlab.engines import local
+import httpx
+
+from kvlab.core import EngineError, dig, integer, integers, text
+from kvlab.engines import install, local
+from kvlab.engines.argv import argv_args, flag_value, launch_settings_from, token_list
 from kvlab.engines.base import (
     LLAMA_CPP,
     PROBE_MESSAGES,
+    CacheShape,
     CounterTable,
+    GaugeTable,
+    Install,
     InstanceFacts,
     LaunchSettings,
     TwoEndpointProof,
-    argv_args,
-    flag_value,
-    launch_settings_from,
-    token_list,
 )
-from kvlab.engines.http import get_json, post_json
+from kvlab.engines.http import get_json, post_json, post_strict
 from kvlab.engines.llamacpp import facts
 from kvlab.engines.llamacpp.prove import slot_store_proof
+from kvlab.engines.llamacpp.selection import LlamaInstall, find_install
+from kvlab.engines.plan import PlanRequest
 from kvlab.records import EngineArgs, KvCapacity
 
 if TYPE_CHECKING:
-    import httpx
-
+    from kvlab.core import Say, Settings
     from kvlab.engines.plan import EnginePlan
     from kvlab.observe import Snapshot
+
+ROLE = "llama"  # `kvlab serve llama`: the seed's `llama-cache-tiers.sh serve`
+NO_GGUF = ("no GGUF for llama-server: set LLAMA_MODEL to one (`LLAMA_MODEL=/path/model.gguf "
+           "kvlab run all`; `kvlab models tiny` makes a tiny random-weight one)")
+PLAN_FIELDS = frozenset({"model", "port", "extra_args", "store_path", "slots", "kv_cache_type",
+                         "host_cache_mib", "prefix_caching", "log_cache_state"})
 
 
 
 class LlamaCppEngine:
     name = LLAMA_CPP
+    roles: tuple[str, ...] = (ROLE,)
+    plan_fields = PLAN_FIELDS
     metric_namespace = "llamacpp"
     counters = facts.EVIDENCE_COUNTERS
     gauges = facts.EVIDENCE_GAUGES
@@ -49,8 +60,81 @@ class LlamaCppEngine:
 
     def __init__(self) -> None:
         self.transfer_counters: CounterTable = {}  # llama-server moves no KV between instances
+        self.tier_gauges: GaugeTable = {}  # its RAM cache's state is in its log, not /metrics
         # two llama-servers share KV only through a slot file moved between them
         self.two_endpoint_proof: TwoEndpointProof | None = slot_store_proof
+
+    def install(self, settings: Settings) -> Install:
+        return find_install(settings)
+
+    def prepare(self, settings: Settings, say: Say) -> None:
+        """llama-server built from the pinned tree for this machine's device, where none is
+        on LLAMA_BIN or PATH."""
+        if facts.find_llama_server(settings) is not None or settings.llama_bin:
+            return
+        target = facts.build_target(settings)
+        if target.missing:
+            say(f"llama-server: {target.missing}; its rows are recorded as not run")
+            return
+        try:
+            install.build_llama_server(settings.home(), say, target=target)
+        except EngineError as exc:
+            raise EngineError(f"building llama-server for {target.describe()} failed: {exc}; "
+                              "or set LLAMA_BIN to a llama-server built for this machine") \
+                from exc
+
+    short = "llama"
+
+    def build(self, settings: Settings, say: Say, asked: bool) -> Path | None:
+        """llama-server for this machine's device, never the wrong one's."""
+        return install.build_llama_server(settings.home(), say,
+                                          target=facts.build_target(settings))
+
+    def missing(self, settings: Settings) -> str | None:
+        return None if settings.llama_model else NO_GGUF
+
+    def plan(self, settings: Settings, role: str, install: Install,
+             request: PlanRequest | None = None) -> EnginePlan:
+        r = request or PlanRequest()
+        binary = install.binary if isinstance(install, LlamaInstall) else None
+        opts = facts.LlamaOptions(
+            model=r.model, port=r.port, parallel=r.slots, cache_type=r.kv_cache_type,
+            slot_save_path=r.store_path, extra_args=r.extra_args, role=role,
+            cache_ram_mib=r.host_cache_mib, cache_prompt=r.prefix_caching,
+            log_verbosity=facts.DEBUG_VERBOSITY if r.log_cache_state else None)
+        return facts.plan(settings, binary or facts.SERVER_BINARY, opts)
+
+    def resettable(self, plan: EnginePlan) -> bool:
+        """An erase empties its slots; prompts moved to the RAM cache earlier would stay."""
+        return plan.flag_value("--cache-ram") == "0"
+
+    def poolable(self, plan: EnginePlan) -> EnginePlan:
+        return plan
+
+    async def cached_probe(self, client: httpx.AsyncClient, plan: EnginePlan,
+                           prompt: str) -> tuple[int, int]:
+        body = {"prompt": prompt, "n_predict": 1, "cache_prompt": True, "temperature": 0}
+        timings = dig(await post_strict(client, "/completion", body), "timings")
+        cached = integer(dig(timings, "cache_n")) or 0
+        return (integer(dig(timings, "prompt_n")) or 0) + cached, cached
+
+    async def reset_cache(self, client: httpx.AsyncClient, plan: EnginePlan) -> str:
+        slots = (await client.get(facts.SLOTS_PATH)).raise_for_status().json()
+        ids = [int(s["id"]) for s in slots if isinstance(s, dict) and "id" in s]
+        for slot in ids:
+            (await client.post(facts.slot_url(plan.base_url, slot, "erase"))).raise_for_status()
+        return f"POST /slots/ID?action=erase, each of {len(ids)} slot(s)"
+
+    async def tokenize_chat(self, client: httpx.AsyncClient, root: str, model: str,
+                            messages: list[dict[str, str]]) -> list[int] | None:
+        return await tokenize_chat(client, root, messages)
+
+    async def cache_shape(self, client: httpx.AsyncClient, root: str,
+                          snap: Snapshot | None) -> CacheShape | None:
+        slots = await slot_count(client, root)
+        if not slots:
+            return None
+        return CacheShape("slots", "the server's /props (total_slots)", slots=slots)
 
     def capacity(self, plan: EnginePlan, log_text: str) -> KvCapacity:
         m = facts.STARTUP_SLOTS_LINE.search(log_text)

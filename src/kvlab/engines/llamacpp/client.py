@@ -275,15 +275,3 @@ class LlamaClient:
             extra["id_slot"] = slot
         body = chat_body(model, [{"role": "user", "content": prompt}], max_tokens, extra=extra)
         return await stream_chat(self.http, self.target.base_url, body, self._api_key)
-
-
-def logprob_gap(a: list[tuple[str, float]], b: list[tuple[str, float]]) -> float | None:
-    """Largest |difference| between two top-logprob lists over the tokens both list.
-
-    None when either list is empty or they share no token (not comparable at all).
-    """
-    left, right = dict(a), dict(b)
-    common = set(left) & set(right)
-    if not common:
-        return None
-    return max(abs(left[t] - right[t]) for t in common)

@@ -20,7 +20,7 @@ from kvlab.core import RefusedError, Settings
 from kvlab.engines.base import CaseRunner
 from kvlab.engines.llamacpp import roundtrip, slotstore
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget, target_from_settings
-from kvlab.observe import ChatResult, server_root
+from kvlab.observe import LOGPROB_TOLERANCE, ChatResult, server_root
 
 LOGPROBS: dict[str, object] = {"logprobs": True, "top_logprobs": 5}  # for the logprob evidence
 IDENTICAL_WHY = "the slot file saved on A was restored into this slot of B"
@@ -72,4 +72,4 @@ def _explained(judged: roundtrip.Judgement) -> str:
     gap = f"{judged.logprob_gap:.2e}" if judged.logprob_gap is not None else "none"
     why = f": {'; '.join(judged.reasons)}" if judged.reasons else ""
     return (f"slot-store round trip A -> B: {judged.verdict} (first-token logprob gap {gap}, "
-            f"tolerance {roundtrip.LOGPROB_TOLERANCE}){why}")
+            f"tolerance {LOGPROB_TOLERANCE}){why}")

@@ -18,20 +18,15 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Literal
 
 from kvlab.core import Say, quiet
 from kvlab.engines.llamacpp import slotstore
-from kvlab.engines.llamacpp.client import LlamaClient, SlotOp, logprob_gap
-from kvlab.observe import ChatResult
-from kvlab.records import Turn
+from kvlab.engines.llamacpp.client import LlamaClient, SlotOp
+from kvlab.observe import LOGPROB_TOLERANCE, ChatResult, logprob_gap
+from kvlab.records import NOT_PROVEN, PROVEN, RestoreVerdict, Turn
 
 REUSE_FRACTION = 0.95    # the post-restore cache_n must cover this share of the prompt
 CONTROL_FRACTION = 0.05  # the control may reuse at most this share (template tokens)
-LOGPROB_TOLERANCE = 1e-3
-PROVEN: Final = "reuse proven"  # the notebook's words; `kvlab report` shows them as written
-NOT_PROVEN: Final = "not proven"
-Verdict = Literal["reuse proven", "not proven"]
 
 # one request of the protocol, bound by the caller to its server, slot and prompt
 Ask = Callable[[], Awaitable[ChatResult]]
@@ -76,7 +71,7 @@ class RoundTrip:
 class Judgement:
     """The round trip's verdict, the reasons it is not proven, and the logprob evidence."""
 
-    verdict: Verdict
+    verdict: RestoreVerdict
     reasons: list[str] = field(default_factory=list)
     logprob_gap: float | None = None
     prompt_tokens: int = 0

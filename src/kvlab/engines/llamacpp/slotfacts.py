@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, fields
 
-from kvlab.engines.base import flag_value
+from kvlab.engines.argv import flag_value
 
 UNKNOWN = "unknown"
 KV_CACHE_LINE = re.compile(

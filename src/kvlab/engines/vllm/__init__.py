@@ -28,7 +28,6 @@ from kvlab.engines.vllm.plans import (
     SEED_FLAGS,
     VARIABLE_FLAGS,
     WEIGHT_OFFLOAD_FLAG,
-    PlanOptions,
     plan,
 )
 from kvlab.engines.vllm.selection import (
@@ -63,7 +62,6 @@ __all__ = [
     "WAITING",
     "WEIGHT_OFFLOAD_FLAG",
     "Hardware",
-    "PlanOptions",
     "StartupCapacity",
     "VllmInstall",
     "accepted_flags",

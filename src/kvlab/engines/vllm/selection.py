@@ -30,7 +30,7 @@ from kvlab.core import (
     wants_gpu,
 )
 from kvlab.engines import install
-from kvlab.engines.base import Support
+from kvlab.engines.base import HOST_TIER, Support
 from kvlab.records import EngineChoice
 
 # vLLM's own words when a CPU build is asked for the host-memory tier
@@ -59,6 +59,17 @@ class VllmInstall:
     def offload_support(self) -> Support:
         """Whether this vLLM can hold a host-memory KV tier (a CPU build cannot)."""
         return Support(False, CPU_CANNOT_OFFLOAD) if self.platform == "cpu" else Support(True)
+
+    def supports(self, feature: str) -> Support:
+        if feature == HOST_TIER:
+            return self.offload_support()
+        return Support(False, f"vLLM has no {feature!r} kvlab knows")
+
+    def require(self) -> None:
+        require_found(self)
+
+    def accepted_flags(self, cache_dir: Path) -> frozenset[str] | None:
+        return accepted_flags(self, cache_dir)
 
     def as_record(self) -> EngineChoice:
         """The choice as the startup line and `kvlab settings` state it."""

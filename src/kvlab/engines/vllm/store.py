@@ -25,7 +25,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvlab.core import RefusedError, human_bytes, tree_bytes
+from kvlab.core import RefusedError, tree_bytes
+from kvlab.engines.base import Room
 
 ENTRY = re.compile(r"^[0-9a-f]{32}$")
 LAYER_FILE = re.compile(r"\.(\d+)\.[\w.]*safetensors$")  # model.layers.N.self_attn.attn....
@@ -154,30 +155,6 @@ def refuse_partial(store: Path, layers: int | None = None) -> None:
         raise RefusedError(why)
 
 
-@dataclass(frozen=True)
-class Room:
-    """The store's filesystem against what a run will write into it."""
-
-    store: Path
-    free_bytes: int
-    predicted_bytes: int
-    requests: int
-    bytes_per_request: float
-
-    @property
-    def enough(self) -> bool:
-        return self.free_bytes >= self.predicted_bytes
-
-    def refusal(self) -> str:
-        return (f"the KV store's filesystem is too small for this run: {self.store} has "
-                f"{human_bytes(self.free_bytes)} free and the run keeps up to about "
-                f"{human_bytes(self.predicted_bytes)} there at once ({self.requests} requests x "
-                f"{human_bytes(int(self.bytes_per_request))} of KV each, from the model's "
-                "shape); an engine that meets a full store dies mid-write and leaves a partial "
-                "entry: free space there, point the store at a larger filesystem, or send "
-                "fewer requests")
-
-
 def room(store: Path, requests: int, bytes_per_request: float) -> Room:
     """Free space on the filesystem `store` is on (its nearest existing parent) against
     `requests` entries of `bytes_per_request` each."""
@@ -194,3 +171,22 @@ def require_room(store: Path, requests: int, bytes_per_request: float) -> Room:
     if not found.enough:
         raise RefusedError(found.refusal())
     return found
+
+
+class ExampleStore:
+    """The shared connector's store (vLLM's ExampleConnector directory) as `base.KvStore`."""
+
+    def drain(self, store: Path) -> tuple[int, int]:
+        return drain(store)
+
+    def partial(self, store: Path, layers: int | None = None) -> str | None:
+        return partial_message(store, layers)
+
+    def named(self, kv_store: str | None) -> list[Path]:
+        return stores_named(kv_store)
+
+    def require_room(self, store: Path, requests: int, bytes_per_request: float) -> Room:
+        return require_room(store, requests, bytes_per_request)
+
+
+EXAMPLE_STORE = ExampleStore()

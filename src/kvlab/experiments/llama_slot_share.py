@@ -30,7 +30,7 @@ from kvlab.engines.llamacpp.server import (
     server_plan,
 )
 from kvlab.experiments.lab import Lab, engines
-from kvlab.observe import ChatResult
+from kvlab.observe import LOGPROB_TOLERANCE, ChatResult
 from kvlab.records import (
     SHARED_SLOTS,
     LlamaServerLine,
@@ -58,7 +58,7 @@ class SharedSlotsSpec(SlotRunSpec):
 async def run(lab: Lab, spec: SharedSlotsSpec) -> list[Record]:
     """Save on A, restore on B, prove reuse on B; the `reuse` line it wrote."""
     spec.check()
-    settings, binary = lab.settings, lab.llama_server()
+    settings, binary = lab.settings, llamacpp.require_llama_server(lab.settings)
     store = slotstore.SlotStore(Path(settings.llama_slot_save_path))
     accepted = llamacpp.help_flags(binary)
     plans = [server_plan(settings, binary, role=f"shared-slots-{name}",
@@ -136,7 +136,7 @@ def shared_record(spec: SharedSlotsSpec, trip: RoundTrip, server: LlamaServerLin
                               restored_b=roundtrip.turn(restored_b),
                               cold_b_control=roundtrip.turn(cold_b),
                               logprob_max_abs_diff=judged.logprob_gap,
-                              logprob_tolerance=roundtrip.LOGPROB_TOLERANCE,
+                              logprob_tolerance=LOGPROB_TOLERANCE,
                               save=trip.save.as_record(), restore=trip.restore.as_record()),
         server=server,
         note=("turn 2 is the same prompt on the second server after restoring the first "

@@ -126,7 +126,7 @@ async def run(lab: Lab, spec: InterferenceSpec, *,
     """The runs in alternating order (one server start per stint), each load row written
     as it ends, then the comparison."""
     spec.budget()
-    binary = lab.llama_server()
+    binary = llamacpp.require_llama_server(lab.settings)
     accepted = llamacpp.help_flags(binary)
     workload: Workload | None = None
     rows: list[LoadRecord] = []

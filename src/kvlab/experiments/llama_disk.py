@@ -31,7 +31,7 @@ from kvlab.engines.llamacpp.server import (
     server_plan,
 )
 from kvlab.experiments.lab import Lab, engines
-from kvlab.observe import ChatResult
+from kvlab.observe import LOGPROB_TOLERANCE, ChatResult
 from kvlab.records import DiskRecord, LlamaServerLine, Record, SlotEvidence, notebook
 
 SLOT = 0
@@ -49,7 +49,7 @@ class DiskSpec(SlotRunSpec):
 async def run(lab: Lab, spec: DiskSpec) -> list[Record]:
     """Run the stopwatch once; the `disk` line it wrote."""
     spec.check()
-    settings, binary = lab.settings, lab.llama_server()
+    settings, binary = lab.settings, llamacpp.require_llama_server(lab.settings)
     store = slotstore.SlotStore(Path(settings.llama_slot_save_path))
     plan = server_plan(settings, binary, role="disk", ctx=spec.ctx, parallel=spec.parallel,
                        slot_dir=store.directory, cache_ram_mib=spec.cache_ram_mib)
@@ -128,7 +128,7 @@ def disk_record(spec: DiskSpec, trip: RoundTrip, server: LlamaServerLine, versio
         evidence=SlotEvidence(cold=roundtrip.turn(cold), control=roundtrip.turn(control),
                               restored=roundtrip.turn(restored),
                               logprob_max_abs_diff=judged.logprob_gap,
-                              logprob_tolerance=roundtrip.LOGPROB_TOLERANCE,
+                              logprob_tolerance=LOGPROB_TOLERANCE,
                               save=save_op.as_record(), restore=restore_op.as_record(),
                               slot_file=slot_file, file_kept=spec.keep_file),
         server=server,
