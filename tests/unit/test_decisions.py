@@ -25,7 +25,7 @@ from kvlab.records.models import (
     ReuseRecord,
     ReuseRow,
 )
-from kvlab.records.runs import ReuseSummary
+from kvlab.records.reuse import ReuseSummary
 from kvlab.report import build as report
 from kvlab.report import decisions
 from perrequest import lognormal, plan, run_row, where_fields
