@@ -24,7 +24,7 @@ from kvlab.engines.plan import EnginePlan
 from kvlab.engines.roles import plan_for_role as build_plan
 from kvlab.records import notebook
 from kvlab.records.base import Record
-from kvlab.records.load import LinkRecord, NixlCounters
+from kvlab.records.link import LinkRecord, NixlCounters
 from kvlab.records.notes import NotRunRecord
 from kvlab.records.pd import PredictionRecord
 from kvlab.records.reuse import ProofCase, ProofRecord, ReuseRecord

@@ -22,7 +22,6 @@ from kvlab.records import notebook
 from kvlab.records.comparison import BytesEvidence, ComparisonLevel
 from kvlab.records.disk import SlotEvidence, Turn
 from kvlab.records.evidence import KvCapacity, Percentiles
-from kvlab.records.load import Pressure, PressureReached
 from kvlab.records.models import (
     ComparisonRecord,
     DiskRecord,
@@ -34,6 +33,7 @@ from kvlab.records.models import (
     ReuseRow,
     StartupRecord,
 )
+from kvlab.records.pressure import Pressure, PressureReached
 from kvlab.records.reuse import ReuseSummary
 from kvlab.report import build, decisions, export, plots
 from perrequest import lognormal, plan, run_row, where_fields

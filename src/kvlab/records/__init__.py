@@ -1,6 +1,7 @@
 """kvlab.records"""
 
 from kvlab.records.base import LAB_NONE, LAB_OFFLOAD, LAB_PD, Deltas, Number, Strict
+from kvlab.records.capacity import BoundFigure, CapacityMethod, CapacityStep, CapacityTarget
 from kvlab.records.comparison import (
     BytesEvidence,
     ComparisonLevel,
@@ -36,37 +37,17 @@ from kvlab.records.evidence import (
     SideChannel,
     Where,
 )
+from kvlab.records.link import LegFigures, LinkRecord, NixlCounters, RdmaCounters, RdmaPortDelta
 from kvlab.records.load import (
-    BoundFigure,
-    CapacityMethod,
     CapacityProbe,
-    CapacityStep,
-    CapacityTarget,
-    DatasetEvidence,
     Goodput,
-    HostTierUse,
     KvSamples,
-    LegFigures,
     LevelFigures,
     LevelOwn,
-    LinkRecord,
-    NixlCounters,
     OracleLevel,
-    PrefixGroups,
-    Pressure,
-    PressurePlanned,
-    PressureReached,
-    PromptSizing,
-    RdmaCounters,
-    RdmaPortDelta,
-    RequestShape,
     RunContext,
-    SessionsEvidence,
-    ThinkTimeLine,
     TierPoint,
-    TraceEvidence,
     TtftParts,
-    Workload,
 )
 from kvlab.records.models import (
     BY_KIND,
@@ -94,6 +75,7 @@ from kvlab.records.pd import (
     ProcedureRecord,
     StreamCut,
 )
+from kvlab.records.pressure import HostTierUse, Pressure, PressurePlanned, PressureReached
 from kvlab.records.replicas import ReplicaCounts, ReplicasRecord
 from kvlab.records.requests import Gaps, ProxyTimeline, RequestLine
 from kvlab.records.reuse import (
@@ -155,6 +137,16 @@ from kvlab.records.startup import (
     ResetProbe,
     SideChannelAddress,
     StartupFacts,
+)
+from kvlab.records.workload import (
+    DatasetEvidence,
+    PrefixGroups,
+    PromptSizing,
+    RequestShape,
+    SessionsEvidence,
+    ThinkTimeLine,
+    TraceEvidence,
+    Workload,
 )
 
 __all__ = [

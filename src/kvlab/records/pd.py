@@ -3,8 +3,8 @@ arithmetic), the `crossing` check that one request crossed both legs of the spli
 `procedure` step that cancels a request mid-stream and restarts decode, and the prompt-length
 sweep (`boundary-point` per length and side, `boundary` for where the split pays).
 
-The split's load rows and link counters are `load.py`'s; its comparison against the baseline is
-`comparison.py`'s.
+The split's load rows are `load.py`'s and its link counters `link.py`'s; its comparison against
+the baseline is `comparison.py`'s.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from pydantic import Field
 from kvlab.records.base import Deltas, Record, Strict
 from kvlab.records.disk import SlotEvidence
 from kvlab.records.evidence import InstanceLine, KvType, LlamaServerLine, PerUrl
-from kvlab.records.load import Pressure
+from kvlab.records.pressure import Pressure
 
 Verdict = Literal["reused", "silent-miss", "warm-up-only", "no-reuse-expected", "inconclusive"]
 """Did a request reuse KV, and if not, was that expected (`measure/verdict.py` decides)."""
