@@ -91,7 +91,7 @@ class IntervalMethod(Strict):
 
 
 class LevelPressure(Strict):
-    """One level's pressure, as the report judges it (`report/pressure.py`), with the figures
+    """One level's pressure, as the report judges it (`measure/pressure.py`), with the figures
     that decided it."""
 
     state: str

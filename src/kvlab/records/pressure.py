@@ -16,7 +16,7 @@ from kvlab.records.base import Strict
 
 
 class PressurePlanned(Strict):
-    """The pressure a run was sized for (`experiments/pressure.py`)."""
+    """The pressure a run was sized for (`experiments/pressure_plan.py`)."""
 
     concurrency: int
     requests: int
