@@ -11,8 +11,8 @@ import numpy as np
 
 from kvlab.records import notebook, requests
 from kvlab.records.evidence import Where
-from kvlab.records.load import PressurePlanned
 from kvlab.records.models import LoadRecord, Percentiles
+from kvlab.records.pressure import PressurePlanned
 
 
 def lognormal(seed: int, n: int, median: float, sigma: float = 0.4) -> list[float]:

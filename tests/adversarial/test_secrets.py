@@ -24,15 +24,11 @@ from kvlab.engines.plan import EnginePlan
 from kvlab.engines.roles import plan_for_role as build_plan
 from kvlab.records import notebook
 from kvlab.records.base import Record
-from kvlab.records.load import LinkRecord, NixlCounters
-from kvlab.records.runs import (
-    NotRunRecord,
-    PredictionRecord,
-    ProofCase,
-    ProofRecord,
-    ReuseRecord,
-    StartupRecord,
-)
+from kvlab.records.link import LinkRecord, NixlCounters
+from kvlab.records.notes import NotRunRecord
+from kvlab.records.pd import PredictionRecord
+from kvlab.records.reuse import ProofCase, ProofRecord, ReuseRecord
+from kvlab.records.startup import StartupRecord
 
 KEY = "sk-live-7f3a9c1e5b2d4f6a8c0e"
 TOKEN = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123"

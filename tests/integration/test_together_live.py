@@ -17,10 +17,11 @@ from kvlab.experiments import disagg, offload
 from kvlab.experiments.lab import Lab
 from kvlab.measure import kvmath
 from kvlab.records import notebook
-from kvlab.records.load import LinkRecord
+from kvlab.records.link import LinkRecord
 from kvlab.records.models import LoadRecord, NotRunRecord, ReuseRecord
+from kvlab.records.pd import PredictionRecord
 from kvlab.records.rows import PRESSURE_OFF, PRESSURE_ON, QUIET_OFF, QUIET_ON
-from kvlab.records.runs import PredictionRecord, StartupRecord
+from kvlab.records.startup import StartupRecord
 from kvlab.report.starts import latest
 
 pytestmark = pytest.mark.vllm

@@ -23,17 +23,10 @@ from kvlab.loadgen.capacity import (
 from kvlab.loadgen.record import RequestRecord
 from kvlab.loadgen.spec import LoadSpec
 from kvlab.records import notebook, requests
-from kvlab.records.load import (
-    CapacityMethod,
-    CapacityTarget,
-    Pressure,
-    PressurePlanned,
-    PressureReached,
-    SessionsEvidence,
-    ThinkTimeLine,
-    Workload,
-)
+from kvlab.records.capacity import CapacityMethod, CapacityTarget
 from kvlab.records.models import CapacityRecord, LoadRecord, Percentiles
+from kvlab.records.pressure import Pressure, PressurePlanned, PressureReached
+from kvlab.records.workload import SessionsEvidence, ThinkTimeLine, Workload
 
 
 class OneAtATime(SseUpstream):

@@ -431,7 +431,7 @@ def test_each_leg_of_a_split_has_its_requests_and_bytes() -> None:
     from kvlab.engines import startup
     from kvlab.measure import compare, leg_bytes
     from kvlab.records.models import LinkRecord
-    from kvlab.records.runs import PredictionRecord
+    from kvlab.records.pd import PredictionRecord
 
     urls = {r: f"http://10.0.0.{i}:8000/metrics"
             for i, r in enumerate(("prefill", "prefill-2", "decode", "decode-2"), 1)}

@@ -14,10 +14,11 @@ import seeds
 from kvlab.core.errors import InputError, RefusedError
 from kvlab.measure import compare, intervals
 from kvlab.records import notebook
+from kvlab.records.comparison import BytesEvidence, NixlTransfer, RatioInterval
 from kvlab.records.evidence import KvCapacity, Percentiles
-from kvlab.records.load import NixlCounters, Pressure, RdmaCounters
+from kvlab.records.link import NixlCounters, RdmaCounters
 from kvlab.records.models import ComparisonRecord, LinkRecord, LoadRecord, Record, StartupRecord
-from kvlab.records.runs import BytesEvidence, NixlTransfer, RatioInterval
+from kvlab.records.pressure import Pressure
 from perrequest import lognormal, plan, run_row
 
 DATA = Path(__file__).resolve().parents[1] / "data"

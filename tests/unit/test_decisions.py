@@ -14,8 +14,8 @@ import numpy as np
 from kvlab.loadgen import topology
 from kvlab.measure import compare, intervals
 from kvlab.records import notebook
+from kvlab.records.capacity import CapacityMethod, CapacityTarget
 from kvlab.records.evidence import Percentiles
-from kvlab.records.load import CapacityMethod, CapacityTarget, Pressure, PressureReached
 from kvlab.records.models import (
     CapacityRecord,
     DiskRecord,
@@ -25,7 +25,8 @@ from kvlab.records.models import (
     ReuseRecord,
     ReuseRow,
 )
-from kvlab.records.runs import ReuseSummary
+from kvlab.records.pressure import Pressure, PressureReached
+from kvlab.records.reuse import ReuseSummary
 from kvlab.report import build as report
 from kvlab.report import decisions
 from perrequest import lognormal, plan, run_row, where_fields

@@ -16,9 +16,10 @@ from kvlab.engines.llamacpp import ramcache
 from kvlab.engines.llamacpp.adapter import LLAMA_CPP_ENGINE, argv_facts
 from kvlab.experiments.llama_tiers import LlamaTiersSpec, SlotPressure, candidate_ctx
 from kvlab.measure.pressure import judge_pressure as judge
-from kvlab.records.load import HostTierUse, LoadRecord, Pressure, PressureReached
+from kvlab.records.comparison import KvQuantRecord, KvTypeSide, RatioInterval
+from kvlab.records.load import LoadRecord
 from kvlab.records.notebook import Notebook
-from kvlab.records.runs import KvQuantRecord, KvTypeSide, RatioInterval
+from kvlab.records.pressure import HostTierUse, Pressure, PressureReached
 from kvlab.report.llama import quant_line
 
 # lines as this build of llama-server writes them at --log-verbosity 4

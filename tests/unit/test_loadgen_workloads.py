@@ -6,7 +6,7 @@ import pytest
 
 from kvlab.core.errors import InputError
 from kvlab.measure import workloads
-from kvlab.records.load import PrefixGroups, PromptSizing
+from kvlab.records.workload import PrefixGroups, PromptSizing
 
 
 def test_same_arguments_same_text() -> None:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from kvlab.records import notebook
-from kvlab.records.runs import NoteRecord
+from kvlab.records.notes import NoteRecord
 from kvlab.report import build
 
 KEY = "sk-" + "abcdef0123456789" * 2

@@ -11,8 +11,10 @@ import pytest
 from kvlab import SCHEMA, __version__
 from kvlab.core.errors import InputError
 from kvlab.records import notebook
-from kvlab.records.load import LinkRecord
-from kvlab.records.runs import NotRunRecord, PredictionRecord, ReuseRecord
+from kvlab.records.link import LinkRecord
+from kvlab.records.notes import NotRunRecord
+from kvlab.records.pd import PredictionRecord
+from kvlab.records.reuse import ReuseRecord
 
 
 def test_envelope_and_roundtrip(tmp_path: Path) -> None:

@@ -46,7 +46,8 @@ def test_the_row_shows_the_oracle_beside_the_measured_hit_rate() -> None:
 def test_the_tier_size_curve_is_drawn_from_the_tier_off_runs_oracle(tmp_path: Path) -> None:
     from kvlab.records import notebook
     from kvlab.records.evidence import Percentiles
-    from kvlab.records.load import Pressure, TierPoint
+    from kvlab.records.load import TierPoint
+    from kvlab.records.pressure import Pressure
     from kvlab.report import build
 
     curve = [TierPoint(tier_blocks=b, hit_share=s)

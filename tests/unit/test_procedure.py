@@ -34,14 +34,7 @@ from kvlab.records.models import (
     ProcedureRecord,
     Record,
 )
-from kvlab.records.runs import (
-    BoundaryCell,
-    CancelEvidence,
-    CancelSpecLine,
-    Fresh,
-    Restart,
-    StreamCut,
-)
+from kvlab.records.pd import BoundaryCell, CancelEvidence, CancelSpecLine, Fresh, Restart, StreamCut
 from kvlab.report import build
 
 # --- the boundary ---------------------------------------------------------------------------

@@ -19,8 +19,9 @@ from kvlab.engines.process import free_port, port_in_use
 from kvlab.loadgen import topology
 from kvlab.measure import compare, intervals
 from kvlab.records import notebook
+from kvlab.records.comparison import BytesEvidence, ComparisonLevel
+from kvlab.records.disk import SlotEvidence, Turn
 from kvlab.records.evidence import KvCapacity, Percentiles
-from kvlab.records.load import Pressure, PressureReached
 from kvlab.records.models import (
     ComparisonRecord,
     DiskRecord,
@@ -32,7 +33,8 @@ from kvlab.records.models import (
     ReuseRow,
     StartupRecord,
 )
-from kvlab.records.runs import BytesEvidence, ComparisonLevel, ReuseSummary, SlotEvidence, Turn
+from kvlab.records.pressure import Pressure, PressureReached
+from kvlab.records.reuse import ReuseSummary
 from kvlab.report import build, decisions, export, plots
 from perrequest import lognormal, plan, run_row, where_fields
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from kvlab.records import notebook
 from kvlab.records.evidence import Percentiles
 from kvlab.records.models import parse
+from kvlab.records.notes import NoteRecord
 from kvlab.records.replicas import ReplicaCounts, ReplicasRecord
-from kvlab.records.runs import NoteRecord
 from kvlab.report import replicas as answer
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvlab.records import notebook
-from kvlab.records.runs import EngineReuse, ResetProbe, StartupRecord
+from kvlab.records.startup import EngineReuse, ResetProbe, StartupRecord
 from kvlab.report import build
 from kvlab.report.starts import latest
 

@@ -21,8 +21,9 @@ from kvlab.loadgen.spec import LoadSpec
 from kvlab.loadgen.sweep import run_sweep
 from kvlab.measure.workloads import Prompt
 from kvlab.records import notebook, requests
-from kvlab.records.load import PressurePlanned, ThinkTimeLine, Workload
 from kvlab.records.models import LoadRecord
+from kvlab.records.pressure import PressurePlanned
+from kvlab.records.workload import ThinkTimeLine, Workload
 from kvlab.report.offload import tier_fit
 
 

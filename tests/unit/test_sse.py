@@ -11,7 +11,7 @@ from typing import Any
 from kvlab.experiments.procedure import take_line
 from kvlab.loadgen.record import RequestRecord, decode_events
 from kvlab.observe import sse
-from kvlab.records.runs import StreamCut
+from kvlab.records.pd import StreamCut
 
 
 def data(obj: Any) -> str:

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from kvlab.records import notebook, requests
-from kvlab.records.load import Pressure
 from kvlab.records.models import LoadRecord, NotRunRecord, Percentiles
+from kvlab.records.pressure import Pressure
 from kvlab.records.rows import OFFLOAD_BOUNDARY
 from kvlab.report import tier_boundary
 from kvlab.report.decisions import LENGTH_Q, decide

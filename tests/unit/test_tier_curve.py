@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 
 from kvlab.records import notebook, requests
-from kvlab.records.load import OracleLevel, Pressure, SessionsEvidence, TierPoint
+from kvlab.records.load import OracleLevel, TierPoint
 from kvlab.records.models import LoadRecord, NotRunRecord
+from kvlab.records.pressure import Pressure
 from kvlab.records.rows import LLAMA_RAM_CURVE, OFFLOAD_CURVE
+from kvlab.records.workload import SessionsEvidence
 from kvlab.report import tier_curve
 from kvlab.report.decisions import TIER_SIZE_Q, decide
 from perrequest import plan, run_row

@@ -18,7 +18,7 @@ from kvlab.loadgen.client import Endpoint
 from kvlab.loadgen.spec import LoadSpec
 from kvlab.loadgen.sweep import Inputs, measure_level, run_sweep
 from kvlab.loadgen.trace import TokenPool, TraceRequest, TraceSpec
-from kvlab.records.load import Workload
+from kvlab.records.workload import Workload
 
 POOL = TokenPool(tuple(range(1000, 1400)), "a test pool")
 # the first lines of Mooncake's FAST25-release/traces/conversation_trace.jsonl, shortened

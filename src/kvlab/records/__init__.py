@@ -1,6 +1,19 @@
 """kvlab.records"""
 
 from kvlab.records.base import LAB_NONE, LAB_OFFLOAD, LAB_PD, Deltas, Number, Strict
+from kvlab.records.capacity import BoundFigure, CapacityMethod, CapacityStep, CapacityTarget
+from kvlab.records.comparison import (
+    BytesEvidence,
+    ComparisonLevel,
+    IntervalMethod,
+    KvQuantRecord,
+    KvTypeSide,
+    LevelPressure,
+    NixlTransfer,
+    RatioInterval,
+    SidePressure,
+)
+from kvlab.records.disk import SlotEvidence, SlotOpLine, Turn
 from kvlab.records.evidence import (
     LOCAL,
     LOOPBACK,
@@ -27,37 +40,17 @@ from kvlab.records.evidence import (
     SideChannel,
     Where,
 )
+from kvlab.records.link import LegFigures, LinkRecord, NixlCounters, RdmaCounters, RdmaPortDelta
 from kvlab.records.load import (
-    BoundFigure,
-    CapacityMethod,
     CapacityProbe,
-    CapacityStep,
-    CapacityTarget,
-    DatasetEvidence,
     Goodput,
-    HostTierUse,
     KvSamples,
-    LegFigures,
     LevelFigures,
     LevelOwn,
-    LinkRecord,
-    NixlCounters,
     OracleLevel,
-    PrefixGroups,
-    Pressure,
-    PressurePlanned,
-    PressureReached,
-    PromptSizing,
-    RdmaCounters,
-    RdmaPortDelta,
-    RequestShape,
     RunContext,
-    SessionsEvidence,
-    ThinkTimeLine,
     TierPoint,
-    TraceEvidence,
     TtftParts,
-    Workload,
 )
 from kvlab.records.models import (
     BY_KIND,
@@ -72,8 +65,33 @@ from kvlab.records.models import (
     json_schemas,
 )
 from kvlab.records.notebook import Notebook, check_no_secrets
+from kvlab.records.notes import NOTE_TOPICS, NoteRecord, NotRunRecord
+from kvlab.records.pd import (
+    BoundaryCell,
+    BoundaryPointRecord,
+    BoundaryRecord,
+    CancelEvidence,
+    CancelSpecLine,
+    Check,
+    KvPrediction,
+    PredictionRecord,
+    ProcedureRecord,
+    StreamCut,
+)
+from kvlab.records.pressure import HostTierUse, Pressure, PressurePlanned, PressureReached
 from kvlab.records.replicas import ReplicaCounts, ReplicasRecord
 from kvlab.records.requests import Gaps, ProxyTimeline, RequestLine
+from kvlab.records.reuse import (
+    CaseEvidence,
+    ChatTiming,
+    Fitted,
+    ProofCase,
+    ProofRecord,
+    ReuseRecord,
+    ReuseRow,
+    ReuseSummary,
+    Verdict,
+)
 from kvlab.records.rows import (
     BASELINE,
     BOUNDARY,
@@ -115,47 +133,23 @@ from kvlab.records.rows import (
     replicas_label,
     serve_label,
 )
-from kvlab.records.runs import (
-    NOTE_TOPICS,
-    BoundaryCell,
-    BoundaryPointRecord,
-    BoundaryRecord,
-    BytesEvidence,
-    CancelEvidence,
-    CancelSpecLine,
-    CaseEvidence,
-    ChatTiming,
-    Check,
-    ComparisonLevel,
+from kvlab.records.startup import (
     EngineChoice,
     EngineReuse,
-    Fitted,
     HostTierCheck,
-    IntervalMethod,
-    KvPrediction,
-    KvQuantRecord,
-    KvTypeSide,
-    LevelPressure,
-    NixlTransfer,
-    NoteRecord,
-    NotRunRecord,
-    PredictionRecord,
-    ProcedureRecord,
-    ProofCase,
-    ProofRecord,
-    RatioInterval,
     ResetProbe,
-    ReuseRecord,
-    ReuseRow,
-    ReuseSummary,
     SideChannelAddress,
-    SidePressure,
-    SlotEvidence,
-    SlotOpLine,
     StartupFacts,
-    StreamCut,
-    Turn,
-    Verdict,
+)
+from kvlab.records.workload import (
+    DatasetEvidence,
+    PrefixGroups,
+    PromptSizing,
+    RequestShape,
+    SessionsEvidence,
+    ThinkTimeLine,
+    TraceEvidence,
+    Workload,
 )
 
 __all__ = [

@@ -3,8 +3,8 @@
 Every field kvlab writes is declared: `Strict` forbids keys a model does not name and
 validates each assignment, so a misspelt field is an error where it is made (at write time)
 and `mypy --strict` points at every reader of a field that does not exist. The seed scripts'
-own lines are read through the separate, lenient models of `seed.py`; older kvlab lines are
-brought up to this schema by `upgrade.py` before they are validated here.
+own lines are read through the separate, lenient `SeedLoadRow` of `upgrade.py`, which also
+brings older kvlab lines up to this schema before they are validated here.
 """
 
 from __future__ import annotations

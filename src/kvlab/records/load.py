@@ -1,18 +1,24 @@
-"""Load-generator lines: a level's row (`load`), the link counters around a run (`link`) and
-the most load that met a target (`capacity`), with every part of their evidence declared.
+"""The `load` line: one load-generator level (the seed's load-test.py row, as compare-disagg.py
+reads it), with every part of its evidence declared: what the caller of the run knows beside
+the load generator (where, on what, under what tier and pressure, which probe of a capacity
+search), the level's statistics, and what the level adds of its own (its warm-up, its
+per-request file, the cache oracle beside it).
 
 The fields compare-disagg.py reads (label, concurrency, requests, model, prompt_set,
-max_tokens, `ttft_s`/`tpot_s` percentiles, output_tokens_per_s; a link line's rx/tx bytes)
-keep the seed's names and places; what kvlab adds is grouped in the parts below.
+max_tokens, `ttft_s`/`tpot_s` percentiles, output_tokens_per_s) keep the seed's names and
+places; what kvlab adds is grouped in the parts below. What the level sent (its workload, how
+its prompts were built) is `workload.py`'s and the pressure it was sized for and reached is
+`pressure.py`'s; the link counters around a run (`link.py`) and a capacity search's answer
+(`capacity.py`) are lines of their own.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field, JsonValue
+from pydantic import Field
 
-from kvlab.records.base import Deltas, Number, Record, Strict
+from kvlab.records.base import Deltas, Record, Strict
 from kvlab.records.evidence import (
     CachedTokens,
     EngineLine,
@@ -20,107 +26,18 @@ from kvlab.records.evidence import (
     KvType,
     LlamaServerLine,
     Percentiles,
-    PerUrl,
-    SideChannel,
     Where,
 )
-
-
-class ThinkTimeLine(Strict):
-    """How long a user thinks between a reply and the next turn."""
-
-    kind: Literal["fixed", "exponential", "trace", "paced"]
-    mean_s: float
-    source: str | None = Field(None, description="Where the mean came from (a paced think "
-                               "time's request time, a trace file).")
-    in_flight: int | None = Field(None, description="paced: users meant to wait at once.")
-    values: int | None = Field(None, description="trace: how many think times it draws from.")
-
-
-class Workload(Strict):
-    """The kind of workload a row measured and its level."""
-
-    kind: Literal["prompt set", "sessions", "trace"]
-    concurrency: int | None = Field(None, description="A prompt set's concurrent requests.")
-    users: int | None = Field(None, description="Sessions: users live at once.")
-    turns: int | None = None
-    think_time: ThinkTimeLine | None = None
-    user_rate: float | None = Field(None, description="New users a second (None: all there "
-                                    "from the start).")
-    arrivals: str | None = None
-    in_flight_cap: int | None = Field(None, description="A trace's in-flight cap.")
-
-
-class SessionsEvidence(Strict):
-    """What user sessions' turns showed: returning turns, how many came back after eviction,
-    cached tokens on first and returning turns, the working set."""
-
-    conversations: int
-    turns: int
-    returning_turns: int
-    evicted_turns: int
-    held_turns: int
-    returning_hit_rate: float | None = None
-    returning_cached_tokens_mean: float | None = None
-    first_turn_cached_tokens_mean: float | None = None
-    working_set_tokens: int
-    cache_block_tokens: int
-    cache_block_from: str
-    eviction_rule: str
-    conversations_planned: int | None = None
-    conversations_started: int | None = None
-    peak_active_users: int | None = None
-
-
-class TraceEvidence(Strict):
-    """A replayed trace: which, how it was sized and sped up, what an infinite cache would
-    reuse of it."""
-
-    path: str
-    sha256: str
-    format: str
-    requests: int
-    limit: int | None = Field(None, description="--trace-limit: the trace's first N requests, "
-                              "counted before any was left out.")
-    max_input: int | None = Field(None, description="--trace-max-input, tokens.")
-    over_max_input: Literal["truncate", "filter"] | None = Field(
-        None, description="What became of a longer request: cut to fit (truncate) or left out "
-        "(filter).")
-    left_out_over_max_input: int = 0
-    truncated_to_max_input: int = 0
-    block_tokens: int
-    speedup: float
-    span_s: float
-    distinct_blocks: int
-    reusable_fraction_infinite_cache: float | None = None
-    outputs_capped: int = 0
-    tokens_from: str | None = None
-
-
-class DatasetEvidence(Strict):
-    """A dataset file the user brought: which (its name and digest, never its contents), how
-    it was read, and what of it a level sent."""
-
-    file: str = Field(description="The file's name (not its folder).")
-    sha256: str
-    format: Literal["sharegpt", "prompts"]
-    records: int = Field(description="Records in the file.")
-    usable: int = Field(description="Records that can be sent (the rest were skipped).")
-    skipped: dict[str, int] = Field(default_factory=dict, description="Records left out, by "
-                                    "reason.")
-    keys: list[str] = Field(default_factory=list, description="The keys read: the prompt's "
-                            "and the output length's (JSONL), conversations (ShareGPT).")
-    conversations: int = Field(0, description="Usable records with more than one user turn "
-                               "(replayed as user sessions).")
-    sent: int = Field(0, description="Records this level sent (or began).")
-    first_record: int = Field(0, description="The usable record this level began with "
-                              "(0-based; levels and repeats go on through the file).")
-    resent: int = Field(0, description="Of those, records an earlier level or repeat of the "
-                        "run had sent (the file ran out and began again; their prefixes may "
-                        "still be cached).")
-    outputs_from_file: int = Field(0, description="Requests whose max_tokens was the "
-                                   "record's own output length.")
-    outputs_capped: int = Field(0, description="Of those, capped at the run's max_tokens.")
+from kvlab.records.pressure import Pressure
+from kvlab.records.workload import (
+    DatasetEvidence,
+    PrefixGroups,
+    PromptSizing,
+    RequestShape,
+    SessionsEvidence,
+    TraceEvidence,
+    Workload,
+)
 
 
 class CapacityProbe(Strict):
@@ -129,81 +46,6 @@ class CapacityProbe(Strict):
     knob: str
     load: float
     step: int
-
-
-class PressurePlanned(Strict):
-    """The pressure a run was sized for (`experiments/pressure.py`)."""
-
-    concurrency: int
-    requests: int
-    conversations: int
-    conversation_tokens: int
-    working_set_tokens: int
-    cache_tokens: int
-    kv_cache_bytes: int
-    bytes_per_token: float
-    reusable_fraction: float
-    preamble_tokens: int | None = None
-    users: int | None = None
-    turns: int | None = None
-    first_turn_tokens: int | None = Field(None, description="The first turn's prompt (the "
-                                          "system line, the opening, the question), chat "
-                                          "template included, as planned.")
-    tokens_from: str | None = Field(None, description="How the plan counted tokens: the "
-                                    "model directory's tokenizer and chat template, or the "
-                                    "word estimate.")
-    oversubscription: float
-    tier_tokens_needed: int | None = None
-    tier_bytes_needed: int | None = None
-    host_tier_bytes: int | None = Field(None, description="The host tier the run started.")
-
-
-class HostTierUse(Strict):
-    """What a host tier held and moved during a run, as the engine itself logged it."""
-
-    source: str = Field(description="Where the figures were read.")
-    limit_bytes: int | None = None
-    peak_bytes: int | None = None
-    peak_entries: int | None = Field(None, description="Most prompts held at once.")
-    stores: int = Field(0, description="Prompts a slot gave up to the tier for another "
-                        "conversation.")
-    loads: int = Field(0, description="Prompts brought back from the tier into a slot.")
-
-
-class PressureReached(Strict):
-    """The pressure a run reached, from the engine's own gauges and counters."""
-
-    peak_kv_cache_usage: float | None = None
-    peak_requests_waiting: float | None = None
-    preemptions: float | None = None
-    prefix_hit_rate: float | None = None
-    evicted_turns: int | None = None
-    host_tier: HostTierUse | None = None
-
-
-class Pressure(Strict):
-    """A tier measurement's pressure, stated: quiet, under pressure, or a capacity search."""
-
-    state: Literal["quiet", "under pressure", "capacity search"]
-    planned: PressurePlanned | None = None
-    reached: PressureReached | None = None
-
-
-class PromptSizing(Strict):
-    """How a row's prompts were sized: the model's own tokenizer or the estimate."""
-
-    method: Literal["tokenizer", "estimate"]
-    source: str
-    tokens_per_word: float
-    preamble_tokens_requested: int
-    preamble_tokens_actual: int | None = None
-
-
-class PrefixGroups(Strict):
-    """A shared-prefix set split into groups, and each group's share of the requests."""
-
-    groups: int
-    shares: list[float]
 
 
 class Goodput(Strict):
@@ -375,30 +217,6 @@ class LevelOwn(Strict):
                                     "in vllm bench serve's format.")
 
 
-class RequestShape(Strict):
-    """What every request of a row carried beyond its prompt (vllm bench serve's options)."""
-
-    temperature: float | None = None
-    extra_body: dict[str, JsonValue] | None = Field(None, description="--extra-body, merged "
-                                                     "into every request's body.")
-    request_headers: dict[str, str] | None = Field(
-        None, description="--header, sent on every request, but for those that look like a "
-        "secret.")
-    request_headers_withheld: int | None = Field(
-        None, description="Headers sent whose name or value looks like a secret: left out.")
-    metadata: dict[str, str] | None = Field(None, description="--metadata KEY=VALUE.")
-    burstiness: float | None = Field(None, description="Open loop: the gamma shape of the "
-                                     "arrival gaps (1: Poisson; inf is written as even).")
-    random_input_len: int | None = Field(
-        None, description="--random-input-len: the token ids drawn for every random prompt "
-        "(sent as ids, the server counts exactly these; sent as text, the input token figures "
-        "are the server's count of the text, which may differ by a few).")
-    prompt_form: Literal["ids", "text"] | None = Field(
-        None, description="--prompt-form: how the random prompts were sent: ids (their token "
-        "ids, no tokenization in TTFT) or text (the server's /detokenize of those ids, made "
-        "before the run, as vllm bench sends text: the server's tokenization is inside TTFT).")
-
-
 class LoadRecord(Record, RunContext, LevelFigures, LevelOwn, RequestShape):
     """One load-generator level (the seed's load-test.py row, as compare-disagg.py reads it)."""
 
@@ -441,159 +259,3 @@ class LoadRecord(Record, RunContext, LevelFigures, LevelOwn, RequestShape):
                                     "(the rows are written as they are measured, so the rows "
                                     "before it were written without it).")
     kv_usage_samples: KvSamples | None = None
-
-
-class RdmaPortDelta(Strict):
-    """One RDMA port's bytes over a run."""
-
-    rx_bytes: int
-    tx_bytes: int
-    units: str
-    saturated: bool = Field(description="A 32-bit counter that may have wrapped.")
-
-
-class RdmaCounters(Strict):
-    """RDMA port counters over a run: each port that moved, and their sum."""
-
-    ports: dict[str, RdmaPortDelta] = Field(default_factory=dict)
-    rx_bytes: int = 0
-    tx_bytes: int = 0
-    saturated: bool = False
-
-
-class NixlCounters(Strict):
-    """NIXL's own counters on one engine over a run."""
-
-    nixl_bytes: float | None = None
-    nixl_transfers: float | None = None
-    nixl_transfer_s: float | None = None
-    nixl_failed_transfers: float | None = None
-
-
-class LegFigures(Strict):
-    """One engine of a split over a load run (XpYd: each of them), by its own /metrics and
-    against the prediction."""
-
-    role: str = Field(description="prefill, prefill-2, ..., decode, decode-2, ...")
-    metrics_url: str
-    node: str | None = Field(None, description="Its Ray node (None: where kvlab runs).")
-    requests: float | None = Field(None, description="Requests it finished "
-                                   "(vllm:request_success delta).")
-    prompt_tokens: float | None = None
-    computed_tokens: float | None = Field(None, description="Prompt tokens it computed itself.")
-    loaded_tokens: float | None = Field(None, description="Prompt tokens it loaded through "
-                                        "the connector.")
-    predicted_bytes: float | None = Field(None, description="Its requests times the "
-                                          "prediction's KV payload per request.")
-    observed_bytes: float | None = Field(None, description="KV it moved by its own counters: "
-                                         "NIXL's bytes, else its loaded tokens times the "
-                                         "prediction's bytes per token.")
-    observed_from: str | None = Field(None, description="nixl or loaded_tokens.")
-
-
-class LinkRecord(Record, Where):
-    """run-load.sh's interface counters around one load run."""
-
-    kind: ClassVar[str] = "link"
-    record: Literal["link"] = "link"
-    base_url: str | None = None
-    context_length: int | None = None
-    prompt_set: str | None = None
-    concurrency: str | int | None = None
-    requests: int | None = None
-    iface: str | None = None
-    wall_s: float | None = None
-    rx_bytes: int | None = None
-    tx_bytes: int | None = None
-    rdma: RdmaCounters | None = None
-    store_bytes: int | None = None
-    legs: dict[str, str] | None = Field(None, description="The proxy's upstreams by role.")
-    metric_deltas: PerUrl = Field(default_factory=dict,
-                                  description="Each engine's evidence deltas, by URL.")
-    nixl: dict[str, NixlCounters] | None = Field(None, description="NIXL's own counters, "
-                                                 "by URL.")
-    side_channel: SideChannel | None = None
-    model: str | None = None
-    max_tokens: int | None = None
-    load_generator: str | None = None
-    repeat: int | None = None
-    requests_sent: int | None = None
-    requests_ok: int | None = None
-    requests_failed: int | None = None
-    interrupted: bool | None = None
-    engines: list[EngineLine] | None = Field(None, description="The engines the run measured, "
-                                             "as on its load rows.")
-    per_leg: list[LegFigures] | None = Field(None, description="A split's engines, one entry "
-                                             "each: requests and KV bytes per leg.")
-
-
-class BoundFigure(Strict):
-    """One bound's figure at a probe: the percentile, its 95% interval, the bound."""
-
-    value: float | None = None
-    low: float | None = None
-    high: float | None = None
-    n: int | None = None
-    bound: float
-
-
-class CapacityStep(Strict):
-    """One probe of a capacity search."""
-
-    load: float
-    met: bool
-    why: str
-    ok: int
-    failed_share: float
-    figures: dict[str, BoundFigure] = Field(default_factory=dict)
-    repeats: int
-    rows: list[str] = Field(default_factory=list, description="Its per-request files.")
-
-
-class CapacityTarget(Strict):
-    """A latency target: as written, each bound in seconds, the failures allowed."""
-
-    slo: str
-    bounds: dict[str, float]
-    errors: float
-
-
-class CapacityMethod(Strict):
-    """How a capacity search probed."""
-
-    start: float
-    factor: float
-    resolution: float
-    max_steps: int
-    min_requests: int | None = None
-    duration_s: float | None = None
-    repeats: int
-    interval: str
-    due: str | None = None
-
-
-class CapacityRecord(Record, RunContext):
-    """The highest load that met a latency target (`kvlab load --find-capacity`)."""
-
-    kind: ClassVar[str] = "capacity"
-    record: Literal["capacity"] = "capacity"
-    knob: Literal["rate", "concurrency", "users", "speedup"] = Field(
-        description="What was raised: requests/s (open loop), concurrent requests, users "
-        "(sessions), or a trace's replay speed.")
-    unit: str
-    target: CapacityTarget
-    capacity: Number | None = Field(None, description="The highest load that met the target "
-                                    "below the lowest that missed it (None: none met it).")
-    met_below: Number | None = None
-    missed_at: Number | None = Field(None, description="The lowest load that missed it.")
-    verdict: Literal["found", "not-converged", "at-least", "none-met"]
-    statement: str
-    steps: list[CapacityStep] = Field(default_factory=list)
-    method: CapacityMethod
-    model: str | None = None
-    base_url: str | None = None
-    prompt_set: str | None = None
-    max_tokens: int | None = None
-    workload: Workload | None = None
-    not_monotonic: list[float] | None = Field(None, description="Loads that met the target "
-                                              "above one that missed it.")

@@ -4,7 +4,9 @@ Every line kvlab writes is one of these, serialised by `notebook.append`. The en
 `record`, `label`, `recorded_at`, `kvlab_version`, `schema`, `run_id`) is common; each kind
 names the fields the seed scripts write or read (their names are kept, so `compare-disagg.py`
 and `measure-reuse.py` read kvlab's lines) and the evidence kvlab adds, every part declared
-(`base.py`, `evidence.py`, `load.py`, `runs.py`).
+(`base.py` and `evidence.py` for the parts many kinds share, `workload.py` and `pressure.py` for
+a load run's; each kind in the module that owns it: `startup.py`, `reuse.py`, `load.py`,
+`link.py`, `capacity.py`, `comparison.py`, `pd.py`, `disk.py`, `notes.py`, `replicas.py`).
 
 Readers go through `parse`: the line is brought up to this schema (`upgrade.py`: a seed
 script's line, an older kvlab's), then validated by its kind's model with no undeclared key.
@@ -19,25 +21,23 @@ from pydantic import ValidationError
 
 from kvlab.core import JsonObject
 from kvlab.records.base import LAB_OFFLOAD, LAB_PD, Record, now_stamp
+from kvlab.records.capacity import CapacityRecord
+from kvlab.records.comparison import ComparisonRecord, KvQuantRecord
+from kvlab.records.disk import DiskRecord
 from kvlab.records.evidence import Percentiles
-from kvlab.records.load import CapacityRecord, LinkRecord, LoadRecord
-from kvlab.records.replicas import ReplicasRecord
-from kvlab.records.runs import (
+from kvlab.records.link import LinkRecord
+from kvlab.records.load import LoadRecord
+from kvlab.records.notes import NoteRecord, NotRunRecord
+from kvlab.records.pd import (
     BoundaryPointRecord,
     BoundaryRecord,
-    ComparisonRecord,
     CrossingRecord,
-    DiskRecord,
-    KvQuantRecord,
-    NoteRecord,
-    NotRunRecord,
     PredictionRecord,
     ProcedureRecord,
-    ProofRecord,
-    ReuseRecord,
-    ReuseRow,
-    StartupRecord,
 )
+from kvlab.records.replicas import ReplicasRecord
+from kvlab.records.reuse import ProofRecord, ReuseRecord, ReuseRow
+from kvlab.records.startup import StartupRecord
 from kvlab.records.upgrade import upgraded
 
 __all__ = [
