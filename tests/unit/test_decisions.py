@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from kvlab.loadgen import topology
-from kvlab.measure import compare, intervals
+from kvlab.measure import compare, intervals, pairing
 from kvlab.records import notebook
 from kvlab.records.evidence import Percentiles
 from kvlab.records.load import CapacityMethod, CapacityTarget, Pressure, PressureReached
@@ -356,8 +356,8 @@ def test_a_tier_off_run_alone_is_no_smaller_tier_experiment(tmp_path: Path) -> N
     CDF of the tier-off side)."""
     off = tier_run("cpu", 0.30, 0.12, 32)[0]
     records = notebook.read(book(tmp_path, off)).records
-    assert compare.tier_pair(records, smaller_tier=True) == ({}, {})
-    assert list(compare.tier_pair(records)[1]) == [18]  # the None row still has its side
+    assert pairing.tier_pair(records, smaller_tier=True) == ({}, {})
+    assert list(pairing.tier_pair(records)[1]) == [18]  # the None row still has its side
 
 
 def test_the_tier_answers_quote_the_p50s_their_ratio_pooled(tmp_path: Path) -> None:

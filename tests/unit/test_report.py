@@ -17,7 +17,7 @@ from children import running
 from kvlab.core.errors import InputError
 from kvlab.engines.process import free_port, port_in_use
 from kvlab.loadgen import topology
-from kvlab.measure import compare, intervals
+from kvlab.measure import compare, intervals, pairing
 from kvlab.records import notebook
 from kvlab.records.evidence import KvCapacity, Percentiles
 from kvlab.records.load import Pressure, PressureReached
@@ -275,8 +275,8 @@ def pressure(hit: float) -> dict[str, Any]:
 
 
 def tier_book(path: Path, on_median: float) -> None:
-    run_row(path, compare.OFFLOAD_OFF, 4, lognormal(1, 80, 0.3), lab=LAB_O, **pressure(0.2))
-    run_row(path, compare.OFFLOAD_ON, 4, lognormal(2, 80, on_median), lab=LAB_O,
+    run_row(path, pairing.OFFLOAD_OFF, 4, lognormal(1, 80, 0.3), lab=LAB_O, **pressure(0.2))
+    run_row(path, pairing.OFFLOAD_ON, 4, lognormal(2, 80, on_median), lab=LAB_O,
             **pressure(0.2))
 
 
@@ -300,7 +300,7 @@ def test_the_host_tier_is_judged_by_its_interval(tmp_path: Path) -> None:
 
 def test_a_row_without_a_per_request_file_says_so_in_the_decision(tmp_path: Path) -> None:
     path = tmp_path / "labbook.md"
-    for label, median in ((compare.OFFLOAD_OFF, 0.3), (compare.OFFLOAD_ON, 0.1)):
+    for label, median in ((pairing.OFFLOAD_OFF, 0.3), (pairing.OFFLOAD_ON, 0.1)):
         row = run_row(path, label, 4, [median] * 10, lab=LAB_O, write=False, **pressure(0.2))
         notebook.append(path, row.model_copy(update={"requests_file": None,
                                                      "requests_sha256": None}))
@@ -395,8 +395,8 @@ def test_the_ratio_panel_draws_each_interval(tmp_path: Path) -> None:
     split_book(path, 0.4)
     book = notebook.read(path)
     found = intervals.pair_levels(book.path, book.records,
-                                  compare.load_rows(book.records, "disagg"),
-                                  compare.load_rows(book.records, "baseline"))
+                                  pairing.load_rows(book.records, "disagg"),
+                                  pairing.load_rows(book.records, "baseline"))
     fig, ax = plots._pyplot().subplots()
     plots._ratio_panel(ax, book, "baseline", "disagg", {1: 0, 4: 1})
     bars = ax.containers[0]  # the error bars: one segment per level, low to high

@@ -130,7 +130,7 @@ def latest(book: Notebook, kind: type[R], label: str) -> R | None:
 def load_rows(book: Notebook, label: str) -> list[LoadRecord]:
     """The newest load row per concurrency level of one label, by concurrency: a level whose
     every request failed is kept, so a newer failed run shows over an older good one (the
-    comparisons, `measure/compare.py`, take measured levels only)."""
+    comparisons, `measure/pairing.py`, take measured levels only)."""
     rows = {r.concurrency: r for r in book.records
             if isinstance(r, LoadRecord) and r.label == label}
     return [rows[c] for c in sorted(rows)]
