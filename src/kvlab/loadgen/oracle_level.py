@@ -29,7 +29,7 @@ import httpx
 from kvlab.engines.llamacpp import adapter as llama_adapter
 from kvlab.engines.vllm import facts as vllm_facts
 from kvlab.engines.vllm.adapter import cache_blocks, tokenize_chat
-from kvlab.measure import Prompt, oracle, slot_oracle
+from kvlab.measure import Blocks, CacheModel, Prediction, Prompt, oracle, oracle_gap, slot_oracle
 from kvlab.observe import Snapshot
 from kvlab.records import OracleLevel, RequestLine, TierPoint
 
@@ -87,7 +87,7 @@ async def beside(client: httpx.AsyncClient, root: str, model: str, lines: list[R
         return None
     block, device = shape
     running = in_flight(sent)
-    cache = oracle.CacheModel(block, device, tier_blocks, concurrency=running)
+    cache = CacheModel(block, device, tier_blocks, concurrency=running)
     stream = oracle.prepare(tokens, block)
     predicted = oracle.replay(stream, cache)
     unbounded = oracle.infinite_cache(stream, cache)
@@ -95,7 +95,7 @@ async def beside(client: httpx.AsyncClient, root: str, model: str, lines: list[R
         ln.oracle_cached_tokens = p.cached_tokens
     measured = [(p, ln.cached_tokens, u) for ln, p, u in zip(sent, predicted, unbounded,
                                                              strict=True) if not ln.warmup]
-    found = oracle.compare([p for p, _, _ in measured], [m for _, m, _ in measured])
+    found = oracle_gap.compare([p for p, _, _ in measured], [m for _, m, _ in measured])
     points = tier_curve(stream, cache, sent, {round(device * x) for x in CURVE}
                         | {t // block for t in curve_tokens})
     return OracleLevel(
@@ -111,7 +111,7 @@ async def beside(client: httpx.AsyncClient, root: str, model: str, lines: list[R
         left_mean_low=found.low, left_mean_high=found.high, tier_curve=points)
 
 
-def tier_curve(stream: list[oracle.Blocks], cache: oracle.CacheModel,
+def tier_curve(stream: list[Blocks], cache: CacheModel,
                sent: Sequence[RequestLine], sizes: set[int]) -> list[TierPoint]:
     """The hit share at each tier size (blocks) over the level's measured requests, and over
     its returning turns alone where it has any."""
@@ -149,9 +149,9 @@ async def beside_slots(client: httpx.AsyncClient, root: str, lines: list[Request
     bound = slot_oracle.unbounded(stream)
     for ln, n in zip(sent, served, strict=True):
         ln.oracle_cached_tokens = n
-    counted = [(oracle.Prediction(len(t), n, 0), ln.cached_tokens, b)
+    counted = [(Prediction(len(t), n, 0), ln.cached_tokens, b)
                for t, n, b, ln in zip(tokens, served, bound, sent, strict=True) if not ln.warmup]
-    found = oracle.compare([p for p, _, _ in counted], [m for _, m, _ in counted])
+    found = oracle_gap.compare([p for p, _, _ in counted], [m for _, m, _ in counted])
     return OracleLevel(
         cache_model=SLOT_WORDS, block_tokens=1, device_blocks=0, slots=slots,
         in_flight=in_flight(sent), sizes_from="the server's /props (total_slots)",

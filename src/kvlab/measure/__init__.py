@@ -5,6 +5,8 @@ from kvlab.measure.compat import Compatibility, listed_models, pick_model, probe
 from kvlab.measure.conversation import PREAMBLE_WORDS, TURN_MAX_TOKENS
 from kvlab.measure.crossing import Judgement, Point, judge_crossing
 from kvlab.measure.link_bytes import NOT_CROSSED
+from kvlab.measure.oracle_gap import shortfall
+from kvlab.measure.oracle_model import Blocks, CacheModel, Prediction
 from kvlab.measure.pairing import load_rows, paired_rows, tier_pair, tier_sides
 from kvlab.measure.pressure import judge_pressure, preemptions, tier_holds, tier_too_small
 from kvlab.measure.prove import ProofRun, ProveOptions, proof_record, run_proof
@@ -19,10 +21,13 @@ __all__ = [
     "NOT_CROSSED",
     "PREAMBLE_WORDS",
     "TURN_MAX_TOKENS",
+    "Blocks",
+    "CacheModel",
     "ChatTokens",
     "Compatibility",
     "Judgement",
     "Point",
+    "Prediction",
     "Prompt",
     "ProofRun",
     "ProveOptions",
@@ -45,6 +50,7 @@ __all__ = [
     "reuse_record",
     "run_proof",
     "run_reuse",
+    "shortfall",
     "tier_holds",
     "tier_pair",
     "tier_sides",
