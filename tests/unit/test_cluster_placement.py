@@ -264,7 +264,7 @@ def test_a_cluster_dry_run_places_each_plan_on_its_node(tmp_path: Path) -> None:
 def test_a_cluster_dry_run_refuses_a_cluster_that_is_not_there(tmp_path: Path) -> None:
     """A dry run reads the cluster's nodes, so an address where no cluster answers is refused
     at once, as a run would be (Ray itself would wait minutes)."""
-    from kvlab.engines.process import free_port
+    from kvlab.engines.ports import free_port
 
     address = f"127.0.0.1:{free_port()}"
     done = _kvlab(["run", "disagg", "--dry-run", "--cluster", address], tmp_path,

@@ -11,7 +11,7 @@ import pytest
 
 from fakes.sse_upstream import Behaviour, SseUpstream
 from kvlab.core.errors import UnreachableError
-from kvlab.engines.process import free_port
+from kvlab.engines.ports import free_port
 from kvlab.loadgen import stats
 from kvlab.loadgen.client import Endpoint
 from kvlab.loadgen.payloads import level_payloads

@@ -15,7 +15,7 @@ import pytest
 import seeds
 from children import running
 from kvlab.core.errors import InputError
-from kvlab.engines.process import free_port, port_in_use
+from kvlab.engines.ports import free_port, port_in_use
 from kvlab.loadgen import topology
 from kvlab.measure import compare, intervals, pairing
 from kvlab.records import notebook

@@ -26,6 +26,7 @@ from kvlab.engines.host import (
 from kvlab.engines.install import EngineStatus
 from kvlab.engines.models import KNOWN_SHAPES, hf_config, make_tiny, prose, write_shaped_config
 from kvlab.engines.plan import EnginePlan, Flag, client_host
+from kvlab.engines.ports import free_port, port_in_use
 from kvlab.engines.prepare import (
     LLAMA_NEEDED,
     MLX_NEEDED,
@@ -35,14 +36,9 @@ from kvlab.engines.prepare import (
     prepare_engines,
     prepare_for,
 )
-from kvlab.engines.process import (
-    DEFAULT_READY_TIMEOUT_S,
-    EngineProcess,
-    free_port,
-    make_private_dir,
-    port_in_use,
-    stop_group,
-)
+from kvlab.engines.private_dirs import make_private_dir
+from kvlab.engines.process import DEFAULT_READY_TIMEOUT_S, EngineProcess
+from kvlab.engines.process_groups import stop_group
 from kvlab.engines.registry import (
     all_engines,
     engine_for,

@@ -46,7 +46,7 @@ from kvlab.engines.llamacpp import slotfacts
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget, SlotOp
 from kvlab.engines.llamacpp.facts import SERVER_BINARY
 from kvlab.engines.llamacpp.slotfacts import UNKNOWN
-from kvlab.engines.process import make_private_dir
+from kvlab.engines.private_dirs import make_private_dir
 from kvlab.records import notebook
 
 MANIFEST_SUFFIX = ".kvlab.json"
