@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 
 from kvlab.core.errors import InputError, RefusedError
 from kvlab.engines import llamacpp, ports, process
-from kvlab.engines.llamacpp import slotstore
 from kvlab.engines.llamacpp.client import SlotOp
-from kvlab.engines.llamacpp.slotstore import Manifest, SlotStore
+from kvlab.engines.llamacpp.slotmanifest import MANIFEST_SUFFIX, Manifest
+from kvlab.engines.llamacpp.slotstore import SlotStore
 from kvlab.engines.plan import EnginePlan
 from slots import MAGIC, fake_model, identity
 
@@ -84,7 +84,7 @@ def test_an_accepted_slot_name_always_stays_inside_the_store(tmp_path: Path, nam
 @given(first=st.sampled_from(_NAME_CHARS[:62]), rest=st.text(alphabet=_NAME_CHARS, max_size=150))
 def test_every_bare_name_is_accepted(tmp_path: Path, first: str, rest: str) -> None:
     name = first + rest
-    if ".." in name or name.endswith(slotstore.MANIFEST_SUFFIX):
+    if ".." in name or name.endswith(MANIFEST_SUFFIX):
         return
     assert llamacpp.check_slot_filename(name) == name
 

@@ -23,6 +23,7 @@ from typing import Final, Literal
 from kvlab.core import Say, quiet
 from kvlab.engines.llamacpp import slotstore
 from kvlab.engines.llamacpp.client import LlamaClient, SlotOp, logprob_gap
+from kvlab.engines.llamacpp.slotmanifest import Manifest
 from kvlab.observe import ChatResult
 from kvlab.records import Turn
 
@@ -69,7 +70,7 @@ class RoundTrip:
     restored: ChatResult
     save: SlotOp
     restore: SlotOp
-    manifest: slotstore.Manifest
+    manifest: Manifest
 
 
 @dataclass(frozen=True)
