@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvlab.measure import oracle, slot_oracle
-from kvlab.measure.oracle import CacheModel, Prediction
+from kvlab.measure.oracle_model import CacheModel, Prediction
 
 PROPS = settings(max_examples=120, deadline=None,
                  suppress_health_check=[HealthCheck.too_slow])

@@ -22,7 +22,7 @@ import pytest
 
 from children import running, spawn, stop
 from kvlab.core.settings import Settings
-from kvlab.engines import install, process
+from kvlab.engines import install, ports, process, process_groups, strays
 from kvlab.engines.cleanup import clean
 from kvlab.engines.models import TinyModels
 from kvlab.engines.plan import EnginePlan
@@ -92,7 +92,7 @@ class Served:
 def serving(tmp_path: Path, env: dict[str, str], *args: str,
             command: tuple[str, ...] = ("serve", "baseline")) -> Iterator[Served]:
     """`kvlab serve ...` started and ready (its startup line written); always torn down."""
-    port = process.free_port()
+    port = ports.free_port()
     out, err = tmp_path / "serve.out", tmp_path / "serve.err"
     with open(out, "wb") as o, open(err, "wb") as e:
         proc = spawn([sys.executable, "-m", "kvlab", *command, "--port", str(port), *args],
@@ -118,14 +118,14 @@ def _wait_ready(served: Served, labbook: Path) -> None:
 def _tear_down(served: Served) -> None:
     stop(served.proc, None)  # SIGTERM, SIGKILL, and whatever it started
     for record in (served.home / "run" / "pids").glob("*.json"):
-        process.stop_group(int(json.loads(record.read_text(encoding="utf-8"))["pid"]), 1.0)
+        process_groups.stop_group(int(json.loads(record.read_text(encoding="utf-8"))["pid"]), 1.0)
 
 
 def gone(pgid: int, port: int, timeout: float = 10) -> bool:
     """Whether the group has no process left and nothing serves the port, within `timeout`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not process.group_members(pgid) and not process.port_in_use("127.0.0.1", port):
+        if not strays.group_members(pgid) and not ports.port_in_use("127.0.0.1", port):
             return True
         time.sleep(0.1)
     return False
@@ -138,7 +138,7 @@ def test_a_signal_to_serve_stops_the_engine_group(tmp_path: Path, signum: int) -
     env = kvlab_env(tmp_path)
     with serving(tmp_path, env) as served:
         pgid = int(str(served.engine()["pid"]))
-        assert len(process.group_members(pgid)) == 2  # the engine and its helper
+        assert len(strays.group_members(pgid)) == 2  # the engine and its helper
         served.proc.send_signal(signum)
         code = served.wait()
         assert gone(pgid, served.port, timeout=2)
@@ -178,9 +178,9 @@ def test_serve_killed_by_sigkill_leaves_no_engine_serving(tmp_path: Path) -> Non
         served.proc.kill()
         served.wait()
         deadline = time.monotonic() + 10
-        while process.port_in_use("127.0.0.1", served.port) and time.monotonic() < deadline:
+        while ports.port_in_use("127.0.0.1", served.port) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not process.port_in_use("127.0.0.1", served.port)  # the parent-death signal
+        assert not ports.port_in_use("127.0.0.1", served.port)  # the parent-death signal
         # what the engine left (its helper) is `kvlab clean`'s, identified by its group
         result = kvlab(env, "clean", "--json")
         assert result.returncode == 0, result.stderr
@@ -207,7 +207,7 @@ asyncio.run(main())
 
 
 def test_a_test_suite_killed_from_outside_leaves_no_engine(tmp_path: Path) -> None:
-    port = process.free_port()
+    port = ports.free_port()
     # what a failed assertion leaves running is stopped by `running`: the engine, and its
     # helper, carry the suite's marker
     with running([sys.executable, "-c", KILLED_SUITE, str(port), str(FAKE),
@@ -235,12 +235,12 @@ def listener_pid(port: int) -> int:
 
 def test_clean_stops_a_detached_engine_started_through_a_wrapper(tmp_path: Path) -> None:
     env = kvlab_env(tmp_path)
-    port = process.free_port()
+    port = ports.free_port()
     started = kvlab(env, "serve", "baseline", "--port", str(port), "--detach", "--json")
     assert started.returncode == 0, started.stderr
     pgid = int(json.loads(started.stdout)["pid"])
     try:
-        assert process.port_in_use("127.0.0.1", port)  # left running, as asked
+        assert ports.port_in_use("127.0.0.1", port)  # left running, as asked
         import psutil
 
         assert Path(psutil.Process(pgid).cmdline()[1]).name == FAKE.name  # not "vllm"
@@ -250,7 +250,7 @@ def test_clean_stops_a_detached_engine_started_through_a_wrapper(tmp_path: Path)
         assert [(r["pid"], r["identified_by"]) for r in stopped] == [(pgid, "start time")]
         assert gone(pgid, port, timeout=2)
     finally:
-        process.stop_group(pgid, 1.0)
+        process_groups.stop_group(pgid, 1.0)
 
 
 def test_clean_leaves_a_process_that_reused_a_recorded_pid(tmp_path: Path) -> None:
@@ -261,7 +261,7 @@ def test_clean_leaves_a_process_that_reused_a_recorded_pid(tmp_path: Path) -> No
         pids.mkdir(parents=True)
         started = time.time() - 3600  # kvlab's engine of that PID started an hour ago
         (pids / f"{stranger.pid}.json").write_text(json.dumps({
-            "pid": stranger.pid, "pgid": stranger.pid, "port": process.free_port(),
+            "pid": stranger.pid, "pgid": stranger.pid, "port": ports.free_port(),
             "argv0": sys.executable, "started": started, "create_time": started}))
         assert clean(settings, dry_run=True).stopped == []
         assert clean(settings).stopped == []
@@ -271,7 +271,7 @@ def test_clean_leaves_a_process_that_reused_a_recorded_pid(tmp_path: Path) -> No
 
 async def test_a_detached_engine_process_is_left_running_with_its_record(
         tmp_path: Path) -> None:
-    port = process.free_port()
+    port = ports.free_port()
     plan = EnginePlan(engine="fake", role="test", command=(sys.executable, str(FAKE)),
                       positional=(str(port),), port=port)
     run = tmp_path / "run"
@@ -280,10 +280,10 @@ async def test_a_detached_engine_process_is_left_running_with_its_record(
         pgid = proc.pid
     assert pgid is not None
     try:
-        assert process.group_alive(pgid)
-        assert [r.pid for r in process.live_strays(run)] == [pgid]
+        assert process_groups.group_alive(pgid)
+        assert [r.pid for r in strays.live_strays(run)] == [pgid]
     finally:
-        assert [r.pid for r in process.stop_strays(run)] == [pgid]
+        assert [r.pid for r in strays.stop_strays(run)] == [pgid]
     assert gone(pgid, port, timeout=2)
     assert proc.returncode is not None  # reaped by `stop_strays`
 
@@ -305,10 +305,10 @@ def test_serve_reports_an_engine_that_died_with_its_status(tmp_path: Path) -> No
 @contextmanager
 def failing_engine() -> Iterator[str]:
     """The fake engine, listening (it answers every POST with 501); its /v1 URL."""
-    port = process.free_port()
+    port = ports.free_port()
     with running([sys.executable, str(FAKE), str(port)], stdout=subprocess.DEVNULL):
         deadline = time.monotonic() + 30
-        while not process.port_in_use("127.0.0.1", port) and time.monotonic() < deadline:
+        while not ports.port_in_use("127.0.0.1", port) and time.monotonic() < deadline:
             time.sleep(0.1)
         yield f"http://127.0.0.1:{port}/v1"
 

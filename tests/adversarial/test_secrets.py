@@ -19,7 +19,7 @@ import pytest
 from adversarial.test_orphans import kvlab, kvlab_env, serving
 from kvlab.core.errors import EngineError, SettingError
 from kvlab.core.settings import Settings, load_settings
-from kvlab.engines import llamacpp, process, vllm
+from kvlab.engines import llamacpp, ports, process, vllm
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.roles import plan_for_role as build_plan
 from kvlab.records import notebook
@@ -76,7 +76,7 @@ def test_a_value_equal_to_a_known_secret_is_redacted_wherever_it_appears(
 def test_a_secret_the_engine_prints_is_redacted_in_the_error_kvlab_shows(tmp_path: Path) -> None:
     plan = EnginePlan(engine="fake", role="test", command=(
         sys.executable, "-c", "import sys; print('args:', sys.argv); sys.exit(3)"),
-        flags=(), extra_args=("--api-key", KEY), port=process.free_port())
+        flags=(), extra_args=("--api-key", KEY), port=ports.free_port())
     proc = process.EngineProcess(plan, tmp_path / "e.log")
     with pytest.raises(EngineError) as err:
         async_run(proc)

@@ -21,10 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvlab.core.errors import InputError, RefusedError
-from kvlab.engines import llamacpp, process
-from kvlab.engines.llamacpp import slotstore
+from kvlab.engines import llamacpp, ports, process
 from kvlab.engines.llamacpp.client import SlotOp
-from kvlab.engines.llamacpp.slotstore import Manifest, SlotStore
+from kvlab.engines.llamacpp.slotmanifest import MANIFEST_SUFFIX, Manifest
+from kvlab.engines.llamacpp.slotstore import SlotStore
 from kvlab.engines.plan import EnginePlan
 from slots import MAGIC, fake_model, identity
 
@@ -84,7 +84,7 @@ def test_an_accepted_slot_name_always_stays_inside_the_store(tmp_path: Path, nam
 @given(first=st.sampled_from(_NAME_CHARS[:62]), rest=st.text(alphabet=_NAME_CHARS, max_size=150))
 def test_every_bare_name_is_accepted(tmp_path: Path, first: str, rest: str) -> None:
     name = first + rest
-    if ".." in name or name.endswith(slotstore.MANIFEST_SUFFIX):
+    if ".." in name or name.endswith(MANIFEST_SUFFIX):
         return
     assert llamacpp.check_slot_filename(name) == name
 
@@ -147,7 +147,7 @@ def test_a_symlink_to_a_world_writable_directory_is_refused(tmp_path: Path) -> N
 def test_an_engine_is_not_started_on_a_world_writable_private_dir(tmp_path: Path) -> None:
     shared = world_writable(tmp_path)
     plan = EnginePlan(engine="fake", role="test", command=(sys.executable, "-c", "pass"),
-                      port=process.free_port(), private_dirs=(str(shared),))
+                      port=ports.free_port(), private_dirs=(str(shared),))
     with pytest.raises(RefusedError, match="choose a new path"):
         process.EngineProcess(plan, tmp_path / "e.log").start()
     assert stat.S_IMODE(shared.stat().st_mode) == 0o1777

@@ -27,7 +27,7 @@ import httpx
 
 from children import spawn, stop
 from kvlab.core.settings import Settings
-from kvlab.engines.process import free_port
+from kvlab.engines.ports import free_port
 from kvlab.observe import metrics
 
 BENCH = Path(__file__).parents[2] / "benchmarks" / "synthetic_upstream.py"

@@ -17,7 +17,8 @@ import pytest
 from kvlab.core.settings import Settings
 from kvlab.engines import install, vllm
 from kvlab.engines.models import TinyModels
-from kvlab.engines.process import EngineProcess, free_port
+from kvlab.engines.ports import free_port
+from kvlab.engines.process import EngineProcess
 from kvlab.records import requests
 from kvlab.records.models import LoadRecord
 from kvlab.records.requests import RequestLine

@@ -22,7 +22,8 @@ from children import running
 from integration.conftest import cpu_settings
 from kvlab.engines import llamacpp
 from kvlab.engines.models import TinyModels
-from kvlab.engines.process import EngineProcess, free_port
+from kvlab.engines.ports import free_port
+from kvlab.engines.process import EngineProcess
 
 
 def kvlab(*args: str, env: dict[str, str] | None = None,

@@ -21,7 +21,7 @@ from integration.conftest import ray_nodes
 from kvlab.core.settings import Settings
 from kvlab.engines import vllm
 from kvlab.engines.models import TinyModels
-from kvlab.engines.process import port_in_use
+from kvlab.engines.ports import port_in_use
 from kvlab.records import notebook
 from kvlab.records.models import (
     ComparisonRecord,

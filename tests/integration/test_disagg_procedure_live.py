@@ -16,7 +16,7 @@ import pytest
 from kvlab.core.settings import Settings
 from kvlab.engines import vllm
 from kvlab.engines.models import TinyModels
-from kvlab.engines.process import port_in_use
+from kvlab.engines.ports import port_in_use
 from kvlab.records import notebook
 from kvlab.records.models import StartupRecord
 from kvlab.report import build

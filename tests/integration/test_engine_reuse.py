@@ -16,7 +16,7 @@ from integration.conftest import cpu_settings
 from kvlab.engines import llamacpp, vllm
 from kvlab.engines.models import TinyModels
 from kvlab.engines.plan import EnginePlan
-from kvlab.engines.process import free_port
+from kvlab.engines.ports import free_port
 from kvlab.engines.reuse import EnginePool
 from kvlab.experiments.lab import Lab, engines
 from kvlab.records import notebook

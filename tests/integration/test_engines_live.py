@@ -18,7 +18,9 @@ from integration.conftest import cpu_settings
 from kvlab.core.errors import EngineError
 from kvlab.engines import llamacpp, startup, vllm
 from kvlab.engines.models import TinyModels
-from kvlab.engines.process import EngineProcess, free_port, group_alive
+from kvlab.engines.ports import free_port
+from kvlab.engines.process import EngineProcess
+from kvlab.engines.process_groups import group_alive
 from kvlab.records import notebook
 from kvlab.records.models import StartupRecord
 from kvlab.records.rows import serve_label

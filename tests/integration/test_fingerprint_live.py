@@ -24,7 +24,8 @@ from kvlab.core.errors import RefusedError
 from kvlab.engines import llamacpp, vllm
 from kvlab.engines.models import TinyModels
 from kvlab.engines.plan import EnginePlan
-from kvlab.engines.process import EngineProcess, free_port
+from kvlab.engines.ports import free_port
+from kvlab.engines.process import EngineProcess
 from kvlab.measure import compat
 from kvlab.measure.prove import ProveOptions, run_proof
 from kvlab.observe import fingerprint

@@ -29,7 +29,7 @@ from integration.conftest import cpu_settings
 from kvlab.engines import vllm
 from kvlab.engines.host import LocalHost
 from kvlab.engines.models import TinyModels
-from kvlab.engines.process import free_port
+from kvlab.engines.ports import free_port
 from kvlab.experiments.serve import LabbookScope
 from kvlab.measure import compat
 from kvlab.measure.prove import ProveOptions, run_proof

@@ -344,7 +344,7 @@ def _save_what_serve_started(tmp_path: Path, env: dict[str, str], port: str) -> 
 
 def test_llama_serve_foreground_leaves_a_record_for_save(tmp_path: Path, tiny_models: TinyModels,
                                                          llama_binary: Path) -> None:
-    from kvlab.engines.process import free_port
+    from kvlab.engines.ports import free_port
 
     port = str(free_port())
     env = {**os.environ, "LLAMA_MODEL": tiny_models.gguf, "LLAMA_BIN": str(llama_binary),

@@ -23,7 +23,8 @@ import seeds
 from integration.conftest import cpu_settings
 from kvlab.engines import vllm
 from kvlab.engines.models import TinyModels
-from kvlab.engines.process import EngineProcess, free_port
+from kvlab.engines.ports import free_port
+from kvlab.engines.process import EngineProcess
 from kvlab.loadgen.client import Endpoint
 from kvlab.loadgen.sweep import LoadSpec, run_sweep
 from kvlab.records import notebook, requests

@@ -93,7 +93,8 @@ async def test_two_mlx_servers_are_compared_by_their_numbers(
     """mlx_lm.server names no engine kvlab knows, so `kvlab check` compares what its
     /v1/models and the behavioural fingerprint say: the same model agrees, another model of
     the same shapes is refused by the numbers."""
-    from kvlab.engines.process import EngineProcess, free_port
+    from kvlab.engines.ports import free_port
+    from kvlab.engines.process import EngineProcess
     from kvlab.measure import compat
 
     plans = [mlx.server_plan(mlx_python, m.hf, free_port(), tmp_path / "hub", role=f"mlx-{i}")

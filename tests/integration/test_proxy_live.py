@@ -25,7 +25,9 @@ from kvlab.core.settings import Settings
 from kvlab.engines import vllm
 from kvlab.engines.models import TinyModels
 from kvlab.engines.plan import EnginePlan
-from kvlab.engines.process import EngineProcess, free_port, make_private_dir
+from kvlab.engines.ports import free_port
+from kvlab.engines.private_dirs import make_private_dir
+from kvlab.engines.process import EngineProcess
 from kvlab.observe import metrics
 from kvlab.proxy import ProxyApp, ProxyConfig, running
 from kvlab.proxy.check import crossing_check

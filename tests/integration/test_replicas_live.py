@@ -22,7 +22,8 @@ import pytest
 from integration.conftest import cpu_settings
 from kvlab.engines import vllm
 from kvlab.engines.models import TinyModels
-from kvlab.engines.process import EngineProcess, free_port
+from kvlab.engines.ports import free_port
+from kvlab.engines.process import EngineProcess
 from kvlab.experiments import replicas
 from kvlab.experiments.lab import Lab
 from kvlab.loadgen.spec import LoadSpec

@@ -21,7 +21,8 @@ from kvlab.core.errors import RefusedError
 from kvlab.engines import llamacpp, registry, vllm
 from kvlab.engines.models import TinyModels
 from kvlab.engines.plan import EnginePlan
-from kvlab.engines.process import EngineProcess, free_port
+from kvlab.engines.ports import free_port
+from kvlab.engines.process import EngineProcess
 from kvlab.measure import compat
 from kvlab.measure.prove import ProveOptions, run_proof
 from kvlab.measure.reuse import ReuseOptions, run_reuse

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.engines.process import port_in_use
+from kvlab.engines.ports import port_in_use
 from kvlab.records import notebook
 from kvlab.records.models import DiskRecord, StartupRecord
 

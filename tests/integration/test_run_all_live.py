@@ -19,7 +19,8 @@ from kvlab.core.errors import KvlabError
 from kvlab.core.settings import Settings
 from kvlab.engines import vllm
 from kvlab.engines.models import TinyModels
-from kvlab.engines.process import port_in_use, stray_records
+from kvlab.engines.ports import port_in_use
+from kvlab.engines.strays import stray_records
 from kvlab.experiments import shared
 from kvlab.experiments.lab import Lab
 from kvlab.records import notebook

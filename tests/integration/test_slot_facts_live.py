@@ -34,7 +34,8 @@ from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget
 from kvlab.engines.llamacpp.server import READY_S, prompt_of, server_plan
 from kvlab.engines.models import TinyModels
 from kvlab.engines.plan import EnginePlan
-from kvlab.engines.process import EngineProcess, free_port
+from kvlab.engines.ports import free_port
+from kvlab.engines.process import EngineProcess
 from kvlab.observe.chat import logprob_gap
 
 pytestmark = pytest.mark.llama

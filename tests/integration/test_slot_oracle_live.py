@@ -14,7 +14,8 @@ from integration.conftest import cpu_settings, oracle_misses
 from kvlab.engines import llamacpp
 from kvlab.engines.base import LLAMA_CPP
 from kvlab.engines.models import TinyModels
-from kvlab.engines.process import EngineProcess, free_port
+from kvlab.engines.ports import free_port
+from kvlab.engines.process import EngineProcess
 from kvlab.loadgen.sweep import LoadSpec, run_sweep
 from kvlab.records import notebook
 from kvlab.records.models import LoadRecord

@@ -32,7 +32,7 @@ from children import running
 from integration.conftest import cpu_settings
 from kvlab.core.settings import Settings
 from kvlab.engines.models import TinyModels
-from kvlab.engines.process import free_port
+from kvlab.engines.ports import free_port
 from kvlab.engines.vllm import store as kvstore
 from kvlab.proxy import ProxyConfig
 from kvlab.proxy import running as proxy_running

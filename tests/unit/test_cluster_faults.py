@@ -33,7 +33,7 @@ from kvlab.cluster.session import ClusterSession, Placed
 from kvlab.core.errors import EngineError, RefusedError, SettingError
 from kvlab.core.settings import Settings
 from kvlab.engines.plan import EnginePlan, Flag
-from kvlab.engines.process import port_in_use
+from kvlab.engines.ports import port_in_use
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.serve import serve_on_node
 from kvlab.records import notebook

@@ -264,7 +264,7 @@ def test_a_cluster_dry_run_places_each_plan_on_its_node(tmp_path: Path) -> None:
 def test_a_cluster_dry_run_refuses_a_cluster_that_is_not_there(tmp_path: Path) -> None:
     """A dry run reads the cluster's nodes, so an address where no cluster answers is refused
     at once, as a run would be (Ray itself would wait minutes)."""
-    from kvlab.engines.process import free_port
+    from kvlab.engines.ports import free_port
 
     address = f"127.0.0.1:{free_port()}"
     done = _kvlab(["run", "disagg", "--dry-run", "--cluster", address], tmp_path,
@@ -429,7 +429,7 @@ def test_the_disagg_balance_choices_are_the_proxys() -> None:
 
 def test_each_leg_of_a_split_has_its_requests_and_bytes() -> None:
     from kvlab.engines import startup
-    from kvlab.measure import compare, leg_bytes
+    from kvlab.measure import leg_bytes, link_bytes
     from kvlab.records.models import LinkRecord
     from kvlab.records.pd import PredictionRecord
 
@@ -464,7 +464,7 @@ def test_each_leg_of_a_split_has_its_requests_and_bytes() -> None:
     assert LinkRecord.model_validate_json(link.model_dump_json()).per_leg == legs
     assert LinkRecord(label="x", lab=LAB).per_leg is None  # older lines read as before
     # every decode leg counts in what decode computed itself: 100 of 500 prompt tokens
-    assert compare._decode_computed_share(link) == pytest.approx(0.2)
+    assert link_bytes._decode_computed_share(link) == pytest.approx(0.2)
     assert startup.lab_for("decode-2") == LAB == startup.lab_for("prefill")
 
 

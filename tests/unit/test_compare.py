@@ -12,7 +12,7 @@ import pytest
 
 import seeds
 from kvlab.core.errors import InputError, RefusedError
-from kvlab.measure import compare, intervals
+from kvlab.measure import compare, intervals, link_bytes, pairing
 from kvlab.records import notebook
 from kvlab.records.comparison import BytesEvidence, NixlTransfer, RatioInterval
 from kvlab.records.evidence import KvCapacity, Percentiles
@@ -81,7 +81,7 @@ def test_record_keeps_the_seed_fields(tmp_path: Path) -> None:
     # the seed's formula: the larger counter over the requests of the shared levels
     assert rec["observed_bytes_per_request"] == 16_000_000 / 16
     assert rec["levels"][0]["ttft_p50_disagg_s"] == 0.3
-    assert rec["bytes"]["verdict"] == compare.CROSSED
+    assert rec["bytes"]["verdict"] == link_bytes.CROSSED
 
 
 def seen_bytes(record: ComparisonRecord) -> BytesEvidence:
@@ -98,15 +98,15 @@ def test_verdicts_three_ways(tmp_path: Path) -> None:
     by = seen.observed_bytes_per_request_by_source
     assert by == {"iface": 1_000_000.0, "rdma": 4.0, "nixl": 0.0}
     # NIXL's own count wins over interface noise: nothing crossed
-    assert seen.verdict == compare.NOT_CROSSED
+    assert seen.verdict == link_bytes.NOT_CROSSED
     assert seen.verdict_source == "nixl"
     assert seen.prompt_tokens_from == "server usage"
     small = compare.compare_runs([*pair(), link("disagg", 1_000)], "b", "disagg", "baseline",
                             kv_bytes_per_token=2000).record
-    assert seen_bytes(small).verdict == compare.NOT_CROSSED
+    assert seen_bytes(small).verdict == link_bytes.NOT_CROSSED
     mid = compare.compare_runs([*pair(), link("disagg", 1_000_000)], "b", "disagg", "baseline",
                           kv_bytes_per_token=2000).record
-    assert seen_bytes(mid).verdict == compare.UNCLEAR
+    assert seen_bytes(mid).verdict == link_bytes.UNCLEAR
     none = compare.compare_runs([*pair(), link("disagg", None)], "b", "disagg", "baseline")
     assert seen_bytes(none.record).verdict is None
     assert any("recorded no byte counters" in line for line in none.lines)
@@ -152,8 +152,8 @@ def test_offload_pairing_states_pressure() -> None:
     on = row("offload-on-load", 4, 0.1, 0.01, 100,
              metric_deltas={"preemptions": 3.0, "kv_cache_usage_perc_end": 0.97})
     off = row("offload-off-load", 4, 0.3, 0.01, 80, metric_deltas={"preemptions": 0.0})
-    result = compare.compare_runs([startup_on, on, off], "b", compare.OFFLOAD_ON,
-                                  compare.OFFLOAD_OFF, offload=True, lab=notebook.LAB_OFFLOAD)
+    result = compare.compare_runs([startup_on, on, off], "b", pairing.OFFLOAD_ON,
+                                  pairing.OFFLOAD_OFF, offload=True, lab=notebook.LAB_OFFLOAD)
     pressure = result.record.pressure
     assert pressure is not None
     assert pressure["offload-on-load"].under_pressure is True
@@ -179,10 +179,10 @@ def test_compare_takes_the_newest_tier_run_whatever_its_size() -> None:
                side("offload-on-load", 0.12, "holds", 32),
                side("offload-off-load", 0.20, "small", 0),
                side("offload-on-load", 0.21, "small", 6)]
-    result = compare.compare_runs(records, "b", compare.OFFLOAD_ON, compare.OFFLOAD_OFF,
+    result = compare.compare_runs(records, "b", pairing.OFFLOAD_ON, pairing.OFFLOAD_OFF,
                                   offload=True)
     assert "1.05x" in result.lines[2], result.lines
-    on, off = compare.paired_rows(records, compare.OFFLOAD_ON, compare.OFFLOAD_OFF)
+    on, off = pairing.paired_rows(records, pairing.OFFLOAD_ON, pairing.OFFLOAD_OFF)
     assert (on[18].ttft_s.p50, off[18].ttft_s.p50) == (0.12, 0.30)  # type: ignore[union-attr]
 
 
@@ -221,20 +221,20 @@ def test_a_shared_store_on_loopback_is_judged_by_its_growth() -> None:
     rows = {1: level_of(requests=10, ok=10)}
     link = link_of(iface="lo", connector="shared", rx_bytes=5_000, tx_bytes=5_000,
                    store_bytes=20_000_000)
-    seen = compare.bytes_three_ways(link, rows, [1], 2048.0, None)
+    seen = link_bytes.bytes_three_ways(link, rows, [1], 2048.0, None)
     assert seen.observed["store"] == 2_000_000 and seen.verdict_source == "store"
-    assert seen.verdict == compare.CROSSED
+    assert seen.verdict == link_bytes.CROSSED
     # written once, read by every request: what decode loaded is the transfer
     read = link.model_copy(update={"store_bytes": 2_000_000, "metric_deltas": {
         "prefill": {"prompt_tokens_external_kv_transfer": 0.0},
         "decode": {"prompt_tokens_external_kv_transfer": 8_960.0}}})
-    seen = compare.bytes_three_ways(read, rows, [1], 2048.0, None)
+    seen = link_bytes.bytes_three_ways(read, rows, [1], 2048.0, None)
     assert seen.observed["store_read"] == 8_960 * 2048 / 10
-    assert seen.verdict_source == "store_read" and seen.verdict == compare.CROSSED
+    assert seen.verdict_source == "store_read" and seen.verdict == link_bytes.CROSSED
     lines = compare._link_lines("disagg", link, seen)
     assert any("shared store growth" in line for line in lines)
     no_store = link.model_copy(update={"store_bytes": None})
-    blind = compare.bytes_three_ways(no_store, rows, [1], 2048.0, None)
+    blind = link_bytes.bytes_three_ways(no_store, rows, [1], 2048.0, None)
     assert blind.verdict is None  # loopback counters are not evidence for a file store
 
 
@@ -246,13 +246,13 @@ def test_decode_that_did_not_prefill_is_the_verdict_for_a_shared_store() -> None
                                   "D": {"prompt_tokens": 16_000.0,
                                         "prompt_tokens_local_compute": 1_648.0,
                                         "prompt_tokens_external_kv_transfer": 896.0}})
-    seen = compare.bytes_three_ways(link, rows, [1], 2048.0, None)
+    seen = link_bytes.bytes_three_ways(link, rows, [1], 2048.0, None)
     assert seen.decode_computed_share == 0.103
     assert seen.verdict is not None and seen.verdict.startswith("the cache crossed the store")
     recomputing = link.model_copy(update={"metric_deltas": {
         "D": {"prompt_tokens": 16_000.0, "prompt_tokens_local_compute": 15_900.0}}})
-    assert compare.bytes_three_ways(recomputing, rows, [1], 2048.0, None).verdict == (
-        compare.NOT_CROSSED)
+    assert link_bytes.bytes_three_ways(recomputing, rows, [1], 2048.0, None).verdict == (
+        link_bytes.NOT_CROSSED)
 
 
 def test_a_row_without_tpot_is_n_a_not_a_crash_or_zero(tmp_path: Path) -> None:
@@ -379,13 +379,13 @@ def test_a_split_is_set_against_the_baseline_of_its_own_run() -> None:
                row("nixl-split", 1, 1.55, 0.02, 14.0, run_id="nixl"),
                row("mooncake-split", 1, 0.44, 0.02, 38.0, run_id="mooncake"),
                row("baseline", 1, 0.048, 0.02, 79.0, run_id="mooncake")]
-    split, base = compare.paired_rows(records, "nixl-split", "baseline")
+    split, base = pairing.paired_rows(records, "nixl-split", "baseline")
     assert (split[1].run_id, base[1].run_id) == ("nixl", "nixl")
-    split, base = compare.paired_rows(records, "mooncake-split", "baseline")
+    split, base = pairing.paired_rows(records, "mooncake-split", "baseline")
     assert base[1].ttft_s is not None and base[1].ttft_s.p50 == 0.048
     alone = [row("baseline", 1, 0.065, 0.02, 80.0, run_id="a"),
              row("split", 1, 1.5, 0.02, 14.0, run_id="b")]  # no shared run: the newest each
-    assert compare.paired_rows(alone, "split", "baseline")[1][1].run_id == "a"
+    assert pairing.paired_rows(alone, "split", "baseline")[1][1].run_id == "a"
 
 
 def test_a_changed_memory_fraction_is_a_stated_difference() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from kvlab.loadgen import topology
-from kvlab.measure import compare, intervals
+from kvlab.measure import compare, intervals, pairing
 from kvlab.records import notebook
 from kvlab.records.capacity import CapacityMethod, CapacityTarget
 from kvlab.records.evidence import Percentiles
@@ -173,7 +173,7 @@ def split(tmp_path: Path, where: dict[str, Any], ttft: float, **differ: Any) -> 
     records: list[Record] = [load("baseline", 0.2, LAB_P, 1), load("baseline", 0.3, LAB_P, 4),
                load("disagg", ttft, LAB_P, 1, **where, **differ),
                load("disagg", ttft * 1.5, LAB_P, 4, **where, **differ)]
-    result = compare.compare(records, "b", "disagg", "baseline")
+    result = compare.compare_runs(records, "b", "disagg", "baseline")
     return book(tmp_path, *records, result.record)
 
 
@@ -357,8 +357,8 @@ def test_a_tier_off_run_alone_is_no_smaller_tier_experiment(tmp_path: Path) -> N
     CDF of the tier-off side)."""
     off = tier_run("cpu", 0.30, 0.12, 32)[0]
     records = notebook.read(book(tmp_path, off)).records
-    assert compare.tier_pair(records, smaller_tier=True) == ({}, {})
-    assert list(compare.tier_pair(records)[1]) == [18]  # the None row still has its side
+    assert pairing.tier_pair(records, smaller_tier=True) == ({}, {})
+    assert list(pairing.tier_pair(records)[1]) == [18]  # the None row still has its side
 
 
 def test_the_tier_answers_quote_the_p50s_their_ratio_pooled(tmp_path: Path) -> None:

@@ -149,7 +149,7 @@ def test_serve_prefill_dry_run_refuses_a_store_that_is_not_there(tmp_path: Path)
 
 
 def test_proxy_check_takes_the_port_of_the_proxy_to_check(tmp_path: Path) -> None:
-    from kvlab.engines.process import free_port
+    from kvlab.engines.ports import free_port
 
     port = free_port()
     run = _kvlab("proxy", "--check", "--port", str(port), "--json",

@@ -13,7 +13,7 @@ import pytest
 
 from kvlab.core.settings import load_settings
 from kvlab.engines.plan import EnginePlan
-from kvlab.engines.process import free_port
+from kvlab.engines.ports import free_port
 from kvlab.experiments.lab import Lab, engines
 
 TOKEN = "hf_secretvalue_0123456789"

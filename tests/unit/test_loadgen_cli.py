@@ -17,7 +17,7 @@ import pytest
 import seeds
 from children import running
 from kvlab.core.errors import EXIT_NOT_CONVERGED
-from kvlab.engines.process import free_port, port_in_use
+from kvlab.engines.ports import free_port, port_in_use
 from kvlab.records import notebook, requests
 from kvlab.records.models import CapacityRecord, ComparisonRecord, LinkRecord, LoadRecord
 

@@ -11,12 +11,13 @@ import pytest
 
 from fakes.sse_upstream import Behaviour, SseUpstream
 from kvlab.core.errors import UnreachableError
-from kvlab.engines.process import free_port
+from kvlab.engines.ports import free_port
 from kvlab.loadgen import stats
 from kvlab.loadgen.client import Endpoint
+from kvlab.loadgen.payloads import level_payloads
 from kvlab.loadgen.record import RequestRecord
 from kvlab.loadgen.runner import LevelRun, Schedule
-from kvlab.loadgen.sweep import LoadSpec, level_payloads, run_level
+from kvlab.loadgen.sweep import LoadSpec, run_level
 
 
 def spec(url: str, requests: int, **kw: object) -> LoadSpec:

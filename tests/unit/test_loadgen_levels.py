@@ -11,10 +11,11 @@ from fakes import fault_upstream
 from fakes.fault_upstream import FaultUpstream
 from fakes.sse_upstream import Behaviour, SseUpstream
 from kvlab.core.errors import InputError
-from kvlab.engines.process import free_port
+from kvlab.engines.ports import free_port
 from kvlab.loadgen.client import Endpoint
+from kvlab.loadgen.payloads import level_payloads
 from kvlab.loadgen.runner import LevelRun, Schedule, Until
-from kvlab.loadgen.sweep import WARMUP_OFFSET, LoadSpec, level_payloads, run_level, run_sweep
+from kvlab.loadgen.sweep import WARMUP_OFFSET, LoadSpec, run_level, run_sweep
 from kvlab.measure import compare
 from kvlab.proxy import ProxyConfig, running
 from kvlab.records import notebook, requests

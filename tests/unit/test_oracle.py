@@ -12,8 +12,8 @@ import pytest
 
 from kvlab.core.errors import InputError
 from kvlab.loadgen import trace
-from kvlab.measure import intervals, oracle
-from kvlab.measure.oracle import Blocks, CacheModel, Prediction, TierStores
+from kvlab.measure import intervals, oracle, oracle_gap, oracle_model, oracle_stack
+from kvlab.measure.oracle_model import Blocks, CacheModel, Prediction, TierStores
 
 B = 4  # tokens a block in the hand-built streams
 
@@ -35,12 +35,12 @@ def block(name: int) -> list[int]:
 
 
 def test_block_hashes_chain_whole_blocks_only() -> None:
-    a = oracle.block_hashes([*block(1), *block(2), 7], B)
+    a = oracle_model.block_hashes([*block(1), *block(2), 7], B)
     assert len(a) == 2  # the partial block has no hash
-    assert oracle.block_hashes(block(1), B) == a[:1]
+    assert oracle_model.block_hashes(block(1), B) == a[:1]
     # the same tokens under another parent are another block
-    assert oracle.block_hashes([*block(3), *block(2)], B)[1] != a[1]
-    assert oracle.hashed([*block(1), 7], B) == Blocks((a[0],), 5, B)
+    assert oracle_model.block_hashes([*block(3), *block(2)], B)[1] != a[1]
+    assert oracle_model.hashed([*block(1), 7], B) == Blocks((a[0],), 5, B)
 
 
 def test_a_second_request_hits_the_shared_whole_blocks_only() -> None:
@@ -119,7 +119,7 @@ def test_blocks_of_requests_in_flight_are_not_evicted() -> None:
 def test_the_infinite_cache_agrees_with_the_traces_reusable_blocks() -> None:
     requests = trace.synthetic(300, groups=3, shared_blocks=3, own_blocks=(1, 3),
                                block_tokens=16, seed=4)
-    stream = oracle.from_trace(requests, 16)
+    stream = oracle_model.from_trace(requests, 16)
     reusable = trace.reusable_blocks(requests, 16)
     whole = oracle.infinite_cache(stream, CacheModel(16, None, keep_last_token=False))
     assert [p.cached_tokens for p in whole] == [n * 16 for n in reusable]
@@ -150,7 +150,7 @@ def test_lists_that_are_not_chains_are_replayed_block_by_block() -> None:
     twice = Blocks((1, 2, 1), 3 * B, B)
     stream = [Blocks((1, 2), 2 * B, B), twice, Blocks((2, 5), 2 * B + 1, B), twice]
     model = cache(2, 1)
-    assert oracle._stack_depths(stream, model) is None  # the stack pass declines
+    assert oracle_stack._stack_depths(stream, model) is None  # the stack pass declines
     # an id is a block wherever it stands: the third request finds block 2
     assert cached(stream, model) == [0, 2 * B, B, B]
 
@@ -171,12 +171,12 @@ def test_bad_models_and_mixed_block_sizes_are_refused() -> None:
     with pytest.raises(InputError, match="do not fit"):
         Blocks((1, 2, 3), 11, 4)
     with pytest.raises(InputError, match="blocks of 8 tokens"):
-        oracle.replay([oracle.hashed(list(range(16)), 8)], cache(4))
+        oracle.replay([oracle_model.hashed(list(range(16)), 8)], cache(4))
 
 
 def test_left_on_the_table_is_the_oracle_less_what_was_measured() -> None:
     predicted = [Prediction(100, 64, 0), Prediction(100, 32, 32), Prediction(50, 0, 0)]
-    found = oracle.compare(predicted, [32, None, 16])
+    found = oracle_gap.compare(predicted, [32, None, 16])
     assert [g.left_tokens for g in found.gaps] == [32, None, -16]
     assert found.requests == 2 and found.prompt_tokens == 150
     assert (found.predicted_tokens, found.measured_tokens, found.left_tokens) == (64, 48, 16)
@@ -185,20 +185,20 @@ def test_left_on_the_table_is_the_oracle_less_what_was_measured() -> None:
     assert found.above_oracle == 1  # the engine served more than the model has
     assert found.low is None and found.high is None  # too few requests for an interval
     with pytest.raises(InputError, match="one measurement"):
-        oracle.compare(predicted, [1, 2])
+        oracle_gap.compare(predicted, [1, 2])
 
 
 def test_the_interval_of_the_share_left_on_the_table() -> None:
     rng = random.Random(3)
     predicted = [Prediction(1000, 800, 0) for _ in range(400)]
     measured = [rng.choice([800, 800, 600, 400]) for _ in predicted]
-    found = oracle.compare(predicted, measured)
+    found = oracle_gap.compare(predicted, measured)
     mean = sum(800 - m for m in measured) / 400 / 1000
     assert found.mean_share == pytest.approx(mean)
     assert found.low is not None and found.high is not None
     assert found.low < mean < found.high and found.high - found.low < 0.05
-    assert found == oracle.compare(predicted, measured)  # seeded: the same every time
-    exact = oracle.compare(predicted, [800] * 400)
+    assert found == oracle_gap.compare(predicted, measured)  # seeded: the same every time
+    exact = oracle_gap.compare(predicted, [800] * 400)
     assert (exact.mean_share, exact.low, exact.high) == (0.0, 0.0, 0.0)
     assert intervals.MIN_SAMPLES == 5
 
@@ -246,7 +246,7 @@ def test_a_curve_over_some_requests_counts_only_those() -> None:
     blocks = oracle.prepare(stream, 4)
     kept = [i for i in range(len(blocks)) if i % 3]
     for concurrency in (1, 5):
-        cache = oracle.CacheModel(4, 60, concurrency=concurrency)
+        cache = CacheModel(4, 60, concurrency=concurrency)
         for size in (0, 30, 60, 120):
             p = oracle.replay(blocks, replace(cache, tier_blocks=size))
             want = sum(p[i].cached_tokens for i in kept) / sum(p[i].prompt_tokens for i in kept)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvlab.measure import oracle
+from kvlab.measure import oracle_gap
 from kvlab.records.load import OracleLevel
 from kvlab.records.models import LoadRecord
 from kvlab.report.common import oracle_cell, oracle_words
@@ -21,11 +21,11 @@ def level(predicted: int, measured: int, *, tier: int = 0) -> OracleLevel:
 
 
 def test_a_level_close_to_its_oracle_has_no_verdict() -> None:
-    assert oracle.shortfall(level(3_000, 2_800)) is None
+    assert oracle_gap.shortfall(level(3_000, 2_800)) is None
 
 
 def test_a_level_far_below_its_oracle_says_so_and_names_causes() -> None:
-    words = oracle.shortfall(level(6_000, 1_000, tier=100))
+    words = oracle_gap.shortfall(level(6_000, 1_000, tier=100))
     assert words is not None and words.startswith("less reuse than the workload allowed: 50.0%")
     assert "the host tier was not consulted" in words
 

@@ -19,7 +19,7 @@ import pytest
 from fakes.fault_upstream import FaultUpstream
 from kvlab.core.errors import RefusedError, SettingError
 from kvlab.engines.models import make_tiny
-from kvlab.engines.process import free_port
+from kvlab.engines.ports import free_port
 from kvlab.measure import workloads
 from kvlab.proxy import ProxyConfig, running
 from kvlab.proxy import affinity as aff

@@ -19,7 +19,7 @@ import pytest
 
 from fakes.fault_upstream import Behaviour, FaultUpstream
 from kvlab.core.errors import RefusedError, UnreachableError
-from kvlab.engines.process import free_port
+from kvlab.engines.ports import free_port
 from kvlab.observe import metrics
 from kvlab.proxy import ProxyApp, ProxyConfig, running
 from kvlab.proxy.legs import check_legs

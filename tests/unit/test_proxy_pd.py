@@ -166,7 +166,7 @@ def test_the_command_refuses_engines_that_do_not_answer() -> None:
     import subprocess
     import sys
 
-    from kvlab.engines.process import free_port
+    from kvlab.engines.ports import free_port
 
     dead = free_port()
     run = subprocess.run([sys.executable, "-m", "kvlab", "proxy", "--prefill",

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from children import running, spawn, stop
-from kvlab.engines.process import free_port
+from kvlab.engines.ports import free_port
 
 BENCH = Path(__file__).parents[2] / "benchmarks" / "synthetic_upstream.py"
 REQUESTS = 10_000

@@ -23,7 +23,7 @@ import pytest
 
 from children import async_running
 from fakes.fault_upstream import Behaviour, FaultUpstream
-from kvlab.engines.process import free_port
+from kvlab.engines.ports import free_port
 from kvlab.observe import metrics
 
 BODY = {"model": "fake-model", "prompt": "hello", "max_tokens": 4}

@@ -15,9 +15,9 @@ import pytest
 import seeds
 from children import running
 from kvlab.core.errors import InputError
-from kvlab.engines.process import free_port, port_in_use
+from kvlab.engines.ports import free_port, port_in_use
 from kvlab.loadgen import topology
-from kvlab.measure import compare, intervals
+from kvlab.measure import compare, intervals, pairing
 from kvlab.records import notebook
 from kvlab.records.comparison import BytesEvidence, ComparisonLevel
 from kvlab.records.disk import SlotEvidence, Turn
@@ -240,7 +240,7 @@ def split_book(path: Path, split_median: float, levels: tuple[int, ...] = (1, 4)
     for level in levels:
         run_row(path, "baseline", level, lognormal(level, 60, 0.2))
         run_row(path, "disagg", level, lognormal(10 + level, 60, split_median), **LOOP)
-    result = compare.compare(notebook.read(path).records, str(path), "disagg", "baseline")
+    result = compare.compare_runs(notebook.read(path).records, str(path), "disagg", "baseline")
     notebook.append(path, result.record.model_copy(update=LOOP))
 
 
@@ -277,8 +277,8 @@ def pressure(hit: float) -> dict[str, Any]:
 
 
 def tier_book(path: Path, on_median: float) -> None:
-    run_row(path, compare.OFFLOAD_OFF, 4, lognormal(1, 80, 0.3), lab=LAB_O, **pressure(0.2))
-    run_row(path, compare.OFFLOAD_ON, 4, lognormal(2, 80, on_median), lab=LAB_O,
+    run_row(path, pairing.OFFLOAD_OFF, 4, lognormal(1, 80, 0.3), lab=LAB_O, **pressure(0.2))
+    run_row(path, pairing.OFFLOAD_ON, 4, lognormal(2, 80, on_median), lab=LAB_O,
             **pressure(0.2))
 
 
@@ -302,7 +302,7 @@ def test_the_host_tier_is_judged_by_its_interval(tmp_path: Path) -> None:
 
 def test_a_row_without_a_per_request_file_says_so_in_the_decision(tmp_path: Path) -> None:
     path = tmp_path / "labbook.md"
-    for label, median in ((compare.OFFLOAD_OFF, 0.3), (compare.OFFLOAD_ON, 0.1)):
+    for label, median in ((pairing.OFFLOAD_OFF, 0.3), (pairing.OFFLOAD_ON, 0.1)):
         row = run_row(path, label, 4, [median] * 10, lab=LAB_O, write=False, **pressure(0.2))
         notebook.append(path, row.model_copy(update={"requests_file": None,
                                                      "requests_sha256": None}))
@@ -397,8 +397,8 @@ def test_the_ratio_panel_draws_each_interval(tmp_path: Path) -> None:
     split_book(path, 0.4)
     book = notebook.read(path)
     found = intervals.pair_levels(book.path, book.records,
-                                  compare.load_rows(book.records, "disagg"),
-                                  compare.load_rows(book.records, "baseline"))
+                                  pairing.load_rows(book.records, "disagg"),
+                                  pairing.load_rows(book.records, "baseline"))
     fig, ax = plots._pyplot().subplots()
     plots._ratio_panel(ax, book, "baseline", "disagg", {1: 0, 4: 1})
     bars = ax.containers[0]  # the error bars: one segment per level, low to high

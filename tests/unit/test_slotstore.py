@@ -11,7 +11,9 @@ import pytest
 from kvlab.core.errors import InputError, RefusedError
 from kvlab.engines.llamacpp import slotstore
 from kvlab.engines.llamacpp.client import SlotOp
-from kvlab.engines.llamacpp.slotstore import Manifest, SlotStore
+from kvlab.engines.llamacpp.slotfiles import file_sha256
+from kvlab.engines.llamacpp.slotmanifest import Manifest
+from kvlab.engines.llamacpp.slotstore import SlotStore
 from slots import MAGIC, fake_model, identity
 
 
@@ -137,13 +139,13 @@ def test_malformed_manifest_names_the_field(saved: tuple[SlotStore, Manifest]) -
 
 def test_model_hash_is_cached_by_path_size_and_mtime(tmp_path: Path, model: Path) -> None:
     cache = tmp_path / "cache" / "sha.json"
-    first = slotstore.file_sha256(model, cache)
+    first = file_sha256(model, cache)
     assert cache.stat().st_mode & 0o777 == 0o600
     key = next(iter(json.loads(cache.read_text())))
     cache.write_text(json.dumps({key: "remembered"}))
-    assert slotstore.file_sha256(model, cache) == "remembered"  # not read again
+    assert file_sha256(model, cache) == "remembered"  # not read again
     os.utime(model, ns=(7, 7))
-    assert slotstore.file_sha256(model, cache) == first  # mtime changed: hashed again
+    assert file_sha256(model, cache) == first  # mtime changed: hashed again
 
 
 def test_entries_list_files_with_their_manifests(saved: tuple[SlotStore, Manifest]) -> None:

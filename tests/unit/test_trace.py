@@ -15,8 +15,10 @@ from fakes.sse_upstream import Behaviour, SseUpstream
 from kvlab.core.errors import InputError
 from kvlab.loadgen import trace
 from kvlab.loadgen.client import Endpoint
+from kvlab.loadgen.inputs import Inputs
+from kvlab.loadgen.level import measure_level
 from kvlab.loadgen.spec import LoadSpec
-from kvlab.loadgen.sweep import Inputs, measure_level, run_sweep
+from kvlab.loadgen.sweep import run_sweep
 from kvlab.loadgen.trace import TokenPool, TraceRequest, TraceSpec
 from kvlab.records.workload import Workload
 

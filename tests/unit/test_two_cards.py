@@ -12,7 +12,7 @@ from kvlab.core.errors import SettingError
 from kvlab.core.settings import Settings
 from kvlab.engines import vllm
 from kvlab.engines.plan import EnginePlan
-from kvlab.engines.process import free_port
+from kvlab.engines.ports import free_port
 
 
 def _plan(tmp_path: Path, role: str, platform: str, **values: object) -> EnginePlan:

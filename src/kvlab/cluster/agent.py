@@ -11,7 +11,7 @@ redacted, as the local path shows them).
 
 Engines never outlive their agent: the actor is synchronous, so Ray runs every call on the
 worker's main thread, and an engine spawned there gets Linux's parent-death signal (SIGTERM
-when the actor's process dies, even by SIGKILL, `engines/process.py`); a graceful end of the
+when the actor's process dies, even by SIGKILL, `engines/process_groups.py`); a graceful end of the
 actor (atexit, `__del__`) stops every process group it started. The driver owns the actor
 (not detached), so when the driver dies Ray ends the actor, and with it the engines.
 

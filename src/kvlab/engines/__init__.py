@@ -33,19 +33,15 @@ from kvlab.engines.host import (
 from kvlab.engines.install import EngineStatus
 from kvlab.engines.models import KNOWN_SHAPES, hf_config, make_tiny, prose, write_shaped_config
 from kvlab.engines.plan import EnginePlan, Flag, PlanRequest, client_host
+from kvlab.engines.ports import free_port, port_in_use
 from kvlab.engines.prepare import (
     ROUTER_NEEDED,
     prepare_engines,
     prepare_for,
 )
-from kvlab.engines.process import (
-    DEFAULT_READY_TIMEOUT_S,
-    EngineProcess,
-    free_port,
-    make_private_dir,
-    port_in_use,
-    stop_group,
-)
+from kvlab.engines.private_dirs import make_private_dir
+from kvlab.engines.process import DEFAULT_READY_TIMEOUT_S, EngineProcess
+from kvlab.engines.process_groups import stop_group
 from kvlab.engines.registry import (
     all_engines,
     engine_for,

@@ -19,14 +19,14 @@ from pathlib import Path
 import psutil
 
 from kvlab.core import PROXY_METRICS_PREFIX, Settings, tree_bytes
-from kvlab.engines import process
 from kvlab.engines.llamacpp import slotstore
+from kvlab.engines.strays import PidRecord, live_strays, stop_strays
 from kvlab.engines.vllm import store as kvstore
 
 
 @dataclass
 class CleanReport:
-    stopped: list[process.PidRecord] = field(default_factory=list)
+    stopped: list[PidRecord] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
     partial: dict[str, str] = field(default_factory=dict)  # a store entry removed: why partial
@@ -43,9 +43,9 @@ def clean(settings: Settings, *, dry_run: bool = False) -> CleanReport:
     paths = settings.paths()
     run_dir = paths.run
     if dry_run:
-        report.stopped = process.live_strays(run_dir)
+        report.stopped = live_strays(run_dir)
     else:
-        report.stopped = process.stop_strays(run_dir)
+        report.stopped = stop_strays(run_dir)
     _clean_proxy_metrics(report, dry_run)
     for tree in (paths.stores, paths.scratch):
         if not tree.is_dir():

@@ -14,95 +14,36 @@
 The engine is spawned with the plan's real argv (`exec_argv`); what this module shows (the
 log echoed, a log tail in an error) has the plan's secrets redacted. This module knows no
 engine: the plan says what to run and where health is.
+
+This module owns `EngineProcess` (start, ready, stop, health, log) and writes its PID record.
+Deliberately not here: the port check and free ports (`ports.py`), private directories
+(`private_dirs.py`), stopping a process group and the parent-death signal
+(`process_groups.py`), and the PID records read back and strays proven and stopped
+(`strays.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
-import signal
-import socket
-import stat
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, TextIO
+from typing import TextIO
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kvlab.core import EngineError, RefusedError, redact_text
+from kvlab.core import EngineError, redact_text
 from kvlab.engines.plan import EnginePlan
-
-if TYPE_CHECKING:
-    import psutil
+from kvlab.engines.ports import port_in_use
+from kvlab.engines.private_dirs import make_private_dir
+from kvlab.engines.process_groups import STOP_GRACE_S, parent_death_signal, stop_group
+from kvlab.engines.strays import PidRecord
 
 DEFAULT_READY_TIMEOUT_S = 600.0
-STOP_GRACE_S = 15.0
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-_START_SLACK_S = 2.0  # a recorded start time against psutil's (clock ticks, rounding)
-
-
-class PidRecord(BaseModel):
-    """What kvlab writes under KVLAB_HOME/run/pids when it starts an engine, so `kvlab clean`
-    can find it if kvlab did not stop it. Older kvlabs wrote fewer keys (pid, argv0,
-    started); keys this one does not know are ignored."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    pid: int
-    pgid: int | None = None  # the group the engine leads (its pid)
-    engine: str = ""
-    role: str = ""
-    port: int = 0
-    argv0: str = ""
-    started: float | None = None  # time.time() when spawned
-    create_time: float | None = None  # the kernel's, through psutil
-    detached: bool = False
-    log: str = ""
-    identified_by: str | None = None  # set when found running: how it was proven ours
-    file: str = Field("", exclude=True)  # where the record was read from
-
-    @property
-    def group(self) -> int:
-        return self.pgid if self.pgid is not None else self.pid
-
-    @property
-    def start(self) -> float | None:
-        return self.create_time or self.started
-
-
-def port_in_use(host: str, port: int) -> bool:
-    """Whether something already accepts connections on host:port."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex((host, port)) == 0
-
-
-_GIVEN: set[int] = set()  # ports free_port handed out in this process
-_GIVEN_LOCK = threading.Lock()
-
-
-def free_port() -> int:
-    """A port the kernel says is free right now on loopback, and one this process has not
-    handed out before: plans are made before their engines bind, and the kernel can give
-    the same free port twice in a row (two engines of one run then shared one port, and each
-    one's readiness probe was answered by the other)."""
-    with _GIVEN_LOCK:
-        for _ in range(1000):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                sock.bind(("127.0.0.1", 0))
-                port = int(sock.getsockname()[1])
-            if port not in _GIVEN:
-                _GIVEN.add(port)
-                return port
-    raise EngineError("no free loopback port this process has not used already")
 
 
 class EngineProcess:
@@ -313,219 +254,6 @@ def orphan_note(proc: EngineProcess, system: str = sys.platform) -> str:
         return ""
     return (f"{system} has no parent-death signal (Linux's PR_SET_PDEATHSIG): if kvlab is "
             "killed, this engine keeps running; `kvlab clean` stops it")
-
-
-def parent_death_signal() -> Callable[[], None] | None:
-    """A preexec function that makes Linux send the engine SIGTERM when kvlab dies, however
-    it dies (SIGKILL included), so no engine outlives the kvlab that started it; None where
-    the kernel has no such signal.
-
-    The kernel sends it when the *thread* that forked the child exits, not the process: a
-    spawn from a worker thread (`asyncio.to_thread`) would stop the engine as soon as that
-    thread is retired. So it is only set when spawning from the main thread, which lives
-    exactly as long as kvlab; `kvlab clean` covers the rest. SIGTERM rather than SIGKILL
-    lets the engine stop its own helper processes. prctl is looked up here, before the fork,
-    so the child runs one foreign call and no Python imports.
-    """
-    if not sys.platform.startswith("linux") or threading.current_thread() is not \
-            threading.main_thread():
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-        if os.getppid() != parent:  # kvlab died before prctl took effect
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
-
-
-def make_private_dir(path: Path) -> None:
-    """Create `path` (and parents) readable by this account only, or accept an existing one
-    that is safe as it is: it will hold prompts.
-
-    kvlab never changes the mode of a directory it did not create (`LLAMA_SLOT_SAVE_PATH=/tmp`
-    made 0700 would lock every other user out of /tmp). An existing directory, or the one a
-    symlink given as the setting points to, is refused when every user may write into it or
-    another account owns it. One it creates is opened without following symlinks before its
-    mode is set, so a link planted in a shared parent cannot redirect the chmod.
-    """
-    path = path.expanduser()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        path.mkdir(mode=0o700)
-        created = True
-    except FileExistsError:
-        created = False
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (os.O_NOFOLLOW if created else 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        raise RefusedError(f"{path} cannot be used as a private directory "
-                           f"({exc.strerror}); choose a directory of your own") from None
-    try:
-        if created:
-            os.fchmod(fd, 0o700)  # the umask may have taken the owner's bits
-        else:
-            _check_safe_dir(path, os.fstat(fd))
-    finally:
-        os.close(fd)
-
-
-def _check_safe_dir(path: Path, st: os.stat_result) -> None:
-    """Refuse an existing directory others can write into or that another account owns."""
-    if st.st_uid != os.geteuid():
-        raise RefusedError(
-            f"{path} belongs to another account (uid {st.st_uid}): kvlab keeps prompts only "
-            "in a directory you own; choose a path of your own (kvlab creates it 0700)")
-    if st.st_mode & stat.S_IWOTH:
-        raise RefusedError(
-            f"{path} is writable by every user (mode {stat.S_IMODE(st.st_mode):o}): kvlab "
-            "keeps prompts only in a directory of its own and never changes a directory it "
-            "did not create; choose a new path (kvlab creates it 0700)")
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def stop_group(pgid: int, grace_s: float = STOP_GRACE_S,
-               reap: Callable[[], object] | None = None) -> None:
-    """SIGTERM a process group, wait for it to empty, SIGKILL what is left (blocking).
-
-    `reap` collects the leader's exit status when it is our child (a zombie leader would keep
-    the group looking alive); by default a plain waitpid is tried.
-    """
-    collect = reap or (lambda: _waitpid(pgid))
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        collect()
-        if not group_alive(pgid):
-            return
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-    for _ in range(50):
-        collect()
-        if not group_alive(pgid):
-            return
-        time.sleep(0.1)
-
-
-def _waitpid(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
-
-
-def stray_records(run_dir: Path) -> list[PidRecord]:
-    """PID records of engines kvlab started that were not stopped through kvlab (an
-    unreadable one is removed: it can prove nothing)."""
-    out = []
-    for path in sorted((run_dir / "pids").glob("*.json")):
-        try:
-            record = PidRecord.model_validate_json(path.read_bytes())
-        except (OSError, ValidationError):
-            path.unlink(missing_ok=True)
-            continue
-        record.file = str(path)
-        out.append(record)
-    return out
-
-
-def live_strays(run_dir: Path) -> list[PidRecord]:
-    """The recorded engines still running, each proven to be the one kvlab started."""
-    found = [(r, identify(r)) for r in stray_records(run_dir)]
-    return [r.model_copy(update={"identified_by": how}) for r, how in found if how is not None]
-
-
-def stop_strays(run_dir: Path, grace_s: float = 5.0) -> list[PidRecord]:
-    """Stop every recorded engine group still alive; remove the records. Returns those stopped."""
-    stopped = []
-    for record in stray_records(run_dir):
-        how = identify(record)
-        if how is not None:
-            stop_group(record.pid, grace_s)
-            stopped.append(record.model_copy(update={"identified_by": how}))
-        Path(record.file).unlink(missing_ok=True)
-    return stopped
-
-
-def identify(record: PidRecord) -> str | None:
-    """How a PID record is proven to still be kvlab's engine group, or None (gone, or the PID
-    now belongs to another program).
-
-    The process group id is the leader's PID. While the leader lives, its start time must
-    equal the recorded one. Once it has exited, the kernel does not reuse its PID while group
-    members remain, and those members must serve the recorded port or have started after the
-    engine did. argv0 proves nothing: a wrapper script (`VLLM_CMD`) execs another program.
-    """
-    import psutil
-
-    pgid, started = record.group, record.start
-    try:
-        leader = psutil.Process(pgid)
-        if leader.status() != psutil.STATUS_ZOMBIE:
-            same = started is not None and abs(leader.create_time() - started) <= _START_SLACK_S
-            return "start time" if same else None
-    except psutil.NoSuchProcess:
-        pass
-    except psutil.Error:
-        return None
-    members = group_members(pgid)
-    if not members:
-        return None
-    if any(_serves_port(m, record.port) for m in members):
-        return "process group and port"
-    if started is not None and all(_created(m) >= started - _START_SLACK_S
-                                   for m in members):
-        return "process group and start time"
-    return None
-
-
-def group_members(pgid: int) -> list[psutil.Process]:
-    """The live processes of a process group."""
-    import psutil
-
-    out = []
-    for proc in psutil.process_iter():
-        with contextlib.suppress(psutil.Error, OSError):
-            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
-                out.append(proc)
-    return out
-
-
-def _serves_port(proc: psutil.Process, port: int) -> bool:
-    import psutil
-
-    if port <= 0:
-        return False
-    try:
-        conns = proc.net_connections(kind="inet")
-    except psutil.Error:
-        return False
-    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
-               for c in conns)
-
-
-def _created(proc: psutil.Process) -> float:
-    import psutil
-
-    try:
-        return float(proc.create_time())
-    except psutil.Error:
-        return 0.0
 
 
 def _create_time(pid: int) -> float | None:

@@ -45,7 +45,7 @@ from kvlab.engines import (
 )
 from kvlab.experiments.lab import Lab, engines
 from kvlab.loadgen import LoadSpec, level_prompts, run_sweep
-from kvlab.measure import Prompt, intervals, oracle, workloads
+from kvlab.measure import CacheModel, Prompt, intervals, oracle, workloads
 from kvlab.observe import metrics
 from kvlab.proxy import body_digest
 from kvlab.records import (
@@ -291,12 +291,12 @@ def _oracle(sent: list[RequestLine], tokens: dict[int, list[int]], replica_of: l
     if any(t is None for _, t, _ in kept) or not kept:
         return None, None, "a prompt could not be tokenized by the replica's /tokenize"
     whole = sum(len(t or ()) for _, t, _ in kept)
-    pooled = oracle.replay([t or [] for _, t, _ in kept], oracle.CacheModel(block, device * n))
+    pooled = oracle.replay([t or [] for _, t, _ in kept], CacheModel(block, device * n))
     ideal = _share(sum(p.cached_tokens for p in pooled), whole)
     if any(r is None for _, _, r in kept):
         return None, ideal, NO_ASSIGNMENT
     served = 0
-    cache = oracle.CacheModel(block, device)
+    cache = CacheModel(block, device)
     for replica in range(n):
         stream = [t or [] for _, t, r in kept if r == replica]
         served += sum(p.cached_tokens for p in oracle.replay(stream, cache))

@@ -1,15 +1,16 @@
 """kvlab's load generator: raw streaming client, open/closed-loop levels, pure statistics.
 
-`spec` (what a sweep is asked: levels, rates, prompt sets and prefix groups, user sessions,
-a trace) -> `sizing` (prompts in the served model's tokens, through the engine adapter's
+`spec` (what a sweep is asked: levels, rates, prompt sets and prefix groups, user sessions, a
+trace) -> `sizing` (prompts in the served model's tokens, through the engine adapter's
 /tokenize) -> `client` (one keep-alive connection, raw stamps) -> `runner` (one level's
 schedule, by count, by time or at a trace's times) or `sessions` (users whose next turn waits
 for the reply and a think time) -> `record` (decode events after the level) -> `stats` and
 `returning` (pure functions), `rows` (the notebook row) and `perrequest` (each request as a
-line of the level's file) -> `sweep` (warm-up, levels, metrics deltas) and `linkrun` (the
-seed's run-load.sh); `trace` reads and rebuilds a Mooncake-format trace; `capacity` searches
-the load for the highest that meets a latency target. It knows no engine beyond the OpenAI
-streaming shapes and what the engine adapter answers.
+line of the level's file) -> `sweep` (the levels in order; `inputs` what they share, `payloads`
+a level's prompts and request bytes, `level` one level's warm-up, metrics deltas and row) and
+`linkrun` (the seed's run-load.sh); `trace` reads and rebuilds a Mooncake-format trace;
+`capacity` searches the load for the highest that meets a latency target. It knows no engine
+beyond the OpenAI streaming shapes and what the engine adapter answers.
 """
 
 from kvlab.loadgen.args import (
@@ -38,6 +39,7 @@ from kvlab.loadgen.client import Endpoint
 from kvlab.loadgen.dataset import Dataset
 from kvlab.loadgen.linkrun import LinkSpec, run_load, store_size
 from kvlab.loadgen.load_test_entry import write_launcher
+from kvlab.loadgen.payloads import level_prompts
 from kvlab.loadgen.record import RequestRecord, decode_events
 from kvlab.loadgen.runner import LevelResult, LevelRun, Schedule
 from kvlab.loadgen.sessions import SessionSpec, ThinkTime
@@ -46,7 +48,6 @@ from kvlab.loadgen.sweep import (
     ProgressHook,
     SweepResult,
     default_requests,
-    level_prompts,
     run_sweep,
 )
 from kvlab.loadgen.topology import RAY_ONE_MACHINE, RAY_TWO_MACHINES

@@ -32,9 +32,11 @@ import numpy as np
 from kvlab.core import InputError, Say, quiet
 from kvlab.loadgen import slo, stats
 from kvlab.loadgen.client import Endpoint
+from kvlab.loadgen.inputs import prepare_inputs
+from kvlab.loadgen.level import Measured, measure_level
 from kvlab.loadgen.record import RequestRecord
 from kvlab.loadgen.spec import LoadSpec
-from kvlab.loadgen.sweep import Measured, measure_level, metrics_client, prepare_inputs
+from kvlab.loadgen.sweep import metrics_client
 from kvlab.records import (
     BoundFigure,
     CapacityMethod,

@@ -25,7 +25,7 @@ conversation so far as this server answered it (the recorded assistant messages 
 after a think time. Levels and repeats go on through the file, so no level resends what an
 earlier one sent until the file runs out (`first_record`, then `resent` in the row). Nothing of
 the file's text reaches the notebook: its name and sha256 do. Not here: building the requests'
-bytes and the schedule (`sweep`).
+bytes and the schedule (`payloads`, `level`).
 """
 
 from __future__ import annotations

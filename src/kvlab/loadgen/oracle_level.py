@@ -26,7 +26,7 @@ from statistics import median
 import httpx
 
 from kvlab.engines import CacheShape, Engine
-from kvlab.measure import Prompt, oracle, slot_oracle
+from kvlab.measure import Blocks, CacheModel, Prediction, Prompt, oracle, oracle_gap, slot_oracle
 from kvlab.observe import Snapshot
 from kvlab.records import OracleLevel, RequestLine, TierPoint
 
@@ -94,7 +94,7 @@ def _blocks(shape: CacheShape, sent: list[RequestLine], tokens: list[list[int]],
     """The block LRU replayed (vLLM's prefix cache)."""
     block, device = shape.block_tokens, shape.blocks
     running = in_flight(sent)
-    cache = oracle.CacheModel(block, device, tier_blocks, concurrency=running)
+    cache = CacheModel(block, device, tier_blocks, concurrency=running)
     stream = oracle.prepare(tokens, block)
     predicted = oracle.replay(stream, cache)
     unbounded = oracle.infinite_cache(stream, cache)
@@ -102,7 +102,7 @@ def _blocks(shape: CacheShape, sent: list[RequestLine], tokens: list[list[int]],
         ln.oracle_cached_tokens = p.cached_tokens
     measured = [(p, ln.cached_tokens, u) for ln, p, u in zip(sent, predicted, unbounded,
                                                              strict=True) if not ln.warmup]
-    found = oracle.compare([p for p, _, _ in measured], [m for _, m, _ in measured])
+    found = oracle_gap.compare([p for p, _, _ in measured], [m for _, m, _ in measured])
     points = tier_curve(stream, cache, sent, {round(device * x) for x in CURVE}
                         | {t // block for t in curve_tokens})
     return OracleLevel(
@@ -118,7 +118,7 @@ def _blocks(shape: CacheShape, sent: list[RequestLine], tokens: list[list[int]],
         left_mean_low=found.low, left_mean_high=found.high, tier_curve=points)
 
 
-def tier_curve(stream: list[oracle.Blocks], cache: oracle.CacheModel,
+def tier_curve(stream: list[Blocks], cache: CacheModel,
                sent: Sequence[RequestLine], sizes: set[int]) -> list[TierPoint]:
     """The hit share at each tier size (blocks) over the level's measured requests, and over
     its returning turns alone where it has any."""
@@ -147,9 +147,9 @@ def _slots(shape: CacheShape, sent: list[RequestLine], tokens: list[list[int]]) 
     bound = slot_oracle.unbounded(stream)
     for ln, n in zip(sent, served, strict=True):
         ln.oracle_cached_tokens = n
-    counted = [(oracle.Prediction(len(t), n, 0), ln.cached_tokens, b)
+    counted = [(Prediction(len(t), n, 0), ln.cached_tokens, b)
                for t, n, b, ln in zip(tokens, served, bound, sent, strict=True) if not ln.warmup]
-    found = oracle.compare([p for p, _, _ in counted], [m for _, m, _ in counted])
+    found = oracle_gap.compare([p for p, _, _ in counted], [m for _, m, _ in counted])
     return OracleLevel(
         cache_model=SLOT_WORDS, block_tokens=1, device_blocks=0, slots=slots,
         in_flight=in_flight(sent), sizes_from=shape.sizes_from,

@@ -19,7 +19,7 @@ to fit (its blocks past the limit dropped, the last one cut short: "truncate", t
 left out ("filter", so fewer than N are replayed); both are counted in the row. `reuse` is what
 an infinite cache would serve: the leading blocks of each request that an earlier request
 already held, of the prompts as sent. `synthetic` writes a trace of this format for tests and first
-looks. Not here: the schedule (`runner.Schedule.arrivals_ns`) and the row (`sweep`).
+looks. Not here: the schedule (`runner.Schedule.arrivals_ns`) and the row (`level`).
 """
 
 from __future__ import annotations

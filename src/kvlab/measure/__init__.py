@@ -4,21 +4,30 @@ from kvlab.measure.compare import compare_runs, comparison_label
 from kvlab.measure.compat import Compatibility, listed_models, pick_model, probe
 from kvlab.measure.conversation import PREAMBLE_WORDS, TURN_MAX_TOKENS
 from kvlab.measure.crossing import Judgement, Point, judge_crossing
+from kvlab.measure.link_bytes import NOT_CROSSED
+from kvlab.measure.oracle_gap import shortfall
+from kvlab.measure.oracle_model import Blocks, CacheModel, Prediction
+from kvlab.measure.pairing import load_rows, paired_rows, tier_pair, tier_sides
 from kvlab.measure.pressure import judge_pressure, preemptions, tier_holds, tier_too_small
 from kvlab.measure.prove import ProofRun, ProveOptions, proof_record, run_proof
 from kvlab.measure.reuse import ReuseOptions, ReuseRun, reuse_record, run_reuse
+from kvlab.measure.same_experiment import experiment_warnings, label_facts
 from kvlab.measure.tokens import ChatTokens
 from kvlab.measure.verdict import FAILED
 from kvlab.measure.workloads import Prompt, Sizing
 
 __all__ = [
     "FAILED",
+    "NOT_CROSSED",
     "PREAMBLE_WORDS",
     "TURN_MAX_TOKENS",
+    "Blocks",
+    "CacheModel",
     "ChatTokens",
     "Compatibility",
     "Judgement",
     "Point",
+    "Prediction",
     "Prompt",
     "ProofRun",
     "ProveOptions",
@@ -27,9 +36,13 @@ __all__ = [
     "Sizing",
     "compare_runs",
     "comparison_label",
+    "experiment_warnings",
     "judge_crossing",
     "judge_pressure",
+    "label_facts",
     "listed_models",
+    "load_rows",
+    "paired_rows",
     "pick_model",
     "preemptions",
     "probe",
@@ -37,6 +50,9 @@ __all__ = [
     "reuse_record",
     "run_proof",
     "run_reuse",
+    "shortfall",
     "tier_holds",
+    "tier_pair",
+    "tier_sides",
     "tier_too_small",
 ]

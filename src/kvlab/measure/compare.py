@@ -1,20 +1,21 @@
 """Pair two load runs from the notebook: the seed's compare-disagg.py, plus kvlab's checks.
 
-Reads only the notebook. Same pairing as the seed: the most recent load row per concurrency
-level for each label, compared at the levels both share (TTFT p50, TPOT p50, output tokens/s,
-as a ratio and a signed percentage), and the most recent `link` record of the disaggregated
-label for the bytes that crossed the link. The `comparison` record keeps the seed's fields.
+Reads only the notebook. Same pairing as the seed (`pairing.py`): the most recent load row per
+concurrency level for each label, compared at the levels both share (TTFT p50, TPOT p50, output
+tokens/s, as a ratio and a signed percentage), and the most recent `link` record of the
+disaggregated label for the bytes that crossed the link. The `comparison` record keeps the
+seed's fields.
 
 kvlab adds: same-experiment checks over everything the two labels recorded (model, prompt set,
 max tokens, concurrency levels, context length, memory fraction, workload, KV cache type; a
-quantised KV cache is never paired with an unquantised one), bytes per request three ways
-(interface or RDMA counters, NIXL's own byte histogram, against the arithmetic prediction) with
-a verdict, the disaggregated run's recorded topology and (NIXL, Mooncake) which network its
-side channel used, and for the offload lab (`offload=True`, or the offload labels, or rows that
-planned pressure) the pressure each side ran under, judged as the report judges it
-(`measure/pressure.py`), since a tier measured without pressure shows nothing. A level
-without a TPOT (MAX_TOKENS=1) is "n/a" in the table and null in the record, with the reason in
-words beside it.
+quantised KV cache is never paired with an unquantised one: `same_experiment.py`), bytes per
+request three ways (interface or RDMA counters, NIXL's own byte histogram, against the
+arithmetic prediction) with a verdict (`link_bytes.py`), the disaggregated run's recorded
+topology and (NIXL, Mooncake) which network its side channel used, and for the offload lab
+(`offload=True`, or the offload labels, or rows that planned pressure) the pressure each side
+ran under, judged as the report judges it (`measure/pressure.py`), since a tier measured
+without pressure shows nothing. A level without a TPOT (MAX_TOKENS=1) is "n/a" in the table and
+null in the record, with the reason in words beside it.
 
 Under the seed's table (kept line for line), each level's three ratios again with their 95%
 intervals and the words (`intervals.py`: a bootstrap over the per-request files, across
@@ -22,117 +23,39 @@ repeats when a side has several; "no measurable difference" when the interval sp
 interval: no per-request data" and the rows' own ratio for rows without a file). The record's
 levels carry the same under `intervals`, and `interval_method` says how they were drawn. A
 per-request file whose sha256 differs from its row's is refused.
+
+This module owns the comparison itself: the table, the pressure lines, the link lines, the
+record and the notebook read; it deliberately leaves which rows are paired, the same-experiment
+checks and the byte arithmetic to the three modules named above.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 from kvlab.core import InputError, RefusedError, human_bytes
 from kvlab.measure import engine_args, intervals
-from kvlab.measure.pressure import judge_pressure, same_engines, tier_too_small
+from kvlab.measure.link_bytes import Bytes, bytes_three_ways
+from kvlab.measure.pairing import OFFLOAD_OFF, OFFLOAD_ON, _pick, link_line
+from kvlab.measure.pressure import judge_pressure
+from kvlab.measure.same_experiment import check_kv_types, experiment_warnings, label_facts
 from kvlab.records import (
-    PRESSURE_OFF,
-    PRESSURE_ON,
-    BytesEvidence,
-    CapacityRecord,
     ComparisonLevel,
     ComparisonRecord,
-    CrossingRecord,
-    DiskRecord,
     LinkRecord,
     LoadRecord,
-    NixlTransfer,
     Percentiles,
-    PredictionRecord,
     Record,
-    ReuseRecord,
     SidePressure,
-    StartupRecord,
     Where,
-    leg_of,
     notebook,
 )
-
-CROSSED = "the cache crossed the link"
-NOT_CROSSED = "it did not: decode is prefilling by itself"
-UNCLEAR = "unclear: the link carried between 1% and 10% of the predicted cache"
-DECODE_DID_NOT_PREFILL = (
-    "the cache crossed the store: decode computed only {share:.0%} of its prompt tokens itself "
-    "(the rest it loaded, once per distinct prefix, and then found in its own prefix cache)"
-)
-QUANTISED = frozenset({"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"})
-OFFLOAD_ON, OFFLOAD_OFF = PRESSURE_ON.label, PRESSURE_OFF.label
-T = TypeVar("T")
 
 
 def comparison_label(disagg: str, baseline: str) -> str:
     """The label of the comparison line that pairs two labels' load rows."""
     return f"{disagg}-vs-{baseline}"
-
-
-def load_rows(records: list[Record], label: str) -> dict[int, LoadRecord]:
-    """The most recent load-generator row per concurrency level, for one label (a row whose
-    every request failed has no percentiles and is left out)."""
-    return {r.concurrency: r for r in records
-            if isinstance(r, LoadRecord) and r.label == label and r.ttft_s is not None}
-
-
-def paired_rows(records: list[Record], label_a: str,
-                label_b: str) -> tuple[dict[int, LoadRecord], dict[int, LoadRecord]]:
-    """Both labels' rows for comparing them: where the newest row of `label_a` comes from a
-    `kvlab run` that measured `label_b` too (one run_id), both sides come from that run
-    alone, so that a later or an older run of one side (a capacity search's, another split's
-    baseline) is never paired with it; otherwise each label's newest row per level. The host
-    tier's pair is `tier_pair`'s: a tier that held the working set."""
-    if (label_a, label_b) == (OFFLOAD_ON, OFFLOAD_OFF):
-        return tier_pair(records)
-    return _paired(records, label_a, label_b)
-
-
-def tier_pair(records: list[Record], *, smaller_tier: bool = False
-              ) -> tuple[dict[int, LoadRecord], dict[int, LoadRecord]]:
-    """The host tier's (on, off) pair from the newest run whose tier could hold its working set
-    (or did not record whether), or with `smaller_tier` the newest whose tier could not: a
-    run with `--tier-gb` below the working set never stands in for one that held it."""
-    def other_kind(r: Record) -> bool:
-        return (isinstance(r, LoadRecord) and r.label == OFFLOAD_ON
-                and tier_too_small(r) != smaller_tier)
-    runs = {r.run_id for r in records if other_kind(r) and r.run_id is not None}
-    kept = [r for r in records if r.run_id not in runs and not other_kind(r)]
-    on, off = _paired(kept, OFFLOAD_ON, OFFLOAD_OFF)
-    if smaller_tier and not on:  # a tier-off run alone is no smaller-tier experiment
-        return {}, {}
-    return on, off
-
-
-def tier_sides(records: list[Record], *, smaller_tier: bool = False
-               ) -> dict[str, dict[int, LoadRecord]]:
-    """`tier_pair`'s two sides by label."""
-    on, off = tier_pair(records, smaller_tier=smaller_tier)
-    return {OFFLOAD_ON: on, OFFLOAD_OFF: off}
-
-
-def _paired(records: list[Record], label_a: str,
-            label_b: str) -> tuple[dict[int, LoadRecord], dict[int, LoadRecord]]:
-    """Both sides from the newest run that measured both: a later run of one side only (a
-    capacity search in a call of its own) is not set against another run's other side."""
-    newest_first = (r.run_id for r in reversed(records) if isinstance(r, LoadRecord)
-                    and r.label == label_a and r.ttft_s is not None and r.run_id is not None)
-    for run_id in dict.fromkeys(newest_first):
-        run = [r for r in records if r.run_id == run_id]
-        rows_b = load_rows(run, label_b)
-        if rows_b:
-            return load_rows(run, label_a), rows_b
-    return load_rows(records, label_a), load_rows(records, label_b)
-
-
-def link_line(records: list[Record], label: str) -> LinkRecord | None:
-    """The most recent `link` record of one label."""
-    found = [r for r in records if isinstance(r, LinkRecord) and r.label == label]
-    return found[-1] if found else None
 
 
 def ratio(new: float | None, old: float | None) -> str:
@@ -146,255 +69,6 @@ def signed_pct(new: float | None, old: float | None) -> str:
 
 def _round(value: float | None, digits: int) -> float | None:
     return round(value, digits) if value is not None else None
-
-
-Fact = str | int | float
-
-
-@dataclass(frozen=True)
-class Facts:
-    """Facts beyond the seed's three that make two runs the same experiment, as the records
-    of one label stated them (None: none did)."""
-
-    context_length: int | None = None
-    memory_fraction: float | None = None
-    preamble_tokens: int | None = None
-    workload_seed: int | None = None
-    endpoint: str | None = None
-    engine: str | None = None
-    block_size: int | None = None
-    kv_cache_type: str | None = None
-
-    def named(self) -> tuple[tuple[str, Fact | None], ...]:
-        """Each fact by its field name, in the order the warnings say them."""
-        return (("context_length", self.context_length),
-                ("memory_fraction", self.memory_fraction),
-                ("preamble_tokens", self.preamble_tokens),
-                ("workload_seed", self.workload_seed), ("endpoint", self.endpoint),
-                ("engine", self.engine), ("block_size", self.block_size),
-                ("kv_cache_type", self.kv_cache_type))
-
-    def then(self, newer: Facts) -> Facts:
-        """These facts, each that `newer` states replaced by its value."""
-        return Facts(context_length=_newer(self.context_length, newer.context_length),
-                     memory_fraction=_newer(self.memory_fraction, newer.memory_fraction),
-                     preamble_tokens=_newer(self.preamble_tokens, newer.preamble_tokens),
-                     workload_seed=_newer(self.workload_seed, newer.workload_seed),
-                     endpoint=_newer(self.endpoint, newer.endpoint),
-                     engine=_newer(self.engine, newer.engine),
-                     block_size=_newer(self.block_size, newer.block_size),
-                     kv_cache_type=_newer(self.kv_cache_type, newer.kv_cache_type))
-
-
-def _newer(old: T | None, new: T | None) -> T | None:
-    return new if new is not None else old
-
-
-def stated(record: Record) -> Facts:
-    """The facts one record states, by the fields its kind declares."""
-    if isinstance(record, LoadRecord):
-        return Facts(context_length=record.context_length,
-                     memory_fraction=record.memory_fraction,
-                     preamble_tokens=record.preamble_tokens, workload_seed=record.workload_seed,
-                     endpoint=record.endpoint, engine=record.engine,
-                     kv_cache_type=record.kv_cache_type)
-    if isinstance(record, CapacityRecord):
-        return Facts(context_length=record.context_length,
-                     memory_fraction=record.memory_fraction, kv_cache_type=record.kv_cache_type)
-    if isinstance(record, StartupRecord):
-        return Facts(memory_fraction=record.memory_fraction, engine=record.engine)
-    if isinstance(record, ReuseRecord | DiskRecord):
-        return Facts(engine=record.engine, kv_cache_type=record.kv_cache_type)
-    if isinstance(record, LinkRecord):
-        return Facts(context_length=record.context_length)
-    if isinstance(record, PredictionRecord | CrossingRecord):
-        return Facts(block_size=record.block_size)
-    return Facts()
-
-
-def label_facts(records: list[Record], label: str) -> Facts:
-    """Facts any record of `label` states (load rows, link, startup), the latest winning."""
-    out, labels = Facts(), same_engines(label)
-    for record in records:
-        if record.label in labels:
-            out = out.then(stated(record))
-    return out
-
-
-def check_kv_types(a: str, b: str, facts_a: Facts, facts_b: Facts) -> None:
-    """Refuse to pair a quantised KV cache (q8_0, q4_0, ...) with an unquantised one."""
-    ta, tb = facts_a.kv_cache_type, facts_b.kv_cache_type
-    if ta is None or tb is None or ta == tb:
-        return
-    if (ta in QUANTISED) != (tb in QUANTISED):
-        raise RefusedError(
-            f"{a} ran with kv_cache_type {ta} and {b} with {tb}: a quantised KV cache against an "
-            "unquantised one measures the quantisation, not the tier; run both with the same "
-            "LLAMA_CACHE_TYPE")
-
-
-def experiment_warnings(a: str, b: str, rows_a: dict[int, LoadRecord],
-                        rows_b: dict[int, LoadRecord],
-                        facts_a: Facts, facts_b: Facts) -> list[str]:
-    """Every way the two runs differ; empty when they are the same experiment."""
-    out = []
-    for level in sorted(set(rows_a) & set(rows_b)):
-        d, base = rows_a[level], rows_b[level]
-        seeds: tuple[tuple[str, Fact | None, Fact | None], ...] = (
-            ("model", d.model, base.model), ("prompt_set", d.prompt_set, base.prompt_set),
-            ("max_tokens", d.max_tokens, base.max_tokens))
-        for key, mine, theirs in seeds:
-            if mine != theirs:
-                out.append(f"  concurrency {level}: {key} differs ({mine!r} against {theirs!r})")
-        out += _prompt_size_warning(level, d, base)
-    if set(rows_a) != set(rows_b):
-        out.append(f"  concurrency levels differ ({sorted(rows_a)} against {sorted(rows_b)})")
-    for (key, mine), (_, theirs) in zip(facts_a.named(), facts_b.named(), strict=True):
-        if mine is not None and theirs is not None and mine != theirs:
-            out.append(f"  {key} differs ({mine!r} against {theirs!r})")
-    return out
-
-
-PROMPT_SIZE_TOLERANCE = 0.05  # the same prompts, counted by the server, differ by less
-
-
-def _prompt_size_warning(level: int, a: LoadRecord, b: LoadRecord) -> list[str]:
-    """The servers' own prompt-token counts: the same workload sized two ways is two
-    experiments (e.g. one side sized by the tokenizer, the other by the word estimate)."""
-    ma, mb = a.prompt_tokens_mean, b.prompt_tokens_mean
-    if not ma or not mb or abs(ma - mb) <= PROMPT_SIZE_TOLERANCE * max(ma, mb):
-        return []
-    return [f"  concurrency {level}: the server counted {ma:,.0f} prompt tokens a request "
-            f"against {mb:,.0f}: the prompts differ in size"]
-
-
-@dataclass
-class Bytes:
-    """Bytes per request: predicted, and observed as each source saw it."""
-
-    predicted: float | None = None
-    prompt_tokens: float | None = None
-    prompt_tokens_from: str | None = None
-    observed: dict[str, float] = field(default_factory=dict)  # source -> bytes/request
-    verdict: str | None = None
-    verdict_source: str | None = None
-    decode_computed_share: float | None = None
-    transfer: NixlTransfer | None = None  # NIXL's own count and timing of its transfers
-
-    def as_record(self) -> BytesEvidence:
-        """The bytes as a comparison line holds them (observed to one decimal)."""
-        return BytesEvidence(
-            predicted_bytes_per_request=self.predicted, prompt_tokens=self.prompt_tokens,
-            prompt_tokens_from=self.prompt_tokens_from,
-            observed_bytes_per_request_by_source={k: round(v, 1)
-                                                  for k, v in self.observed.items()},
-            verdict=self.verdict, verdict_source=self.verdict_source,
-            decode_computed_share=self.decode_computed_share, nixl_transfer=self.transfer)
-
-
-def _mean_prompt_tokens(rows: dict[int, LoadRecord], levels: list[int]) -> float | None:
-    pairs: list[tuple[float, int]] = []
-    for level in levels:
-        mean, ok = rows[level].prompt_tokens_mean, rows[level].ok or 0
-        if mean is not None and ok > 0:
-            pairs.append((float(mean), ok))
-    total = sum(n for _, n in pairs)
-    return sum(m * n for m, n in pairs) / total if total else None
-
-
-def _nixl_total(link: LinkRecord) -> float | None:
-    values = [float(v.nixl_bytes) for v in (link.nixl or {}).values()
-              if v.nixl_bytes is not None]
-    return sum(values) if values else None
-
-
-def nixl_timing(link: LinkRecord) -> NixlTransfer | None:
-    """NIXL's transfers over the run, by its own histograms: how many, bytes and seconds
-    each, and the rate they imply (None when the engine exported no timing)."""
-    per_url = list((link.nixl or {}).values())
-    count = sum(float(v.nixl_transfers or 0) for v in per_url)
-    seconds = sum(float(v.nixl_transfer_s or 0) for v in per_url)
-    moved = sum(float(v.nixl_bytes or 0) for v in per_url)
-    if not count or not seconds:
-        return None
-    return NixlTransfer(transfers=count, bytes_per_transfer=round(moved / count, 1),
-                        seconds_per_transfer=round(seconds / count, 6),
-                        gbit_per_s=round(moved * 8 / seconds / 1e9, 3))
-
-
-def bytes_three_ways(link: LinkRecord | None, rows: dict[int, LoadRecord], levels: list[int],
-                     kv_bytes_per_token: float | None, prompt_tokens: float | None) -> Bytes:
-    """Arithmetic prediction against interface, RDMA and NIXL bytes, per request."""
-    out = Bytes()
-    if prompt_tokens:
-        out.prompt_tokens, out.prompt_tokens_from = prompt_tokens, "flag"
-    else:
-        out.prompt_tokens = _mean_prompt_tokens(rows, levels)
-        out.prompt_tokens_from = "server usage" if out.prompt_tokens else None
-    if kv_bytes_per_token and out.prompt_tokens:
-        out.predicted = kv_bytes_per_token * out.prompt_tokens
-    # the link's counters ran over every request sent, each level's warm-up included
-    requests = sum(rows[lv].requests + (rows[lv].warmup_requests or 0) for lv in levels)
-    if link is None or not requests:
-        return out
-    if link.rx_bytes is not None and link.tx_bytes is not None:
-        out.observed["iface"] = max(link.rx_bytes, link.tx_bytes) / requests
-    if link.rdma is not None:
-        out.observed["rdma"] = max(link.rdma.rx_bytes, link.rdma.tx_bytes) / requests
-    nixl = _nixl_total(link)
-    if nixl is not None:
-        out.observed["nixl"] = nixl / requests
-        out.transfer = nixl_timing(link)
-    if link.store_bytes is not None:
-        out.observed["store"] = link.store_bytes / requests
-    loaded = _external_tokens(link)
-    if link.connector == "shared" and loaded is not None and kv_bytes_per_token:
-        # a shared store is written once per distinct prompt but read by every request that
-        # hits it: the tokens decode took from it are the bytes that crossed
-        out.observed["store_read"] = loaded * kv_bytes_per_token / requests
-    # a shared-directory store moves KV through files: on loopback, the interface counters
-    # are only the HTTP around it (and every other local conversation)
-    _verdict(out, iface_blind=link.connector == "shared" and (link.iface or "").startswith("lo"))
-    share = _decode_computed_share(link)
-    if link.connector == "shared" and share is not None:
-        out.decode_computed_share = round(share, 4)
-        if share <= 0.5:  # bytes per request undercount a store read once and then cached
-            out.verdict, out.verdict_source = DECODE_DID_NOT_PREFILL.format(share=share), \
-                "decode's prompt tokens by source"
-        elif share >= 0.9:
-            out.verdict, out.verdict_source = NOT_CROSSED, "decode's prompt tokens by source"
-    return out
-
-
-def _decode_computed_share(link: LinkRecord) -> float | None:
-    """The share of the decodes' prompt tokens they computed themselves (needs the link's
-    `legs`; every decode leg of an XpYd split counts)."""
-    urls = [u for role, u in (link.legs or {}).items() if leg_of(role)[0] == "decode"]
-    found = [(d.get("prompt_tokens_local_compute"), d.get("prompt_tokens"))
-             for u in urls if (d := link.metric_deltas.get(u)) is not None]
-    pairs = [(float(c), float(t)) for c, t in found if c is not None and t is not None]
-    total = sum(t for _, t in pairs)
-    return sum(c for c, _ in pairs) / total if pairs and total else None
-
-
-def _external_tokens(link: LinkRecord) -> float | None:
-    """Prompt tokens the engines loaded through the connector during the run."""
-    found = [float(loaded) for d in link.metric_deltas.values()
-             if (loaded := d.get("prompt_tokens_external_kv_transfer")) is not None]
-    return sum(found) if found else None
-
-
-def _verdict(out: Bytes, iface_blind: bool = False) -> None:
-    # NIXL's own count is the most specific; RDMA next; what decode read from a shared store
-    # next, then the store's growth; the whole interface last
-    sources = [s for s in ("nixl", "rdma", "store_read", "store", "iface") if s in out.observed
-               and not (s == "iface" and iface_blind)]
-    if out.predicted is None or not sources:
-        return
-    source = sources[0]
-    share = out.observed[source] / out.predicted if out.predicted else 0.0
-    out.verdict_source = source
-    out.verdict = CROSSED if share >= 0.1 else NOT_CROSSED if share < 0.01 else UNCLEAR
 
 
 def pressure(records: list[Record], label: str, rows: dict[int, LoadRecord]) -> SidePressure:
@@ -515,20 +189,6 @@ def _not_measured(d: LoadRecord, b: LoadRecord) -> str | None:
             "output token")
 
 
-def _pick(records: list[Record], disagg: str,
-          baseline: str) -> tuple[dict[int, LoadRecord], dict[int, LoadRecord]]:
-    """The newest run's rows, as the seed's compare-disagg.py takes them, whatever the tier
-    size: the run just made is the one a user compares (the report keeps sizes apart)."""
-    rows_d, rows_b = _paired(records, disagg, baseline)
-    missing = [name for name, rows in ((disagg, rows_d), (baseline, rows_b)) if not rows]
-    if missing:
-        present = ", ".join(sorted({r.label for r in records if r.label}))
-        raise InputError(f"No load-generator rows for label(s): {', '.join(missing)}. "
-                         f"Labels present: {present}")
-    if not set(rows_d) & set(rows_b):
-        raise InputError(f"The two runs share no concurrency level, so nothing is comparable: "
-                         f"{disagg} {sorted(rows_d)}, {baseline} {sorted(rows_b)}")
-    return rows_d, rows_b
 
 
 def recorded_topology(link: LinkRecord | None, rows: dict[int, LoadRecord]) -> Where:

@@ -38,7 +38,7 @@ Words: an interval that spans 1 is "no measurable difference"; otherwise slower 
 (latencies), higher or lower (tokens/s). A side without a per-request file gets "no interval:
 no per-request data" and the rows' own point ratio (what `kvlab compare` printed before).
 
-Not here: which rows are paired (`compare.py`), reading and checking a file (`records.requests`
+Not here: which rows are paired (`pairing.py`), reading and checking a file (`records.requests`
 refuses one whose sha256 differs from the row's), and rendering beyond one cell of text.
 """
 

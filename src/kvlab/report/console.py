@@ -22,7 +22,7 @@ from kvlab.engines import TITLES, EnginePlan, EngineStatus, as_started
 from kvlab.engines.llamacpp.slots import Done, Held, holds
 from kvlab.engines.vllm import VllmInstall
 from kvlab.loadgen import Dataset, LoadSpec, ProgressHook, RequestRecord
-from kvlab.measure import Compatibility, compat, oracle
+from kvlab.measure import Compatibility, compat, shortfall
 from kvlab.observe import fingerprint
 from kvlab.proxy import Crossing, ProxyConfig, listen_url
 from kvlab.records import (
@@ -140,7 +140,7 @@ def load_rows(console: Console, rows: Sequence[LoadRecord]) -> None:
                           f" of prompt tokens cacheable, {o.measured_share:.1%} reported cached"
                           f" (a cache that never evicts: "
                           f"{o.infinite_cache_tokens / o.prompt_tokens:.1%})")
-            if (words := oracle.shortfall(o)) is not None:
+            if (words := shortfall(o)) is not None:
                 console.print(f"    concurrency {r.concurrency}: {words}")
 
 

@@ -20,7 +20,15 @@ from dataclasses import dataclass, replace
 from statistics import mean
 from typing import Literal
 
-from kvlab.measure import compare, intervals, pressure
+from kvlab.measure import (
+    NOT_CROSSED,
+    experiment_warnings,
+    intervals,
+    label_facts,
+    load_rows,
+    paired_rows,
+    pressure,
+)
 from kvlab.records import (
     BASELINE,
     BOUNDARY,
@@ -124,7 +132,7 @@ HOST_Q = "Did the host tier pay?"
 def host_tier(book: Notebook) -> Decision:
     lab, records = "offload", book.records
     on_label, off_label = PRESSURE_ON.label, PRESSURE_OFF.label
-    on, off = compare.paired_rows(records, on_label, off_label)
+    on, off = paired_rows(records, on_label, off_label)
     for rows, label, what in ((on, on_label, "the tier-on run under pressure"),
                               (off, off_label, "the tier-off run under pressure")):
         if not rows:
@@ -133,9 +141,9 @@ def host_tier(book: Notebook) -> Decision:
     if not shared:
         return _undecided(lab, HOST_Q, f"the two runs share no concurrency level (tier on "
                                         f"{sorted(on)}, off {sorted(off)})")
-    facts_on = compare.label_facts(records, on_label)
-    facts_off = compare.label_facts(records, off_label)
-    differ = compare.experiment_warnings(on_label, off_label, on, off, facts_on, facts_off)
+    facts_on = label_facts(records, on_label)
+    facts_off = label_facts(records, off_label)
+    differ = experiment_warnings(on_label, off_label, on, off, facts_on, facts_off)
     if differ:
         return _undecided(lab, HOST_Q, "the tier-on and tier-off runs are not the same "
                                        "experiment (" + "; ".join(d.strip() for d in differ) + ")")
@@ -454,10 +462,10 @@ class Judged:
 
 def configuration(book: Notebook) -> Decision:
     lab = "pd"
-    base = compare.load_rows(book.records, BASELINE.label)
+    base = load_rows(book.records, BASELINE.label)
     if not base:
         return _undecided(lab, PD_Q, _absent(book, BASELINE.label, "the single-machine baseline"))
-    judged = [_judge(book, g, compare.paired_rows(book.records, g.label, BASELINE.label)[1])
+    judged = [_judge(book, g, paired_rows(book.records, g.label, BASELINE.label)[1])
               for g in split_groups(book)]  # each split against its own run's baseline
     if not judged:
         return _undecided(lab, PD_Q, "no split run is in the notebook, so there is nothing to "
@@ -482,7 +490,7 @@ def _judge(book: Notebook, group: Group, base: dict[int, LoadRecord]) -> Judged:
     if c.same_experiment is False:
         return Judged(group, [], f"{name} is not the same experiment as the baseline ("
                                  + "; ".join(c.differences) + ")")
-    if c.bytes is not None and c.bytes.verdict == compare.NOT_CROSSED:
+    if c.bytes is not None and c.bytes.verdict == NOT_CROSSED:
         return Judged(group, [], f"{name}: the cache did not cross, decode prefilled by itself")
     ttft = _ttft(book, group, c, base)
     if not ttft:

@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from kvlab.measure import compare, intervals
+from kvlab.measure import intervals, paired_rows
 from kvlab.records import BASELINE, LoadRecord, Notebook, requests
 from kvlab.report.common import Table
 from kvlab.report.decisions import Decision
@@ -88,7 +88,7 @@ def _pairs(book: Notebook) -> list[tuple[str, str]]:
 def interval_rows(book: Notebook) -> list[list[Cell]]:
     out: list[list[Cell]] = []
     for a_label, b_label in _pairs(book):
-        a, b = compare.paired_rows(book.records, a_label, b_label)
+        a, b = paired_rows(book.records, a_label, b_label)
         for level, found in intervals.pair_levels(book.path, book.records, a, b).items():
             for key, iv in found.items():
                 row = iv.as_record()

@@ -7,7 +7,7 @@ q8_0 KV against f16 in the same memory."""
 from __future__ import annotations
 
 from kvlab.core import human_bytes
-from kvlab.measure import compare
+from kvlab.measure import paired_rows
 from kvlab.records import (
     LLAMA_KV_QUANT,
     LLAMA_PROMPT_OFF,
@@ -38,7 +38,7 @@ def llama_lines(book: Notebook) -> list[Line]:
     file moved between two servers: the nearest llama.cpp comes to a shared store)."""
     lines = [reuse_row(book, LLAMA_PROMPT_OFF), reuse_row(book, LLAMA_PROMPT_ON)]
     for row in (LLAMA_RAM_OFF, LLAMA_RAM_ON, LLAMA_RAM_SMALL):
-        on, _ = compare.paired_rows(book.records, row.label, LLAMA_RAM_OFF.label)
+        on, _ = paired_rows(book.records, row.label, LLAMA_RAM_OFF.label)
         if not on:
             lines.append(missing(row, book, WIDTH))
             continue
@@ -87,7 +87,7 @@ def ram_against_none(book: Notebook, label: str) -> TierAgainstNone | None:
     """`label`'s newest row against the no-cache row of the same run (None: no such pair)."""
     if label == LLAMA_RAM_OFF.label:
         return None
-    return against_none(book, *compare.paired_rows(book.records, label, LLAMA_RAM_OFF.label))
+    return against_none(book, *paired_rows(book.records, label, LLAMA_RAM_OFF.label))
 
 
 def quant_line(book: Notebook) -> Line:

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 from kvlab.core import human_bytes
 from kvlab.measure import (
-    compare,
     intervals,
     judge_pressure,
     preemptions,
     tier_holds,
+    tier_pair,
     tier_too_small,
 )
 from kvlab.observe import hit_rate
@@ -184,7 +184,7 @@ def _turn2(r: ReuseRecord) -> str:
 
 
 def _pressure_row(book: Notebook, row: Row, *, smaller_tier: bool = False) -> Line:
-    on, off = compare.tier_pair(book.records, smaller_tier=smaller_tier)
+    on, off = tier_pair(book.records, smaller_tier=smaller_tier)
     rows = on if row.side == "on" else off  # the two rows from one run
     if not rows:
         if smaller_tier and not not_run(book, row.label):
@@ -344,7 +344,7 @@ class TierAgainstNone:
 
 
 def tier_against_none(book: Notebook, *, smaller_tier: bool = False) -> TierAgainstNone | None:
-    return against_none(book, *compare.tier_pair(book.records, smaller_tier=smaller_tier))
+    return against_none(book, *tier_pair(book.records, smaller_tier=smaller_tier))
 
 
 def against_none(book: Notebook, on: dict[int, LoadRecord],

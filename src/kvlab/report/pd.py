@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from kvlab.core import connectors, human_bytes
-from kvlab.measure import compare, intervals
+from kvlab.measure import NOT_CROSSED, intervals, paired_rows
 from kvlab.records import (
     BASELINE,
     INTERFERENCE,
@@ -267,7 +267,7 @@ def _against_baseline(book: Notebook, group: Group) -> list[str]:
     95% interval where both sides have per-request data, else the comparison's ratio."""
     if group.comparison is None:
         return []
-    base = compare.paired_rows(book.records, group.label, BASELINE.label)[1]  # its own run's
+    base = paired_rows(book.records, group.label, BASELINE.label)[1]  # its own run's
     mine = {r.concurrency: r for r in group.rows}
     cells = []
     for lv in group.comparison.levels:
@@ -298,7 +298,7 @@ def _bytes_cell(comparison: ComparisonRecord | None) -> tuple[str, str]:
     if seen.predicted_bytes_per_request:
         parts.append(f"predicted {human_bytes(float(seen.predicted_bytes_per_request))}")
     crossed = "" if not seen.verdict else (
-        "did not cross" if seen.verdict == compare.NOT_CROSSED else "crossed")
+        "did not cross" if seen.verdict == NOT_CROSSED else "crossed")
     return ", ".join(parts) or "not recorded: no byte counters", crossed
 
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvlab.measure import compare, intervals
+from kvlab.measure import intervals, paired_rows, tier_sides
 from kvlab.records import (
     BASELINE,
     BOUNDARY,
@@ -109,7 +109,7 @@ def draw_all(book: Notebook, out: Path) -> list[Plot]:
 def _pair(book: Notebook, base: str, other: str
           ) -> tuple[int, LoadRecord, LoadRecord] | None:
     """The highest level both sides of one run measured, and its two rows (base, other)."""
-    a, b = compare.paired_rows(book.records, other, base)
+    a, b = paired_rows(book.records, other, base)
     shared = sorted(set(a) & set(b))
     if not shared:
         return None
@@ -229,7 +229,7 @@ def _style(count: int) -> str:
 
 
 def by_concurrency(book: Notebook, out: Path, base: str, other: str) -> Plot | None:
-    paired = compare.paired_rows(book.records, other, base)  # one run's two sides
+    paired = paired_rows(book.records, other, base)  # one run's two sides
     series = {base: paired[1], other: paired[0]}
     levels = sorted(set(paired[0]) | set(paired[1]))
     if not levels or not all(series.values()):
@@ -265,7 +265,7 @@ def _ratio_panel(ax: Axes, book: Notebook, base: str, other: str,
                  where: dict[int, int]) -> str:
     """TTFT p50 other / base by level, each with its interval (95%, or a sequential run's
     level) as an error bar; the answer in words."""
-    a, b = compare.paired_rows(book.records, other, base)
+    a, b = paired_rows(book.records, other, base)
     found = intervals.pair_levels(book.path, book.records, a, b, (intervals.BY_KEY["ttft_p50"],))
     level = max((m["ttft_p50"].confidence for m in found.values()), default=intervals.CONFIDENCE)
     ax.set(ylabel=f"TTFT p50, {other} / {base}",
@@ -405,7 +405,7 @@ def _bytes_of(c: ComparisonRecord, source: str) -> float | None:
 def tier_curve(book: Notebook, out: Path) -> Plot | None:
     """The oracle's hit share against host-tier size, replayed from the newest tier-off run
     under pressure; the measured hit shares of the runs at their tier sizes beside it."""
-    sides = compare.tier_sides(book.records)
+    sides = tier_sides(book.records)
     off, on = sides[PRESSURE_OFF.label], sides[PRESSURE_ON.label]
     row = off[max(off)] if off else None
     o = row.oracle if row is not None else None
@@ -545,7 +545,7 @@ def disk(book: Notebook, out: Path) -> Plot | None:
 
 
 def kv_usage(book: Notebook, out: Path) -> Plot | None:
-    pair = compare.tier_sides(book.records)  # a tier that held the working set
+    pair = tier_sides(book.records)  # a tier that held the working set
     sampled = [(label, samples) for label in (PRESSURE_OFF.label, PRESSURE_ON.label)
                if (rows := pair[label]) and (samples := rows[max(rows)].kv_usage_samples)]
     if not sampled:

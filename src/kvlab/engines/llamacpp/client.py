@@ -9,7 +9,7 @@ last slot around to another slot instead of refusing it.
 `LlamaTarget` names the server and the few facts /props cannot tell (KV types,
 flash-attention mode, slot directory, log file): from the plan when kvlab started the server
 in-process, from the record `kvlab llama serve` keeps while it runs, else from settings.
-This module knows nothing of manifests (`slotstore.py`) and runs no experiment.
+This module knows nothing of manifests (`slotmanifest.py`, `slotstore.py`) and runs no experiment.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from pathlib import Path
 from kvlab.core import Say, quiet
 from kvlab.engines.llamacpp import slotstore
 from kvlab.engines.llamacpp.client import LlamaClient, SlotOp
+from kvlab.engines.llamacpp.slotmanifest import Manifest
 from kvlab.observe import LOGPROB_TOLERANCE, ChatResult, logprob_gap
 from kvlab.records import NOT_PROVEN, PROVEN, RestoreVerdict, Turn
 
@@ -64,7 +65,7 @@ class RoundTrip:
     restored: ChatResult
     save: SlotOp
     restore: SlotOp
-    manifest: slotstore.Manifest
+    manifest: Manifest
 
 
 @dataclass(frozen=True)

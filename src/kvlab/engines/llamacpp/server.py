@@ -16,7 +16,7 @@ from kvlab.engines import llamacpp
 from kvlab.engines.llamacpp.client import LlamaClient
 from kvlab.engines.models import prose
 from kvlab.engines.plan import EnginePlan
-from kvlab.engines.process import free_port
+from kvlab.engines.ports import free_port
 from kvlab.records import LlamaServerLine
 
 TEMPLATE_MARGIN = 32  # chat-template tokens around a user message, with room to spare

@@ -12,7 +12,8 @@ from kvlab.core import JsonObject, Settings
 from kvlab.engines.llamacpp import slotstore
 from kvlab.engines.llamacpp.client import LlamaClient, SlotOp, target_from_settings
 from kvlab.engines.llamacpp.facts import SLOT_PROMPT_TOKENS
-from kvlab.engines.llamacpp.slotstore import Manifest, SlotStore, StoreEntry
+from kvlab.engines.llamacpp.slotmanifest import Manifest
+from kvlab.engines.llamacpp.slotstore import SlotStore, StoreEntry
 
 
 @dataclass
