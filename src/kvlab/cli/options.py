@@ -47,16 +47,26 @@ def _inner(annotation: object) -> tuple[object, bool]:
     args = typing.get_args(annotation)
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         rest = [a for a in args if a is not type(None)]
-        annotation, args = (rest[0], typing.get_args(rest[0])) if len(rest) == 1 \
-            else (annotation, args)
+        annotation = rest[0] if len(rest) == 1 else typing.Union[tuple(rest)]  # noqa: UP007
+        args = typing.get_args(annotation)
     if typing.get_origin(annotation) is tuple:
         return args[0], True
     return annotation, False
 
 
-def _param_type(annotation: object) -> OptionType:
+def _choices(annotation: object) -> list[str] | None:
+    """The words of a Literal, or of a union of Literals (None: neither)."""
     if typing.get_origin(annotation) is Literal:
-        return click.Choice([str(a) for a in typing.get_args(annotation)])
+        return [str(a) for a in typing.get_args(annotation)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        found = [_choices(a) for a in typing.get_args(annotation)]
+        return [w for words in found for w in words or []] if all(found) else None
+    return None
+
+
+def _param_type(annotation: object) -> OptionType:
+    if (words := _choices(annotation)) is not None:
+        return click.Choice(words)
     if annotation in _SCALARS:
         return _SCALARS[annotation]
     raise TypeError(f"no option type for {annotation!r}: give the field a plain type")

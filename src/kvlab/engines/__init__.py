@@ -1,6 +1,7 @@
 """Engines: one module per engine holds all its knowledge (`vllm`, `llamacpp`); `plan` is the
 shared data shape, `process` runs any plan, `install` puts the CPU engines on a machine."""
 
+from kvlab.engines import install, local, startup
 from kvlab.engines.base import (
     HOST_TIER,
     LLAMA_CPP,
@@ -49,7 +50,7 @@ from kvlab.engines.registry import (
     failure_meaning,
     install_of,
     known_engine,
-    plan,
+    make_plan,
     source_of,
     store_for,
     transfer_deltas,
@@ -99,12 +100,14 @@ __all__ = [
     "failure_meaning",
     "free_port",
     "hf_config",
+    "install",
     "install_of",
     "known_engine",
     "labels_for",
+    "local",
+    "make_plan",
     "make_private_dir",
     "make_tiny",
-    "plan",
     "plan_for_role",
     "port_in_use",
     "prepare_engines",
@@ -112,6 +115,7 @@ __all__ = [
     "prose",
     "record_ready",
     "source_of",
+    "startup",
     "stop_group",
     "store_for",
     "token_digest",

@@ -2,7 +2,7 @@
 
 Each engine package (`engines/vllm`, `engines/llamacpp`, `engines/mlx`) provides one
 `Engine`; everything outside `engines/` reaches an engine through the registry
-(`registry.engine_for(name)`, `registry.source_of(snapshot)`, `registry.plan(...)`) and never
+(`registry.engine_for(name)`, `registry.source_of(snapshot)`, `registry.make_plan(...)`) and never
 compares engine names itself. An adapter answers from data its package pins (metric names,
 log formats, endpoints), from its install (`Install`: which build runs here, and what it can
 do), and from the running server (version, identity facts).

@@ -45,7 +45,7 @@ def install_of(settings: Settings, name: str) -> Install:
     return engine_for(name).install(settings)
 
 
-def plan(settings: Settings, name: str, role: str, install: Install | None = None,
+def make_plan(settings: Settings, name: str, role: str, install: Install | None = None,
          request: PlanRequest | None = None) -> EnginePlan:
     """Engine `name`'s plan for `role`; RefusedError for a role it does not play or a request
     field it does not honour (the request would be silently ignored otherwise)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from kvlab.core import LoadedSettings
 from kvlab.engines.llamacpp.adapter import ROLE as LLAMA_ROLE
 from kvlab.engines.plan import EnginePlan, PlanRequest
-from kvlab.engines.registry import all_engines, engine_of_role, known_engine, plan
+from kvlab.engines.registry import all_engines, engine_of_role, known_engine, make_plan
 
 ENGINE_ROLES = tuple(role for engine in all_engines() for role in engine.roles)
 TITLES = {"baseline": "monolithic baseline (no connector, no split)",
@@ -39,7 +39,7 @@ def plan_for_role(loaded: LoadedSettings, role: str, model: str | None, port: in
                           monolithic_switch="monolithic_switch" in has,
                           store_must_exist="store_must_exist" in has,
                           probe_flags=probe and "probe_flags" in has)
-    return plan(settings, engine.name, role, install, request).with_secrets(
+    return make_plan(settings, engine.name, role, install, request).with_secrets(
         settings.known_secrets())
 
 

@@ -38,8 +38,8 @@ from kvlab.engines import (
     PlanRequest,
     Running,
     install_of,
+    make_plan,
     make_private_dir,
-    plan,
 )
 from kvlab.records import NotRunRecord, Record, Row, notebook
 
@@ -126,7 +126,8 @@ class Lab:
              settings: Settings | None = None) -> EnginePlan:
         """`engine`'s plan for `role` with this run's install (and `settings`, where a step
         runs with its own copy)."""
-        return plan(settings or self.settings, engine, role, self.install(engine), request)
+        return make_plan(settings or self.settings, engine, role, self.install(engine),
+                         request)
 
     def record(self, line: R) -> R:
         """Append one line to the notebook, stamped with this run, and keep it."""

@@ -13,6 +13,7 @@ a level's prompts and request bytes, `level` one level's warm-up, metrics deltas
 beyond the OpenAI streaming shapes and what the engine adapter answers.
 """
 
+from kvlab.loadgen import served, stats, topology
 from kvlab.loadgen.args import (
     Args,
     CapacityArgs,
@@ -89,7 +90,10 @@ __all__ = [
     "run_load",
     "run_sweep",
     "search",
+    "served",
+    "stats",
     "store_size",
+    "topology",
     "understood_url",
     "write_launcher",
 ]

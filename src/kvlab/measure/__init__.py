@@ -1,5 +1,17 @@
 """kvlab.measure"""
 
+from kvlab.measure import (
+    compare,
+    compat,
+    intervals,
+    kvmath,
+    leg_bytes,
+    oracle,
+    oracle_gap,
+    pressure,
+    slot_oracle,
+    workloads,
+)
 from kvlab.measure.compare import compare_runs, comparison_label
 from kvlab.measure.compat import Compatibility, listed_models, pick_model, probe
 from kvlab.measure.conversation import PREAMBLE_WORDS, TURN_MAX_TOKENS
@@ -34,25 +46,35 @@ __all__ = [
     "ReuseOptions",
     "ReuseRun",
     "Sizing",
+    "compare",
     "compare_runs",
     "comparison_label",
+    "compat",
     "experiment_warnings",
+    "intervals",
     "judge_crossing",
     "judge_pressure",
+    "kvmath",
     "label_facts",
+    "leg_bytes",
     "listed_models",
     "load_rows",
+    "oracle",
+    "oracle_gap",
     "paired_rows",
     "pick_model",
     "preemptions",
+    "pressure",
     "probe",
     "proof_record",
     "reuse_record",
     "run_proof",
     "run_reuse",
     "shortfall",
+    "slot_oracle",
     "tier_holds",
     "tier_pair",
     "tier_sides",
     "tier_too_small",
+    "workloads",
 ]

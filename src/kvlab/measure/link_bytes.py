@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvlab.core import connectors
 from kvlab.records import BytesEvidence, LinkRecord, LoadRecord, NixlTransfer, leg_of
 
 CROSSED = "the cache crossed the link"
@@ -107,15 +108,16 @@ def bytes_three_ways(link: LinkRecord | None, rows: dict[int, LoadRecord], level
     if link.store_bytes is not None:
         out.observed["store"] = link.store_bytes / requests
     loaded = _external_tokens(link)
-    if link.connector == "shared" and loaded is not None and kv_bytes_per_token:
+    if connectors.is_shared_store(link.connector) and loaded is not None and kv_bytes_per_token:
         # a shared store is written once per distinct prompt but read by every request that
         # hits it: the tokens decode took from it are the bytes that crossed
         out.observed["store_read"] = loaded * kv_bytes_per_token / requests
     # a shared-directory store moves KV through files: on loopback, the interface counters
     # are only the HTTP around it (and every other local conversation)
-    _verdict(out, iface_blind=link.connector == "shared" and (link.iface or "").startswith("lo"))
+    via_store = connectors.is_shared_store(link.connector)
+    _verdict(out, iface_blind=via_store and (link.iface or "").startswith("lo"))
     share = _decode_computed_share(link)
-    if link.connector == "shared" and share is not None:
+    if via_store and share is not None:
         out.decode_computed_share = round(share, 4)
         if share <= 0.5:  # bytes per request undercount a store read once and then cached
             out.verdict, out.verdict_source = DECODE_DID_NOT_PREFILL.format(share=share), \

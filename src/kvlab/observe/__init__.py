@@ -1,5 +1,6 @@
 """Evidence read from outside the workload: engine /metrics, interface byte counters."""
 
+from kvlab.observe import fingerprint, metrics, netdev
 from kvlab.observe.chat import (
     LOGPROB_TOLERANCE,
     ChatResult,
@@ -28,8 +29,11 @@ __all__ = [
     "chat_body",
     "chunk",
     "data_of",
+    "fingerprint",
     "hit_rate",
     "logprob_gap",
+    "metrics",
+    "netdev",
     "sampling",
     "server_root",
     "stream_chat",

@@ -1,5 +1,6 @@
 """kvlab.records"""
 
+from kvlab.records import notebook, requests, rows
 from kvlab.records.base import LAB_NONE, LAB_OFFLOAD, LAB_PD, Deltas, Number, Strict
 from kvlab.records.capacity import BoundFigure, CapacityMethod, CapacityStep, CapacityTarget
 from kvlab.records.comparison import (
@@ -307,6 +308,9 @@ __all__ = [
     "json_schemas",
     "leg_of",
     "leg_roles",
+    "notebook",
     "replicas_label",
+    "requests",
+    "rows",
     "serve_label",
 ]
