@@ -172,7 +172,7 @@ def split(tmp_path: Path, where: dict[str, Any], ttft: float, **differ: Any) -> 
     records: list[Record] = [load("baseline", 0.2, LAB_P, 1), load("baseline", 0.3, LAB_P, 4),
                load("disagg", ttft, LAB_P, 1, **where, **differ),
                load("disagg", ttft * 1.5, LAB_P, 4, **where, **differ)]
-    result = compare.compare(records, "b", "disagg", "baseline")
+    result = compare.compare_runs(records, "b", "disagg", "baseline")
     return book(tmp_path, *records, result.record)
 
 

@@ -58,8 +58,8 @@ def test_in_flight_beyond_the_engines_own_cache_size_is_pressure() -> None:
 
 def test_compare_with_and_without_offload_says_the_same(tmp_path: Path) -> None:
     records = the_pair_kvlab_did_not_start()
-    plain = compare.compare(records, "b", compare.OFFLOAD_ON, compare.OFFLOAD_OFF)
-    asked = compare.compare(records, "b", compare.OFFLOAD_ON, compare.OFFLOAD_OFF,
+    plain = compare.compare_runs(records, "b", compare.OFFLOAD_ON, compare.OFFLOAD_OFF)
+    asked = compare.compare_runs(records, "b", compare.OFFLOAD_ON, compare.OFFLOAD_OFF,
                             offload=True)
     assert plain.record.pressure is not None
     assert plain.record.pressure == asked.record.pressure

@@ -238,7 +238,7 @@ def split_book(path: Path, split_median: float, levels: tuple[int, ...] = (1, 4)
     for level in levels:
         run_row(path, "baseline", level, lognormal(level, 60, 0.2))
         run_row(path, "disagg", level, lognormal(10 + level, 60, split_median), **LOOP)
-    result = compare.compare(notebook.read(path).records, str(path), "disagg", "baseline")
+    result = compare.compare_runs(notebook.read(path).records, str(path), "disagg", "baseline")
     notebook.append(path, result.record.model_copy(update=LOOP))
 
 
