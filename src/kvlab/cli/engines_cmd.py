@@ -24,7 +24,7 @@ def install_command(ctx: click.Context, only: str | None, as_json: bool) -> None
     there)."""
     from kvlab.core import EngineError
     from kvlab.engines import install, llamacpp
-    from kvlab.report import console
+    from kvlab.report import console_engines
 
     settings = settings_from(ctx).values
     home = settings.home()
@@ -49,7 +49,7 @@ def install_command(ctx: click.Context, only: str | None, as_json: bool) -> None
         if only in (None, "mlx"):
             done["mlx-lm"] = str(install.install_mlx(home, say))
     out.result({"installed": done, "engines": [s.as_dict() for s in install.status(home)]},
-               lambda c: console.engines(c, install.status(home), None))
+               lambda c: console_engines.engines(c, install.status(home), None))
 
 
 @engines_group.command("status")
@@ -58,7 +58,7 @@ def install_command(ctx: click.Context, only: str | None, as_json: bool) -> None
 def status_command(ctx: click.Context, as_json: bool) -> None:
     """Say which engines are installed, and where, and which vLLM kvlab would run here."""
     from kvlab.engines import install, vllm
-    from kvlab.report import console
+    from kvlab.report import console_engines
 
     settings = settings_from(ctx).values
     lines = install.status(settings.home())
@@ -66,7 +66,7 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
 
     Output(as_json).result({"engines": [s.as_dict() for s in lines],
                             "vllm": choice.as_record().model_dump()},
-                           lambda c: console.engines(c, lines, choice))
+                           lambda c: console_engines.engines(c, lines, choice))
 
 
 @click.group("models")

@@ -17,7 +17,7 @@ def settings_command(ctx: click.Context, as_json: bool) -> None:
     """Show each effective setting and where its value came from (secrets masked), and
     which vLLM kvlab would run here and why."""
     from kvlab.engines import vllm
-    from kvlab.report import console
+    from kvlab.report import console_engines
 
     loaded = settings_from(ctx)
     rows = loaded.rows()
@@ -31,7 +31,7 @@ def settings_command(ctx: click.Context, as_json: bool) -> None:
         "unknown_keys": loaded.unknown_keys,
     }
 
-    Output(as_json).result(data, lambda c: console.settings(c, loaded, choice))
+    Output(as_json).result(data, lambda c: console_engines.settings(c, loaded, choice))
 
 
 @click.command("init")
