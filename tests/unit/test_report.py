@@ -33,7 +33,15 @@ from kvlab.records.models import (
     StartupRecord,
 )
 from kvlab.records.runs import BytesEvidence, ComparisonLevel, ReuseSummary, SlotEvidence, Turn
-from kvlab.report import build, decisions, export, plots
+from kvlab.report import (
+    build,
+    decisions,
+    export,
+    plots_figure,
+    plots_load,
+    plots_offload,
+    plots_pd,
+)
 from perrequest import lognormal, plan, run_row, where_fields
 
 LAB_O, LAB_P = notebook.LAB_OFFLOAD, notebook.LAB_PD
@@ -369,10 +377,10 @@ def test_plots_from_per_request_data(tmp_path: Path, levels: tuple[int, ...],
     path = tmp_path / "labbook.md"
     split_book(path, 0.4, levels)
     seen: list[str] = []
-    save = plots._save
+    save = plots_figure._save
 
     def check(plt: object, fig: object, where: Path, question: str,
-              answer: str) -> plots.Plot:
+              answer: str) -> plots_figure.Plot:
         seen.append(where.name)
         for ax in fig.axes:  # type: ignore[attr-defined]
             if ax.get_yscale() == "linear":
@@ -382,7 +390,8 @@ def test_plots_from_per_request_data(tmp_path: Path, levels: tuple[int, ...],
                     assert line.get_linestyle() == "None", (where.name, ax.get_title())
         return save(plt, fig, where, question, answer)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(plots, "_save", check)
+    for module in (plots_load, plots_pd, plots_offload):  # each module that draws plots
+        monkeypatch.setattr(module, "_save", check)
     report = build(path, tmp_path / "plots")
     names = sorted(p.path.name for p in report.plots)
     assert {"baseline-vs-disagg.png", "ttft-cdf-baseline-vs-disagg.png"} <= \
@@ -397,13 +406,13 @@ def test_the_ratio_panel_draws_each_interval(tmp_path: Path) -> None:
     found = intervals.pair_levels(book.path, book.records,
                                   compare.load_rows(book.records, "disagg"),
                                   compare.load_rows(book.records, "baseline"))
-    fig, ax = plots._pyplot().subplots()
-    plots._ratio_panel(ax, book, "baseline", "disagg", {1: 0, 4: 1})
+    fig, ax = plots_figure._pyplot().subplots()
+    plots_load._ratio_panel(ax, book, "baseline", "disagg", {1: 0, 4: 1})
     bars = ax.containers[0]  # the error bars: one segment per level, low to high
     lows_highs = [v for seg in bars.lines[2][0].get_segments() for v in seg[:, 1]]
     assert lows_highs == pytest.approx([v for lv in (1, 4) for v in (
         found[lv]["ttft_p50"].low, found[lv]["ttft_p50"].high)])
-    plots._pyplot().close(fig)
+    plots_figure._pyplot().close(fig)
 
 
 def test_the_host_tier_row_states_vllms_own_transfer_counts() -> None:

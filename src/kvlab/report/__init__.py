@@ -24,7 +24,7 @@ from kvlab.report.html import page
 from kvlab.report.llama import llama_lines
 from kvlab.report.offload import offload_table
 from kvlab.report.pd import pd_table
-from kvlab.report.plots import Plot
+from kvlab.report.plots_figure import Plot
 from kvlab.report.procedure import procedure_table
 from kvlab.report.replicas import replicas_table
 from kvlab.report.starts import latest as latest_starts
