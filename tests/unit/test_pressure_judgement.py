@@ -16,7 +16,7 @@ from kvlab.records.evidence import Percentiles
 from kvlab.records.load import Pressure, PressureReached
 from kvlab.records.models import LoadRecord, Record
 from kvlab.report import build as report
-from kvlab.report import decisions
+from kvlab.report import decisions_host
 from perrequest import plan
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -76,7 +76,7 @@ def test_the_report_and_the_decision_agree_with_compare(tmp_path: Path) -> None:
     book = notebook.read(path)
     row = report(path).tables[0].rows[2]
     assert row[7].startswith("under pressure: 11,808 prompt tokens in flight")
-    host = decisions.host_tier(book)
+    host = decisions_host.host_tier(book)
     assert host.decided and "with the cache under pressure (11,808 prompt tokens in flight" \
         in host.answer
 

@@ -35,7 +35,8 @@ from kvlab.records.models import (
 from kvlab.records.runs import BytesEvidence, ComparisonLevel, ReuseSummary, SlotEvidence, Turn
 from kvlab.report import (
     build,
-    decisions,
+    decisions_host,
+    decisions_pd,
     export,
     plots_figure,
     plots_load,
@@ -259,7 +260,7 @@ def test_the_p_d_table_and_decision_carry_the_intervals(tmp_path: Path) -> None:
         "TTFT p50 against the baseline: ")[1]
     assert evidence.startswith("c=1 1.")
     assert evidence.split(", c=")[0].endswith("] slower") and ", c=4 " in evidence
-    pd = next(d for d in report.decisions if d.question == decisions.PD_Q)
+    pd = next(d for d in report.decisions if d.question == decisions_pd.PD_Q)
     assert pd.decided and pd.answer.startswith("Use one machine, no split:")
     assert "was slower to first token at every level (c=1 x1." in pd.answer
     assert "no per-request data" not in pd.answer
@@ -268,7 +269,7 @@ def test_the_p_d_table_and_decision_carry_the_intervals(tmp_path: Path) -> None:
 def test_a_split_no_measurably_different_is_not_enough_evidence(tmp_path: Path) -> None:
     path = tmp_path / "labbook.md"
     split_book(path, 0.2)
-    pd = next(d for d in build(path).decisions if d.question == decisions.PD_Q)
+    pd = next(d for d in build(path).decisions if d.question == decisions_pd.PD_Q)
     assert not pd.decided
     assert pd.answer.startswith("Not enough evidence: the best split measured, the split "
                                 "`disagg` (on one machine, shared connector), made no "
@@ -295,13 +296,13 @@ def test_the_host_tier_is_judged_by_its_interval(tmp_path: Path) -> None:
     cell = report.tables[0].lines[3].cells[3]
     assert cell.startswith("0.") and cell.endswith("] faster (TTFT p50 against the tier off, c=4)")
     assert report.tables[0].lines[3].verdict == "paid"
-    host = next(d for d in report.decisions if d.question == decisions.HOST_Q)
+    host = next(d for d in report.decisions if d.question == decisions_host.HOST_Q)
     assert host.decided and host.answer.startswith("The host tier paid: TTFT p50 ")
     assert ", 95% interval 0." in host.answer and "no per-request data" not in host.answer
     (tmp_path / "same").mkdir()
     same = tmp_path / "same" / "labbook.md"
     tier_book(same, 0.3)
-    host = next(d for d in build(same).decisions if d.question == decisions.HOST_Q)
+    host = next(d for d in build(same).decisions if d.question == decisions_host.HOST_Q)
     assert not host.decided
     assert host.answer.startswith("Not enough evidence: no measurable difference: TTFT p50 ")
 
@@ -312,7 +313,7 @@ def test_a_row_without_a_per_request_file_says_so_in_the_decision(tmp_path: Path
         row = run_row(path, label, 4, [median] * 10, lab=LAB_O, write=False, **pressure(0.2))
         notebook.append(path, row.model_copy(update={"requests_file": None,
                                                      "requests_sha256": None}))
-    host = next(d for d in build(path).decisions if d.question == decisions.HOST_Q)
+    host = next(d for d in build(path).decisions if d.question == decisions_host.HOST_Q)
     assert host.decided and host.answer.startswith("The host tier paid")
     assert host.answer.endswith("; no interval: no per-request data.")
 

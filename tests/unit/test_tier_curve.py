@@ -14,7 +14,8 @@ from kvlab.records.load import OracleLevel, Pressure, SessionsEvidence, TierPoin
 from kvlab.records.models import LoadRecord, NotRunRecord
 from kvlab.records.rows import LLAMA_RAM_CURVE, OFFLOAD_CURVE
 from kvlab.report import tier_curve
-from kvlab.report.decisions import TIER_SIZE_Q, decide
+from kvlab.report.decisions import decide
+from kvlab.report.decisions_host import TIER_SIZE_Q
 from perrequest import plan, run_row
 
 MIB = 2**20

@@ -19,7 +19,8 @@ from pathlib import Path
 from kvlab.core import write_private
 from kvlab.records import notebook
 from kvlab.report.common import Table
-from kvlab.report.decisions import Decision, decide
+from kvlab.report.decisions import decide
+from kvlab.report.decisions_common import Decision
 from kvlab.report.html import page
 from kvlab.report.llama import llama_lines
 from kvlab.report.offload import offload_table

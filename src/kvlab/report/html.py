@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from html import escape
 
 from kvlab.report.common import Line, Table, brief
-from kvlab.report.decisions import Decision
+from kvlab.report.decisions_common import Decision
 from kvlab.report.plots_figure import Plot
 
 STYLE = """
