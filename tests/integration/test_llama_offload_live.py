@@ -78,7 +78,8 @@ def test_ram_cache_brings_back_what_the_slots_lost(book: notebook.Notebook) -> N
 
 def test_the_ram_cache_curve_answers_how_much_tier(book: notebook.Notebook) -> None:
     """One run per RAM cache size, none first; the report's answer reads them."""
-    from kvlab.report.decisions import TIER_SIZE_Q, decide
+    from kvlab.report.decisions import decide
+    from kvlab.report.decisions_host import TIER_SIZE_Q
 
     rows = book.of(LoadRecord, "llama-ram-curve-load")
     sizes = [r.pressure.planned.host_tier_bytes if r.pressure and r.pressure.planned else None

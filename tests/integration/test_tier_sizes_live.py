@@ -24,7 +24,8 @@ from kvlab.records import notebook, requests
 from kvlab.records.models import LoadRecord, NotRunRecord
 from kvlab.records.rows import OFFLOAD_BOUNDARY, OFFLOAD_CURVE
 from kvlab.report import build
-from kvlab.report.decisions import LENGTH_Q, TIER_SIZE_Q, decide
+from kvlab.report.decisions import decide
+from kvlab.report.decisions_host import LENGTH_Q, TIER_SIZE_Q
 
 pytestmark = pytest.mark.vllm
 # CTX 2048: the device cache of 2,048 tokens and ten users keep each part under a minute

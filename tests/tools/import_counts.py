@@ -64,11 +64,11 @@ def engine_package(module: str) -> str | None:
 
 
 def named_for(module: str, engine: str) -> bool:
-    """Whether a module exists for one engine alone and says so in its name
-    (`cli/llama_cmd.py` for llamacpp, `experiments/mlx_cache.py` for mlx)."""
-    stem = module.rpartition(".")[2]
-    spellings = {"vllm": ("vllm",), "llamacpp": ("llama",), "mlx": ("mlx",)}[engine]
-    return any(stem.startswith(s) for s in spellings)
+    """Whether a module exists for one engine alone and says so in its name: one of the
+    words of its name is the engine's (`cli/llama_cmd.py` and `report/console_llama.py` for
+    llamacpp, `experiments/mlx_cache.py` for mlx)."""
+    words = module.rpartition(".")[2].split("_")
+    return {"vllm": "vllm", "llamacpp": "llama", "mlx": "mlx"}[engine] in words
 
 
 @dataclass(frozen=True)

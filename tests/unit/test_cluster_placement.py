@@ -224,7 +224,7 @@ def test_a_cluster_dry_run_places_each_plan_on_its_node(tmp_path: Path) -> None:
     from kvlab.cluster.survey import Survey
     from kvlab.experiments import disagg
     from kvlab.experiments.lab import Lab
-    from kvlab.report import console
+    from kvlab.report import console_run
 
     where = placement.Placement(cluster="10.0.0.1:6379", origin="--cluster", prefill_host="pre",
                                 decode_host="node-b")
@@ -244,7 +244,7 @@ def test_a_cluster_dry_run_places_each_plan_on_its_node(tmp_path: Path) -> None:
     assert "--prefill http://10.0.0.1:" in str(plans["proxy"]["shell"])
     assert not (tmp_path / "mnt").exists()  # named, not made
     out = Console(file=io.StringIO(), width=300)
-    console.plans(out, found)
+    console_run.plans(out, found)
     text = out.file.getvalue()  # type: ignore[attr-defined]
     lines = text.splitlines()
     assert lines[0] == "==> placement on the Ray cluster at 10.0.0.1:6379 (from --cluster)"
@@ -366,7 +366,7 @@ def test_an_xpyd_dry_run_places_every_engine_and_gives_the_proxy_every_leg(
     from rich.console import Console
 
     from kvlab.experiments import disagg
-    from kvlab.report import console
+    from kvlab.report import console_run
 
     found = disagg.dry_run(_xpyd_lab(tmp_path), disagg.DisaggSpec(balance="least-outstanding"))
     plans = {str(p["label"]): p for p in found}
@@ -394,7 +394,7 @@ def test_an_xpyd_dry_run_places_every_engine_and_gives_the_proxy_every_leg(
     assert where.roles[1].named_by == "PREFILL_HOSTS=node-c: its host name"
     assert len(where.store_seen_by) == 4
     out = Console(file=io.StringIO(), width=300)
-    console.plans(out, found)
+    console_run.plans(out, found)
     text = out.file.getvalue()  # type: ignore[attr-defined]
     assert "    prefill-2 node-c [c1c1c1c1] at 10.0.0.3, http://10.0.0.3:" in text
     assert "    decode-2  node-d [d4d4d4d4] at 10.0.0.4, http://10.0.0.4:" in text

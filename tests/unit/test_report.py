@@ -11,17 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kvlab.records.runs import BytesEvidence, ComparisonLevel, ReuseSummary, SlotEvidence, Turn
 
 import seeds
 from children import running
 from kvlab.core.errors import InputError
-from kvlab.engines.ports import free_port, port_in_use
+from kvlab.engines.process import free_port, port_in_use
 from kvlab.loadgen import topology
-from kvlab.measure import compare, intervals, pairing
+from kvlab.measure import compare, intervals
 from kvlab.records import notebook
-from kvlab.records.comparison import BytesEvidence, ComparisonLevel
-from kvlab.records.disk import SlotEvidence, Turn
 from kvlab.records.evidence import KvCapacity, Percentiles
+from kvlab.records.load import Pressure, PressureReached
 from kvlab.records.models import (
     ComparisonRecord,
     DiskRecord,
@@ -33,9 +33,16 @@ from kvlab.records.models import (
     ReuseRow,
     StartupRecord,
 )
-from kvlab.records.pressure import Pressure, PressureReached
-from kvlab.records.reuse import ReuseSummary
-from kvlab.report import build, decisions, export, plots
+from kvlab.report import (
+    build,
+    decisions_host,
+    decisions_pd,
+    export,
+    plots_figure,
+    plots_load,
+    plots_offload,
+    plots_pd,
+)
 from perrequest import lognormal, plan, run_row, where_fields
 
 LAB_O, LAB_P = notebook.LAB_OFFLOAD, notebook.LAB_PD
@@ -253,7 +260,7 @@ def test_the_p_d_table_and_decision_carry_the_intervals(tmp_path: Path) -> None:
         "TTFT p50 against the baseline: ")[1]
     assert evidence.startswith("c=1 1.")
     assert evidence.split(", c=")[0].endswith("] slower") and ", c=4 " in evidence
-    pd = next(d for d in report.decisions if d.question == decisions.PD_Q)
+    pd = next(d for d in report.decisions if d.question == decisions_pd.PD_Q)
     assert pd.decided and pd.answer.startswith("Use one machine, no split:")
     assert "was slower to first token at every level (c=1 x1." in pd.answer
     assert "no per-request data" not in pd.answer
@@ -262,7 +269,7 @@ def test_the_p_d_table_and_decision_carry_the_intervals(tmp_path: Path) -> None:
 def test_a_split_no_measurably_different_is_not_enough_evidence(tmp_path: Path) -> None:
     path = tmp_path / "labbook.md"
     split_book(path, 0.2)
-    pd = next(d for d in build(path).decisions if d.question == decisions.PD_Q)
+    pd = next(d for d in build(path).decisions if d.question == decisions_pd.PD_Q)
     assert not pd.decided
     assert pd.answer.startswith("Not enough evidence: the best split measured, the split "
                                 "`disagg` (on one machine, shared connector), made no "
@@ -277,8 +284,8 @@ def pressure(hit: float) -> dict[str, Any]:
 
 
 def tier_book(path: Path, on_median: float) -> None:
-    run_row(path, pairing.OFFLOAD_OFF, 4, lognormal(1, 80, 0.3), lab=LAB_O, **pressure(0.2))
-    run_row(path, pairing.OFFLOAD_ON, 4, lognormal(2, 80, on_median), lab=LAB_O,
+    run_row(path, compare.OFFLOAD_OFF, 4, lognormal(1, 80, 0.3), lab=LAB_O, **pressure(0.2))
+    run_row(path, compare.OFFLOAD_ON, 4, lognormal(2, 80, on_median), lab=LAB_O,
             **pressure(0.2))
 
 
@@ -289,24 +296,24 @@ def test_the_host_tier_is_judged_by_its_interval(tmp_path: Path) -> None:
     cell = report.tables[0].lines[3].cells[3]
     assert cell.startswith("0.") and cell.endswith("] faster (TTFT p50 against the tier off, c=4)")
     assert report.tables[0].lines[3].verdict == "paid"
-    host = next(d for d in report.decisions if d.question == decisions.HOST_Q)
+    host = next(d for d in report.decisions if d.question == decisions_host.HOST_Q)
     assert host.decided and host.answer.startswith("The host tier paid: TTFT p50 ")
     assert ", 95% interval 0." in host.answer and "no per-request data" not in host.answer
     (tmp_path / "same").mkdir()
     same = tmp_path / "same" / "labbook.md"
     tier_book(same, 0.3)
-    host = next(d for d in build(same).decisions if d.question == decisions.HOST_Q)
+    host = next(d for d in build(same).decisions if d.question == decisions_host.HOST_Q)
     assert not host.decided
     assert host.answer.startswith("Not enough evidence: no measurable difference: TTFT p50 ")
 
 
 def test_a_row_without_a_per_request_file_says_so_in_the_decision(tmp_path: Path) -> None:
     path = tmp_path / "labbook.md"
-    for label, median in ((pairing.OFFLOAD_OFF, 0.3), (pairing.OFFLOAD_ON, 0.1)):
+    for label, median in ((compare.OFFLOAD_OFF, 0.3), (compare.OFFLOAD_ON, 0.1)):
         row = run_row(path, label, 4, [median] * 10, lab=LAB_O, write=False, **pressure(0.2))
         notebook.append(path, row.model_copy(update={"requests_file": None,
                                                      "requests_sha256": None}))
-    host = next(d for d in build(path).decisions if d.question == decisions.HOST_Q)
+    host = next(d for d in build(path).decisions if d.question == decisions_host.HOST_Q)
     assert host.decided and host.answer.startswith("The host tier paid")
     assert host.answer.endswith("; no interval: no per-request data.")
 
@@ -371,10 +378,10 @@ def test_plots_from_per_request_data(tmp_path: Path, levels: tuple[int, ...],
     path = tmp_path / "labbook.md"
     split_book(path, 0.4, levels)
     seen: list[str] = []
-    save = plots._save
+    save = plots_figure._save
 
     def check(plt: object, fig: object, where: Path, question: str,
-              answer: str) -> plots.Plot:
+              answer: str) -> plots_figure.Plot:
         seen.append(where.name)
         for ax in fig.axes:  # type: ignore[attr-defined]
             if ax.get_yscale() == "linear":
@@ -384,7 +391,8 @@ def test_plots_from_per_request_data(tmp_path: Path, levels: tuple[int, ...],
                     assert line.get_linestyle() == "None", (where.name, ax.get_title())
         return save(plt, fig, where, question, answer)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(plots, "_save", check)
+    for module in (plots_load, plots_pd, plots_offload):  # each module that draws plots
+        monkeypatch.setattr(module, "_save", check)
     report = build(path, tmp_path / "plots")
     names = sorted(p.path.name for p in report.plots)
     assert {"baseline-vs-disagg.png", "ttft-cdf-baseline-vs-disagg.png"} <= \
@@ -397,15 +405,15 @@ def test_the_ratio_panel_draws_each_interval(tmp_path: Path) -> None:
     split_book(path, 0.4)
     book = notebook.read(path)
     found = intervals.pair_levels(book.path, book.records,
-                                  pairing.load_rows(book.records, "disagg"),
-                                  pairing.load_rows(book.records, "baseline"))
-    fig, ax = plots._pyplot().subplots()
-    plots._ratio_panel(ax, book, "baseline", "disagg", {1: 0, 4: 1})
+                                  compare.load_rows(book.records, "disagg"),
+                                  compare.load_rows(book.records, "baseline"))
+    fig, ax = plots_figure._pyplot().subplots()
+    plots_load._ratio_panel(ax, book, "baseline", "disagg", {1: 0, 4: 1})
     bars = ax.containers[0]  # the error bars: one segment per level, low to high
     lows_highs = [v for seg in bars.lines[2][0].get_segments() for v in seg[:, 1]]
     assert lows_highs == pytest.approx([v for lv in (1, 4) for v in (
         found[lv]["ttft_p50"].low, found[lv]["ttft_p50"].high)])
-    plots._pyplot().close(fig)
+    plots_figure._pyplot().close(fig)
 
 
 def test_the_host_tier_row_states_vllms_own_transfer_counts() -> None:

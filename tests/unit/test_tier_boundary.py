@@ -12,7 +12,8 @@ from kvlab.records.models import LoadRecord, NotRunRecord, Percentiles
 from kvlab.records.pressure import Pressure
 from kvlab.records.rows import OFFLOAD_BOUNDARY
 from kvlab.report import tier_boundary
-from kvlab.report.decisions import LENGTH_Q, decide
+from kvlab.report.decisions import decide
+from kvlab.report.decisions_host import LENGTH_Q
 from perrequest import plan
 
 PER_TOKEN = 147_456.0

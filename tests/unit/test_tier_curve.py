@@ -16,7 +16,8 @@ from kvlab.records.pressure import Pressure
 from kvlab.records.rows import LLAMA_RAM_CURVE, OFFLOAD_CURVE
 from kvlab.records.workload import SessionsEvidence
 from kvlab.report import tier_curve
-from kvlab.report.decisions import TIER_SIZE_Q, decide
+from kvlab.report.decisions import decide
+from kvlab.report.decisions_host import TIER_SIZE_Q
 from perrequest import plan, run_row
 
 MIB = 2**20

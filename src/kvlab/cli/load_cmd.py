@@ -94,7 +94,7 @@ def load_command(ctx: click.Context, /, target: TargetArgs, load: LoadArgs, benc
     (beside the notebook, in kvlab-requests/) per level."""
     from kvlab.experiments import manual
     from kvlab.loadgen import write_launcher
-    from kvlab.report import console
+    from kvlab.report import console_load
 
     out = Output(as_json)
     loaded, key_from = openai_key(server_settings(ctx, **target.overrides()))
@@ -117,13 +117,13 @@ def load_command(ctx: click.Context, /, target: TargetArgs, load: LoadArgs, benc
     if search.find_capacity:
         _find_capacity(out, settings, spec, load, search)
         return
-    out.note(console.load_plan(spec, loaded.profile, loaded.profile_reason))
-    with console.progress(out.err, not load.no_progress) as hook:
+    out.note(console_load.load_plan(spec, loaded.profile, loaded.profile_reason))
+    with console_load.progress(out.err, not load.no_progress) as hook:
         result = run_interruptible(out, lambda stop: manual.load(settings, spec, stop=stop,
                                                                  progress=hook))
 
     def human(c: Console) -> None:
-        console.load_rows(c, result.rows)
+        console_load.load_rows(c, result.rows)
         c.print(f"    Appended {len(result.rows)} load line(s) to {settings.labbook}; each "
                 "level's requests in " + ", ".join(str(r.requests_file) for r in result.rows))
 
@@ -136,14 +136,14 @@ def _find_capacity(out: Output, settings: Settings, spec: LoadSpec, load: LoadAr
                    search: CapacityArgs) -> None:
     """`--find-capacity`: the search, its rows and its capacity line, rendered."""
     from kvlab.experiments import manual
-    from kvlab.report import console
+    from kvlab.report import console_load
 
     target, knob, plan = search.search(load, spec)
     found = run_interruptible(out, lambda stop: manual.capacity(
         settings, spec, target, knob, plan, stop=stop, say=out.note))
 
     def human(c: Console) -> None:
-        console.capacity(c, found.record, target.text())
+        console_load.capacity(c, found.record, target.text())
         c.print(f"    Appended {len(found.rows)} probe row(s) and one capacity line to "
                 f"{settings.labbook}")
 
@@ -173,7 +173,7 @@ def run_load_command(ctx: click.Context, /, label: str, base_url: str,
     """The seed's run-load.sh: a load run with the link's byte counters around it."""
     from kvlab.experiments import manual
     from kvlab.loadgen import link_spec
-    from kvlab.report import console
+    from kvlab.report import console_load
 
     out = Output(as_json)
     loaded = server_settings(ctx)
@@ -188,10 +188,10 @@ def run_load_command(ctx: click.Context, /, label: str, base_url: str,
     if not link.load_test:  # LOAD_TEST's script names its own model
         spec = run_interruptible(out, lambda _: manual.served_spec(settings, spec, out.note))
     out.note(f"==> {label} against {base_url}")
-    out.note(f"    topology: {console.topology(spec.context)}")
+    out.note(f"    topology: {console_load.topology(spec.context)}")
     out.note(f"    reading byte counters on {settings.cluster_iface}" if settings.cluster_iface
              else "    no interface counters (CLUSTER_IFACE unset)")
-    with console.progress(out.err, not load.no_progress and not settings.load_test) as hook:
+    with console_load.progress(out.err, not load.no_progress and not settings.load_test) as hook:
         results = run_interruptible(out, lambda stop: manual.run_load(
             settings, spec, link, repeat, stop=stop, progress=hook))
     rows = [row for _, sweep in results if sweep is not None for row in sweep.rows]
@@ -199,8 +199,8 @@ def run_load_command(ctx: click.Context, /, label: str, base_url: str,
     def human(c: Console) -> None:
         for record, sweep in results:
             if sweep is not None:
-                console.load_rows(c, sweep.rows)
-            console.link(c, record, settings.labbook)
+                console_load.load_rows(c, sweep.rows)
+            console_load.link(c, record, settings.labbook)
 
     out.result({"link": results[-1][0], "links": [r for r, _ in results], "rows": rows,
                 "labbook": settings.labbook}, human)

@@ -17,7 +17,7 @@ from kvlab.records import LAB_PD
 def predict_command(ctx: click.Context, args: PredictArgs, as_json: bool) -> None:
     """Bytes per token, payload per request, transfer time and maximum concurrency."""
     from kvlab.experiments import manual
-    from kvlab.report import console
+    from kvlab.report import console_reuse
 
     settings = settings_from(ctx, labbook=args.labbook).values
     result = args.predicted(settings)
@@ -26,7 +26,7 @@ def predict_command(ctx: click.Context, args: PredictArgs, as_json: bool) -> Non
         manual.predict(settings, result, manual.Note(args.label, LAB_PD, args.note))
         data["recorded_to"] = settings.labbook
     written = settings.labbook if args.record else None
-    Output(as_json).result(data, lambda c: console.prediction(c, result, written))
+    Output(as_json).result(data, lambda c: console_reuse.prediction(c, result, written))
 
 
 COMMANDS = (predict_command,)

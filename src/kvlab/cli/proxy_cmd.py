@@ -77,7 +77,7 @@ def proxy_command(ctx: click.Context, prefill: tuple[str, ...], decode: tuple[st
                   ignore: tuple[str, ...], check: bool, url: str | None,
                   as_json: bool) -> None:
     """Run kvlab's prefill/decode proxy (OpenAI-compatible) in the foreground."""
-    from kvlab.report import console
+    from kvlab.report import console_proxy
 
     loaded = settings_from(ctx, connector=connector)
     out = Output(as_json)
@@ -100,7 +100,7 @@ def proxy_command(ctx: click.Context, prefill: tuple[str, ...], decode: tuple[st
         from kvlab.proxy import check_proxy
 
         found = runner.run(check_proxy(config, loaded.values.served_name, url))
-        out.result(found.as_dict(), lambda c: console.crossing(c, found))
+        out.result(found.as_dict(), lambda c: console_proxy.crossing(c, found))
         if not found.crossed:
             raise RefusedError("the request did not cross both legs: "
                                + "; ".join(found.reasons))
@@ -122,7 +122,7 @@ def proxy_command(ctx: click.Context, prefill: tuple[str, ...], decode: tuple[st
 
 
 def _on_ready(config: ProxyConfig, out: Output, shown: Console) -> Callable[[str, object], None]:
-    from kvlab.report import console
+    from kvlab.report import console_proxy
 
     def ready(url: str, agreement: object) -> None:
         from dataclasses import replace
@@ -135,7 +135,7 @@ def _on_ready(config: ProxyConfig, out: Output, shown: Console) -> Callable[[str
                         f"(model {getattr(fact, 'model_id', '?')}, max_model_len "
                         f"{getattr(fact, 'max_model_len', '?')})")
         bound = replace(config, port=urlsplit(url).port or config.port)
-        console.proxy_ready(shown, bound, url)
+        console_proxy.proxy_ready(shown, bound, url)
         warning = config.exposure_warning()
         if warning:
             out.err.print(f"kvlab: warning: {warning}")

@@ -30,7 +30,7 @@ ignore_option = click.option(
 def reuse_command(ctx: click.Context, args: ReuseArgs, as_json: bool) -> None:
     """Time a growing conversation turn by turn and read the engines' reuse counters."""
     from kvlab.experiments import manual
-    from kvlab.report import console
+    from kvlab.report import console_reuse
 
     settings = settings_from(ctx, labbook=args.labbook).values
     out = Output(as_json)
@@ -40,7 +40,7 @@ def reuse_command(ctx: click.Context, args: ReuseArgs, as_json: bool) -> None:
     run, record = asyncio.run(manual.reuse(settings, opts, args.noted(args.label), args.ignore,
                                            out.note))
     written = None if args.print_only else settings.labbook
-    out.result(record, lambda c: console.reuse(c, record, written))
+    out.result(record, lambda c: console_reuse.reuse(c, record, written))
     failed = [f"turn {r.turn}" for r in run.rows if r.verdict in FAILED]
     if failed:
         out.err.print(f"kvlab: no reuse where reuse was expected ({', '.join(failed)}): exit 1")
@@ -54,14 +54,14 @@ def reuse_command(ctx: click.Context, args: ReuseArgs, as_json: bool) -> None:
 def prove_command(ctx: click.Context, args: ProveArgs, as_json: bool) -> None:
     """Prove reuse with a cold request, an identical repeat and a changed-prefix control."""
     from kvlab.experiments import manual
-    from kvlab.report import console
+    from kvlab.report import console_reuse
 
     settings = settings_from(ctx, labbook=args.labbook).values
     out = Output(as_json)
     opts = args.options(settings)
     out.note(f"==> proving reuse on {', '.join(opts.urls)}")
     run, record = asyncio.run(manual.proof(settings, opts, args.noted(args.label), out.note))
-    out.result(record, lambda c: console.proof(c, record))
+    out.result(record, lambda c: console_reuse.proof(c, record))
     if run.failed():
         out.err.print("kvlab: no reuse where reuse was expected ("
                       + ", ".join(run.failed()) + "): exit 1")
@@ -78,7 +78,7 @@ def check_command(urls: tuple[str, ...], ignore: tuple[str, ...], as_json: bool)
     behavioural fingerprint (the same probe's top-k logprobs). A different model path is a
     note. Exit 2 when refused; --json prints its document either way."""
     from kvlab.measure import compat
-    from kvlab.report import console
+    from kvlab.report import console_reuse
 
     if len(urls) < 2:
         raise InputError("check needs at least two URLs to compare")
@@ -87,7 +87,7 @@ def check_command(urls: tuple[str, ...], ignore: tuple[str, ...], as_json: bool)
         raise InputError(f"--ignore {unknown[0]}: not a compared field; choose from "
                          + ", ".join(compat.FIELDS))
     result = asyncio.run(compat.compare(list(urls), ignore=ignore))
-    Output(as_json).result(result.as_dict(), lambda c: console.compatibility(c, result))
+    Output(as_json).result(result.as_dict(), lambda c: console_reuse.compatibility(c, result))
     if not result.compatible:
         raise RefusedError(result.refusal())
 

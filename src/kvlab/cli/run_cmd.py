@@ -3,7 +3,8 @@
 Each subcommand's options are its arguments model (`experiments/args.py`); the command makes
 the experiment's spec from them and the settings, installs what that experiment's engines
 need, runs it (`experiments.lab.execute`: the experiment starts and always stops its own
-engines and writes every line) and renders what was written (`report/console.py`).
+engines and writes every line) and renders what was written (`report/console_run.py`;
+the llama.cpp experiments' own in `report/console_llama.py`).
 `--dry-run` prints the plans and starts, installs and writes nothing (on a cluster it reads
 which nodes the names mean, and prints the placement). The vLLM labs take
 `--cluster ADDRESS` (or Ray's RAY_ADDRESS) and `--node NAME`; without either nothing imports
@@ -58,7 +59,7 @@ def _run(ctx: click.Context, name: str, args: RunArgs, as_json: bool,
          render: Render | None = None) -> list[Record]:
     """The experiment `name` from `args` (its plans alone with `--dry-run`), rendered."""
     from kvlab.experiments import lab
-    from kvlab.report import console
+    from kvlab.report import console_run
 
     out = Output(as_json)
     loaded = settings_from(ctx, **args.overrides())
@@ -67,11 +68,11 @@ def _run(ctx: click.Context, name: str, args: RunArgs, as_json: bool,
     if isinstance(args, PlannedArgs) and args.dry_run:
         found = [p for p in lab.plans(loaded.values, name, spec, placement, out.note)
                  if _kept(args, p)]
-        out.result({"dry_run": True, "plans": found}, lambda c: console.plans(c, found))
+        out.result({"dry_run": True, "plans": found}, lambda c: console_run.plans(c, found))
         return []
     ensure_prepared(loaded, out.err, registered(name).needs)
     lines = lab.execute(loaded.values, name, spec, placement, out.note)
-    draw = render or console.lines
+    draw = render or console_run.lines
     out.result({"records": lines}, lambda c: draw(c, lines, loaded.values.labbook))
     return lines
 
@@ -102,13 +103,13 @@ def disk(ctx: click.Context, args: DiskArgs, as_json: bool) -> None:
 def interference(ctx: click.Context, args: InterferenceArgs, as_json: bool) -> None:
     """Prefill interference: the same load with --parallel 4, then 1 (one variable)."""
     from kvlab.records import ComparisonRecord, LoadRecord
-    from kvlab.report import console
+    from kvlab.report import console_llama
 
     def draw(c: Console, lines: list[Record], book: str) -> None:
         *rows, comparison = lines
         assert isinstance(comparison, ComparisonRecord)
-        console.interference(c, [r for r in rows if isinstance(r, LoadRecord)], comparison,
-                             book)
+        console_llama.interference(c, [r for r in rows if isinstance(r, LoadRecord)],
+                                   comparison, book)
 
     _run(ctx, "interference", args, as_json, draw)
 
@@ -127,13 +128,13 @@ def _disk_lines(c: Console, lines: list[Record], book: str) -> None:
     """A disk tier's stopwatch as a table of its steps; any other line (mlx-lm's turns) as
     every line is shown."""
     from kvlab.records import DiskRecord
-    from kvlab.report import console
+    from kvlab.report import console_llama, console_run
 
     for line in lines:
         if isinstance(line, DiskRecord):
-            console.disk(c, line, book)
+            console_llama.disk(c, line, book)
         else:
-            console.lines(c, [line], book)
+            console_run.lines(c, [line], book)
 
 
 @run_group.command("llama-tiers")
@@ -153,11 +154,11 @@ def llama_tiers(ctx: click.Context, args: LlamaTiersArgs, as_json: bool) -> None
 def shared_slots(ctx: click.Context, args: SharedSlotsArgs, as_json: bool) -> None:
     """Two llama-servers share one slot store: save on A, restore on B, prove reuse on B."""
     from kvlab.records import ReuseRecord
-    from kvlab.report import console
+    from kvlab.report import console_llama
 
     def draw(c: Console, lines: list[Record], book: str) -> None:
         assert isinstance(lines[-1], ReuseRecord)
-        console.shared_slots(c, lines[-1], book)
+        console_llama.shared_slots(c, lines[-1], book)
 
     _run(ctx, "shared-slots", args, as_json, draw)
 
@@ -193,10 +194,10 @@ def replicas(ctx: click.Context, args: ReplicasArgs, as_json: bool) -> None:
     """N plain replicas behind one front: round-robin, least-outstanding, prefix and
     conversation affinity in kvlab's proxy, and vllm-router's policies, each arm's hit rate,
     TTFT, imbalance and the cache oracle's figures."""
-    from kvlab.report import console
+    from kvlab.report import console_run
 
     def draw(c: Console, lines: list[Record], book: str) -> None:
-        console.replicas(c, lines)
+        console_run.replicas(c, lines)
 
     _run(ctx, "replicas", args, as_json, draw)
 

@@ -64,16 +64,16 @@ def serve_command(ctx: click.Context, role: str, engine_args: tuple[str, ...], m
         ctx.invoke(proxy_command, port=port, connector=connector, as_json=as_json)
         return
     from kvlab.experiments import serve
-    from kvlab.report import console
+    from kvlab.report import console_engines
 
     loaded = settings_from(ctx, connector=connector, offload=offload)
     plan = plan_for_role(loaded, role, model, port, tuple(engine_args), probe=not dry_run)
     out = Output(as_json)
     if dry_run:
         out.result({"plan": plan.as_dict(), "dry_run": True},
-                   lambda c: console.plan(c, plan))
+                   lambda c: console_engines.plan(c, plan))
         return
-    console.plan(out.err if as_json else out.console, plan)
+    console_engines.plan(out.err if as_json else out.console, plan)
     if node or cluster:
         if detach:
             raise click.UsageError("--detach with --node: an engine on a node lives as long as "

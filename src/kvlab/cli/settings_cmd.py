@@ -16,14 +16,15 @@ from kvlab.core import InputError
 def settings_command(ctx: click.Context, as_json: bool) -> None:
     """Show each effective setting and where its value came from (secrets masked), and
     which vLLM kvlab would run here and why."""
-    from kvlab.engines import vllm
-    from kvlab.report import console
+    from kvlab.core import detect_hardware
+    from kvlab.engines import VLLM, install_of
+    from kvlab.report import console_engines
 
     loaded = settings_from(ctx)
     rows = loaded.rows()
-    choice = vllm.find_vllm(loaded.values)
+    choice = install_of(loaded.values, VLLM).as_record()
     data = {
-        "vllm": {**choice.as_record().model_dump(), "hardware": choice.hardware.as_dict()},
+        "vllm": {**choice.model_dump(), "hardware": detect_hardware().as_dict()},
         "env_file": str(loaded.env_file) if loaded.env_file else None,
         "profile": loaded.profile,
         "profile_reason": loaded.profile_reason,
@@ -31,7 +32,7 @@ def settings_command(ctx: click.Context, as_json: bool) -> None:
         "unknown_keys": loaded.unknown_keys,
     }
 
-    Output(as_json).result(data, lambda c: console.settings(c, loaded, choice))
+    Output(as_json).result(data, lambda c: console_engines.settings(c, loaded, choice))
 
 
 @click.command("init")

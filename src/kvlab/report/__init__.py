@@ -19,12 +19,13 @@ from pathlib import Path
 from kvlab.core import write_private
 from kvlab.records import notebook
 from kvlab.report.common import Table
-from kvlab.report.decisions import Decision, decide
+from kvlab.report.decisions import decide
+from kvlab.report.decisions_common import Decision
 from kvlab.report.html import page
 from kvlab.report.llama import llama_lines
 from kvlab.report.offload import offload_table
 from kvlab.report.pd import pd_table
-from kvlab.report.plots import Plot
+from kvlab.report.plots_figure import Plot
 from kvlab.report.procedure import procedure_table
 from kvlab.report.replicas import replicas_table
 from kvlab.report.starts import latest as latest_starts

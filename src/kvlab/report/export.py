@@ -25,7 +25,7 @@ from pathlib import Path
 from kvlab.measure import intervals, paired_rows
 from kvlab.records import BASELINE, LoadRecord, Notebook, requests
 from kvlab.report.common import Table
-from kvlab.report.decisions import Decision
+from kvlab.report.decisions_common import Decision
 from kvlab.report.placement import split_groups
 from kvlab.report.plots import LOAD_PAIRS
 

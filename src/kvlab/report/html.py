@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from html import escape
 
 from kvlab.report.common import Line, Table, brief
-from kvlab.report.decisions import Decision
-from kvlab.report.plots import Plot
+from kvlab.report.decisions_common import Decision
+from kvlab.report.plots_figure import Plot
 
 STYLE = """
 body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;

@@ -1,0 +1,135 @@
+"""The offload lab's decisions about the tiers beside the host tier: did the store shared by
+two instances pay, what the disk tier cost and would save (with mlx-lm's prompt-cache file
+where it ran), and what llama.cpp's quantised cache bought against f16. Each is one sentence
+with its figures, or "not enough evidence" and why.
+
+It does not answer the host tier's questions (`decisions_host.py`), nor add the user's own
+answer (`decisions.py`); the quantised cache's words are `llama.py`'s. Nothing here measures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from kvlab.measure import intervals
+from kvlab.records import (
+    DISK,
+    LLAMA_KV_QUANT,
+    MLX_CACHE,
+    PROVEN,
+    SHARED_SINGLE,
+    SHARED_STORE,
+    DiskRecord,
+    Notebook,
+    ReuseRecord,
+)
+from kvlab.report.common import latest, num
+from kvlab.report.decisions_common import Decision, _absent, _undecided
+from kvlab.report.llama import QUANT_Q, quant_answer
+from kvlab.report.offload import summary
+
+# ---------------------------------------------------------------- offload: the store
+
+STORE_Q = "Did the store pay?"
+
+
+def store(book: Notebook) -> Decision:
+    lab = "offload"
+    alt = latest(book, ReuseRecord, SHARED_STORE.label)
+    if alt is None:
+        return _undecided(lab, STORE_Q, _absent(book, SHARED_STORE.label, "the alternating run"))
+    rows = alt.rows
+    if len(alt.endpoints) < 2 or len(rows) < 2:
+        return _undecided(lab, STORE_Q, "the shared-store line has one endpoint or one turn: "
+                                        "no turn ran on the second instance")
+    t1, t2 = rows[0].ttft_s, rows[1].ttft_s
+    verdicts = alt.summary.later_turn_verdicts if alt.summary is not None else None
+    if not verdicts:
+        return _undecided(lab, STORE_Q, f"turn 2 on the second instance took {num(t2)} s "
+                                        f"against turn 1's {num(t1)} s, but no per-turn cache "
+                                        "evidence was recorded, so warm-up is not ruled out")
+    store_kind = f"a {alt.connector} store" if alt.connector else "a store"
+    cached = rows[1].cached_tokens
+    head = (f"The store paid: turn 2 on the second instance took {num(t2)} s against turn 1's "
+            f"{num(t1)} s on the first" + (f" ({cached:,} prompt tokens from the store)"
+                                            if cached else "")
+            if verdicts[0] == "reused" else
+            f"The store did not pay: turn 2 on the second instance was judged {verdicts[0]} "
+            f"({num(t2)} s against turn 1's {num(t1)} s)")
+    return Decision(lab, STORE_Q, f"{head}, with {store_kind} shared by two instances; "
+                                  f"{_control(book, alt)}.", True,
+                    f"turn 2 {num(t2)} s against turn 1 {num(t1)} s")
+
+
+def _control(book: Notebook, alt: ReuseRecord) -> str:
+    single = latest(book, ReuseRecord, SHARED_SINGLE.label)
+    if single is None:
+        return ("whether the store adds latency of its own is not measured (no "
+                f"{SHARED_SINGLE.label} control)")
+    best_alt = summary(alt).best_later_ttft_s
+    best_one = summary(single).best_later_ttft_s
+    if not best_alt or not best_one:
+        return "the single-instance control recorded no later-turn TTFT"
+    spread = intervals.reuse_turns(book.records, alt, single)
+    return (f"the best later turn took {num(best_alt)} s alternating against {num(best_one)} s "
+            f"on one instance with the same store (x{best_alt / best_one:.2f})"
+            + (f"; median later turn, alternating / one instance: {spread.cell()}"
+               if spread.measured else ""))
+
+
+# ---------------------------------------------------------------- offload: the disk tier
+
+DISK_Q = "What did the disk tier cost, and what would it save?"
+
+
+def disk(book: Notebook) -> Decision:
+    lab = "offload"
+    r = latest(book, DiskRecord, DISK.label)
+    if r is None:
+        return _undecided(lab, DISK_Q, _absent(book, DISK.label, "the disk tier"))
+    if r.verdict != PROVEN:
+        return _undecided(lab, DISK_Q, f"the restore was not shown to reuse the cache "
+                                       f"({r.verdict}: "
+                                       f"{'; '.join(r.reasons) or 'no reason'})")
+    cold, after = r.cold_ttft_s, r.post_restore_ttft_s
+    save, restore = r.save_ms, r.restore_ms
+    if cold is None or after is None or save is None or restore is None:
+        return _undecided(lab, DISK_Q, "the save, restore or cold-prefill time (or the prompt "
+                                       "length) is missing from the disk line")
+    size = r.file_bytes
+    return Decision(lab, DISK_Q, (
+        f"The disk tier cost {num(save, 1)} ms to save and {num(restore, 1)} ms to restore a "
+        f"{r.prompt_tokens:,}-token slot"
+        + (f" ({size:,} bytes on disk, KV {r.kv_cache_type})" if size else "")
+        + f"; after the restore the first token took {num(after)} s against {num(cold)} s "
+        f"from cold, saving {num(cold - after)} s each time the conversation comes back."),
+        True, f"first token {num(after)} s after restore against {num(cold)} s cold")
+
+
+def with_mlx(found: Decision, book: Notebook) -> Decision:
+    """The disk answer with mlx-lm's prompt-cache file (the Apple track's fourth tier), where
+    it ran; it decides the question where llama.cpp's slot file did not run."""
+    r = latest(book, DiskRecord, MLX_CACHE.label)
+    if r is None or r.cold_ttft_s is None or r.post_restore_ttft_s is None:
+        return found
+    words = (f"On mlx-lm, the prompt-cache file ({r.file_bytes or 0:,} bytes for "
+             f"{r.prompt_tokens:,} tokens, {r.verdict}) loaded in {num(r.restore_ms, 1)} ms in a "
+             f"new process, and its first token took {num(r.post_restore_ttft_s)} s against "
+             f"{num(r.cold_ttft_s)} s from cold")
+    if found.decided or r.verdict != PROVEN:
+        return found.extended(words)
+    return Decision("offload", DISK_Q, words + ".", True,
+                    f"first token {num(r.post_restore_ttft_s)} s after load against "
+                    f"{num(r.cold_ttft_s)} s cold")
+
+
+# ---------------------------------------------------------------- offload: the quantised cache
+
+def quantised(book: Notebook) -> Decision:
+    """llama.cpp's q8_0 cache against f16 in the same memory."""
+    found = quant_answer(book)
+    if found is None:
+        return replace(_undecided("offload", QUANT_Q, _absent(
+            book, LLAMA_KV_QUANT.label, "the quantised cache against f16")),
+            rows=(LLAMA_KV_QUANT.label,))
+    return Decision("offload", QUANT_Q, found[0], True, found[1], (LLAMA_KV_QUANT.label,))

@@ -1,0 +1,76 @@
+"""The P/D lab's own plots: the split/baseline TTFT ratio against prompt length (the boundary,
+where it crosses 1), and the bytes per request each source measured against the KV
+arithmetic's prediction.
+
+The baseline-vs-split pair is drawn as every pair is, and a capacity search as every search
+is (`plots_load.py`); the figure's setup and saving are `plots_figure.py`'s.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvlab.records import BOUNDARY, BoundaryRecord, ComparisonRecord, Notebook
+from kvlab.report.plots_figure import COLOURS, Plot, _pyplot, _save, _style
+from kvlab.report.procedure import boundary_result
+
+
+def boundary(book: Notebook, out: Path) -> Plot | None:
+    newest: dict[int, BoundaryRecord] = {r.concurrency: r
+                                         for r in book.of(BoundaryRecord, BOUNDARY.label)}
+    if not any(p.ratio is not None for r in newest.values() for p in r.points):
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for (c, r), colour in zip(sorted(newest.items()), COLOURS, strict=False):
+        pts = sorted((p.prompt_tokens_target, p.ratio) for p in r.points if p.ratio is not None)
+        ax.plot([x for x, _ in pts], [y for _, y in pts], _style(len(pts)), color=colour,
+                label=f"concurrency {c} (point ratios, no interval)")
+    ax.axhline(1.0, color="#999999", linewidth=1)
+    ax.set_xscale("log")
+    question = "At what prompt length does the split pay? (below 1: the split is faster)"
+    ax.set(xlabel="prompt tokens", ylabel="TTFT p50, split / baseline", title=question)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize="small")
+    answer = "; ".join(f"c={c}: {boundary_result(r)[0]}" for c, r in sorted(newest.items()))
+    return _save(plt, fig, out / "boundary.png", question, answer)
+
+
+def bytes_per_request(book: Notebook, out: Path) -> Plot | None:
+    """Bytes per request each source measured against the prediction, per comparison."""
+    newest: dict[str, ComparisonRecord] = {}
+    for c in book.of(ComparisonRecord):
+        if c.bytes is not None and c.bytes.observed_bytes_per_request_by_source:
+            newest[c.label] = c
+    if not newest:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4))
+    sources = sorted({s for c in newest.values()
+                      for s in (c.bytes.observed_bytes_per_request_by_source if c.bytes else {})})
+    names = ["predicted", *sources]
+    width = 0.8 / len(names)
+    for i, (name, colour) in enumerate(zip(names, ("#999999", *COLOURS), strict=False)):
+        values = [_bytes_of(c, name) for c in newest.values()]
+        ax.bar([j + i * width for j in range(len(newest))],
+               [v / 1e6 if v is not None else 0 for v in values], width, label=name,
+               color=colour)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(newest))], list(newest))
+    question = "Did the bytes that crossed match the KV arithmetic?"
+    ax.set(ylabel="MB per request", title=question)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize="small")
+    answer = "; ".join(f"{label}: {c.bytes.verdict}" for label, c in newest.items()
+                       if c.bytes is not None and c.bytes.verdict) or "no byte verdict"
+    return _save(plt, fig, out / "bytes-per-request.png", question, answer)
+
+
+def _bytes_of(c: ComparisonRecord, source: str) -> float | None:
+    seen = c.bytes
+    if seen is None:
+        return None
+    if source == "predicted":
+        return float(seen.predicted_bytes_per_request) \
+            if seen.predicted_bytes_per_request else None
+    value = seen.observed_bytes_per_request_by_source.get(source)
+    return float(value) if value is not None else None
