@@ -128,9 +128,9 @@ class Sampler(Loopback):
         self.sampling: Sampling = _sampling_from(source)
 
     def during(self) -> AbstractAsyncContextManager[Any]:
-        from kvlab.engines.vllm import EVIDENCE_GAUGES
+        from kvlab.engines import VLLM, engine_for
 
-        return self.sampling(self.root + "/metrics", EVIDENCE_GAUGES, self.interval_s)
+        return self.sampling(self.root + "/metrics", engine_for(VLLM).gauges, self.interval_s)
 
 
 def _sampling_from(source: Path | None) -> Sampling:
@@ -190,7 +190,7 @@ def _progress_hook(enabled: bool) -> Iterator[Any]:
     """`kvlab load`'s own progress bar, drawn as on a terminal (into /dev/null), or nothing."""
     from rich.console import Console
 
-    from kvlab.report.console import progress
+    from kvlab.report.console_load import progress
 
     with open(os.devnull, "w") as null, \
             progress(Console(file=null, force_terminal=True, width=120), enabled) as hook:

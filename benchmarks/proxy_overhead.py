@@ -208,7 +208,7 @@ def start(argv: list[str], name: str, logdir: Path, env: dict[str, str] | None =
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
-    from kvlab.engines.process import stop_group
+    from kvlab.engines import stop_group
 
     stop_group(proc.pid, 5.0, proc.poll)
 

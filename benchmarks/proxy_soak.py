@@ -45,9 +45,16 @@ import httpx
 
 from kvlab.core.profiles import cpu_tiny_values
 from kvlab.core.settings import Settings
-from kvlab.engines import vllm
+from kvlab.engines import (
+    VLLM,
+    EngineProcess,
+    PlanRequest,
+    free_port,
+    install_of,
+    make_plan,
+    make_private_dir,
+)
 from kvlab.engines.plan import EnginePlan
-from kvlab.engines.process import EngineProcess, free_port, make_private_dir
 from kvlab.observe import metrics
 
 WORDS = ("amber", "basalt", "cobalt", "delta", "ember", "fjord", "garnet", "harbor")
@@ -174,9 +181,9 @@ def settings(store: Path) -> Settings:
 
 
 def plans(s: Settings) -> tuple[EnginePlan, EnginePlan]:
-    install = vllm.find_vllm(s)
-    vllm.require_found(install)
-    made = [vllm.plan(s, role, install, vllm.PlanOptions(port=free_port(), cpu_core=core))
+    install = install_of(s, VLLM)
+    install.require()
+    made = [make_plan(s, VLLM, role, install, PlanRequest(port=free_port(), cpu_core=core))
             for role, core in (("prefill", 0), ("decode", 1))]
     return made[0], made[1]
 

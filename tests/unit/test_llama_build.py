@@ -12,7 +12,8 @@ import pytest
 from kvlab.core.hardware import Hardware
 from kvlab.core.settings import Settings
 from kvlab.engines import install, llama_build, llamacpp
-from kvlab.engines.prepare import LLAMA_NEEDED, MLX_NEEDED, prepare_engines
+from kvlab.engines.base import LLAMA_CPP, MLX_LM
+from kvlab.engines.prepare import prepare_engines
 
 H200 = Hardware(True, "nvidia-smi -L lists 1 GPU(s)", "discrete", ("GPU 0: NVIDIA H200",),
                 "nvidia")
@@ -116,7 +117,7 @@ def test_a_gpu_profile_without_nvcc_installs_nothing_for_the_cpu(
     monkeypatch.delenv("CUDA_HOME", raising=False)
     settings = Settings(kvlab_home=str(tmp_path / "home"), kvlab_profile="gpu")
     said: list[str] = []
-    prepare_engines(settings, (LLAMA_NEEDED, MLX_NEEDED), said.append)
+    prepare_engines(settings, (LLAMA_CPP, MLX_LM), said.append)
     assert any("nvcc" in s and "not run" in s for s in said), said
     assert any(s.startswith("mlx-lm: ") and "not run" in s for s in said), said
     assert not (tmp_path / "home" / "engines").exists()

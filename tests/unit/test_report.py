@@ -11,17 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvlab.records.runs import BytesEvidence, ComparisonLevel, ReuseSummary, SlotEvidence, Turn
 
 import seeds
 from children import running
 from kvlab.core.errors import InputError
-from kvlab.engines.process import free_port, port_in_use
+from kvlab.engines import free_port, port_in_use
 from kvlab.loadgen import topology
 from kvlab.measure import compare, intervals
-from kvlab.records import notebook
+from kvlab.records import BytesEvidence, ComparisonLevel, ReuseSummary, SlotEvidence, Turn, notebook
 from kvlab.records.evidence import KvCapacity, Percentiles
-from kvlab.records.load import Pressure, PressureReached
 from kvlab.records.models import (
     ComparisonRecord,
     DiskRecord,
@@ -33,6 +31,7 @@ from kvlab.records.models import (
     ReuseRow,
     StartupRecord,
 )
+from kvlab.records.pressure import Pressure, PressureReached
 from kvlab.report import (
     build,
     decisions_host,
