@@ -421,7 +421,7 @@ def test_xpyd_runs_the_load_part_only(tmp_path: Path) -> None:
 def test_the_disagg_balance_choices_are_the_proxys() -> None:
     from typing import get_args
 
-    from kvlab.experiments.args import Balance
+    from kvlab.proxy import Balance
     from kvlab.proxy.legs import BALANCES
 
     assert get_args(Balance) == BALANCES

@@ -26,7 +26,7 @@ from kvlab.cli.common import Output, json_option, server_settings, settings_from
 from kvlab.cli.options import arguments
 from kvlab.core import EXIT_ALL_FAILED, EXIT_CODES, EXIT_INTERRUPTED, EXIT_NOT_CONVERGED, InputError
 from kvlab.engines import VLLM
-from kvlab.experiments.args import CompareArgs
+from kvlab.experiments.manual_args import CompareArgs
 from kvlab.loadgen import (
     BenchArgs,
     CapacityArgs,

@@ -83,7 +83,11 @@ def option_for(name: str, field: FieldInfo) -> Callable[[Callable[P, R]], Callab
         return click.option(*decls, *aliases, name, is_flag=True, default=bool(default),
                             help=help_text)
     shown = default not in (None, (), "")
-    return click.option(flag, *aliases, name, type=_param_type(inner), multiple=repeats,
+    listed = field.json_schema_extra.get("choices") \
+        if isinstance(field.json_schema_extra, dict) else None
+    kind = click.Choice([str(c) for c in listed]) if isinstance(listed, list) \
+        else _param_type(inner)
+    return click.option(flag, *aliases, name, type=kind, multiple=repeats,
                         default=default if default is not None else None,
                         show_default=shown, help=help_text, metavar=_extra(field, "metavar"))
 

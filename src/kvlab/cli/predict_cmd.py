@@ -6,7 +6,7 @@ import click
 
 from kvlab.cli.common import Output, json_option, settings_from
 from kvlab.cli.options import arguments
-from kvlab.experiments.args import PredictArgs
+from kvlab.experiments.manual_args import PredictArgs
 from kvlab.records import LAB_PD
 
 

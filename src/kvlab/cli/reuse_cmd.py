@@ -15,7 +15,7 @@ import click
 from kvlab.cli.common import Output, json_option, settings_from
 from kvlab.cli.options import arguments
 from kvlab.core import InputError, RefusedError
-from kvlab.experiments.args import ProveArgs, ReuseArgs
+from kvlab.experiments.manual_args import ProveArgs, ReuseArgs
 from kvlab.measure import FAILED
 
 ignore_option = click.option(

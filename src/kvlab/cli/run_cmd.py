@@ -13,11 +13,9 @@ Ray. Progress goes to stderr under `--json`, so stdout stays one JSON document.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import click
-from rich.console import Console
 
 from kvlab.cli.common import (
     Output,
@@ -28,26 +26,12 @@ from kvlab.cli.common import (
     stop_on_sigterm,
 )
 from kvlab.cli.options import arguments
-from kvlab.experiments import registered
-from kvlab.experiments.args import (
-    AllArgs,
-    DisaggArgs,
-    DiskArgs,
-    InterferenceArgs,
-    LlamaTiersArgs,
-    MlxCacheArgs,
-    OffloadArgs,
-    PlannedArgs,
-    ReplicasArgs,
-    RunArgs,
-    SharedArgs,
-    SharedSlotsArgs,
-)
+from kvlab.experiments import Registered, commands, registered
+from kvlab.experiments.all_args import AllArgs
+from kvlab.experiments.args import PlannedArgs, RunArgs
 
 if TYPE_CHECKING:
     from kvlab.records import Record
-
-Render = Callable[[Console, "list[Record]", str], None]
 
 
 @click.group("run")
@@ -55,165 +39,56 @@ def run_group() -> None:
     """Run one of the labs' experiments end to end and record it in the notebook."""
 
 
-def _run(ctx: click.Context, name: str, args: RunArgs, as_json: bool,
-         render: Render | None = None) -> list[Record]:
-    """The experiment `name` from `args` (its plans alone with `--dry-run`), rendered."""
+def _run(ctx: click.Context, entry: Registered, args: RunArgs, as_json: bool) -> list[Record]:
+    """The experiment `entry` (or the one its arguments pick) from `args`, its plans alone
+    with `--dry-run`, rendered by its view."""
     from kvlab.experiments import lab
     from kvlab.report import console_run
 
     out = Output(as_json)
     loaded = settings_from(ctx, **args.overrides())
+    name = args.experiment(entry.name)
     spec = args.spec(loaded)  # refused now, before anything is installed
     placement = args.placement(loaded.values)
     if isinstance(args, PlannedArgs) and args.dry_run:
         found = [p for p in lab.plans(loaded.values, name, spec, placement, out.note)
-                 if _kept(args, p)]
+                 if args.shown(p)]
         out.result({"dry_run": True, "plans": found}, lambda c: console_run.plans(c, found))
         return []
     ensure_prepared(loaded, out.err, registered(name).needs)
     lines = lab.execute(loaded.values, name, spec, placement, out.note)
-    draw = render or console_run.lines
-    out.result({"records": lines}, lambda c: draw(c, lines, loaded.values.labbook))
+    view = console_run.VIEWS[entry.view]
+    out.result({"records": lines}, lambda c: view(c, lines, loaded.values.labbook))
     return lines
 
 
-def _kept(args: RunArgs, plan: dict[str, object]) -> bool:
-    """`run offload --part`: only the quiet or the pressure pair's plans."""
-    if not isinstance(args, OffloadArgs) or args.part not in ("quiet", "pressure"):
-        return True
-    return str(plan["label"]).endswith("-load") == (args.part == "pressure")
+def _command(entry: Registered, model: type[RunArgs]) -> click.Command:
+    """`kvlab run NAME`: the options its arguments model declares; exit 1 when a line it
+    wrote records a failed check."""
+    @click.pass_context
+    def command(ctx: click.Context, args: RunArgs, as_json: bool) -> None:
+        if any(line.failing() for line in _run(ctx, entry, args, as_json)):
+            ctx.exit(1)
+
+    made = arguments(model)(json_option(command))
+    return click.command(entry.name, help=model.__doc__)(made)
 
 
-@run_group.command("disk")
-@arguments(DiskArgs)
-@json_option
-@click.pass_context
-def disk(ctx: click.Context, args: DiskArgs, as_json: bool) -> None:
-    """Time the disk tier: cold prefill, save, erase, control, restore, the prompt again.
-
-    The server is the experiment's own (a free port, these settings, recorded in the line).
-    """
-    _run(ctx, "disk", args, as_json, _disk_lines)
+for _entry in commands():
+    assert _entry.args is not None
+    run_group.add_command(_command(_entry, _entry.args))
 
 
-@run_group.command("interference")
-@arguments(InterferenceArgs)
-@json_option
-@click.pass_context
-def interference(ctx: click.Context, args: InterferenceArgs, as_json: bool) -> None:
-    """Prefill interference: the same load with --parallel 4, then 1 (one variable)."""
-    from kvlab.records import ComparisonRecord, LoadRecord
-    from kvlab.report import console_llama
-
-    def draw(c: Console, lines: list[Record], book: str) -> None:
-        *rows, comparison = lines
-        assert isinstance(comparison, ComparisonRecord)
-        console_llama.interference(c, [r for r in rows if isinstance(r, LoadRecord)],
-                                   comparison, book)
-
-    _run(ctx, "interference", args, as_json, draw)
-
-
-@run_group.command("mlx-cache")
-@arguments(MlxCacheArgs)
-@json_option
-@click.pass_context
-def mlx_cache(ctx: click.Context, args: MlxCacheArgs, as_json: bool) -> None:
-    """Time mlx-lm's prompt-cache file: cold prefill, save, load in a new process, the first
-    token from it."""
-    _run(ctx, "mlx-cache", args, as_json, _disk_lines)
-
-
-def _disk_lines(c: Console, lines: list[Record], book: str) -> None:
-    """A disk tier's stopwatch as a table of its steps; any other line (mlx-lm's turns) as
-    every line is shown."""
-    from kvlab.records import DiskRecord
-    from kvlab.report import console_llama, console_run
-
-    for line in lines:
-        if isinstance(line, DiskRecord):
-            console_llama.disk(c, line, book)
-        else:
-            console_run.lines(c, [line], book)
-
-
-@run_group.command("llama-tiers")
-@arguments(LlamaTiersArgs)
-@json_option
-@click.pass_context
-def llama_tiers(ctx: click.Context, args: LlamaTiersArgs, as_json: bool) -> None:
-    """llama.cpp's tasks 2 and 3: prompt caching off/on, the RAM cache under pressure, q8_0
-    against f16 KV in the same memory (one llama-server at a time)."""
-    _run(ctx, "llama-tiers", args, as_json)
-
-
-@run_group.command("shared-slots")
-@arguments(SharedSlotsArgs)
-@json_option
-@click.pass_context
-def shared_slots(ctx: click.Context, args: SharedSlotsArgs, as_json: bool) -> None:
-    """Two llama-servers share one slot store: save on A, restore on B, prove reuse on B."""
-    from kvlab.records import ReuseRecord
-    from kvlab.report import console_llama
-
-    def draw(c: Console, lines: list[Record], book: str) -> None:
-        assert isinstance(lines[-1], ReuseRecord)
-        console_llama.shared_slots(c, lines[-1], book)
-
-    _run(ctx, "shared-slots", args, as_json, draw)
-
-
-@run_group.command("offload")
-@arguments(OffloadArgs)
-@json_option
-@click.pass_context
-def offload(ctx: click.Context, args: OffloadArgs, as_json: bool) -> None:
-    """The host-memory tier: off and on, quiet and under found pressure.
-
-    --part curve: the tier at several sizes against none; --part boundary: tier off and on at
-    several opening lengths.
-    """
-    _run(ctx, "offload-sizes" if args.part in ("curve", "boundary") else "offload", args,
-         as_json)
-
-
-@run_group.command("shared")
-@arguments(SharedArgs)
-@json_option
-@click.pass_context
-def shared(ctx: click.Context, args: SharedArgs, as_json: bool) -> None:
-    """Two instances, one KV store: alternating turns, a single-instance control, the proof."""
-    _run(ctx, "shared", args, as_json)
-
-
-@run_group.command("replicas")
-@arguments(ReplicasArgs)
-@json_option
-@click.pass_context
-def replicas(ctx: click.Context, args: ReplicasArgs, as_json: bool) -> None:
-    """N plain replicas behind one front: round-robin, least-outstanding, prefix and
-    conversation affinity in kvlab's proxy, and vllm-router's policies, each arm's hit rate,
-    TTFT, imbalance and the cache oracle's figures."""
+def _dry_run_all(ctx: click.Context, args: AllArgs, out: Output) -> None:
+    """`kvlab run all --dry-run`: each experiment's plan; installs, starts, writes nothing."""
+    from kvlab.experiments import everything
     from kvlab.report import console_run
 
-    def draw(c: Console, lines: list[Record], book: str) -> None:
-        console_run.replicas(c, lines)
-
-    _run(ctx, "replicas", args, as_json, draw)
-
-
-@run_group.command("disagg")
-@arguments(DisaggArgs)
-@json_option
-@click.pass_context
-def disagg(ctx: click.Context, args: DisaggArgs, as_json: bool) -> None:
-    """Prediction, the split behind kvlab's proxy, the baseline, the comparison; with --part,
-    the lab's procedure steps (a cancel and a worker restart; the prompt-length boundary)."""
-    from kvlab.records import ProcedureRecord
-
-    lines = _run(ctx, "disagg", args, as_json)
-    if any(isinstance(r, ProcedureRecord) and r.verdict == "fail" for r in lines):
-        ctx.exit(1)
+    loaded = settings_from(ctx)
+    values, changed = everything.quick_settings(loaded, args.quick)
+    found = everything.dry_run(values, args.spec(loaded), args.placement(values), out.note)
+    out.result({"dry_run": True, "profile": loaded.profile, "changed": changed,
+                "experiments": found}, lambda c: console_run.run_all_plans(c, found))
 
 
 @run_group.command("all")
@@ -229,6 +104,9 @@ def run_all_command(ctx: click.Context, args: AllArgs, as_json: bool) -> None:
     from kvlab.report import write
 
     out = Output(as_json)
+    if args.dry_run:
+        _dry_run_all(ctx, args, out)
+        return
     loaded = prepared_settings(ctx, out.err, ())  # the models; each experiment its engines
     out.note(f"profile {loaded.profile}")
     values, changed = everything.quick_settings(loaded, args.quick)

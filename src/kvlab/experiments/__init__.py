@@ -1,12 +1,17 @@
-"""The orchestrated experiments behind `kvlab run NAME`, and the one contract they share.
+"""The orchestrated experiments behind `kvlab run NAME`: their one list, and the contract they
+share.
 
-Each experiment is a module with a spec (a frozen dataclass owning its defaults and checks)
-and `async def run(lab, spec) -> list[Record]`: it starts and always stops its own engines,
-writes every notebook line through `lab.record`, and returns them. Modules with plans to show
-also have `dry_run(lab, spec) -> list[dict]`, which starts, installs and writes nothing.
+Each experiment is a module with a spec (a frozen dataclass owning its defaults and checks),
+`async def run(lab, spec) -> list[Record]` (it starts and always stops its own engines, writes
+every notebook line through `lab.record`, and returns them), `dry_run(lab, spec)` (its plans,
+or why a row would not run: starts, installs and writes nothing) and `all_spec(lab, sizes)`
+(its spec at `kvlab run all`'s sizes, where it takes part in run all).
 
-The registry names the modules (imported on use, so `kvlab --help` stays instant) and the
-labs' report rows each one fills, so a failed experiment can say why those rows are empty.
+`EXPERIMENTS` is the one place that names them: each entry says which module, which report
+rows it fills (from `records/rows.py`, so a failed experiment records them as not run), its
+arguments model (the CLI makes `kvlab run NAME`'s options from it), what it needs installed,
+whether `kvlab run all` runs it and in which order, and how the CLI shows its lines. Modules
+are imported on use, so `kvlab --help` stays instant.
 """
 
 from __future__ import annotations
@@ -14,57 +19,80 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Literal
 
 from kvlab.engines import LLAMA_CPP, MLX_LM, ROUTER_NEEDED, VLLM
+from kvlab.experiments.args import RunArgs
+from kvlab.experiments.llama_args import DiskArgs, InterferenceArgs, LlamaTiersArgs, SharedSlotsArgs
+from kvlab.experiments.offload_args import MlxCacheArgs, OffloadArgs
+from kvlab.experiments.pd_args import DisaggArgs, ReplicasArgs, SharedArgs
 from kvlab.records import rows
 
-# `kvlab run disagg --part`: the load comparison (the default) and the lab's procedure steps
-DISAGG_PARTS = ("load", "cancel", "boundary")
+View = Literal["lines", "disk", "interference", "slots", "replicas"]
+"""How the CLI shows an experiment's lines (`report/console_run.VIEWS`)."""
 
 
 @dataclass(frozen=True)
 class Registered:
-    name: str
+    name: str  # `kvlab run NAME`
     module: str
     rows: tuple[rows.Row, ...]
-    needs: tuple[str, ...] = (VLLM,)  # only these are installed before it runs
+    args: type[RunArgs] | None  # None: reached through another's command (its --part)
+    needs: tuple[str, ...] = (VLLM,)  # engines (and ROUTER_NEEDED), installed before it runs
+    in_all: bool = True  # `kvlab run all` runs it, in this list's order
+    here: bool = False  # times files on this machine's disk: never placed on a Ray node
+    view: View = "lines"
+    shows_plans: bool = False  # its module has `dry_run` (its plans ahead of a run)
 
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
 
+    @property
+    def engines(self) -> tuple[str, ...]:
+        """The engines it starts (its needs but the router)."""
+        return tuple(n for n in self.needs if n != ROUTER_NEEDED)
 
+
+# in `kvlab run all`'s order: the llama.cpp tiers (seconds) before the vLLM labs; disk and
+# shared-slots side by side, as their llama-server plans are the same (one engine, kept and
+# reset between them: `engines/reuse.py`)
 EXPERIMENTS: dict[str, Registered] = {e.name: e for e in (
-    Registered("disk", "kvlab.experiments.llama_disk", (rows.DISK,), (LLAMA_CPP,)),
+    Registered("disk", "kvlab.experiments.llama_disk", (rows.DISK,), DiskArgs, (LLAMA_CPP,),
+               here=True, view="disk"),
+    Registered("shared-slots", "kvlab.experiments.llama_slot_share", (rows.SHARED_SLOTS,),
+               SharedSlotsArgs, (LLAMA_CPP,), here=True, view="slots"),
+    Registered("mlx-cache", "kvlab.experiments.mlx_cache", (rows.MLX_CACHE, rows.MLX_TURNS),
+               MlxCacheArgs, (MLX_LM,), here=True, view="disk"),
     Registered("interference", "kvlab.experiments.llama_interference", (rows.INTERFERENCE,),
-               (LLAMA_CPP,)),
+               InterferenceArgs, (LLAMA_CPP,), view="interference"),
     Registered("llama-tiers", "kvlab.experiments.llama_tiers",
                (rows.LLAMA_PROMPT_OFF, rows.LLAMA_PROMPT_ON, rows.LLAMA_RAM_OFF, rows.LLAMA_RAM_ON,
                 rows.LLAMA_RAM_SMALL, rows.LLAMA_RAM_CURVE, rows.LLAMA_KV_QUANT),
-               (LLAMA_CPP,)),
-    Registered("mlx-cache", "kvlab.experiments.mlx_cache", (rows.MLX_CACHE, rows.MLX_TURNS),
-               (MLX_LM,)),
-    Registered("shared-slots", "kvlab.experiments.llama_slot_share", (rows.SHARED_SLOTS,),
-               (LLAMA_CPP,)),
+               LlamaTiersArgs, (LLAMA_CPP,)),
     Registered("offload", "kvlab.experiments.offload",
-               (rows.QUIET_OFF, rows.QUIET_ON, rows.PRESSURE_OFF, rows.PRESSURE_ON)),
+               (rows.QUIET_OFF, rows.QUIET_ON, rows.PRESSURE_OFF, rows.PRESSURE_ON), OffloadArgs,
+               shows_plans=True),
     # `kvlab run offload --part curve|boundary`: the tier at several sizes or opening lengths
     Registered("offload-sizes", "kvlab.experiments.tier_sizes",
-               (rows.OFFLOAD_CURVE, rows.OFFLOAD_BOUNDARY)),
-    Registered("shared", "kvlab.experiments.shared", (rows.SHARED_STORE,)),
+               (rows.OFFLOAD_CURVE, rows.OFFLOAD_BOUNDARY), None, in_all=False, shows_plans=True),
+    Registered("shared", "kvlab.experiments.shared", (rows.SHARED_STORE,), SharedArgs,
+               shows_plans=True),
     Registered("disagg", "kvlab.experiments.disagg",
-               (rows.BASELINE, rows.SPLIT_LOOPBACK, rows.CANCEL, rows.BOUNDARY)),
-    Registered("replicas", "kvlab.experiments.replicas", (rows.REPLICAS,),
-               (VLLM, ROUTER_NEEDED)),
+               (rows.BASELINE, rows.SPLIT_LOOPBACK, rows.CANCEL, rows.BOUNDARY), DisaggArgs,
+               shows_plans=True),
+    Registered("replicas", "kvlab.experiments.replicas", (rows.REPLICAS,), ReplicasArgs,
+               (VLLM, ROUTER_NEEDED), view="replicas", shows_plans=True),
 )}
-# what `kvlab run all` runs, in order: the llama.cpp tiers (seconds) before the vLLM labs;
-# disk and shared-slots side by side, as their llama-server plans are the same (one engine,
-# kept and reset between them: `engines/reuse.py`)
-RUN_ALL = ("disk", "shared-slots", "mlx-cache", "interference", "llama-tiers", "offload",
-           "shared", "disagg", "replicas")
+RUN_ALL = tuple(e.name for e in EXPERIMENTS.values() if e.in_all)
 
 
 def registered(name: str) -> Registered:
     return EXPERIMENTS[name]
+
+
+def commands() -> list[Registered]:
+    """The experiments with a `kvlab run NAME` of their own."""
+    return [e for e in EXPERIMENTS.values() if e.args is not None]
 
 
 def needs_of(names: tuple[str, ...]) -> tuple[str, ...]:

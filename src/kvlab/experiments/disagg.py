@@ -52,7 +52,7 @@ from kvlab.engines import (
     free_port,
     store_for,
 )
-from kvlab.experiments import DISAGG_PARTS, repeats, together
+from kvlab.experiments import repeats, together
 from kvlab.experiments.boundary import (
     BoundarySpec,
     Side,
@@ -64,9 +64,11 @@ from kvlab.experiments.boundary import (
 from kvlab.experiments.cancel_step import cancel_restart
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.offload import measure_capacity, require_successes
+from kvlab.experiments.pd_args import DISAGG_PARTS
 from kvlab.experiments.pressure_plan import Counter, fit_preamble
 from kvlab.experiments.procedure import CancelSpec
 from kvlab.experiments.rounds import Rounds, for_pair
+from kvlab.experiments.sizes import AllSpec
 from kvlab.loadgen import CapacityAsk, LinkSpec, LoadSpec, run_load, topology
 from kvlab.measure import kvmath, leg_bytes, workloads
 from kvlab.observe import api_base
@@ -422,6 +424,16 @@ async def _preflight(lab: Lab, spec: DisaggSpec, store: Path) -> None:
     if spec.has(LOAD) or spec.has(BOUNDARY):
         plans.append(baseline_plan(lab, str(store)))
     await lab.preflight(plans, store, "prefill", lab.placement.split_roles()[1:])
+
+
+def all_spec(lab: Lab, sizes: AllSpec) -> DisaggSpec:
+    """The split at `kvlab run all`'s sizes: the load and the procedures, or the load alone
+    on several prefills or decodes (XpYd), where the procedures do not run."""
+    parts = DISAGG_PARTS if lab.placement.counts() == (1, 1) else DISAGG_PARTS[:1]
+    return DisaggSpec(levels=sizes.levels, requests=sizes.requests,
+                      max_tokens=sizes.max_tokens, preamble_tokens=sizes.preamble_tokens,
+                      prompt_set=sizes.prompt_set, parts=parts, capacity=sizes.capacity,
+                      together=sizes.together)
 
 
 async def run(lab: Lab, spec: DisaggSpec) -> list[Record]:

@@ -199,11 +199,18 @@ def plans(settings: Settings, name: str, spec: object, placement: Placement = LO
     resolve to (`cluster/survey.py`: the cluster is asked, nothing is started on it)."""
     from kvlab.experiments import registered
 
+    found: list[dict[str, object]] = registered(name).load().dry_run(
+        dry_lab(settings, placement, say), spec)
+    return found
+
+
+def dry_lab(settings: Settings, placement: Placement = LOCAL, say: Say = quiet) -> Lab:
+    """A lab for a dry run: on a cluster, the nodes its names resolve to (the cluster is
+    asked, nothing is started on it)."""
     lab = Lab(settings, say=say, placement=placement)
     if placement.remote:  # a run's store is named after its id, not known yet
         lab.run_id = "<run id>"
         from kvlab.cluster.survey import survey
 
         lab.survey = survey(placement)
-    found: list[dict[str, object]] = registered(name).load().dry_run(lab, spec)
-    return found
+    return lab

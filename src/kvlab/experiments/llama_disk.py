@@ -31,6 +31,7 @@ from kvlab.engines.llamacpp.server import (
     server_plan,
 )
 from kvlab.experiments.lab import Lab, engines
+from kvlab.experiments.sizes import AllSpec
 from kvlab.observe import LOGPROB_TOLERANCE, ChatResult
 from kvlab.records import DiskRecord, LlamaServerLine, Record, SlotEvidence, notebook
 
@@ -44,6 +45,11 @@ class DiskSpec(SlotRunSpec):
     prompt_tokens: int = 3500
     top_logprobs: int = 5
     label: str = "disk"
+
+
+def all_spec(lab: Lab, sizes: AllSpec) -> DiskSpec:
+    """The disk tier at `kvlab run all`'s sizes."""
+    return DiskSpec(prompt_tokens=sizes.disk_prompt_tokens)
 
 
 async def run(lab: Lab, spec: DiskSpec) -> list[Record]:

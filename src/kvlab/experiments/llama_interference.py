@@ -28,6 +28,7 @@ from kvlab.engines.llamacpp.server import (
 )
 from kvlab.experiments import repeats
 from kvlab.experiments.lab import Lab, engines
+from kvlab.experiments.sizes import AllSpec
 from kvlab.measure import intervals, workloads
 from kvlab.records import (
     INTERFERENCE,
@@ -119,6 +120,13 @@ async def fit_preamble(client: LlamaClient, spec: InterferenceSpec) -> int:
         size = max(16, int(size * budget / longest * 0.97))
     check_fits(longest, spec.max_tokens, spec.ctx, max(spec.parallels))
     return size
+
+
+def all_spec(lab: Lab, sizes: AllSpec) -> InterferenceSpec:
+    """The interference runs at `kvlab run all`'s sizes, on distinct prompts: a shared
+    preamble would let one slot reuse it and hide the interference."""
+    return InterferenceSpec(requests=max(sizes.requests, 8) if sizes.requests else None,
+                            max_tokens=sizes.max_tokens, prompt_set="mixed", ctx=lab.settings.ctx)
 
 
 async def run(lab: Lab, spec: InterferenceSpec, *,

@@ -30,6 +30,7 @@ from kvlab.engines.llamacpp.server import (
     server_plan,
 )
 from kvlab.experiments.lab import Lab, engines
+from kvlab.experiments.sizes import AllSpec
 from kvlab.observe import LOGPROB_TOLERANCE, ChatResult
 from kvlab.records import (
     SHARED_SLOTS,
@@ -53,6 +54,11 @@ class SharedSlotsSpec(SlotRunSpec):
         if self.parallel < 2:
             raise SettingError("--parallel must be 2 or more: B's cold control runs on a "
                                "second slot")
+
+
+def all_spec(lab: Lab, sizes: AllSpec) -> SharedSlotsSpec:
+    """The shared slot store at `kvlab run all`'s sizes."""
+    return SharedSlotsSpec(prompt_tokens=min(2000, sizes.disk_prompt_tokens))
 
 
 async def run(lab: Lab, spec: SharedSlotsSpec) -> list[Record]:

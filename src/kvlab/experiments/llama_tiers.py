@@ -35,6 +35,7 @@ from kvlab.experiments import repeats
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.offload import require_successes, think_of
 from kvlab.experiments.pressure_plan import OVERSUBSCRIPTION, TURNS
+from kvlab.experiments.sizes import AllSpec
 from kvlab.loadgen import LoadSpec
 from kvlab.measure import (
     PREAMBLE_WORDS,
@@ -114,6 +115,13 @@ class LlamaTiersSpec:
     @property
     def users_or_default(self) -> int:
         return self.users or math.ceil(OVERSUBSCRIPTION * self.slots)
+
+
+def all_spec(lab: Lab, sizes: AllSpec) -> LlamaTiersSpec:
+    """llama.cpp's tiers at `kvlab run all`'s sizes."""
+    return LlamaTiersSpec(turns=sizes.turns, preamble_words=sizes.preamble_words,
+                          slot_ctx=sizes.llama_slot_ctx, quant_ctx=2 * sizes.llama_slot_ctx,
+                          quant_prompt_tokens=sizes.llama_slot_ctx // 2)
 
 
 async def run(lab: Lab, spec: LlamaTiersSpec) -> list[Record]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from kvlab.core import SettingError, write_private
 from kvlab.engines import MLX_LM, free_port, install, make_private_dir, mlx, prose
 from kvlab.experiments.lab import Lab, engines
+from kvlab.experiments.sizes import AllSpec
 from kvlab.measure import ReuseOptions, reuse_record, run_reuse
 from kvlab.observe import LOGPROB_TOLERANCE, logprob_gap
 from kvlab.records import (
@@ -63,6 +64,12 @@ def model_dir(lab: Lab) -> str:
     raise SettingError(f"MODEL ({lab.settings.model}) is not a local directory: mlx-lm loads a "
                        "Hugging Face directory (config.json, safetensors, tokenizer); set MODEL "
                        "to one (`kvlab models tiny` makes one)")
+
+
+def all_spec(lab: Lab, sizes: AllSpec) -> MlxCacheSpec:
+    """The prompt-cache file and the turns at `kvlab run all`'s sizes."""
+    return MlxCacheSpec(prompt_tokens=min(2000, sizes.disk_prompt_tokens), turns=sizes.turns,
+                        preamble_words=min(400, sizes.preamble_words))
 
 
 async def run(lab: Lab, spec: MlxCacheSpec) -> list[Record]:

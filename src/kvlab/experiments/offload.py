@@ -43,6 +43,7 @@ from kvlab.experiments import repeats, together
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.pressure_plan import TURNS, PressurePlan, plan_pressure
 from kvlab.experiments.rounds import Rounds, Write, for_pair
+from kvlab.experiments.sizes import AllSpec
 from kvlab.loadgen import CapacityAsk, LoadSpec
 from kvlab.measure import (
     PREAMBLE_WORDS,
@@ -345,6 +346,14 @@ def require_successes(label: str, rows: Sequence[Record]) -> None:
             raise EngineError(f"{label}: all {row.requests} requests failed at "
                               f"concurrency {row.concurrency}: {first.error} "
                               f"{first.detail[:160]}")
+
+
+def all_spec(lab: Lab, sizes: AllSpec) -> OffloadSpec:
+    """The offload lab's quiet and pressure pairs at `kvlab run all`'s sizes."""
+    return OffloadSpec(turns=sizes.turns, preamble_words=sizes.preamble_words,
+                       concurrency=sizes.offload_concurrency, load_max_tokens=sizes.max_tokens,
+                       preamble_tokens=sizes.preamble_tokens, capacity=sizes.capacity,
+                       together=sizes.together)
 
 
 async def run(lab: Lab, spec: OffloadSpec) -> list[Record]:

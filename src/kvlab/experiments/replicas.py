@@ -44,6 +44,7 @@ from kvlab.engines import (
     install,
 )
 from kvlab.experiments.lab import Lab, engines
+from kvlab.experiments.sizes import AllSpec
 from kvlab.loadgen import LoadSpec, level_prompts, run_sweep
 from kvlab.measure import CacheModel, Prompt, intervals, oracle, workloads
 from kvlab.observe import metrics
@@ -140,6 +141,14 @@ def router_front(binary: Path, urls: list[str], policy: str) -> EnginePlan:
     return EnginePlan(engine="vllm-router", role="proxy", command=(str(binary),),
                       flags=flags, extra_args=("--worker-urls", *urls), host="127.0.0.1",
                       port=port, health_path="/health")
+
+
+def all_spec(lab: Lab, sizes: AllSpec) -> ReplicasSpec:
+    """Three small replicas at `kvlab run all`'s sizes: every arm, both prompt sets, a few
+    requests each."""
+    return ReplicasSpec(replicas=3, requests=max(8, min(sizes.requests or 24, 24)),
+                        concurrency=2, preamble_tokens=sizes.preamble_tokens,
+                        max_tokens=sizes.max_tokens)
 
 
 async def run(lab: Lab, spec: ReplicasSpec) -> list[Record]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from kvlab.engines import VLLM, EnginePlan, PlanRequest, free_port
 from kvlab.experiments import repeats
 from kvlab.experiments.lab import Lab, engines
+from kvlab.experiments.sizes import AllSpec
 from kvlab.measure import (
     PREAMBLE_WORDS,
     TURN_MAX_TOKENS,
@@ -78,6 +79,12 @@ async def _conversation(lab: Lab, spec: SharedSpec, urls: list[str], side: int,
     record = reuse_record(run, label, LAB, note)
     record.repeat = repeat  # none: the seed's shape
     return lab.record(record)
+
+
+def all_spec(lab: Lab, sizes: AllSpec) -> SharedSpec:
+    """The shared store at `kvlab run all`'s sizes."""
+    return SharedSpec(turns=sizes.turns, preamble_words=sizes.preamble_words,
+                      proof_preamble_words=min(600, sizes.preamble_words))
 
 
 async def run(lab: Lab, spec: SharedSpec) -> list[Record]:

@@ -69,6 +69,10 @@ class Record(Strict):
     schema_version: int = Field(SCHEMA, alias="schema")
     run_id: str | None = Field(None, description="The `kvlab run` that wrote it, if any.")
 
+    def failing(self) -> bool:
+        """Whether the line records a check that failed (the command that wrote it exits 1)."""
+        return False
+
     def line(self) -> JsonObject:
         """The JSON object written to the notebook: seed field names, `schema` by its alias,
         and no field that holds nothing (the seed's compare-disagg.py skips a load row without

@@ -164,6 +164,9 @@ class ProcedureRecord(Record):
     failed: list[str] = Field(default_factory=list, description="Names of the failed checks.")
     evidence: CancelEvidence | None = None
 
+    def failing(self) -> bool:
+        return self.verdict == "fail"
+
 
 # --- long against short prompts: where the split pays -----------------------------------
 

@@ -14,7 +14,7 @@ answer is `replicas.py`'s).
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -23,6 +23,8 @@ from kvlab.cluster.placement import DryPlacement
 from kvlab.records import (
     BoundaryRecord,
     CapacityRecord,
+    ComparisonRecord,
+    DiskRecord,
     LoadRecord,
     NotRunRecord,
     ProcedureRecord,
@@ -127,3 +129,71 @@ def replicas(console: Console, lines: Sequence[Record]) -> None:
             table.add_row(*answer.cells(r))
         console.print(table)
         console.print("    " + answer.decision(prompt_set, group))
+
+
+def run_all_plans(console: Console, found: Sequence[dict[str, object]]) -> None:
+    """`kvlab run all --dry-run`: each experiment, what it would start and at what sizes,
+    whether it would be skipped and why, and how long it took when it last ran here."""
+    for item in found:
+        rows = item["rows"]
+        assert isinstance(rows, list)
+        console.print(f"==> {item['experiment']}: {'; '.join(map(str, rows))}")
+        engines = item["engines"]
+        assert isinstance(engines, dict)
+        for name, choice in engines.items():
+            state = choice["command"] if choice["found"] \
+                else f"installed first by the run; now: {choice['reason']}"
+            console.print(f"    engine {name}: {state}")
+        if item["skipped"]:
+            console.print(f"    skipped: {item['skipped']}")
+        sizes = item["sizes"]
+        assert isinstance(sizes, dict)
+        shown = ", ".join(f"{k} {v}" for k, v in sizes.items() if v not in (None, (), "", False))
+        console.print(f"    sizes: {shown or 'its defaults'}")
+        plans_ = item["plans"]
+        assert isinstance(plans_, list)
+        if plans_:
+            plans(console, plans_)
+        console.print(f"    last run here: {item['last_took']}")
+
+
+# --- each experiment's view of what it wrote (the registry names it: `Registered.view`) -------
+View = Callable[[Console, Sequence[Record], str], None]
+
+
+def disk_view(console: Console, records: Sequence[Record], labbook: str) -> None:
+    """A disk tier's stopwatch as a table of its steps; any other line (mlx-lm's turns) as
+    every line is shown."""
+    from kvlab.report import console_llama
+
+    for line in records:
+        if isinstance(line, DiskRecord):
+            console_llama.disk(console, line, labbook)
+        else:
+            lines(console, [line], labbook)
+
+
+def interference_view(console: Console, records: Sequence[Record], labbook: str) -> None:
+    """The interference pair's load rows, then their comparison."""
+    from kvlab.report import console_llama
+
+    *rows, comparison = records
+    assert isinstance(comparison, ComparisonRecord)
+    console_llama.interference(console, [r for r in rows if isinstance(r, LoadRecord)],
+                               comparison, labbook)
+
+
+def slots_view(console: Console, records: Sequence[Record], labbook: str) -> None:
+    """The shared slot store's proof (its last line)."""
+    from kvlab.report import console_llama
+
+    assert isinstance(records[-1], ReuseRecord)
+    console_llama.shared_slots(console, records[-1], labbook)
+
+
+def replicas_view(console: Console, records: Sequence[Record], labbook: str) -> None:
+    replicas(console, records)
+
+
+VIEWS: dict[str, View] = {"lines": lines, "disk": disk_view, "interference": interference_view,
+                          "slots": slots_view, "replicas": replicas_view}
