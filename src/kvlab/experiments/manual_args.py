@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from kvlab.core import ConnectorName, InputError, Settings
-from kvlab.loadgen import Args, NoteText
+from kvlab.core import Args, ConnectorName, InputError, Settings
+from kvlab.loadgen import NoteText
 from kvlab.measure import PREAMBLE_WORDS, TURN_MAX_TOKENS
 from kvlab.records import LAB_OFFLOAD
 

@@ -25,7 +25,6 @@ that reason.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -48,7 +47,7 @@ from kvlab.experiments.sizes import AllSpec
 from kvlab.loadgen import LoadSpec, level_prompts, run_sweep
 from kvlab.measure import CacheModel, Prompt, intervals, oracle, workloads
 from kvlab.observe import metrics
-from kvlab.proxy import body_digest
+from kvlab.proxy import BALANCES, Balance, ProxyArgs, body_digest, process_plan
 from kvlab.records import (
     REPLICAS,
     LoadRecord,
@@ -61,7 +60,7 @@ from kvlab.records import (
     requests,
 )
 
-KVLAB_ARMS = ("round-robin", "least-outstanding", "prefix-affinity", "conversation-affinity")
+KVLAB_ARMS: tuple[str, ...] = BALANCES  # kvlab's proxy's own policies
 ROUTER_ARMS = ("vllm-router:cache_aware", "vllm-router:consistent_hash")
 SHARED_ARM = "shared-store"
 ARMS = (*KVLAB_ARMS, *ROUTER_ARMS, SHARED_ARM)
@@ -118,19 +117,23 @@ def _cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
+def balance_of(arm: str) -> Balance:
+    """kvlab's proxy's policy that an arm of kvlab's runs."""
+    found = next((b for b in BALANCES if b == arm), None)
+    if found is None:
+        raise InputError(f"--arm {arm} is no policy of kvlab's proxy ({', '.join(BALANCES)})")
+    return found
+
+
 def kvlab_front(urls: list[str], arm: str, spec: ReplicasSpec, tokenizer: str, block: int,
                 picks: Path) -> EnginePlan:
     """kvlab's proxy before the replicas, in its own process, one worker."""
-    port = free_port()
-    flags = [*(Flag("--replica", u) for u in urls), Flag("--port", str(port)),
-             Flag("--host", "127.0.0.1"), Flag("--balance", arm), Flag("--workers", "1"),
-             Flag("--load-factor", str(spec.load_factor)), Flag("--picks", str(picks))]
+    args = ProxyArgs(replica=tuple(urls), balance=balance_of(arm), workers=1,
+                     load_factor=spec.load_factor, picks=str(picks))
     if arm == "prefix-affinity":
-        flags += [Flag("--tokenizer", tokenizer), Flag("--block-tokens", str(block)),
-                  Flag("--affinity-blocks", "1")]
-    return EnginePlan(engine="kvlab-proxy", role="proxy",
-                      command=(sys.executable, "-m", "kvlab", "proxy"), flags=tuple(flags),
-                      host="127.0.0.1", port=port, health_path="/health")
+        args = args.model_copy(update={"tokenizer": tokenizer, "block_tokens": block,
+                                       "affinity_blocks": 1})
+    return process_plan(args)
 
 
 def router_front(binary: Path, urls: list[str], policy: str) -> EnginePlan:

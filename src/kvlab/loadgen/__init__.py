@@ -15,7 +15,6 @@ beyond the OpenAI streaming shapes and what the engine adapter answers.
 
 from kvlab.loadgen import served, stats, topology
 from kvlab.loadgen.args import (
-    Args,
     CapacityArgs,
     LoadArgs,
     NoteText,
@@ -56,7 +55,6 @@ from kvlab.loadgen.topology import RAY_ONE_MACHINE, RAY_TWO_MACHINES
 __all__ = [
     "RAY_ONE_MACHINE",
     "RAY_TWO_MACHINES",
-    "Args",
     "BenchArgs",
     "CapacityArgs",
     "CapacityAsk",

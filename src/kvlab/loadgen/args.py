@@ -15,9 +15,9 @@ import os
 from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, Field
 
-from kvlab.core import InputError, LoadedSettings, Say, Settings, quiet
+from kvlab.core import Args, InputError, LoadedSettings, Say, Settings, quiet
 from kvlab.loadgen.benchargs import BenchArgs, bench_ask, extra_body, headers
 from kvlab.records import LAB_NONE, LAB_OFFLOAD, LAB_PD, RunContext, Where
 
@@ -30,12 +30,6 @@ if TYPE_CHECKING:
 
 TRACE_IN_FLIGHT = 256  # a trace's in-flight cap unless CONCURRENCY is set
 OPENAI_KEY_ENV = "OPENAI_API_KEY"  # where vllm bench serve reads the servers' key
-
-
-class Args(BaseModel):
-    """A command's arguments: no unknown option, nothing changed after parsing."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def _no_secret(text: str) -> str:

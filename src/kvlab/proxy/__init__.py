@@ -6,22 +6,26 @@
 
 from kvlab.proxy.affinity import body_digest
 from kvlab.proxy.app import ProxyApp, loop_runner, running, serve
+from kvlab.proxy.args import ProxyArgs, process_plan
 from kvlab.proxy.check import Crossing, check_proxy, crossing_check
 from kvlab.proxy.config import ProxyConfig, listen_url
-from kvlab.proxy.legs import BALANCES, Balance
+from kvlab.proxy.legs import BALANCES, Balance, LegFacts
 from kvlab.proxy.workers import serve_workers, spread_note
 
 __all__ = [
     "BALANCES",
     "Balance",
     "Crossing",
+    "LegFacts",
     "ProxyApp",
+    "ProxyArgs",
     "ProxyConfig",
     "body_digest",
     "check_proxy",
     "crossing_check",
     "listen_url",
     "loop_runner",
+    "process_plan",
     "running",
     "serve",
     "serve_workers",

@@ -29,7 +29,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 import httpx
 
@@ -46,8 +46,7 @@ if TYPE_CHECKING:
 
 Balance = Literal["round-robin", "least-outstanding", "prefix-affinity",
                   "conversation-affinity"]
-BALANCES: tuple[Balance, ...] = ("round-robin", "least-outstanding", "prefix-affinity",
-                                 "conversation-affinity")
+BALANCES: tuple[Balance, ...] = get_args(Balance)
 DOWN_S = 5.0  # a leg that failed to answer sits out this long before it is tried again
 Keyer = Callable[[dict[str, object]], int]
 
