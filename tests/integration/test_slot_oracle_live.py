@@ -12,7 +12,7 @@ import pytest
 
 from integration.conftest import cpu_settings, oracle_misses
 from kvlab.engines import llamacpp
-from kvlab.engines.base import LLAMA_CPP
+from kvlab.engines import LLAMA_CPP
 from kvlab.engines.models import TinyModels
 from kvlab.engines.ports import free_port
 from kvlab.engines.process import EngineProcess

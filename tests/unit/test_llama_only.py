@@ -12,7 +12,7 @@ import pytest
 
 from kvlab.core.settings import LoadedSettings, Settings
 from kvlab.engines import install, llamacpp, vllm
-from kvlab.engines.base import VLLM
+from kvlab.engines import VLLM
 from kvlab.engines.llamacpp.facts import version_note
 from kvlab.engines.prepare import prepare_for
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 
 from fakes.sse_upstream import Behaviour, SseUpstream
-from kvlab.engines.base import LLAMA_CPP, VLLM
+from kvlab.engines import LLAMA_CPP, VLLM
 from kvlab.engines.registry import engine_for
 from kvlab.loadgen.sizing import prompt_sizing
 from kvlab.loadgen.sweep import LoadSpec, run_sweep

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvlab.core.errors import SettingError
-from kvlab.engines.base import VLLM
+from kvlab.engines import VLLM
 from kvlab.engines.models import TinyModels
 from kvlab.engines.registry import engine_for, evidence_deltas
 from kvlab.experiments.boundary import (

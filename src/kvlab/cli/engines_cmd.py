@@ -7,8 +7,9 @@ from pathlib import Path
 import click
 
 from kvlab.cli.common import Output, json_option, settings_from
+from kvlab.engines import all_engines
 
-SHORT_NAMES = ("vllm", "llama", "mlx")  # `--only`: each engine adapter's `short`
+SHORT_NAMES = tuple(engine.short for engine in all_engines())  # `--only NAME`
 
 
 @click.group("engines")

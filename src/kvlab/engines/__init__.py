@@ -4,11 +4,7 @@ shared data shape, `process` runs any plan, `install` puts the CPU engines on a 
 from kvlab.engines import install, local, startup
 from kvlab.engines.base import (
     HOST_TIER,
-    LLAMA_CPP,
-    MLX_LM,
-    NAMES,
     PROBE_MESSAGES,
-    VLLM,
     CacheShape,
     Engine,
     Install,
@@ -18,7 +14,6 @@ from kvlab.engines.base import (
     Room,
     Support,
     TwoEndpointProof,
-    canonical_name,
     token_digest,
 )
 from kvlab.engines.cleanup import clean
@@ -32,6 +27,8 @@ from kvlab.engines.host import (
     record_ready,
 )
 from kvlab.engines.install import EngineStatus
+from kvlab.engines.llamacpp.facts import LLAMA_CPP
+from kvlab.engines.mlx.server import MLX_LM
 from kvlab.engines.models import KNOWN_SHAPES, hf_config, make_tiny, prose, write_shaped_config
 from kvlab.engines.plan import EnginePlan, Flag, PlanRequest, client_host
 from kvlab.engines.ports import free_port, port_in_use
@@ -44,7 +41,9 @@ from kvlab.engines.private_dirs import make_private_dir
 from kvlab.engines.process import DEFAULT_READY_TIMEOUT_S, EngineProcess
 from kvlab.engines.process_groups import stop_group
 from kvlab.engines.registry import (
+    NAMES,
     all_engines,
+    canonical_name,
     engine_for,
     evidence_deltas,
     failure_meaning,
@@ -57,6 +56,7 @@ from kvlab.engines.registry import (
 )
 from kvlab.engines.reuse import EnginePool
 from kvlab.engines.roles import ENGINE_ROLES, TITLES, as_started, plan_for_role
+from kvlab.engines.vllm.facts import VLLM
 
 __all__ = [
     "DEFAULT_READY_TIMEOUT_S",

@@ -14,6 +14,7 @@ reading command lines (`argv.py`).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
@@ -29,17 +30,6 @@ if TYPE_CHECKING:
     from kvlab.engines.plan import EnginePlan, PlanRequest
     from kvlab.observe import ChatResult, Fingerprint
 
-VLLM = "vllm"
-LLAMA_CPP = "llama.cpp"  # the one spelling, in plans, records and load rows
-MLX_LM = "mlx-lm"
-NAMES = (VLLM, LLAMA_CPP, MLX_LM)
-# other spellings met at the boundary: Part 9's load-test.py takes `--engine llamacpp`
-ALIASES = {"llamacpp": LLAMA_CPP}
-
-
-def canonical_name(name: str) -> str:
-    """The one spelling of an engine name given in any accepted spelling."""
-    return ALIASES.get(name, name)
 
 # the conversation every instance templates and tokenises for the compatibility check:
 # markup, a tab, a newline, non-ASCII and an emoji, where tokenisers and templates differ
@@ -50,7 +40,7 @@ PROBE_MESSAGES = [
     {"role": "user", "content": "And «7 × 6»? Émoji ok: 🙂 — tabs\tand newlines\nalso."},
 ]
 
-__all__ = ["NAMES", "CounterTable", "Engine", "GaugeTable", "InstanceFacts", "Support"]
+__all__ = ["CounterTable", "Engine", "GaugeTable", "InstanceFacts", "Support"]
 
 
 @dataclass(frozen=True)
@@ -267,8 +257,10 @@ class TwoEndpointProof(Protocol):
 class Engine(Protocol):
     """One engine's answers, as data and small async probes."""
 
-    name: str
+    name: str  # the one spelling, in plans, records and load rows
+    aliases: tuple[str, ...]  # other spellings met at the boundary (load-test.py's --engine)
     roles: tuple[str, ...]  # the lab roles it plans (`kvlab serve ROLE`)
+    titles: Mapping[str, str]  # each role in a few words (`kvlab serve`'s banner)
     plan_fields: frozenset[str]  # the PlanRequest fields it honours
     metric_namespace: str  # the prefix of its /metrics names, e.g. "vllm" in vllm:...
     counters: CounterTable

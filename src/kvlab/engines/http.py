@@ -7,6 +7,8 @@ import contextlib
 
 import httpx
 
+from kvlab.core import dig, integer
+
 
 async def get_json(client: httpx.AsyncClient, url: str) -> dict[str, object] | None:
     """The JSON object at `url`, or None (no answer, not 200, not an object)."""
@@ -38,3 +40,12 @@ async def post_strict(client: httpx.AsyncClient, url: str,
         found = response.json()
         return found if isinstance(found, dict) else {}
     return {}
+
+
+async def openai_cached(client: httpx.AsyncClient, model: str, prompt: str) -> tuple[int, int]:
+    """(prompt tokens, cached tokens) of one one-token completion of `prompt`, from the
+    OpenAI usage's `prompt_tokens_details.cached_tokens` (httpx's error on a failure)."""
+    body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+    usage = dig(await post_strict(client, "/v1/completions", body), "usage")
+    return (integer(dig(usage, "prompt_tokens")) or 0,
+            integer(dig(usage, "prompt_tokens_details", "cached_tokens")) or 0)

@@ -8,7 +8,7 @@ adapters implement) imports none. A new engine is its package and one line in `E
 from __future__ import annotations
 
 from kvlab.core import RefusedError, Settings, connectors
-from kvlab.engines.base import LLAMA_CPP, MLX_LM, NAMES, VLLM, Engine, Install, KvStore
+from kvlab.engines.base import Engine, Install, KvStore
 from kvlab.engines.llamacpp import facts as llamacpp_facts
 from kvlab.engines.llamacpp.adapter import LLAMA_CPP_ENGINE
 from kvlab.engines.mlx.adapter import MLX_ENGINE
@@ -19,8 +19,13 @@ from kvlab.engines.vllm.store import EXAMPLE_STORE
 from kvlab.observe import Snapshot, metrics
 from kvlab.records import Deltas
 
-ENGINES: dict[str, Engine] = {VLLM: VLLM_ENGINE, LLAMA_CPP: LLAMA_CPP_ENGINE,
-                              MLX_LM: MLX_ENGINE}
+ENGINES: dict[str, Engine] = {e.name: e for e in (VLLM_ENGINE, LLAMA_CPP_ENGINE, MLX_ENGINE)}
+NAMES = tuple(ENGINES)
+
+
+def canonical_name(name: str) -> str:
+    """The one spelling of an engine name given in any accepted spelling."""
+    return next((e.name for e in ENGINES.values() if name in e.aliases), name)
 
 
 def engine_for(name: str) -> Engine:

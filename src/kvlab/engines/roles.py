@@ -11,16 +11,11 @@ set rather than the settings'.
 from __future__ import annotations
 
 from kvlab.core import LoadedSettings
-from kvlab.engines.llamacpp.adapter import ROLE as LLAMA_ROLE
 from kvlab.engines.plan import EnginePlan, PlanRequest
 from kvlab.engines.registry import all_engines, engine_of_role, known_engine, make_plan
 
 ENGINE_ROLES = tuple(role for engine in all_engines() for role in engine.roles)
-TITLES = {"baseline": "monolithic baseline (no connector, no split)",
-          "offload": "with a key-value cache tier", "prefill": "prefill instance (producer)",
-          "decode": "decode instance (consumer)", LLAMA_ROLE: "llama-server with its cache tiers",
-          "shared-a": "instance a, sharing a key-value store",
-          "shared-b": "instance b, sharing a key-value store", "mlx": "mlx-lm's server"}
+TITLES = {role: title for engine in all_engines() for role, title in engine.titles.items()}
 
 
 def plan_for_role(loaded: LoadedSettings, role: str, model: str | None, port: int | None,

@@ -8,7 +8,9 @@ llama-server reuses a prompt prefix token by token, so its block size is 1.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import httpx
@@ -17,7 +19,6 @@ from kvlab.core import EngineError, dig, integer, integers, text
 from kvlab.engines import install, local
 from kvlab.engines.argv import argv_args, flag_value, launch_settings_from, token_list
 from kvlab.engines.base import (
-    LLAMA_CPP,
     PROBE_MESSAGES,
     CacheShape,
     CounterTable,
@@ -47,9 +48,14 @@ PLAN_FIELDS = frozenset({"model", "port", "extra_args", "store_path", "slots", "
 
 
 
+LLAMA_CPP = facts.LLAMA_CPP
+
+
 class LlamaCppEngine:
     name = LLAMA_CPP
+    aliases: tuple[str, ...] = facts.ALIASES
     roles: tuple[str, ...] = (ROLE,)
+    titles: Mapping[str, str] = MappingProxyType({ROLE: "llama-server with its cache tiers"})
     plan_fields = PLAN_FIELDS
     metric_namespace = "llamacpp"
     counters = facts.EVIDENCE_COUNTERS

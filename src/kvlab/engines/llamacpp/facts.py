@@ -24,10 +24,12 @@ from pathlib import Path
 
 from kvlab.core import EngineError, RefusedError, Settings
 from kvlab.engines import install, llama_build
-from kvlab.engines.base import LLAMA_CPP
 from kvlab.engines.plan import EnginePlan, Flag
 from kvlab.records import KvType
 
+LLAMA_CPP = "llama.cpp"  # its name in plans, records and load rows
+# other spellings met at the boundary: Part 9's load-test.py takes `--engine llamacpp`
+ALIASES = ("llamacpp",)
 # the server's bearer key when --api-key is absent (common/arg.cpp: `--api-key`, env)
 API_KEY_ENV = "LLAMA_API_KEY"
 # /metrics names (counters are exported without a _total suffix on this server)

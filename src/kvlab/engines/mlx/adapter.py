@@ -10,18 +10,19 @@ port, where the instance runs on this machine.
 from __future__ import annotations
 
 import platform
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import httpx
 
-from kvlab.core import EngineError, Say, Settings, detect_hardware, dig, integer, wants_gpu
+from kvlab.core import EngineError, Say, Settings, detect_hardware, wants_gpu
 from kvlab.engines import install, local
 from kvlab.engines.argv import argv_args
 from kvlab.engines.base import (
     HOST_TIER,
-    MLX_LM,
     CacheShape,
     CounterTable,
     GaugeTable,
@@ -31,8 +32,8 @@ from kvlab.engines.base import (
     Support,
     TwoEndpointProof,
 )
-from kvlab.engines.http import post_strict
-from kvlab.engines.mlx.server import ROLE, SUBCOMMAND, server_plan
+from kvlab.engines.http import openai_cached
+from kvlab.engines.mlx.server import MLX_LM, ROLE, SUBCOMMAND, server_plan
 from kvlab.engines.plan import EnginePlan, PlanRequest
 from kvlab.records import EngineArgs, EngineChoice, KvCapacity
 
@@ -83,7 +84,9 @@ def _is_mlx_server(argv: list[str] | None) -> bool:
 
 class MlxEngine:
     name = MLX_LM
+    aliases: tuple[str, ...] = ()
     roles: tuple[str, ...] = (ROLE,)
+    titles: Mapping[str, str] = MappingProxyType({ROLE: "mlx-lm's server"})
     plan_fields = frozenset({"model", "port"})
     metric_namespace = ""  # no /metrics
     api_key_env = ""  # it takes no API key
@@ -188,10 +191,7 @@ class MlxEngine:
 
     async def cached_probe(self, client: httpx.AsyncClient, plan: EnginePlan,
                            prompt: str) -> tuple[int, int]:
-        body = {"model": plan.served_name, "prompt": prompt, "max_tokens": 1, "temperature": 0}
-        usage = dig(await post_strict(client, "/v1/completions", body), "usage")
-        return (integer(dig(usage, "prompt_tokens")) or 0,
-                integer(dig(usage, "prompt_tokens_details", "cached_tokens")) or 0)
+        return await openai_cached(client, plan.served_name, prompt)
 
     async def reset_cache(self, client: httpx.AsyncClient, plan: EnginePlan) -> str:
         raise EngineError("mlx_lm.server has no route that empties its prompt cache: restart it")

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvlab.engines.base import MLX_LM
 from kvlab.engines.plan import EnginePlan, Flag
 
+MLX_LM = "mlx-lm"  # its name in plans and records
 ROLE = "mlx"  # one mlx-lm server
 SUBCOMMAND = ("-m", "mlx_lm", "server")
 

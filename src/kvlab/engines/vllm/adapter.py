@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import httpx
 
-from kvlab.core import EngineError, connectors, dig, integer, integers, is_secret_name, text
+from kvlab.core import EngineError, connectors, dig, integers, is_secret_name, text
 from kvlab.engines import install, local
 from kvlab.engines.argv import (
     argv_args,
@@ -29,14 +31,13 @@ from kvlab.engines.argv import (
 )
 from kvlab.engines.base import (
     PROBE_MESSAGES,
-    VLLM,
     CacheShape,
     Install,
     InstanceFacts,
     LaunchSettings,
     TwoEndpointProof,
 )
-from kvlab.engines.http import get_json, post_json, post_strict
+from kvlab.engines.http import get_json, openai_cached, post_json, post_strict
 from kvlab.engines.plan import client_host
 from kvlab.engines.vllm import facts, plans
 from kvlab.engines.vllm.plans import TRANSFER_CONFIG
@@ -58,9 +59,19 @@ PLAN_FIELDS = frozenset({"model", "port", "extra_args", "store_path", "host_tier
                          "store_must_exist", "interfaces", "store_here", "probe_flags"})
 
 
+VLLM = facts.VLLM
+
+
 class VllmEngine:
     name = VLLM
+    aliases: tuple[str, ...] = ()
     roles: tuple[str, ...] = facts.ROLES
+    titles: Mapping[str, str] = MappingProxyType({
+        "baseline": "monolithic baseline (no connector, no split)",
+        "offload": "with a key-value cache tier",
+        "prefill": "prefill instance (producer)", "decode": "decode instance (consumer)",
+        "shared-a": "instance a, sharing a key-value store",
+        "shared-b": "instance b, sharing a key-value store"})
     plan_fields = PLAN_FIELDS
     tier_gauges = facts.TIER_SERIES
     metric_namespace = "vllm"
@@ -122,10 +133,7 @@ class VllmEngine:
 
     async def cached_probe(self, client: httpx.AsyncClient, plan: EnginePlan,
                            prompt: str) -> tuple[int, int]:
-        body = {"model": plan.served_name, "prompt": prompt, "max_tokens": 1, "temperature": 0}
-        usage = dig(await post_strict(client, "/v1/completions", body), "usage")
-        return (integer(dig(usage, "prompt_tokens")) or 0,
-                integer(dig(usage, "prompt_tokens_details", "cached_tokens")) or 0)
+        return await openai_cached(client, plan.served_name, prompt)
 
     async def reset_cache(self, client: httpx.AsyncClient, plan: EnginePlan) -> str:
         answer = await post_strict(client, facts.RESET_PREFIX_CACHE_PATH, None)

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 from kvlab.records import KvCapacity
 
+VLLM = "vllm"  # its name in plans, records and load rows
 CONTEXT_FLAG = "--max-model-len"
 BLOCK_SIZE_FLAG = "--block-size"
 MEMORY_FRACTION_FLAG = "--gpu-memory-utilization"

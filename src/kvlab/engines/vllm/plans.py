@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from kvlab.core import HostMemory, RefusedError, SettingError, Settings, connectors
-from kvlab.engines.base import VLLM
 from kvlab.engines.plan import EnginePlan, Flag, PlanRequest
 from kvlab.engines.vllm import store as kvstore
 from kvlab.engines.vllm.facts import (
@@ -30,6 +29,7 @@ from kvlab.engines.vllm.facts import (
     ROLES,
     SIDE_CHANNEL_HOST_ENV,
     SIDE_CHANNEL_PORT_ENV,
+    VLLM,
     to_json,
 )
 from kvlab.engines.vllm.host import check_offload_memory, side_channel
