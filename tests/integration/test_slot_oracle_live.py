@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from integration.conftest import cpu_settings, oracle_misses
-from kvlab.engines import llamacpp
-from kvlab.engines import LLAMA_CPP
+from kvlab.engines import LLAMA_CPP, llamacpp
 from kvlab.engines.models import TinyModels
 from kvlab.engines.ports import free_port
 from kvlab.engines.process import EngineProcess

@@ -11,8 +11,7 @@ import pytest
 
 from kvlab.core.hardware import Hardware
 from kvlab.core.settings import Settings
-from kvlab.engines import install, llama_build, llamacpp
-from kvlab.engines import LLAMA_CPP, MLX_LM
+from kvlab.engines import LLAMA_CPP, MLX_LM, install, llama_build, llamacpp
 from kvlab.engines.prepare import prepare_engines
 
 H200 = Hardware(True, "nvidia-smi -L lists 1 GPU(s)", "discrete", ("GPU 0: NVIDIA H200",),

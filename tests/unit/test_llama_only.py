@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from kvlab.core.settings import LoadedSettings, Settings
-from kvlab.engines import install, llamacpp, vllm
-from kvlab.engines import VLLM
+from kvlab.engines import VLLM, install, llamacpp, vllm
 from kvlab.engines.llamacpp.facts import version_note
 from kvlab.engines.prepare import prepare_for
 

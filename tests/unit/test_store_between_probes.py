@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
+from kvlab import loadgen
 from kvlab.core.settings import Settings
 from kvlab.engines.vllm import store as kvstore
 from kvlab.experiments import disagg, offload
-from kvlab.loadgen import capacity, linkrun
+from kvlab.loadgen import linkrun
 from kvlab.loadgen.capacity import CapacityAsk, SearchPlan
 from kvlab.loadgen.spec import LoadSpec
 from kvlab.records.load import RunContext
@@ -46,7 +47,8 @@ def fake_lab(tmp_path: Path, connector: str) -> Any:
     said: list[str] = []
     return SimpleNamespace(settings=Settings(connector=connector, labbook=str(tmp_path / "b")),
                            cluster=None, say=said.append, said=said, record=lambda r: r,
-                           api_key=lambda: "", vllm=SimpleNamespace(platform="cuda"))
+                           api_key=lambda: "",
+                           install=lambda engine: SimpleNamespace(platform="cuda"))
 
 
 def test_each_probe_of_a_search_leaves_the_store_empty(
@@ -64,7 +66,7 @@ def test_each_probe_of_a_search_leaves_the_store_empty(
             left.append(sum(1 for p in store.iterdir() if kvstore.is_entry(p)))
         return SimpleNamespace(record=SimpleNamespace(statement="the search's answer"))
 
-    monkeypatch.setattr(capacity, "search", fake_search)
+    monkeypatch.setattr(loadgen, "search", fake_search)  # offload asks the package for it
     lab = fake_lab(tmp_path, "shared")
     after = disagg._between_probes(lab, str(store))
     assert after is not None and not any(store.iterdir())

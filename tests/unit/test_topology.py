@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from fakes.fault_upstream import FaultUpstream
-from kvlab.experiments import disagg
+from kvlab.experiments import split as disagg
 from kvlab.loadgen import sidechannel, topology
 from kvlab.loadgen.topology import Known
 from kvlab.observe import netdev

@@ -2,7 +2,7 @@
 
 Each subcommand's options are its arguments model (`experiments/args.py`); the command makes
 the experiment's spec from them and the settings, installs what that experiment's engines
-need, runs it (`experiments.lab.execute`: the experiment starts and always stops its own
+need, runs it (`experiments.execute.execute`: the experiment starts and always stops its own
 engines and writes every line) and renders what was written (`report/console_run.py`;
 the llama.cpp experiments' own in `report/console_llama.py`).
 `--dry-run` prints the plans and starts, installs and writes nothing (on a cluster it reads
@@ -42,7 +42,7 @@ def run_group() -> None:
 def _run(ctx: click.Context, entry: Registered, args: RunArgs, as_json: bool) -> list[Record]:
     """The experiment `entry` (or the one its arguments pick) from `args`, its plans alone
     with `--dry-run`, rendered by its view."""
-    from kvlab.experiments import lab
+    from kvlab.experiments import execute
     from kvlab.report import console_run
 
     out = Output(as_json)
@@ -51,12 +51,12 @@ def _run(ctx: click.Context, entry: Registered, args: RunArgs, as_json: bool) ->
     spec = args.spec(loaded)  # refused now, before anything is installed
     placement = args.placement(loaded.values)
     if isinstance(args, PlannedArgs) and args.dry_run:
-        found = [p for p in lab.plans(loaded.values, name, spec, placement, out.note)
+        found = [p for p in execute.plans(loaded.values, name, spec, placement, out.note)
                  if args.shown(p)]
         out.result({"dry_run": True, "plans": found}, lambda c: console_run.plans(c, found))
         return []
     ensure_prepared(loaded, out.err, registered(name).needs)
-    lines = lab.execute(loaded.values, name, spec, placement, out.note)
+    lines = execute.execute(loaded.values, name, spec, placement, out.note)
     view = console_run.VIEWS[entry.view]
     out.result({"records": lines}, lambda c: view(c, lines, loaded.values.labbook))
     return lines

@@ -52,7 +52,8 @@ def serve_command(ctx: click.Context, role: str, engine_args: tuple[str, ...], m
 
     Roles: baseline, offload, shared-a, shared-b, prefill, decode (vLLM), llama
     (llama-server), mlx (mlx-lm's server, MODEL's directory), and proxy (kvlab's
-    prefill/decode proxy in front of PREFILL_HOST:PORT and DECODE_HOST:PORT). MONOLITHIC=1 makes `decode` the baseline, as serve-decode.sh does.
+    prefill/decode proxy in front of PREFILL_HOST:PORT and DECODE_HOST:PORT). MONOLITHIC=1
+    makes `decode` the baseline, as serve-decode.sh does.
     Put engine arguments after `--`.
     """
     if role == "proxy":  # the seed's run-proxy.sh: both legs checked first, then serve

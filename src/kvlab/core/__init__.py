@@ -1,4 +1,10 @@
-"""kvlab.core"""
+"""What every other package stands on: errors, settings (the seed scripts' names), profiles,
+paths, the hardware probe, secrets, sizes, the `Args` base of commands' arguments and the KV
+connectors' table (`connectors`).
+
+This module is the package's surface: other packages import core's names from here, never
+from its modules (`tests/unit/test_architecture.py`).
+"""
 
 from kvlab.core import connectors
 from kvlab.core.args import Args

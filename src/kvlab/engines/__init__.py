@@ -1,5 +1,11 @@
-"""Engines: one module per engine holds all its knowledge (`vllm`, `llamacpp`); `plan` is the
-shared data shape, `process` runs any plan, `install` puts the CPU engines on a machine."""
+"""Engines behind one adapter: `base` is the protocol (`Engine`, `Install`), `registry` the one
+list of engines (vLLM, llama.cpp's llama-server, mlx-lm), one package per engine holds all its
+knowledge; `plan` is the shared data shape, `process` runs any plan, `host` starts and always
+stops a run's engines, `install` and `prepare` put them on a machine.
+
+This module is the package's surface: other packages import engines' names from here; an
+engine's own package is imported outside `engines/` only by a module named for that engine.
+"""
 
 from kvlab.engines import install, local, startup
 from kvlab.engines.base import (

@@ -31,29 +31,20 @@ TTFT p50 over the baseline's settles at every level (`rounds.py`).
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
 
-from kvlab.cluster.placement import DryPlacement, on_node
-from kvlab.core import ConnectorName, SettingError, Settings, connectors, human_bytes
+from kvlab.core import SettingError, connectors, human_bytes
 from kvlab.engines import (
     VLLM,
     EnginePlan,
     EngineProcess,
-    KvStore,
-    PlanRequest,
     engine_for,
-    free_port,
-    store_for,
 )
 from kvlab.experiments import repeats, together
 from kvlab.experiments.boundary import (
-    BoundarySpec,
     Side,
     SideTarget,
     measure,
@@ -61,17 +52,33 @@ from kvlab.experiments.boundary import (
     summarise,
 )
 from kvlab.experiments.cancel_step import cancel_restart
+from kvlab.experiments.disagg_spec import BOUNDARY, CANCEL, DISAGG_PARTS, LOAD, DisaggSpec, Share
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.offload import measure_capacity, require_successes
-from kvlab.experiments.pd_args import DISAGG_PARTS
 from kvlab.experiments.pressure_plan import Counter, fit_preamble
-from kvlab.experiments.procedure import CancelSpec
 from kvlab.experiments.rounds import Rounds, for_pair
 from kvlab.experiments.sizes import AllSpec
-from kvlab.loadgen import CapacityAsk, LinkSpec, LoadSpec, run_load, topology
+from kvlab.experiments.split import (
+    LOOPBACK,
+    NO_NIXL,
+    TWO_MACHINES,
+    baseline_plan,
+    baseline_where,
+    dry_placement,
+    node_of,
+    on_its_node,
+    side_channel,
+    sides,
+    split_connector,
+    split_plans,
+    split_proxy,
+    split_store,
+    split_where,
+    two_machines,
+)
+from kvlab.loadgen import LinkSpec, LoadSpec, run_load, topology
 from kvlab.measure import kvmath, leg_bytes, workloads
 from kvlab.observe import api_base
-from kvlab.proxy import Balance, ProxyArgs, process_plan
 from kvlab.records import (
     PROXY_LABEL,
     BoundaryPointRecord,
@@ -81,189 +88,16 @@ from kvlab.records import (
     Record,
     RunContext,
     Where,
-    leg_of,
     notebook,
     rows,
 )
 
 LAB = notebook.LAB_PD
-LOOPBACK = "lo0" if sys.platform == "darwin" else "lo"
-STARTED_HERE = "kvlab run disagg started prefill, decode and proxy on this machine"
-TOPOLOGY = topology.loopback_split("shared", STARTED_HERE)
-BASELINE = topology.one_instance("http://127.0.0.1", "kvlab run disagg started the baseline "
-                                 "on this machine")
-TWO_MACHINES = (
-    "needs two machines: PREFILL_HOST and DECODE_HOST name one machine each, and this run took "
-    "the single-machine path (loopback). With a Ray cluster across the two, `kvlab run disagg "
-    "--cluster ADDRESS` runs it (README, Two machines (Ray)); without one, run `kvlab serve "
-    "prefill` and `kvlab serve decode` on the two machines, `kvlab proxy`, then `kvlab run-load "
-    "disagg URL` and `kvlab compare`"
-)
-CLUSTER_CHECKS = ("each node holds its address, the engine and model paths exist on it, and "
-                  "the store is one directory for every node that uses it (a probe file): "
-                  "checked by the run's agents, before any engine starts")
-NO_NIXL = (
-    "needs NixlConnector between two machines over RDMA (CONNECTOR=nixl, SIDE_CHANNEL_ADDR on "
-    "each); kvlab runs one machine here"
-)
 PARTS = DISAGG_PARTS
-LOAD, CANCEL, BOUNDARY = PARTS
 PREDICTED_PROMPTS = 8  # the prompts whose mean length the prediction takes
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Share:
-    """Each engine's part of one device when the split and the baseline start together."""
-
-    fraction: float
-    cache_bytes: int
 
 
 Given = dict[str, EngineProcess]  # engines started together, by startup label
-
-
-@dataclass(frozen=True)
-class DisaggSpec:
-    levels: tuple[int, ...] = (1, 4, 8)
-    requests: int | None = None  # None: the load generator's default per level
-    max_tokens: int = 128
-    preamble_tokens: int = 4096
-    prompt_set: str = "shared-prefix"
-    link_gbps: float | None = None
-    parts: tuple[str, ...] = (LOAD,)
-    cancel: CancelSpec = field(default_factory=CancelSpec)
-    boundary: BoundarySpec = field(default_factory=BoundarySpec)
-    capacity: CapacityAsk | None = None  # --part load: the highest request rate at a target
-    repeat: int = 1  # --part load: each side's load this many times, in alternating order
-    rule: repeats.Sequential | None = None  # --repeat auto: until settled, `repeat` the cap
-    label: str = "disagg"  # the split's rows (the baseline's are `baseline`)
-    balance: Balance = "round-robin"  # how the proxy picks among several prefills or decodes
-    together: bool = False  # one round: the split and the baseline start at once (run all)
-
-    def has(self, part: str) -> bool:
-        return part in self.parts
-
-
-def _settings(lab: Lab, store: str, share: Share | None = None) -> Settings:
-    """CONNECTOR as set (shared by default; nixl and mooncake move the KV point to point,
-    the store then unused), both roles on this machine's one device unless placed; with
-    `share`, each engine's fraction of the device and its device cache."""
-    update: dict[str, object] = {"single_machine": True, "kv_shared_path": store,
-                                 "side_channel_addr": _side_channel(lab)}
-    if share is not None:
-        update |= {"split_mem_fraction": share.fraction, "kv_cache_bytes": share.cache_bytes}
-    return lab.settings.model_copy(update=update)
-
-
-def _side_channel(lab: Lab) -> str:
-    """SIDE_CHANNEL_ADDR, or this machine's loopback for a point-to-point connector when it is
-    unset (both roles here; on a cluster each node's own address replaces it)."""
-    if _connector(lab).side_channel:
-        return lab.settings.side_channel_addr or "127.0.0.1"
-    return lab.settings.side_channel_addr
-
-
-def _connector(lab: Lab) -> connectors.Connector:
-    """The connector the split runs (CONNECTOR)."""
-    return connectors.get(lab.settings.connector)
-
-
-def _store(lab: Lab) -> KvStore:
-    """The on-disk store of the split's connector (asked only where it keeps one)."""
-    found = store_for(lab.settings.connector)
-    if found is None:
-        raise SettingError(f"CONNECTOR={lab.settings.connector} keeps no store on disk")
-    return found
-
-
-def transport(lab: Lab) -> str | None:
-    """What carried the KV, as far as the environment forces it (NIXL's UCX_TLS)."""
-    return _connector(lab).transport(dict(os.environ))
-
-
-def split_plans(lab: Lab, store: str, share: Share | None = None) -> list[EnginePlan]:
-    """The split's engines: one prefill per PREFILL_HOSTS node, then one decode per
-    DECODE_HOSTS node (one of each without the lists, or on this machine)."""
-    settings = _settings(lab, store, share)
-    # the two cores shared out when the engines share a machine's (Ray nodes on one machine too)
-    cpu = lab.install(VLLM).platform == "cpu" and (
-        lab.cluster is None or lab.cluster.same_machine("prefill", "decode") is not False)
-    out = []
-    for i, role in enumerate(lab.placement.split_roles()):
-        plan = lab.plan(VLLM, leg_of(role)[0], PlanRequest(
-            port=free_port(), cpu_core=i % 2 if cpu else None, store_here=lab.survey is None),
-            settings)
-        out.append(replace(plan, role=role))
-    return out
-
-
-def sides(lab: Lab, plans: Sequence[T]) -> tuple[list[T], list[T]]:
-    """The split's plans (or engines) as its prefills and its decodes."""
-    prefills = lab.placement.counts()[0]
-    return list(plans[:prefills]), list(plans[prefills:])
-
-
-def proxy_plan(prefills: Sequence[EnginePlan], decodes: Sequence[EnginePlan],
-               via: ConnectorName = "shared", balance: Balance = "round-robin",
-               affinity: tuple[str, int] = ("", 0)) -> EnginePlan:
-    """kvlab's proxy as its own process, so it never shares an event loop with the load;
-    every leg given, each side balanced by `balance` (prefix affinity: `affinity` is the
-    model's tokenizer and the engines' block size)."""
-    args = ProxyArgs(prefill=tuple(p.base_url for p in prefills),
-                     decode=tuple(d.base_url for d in decodes), connector=via, balance=balance)
-    if balance == "prefix-affinity":
-        args = args.model_copy(update={"tokenizer": affinity[0], "block_tokens": affinity[1]})
-    return process_plan(args, prefills[0].model, prefills[0].served_name)
-
-
-def split_proxy(lab: Lab, spec: DisaggSpec, plans: Sequence[EnginePlan]) -> EnginePlan:
-    """The proxy in front of the split's `plans`, with the run's balance policy."""
-    prefills, decodes = sides(lab, plans)
-    block = engine_for(VLLM).block_size(lab.install(VLLM).platform)
-    return proxy_plan(prefills, decodes, lab.settings.connector, spec.balance,
-                      (lab.settings.small_model, block))
-
-
-def baseline_plan(lab: Lab, store: str, share: Share | None = None) -> EnginePlan:
-    return lab.plan(VLLM, "baseline", PlanRequest(port=free_port()),
-                    _settings(lab, store, share))
-
-
-def split_where(lab: Lab) -> Where:
-    """The split's topology fields: loopback here, or as the cluster placed it."""
-    if lab.cluster is None:
-        where = topology.loopback_split(lab.settings.connector, STARTED_HERE)
-    else:
-        where = lab.cluster.split_topology(lab.settings.connector, "kvlab run disagg placed "
-                                           "prefill and decode on Ray nodes (machine ids from "
-                                           "their agents)")
-    where.transport = transport(lab)
-    return where
-
-
-def baseline_where(lab: Lab) -> Where:
-    if lab.cluster is None:
-        return BASELINE
-    return lab.cluster.instance_topology("baseline", "kvlab run disagg placed the baseline on "
-                                         "a Ray node")
-
-
-def _two_machines(lab: Lab) -> str | None:
-    """Why the two-machine row is not run here (None: this run is that row)."""
-    if lab.cluster is None:
-        return TWO_MACHINES
-    same = lab.cluster.same_machine("prefill", "decode")
-    if same is False:
-        return None
-    p, d = lab.cluster.node_facts("prefill"), lab.cluster.node_facts("decode")
-    if same is None:
-        return (f"needs two machines known to be two: PREFILL_HOST's Ray node ({p.node}) "
-                f"and DECODE_HOST's ({d.node}) have no machine id and different addresses, "
-                "so whether they are one machine is unknown")
-    return (f"needs two machines: PREFILL_HOST's Ray node ({p.node}) and DECODE_HOST's "
-            f"({d.node}) are one machine (one machine id, or one address), so this run "
-            "is two Ray nodes on one machine, recorded under the one-machine row")
 
 
 def predict(lab: Lab, spec: DisaggSpec, block: int) -> PredictionRecord:
@@ -287,7 +121,7 @@ def predict(lab: Lab, spec: DisaggSpec, block: int) -> PredictionRecord:
     if link is None:
         line.ttft_prediction = (
             "worse at every concurrency on one device: the split adds a second prefill "
-            "request, " + ("a store write and read" if _connector(lab).needs_store
+            "request, " + ("a store write and read" if split_connector(lab).needs_store
                            else f"a {lab.settings.connector} transfer")
             + ", and a proxy hop, and no network can be faster than not moving the cache at "
             "all")
@@ -344,9 +178,9 @@ def _link_spec(lab: Lab, urls: tuple[str, ...], legs: dict[str, str], where: Whe
     """The counters around a load: the split's (`legs` named) or the baseline's."""
     # this machine's counters: loopback, unless the cluster's nodes are other machines
     iface = LOOPBACK if where.link == topology.LOOPBACK else lab.settings.cluster_iface
-    connector = _connector(lab) if legs else None
+    connector = split_connector(lab) if legs else None
     via = connector.name if connector else connectors.NONE
-    side = _side_channel(lab) if connector and connector.side_channel else ""
+    side = side_channel(lab) if connector and connector.side_channel else ""
     shared = connector is not None and connector.needs_store
     return LinkSpec(connector=via, context_length=lab.settings.ctx, iface=iface,
                     metrics_urls=urls, store_path=store_path if shared else "",
@@ -400,10 +234,10 @@ def _require_room(lab: Lab, spec: DisaggSpec, store: Path,
     """Before any engine starts: the store's filesystem holds every entry the split writes
     (CONNECTOR=shared only; a point-to-point connector writes none)."""
     per_token, tokens = prediction.bytes_per_token, prediction.prompt_tokens
-    if not _connector(lab).needs_store or not per_token or not tokens or lab.cluster:
+    if not split_connector(lab).needs_store or not per_token or not tokens or lab.cluster:
         return
     block = prediction.block_size or engine_for(VLLM).block_size(lab.install(VLLM).platform)
-    room = _store(lab).require_room(store, store_writes(lab, spec),
+    room = split_store(lab).require_room(store, store_writes(lab, spec),
                                     per_token * kvmath.round_up(tokens, block))
     held = ("" if lab.settings.load_test
             else ", the largest level's: each level's entries are removed after it")
@@ -444,7 +278,7 @@ async def run(lab: Lab, spec: DisaggSpec) -> list[Record]:
             got.prediction = prediction
             out.append(prediction)
             _require_room(lab, spec, store, prediction)
-            if (why := _two_machines(lab)) is not None:
+            if (why := two_machines(lab)) is not None:
                 out.append(lab.not_run(rows.TWO_MACHINES_SHARED, why))
             out.append(lab.not_run(rows.TWO_MACHINES_NIXL, NO_NIXL))
         async with contextlib.AsyncExitStack() as stack:
@@ -594,10 +428,10 @@ def _between_probes(lab: Lab, store: str) -> Callable[[], object] | None:
     directory, the store's entries are removed before the search and after each probe. No
     later request reads them (each request's entry is its own prompt's, read by decode as
     the request crosses), so the disk holds one probe's writes."""
-    if not _connector(lab).needs_store or not store or lab.cluster is not None:
+    if not split_connector(lab).needs_store or not store or lab.cluster is not None:
         return None
     path = Path(store)
-    drain = _store(lab).drain
+    drain = split_store(lab).drain
     removed = drain(path)[0]
     lab.say(f"    store: {removed} entries of the load removed before the capacity search; "
             "each probe's are removed after it")
@@ -644,48 +478,16 @@ def dry_run(lab: Lab, spec: DisaggSpec) -> list[dict[str, object]]:
     # (on a cluster, inside KV_SHARED_PATH on the nodes: named, not made)
     with tempfile.TemporaryDirectory(prefix="kvlab-store-") as scratch:
         store = str(lab.store_path("pd")) if lab.survey else scratch
-        split = [_on_node(lab, p) for p in split_plans(lab, store)]
-        plans = [*split, _on_node(lab, split_proxy(lab, spec, split))]
+        split = [on_its_node(lab, p) for p in split_plans(lab, store)]
+        plans = [*split, on_its_node(lab, split_proxy(lab, spec, split))]
         if spec.has(LOAD) or spec.has(BOUNDARY):
-            plans.append(_on_node(lab, baseline_plan(lab, store)))
-    out: list[dict[str, object]] = [] if lab.survey is None else [_placement(lab, plans, store)]
+            plans.append(on_its_node(lab, baseline_plan(lab, store)))
+    out: list[dict[str, object]] = [] if lab.survey is None else [dry_placement(lab, plans, store)]
     out += [{"label": p.role, "plan": p.as_dict(), "shell": p.shell_line(),
-             **_node(lab, p.role)} for p in plans]
+             **node_of(lab, p.role)} for p in plans]
     if spec.has(LOAD):
-        out += [{"label": "disagg-two-machines", "reason": TWO_MACHINES},
-                {"label": "disagg-nixl", "reason": NO_NIXL}]
+        out += [{"label": rows.TWO_MACHINES_SHARED.label, "reason": TWO_MACHINES},
+                {"label": rows.TWO_MACHINES_NIXL.label, "reason": NO_NIXL}]
     return out
 
 
-def _on_node(lab: Lab, plan: EnginePlan) -> EnginePlan:
-    """A dry run's plan as the cluster run would start it: on its node's address (its port
-    is one free there, chosen when it starts)."""
-    found = lab.survey.where(plan.role) if lab.survey else None
-    return on_node(plan, found.bind, plan.port) if found else plan
-
-
-def _node(lab: Lab, role: str) -> dict[str, str]:
-    """Which node a dry run's plan would go to (none: where kvlab runs)."""
-    if lab.survey is None:
-        return {}
-    return {"node": lab.survey.role(role, "").node}
-
-
-def _placement(lab: Lab, plans: list[EnginePlan], store: str) -> dict[str, object]:
-    """A cluster dry run's placement: each role's node and URL (the proxy's too), the store
-    and the nodes that would read it."""
-    survey = lab.survey
-    assert survey is not None
-    shared = _connector(lab).needs_store
-    sides = list(dict.fromkeys(survey.role(r, "").node for r in lab.placement.split_roles()))
-    if not shared:
-        store_from = f"CONNECTOR={lab.settings.connector}: the KV goes point to point"
-    elif lab.settings.kv_shared_path:
-        store_from = "a directory of the run's own inside KV_SHARED_PATH"
-    else:
-        store_from = "KV_SHARED_PATH unset: KVLAB_HOME's stores, which two machines do not share"
-    return {"label": "placement", "placement": DryPlacement(
-        cluster=survey.placement.cluster, origin=survey.placement.origin,
-        roles=[survey.role(p.role, p.base_url) for p in plans],
-        store=store if shared else None, store_seen_by=sides if shared else [],
-        store_from=store_from, nodes=survey.listing(), left_to_the_run=CLUSTER_CHECKS)}

@@ -177,33 +177,6 @@ def engines(lab: Lab, plans: list[EnginePlan], *, labels: list[str],
     return lab.host.running(plans, labels, ready_timeout_s=ready_timeout_s)
 
 
-def execute(settings: Settings, name: str, spec: object, placement: Placement = LOCAL,
-            say: Say = quiet) -> list[Record]:
-    """Run the registered experiment `name` with `spec` where `placement` says; its lines."""
-    from kvlab.experiments import registered
-
-    lab = Lab(settings, say=say, placement=placement)
-
-    async def run() -> list[Record]:
-        async with lab.placed():
-            found: list[Record] = await registered(name).load().run(lab, spec)
-            return found
-
-    return asyncio.run(run())
-
-
-def plans(settings: Settings, name: str, spec: object, placement: Placement = LOCAL,
-          say: Say = quiet) -> list[dict[str, object]]:
-    """What `name` would start with `spec` (`--dry-run`): its plans, or why a row would not
-    run; starts, installs and writes nothing. On a cluster it reads which nodes its names
-    resolve to (`cluster/survey.py`: the cluster is asked, nothing is started on it)."""
-    from kvlab.experiments import registered
-
-    found: list[dict[str, object]] = registered(name).load().dry_run(
-        dry_lab(settings, placement, say), spec)
-    return found
-
-
 def dry_lab(settings: Settings, placement: Placement = LOCAL, say: Say = quiet) -> Lab:
     """A lab for a dry run: on a cluster, the nodes its names resolve to (the cluster is
     asked, nothing is started on it)."""

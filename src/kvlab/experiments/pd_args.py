@@ -18,15 +18,13 @@ from kvlab.experiments.args import (
     ints,
     repeat_asked,
 )
+from kvlab.experiments.disagg_spec import DISAGG_PARTS
 from kvlab.loadgen import requests_setting
 from kvlab.proxy import Balance
 from kvlab.records import SPLIT
 
-# `kvlab run disagg --part`: the load comparison (the default) and the lab's procedure steps
-DISAGG_PARTS = ("load", "cancel", "boundary")
-
 if TYPE_CHECKING:
-    from kvlab.experiments.disagg import DisaggSpec
+    from kvlab.experiments.disagg_spec import DisaggSpec
     from kvlab.experiments.replicas import ReplicasSpec
     from kvlab.experiments.shared import SharedSpec
 
@@ -122,7 +120,7 @@ class DisaggArgs(PlannedArgs):
     def spec(self, loaded: LoadedSettings) -> DisaggSpec:
         from dataclasses import replace
 
-        from kvlab.experiments.disagg import DisaggSpec
+        from kvlab.experiments.disagg_spec import DisaggSpec
 
         s = loaded.values
         count, rule = repeat_asked(self.repeat)

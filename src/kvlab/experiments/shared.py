@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvlab.core import connectors
 from kvlab.engines import VLLM, EnginePlan, PlanRequest, free_port
 from kvlab.experiments import repeats
 from kvlab.experiments.lab import Lab, engines
@@ -27,7 +28,7 @@ from kvlab.measure import (
     run_proof,
     run_reuse,
 )
-from kvlab.records import Record, notebook
+from kvlab.records import SHARED_PROOF, SHARED_SINGLE, SHARED_STORE, Record, notebook
 
 LAB = notebook.LAB_OFFLOAD
 
@@ -57,9 +58,9 @@ def dry_run(lab: Lab, spec: SharedSpec) -> list[dict[str, object]]:
 
 
 # the alternating run (both instances, turns alternate) and its control (one instance)
-CONVERSATIONS = (("shared-store", "alt", "two instances, one shared directory, kv_both on both",
-                  "turns alternating between two instances"),
-                 ("shared-store-single", "single", "control: one instance with the store",
+CONVERSATIONS = ((SHARED_STORE.label, "alt", "two instances, one shared directory, kv_both on "
+                  "both", "turns alternating between two instances"),
+                 (SHARED_SINGLE.label, "single", "control: one instance with the store",
                   "the same turns on one instance (the control)"))
 
 
@@ -95,17 +96,17 @@ async def run(lab: Lab, spec: SharedSpec) -> list[Record]:
     name, key = settings.served_name, settings.api_key()
     out: list[Record] = []
     try:
-        async with engines(lab, plans, labels=["shared-store-a", "shared-store-b"]) as procs:
+        async with engines(lab, plans, labels=list(SHARED_STORE.startup)) as procs:
             urls = [p.plan.base_url + "/v1" for p in procs]  # as started (a cluster node's)
             await compat.check(urls, headers={"Authorization": f"Bearer {key}"} if key else None)
             for side, repeat in repeats.order(spec.repeat):
                 number = repeat if spec.repeat > 1 else None
                 out.append(await _conversation(lab, spec, urls, side, number))
-            lab.say("==> shared-store-proof")
+            lab.say(f"==> {SHARED_PROOF.label}")
             opts = ProveOptions(urls, name, preamble_words=spec.proof_preamble_words,
-                                api_key=key, connector="shared")
+                                api_key=key, connector=connectors.SHARED.name)
             proof = await run_proof(opts, say=lab.say)
-            out.append(lab.record(proof_record(proof, "shared-store-proof", LAB,
+            out.append(lab.record(proof_record(proof, SHARED_PROOF.label, LAB,
                                                "identical prompt, changed prefix, growing turns")))
             files = sum(1 for _ in store.rglob("*.safetensors"))
             lab.say(f"    the store holds {files} KV files")

@@ -11,6 +11,9 @@ a level's prompts and request bytes, `level` one level's warm-up, metrics deltas
 `linkrun` (the seed's run-load.sh); `trace` reads and rebuilds a Mooncake-format trace;
 `capacity` searches the load for the highest that meets a latency target. It knows no engine
 beyond the OpenAI streaming shapes and what the engine adapter answers.
+
+This module is the package's surface: other packages import loadgen's names (and the
+`served`, `stats` and `topology` modules) from here, never from its other modules.
 """
 
 from kvlab.loadgen import served, stats, topology

@@ -1,4 +1,9 @@
-"""kvlab.measure"""
+"""What a measurement means: workloads, KV arithmetic, reuse across turns and its verdicts,
+`prove`, the compatibility check, comparisons with their intervals, pressure, the cache oracle.
+
+This module is the package's surface: other packages import measure's names (and the modules
+it lists in `__all__`) from here, never from its other modules.
+"""
 
 from kvlab.measure import (
     compare,

@@ -1,4 +1,9 @@
-"""Evidence read from outside the workload: engine /metrics, interface byte counters."""
+"""Evidence read from outside the workload: engine /metrics, the chat client and its streamed
+chunks, fingerprints, interface byte counters.
+
+This module is the package's surface: other packages import observe's names (and the
+`fingerprint`, `metrics` and `netdev` modules) from here, never from its other modules.
+"""
 
 from kvlab.observe import fingerprint, metrics, netdev
 from kvlab.observe.chat import (

@@ -2,6 +2,8 @@
 
 `running(ProxyConfig.from_settings(settings))` gives a started proxy that is always closed;
 `serve(config, on_ready)` runs one in the foreground until cancelled (Ctrl-C).
+
+This module is the package's surface: other packages import the proxy's names from here.
 """
 
 from kvlab.proxy.affinity import body_digest

@@ -28,7 +28,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import httptools
 
@@ -36,7 +36,8 @@ from kvlab.proxy.limits import HeadMeter, Refusal, too_many_headers
 from kvlab.proxy.upstream import Exchange
 
 if TYPE_CHECKING:
-    from kvlab.proxy.front import Front
+    from kvlab.proxy.limits import ClientLimits
+    from kvlab.proxy.metrics import ProxyMetrics
 
 log = logging.getLogger("kvlab.proxy")
 
@@ -67,6 +68,25 @@ class Request:
 
 
 Handler = Callable[["ClientConnection", Request], None]
+
+
+class Front(Protocol):
+    """What a connection asks of the proxy's front (`front.Front`): the handler, the limits
+    and the connection cap, the open connections, and where to count what happened."""
+
+    handler: Handler
+    limits: ClientLimits
+    metrics: ProxyMetrics
+    cap: int
+    connections: set[ClientConnection]
+
+    def rejected(self, kind: str) -> None: ...
+
+    def timed_out(self, phase: str) -> None: ...
+
+    def over_cap(self) -> None: ...
+
+    def failed(self, exc: BaseException) -> None: ...
 
 
 class ClientConnection(asyncio.Protocol):

@@ -1,4 +1,10 @@
-"""kvlab.records"""
+"""Every notebook line kvlab writes, as strict pydantic models, one module per kind of line;
+the labs' table rows (`rows`); the append-only, locked notebook (`notebook`); the per-request
+files (`requests`).
+
+This module is the package's surface: other packages import records' names (and the
+`notebook`, `requests` and `rows` modules) from here, never from its other modules.
+"""
 
 from kvlab.records import notebook, requests, rows
 from kvlab.records.base import LAB_NONE, LAB_OFFLOAD, LAB_PD, Deltas, Number, Strict
@@ -118,6 +124,7 @@ from kvlab.records.rows import (
     QUIET_OFF,
     QUIET_ON,
     REPLICAS,
+    SHARED_PROOF,
     SHARED_SINGLE,
     SHARED_SLOTS,
     SHARED_STORE,
@@ -190,6 +197,7 @@ __all__ = [
     "QUIET_ON",
     "RAY",
     "REPLICAS",
+    "SHARED_PROOF",
     "SHARED_SINGLE",
     "SHARED_SLOTS",
     "SHARED_STORE",
