@@ -1,8 +1,9 @@
 """A dry run starts, installs and writes nothing: it prints the plans and exits.
 
 Each command runs with a fresh KVLAB_HOME and no engine installed, as on a new machine; it
-exits 0 with its plans, or 2 with one line saying what is missing. (`kvlab run all` has no
-dry run.)
+exits 0 with its plans, or 2 with one line saying what is missing. `kvlab run all --dry-run`
+also says, experiment by experiment, what would be installed first, what would be skipped and
+why, and how long the experiment took when it last ran here.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 COMMANDS = [("run", "offload"), ("run", "shared"), ("run", "disagg"), ("run", "replicas"),
+            ("run", "all"),
             ("serve", "baseline"),
             ("serve", "decode"), ("serve", "offload"), ("serve", "llama")]
 
@@ -134,3 +136,35 @@ def test_repeat_auto_is_a_run_options_value(tmp_path: Path, command: str) -> Non
     assert refused.stderr.strip().splitlines() == [
         "kvlab: --repeat auto:1: give a cap of at least 2 rounds (the between-repeat interval "
         "needs two repeats a side)"]
+
+
+def test_run_all_dry_run_says_each_experiment_and_its_last_time(tmp_path: Path) -> None:
+    from kvlab.experiments import EXPERIMENTS, RUN_ALL
+    from kvlab.records import StartupRecord, notebook
+
+    book = tmp_path / "labbook.md"
+    row = EXPERIMENTS["shared"].rows[0]  # an earlier run of the shared store: 2 min 5 s
+    start = StartupRecord(label=row.startup[0], lab=row.lab, engine="vllm", role="shared-a",
+                          ready_s=5.0, recorded_at="2026-12-01T10:00:05+0000", run_id="r1")
+    last = StartupRecord(label=row.label, lab=row.lab, engine="vllm", role="shared-a",
+                         recorded_at="2026-12-01T10:02:00+0000", run_id="r1")
+    notebook.append(book, start)
+    notebook.append(book, last)
+    home = tmp_path / "kvlab-home"
+    env = {**os.environ, "KVLAB_HOME": str(home), "LABBOOK": str(book)}
+    done = subprocess.run([sys.executable, "-m", "kvlab", "run", "all", "--quick", "--dry-run",
+                           "--json"], capture_output=True, text=True, env=env, check=False,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert found["dry_run"] is True
+    seen = {e["experiment"]: e for e in found["experiments"]}
+    assert list(seen) == list(RUN_ALL)
+    for name, entry in seen.items():
+        assert entry["rows"] == [r.title for r in EXPERIMENTS[name].rows]
+        assert set(entry["engines"]) == set(EXPERIMENTS[name].engines)
+        assert entry["sizes"], name
+    assert seen["shared"]["last_took"].startswith("about 2 min 00 s (run r1")
+    assert seen["disk"]["last_took"] == "no earlier run in the notebook"
+    assert not home.exists()
+    assert len(book.read_text(encoding="utf-8").splitlines()) == 2  # nothing written
