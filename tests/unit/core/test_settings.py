@@ -11,7 +11,7 @@ from kvlab.core.env_example import env_example_text
 from kvlab.core.errors import SettingError
 from kvlab.core.settings import load_settings
 
-SEED_KEYS = Path(__file__).parents[1] / "data" / "seed-env-keys.env"
+SEED_KEYS = Path(__file__).parents[2] / "data" / "seed-env-keys.env"
 
 
 def write_env(tmp_path: Path, text: str) -> Path:

