@@ -15,7 +15,7 @@ from kvlab.core.errors import EngineError
 from kvlab.engines import ports, process, process_groups, strays
 from kvlab.engines.plan import EnginePlan
 
-FAKE = Path(__file__).parents[1] / "fakes" / "fake_engine.py"
+FAKE = Path(__file__).parents[2] / "fakes" / "fake_engine.py"
 
 
 def fake_plan(port: int, *flags: str) -> EnginePlan:

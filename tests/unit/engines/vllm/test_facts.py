@@ -6,7 +6,7 @@ from pathlib import Path
 
 from kvlab.engines import vllm
 
-DATA = Path(__file__).parents[1] / "data"
+DATA = Path(__file__).parents[3] / "data"
 
 
 def test_merged_line_with_separators() -> None:
