@@ -9,7 +9,7 @@ import pytest
 from kvlab.core.errors import InputError
 from kvlab.measure import kvmath
 
-DATA = Path(__file__).parents[1] / "data"
+DATA = Path(__file__).parents[2] / "data"
 
 
 def test_qwen3_8b_golden() -> None:

@@ -19,7 +19,7 @@ from kvlab.report import build as report
 from kvlab.report import decisions_host
 from perrequest import plan
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 LAB_O = notebook.LAB_OFFLOAD
 
 

@@ -21,7 +21,7 @@ from kvlab.records.models import ComparisonRecord, LinkRecord, LoadRecord, Recor
 from kvlab.records.pressure import Pressure
 from perrequest import lognormal, plan, run_row
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 def row(label: str, level: int, ttft: float, tpot: float, thru: float,
