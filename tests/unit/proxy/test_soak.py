@@ -26,7 +26,7 @@ import pytest
 from children import running, spawn, stop
 from kvlab.engines.ports import free_port
 
-BENCH = Path(__file__).parents[2] / "benchmarks" / "synthetic_upstream.py"
+BENCH = Path(__file__).parents[3] / "benchmarks" / "synthetic_upstream.py"
 REQUESTS = 10_000
 CONCURRENCY = 64
 TOKENS = 4
