@@ -24,7 +24,7 @@ from kvlab.records.evidence import NodeInfo, Percentiles, Where
 from kvlab.records.models import LoadRecord, NotRunRecord
 from kvlab.report import build as report
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "validation"
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "validation"
 LAB = notebook.LAB_PD
 A = Node("0c9ff01aba76d4896e637fae", "10.0.0.1", "node-a.home.arpa", {"kvlab-host": "pre"})
 B = Node("83f2f3dcfc8df69ea8f4f7b8", "10.0.0.2", "node-b")
