@@ -13,7 +13,7 @@ from kvlab.records.startup import EngineReuse, ResetProbe, StartupRecord
 from kvlab.report import build
 from kvlab.report.starts import latest
 
-DEMO = Path(__file__).parents[2] / "docs" / "examples" / "cpu-demo" / "notebook.jsonl"
+DEMO = Path(__file__).parents[3] / "docs" / "examples" / "cpu-demo" / "notebook.jsonl"
 
 
 def test_the_demo_runs_starts_against_its_span() -> None:

@@ -45,7 +45,7 @@ from kvlab.report import (
 from perrequest import lognormal, plan, run_row, where_fields
 
 LAB_O, LAB_P = notebook.LAB_OFFLOAD, notebook.LAB_PD
-FAKE = Path(__file__).resolve().parents[1] / "fakes" / "sse_upstream.py"
+FAKE = Path(__file__).resolve().parents[2] / "fakes" / "sse_upstream.py"
 
 
 def _load(label: str, c: int, ttft: float, **extra: Any) -> LoadRecord:
@@ -435,7 +435,7 @@ def test_the_h200_nixl_run_reads_back_with_its_intervals_and_transfer_timing(
 
     from kvlab.report import build
 
-    source = Path(__file__).resolve().parents[2] / "docs" / "validation" / "h200-redo"
+    source = Path(__file__).resolve().parents[3] / "docs" / "validation" / "h200-redo"
     shutil.copytree(source, tmp_path / "redo", ignore=shutil.ignore_patterns("*.png", "*.md"))
     text = build(tmp_path / "redo" / "notebook.jsonl").markdown()
     lines = text.splitlines()
