@@ -20,7 +20,7 @@ from kvlab.loadgen.spec import LoadSpec
 from kvlab.loadgen.sweep import run_sweep
 from kvlab.loadgen.trace import TraceSpec
 from kvlab.records import requests
-from unit.test_loadgen_cli import fake_upstream, kvlab
+from unit.cli.test_load_cmd import fake_upstream, kvlab
 
 SHAREGPT = [
     {"id": "a", "conversations": [

@@ -21,7 +21,7 @@ from kvlab.engines.ports import free_port, port_in_use
 from kvlab.records import notebook, requests
 from kvlab.records.models import CapacityRecord, ComparisonRecord, LinkRecord, LoadRecord
 
-FAKE = Path(__file__).resolve().parents[1] / "fakes" / "sse_upstream.py"
+FAKE = Path(__file__).resolve().parents[2] / "fakes" / "sse_upstream.py"
 KVLAB = [sys.executable, "-m", "kvlab"]
 LOOPBACK = "lo0" if sys.platform == "darwin" else "lo"
 
