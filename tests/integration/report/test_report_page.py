@@ -22,7 +22,7 @@ from integration.page import check
 from kvlab.report import write
 from kvlab.report.common import CELL_LIMIT
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+DOCS = Path(__file__).resolve().parents[3] / "docs"
 NOTEBOOKS = {"h200-redo": DOCS / "validation" / "h200-redo" / "notebook.jsonl",
              "h200-x2-ray": DOCS / "validation" / "h200-x2-ray" / "notebook.jsonl",
              "h200-oracle": DOCS / "validation" / "h200-oracle" / "notebook.jsonl",

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from integration.conftest import oracle_misses, serve_baseline
-from integration.test_workloads_live import SMALL_CACHE_BYTES, users
+from integration.loadgen.test_workloads_live import SMALL_CACHE_BYTES, users
 from kvlab.engines import vllm
 from kvlab.engines.models import TinyModels
 from kvlab.loadgen.sweep import run_sweep
