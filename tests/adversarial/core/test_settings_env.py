@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adversarial.test_orphans import kvlab, kvlab_env
+from adversarial.engines.test_orphans import kvlab, kvlab_env
 from kvlab.core.errors import SettingError
 from kvlab.core.settings import MAX_CTX, MAX_OFFLOAD_GB, load_settings
 

@@ -40,7 +40,7 @@ FUZZ_S = 15.0
 LORIS = 500
 FUZZERS = 3
 MIN_CASES = 50  # fuzz cases checked at least; on a slow machine the fuzz runs on past FUZZ_S
-PROBE = Path(__file__).with_name("probe.py")
+PROBE = Path(__file__).parents[1] / "probe.py"
 SEED = int(os.environ.get("KVLAB_FUZZ_SEED", "1414"))
 WHOLE = b'{"model":"fake-model","prompt":"hi","max_tokens":2}'
 # (request, expected status, whether the proxy closes the connection after it)

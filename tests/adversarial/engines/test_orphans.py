@@ -27,7 +27,7 @@ from kvlab.engines.cleanup import clean
 from kvlab.engines.models import TinyModels
 from kvlab.engines.plan import EnginePlan
 
-FAKE = Path(__file__).parents[1] / "fakes" / "fake_engine.py"
+FAKE = Path(__file__).parents[2] / "fakes" / "fake_engine.py"
 START_S = 60.0
 WRAPPER = """#!/bin/sh
 # a site's vllm: prints its arguments, as engines do, then execs another program
