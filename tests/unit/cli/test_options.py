@@ -3,17 +3,16 @@ choices, repeats, and a refused value as one usage line naming the option."""
 
 from __future__ import annotations
 
-import typing
 from typing import Literal
 
 import click
 import pytest
 from click.testing import CliRunner
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from kvlab.cli.options import arguments, flag_of
 from kvlab.experiments import RUN_ALL
-from kvlab.experiments.args import AllArgs
+from kvlab.experiments.all_args import AllArgs
 
 
 class Example(BaseModel):
@@ -76,9 +75,17 @@ def test_flag_names() -> None:
 
 
 def test_run_all_only_offers_exactly_what_run_all_runs() -> None:
-    annotation = AllArgs.model_fields["only"].annotation
-    (choices,) = typing.get_args(annotation)[:1]
-    assert set(typing.get_args(choices)) == set(RUN_ALL)
+    @click.command()
+    @arguments(AllArgs, "args")
+    def cmd(args: BaseModel) -> None:
+        del args
+
+    only = next(p for p in cmd.params if p.name == "only")
+    assert isinstance(only.type, click.Choice) and tuple(only.type.choices) == RUN_ALL
+    refused = CliRunner().invoke(cmd, ["--only", "offload-sizes"])
+    assert refused.exit_code == 2 and "offload-sizes" in refused.output
+    with pytest.raises(ValidationError, match="no experiment of `kvlab run all`"):
+        AllArgs(only=("offload-sizes",))
 
 
 @pytest.mark.parametrize("model", [Example, AllArgs])

@@ -19,6 +19,7 @@ from kvlab.core.errors import RefusedError, SettingError
 from kvlab.core.settings import Settings
 from kvlab.engines.plan import EnginePlan, Flag
 from kvlab.loadgen import topology
+from kvlab.proxy import ProxyArgs
 from kvlab.records import notebook
 from kvlab.records.evidence import NodeInfo, Percentiles, Where
 from kvlab.records.models import LoadRecord, NotRunRecord
@@ -241,7 +242,7 @@ def test_a_cluster_dry_run_places_each_plan_on_its_node(tmp_path: Path) -> None:
     assert "--host 10.0.0.1 " in str(plans["prefill"]["shell"]) and store in str(
         plans["prefill"]["shell"]) and store in str(plans["decode"]["shell"])
     assert "--host 10.0.0.2 " in str(plans["decode"]["shell"])
-    assert "--prefill http://10.0.0.1:" in str(plans["proxy"]["shell"])
+    assert '"prefill":["http://10.0.0.1:' in str(plans["proxy"]["shell"])  # its arguments
     assert not (tmp_path / "mnt").exists()  # named, not made
     out = Console(file=io.StringIO(), width=300)
     console_run.plans(out, found)
@@ -378,12 +379,10 @@ def test_an_xpyd_dry_run_places_every_engine_and_gives_the_proxy_every_leg(
                   "decode": "node-b [83f2f3dc] at 10.0.0.2",
                   "decode-2": "node-d [d4d4d4d4] at 10.0.0.4",
                   "proxy": "where kvlab runs", "baseline": "node-b [83f2f3dc] at 10.0.0.2"}
-    argv = plans["proxy"]["plan"]["argv"]  # type: ignore[index]
-    legs = [(argv[i], argv[i + 1].split(":")[1]) for i, a in enumerate(argv)
-            if a in ("--prefill", "--decode")]
-    assert legs == [("--prefill", "//10.0.0.1"), ("--prefill", "//10.0.0.3"),
-                    ("--decode", "//10.0.0.2"), ("--decode", "//10.0.0.4")]
-    assert argv[argv.index("--balance") + 1] == "least-outstanding"
+    given = _proxy_args(plans["proxy"])
+    assert [u.split(":")[1] for u in given.prefill] == ["//10.0.0.1", "//10.0.0.3"]
+    assert [u.split(":")[1] for u in given.decode] == ["//10.0.0.2", "//10.0.0.4"]
+    assert given.balance == "least-outstanding"
     for label in ("prefill-2", "decode-2"):  # each its side's engine, on its own node
         assert plans[label]["plan"]["role"] == label  # type: ignore[index]
         assert "--kv-transfer-config" in str(plans[label]["shell"])
@@ -400,14 +399,19 @@ def test_an_xpyd_dry_run_places_every_engine_and_gives_the_proxy_every_leg(
     assert "    decode-2  node-d [d4d4d4d4] at 10.0.0.4, http://10.0.0.4:" in text
 
 
+def _proxy_args(planned: dict[str, object]) -> ProxyArgs:
+    """The arguments an experiment's proxy process is given (`python -m kvlab.proxy JSON`)."""
+    argv = planned["plan"]["argv"]  # type: ignore[index]
+    return ProxyArgs.model_validate_json(argv[-1])
+
+
 def test_xpyd_prefix_affinity_gives_the_proxy_the_tokenizer(tmp_path: Path) -> None:
     from kvlab.experiments import disagg
 
     found = disagg.dry_run(_xpyd_lab(tmp_path, small_model="/models/tiny"),
                            disagg.DisaggSpec(balance="prefix-affinity"))
-    argv = next(p for p in found if p["label"] == "proxy")["plan"]["argv"]  # type: ignore[index]
-    assert argv[argv.index("--tokenizer") + 1] == "/models/tiny"
-    assert argv[argv.index("--block-tokens") + 1].isdigit()
+    given = _proxy_args(next(p for p in found if p["label"] == "proxy"))
+    assert given.tokenizer == "/models/tiny" and given.block_tokens > 1
 
 
 def test_xpyd_runs_the_load_part_only(tmp_path: Path) -> None:
@@ -469,11 +473,10 @@ def test_each_leg_of_a_split_has_its_requests_and_bytes() -> None:
 
 
 def test_run_all_on_xpyd_runs_the_split_under_load_only(tmp_path: Path) -> None:
-    from kvlab.experiments import everything
+    from kvlab.experiments import disagg
     from kvlab.experiments.lab import Lab
+    from kvlab.experiments.sizes import AllSpec
 
-    lab = _xpyd_lab(tmp_path)
-    spec = everything.specs(lab, everything.AllSpec.quick("mixed"))["disagg"]
-    assert spec.parts == ("load",)  # type: ignore[attr-defined]
-    one = everything.specs(Lab(Settings()), everything.AllSpec.quick("mixed"))["disagg"]
-    assert one.parts == ("load", "cancel", "boundary")  # type: ignore[attr-defined]
+    assert disagg.all_spec(_xpyd_lab(tmp_path), AllSpec.quick("mixed")).parts == ("load",)
+    one = disagg.all_spec(Lab(Settings()), AllSpec.quick("mixed"))
+    assert one.parts == ("load", "cancel", "boundary")

@@ -17,7 +17,7 @@ from children import running
 from kvlab.core.errors import InputError
 from kvlab.engines import free_port, port_in_use
 from kvlab.loadgen import topology
-from kvlab.measure import compare, intervals
+from kvlab.measure import compare, intervals, load_rows
 from kvlab.records import BytesEvidence, ComparisonLevel, ReuseSummary, SlotEvidence, Turn, notebook
 from kvlab.records.evidence import KvCapacity, Percentiles
 from kvlab.records.models import (
@@ -404,8 +404,8 @@ def test_the_ratio_panel_draws_each_interval(tmp_path: Path) -> None:
     split_book(path, 0.4)
     book = notebook.read(path)
     found = intervals.pair_levels(book.path, book.records,
-                                  compare.load_rows(book.records, "disagg"),
-                                  compare.load_rows(book.records, "baseline"))
+                                  load_rows(book.records, "disagg"),
+                                  load_rows(book.records, "baseline"))
     fig, ax = plots_figure._pyplot().subplots()
     plots_load._ratio_panel(ax, book, "baseline", "disagg", {1: 0, 4: 1})
     bars = ax.containers[0]  # the error bars: one segment per level, low to high
