@@ -19,7 +19,7 @@ import pytest
 from adversarial.engines.test_orphans import kvlab, kvlab_env, serving
 from kvlab.core.errors import EngineError, SettingError
 from kvlab.core.settings import Settings, load_settings
-from kvlab.engines import llamacpp, ports, process, vllm
+from kvlab.engines import PlanRequest, llamacpp, ports, process, vllm
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.roles import plan_for_role as build_plan
 from kvlab.records import notebook
@@ -46,7 +46,7 @@ def shown(plan: EnginePlan) -> str:
     ("--api-key", KEY), (f"--api-key={KEY}",), ("--hf-token", KEY), ("--API-KEY", KEY),
 ], ids=["two-args", "equals", "hf-token", "upper-case"])
 def test_a_secret_flag_is_redacted_in_every_view_of_a_vllm_plan(extra: tuple[str, ...]) -> None:
-    plan = vllm.plan(Settings(), "baseline", GPU, vllm.PlanOptions(extra_args=extra))
+    plan = vllm.plan(Settings(), "baseline", GPU, PlanRequest(extra_args=extra))
     assert KEY not in shown(plan)
     assert "<redacted>" in plan.argv()[-1]
     assert KEY in " ".join(plan.exec_argv())  # what the engine is started with

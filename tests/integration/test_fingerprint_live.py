@@ -21,7 +21,7 @@ import pytest
 
 from integration.conftest import cpu_settings
 from kvlab.core.errors import RefusedError
-from kvlab.engines import llamacpp, vllm
+from kvlab.engines import PlanRequest, llamacpp, vllm
 from kvlab.engines.models import TinyModels
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.ports import free_port
@@ -117,7 +117,7 @@ async def test_another_weight_seed_is_refused_by_its_numbers(tiny_models: TinyMo
 def _vllm(install: vllm.VllmInstall, model: str, role: str, store: Path, core: int,
           *extra: str) -> EnginePlan:
     settings = cpu_settings(model=model, kv_shared_path=str(store))
-    return vllm.plan(settings, role, install, vllm.PlanOptions(
+    return vllm.plan(settings, role, install, PlanRequest(
         port=free_port(), cpu_core=core, extra_args=extra))
 
 

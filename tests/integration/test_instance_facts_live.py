@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from integration.conftest import cpu_settings
-from kvlab.engines import vllm
+from kvlab.engines import PlanRequest, vllm
 from kvlab.engines.host import LocalHost
 from kvlab.engines.models import TinyModels
 from kvlab.engines.ports import free_port
@@ -63,8 +63,8 @@ async def pair(tiny_models: TinyModels, vllm_install: vllm.VllmInstall,
     settings = cpu_settings(model=tiny_models.hf, kv_shared_path=str(store),
                             labbook=str(book))
     plans = [vllm.plan(settings, "prefill", vllm_install,
-                       vllm.PlanOptions(port=free_port(), cpu_core=0)),
-             vllm.plan(settings, "shared-b", vllm_install, vllm.PlanOptions(
+                       PlanRequest(port=free_port(), cpu_core=0)),
+             vllm.plan(settings, "shared-b", vllm_install, PlanRequest(
                  model=str(copy), port=free_port(), cpu_core=1,
                  extra_args=("--no-enable-prefix-caching", "--max-num-batched-tokens", "512")))]
     host = LocalHost(LabbookScope(settings, "facts"), tmp / "logs")

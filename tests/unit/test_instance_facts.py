@@ -15,7 +15,7 @@ import pytest
 
 from kvlab.core.errors import RefusedError
 from kvlab.core.settings import Settings
-from kvlab.engines import vllm
+from kvlab.engines import PlanRequest, vllm
 from kvlab.engines.argv import argv_args
 from kvlab.engines.base import InstanceFacts
 from kvlab.engines.plan import EnginePlan
@@ -116,7 +116,7 @@ CPU = vllm.VllmInstall(("/venv/bin/python", "/kvlab/shims/vllm_cpu_cli.py"), "cp
 
 
 def _plan(*extra: str) -> EnginePlan:
-    return vllm.plan(Settings(model="/m"), "baseline", CPU, vllm.PlanOptions(extra_args=extra))
+    return vllm.plan(Settings(model="/m"), "baseline", CPU, PlanRequest(extra_args=extra))
 
 
 def test_a_flag_after_dashes_that_kvlab_sets_is_passed_once() -> None:

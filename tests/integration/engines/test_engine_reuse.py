@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from integration.conftest import cpu_settings
-from kvlab.engines import llamacpp, vllm
+from kvlab.engines import PlanRequest, llamacpp, vllm
 from kvlab.engines.models import TinyModels
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.ports import free_port
@@ -40,7 +40,7 @@ async def test_a_kept_vllm_answers_the_previous_steps_prompt_as_a_miss(
     prompt = f"step one {secrets.token_hex(4)} " + "a long shared preamble " * 80
 
     def plan() -> EnginePlan:
-        return vllm.plan(settings, "baseline", vllm_install, vllm.PlanOptions(port=free_port()))
+        return vllm.plan(settings, "baseline", vllm_install, PlanRequest(port=free_port()))
 
     try:
         async with engines(lab, [plan()], labels=["step-one"]) as (first,):

@@ -16,7 +16,7 @@ import pytest
 from children import running
 from integration.conftest import cpu_settings
 from kvlab.core.errors import EngineError
-from kvlab.engines import llamacpp, startup, vllm
+from kvlab.engines import PlanRequest, llamacpp, startup, vllm
 from kvlab.engines.models import TinyModels
 from kvlab.engines.ports import free_port
 from kvlab.engines.process import EngineProcess
@@ -39,7 +39,7 @@ def processes_mentioning(text: str) -> list[int]:
 async def test_vllm_cpu_lifecycle(tmp_path: Path, tiny_models: TinyModels,
                                   vllm_install: vllm.VllmInstall) -> None:
     settings = cpu_settings(model=tiny_models.hf)
-    plan = vllm.plan(settings, "baseline", vllm_install, vllm.PlanOptions(port=free_port()))
+    plan = vllm.plan(settings, "baseline", vllm_install, PlanRequest(port=free_port()))
     proc = EngineProcess(plan, tmp_path / "vllm.log", run_dir=tmp_path / "run")
     async with proc:
         version = await startup.server_version(plan)

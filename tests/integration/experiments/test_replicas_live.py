@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from integration.conftest import cpu_settings
-from kvlab.engines import vllm
+from kvlab.engines import PlanRequest, vllm
 from kvlab.engines.models import TinyModels
 from kvlab.engines.ports import free_port
 from kvlab.engines.process import EngineProcess
@@ -42,7 +42,7 @@ async def three(tiny_models: TinyModels, vllm_install: vllm.VllmInstall,
     home = tmp_path_factory.mktemp("replicas")
     settings = cpu_settings(model=tiny_models.hf, labbook=str(home / "book.jsonl"),
                             kv_cache_bytes=KV_BYTES, max_seqs=4)
-    plans = [vllm.plan(settings, "baseline", vllm_install, vllm.PlanOptions(
+    plans = [vllm.plan(settings, "baseline", vllm_install, PlanRequest(
         port=free_port(), cpu_core=i % 2)) for i in range(3)]
     async with AsyncExitStack() as stack:
         procs = [await stack.enter_async_context(EngineProcess(p, home / f"r{i}.log"))

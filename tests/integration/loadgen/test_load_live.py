@@ -21,7 +21,7 @@ import pytest
 
 import seeds
 from integration.conftest import cpu_settings
-from kvlab.engines import vllm
+from kvlab.engines import PlanRequest, vllm
 from kvlab.engines.models import TinyModels
 from kvlab.engines.ports import free_port
 from kvlab.engines.process import EngineProcess
@@ -39,7 +39,7 @@ KEY = "sk-kvlabtest0123456789abcdef"
 async def engine(tiny_models: TinyModels, vllm_install: vllm.VllmInstall,
                  tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
     plan = vllm.plan(cpu_settings(model=tiny_models.hf), "baseline", vllm_install,
-                     vllm.PlanOptions(port=free_port()))
+                     PlanRequest(port=free_port()))
     log = tmp_path_factory.mktemp("load-vllm") / "vllm.log"
     async with EngineProcess(plan, log):
         yield plan.base_url + "/v1"
@@ -239,7 +239,7 @@ async def test_load_against_a_stock_server_takes_the_model_it_serves(
     from OPENAI_API_KEY, as vllm bench reads it, when LOADTEST_API_KEY_ENV is unset (vLLM
     answers 401 without it), and written nowhere."""
     plan = vllm.plan(cpu_settings(model=tiny_models.hf, served_name="someone-elses"),
-                     "baseline", vllm_install, vllm.PlanOptions(port=free_port()))
+                     "baseline", vllm_install, PlanRequest(port=free_port()))
     book = tmp_path / "labbook.md"
     env = {k: v for k, v in os.environ.items() if k not in (
         "SERVED_NAME", "KVLAB_PROFILE", "LOADTEST_API_KEY_ENV", "LOADTEST_API_KEY")}

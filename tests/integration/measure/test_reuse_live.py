@@ -18,7 +18,7 @@ import pytest
 
 from integration.conftest import cpu_settings
 from kvlab.core.errors import RefusedError
-from kvlab.engines import llamacpp, registry, vllm
+from kvlab.engines import PlanRequest, llamacpp, registry, vllm
 from kvlab.engines.models import TinyModels
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.ports import free_port
@@ -42,7 +42,7 @@ def _vllm_plan(install: vllm.VllmInstall, model: str, role: str = "baseline",
                core: int | None = None, extra: tuple[str, ...] = (),
                **values: object) -> EnginePlan:
     settings = cpu_settings(model=model, **values)
-    opts = vllm.PlanOptions(port=free_port(), cpu_core=core, extra_args=extra)
+    opts = PlanRequest(port=free_port(), cpu_core=core, extra_args=extra)
     return vllm.plan(settings, role, install, opts)
 
 

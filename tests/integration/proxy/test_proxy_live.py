@@ -22,7 +22,7 @@ import pytest
 
 from integration.conftest import cpu_settings
 from kvlab.core.settings import Settings
-from kvlab.engines import vllm
+from kvlab.engines import PlanRequest, vllm
 from kvlab.engines.models import TinyModels
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.ports import free_port
@@ -65,7 +65,7 @@ async def pair(tmp_path_factory: pytest.TempPathFactory, tiny_models: TinyModels
     settings = cpu_settings(model=tiny_models.hf, kv_shared_path=str(root / "kv"),
                             connector="shared")
     plans = [vllm.plan(settings, role, vllm_install,
-                       vllm.PlanOptions(port=free_port(), cpu_core=core))
+                       PlanRequest(port=free_port(), cpu_core=core))
              for role, core in (("prefill", 0), ("decode", 1))]
     async with AsyncExitStack() as stack:
         await asyncio.gather(*(stack.enter_async_context(

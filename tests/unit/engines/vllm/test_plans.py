@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ import pytest
 from kvlab.core.errors import RefusedError
 from kvlab.core.hardware import HostMemory
 from kvlab.core.settings import Settings
-from kvlab.engines import vllm
+from kvlab.engines import PlanRequest, vllm
 from kvlab.engines.plan import EnginePlan
 from kvlab.records.rows import serve_label
 
@@ -28,10 +29,23 @@ def settings(**values: object) -> Settings:
     return Settings(**values)  # type: ignore[arg-type]
 
 
+@dataclasses.dataclass(frozen=True)
+class Probed(vllm.VllmInstall):
+    """A vLLM whose `serve --help=all` lists `flags` (the real probe: test_selection)."""
+
+    flags: frozenset[str] | None = None
+
+    def accepted_flags(self, cache_dir: Path) -> frozenset[str] | None:
+        return self.flags
+
+
 def argv(role: str, install: vllm.VllmInstall = GPU, flags: frozenset[str] | None = None,
          **values: object) -> list[str]:
-    opts = vllm.PlanOptions(host_memory=PLENTY)
-    return vllm.plan(settings(**values), role, install, opts, flags=flags).argv()
+    if flags is not None:
+        given = {f.name: getattr(install, f.name) for f in dataclasses.fields(install)}
+        install = Probed(**given, flags=flags)
+    opts = PlanRequest(host_memory=PLENTY, probe_flags=flags is not None)
+    return vllm.plan(settings(**values), role, install, opts).argv()
 
 
 def test_baseline_is_serve_decode_monolithic_plus_kvlabs_additions() -> None:
@@ -68,7 +82,7 @@ def test_offload_off_has_no_tier() -> None:
 @pytest.mark.parametrize("args", [("--cpu-offload-gb", "10"), ("--cpu-offload-gb=4",),
                                   ("--seed", "3", "--cpu_offload_gb=4"), ("--cpu_offload_gb", "4")])
 def test_weight_offload_is_refused_in_every_spelling(args: tuple[str, ...]) -> None:
-    opts = vllm.PlanOptions(extra_args=args)
+    opts = PlanRequest(extra_args=args)
     for role in ("offload", "baseline"):
         with pytest.raises(RefusedError, match="WEIGHTS") as err:
             vllm.plan(settings(), role, GPU, opts)
@@ -160,7 +174,7 @@ def test_single_machine_uses_the_small_model_and_split_fraction(tmp_path: Path) 
 
 def test_cpu_platform_environment() -> None:
     plan = vllm.plan(settings(enforce_eager=True), "baseline", CPU,
-                     vllm.PlanOptions(cpu_core=1))
+                     PlanRequest(cpu_core=1))
     assert plan.argv()[:3] == ["/venv/bin/python", "/kvlab/shims/vllm_cpu_cli.py", "serve"]
     assert plan.env["VLLM_TARGET_DEVICE"] == "cpu"
     assert plan.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
@@ -182,7 +196,7 @@ def test_config_only_model_directory_gets_dummy_weights(tmp_path: Path) -> None:
 
 
 def test_extra_args_pass_unchanged() -> None:
-    plan = vllm.plan(settings(), "baseline", GPU, vllm.PlanOptions(extra_args=("--seed", "3")))
+    plan = vllm.plan(settings(), "baseline", GPU, PlanRequest(extra_args=("--seed", "3")))
     assert plan.argv()[-2:] == ["--seed", "3"]
 
 
@@ -211,7 +225,7 @@ def test_baseline_and_the_split_pair_differ_only_in_the_connector(
         tmp_path: Path, install: vllm.VllmInstall, connector: str, single: bool) -> None:
     s = settings(connector=connector, kv_shared_path=str(tmp_path), single_machine=single,
                  side_channel_addr="127.0.0.1", enforce_eager=True, kv_cache_bytes=2**28)
-    opts = vllm.PlanOptions(interfaces={"lo": ("127.0.0.1",)})
+    opts = PlanRequest(interfaces={"lo": ("127.0.0.1",)})
     base, pre, dec = (vllm.plan(s, role, install, opts) for role in
                       ("baseline", "prefill", "decode"))
     assert _fixed(base) == _fixed(pre) == _fixed(dec)
@@ -222,7 +236,7 @@ def test_baseline_and_the_split_pair_differ_only_in_the_connector(
 @pytest.mark.parametrize("install", [GPU, CPU], ids=["cuda", "cpu"])
 def test_offload_off_and_on_differ_only_in_the_tier(install: vllm.VllmInstall) -> None:
     s = settings(enforce_eager=True)
-    off, on = (vllm.plan(s, "offload", install, vllm.PlanOptions(offload=o, host_memory=PLENTY))
+    off, on = (vllm.plan(s, "offload", install, PlanRequest(host_tier=o, host_memory=PLENTY))
                for o in (False, True))
     assert _fixed(off) == _fixed(on)
     assert on.has_flag("--kv-offloading-size") and not off.has_flag("--kv-offloading-size")
@@ -262,7 +276,7 @@ def test_the_startup_record_carries_the_choice_and_the_added_flags() -> None:
 # --- MONOLITHIC=1 ---------------------------------------------------------------------------
 def test_monolithic_makes_serve_decode_the_baseline(tmp_path: Path) -> None:
     s = settings(monolithic=True, kv_shared_path=str(tmp_path))
-    served = vllm.plan(s, "decode", GPU, vllm.PlanOptions(monolithic_switch=True))
+    served = vllm.plan(s, "decode", GPU, PlanRequest(monolithic_switch=True))
     assert served.role == "baseline" and served.port == 8200
     assert not served.has_flag("--kv-transfer-config")
     assert served.argv() == vllm.plan(s, "baseline", GPU).argv()
@@ -291,20 +305,20 @@ def test_a_tier_larger_than_available_memory_is_refused_naming_both_figures() ->
     small = HostMemory(available=3 * 2**30, swap_free=2 * 2**30, total=16 * 2**30)
     with pytest.raises(RefusedError) as err:
         vllm.plan(settings(kv_offload_gb=8), "offload", GPU,
-                  vllm.PlanOptions(host_memory=small))
+                  PlanRequest(host_memory=small))
     message = str(err.value)
     assert message.startswith("KV_OFFLOAD_GB=8 ")
     assert "8.0 GiB" in message and "3.0 GiB is available" in message
     assert "2.0 GiB free" in message and "KV_OFFLOAD_ALLOW_SWAP=1" in message
     # tier off: nothing is taken from the host, nothing is checked
     vllm.plan(settings(kv_offload_gb=8), "offload", GPU,
-              vllm.PlanOptions(host_memory=small, offload=False))
+              PlanRequest(host_memory=small, host_tier=False))
 
 
 def test_allow_swap_starts_it_and_records_the_figures() -> None:
     small = HostMemory(available=3 * 2**30, swap_free=0, total=16 * 2**30)
     plan = vllm.plan(settings(kv_offload_gb=8, kv_offload_allow_swap=True), "offload", GPU,
-                     vllm.PlanOptions(host_memory=small))
+                     PlanRequest(host_memory=small))
     assert plan.startup_facts.host_memory.model_dump() == {
         "tier_bytes": 8 * 2**30, "available_bytes": 3 * 2**30, "swap_free_bytes": 0,
         "engine_share_bytes": 0, "fits": False, "allowed_by": "KV_OFFLOAD_ALLOW_SWAP"}
@@ -316,9 +330,9 @@ def test_unified_memory_counts_the_engines_own_share() -> None:
     memory = HostMemory(available=100 * 2**30, swap_free=0, total=128 * 2**30)
     with pytest.raises(RefusedError, match="unified memory"):  # 0.85 x 128 + 8 > 100
         vllm.plan(settings(kv_offload_gb=8), "offload", unified,
-                  vllm.PlanOptions(host_memory=memory))
+                  PlanRequest(host_memory=memory))
     discrete = vllm.plan(settings(kv_offload_gb=8), "offload", GPU,
-                         vllm.PlanOptions(host_memory=memory))
+                         PlanRequest(host_memory=memory))
     assert discrete.startup_facts.host_memory.fits is True
     assert vllm.plan(settings(), "baseline", unified).startup_facts.memory_kind == "unified"
     assert vllm.plan(settings(), "baseline", CPU).startup_facts.memory_kind == "none"
@@ -332,15 +346,15 @@ def test_equal_side_channel_ports_on_one_host_are_refused_naming_both() -> None:
     s = settings(connector="nixl", side_channel_addr="10.0.0.2",
                  prefill_side_channel_port=5600, decode_side_channel_port=5600)
     with pytest.raises(RefusedError) as err:
-        vllm.plan(s, "decode", GPU, vllm.PlanOptions(interfaces=IFACES))
+        vllm.plan(s, "decode", GPU, PlanRequest(interfaces=IFACES))
     assert "PREFILL_SIDE_CHANNEL_PORT and DECODE_SIDE_CHANNEL_PORT are both 5600" in str(err.value)
     two_hosts = s.model_copy(update={"prefill_host": "spark-a", "decode_host": "spark-b"})
-    vllm.plan(two_hosts, "decode", GPU, vllm.PlanOptions(interfaces=IFACES))
+    vllm.plan(two_hosts, "decode", GPU, PlanRequest(interfaces=IFACES))
 
 
 def test_the_side_channel_address_and_its_interface_are_recorded() -> None:
     s = settings(connector="nixl", side_channel_addr="10.0.0.2", cluster_iface="enp1s0")
-    plan = vllm.plan(s, "prefill", GPU, vllm.PlanOptions(interfaces=IFACES))
+    plan = vllm.plan(s, "prefill", GPU, PlanRequest(interfaces=IFACES))
     assert plan.startup_facts.side_channel.model_dump(exclude_none=True) == {
         "addr": "10.0.0.2", "port": 5600, "resolves_to": ["10.0.0.2"], "iface": "enp1s0",
         "cluster_iface": "enp1s0"}
@@ -349,11 +363,11 @@ def test_the_side_channel_address_and_its_interface_are_recorded() -> None:
 
 def test_a_side_channel_on_the_management_interface_is_pointed_out() -> None:
     s = settings(connector="nixl", side_channel_addr="192.168.1.5", cluster_iface="enp1s0")
-    plan = vllm.plan(s, "decode", GPU, vllm.PlanOptions(interfaces=IFACES))
+    plan = vllm.plan(s, "decode", GPU, PlanRequest(interfaces=IFACES))
     assert plan.startup_facts.side_channel.iface == "eno1"
     assert any("is on eno1, not CLUSTER_IFACE enp1s0" in n for n in plan.notes)
     elsewhere = vllm.plan(s.model_copy(update={"side_channel_addr": "10.9.9.9"}), "decode", GPU,
-                          vllm.PlanOptions(interfaces=IFACES))
+                          PlanRequest(interfaces=IFACES))
     assert elsewhere.startup_facts.side_channel.iface is None
     assert any("not an address of this machine" in n for n in elsewhere.notes)
 

@@ -17,7 +17,7 @@ import pytest
 from kvlab.core.errors import EngineError
 from kvlab.core.hardware import Hardware, detect_hardware, memory_kind
 from kvlab.core.settings import Settings
-from kvlab.engines import install, vllm
+from kvlab.engines import PlanRequest, install, vllm
 
 GPU_LIST = "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0f00)\n"
 H100_QUERY = "NVIDIA H100 80GB HBM3, 81559\n"
@@ -187,7 +187,7 @@ def test_an_apu_through_amd_smi_is_a_rocm_gpu_with_unified_memory(
     assert (chosen.origin, chosen.platform) == ("PATH", "rocm")
     assert chosen.offload_support().ok
     plan = vllm.plan(Settings(model="/models/m"), "baseline", chosen,
-                     vllm.PlanOptions(port=8000))
+                     PlanRequest(port=8000))
     assert not any(k.startswith(("VLLM_TARGET_DEVICE", "VLLM_CPU")) for k in plan.env)
     assert "bfloat16" not in plan.argv()
     assert not vllm.cpu_build_wanted(Settings(), hw)

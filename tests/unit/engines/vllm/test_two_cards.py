@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from kvlab.core.errors import SettingError
 from kvlab.core.settings import Settings
-from kvlab.engines import vllm
+from kvlab.engines import PlanRequest, vllm
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.ports import free_port
 
@@ -20,7 +20,7 @@ def _plan(tmp_path: Path, role: str, platform: str, **values: object) -> EngineP
     (tmp_path / "store").mkdir(exist_ok=True)
     settings = Settings(model="/models/m", kv_shared_path=str(tmp_path / "store"),
                         **values)  # type: ignore[arg-type]
-    return vllm.plan(settings, role, install, vllm.PlanOptions(port=free_port()))
+    return vllm.plan(settings, role, install, PlanRequest(port=free_port()))
 
 
 def test_each_role_sees_its_own_card_and_says_so(tmp_path: Path) -> None:
