@@ -147,7 +147,8 @@ def test_run_offload_with_repeat_auto_stops_the_pressure_pair_by_the_rule(
 
     monkeypatch.setattr(offload, "under_pressure", fake_pressure)
     monkeypatch.setattr(offload, "pressure_plan", lambda lab, spec: object())
-    lab = SimpleNamespace(vllm=VllmInstall(("vllm",), "cuda", "PATH"), say=lambda _: None,
+    lab = SimpleNamespace(install=lambda engine: VllmInstall(("vllm",), "cuda", "PATH"),
+                          say=lambda _: None,
                           settings=SimpleNamespace(labbook=str(book)))
     spec = offload.OffloadSpec(part="pressure", repeat=5, rule=Sequential(5))
     asyncio.run(offload.run(lab, spec))  # type: ignore[arg-type]

@@ -32,7 +32,7 @@ def fake_smi(bin_dir: Path, monkeypatch: pytest.MonkeyPatch, answer: str) -> Non
 
 def gpu_lab(model: Path, fraction: float = 0.85, remote: bool = False) -> Any:
     return SimpleNamespace(settings=Settings(model=str(model), mem_fraction=fraction),
-                           vllm=SimpleNamespace(platform="cuda"),
+                           install=lambda engine: SimpleNamespace(platform="cuda"),
                            placement=SimpleNamespace(remote=remote))
 
 

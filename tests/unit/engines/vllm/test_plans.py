@@ -12,8 +12,9 @@ import pytest
 from kvlab.core.errors import RefusedError
 from kvlab.core.hardware import HostMemory
 from kvlab.core.settings import Settings
-from kvlab.engines import PlanRequest, vllm
+from kvlab.engines import VLLM, PlanRequest, vllm
 from kvlab.engines.plan import EnginePlan
+from kvlab.proxy import ProxyArgs
 from kvlab.records.rows import serve_label
 
 GPU = vllm.VllmInstall(("vllm",), "cuda", "PATH")
@@ -381,7 +382,7 @@ def test_run_disagg_takes_connector_from_the_settings(tmp_path: Path, connector:
     from kvlab.experiments.lab import Lab
 
     lab = Lab(settings(connector=connector, kv_shared_path=str(tmp_path)))
-    lab.__dict__["vllm"] = GPU  # the cached choice: a GPU vLLM, as on the lent machine
+    lab.installs[VLLM] = GPU  # the run's choice: a GPU vLLM, as on the lent machine
     plans = {p["label"]: p for p in disagg.dry_run(lab, disagg.DisaggSpec())}
     prefill, decode, proxy = (plans[r]["plan"] for r in ("prefill", "decode", "proxy"))
     name = {"shared": "ExampleConnector", "nixl": "NixlConnector"}[connector]
@@ -393,7 +394,7 @@ def test_run_disagg_takes_connector_from_the_settings(tmp_path: Path, connector:
         config = json.loads(flag(leg, "--kv-transfer-config") or "{}")
         assert (config["kv_connector"], config["kv_role"]) == (name, role)
     assert flag(plans["baseline"]["plan"], "--kv-transfer-config") is None
-    assert flag(proxy, "--connector") == connector
+    assert ProxyArgs.model_validate_json(proxy["argv"][-1]).connector == connector
     sides = [leg["env"].get("VLLM_NIXL_SIDE_CHANNEL_HOST") for leg in (prefill, decode)]
     assert sides == (["127.0.0.1"] * 2 if connector == "nixl" else [None, None])
     where = disagg.split_where(lab)
