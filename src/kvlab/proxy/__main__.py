@@ -1,12 +1,13 @@
-"""`python -m kvlab.proxy ARGS_JSON`: kvlab's proxy as a process of its own, given its
-`ProxyArgs` as JSON (`args.process_plan`), for the experiments that put it in front of their
-engines. The settings come from the environment and `.env`, as for `kvlab proxy`; it serves
-with PROXY_WORKERS processes (`--workers`) until SIGTERM or Ctrl-C, and says on stderr where it
-listens once it does.
+"""`python -m kvlab.proxy ARGS_JSON --host HOST --port PORT`: kvlab's proxy as a process of
+its own, given its `ProxyArgs` as JSON and where it listens as flags (`args.process_plan`), for
+the experiments that put it in front of their engines. The settings come from the environment
+and `.env`, as for `kvlab proxy`; it serves with PROXY_WORKERS processes (`--workers`) until
+SIGTERM or Ctrl-C, and says on stderr where it listens once it does.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import signal
 import sys
@@ -34,13 +35,22 @@ async def _one(config: ProxyConfig) -> None:
     await serve(config, lambda app: _ready(config), stop)
 
 
+def _parsed(argv: list[str]) -> tuple[str, str | None, int | None]:
+    """(ARGS_JSON, --host, --port) of the command line; SystemExit 2 on anything else."""
+    parser = argparse.ArgumentParser(
+        prog="python -m kvlab.proxy", description="`kvlab proxy` is the command to type.")
+    parser.add_argument("args_json")
+    parser.add_argument("--host")
+    parser.add_argument("--port", type=int)
+    found = parser.parse_args(argv)
+    return found.args_json, found.host, found.port
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m kvlab.proxy ARGS_JSON (`kvlab proxy` is the command to type)",
-              file=sys.stderr)
-        return 2
+    given, host, port = _parsed(argv)
     try:
-        args = ProxyArgs.model_validate_json(argv[0])
+        args = ProxyArgs.model_validate_json(given).model_copy(
+            update={k: v for k, v in (("host", host), ("port", port)) if v is not None})
     except ValidationError as exc:
         first = exc.errors()[0]
         print(f"kvlab: proxy arguments: {'.'.join(map(str, first['loc'])) or 'the JSON'}: "

@@ -15,12 +15,12 @@ from urllib.parse import urlsplit
 from pydantic import Field
 
 from kvlab.core import Args, ConnectorName, SettingError, Settings
-from kvlab.engines import EnginePlan, free_port
+from kvlab.engines import EnginePlan, Flag, free_port
 from kvlab.proxy import affinity
 from kvlab.proxy.config import ProxyConfig
 from kvlab.proxy.legs import Balance
 
-PROCESS = (sys.executable, "-m", "kvlab.proxy")  # `python -m kvlab.proxy ARGS_JSON`
+PROCESS = (sys.executable, "-m", "kvlab.proxy")  # `... ARGS_JSON --host H --port P`
 
 
 class ProxyArgs(Args):
@@ -96,10 +96,11 @@ class ProxyArgs(Args):
 
 def process_plan(args: ProxyArgs, model: str = "", served_name: str = "") -> EnginePlan:
     """kvlab's proxy as a process of its own, listening on loopback at a free port (or
-    `args.port`): an experiment's front, which never shares an event loop with the load."""
-    given = args.model_copy(update={"port": args.port or free_port(), "host": "127.0.0.1"})
-    assert given.port is not None
-    return EnginePlan(engine="kvlab-proxy", role="proxy", command=PROCESS,
-                      positional=(given.model_dump_json(exclude_defaults=True),),
-                      host="127.0.0.1", port=given.port, health_path="/health", model=model,
-                      served_name=served_name)
+    `args.port`): an experiment's front, which never shares an event loop with the load.
+    Where it listens goes in `--host` and `--port` flags, as an engine's does, so a plan
+    placed on a node (`cluster/placement.rebind`) moves the proxy with it."""
+    host, port = args.host or "127.0.0.1", args.port or free_port()
+    given = args.model_dump_json(exclude_defaults=True, exclude={"host", "port"})
+    return EnginePlan(engine="kvlab-proxy", role="proxy", command=PROCESS, positional=(given,),
+                      flags=(Flag("--host", host), Flag("--port", str(port))), host=host,
+                      port=port, health_path="/health", model=model, served_name=served_name)

@@ -402,7 +402,7 @@ def test_an_xpyd_dry_run_places_every_engine_and_gives_the_proxy_every_leg(
 def _proxy_args(planned: dict[str, object]) -> ProxyArgs:
     """The arguments an experiment's proxy process is given (`python -m kvlab.proxy JSON`)."""
     argv = planned["plan"]["argv"]  # type: ignore[index]
-    return ProxyArgs.model_validate_json(argv[-1])
+    return ProxyArgs.model_validate_json(next(a for a in argv if a.startswith("{")))
 
 
 def test_xpyd_prefix_affinity_gives_the_proxy_the_tokenizer(tmp_path: Path) -> None:

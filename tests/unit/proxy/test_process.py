@@ -44,3 +44,13 @@ def test_bad_arguments_are_one_line_and_exit_2(given: str) -> None:
     assert done.returncode == 2
     assert done.stderr.startswith("kvlab: proxy arguments:") and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_where_it_listens_is_flags_a_placement_can_move() -> None:
+    from kvlab.cluster.placement import rebind
+
+    plan = rebind(process_plan(ProxyArgs(decode=("http://d:1",))), "10.0.0.2", 8123)
+    argv = plan.exec_argv()
+    assert argv[argv.index("--host") + 1] == "10.0.0.2" and argv[argv.index("--port") + 1] == "8123"
+    given = ProxyArgs.model_validate_json(next(a for a in argv if a.startswith("{")))
+    assert given.host is None and given.port is None and given.decode == ("http://d:1",)

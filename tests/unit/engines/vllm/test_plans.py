@@ -394,7 +394,8 @@ def test_run_disagg_takes_connector_from_the_settings(tmp_path: Path, connector:
         config = json.loads(flag(leg, "--kv-transfer-config") or "{}")
         assert (config["kv_connector"], config["kv_role"]) == (name, role)
     assert flag(plans["baseline"]["plan"], "--kv-transfer-config") is None
-    assert ProxyArgs.model_validate_json(proxy["argv"][-1]).connector == connector
+    given = next(a for a in proxy["argv"] if a.startswith("{"))  # its JSON arguments
+    assert ProxyArgs.model_validate_json(given).connector == connector
     sides = [leg["env"].get("VLLM_NIXL_SIDE_CHANNEL_HOST") for leg in (prefill, decode)]
     assert sides == (["127.0.0.1"] * 2 if connector == "nixl" else [None, None])
     where = disagg.split_where(lab)
