@@ -22,6 +22,7 @@ from kvlab.core.settings import Settings
 from kvlab.engines import vllm
 from kvlab.engines.models import TinyModels
 from kvlab.engines.ports import port_in_use
+from kvlab.proxy import ProxyArgs
 from kvlab.records import notebook
 from kvlab.records.models import (
     ComparisonRecord,
@@ -142,9 +143,9 @@ def test_a_dry_run_prints_the_placement_it_reads_from_the_cluster(cluster: str,
     address = roles["prefill"]["node"].rsplit(" at ", 1)[1]
     assert address != "127.0.0.1" and roles["prefill"]["url"].startswith(f"http://{address}:")
     assert found["prefill"]["plan"]["host"] == found["decode"]["plan"]["host"] == address
-    proxy = found["proxy"]["plan"]["argv"]
-    assert proxy[proxy.index("--prefill") + 1] == roles["prefill"]["url"]
-    assert proxy[proxy.index("--decode") + 1] == roles["decode"]["url"]
+    legs = ProxyArgs.model_validate_json(next(a for a in found["proxy"]["plan"]["argv"]
+                                              if a.startswith("{")))  # its JSON arguments
+    assert legs.prefill == (roles["prefill"]["url"],) and legs.decode == (roles["decode"]["url"],)
     assert where["store"] == f"{shared}/kvlab-<run id>/pd"
     assert where["store_seen_by"] == [roles["prefill"]["node"], roles["decode"]["node"]]
     assert where["store"] in found["decode"]["shell"]
