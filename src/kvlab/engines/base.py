@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from kvlab.core import human_bytes
+from kvlab.core import EngineError, human_bytes
 from kvlab.observe import CounterTable, GaugeTable, Snapshot
 from kvlab.records import EngineArgs, EngineChoice, InstanceLine, KvCapacity
 
@@ -112,6 +112,24 @@ class KvStore(Protocol):
     def require_room(self, store: Path, requests: int, bytes_per_request: float) -> Room:
         """The room `requests` entries need, refused (RefusedError) when it is not there."""
         ...
+
+
+@dataclass(frozen=True)
+class ProgramInstall:
+    """An install that is one program on this machine (None: not found, and `reason` says the
+    fix), for the engines whose build is a binary or an interpreter kvlab finds or makes."""
+
+    program: Path | None
+    platform: str  # the device its build targets: "cpu", "cuda", "rocm" or "metal"
+    reason: str
+
+    @property
+    def found(self) -> bool:
+        return self.program is not None
+
+    def require(self) -> None:
+        if self.program is None:
+            raise EngineError(self.reason)
 
 
 class Install(Protocol):

@@ -102,7 +102,7 @@ class LlamaCppEngine:
     def plan(self, settings: Settings, role: str, install: Install,
              request: PlanRequest | None = None) -> EnginePlan:
         r = request or PlanRequest()
-        binary = install.binary if isinstance(install, LlamaInstall) else None
+        binary = install.program if isinstance(install, LlamaInstall) else None
         opts = facts.LlamaOptions(
             model=r.model, port=r.port, parallel=r.slots, cache_type=r.kv_cache_type,
             slot_save_path=r.store_path, extra_args=r.extra_args, role=role,

@@ -10,8 +10,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvlab.core import EngineError, Settings
-from kvlab.engines.base import HOST_TIER, Support
+from kvlab.core import Settings
+from kvlab.engines.base import HOST_TIER, ProgramInstall, Support
 from kvlab.engines.llamacpp.facts import (
     SERVER_BINARY,
     build_target,
@@ -23,21 +23,10 @@ from kvlab.records import EngineChoice
 
 
 @dataclass(frozen=True)
-class LlamaInstall:
+class LlamaInstall(ProgramInstall):
     """The llama-server binary this machine runs (None: none, and `reason` says the fix)."""
 
-    binary: Path | None
-    platform: str  # the device its build targets: "cpu", "cuda", "rocm" or "metal"
-    reason: str
     origin: str = "not found"  # LLAMA_BIN, PATH or the kvlab build
-
-    @property
-    def found(self) -> bool:
-        return self.binary is not None
-
-    def require(self) -> None:
-        if self.binary is None:
-            raise EngineError(self.reason)
 
     def supports(self, feature: str) -> Support:
         if feature == HOST_TIER:  # --cache-ram: its prompt cache in host RAM
@@ -45,10 +34,10 @@ class LlamaInstall:
         return Support(False, f"llama-server has no {feature!r} kvlab knows")
 
     def accepted_flags(self, cache_dir: Path) -> frozenset[str] | None:
-        return help_flags(self.binary) if self.binary is not None else None
+        return help_flags(self.program) if self.program is not None else None
 
     def as_record(self) -> EngineChoice:
-        return EngineChoice(command=str(self.binary or SERVER_BINARY), origin=self.origin,
+        return EngineChoice(command=str(self.program or SERVER_BINARY), origin=self.origin,
                             platform=self.platform, reason=self.reason)
 
 

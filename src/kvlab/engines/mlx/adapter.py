@@ -29,6 +29,7 @@ from kvlab.engines.base import (
     Install,
     InstanceFacts,
     LaunchSettings,
+    ProgramInstall,
     Support,
     TwoEndpointProof,
 )
@@ -50,20 +51,9 @@ ON_GPU = ("mlx-lm is Apple's engine, and on this GPU machine kvlab would install
 
 
 @dataclass(frozen=True)
-class MlxInstall:
-    """The interpreter of kvlab's mlx-lm venv (None: not installed)."""
-
-    python: Path | None
-    platform: str  # "metal" on a Mac, else "cpu" (mlx's Linux wheels)
-    reason: str
-
-    @property
-    def found(self) -> bool:
-        return self.python is not None
-
-    def require(self) -> None:
-        if self.python is None:
-            raise EngineError(self.reason)
+class MlxInstall(ProgramInstall):
+    """The interpreter of kvlab's mlx-lm venv (None: not installed); its platform "metal" on a
+    Mac, else "cpu" (mlx's Linux wheels)."""
 
     def supports(self, feature: str) -> Support:
         return Support(False, NO_TIER if feature == HOST_TIER
@@ -73,8 +63,8 @@ class MlxInstall:
         return None  # kvlab passes it only --model, --host and --port
 
     def as_record(self) -> EngineChoice:
-        return EngineChoice(command=f"{self.python or 'python'} {' '.join(SUBCOMMAND)}",
-                            origin="kvlab venv" if self.python else "not found",
+        return EngineChoice(command=f"{self.program or 'python'} {' '.join(SUBCOMMAND)}",
+                            origin="kvlab venv" if self.program else "not found",
                             platform=self.platform, reason=self.reason)
 
 
@@ -127,7 +117,7 @@ class MlxEngine:
 
     def plan(self, settings: Settings, role: str, install: Install,
              request: PlanRequest | None = None) -> EnginePlan:
-        python = install.python if isinstance(install, MlxInstall) else None
+        python = install.program if isinstance(install, MlxInstall) else None
         r = request or PlanRequest()
         return server_plan(python or Path("python"), r.model or settings.model,
                            r.port or settings.decode_port,
