@@ -42,6 +42,9 @@ class PlanRequest:
     # slot directory, LLAMA_SLOT_SAVE_PATH)
     # vLLM
     host_tier: bool | None = None  # override OFFLOAD for the offload role
+    host_tier_gib: float | None = None  # the host tier's size (default: KV_OFFLOAD_GB)
+    device_cache_bytes: int | None = None  # its device KV cache (default: KV_CACHE_BYTES)
+    memory_fraction: float | None = None  # its share of the device (default: the role's)
     host_memory: HostMemory | None = None  # None: measured when a host-tier plan is made
     cpu_core: int | None = None  # pin a CPU build's threads to one core
     enforce_eager: bool | None = None

@@ -105,18 +105,15 @@ class OffloadSpec:
 
 def plan_for(lab: Lab, on: bool, *, kv_cache_bytes: int = 0, probe: bool = True,
              tier_gb: float | None = None, sharing: int = 1) -> EnginePlan:
-    """One vLLM of this lab: its device cache, its host tier, and with `sharing` engines on
-    one device each its share of MEM_FRACTION (the device cache is sized apart)."""
-    update: dict[str, object] = {"kv_cache_bytes": kv_cache_bytes} if kv_cache_bytes else {}
-    if tier_gb is not None:
-        update["kv_offload_gb"] = tier_gb
-    if sharing > 1:
-        update["mem_fraction"] = round(lab.settings.mem_fraction / sharing, 3)
-    settings = lab.settings.model_copy(update=update) if update else lab.settings
+    """One vLLM of this lab: its device cache, its host tier (`tier_gb`; None: KV_OFFLOAD_GB),
+    and with `sharing` engines on one device each its share of MEM_FRACTION (the device cache
+    is sized apart)."""
     if probe:
         lab.install(VLLM).require()
-    return lab.plan(VLLM, "offload", PlanRequest(port=free_port(), host_tier=on,
-                                                 probe_flags=probe), settings)
+    share = round(lab.settings.mem_fraction / sharing, 3) if sharing > 1 else None
+    return lab.plan(VLLM, "offload", PlanRequest(
+        port=free_port(), host_tier=on, probe_flags=probe, host_tier_gib=tier_gb,
+        device_cache_bytes=kv_cache_bytes or None, memory_fraction=share))
 
 
 @contextlib.asynccontextmanager

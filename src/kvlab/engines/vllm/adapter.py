@@ -56,7 +56,8 @@ BEYOND_RESET = ("--kv-transfer-config", "--kv-offloading-size", "--kv-offloading
                 "--cpu-offload-gb")
 PLAN_FIELDS = frozenset({"model", "port", "extra_args", "store_path", "host_tier",
                          "host_memory", "cpu_core", "enforce_eager", "monolithic_switch",
-                         "store_must_exist", "interfaces", "store_here", "probe_flags"})
+                         "store_must_exist", "interfaces", "store_here", "probe_flags",
+                         "host_tier_gib", "device_cache_bytes", "memory_fraction"})
 
 
 VLLM = facts.VLLM

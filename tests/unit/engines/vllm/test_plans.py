@@ -401,3 +401,19 @@ def test_run_disagg_takes_connector_from_the_settings(tmp_path: Path, connector:
     where = disagg.split_where(lab)
     assert where.connector == connector and where.topology == "loopback"
     assert (where.transport is not None) == (connector == "nixl")
+
+
+def test_a_requests_sizes_replace_the_settings_for_that_plan_alone() -> None:
+    """An experiment sizes one engine's tier, device cache and device share in its request;
+    the settings (KV_OFFLOAD_GB, KV_CACHE_BYTES, MEM_FRACTION) stay as they are."""
+    s = settings(kv_offload_gb=1, kv_cache_bytes=0, mem_fraction=0.9)
+    plan = vllm.plan(s, "offload", GPU, PlanRequest(
+        host_tier=True, host_memory=PLENTY, host_tier_gib=3.5, device_cache_bytes=2**28,
+        memory_fraction=0.3))
+    assert plan.flag_value("--kv-offloading-size") == "3.5"
+    assert plan.flag_value("--kv-cache-memory-bytes") == str(2**28)
+    assert plan.flag_value("--gpu-memory-utilization") == "0.3"
+    assert (s.kv_offload_gb, s.kv_cache_bytes, s.mem_fraction) == (1, 0, 0.9)
+    default = vllm.plan(s, "offload", GPU, PlanRequest(host_tier=True, host_memory=PLENTY))
+    assert default.flag_value("--kv-offloading-size") == "1"
+    assert default.flag_value("--gpu-memory-utilization") == "0.9"
