@@ -51,8 +51,7 @@ NOTED = ("root",)  # where the model lies: a difference is a note, never a refus
 _UNKNOWN = (None, "auto")  # "auto" dtype: vLLM resolves it from the config, kvlab cannot
 
 
-async def probe(client: httpx.AsyncClient, url: str, *,
-                with_fingerprint: bool = False) -> InstanceFacts:
+async def probe(client: httpx.AsyncClient, url: str) -> InstanceFacts:
     """Ask one instance what it is; UnreachableError if it does not answer /v1/models."""
     base, root = api_base(url), server_root(url)
     facts = InstanceFacts(url=base)
@@ -75,8 +74,6 @@ async def probe(client: httpx.AsyncClient, url: str, *,
     facts.model_id, facts.root = data.get("id"), data.get("root")
     facts.max_model_len = data.get("max_model_len")
     snap = await metrics.scrape(client, root + "/metrics")
-    if with_fingerprint:
-        facts.fingerprint = await fingerprint.take(client, base, facts.model_id)
     named = source_of(snap)
     # the engine its metrics name first; then each engine in turn, for servers without /metrics
     for engine in ([named] if named else []) + [e for e in all_engines() if e is not named]:
@@ -286,15 +283,51 @@ def _show(name: str, value: object) -> str:
 
 async def compare(urls: list[str], *, ignore: tuple[str, ...] = (), timeout_s: float = 20.0,
                   headers: dict[str, str] | None = None) -> Compatibility:
-    """Probe every instance (fingerprint included) and name what differs; refuses nothing.
+    """Probe every instance and name what differs; refuses nothing.
 
-    One instance at a time: a split's producer saves the fingerprint prompt's KV to the store
-    its consumer reads, and vLLM's shared-storage connector takes an entry's directory for the
-    whole entry, so a consumer probed alongside found it half written and died on the missing
-    layer file (CI, 2026-11-30)."""
+    The facts first (what the servers and their command lines say); the behavioural
+    fingerprint after, and where an instance reports a KV connector only when the facts
+    agree. The fingerprint's probe is one prompt sent to every
+    instance, so on a shared store the second instance reads the KV the first one wrote: a
+    decode in float16 loading a prefill's bfloat16 KV died of it (`Index put requires the
+    source and destination dtypes match`), so no instance is asked to load another's KV before
+    the facts say they compute alike. One instance at a time: vLLM's shared-storage connector
+    takes an entry's directory for the whole entry, so a consumer probed alongside found it
+    half written and died on the missing layer file (CI, 2026-11-30). An instance that stops
+    answering after its probe stops the check with UnreachableError naming it."""
     async with httpx.AsyncClient(timeout=timeout_s, trust_env=False, headers=headers) as client:
-        facts = [await probe(client, u, with_fingerprint=True) for u in urls]
-    return Compatibility(facts, differences(facts, ignore), notes(facts), store_faults(facts))
+        facts = [await probe(client, u) for u in urls]
+        found = differences(facts, ignore)
+        if _fingerprint_is_safe(facts, found) and FINGERPRINT not in ignore:
+            for fact, url in zip(facts, urls, strict=True):
+                fact.fingerprint = await fingerprint.take(client, fact.url, fact.model_id)
+                await _still_answers(client, url, facts)
+            found = differences(facts, ignore)
+    return Compatibility(facts, found, notes(facts), store_faults(facts))
+
+
+def _fingerprint_is_safe(facts: list[InstanceFacts], found: list[Mismatch]) -> bool:
+    """Whether the fingerprint's prompt may go to every instance: none reads KV another
+    wrote (every one reports no KV connector; unknown counts as one), or the facts agree and
+    no store holds a partial entry."""
+    if all(f.connector == "none" for f in facts):
+        return True
+    return not found and store_faults(facts) == []
+
+
+async def _still_answers(client: httpx.AsyncClient, url: str,
+                         facts: list[InstanceFacts]) -> None:
+    """UnreachableError when the instance at `url` stopped answering during the check."""
+    try:
+        alive = (await client.get(server_root(url) + "/health")).status_code < 500
+    except httpx.HTTPError:
+        alive = False
+    if not alive:
+        others = ", ".join(f.url for f in facts if f.url != api_base(url))
+        raise UnreachableError(
+            f"instance {api_base(url)} died during the check, after its fingerprint probe "
+            f"(one prompt also sent to {others or 'no other instance'}): see its log for the "
+            "cause; an instance that reads another's KV store dies loading KV it cannot use")
 
 
 def store_faults(instances: list[InstanceFacts]) -> list[str]:
