@@ -120,6 +120,7 @@ def test_a_full_store_is_named_blamed_refused_and_cleaned(
                                 kv_shared_path=str(small_store))
         checks = asyncio.run(fill(urls, settings))
         out, err = prefill.communicate(timeout=120)  # prefill ends by itself
+    assert prefill.returncode == 1  # exit 0 from vLLM, an exception in its log: a death
     failed = checks[-1]
     assert len(checks) > 1 and all(c.crossed for c in checks[:-1]), [c.reasons for c in checks]
     assert failed.status == 502 and failed.failed_leg == "prefill", failed.reasons
@@ -128,7 +129,7 @@ def test_a_full_store_is_named_blamed_refused_and_cleaned(
     assert "the prefill leg failed the request (the proxy's error names it); decode never got " \
            "it" in said
     assert "recomputed" not in said
-    assert "exited by itself (exit 0, status 0): the KV store's filesystem is full (" in out + err
+    assert "died (exit 0, status 1): the KV store's filesystem is full (" in out + err
     assert "No space left on device" in out + err
 
     partial = kvstore.partial_entries(small_store, kvstore.model_layers(tiny_models.hf))

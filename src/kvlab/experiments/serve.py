@@ -95,7 +95,9 @@ async def serve_here(settings: Settings, plan: EnginePlan, *, detach: bool = Fal
     code = host.started[0].returncode if host.started else None
     ended = _ended(served, code, received, detach, exit_status(code))
     if host.started and not received and code is not None:
-        ended.outcome = outcome(plan, code, received, death_cause(host.started[0]))
+        cause = death_cause(host.started[0])
+        ended.outcome = outcome(plan, code, received, cause)
+        ended.exit_status = status_of(code, cause)
     return ended
 
 
@@ -171,17 +173,34 @@ def exit_status(code: int | None) -> int:
     return 128 - code if code < 0 else code
 
 
+def status_of(code: int | None, cause: str | None) -> int:
+    """kvlab's exit status for an engine that ended by itself: its own, or 1 where it exited 0
+    with an exception in its log (it died, whatever its code says)."""
+    status = exit_status(code)
+    return 1 if cause and status == 0 else status
+
+
 def outcome(plan: EnginePlan, code: int | None, received: list[int],
             cause: str | None = None) -> str:
-    """One line: who ended the engine, how it exited, and why where its log says."""
+    """One line: who ended the engine, how it exited, and why where its log says. "Exited by
+    itself" only for an exit 0 whose log shows no exception: vLLM's API server exits 0
+    after its engine core died, so a cause in the log makes it a death whatever the code."""
     what = f"{plan.engine} ({plan.role})"
-    how = f"killed by {signal_name(-code)}" if code is not None and code < 0 \
-        else f"exit {code}"
     if received:
-        return f"stopped on {signal_name(received[0])}: {what} ended ({how})"
+        return f"stopped on {signal_name(received[0])}: {what} ended ({_how(code)})"
+    status = status_of(code, cause)
     if cause:
-        return f"{what} exited by itself ({how}, status {exit_status(code)}): {cause}"
-    return f"{what} exited by itself ({how}, status {exit_status(code)}): see its log"
+        return f"{what} died ({_how(code)}, status {status}): {cause}"
+    if code is not None and code < 0:
+        return (f"{what} was killed by {signal_name(-code)} from outside kvlab (status "
+                f"{status}); its log names no cause (the kernel's OOM killer sends SIGKILL)")
+    if code == 0:
+        return f"{what} exited by itself (exit 0, status 0); its log shows no error"
+    return f"{what} died ({_how(code)}, status {status}); its log names no cause: see it"
+
+
+def _how(code: int | None) -> str:
+    return f"killed by {signal_name(-code)}" if code is not None and code < 0 else f"exit {code}"
 
 
 def signal_name(signum: int) -> str:

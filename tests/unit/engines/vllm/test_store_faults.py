@@ -67,9 +67,15 @@ def test_the_cause_is_the_last_exception_that_does_not_point_above() -> None:
 def test_serve_says_the_store_is_full_where_it_said_see_its_log() -> None:
     plan = EnginePlan(engine="vllm", role="prefill", command=("vllm", "serve"), port=8100)
     said = outcome(plan, 0, [], deaths.cause(FULL_LOG, kv_store=True))
-    assert said.startswith("vllm (prefill) exited by itself (exit 0, status 0): the KV "
+    assert said.startswith("vllm (prefill) died (exit 0, status 1): the KV "
                            "store's filesystem is full (")
-    assert outcome(plan, 0, []).endswith("see its log")  # a log that shows nothing
+    # "exited by itself" only where the log shows nothing
+    assert outcome(plan, 0, []).endswith("exited by itself (exit 0, status 0); its log shows "
+                                         "no error")
+    assert "died (exit 3, status 3); its log names no cause" in outcome(plan, 3, [])
+    assert "was killed by SIGKILL from outside kvlab (status 137)" in outcome(plan, -9, [])
+    assert outcome(plan, -9, [], "RuntimeError: x").endswith(
+        "died (killed by SIGKILL, status 137): RuntimeError: x")
 
 
 def safetensors_file(path: Path, rows: int = 4, cut: int = 0) -> None:
