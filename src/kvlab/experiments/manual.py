@@ -25,6 +25,7 @@ from kvlab.loadgen import (
     ProgressHook,
     SearchPlan,
     SweepResult,
+    fit,
     run_sweep,
     search,
     served,
@@ -100,12 +101,13 @@ def predict(settings: Settings, result: kvmath.Prediction, note: Note) -> Predic
 
 
 async def served_spec(settings: Settings, spec: LoadSpec, say: Say = quiet) -> LoadSpec:
-    """`spec` with the model name the server lists (`loadgen/served.py`), said when changed:
-    the load commands call it once, before the load and its plan line."""
+    """`spec` with the model name the server lists (`loadgen/served.py`), said when changed,
+    and its prompts' sizes said and fitted to the served context (`loadgen/fit.py`): the load
+    commands call it once, before the load and its plan line."""
     spec, why = await served.resolve(spec, settings.api_key())
     if why:
         say(f"    {why}")
-    return spec
+    return await fit.fit(spec, settings.api_key(), say)
 
 
 async def load(settings: Settings, spec: LoadSpec, *, stop: asyncio.Event | None = None,

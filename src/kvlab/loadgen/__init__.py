@@ -9,14 +9,16 @@ for the reply and a think time) -> `record` (decode events after the level) -> `
 line of the level's file) -> `sweep` (the levels in order; `inputs` what they share, `payloads`
 a level's prompts and request bytes, `level` one level's warm-up, metrics deltas and row) and
 `linkrun` (the seed's run-load.sh); `trace` reads and rebuilds a Mooncake-format trace;
-`capacity` searches the load for the highest that meets a latency target. It knows no engine
+`capacity` searches the load for the highest that meets a latency target; `served` settles the
+model name a load sends and `fit` its prompt sizes against the served context, both before the
+first request. It knows no engine
 beyond the OpenAI streaming shapes and what the engine adapter answers.
 
 This module is the package's surface: other packages import loadgen's names (and the
-`served`, `stats` and `topology` modules) from here, never from its other modules.
+`fit`, `served`, `stats` and `topology` modules) from here, never from its other modules.
 """
 
-from kvlab.loadgen import served, stats, topology
+from kvlab.loadgen import fit, served, stats, topology
 from kvlab.loadgen.args import (
     CapacityArgs,
     LoadArgs,
@@ -82,6 +84,7 @@ __all__ = [
     "ThinkTime",
     "decode_events",
     "default_requests",
+    "fit",
     "lab_named",
     "level_prompts",
     "link_spec",

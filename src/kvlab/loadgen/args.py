@@ -114,6 +114,10 @@ class LoadArgs(Args):
                                  "[default: chat; completions for --trace and "
                                  "--random-input-len].")
     ignore_eos: bool = Field(False, description="Ask for exactly --max-tokens tokens.")
+    send_oversized: bool = Field(False, description="Send prompts the served context cannot "
+                                 "hold (each a failed request: to measure a server's "
+                                 "refusals). Default: a preamble from the settings is cut to "
+                                 "fit, one you named is refused.")
     kv_cache_type: str | None = Field(None, description="Record the server's KV type (f16, "
                                       "q8_0, ...).")
     no_metrics: bool = Field(False, description="Do not scrape the server's /metrics.")
@@ -330,6 +334,8 @@ def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: s
         rate=rates[0] if len(rates) == 1 else None, rates=rates if len(rates) > 1 else (),
         groups=args.prefix_groups, group_shares=floats("--group-shares", args.group_shares),
         model_source="default" if loaded.unset("served_name") else "named",
+        oversized="send" if args.send_oversized else "fit"
+        if args.preamble_tokens is None and loaded.unset("preamble_tokens") else "refuse",
         temperature=bench.temperature, extra_body=extra_body(bench.extra_body,
                                                              bench.temperature),
         headers=headers(bench.header), random_input_len=bench.random_input_len,

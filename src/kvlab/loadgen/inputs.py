@@ -18,7 +18,7 @@ import httpx
 
 from kvlab.loadgen import textform
 from kvlab.loadgen import trace as trace_replay
-from kvlab.loadgen.sizing import prompt_sizing
+from kvlab.loadgen.sizing import prompt_sizing, tokenize_urls
 from kvlab.loadgen.spec import LoadSpec
 from kvlab.measure import workloads
 
@@ -33,11 +33,6 @@ class Inputs:
     pool: trace_replay.TokenPool | None = None
     trace: trace_replay.Trace | None = None
     detokenizer: textform.Detokenizer | None = None
-
-def tokenize_urls(spec: LoadSpec) -> list[str]:
-    """Where the prompts' tokens are counted, in order of preference."""
-    return [spec.tokenize_url or spec.base_url, spec.metrics_url]
-
 
 async def sweep_sizing(spec: LoadSpec, api_key: str = "") -> workloads.Sizing:
     """The spec's sizing, counted by the server's tokenizer when it asks for that."""

@@ -311,7 +311,8 @@ class _Level:
         own.warmup_requests = len(warm.records) if warm else 0
         # a trace's, random or a dataset's prompts have no preamble of kvlab's to size
         if not spec.token_prompts and spec.dataset is None:
-            own.prompt_sizing = self.inputs.sizing.as_record(spec.seed, spec.preamble_tokens)
+            own.prompt_sizing = self.inputs.sizing.as_record(
+                spec.seed, spec.preamble_tokens).model_copy(update={"fit": spec.fit})
         if warm is not None:
             own.warmup_failed = sum(r.failed for r in warm.records) or None
             own.warmup_cancelled = sum(r.cancelled for r in warm.records) or None

@@ -22,7 +22,7 @@ from kvlab.loadgen.dataset import Dataset
 from kvlab.loadgen.sessions import SessionSpec
 from kvlab.loadgen.trace import TraceSpec
 from kvlab.measure import workloads
-from kvlab.records import RunContext, Workload, notebook
+from kvlab.records import PromptFit, RunContext, Workload, notebook
 
 MIN_REQUESTS = 200  # a level's default: p99 of at least 200 values is not one request
 PER_CONCURRENCY = 10  # ... and at least 10 per concurrent slot
@@ -69,6 +69,10 @@ class LoadSpec:
     size_prompts: bool = False  # size prompts with the server's tokenizer (else the estimate)
     tokenize_url: str = ""  # whose /tokenize; "" = the base URL's server, then metrics_url's
     sizing: workloads.Sizing | None = None  # a sizing already made (the caller's plan's)
+    fit: PromptFit | None = None  # the longest prompt against the served context (`fit.py`)
+    # a prompt the served context cannot hold: the preamble cut to fit (it came from the
+    # settings' defaults), the load refused (the user named it), or sent (--send-oversized)
+    oversized: Literal["fit", "refuse", "send"] = "fit"
     rates: tuple[float, ...] = ()  # open loop: one level per (concurrency, rate)
     groups: int = 1  # shared-prefix: how many preambles
     group_shares: tuple[float, ...] = ()  # their shares of the requests (equal when empty)

@@ -152,6 +152,7 @@ from kvlab.records.startup import (
 from kvlab.records.workload import (
     DatasetEvidence,
     PrefixGroups,
+    PromptFit,
     PromptSizing,
     RequestShape,
     SessionsEvidence,
@@ -273,6 +274,7 @@ __all__ = [
     "PressurePlanned",
     "PressureReached",
     "ProcedureRecord",
+    "PromptFit",
     "PromptSizing",
     "ProofCase",
     "ProofRecord",

@@ -112,6 +112,20 @@ class DatasetEvidence(Strict):
     outputs_capped: int = Field(0, description="Of those, capped at the run's max_tokens.")
 
 
+class PromptFit(Strict):
+    """The longest prompt set against the context the server serves, before the first
+    request (`loadgen/fit.py`)."""
+
+    longest_prompt_tokens: int = Field(description="The longest prompt of the largest level, "
+                                       "as the server counts it (its template applied).")
+    counted_by: str = Field(description="The tokenizer endpoint that counted it.")
+    answer_tokens: int = Field(description="MAX_TOKENS: room each answer needs.")
+    served_context: int = Field(description="The context the server states.")
+    context_from: str = Field(description="Where the server states it.")
+    preamble_asked: int | None = Field(None, description="The preamble asked for, when it "
+                                       "was cut to fit (the row's preamble is what was sent).")
+
+
 class PromptSizing(Strict):
     """How a row's prompts were sized: the model's own tokenizer or the estimate."""
 
@@ -120,6 +134,7 @@ class PromptSizing(Strict):
     tokens_per_word: float
     preamble_tokens_requested: int
     preamble_tokens_actual: int | None = None
+    fit: PromptFit | None = None
 
 
 class PrefixGroups(Strict):
