@@ -115,6 +115,11 @@ def judge(ev: Evidence, *, context: str = "", cause: str = "",
         return judgement
     if context and context not in judgement.reasons:
         judgement.reasons.insert(0, context)
+    if cause and judgement.verdict == "warm-up-only":
+        # the instance reuses nothing by configuration: a faster repeat is noise or warm-up
+        # that the cold request paid, and the miss itself is the finding
+        judgement.verdict = "silent-miss"
+        judgement.reasons.append("the faster TTFT is not reuse: the instance caches nothing")
     if cause and judgement.verdict in FAILED:
         judgement.reasons.insert(0, f"cause: {cause}")
         judgement.evidence.cause = cause

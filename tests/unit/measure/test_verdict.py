@@ -64,6 +64,17 @@ def test_silent_miss_and_warm_up_only() -> None:
     assert warm.verdict == "warm-up-only" and "warm-up" in warm.reasons[0]
 
 
+def test_a_faster_miss_on_an_instance_with_caching_off_is_a_silent_miss() -> None:
+    # CI saw it: the cold request met a busy machine, the repeat did not. With the instance
+    # reporting its cache off, the speed-up cannot be reuse nor warm-up; the miss is the finding
+    off = InstanceFacts(url="http://127.0.0.1:1/v1", prefix_caching=False)
+    j = judge(Evidence(1920, cached_tokens=0, counter_hits=0, ttft_s=0.05, cold_ttft_s=0.5),
+              cause=no_reuse_cause(off))
+    assert j.verdict == "silent-miss"
+    assert j.reasons[0].startswith("cause: prefix caching is OFF")
+    assert any("0.10x of cold" in r and "not reuse" in r for r in j.reasons)
+
+
 def test_controls() -> None:
     assert judge(Evidence(0, cached_tokens=0, prompt_tokens=1300)).verdict == "no-reuse-expected"
     assert judge(Evidence(0, cached_tokens=4, prompt_tokens=1300)).verdict == (
