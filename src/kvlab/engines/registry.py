@@ -7,7 +7,9 @@ adapters implement) imports none. A new engine is its package and one line in `E
 
 from __future__ import annotations
 
-from kvlab.core import RefusedError, Settings, connectors
+from pathlib import Path
+
+from kvlab.core import RefusedError, SettingError, Settings, connectors
 from kvlab.engines.base import Engine, Install, KvStore
 from kvlab.engines.llamacpp import facts as llamacpp_facts
 from kvlab.engines.llamacpp.adapter import LLAMA_CPP_ENGINE
@@ -61,6 +63,24 @@ def make_plan(settings: Settings, name: str, role: str, install: Install | None 
     if unused:
         raise RefusedError(f"{name} has no equivalent of {', '.join(unused)} in its plans")
     return engine.plan(settings, role, install or engine.install(settings), request)
+
+
+PATH_LIKE = ("/", "~", "./", "../")  # a model given so is a path: a Hub id never starts so
+MODEL_KEYS = ("model", "small_model", "llama_model")  # the settings a plan's model comes from
+
+
+def refuse_missing_model(settings: Settings, plan: EnginePlan) -> None:
+    """SettingError when the plan's model is a path that does not exist on this machine: the
+    engine would take it for a Hub id and fail offline, long after the plan said nothing."""
+    path = Path(plan.model).expanduser()
+    if not plan.model.startswith(PATH_LIKE) or path.exists():
+        return
+    if path.is_relative_to(settings.home()):  # kvlab's own models, made before a start
+        return
+    key = next((k.upper() for k in MODEL_KEYS if getattr(settings, k) == plan.model), "MODEL")
+    raise SettingError(f"{key}={plan.model}: no such file or directory on this machine; set "
+                       f"{key} to an existing model directory (or GGUF file) or to a Hugging "
+                       "Face id such as Qwen/Qwen3-8B")
 
 
 def engine_of_role(role: str) -> Engine:

@@ -12,7 +12,13 @@ from __future__ import annotations
 
 from kvlab.core import LoadedSettings
 from kvlab.engines.plan import EnginePlan, PlanRequest
-from kvlab.engines.registry import all_engines, engine_of_role, known_engine, make_plan
+from kvlab.engines.registry import (
+    all_engines,
+    engine_of_role,
+    known_engine,
+    make_plan,
+    refuse_missing_model,
+)
 
 ENGINE_ROLES = tuple(role for engine in all_engines() for role in engine.roles)
 TITLES = {role: title for engine in all_engines() for role, title in engine.titles.items()}
@@ -34,8 +40,9 @@ def plan_for_role(loaded: LoadedSettings, role: str, model: str | None, port: in
                           monolithic_switch="monolithic_switch" in has,
                           store_must_exist="store_must_exist" in has,
                           probe_flags=probe and "probe_flags" in has)
-    return make_plan(settings, engine.name, role, install, request).with_secrets(
-        settings.known_secrets())
+    plan = make_plan(settings, engine.name, role, install, request)
+    refuse_missing_model(settings, plan)
+    return plan.with_secrets(settings.known_secrets())
 
 
 def as_started(plan: EnginePlan) -> list[tuple[str, str]]:

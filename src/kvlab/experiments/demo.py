@@ -15,7 +15,15 @@ from pathlib import Path
 import httpx
 
 from kvlab.core import Settings
-from kvlab.engines import KNOWN_SHAPES, VLLM, LocalHost, hf_config, install_of, make_plan
+from kvlab.engines import (
+    KNOWN_SHAPES,
+    VLLM,
+    LocalHost,
+    hf_config,
+    install_of,
+    make_plan,
+    refuse_missing_model,
+)
 from kvlab.experiments.serve import LabbookScope
 from kvlab.measure import kvmath
 from kvlab.observe import ChatResult, chat_body, stream_chat
@@ -45,6 +53,7 @@ async def run(settings: Settings) -> Demo:
     install = install_of(settings, VLLM)
     install.require()
     plan = make_plan(settings, VLLM, "baseline", install)
+    refuse_missing_model(settings, plan)
     scope = LabbookScope(settings, time.strftime("demo-%Y%m%d-%H%M%S"))
     host = LocalHost(scope, settings.paths().run / "logs", log_prefix="demo-")
     async with host.running([plan], [LABEL]) as (proc,), \

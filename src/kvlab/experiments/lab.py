@@ -40,6 +40,7 @@ from kvlab.engines import (
     install_of,
     make_plan,
     make_private_dir,
+    refuse_missing_model,
 )
 from kvlab.records import NotRunRecord, Record, Row, notebook
 
@@ -126,8 +127,11 @@ class Lab:
              settings: Settings | None = None) -> EnginePlan:
         """`engine`'s plan for `role` with this run's install (and `settings`, where a step
         runs with its own copy)."""
-        return make_plan(settings or self.settings, engine, role, self.install(engine),
-                         request)
+        values = settings or self.settings
+        plan = make_plan(values, engine, role, self.install(engine), request)
+        if not self.placement.remote:  # a node's paths are its own (ClusterSession.check_paths)
+            refuse_missing_model(values, plan)
+        return plan
 
     def record(self, line: R) -> R:
         """Append one line to the notebook, stamped with this run, and keep it."""

@@ -62,6 +62,19 @@ def test_a_bad_run_option_is_one_line_and_exit_2(tmp_path: Path, args: tuple[str
     assert args[1] in result.stderr
 
 
+@pytest.mark.parametrize("command", [("run", "offload"), ("serve", "baseline")], ids=" ".join)
+def test_a_model_directory_that_is_not_here_is_one_line_and_exit_2(
+        tmp_path: Path, command: tuple[str, str]) -> None:
+    env = {**os.environ, "KVLAB_HOME": str(tmp_path / "home"), "MODEL": "/nonexistent/model"}
+    result = subprocess.run([sys.executable, "-m", "kvlab", *command, "--dry-run"],
+                            capture_output=True, text=True, env=env, check=False, timeout=300)
+    assert result.returncode == 2, result.stdout
+    assert result.stderr.strip().splitlines() == [
+        "kvlab: MODEL=/nonexistent/model: no such file or directory on this machine; set MODEL "
+        "to an existing model directory (or GGUF file) or to a Hugging Face id such as "
+        "Qwen/Qwen3-8B"]
+
+
 def test_one_tier_side_plans_only_that_side_of_the_pressure_pair(tmp_path: Path) -> None:
     """`--tier on` (a capacity search with the tier on, in a call of its own) plans the
     tier-on pressure engine and not the tier-off one; a GPU profile so the tier can run."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.core import EngineError, RefusedError, Settings
+from kvlab.core import EngineError, RefusedError, SettingError, Settings
 from kvlab.engines import (
     HOST_TIER,
     LLAMA_CPP,
@@ -20,6 +20,7 @@ from kvlab.engines import (
     engine_for,
     install_of,
     make_plan,
+    refuse_missing_model,
     store_for,
 )
 from kvlab.engines.registry import engine_of_role
@@ -80,3 +81,19 @@ def test_llama_server_not_found_says_the_fix(tmp_path: Path) -> None:
     assert not install.found and "LLAMA_BIN" in install.reason
     assert install.supports(HOST_TIER).ok  # --cache-ram: its prompt cache in host RAM
     assert engine_for(LLAMA_CPP).missing(Settings(llama_model="")) is not None
+
+
+def test_a_model_path_that_is_not_here_is_refused_at_the_plan(tmp_path: Path) -> None:
+    # #48 finding 15: MODEL=/nonexistent/model planned `vllm serve /nonexistent/model` silently
+    home = tmp_path / "home"
+    for key, value in (("model", "/nonexistent/model"), ("small_model", "./no-such-dir")):
+        settings = Settings(kvlab_home=str(home), **{key: value})
+        plan = make_plan(settings, VLLM, "baseline", install_of(settings, VLLM),
+                         PlanRequest(model=value))
+        with pytest.raises(SettingError) as err:
+            refuse_missing_model(settings, plan)
+        assert str(err.value).startswith(f"{key.upper()}={value}: no such file or directory")
+    for value in ("Qwen/Qwen3-8B", str(tmp_path), str(home / "models" / "tiny" / "hf")):
+        settings = Settings(kvlab_home=str(home), model=value)  # a Hub id, a directory here,
+        refuse_missing_model(settings, make_plan(  # kvlab's own (made before a start)
+            settings, VLLM, "baseline", install_of(settings, VLLM)))
