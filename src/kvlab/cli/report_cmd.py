@@ -33,7 +33,10 @@ def report_command(ctx: click.Context, labbook: str | None, out_dir: Path, no_pl
             "page": str(out_dir / "report.html")}
     where = f"\n(written to {out_dir}/report.html and report.md" + (
         f"; {len(report.csv_files)} CSV files in {csv_dir}" if csv_dir is not None else "") + ")"
-    Output(as_json).result(data, lambda c: c.print(text + where))
+    out = Output(as_json)
+    for line in report.left_out(most=20):  # on stderr: the report itself is on stdout
+        out.err.print(f"kvlab: {settings.labbook}: {line}")
+    out.result(data, lambda c: c.print(text + where))
 
 
 COMMANDS = (report_command,)

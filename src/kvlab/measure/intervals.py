@@ -240,12 +240,12 @@ def side(notebook: Path, records: Sequence[Record], newest: LoadRecord) -> Side 
 
 
 def side_of(notebook: Path, rows: Sequence[LoadRecord]) -> Side | None:
-    """The side made of `rows`, one per repeat (None: one names no per-request file)."""
-    if not rows or any(r.requests_file is None for r in rows):
+    """The side made of `rows`, one per repeat (None: one names no per-request file, or its
+    file is not beside the notebook)."""
+    read = [requests.of_row(notebook, r.requests_file, r.requests_sha256) for r in rows]
+    if not rows or any(lines is None for lines in read):
         return None
-    runs = tuple(columns(requests.read(requests.location(notebook, str(r.requests_file)),
-                                        r.requests_sha256)) for r in rows)
-    return Side(rows[-1].label, tuple(rows), runs)
+    return Side(rows[-1].label, tuple(rows), tuple(columns(lines or []) for lines in read))
 
 
 def draws(groups: list[Floats], rng: np.random.Generator, count: int) -> Floats:

@@ -110,9 +110,17 @@ class Notebook:
     path: Path
     records: list[Record] = field(default_factory=list)
     prose_lines: int = 0
-    broken_lines: int = 0
     foreign_lines: int = 0  # JSON objects that are no record kvlab or the seeds write
-    unreadable: list[str] = field(default_factory=list)  # kvlab-shaped lines that failed, why
+    broken: list[tuple[int, str]] = field(default_factory=list)  # (line number, why skipped)
+
+    @property
+    def broken_lines(self) -> int:
+        return len(self.broken)
+
+    @property
+    def unreadable(self) -> list[str]:
+        """Why each kvlab-shaped line that failed its record's model failed."""
+        return [why for _, why in self.broken if not why.startswith(NOT_JSON)]
 
     def by_record(self, kind: str) -> list[Record]:
         return [r for r in self.records if r.record == kind]
@@ -138,17 +146,17 @@ def read(path: Path | str) -> Notebook:
         raise InputError(f"LABBOOK {book.path}: no such file; run a measurement first") from None
     except OSError as exc:
         raise InputError(f"LABBOOK {book.path}: cannot be read ({exc})") from None
-    for raw in _lines(text):
+    for number, raw in _lines(text):
         if not raw.startswith("{"):
             book.prose_lines += 1 if raw else 0
             continue
         try:
             obj = json.loads(raw)
-        except json.JSONDecodeError:
-            book.broken_lines += 1
+        except json.JSONDecodeError as exc:
+            book.broken.append((number, f"{NOT_JSON} ({exc.msg}, column {exc.colno})"))
             continue
         if not isinstance(obj, dict):
-            book.broken_lines += 1
+            book.broken.append((number, f"{NOT_JSON} object"))
             continue
         record = parse(obj)
         if isinstance(record, Record):
@@ -156,11 +164,13 @@ def read(path: Path | str) -> Notebook:
         elif record.foreign:
             book.foreign_lines += 1
         else:
-            book.broken_lines += 1
-            book.unreadable.append(record.why)
+            book.broken.append((number, record.why))
     return book
 
 
-def _lines(text: str) -> Iterator[str]:
-    for raw in text.splitlines():
-        yield raw.strip()
+NOT_JSON = "not a JSON"
+
+
+def _lines(text: str) -> Iterator[tuple[int, str]]:
+    for number, raw in enumerate(text.splitlines(), 1):
+        yield number, raw.strip()

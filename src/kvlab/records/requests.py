@@ -150,6 +150,22 @@ def location(notebook: Path, relative: str) -> Path:
     return path
 
 
+def of_row(notebook: Path, relative: str | None, sha256: str | None
+           ) -> list[RequestLine] | None:
+    """A notebook row's per-request lines; None when the row names no file or its file is
+    absent (a notebook read without its `kvlab-requests` folder): what needs them is left
+    out and the report says so (`absent`). A file that is there but changed is refused."""
+    if relative is None:
+        return None
+    path = location(notebook, relative)
+    return read(path, sha256) if path.exists() else None
+
+
+def absent(notebook: Path, relatives: Iterable[str | None]) -> list[str]:
+    """The per-request files the rows name that are not beside the notebook."""
+    return sorted({r for r in relatives if r is not None and not location(notebook, r).exists()})
+
+
 def read(path: Path, sha256: str | None) -> list[RequestLine]:
     """Every line of a per-request file; refuses a missing, changed or malformed file."""
     try:

@@ -5,9 +5,10 @@ run on the machine that ran the lab); every row carries its evidence and what it
 on. The labs' closing decisions follow the tables (`decisions.py`), each with its figures or
 "not enough evidence" and why. Ratios between runs carry 95% intervals drawn from the
 per-request files the load rows name (`intervals.py`); a file whose sha256 differs from its
-row's stops the report with one line. With a CSV folder, every table and every run's requests
-are written as CSV too (`export.py`). No engine is touched: the report runs anywhere the
-notebook and its per-request files are.
+row's stops the report with one line, and files that are absent (a notebook copied without
+its `kvlab-requests` folder) leave out what needs them, saying so. With a CSV folder, every
+table and every run's requests are written as CSV too (`export.py`). No engine is touched:
+the report runs anywhere the notebook is.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvlab.core import write_private
-from kvlab.records import notebook
+from kvlab.records import LoadRecord, notebook, requests
 from kvlab.report.common import Table
 from kvlab.report.decisions import decide
 from kvlab.report.decisions_common import Decision
@@ -40,7 +41,8 @@ class Report:
     tables: list[Table]
     plots: list[Plot] = field(default_factory=list)
     csv_files: list[Path] = field(default_factory=list)
-    skipped_lines: int = 0
+    skipped: list[tuple[int, str]] = field(default_factory=list)  # broken lines: number, why
+    absent: list[str] = field(default_factory=list)  # per-request files not beside it
     decisions: list[Decision] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)  # experiments not run yet
     stopped: bool = False  # the run was cut (a signal, Ctrl-C): pending never will run
@@ -70,9 +72,27 @@ class Report:
             for p in self.plots:
                 parts += [f"**{p.question}** {p.answer}", "", f"![{p.path.stem}]({p.path.name})",
                           ""]
-        if self.skipped_lines:
-            parts.append(f"({self.skipped_lines} broken notebook lines were skipped.)")
-        return "\n".join(parts)
+        return "\n".join(parts + [f"({line})" for line in self.left_out()])
+
+    @property
+    def skipped_lines(self) -> int:
+        return len(self.skipped)
+
+    def left_out(self, most: int = 5) -> list[str]:
+        """What the report could not use, with where: the broken lines by number (`most` of
+        them), and the absent per-request files."""
+        out = []
+        if self.skipped:
+            lines = "; ".join(f"line {n}: {why}" for n, why in self.skipped[:most])
+            more = len(self.skipped) - most
+            out.append(f"{len(self.skipped)} broken notebook lines were skipped: {lines}"
+                       + (f"; and {more} more" if more > 0 else ""))
+        if self.absent:
+            out.append(f"{len(self.absent)} per-request files the notebook names are not beside "
+                       f"it (first: {self.absent[0]}): the tables and decisions come from the "
+                       "notebook alone; the intervals, plots and CSV files that need them are "
+                       "left out")
+        return out
 
     @property
     def pending_line(self) -> str:
@@ -88,6 +108,8 @@ class Report:
 
     def as_dict(self) -> dict[str, object]:
         return {"labbook": self.labbook, "skipped_lines": self.skipped_lines,
+                "skipped": [{"line": n, "why": why} for n, why in self.skipped],
+                "absent_requests_files": self.absent,
                 "tables": [{"title": t.title, "columns": t.flat_header(), "rows": t.rows}
                            for t in self.tables],
                 "decisions": [d.as_dict() for d in self.decisions],
@@ -106,7 +128,9 @@ def build(labbook: str | Path, plots_dir: Path | None = None,
     tables = [offload_table(book, llama_lines(book)), pd_table(book), replicas_table(book),
               procedure_table(book)]
     report = Report(str(labbook), tables,
-                    skipped_lines=book.broken_lines, decisions=decide(book))
+                    skipped=list(book.broken), decisions=decide(book),
+                    absent=requests.absent(book.path,
+                                           (r.requests_file for r in book.of(LoadRecord))))
     if (starts := latest_starts(book)) is not None:
         report.starts = starts.sentence()
     if plots_dir is not None:

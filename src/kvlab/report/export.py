@@ -107,8 +107,9 @@ def request_files(book: Notebook, out: Path) -> list[Path]:
             newest[(row.label, row.concurrency, row.repeat)] = row
     written = []
     for (label, level, repeat), row in sorted(newest.items(), key=lambda kv: str(kv[0])):
-        lines = requests.read(requests.location(book.path, str(row.requests_file)),
-                              row.requests_sha256)
+        lines = requests.of_row(book.path, row.requests_file, row.requests_sha256)
+        if lines is None:
+            continue  # absent beside this notebook: the report says so
         name = f"requests-{slug(label)}-c{level}" + (f"-r{repeat}" if repeat is not None else "")
         written.append(_write(out / f"{name}.csv", REQUEST_COLUMNS,
                               (_request_row(label, level, repeat, line) for line in lines),

@@ -80,10 +80,7 @@ def prefill_rate(book: Notebook, rows: tuple[LoadRecord, ...] | list[LoadRecord]
     """Prompt tokens a second on the tier-off runs' first turns (the median over them)."""
     rates = []
     for row in rows:
-        if row.requests_file is None:
-            continue
-        for line in requests.read(requests.location(book.path, row.requests_file),
-                                  row.requests_sha256):
+        for line in requests.of_row(book.path, row.requests_file, row.requests_sha256) or ():
             if line.status == "ok" and not line.warmup and line.turn == 0 and line.ttft_s \
                     and line.prompt_tokens:
                 rates.append(line.prompt_tokens / line.ttft_s)

@@ -162,10 +162,10 @@ def returning_share(path: Path, rows: Sequence[LoadRecord]) -> Share | None:
     returning turn): sum of cached over sum of prompt tokens, resampled by turn."""
     table: list[tuple[float, float]] = []
     for row in rows:
-        if row.requests_file is None:
+        lines = requests.of_row(path, row.requests_file, row.requests_sha256)
+        if lines is None:
             return None
-        for line in requests.read(requests.location(path, row.requests_file),
-                                  row.requests_sha256):
+        for line in lines:
             if (line.status == "ok" and not line.warmup and line.turn and line.prompt_tokens
                     and line.cached_tokens is not None):
                 table.append((float(line.cached_tokens), float(line.prompt_tokens)))

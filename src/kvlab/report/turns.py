@@ -32,13 +32,12 @@ def turns(book: Notebook, row: LoadRecord) -> Turns | None:
     if row.workload is None or row.workload.kind != "sessions":
         return None
     rows = intervals.repeats(book.records, row)
-    if any(r.requests_file is None for r in rows):
+    read = [requests.of_row(book.path, r.requests_file, r.requests_sha256) for r in rows]
+    if any(lines is None for lines in read):
         return None
     found: dict[int, list[float]] = defaultdict(list)
-    for r in rows:
-        lines = requests.read(requests.location(book.path, str(r.requests_file)),
-                              r.requests_sha256)
-        for line in lines:
+    for lines in read:
+        for line in lines or ():
             if line.status == "ok" and not line.warmup and line.ttft_s is not None \
                     and line.turn is not None:
                 found[line.turn].append(line.ttft_s)

@@ -40,6 +40,7 @@ def test_reader_skips_prose_and_counts_broken(tmp_path: Path) -> None:
     read = notebook.read(book)
     assert [r.label for r in read.records] == ["a"]
     assert read.prose_lines == 3 and read.broken_lines == 1
+    assert read.broken == [(5, "not a JSON (Expecting value, column 11)")]  # where, and why
 
 
 def test_secret_fields_are_refused_before_writing(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -331,6 +332,33 @@ def test_a_changed_per_request_file_stops_the_report(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1 and "sha256 differs" in run.stderr
+
+
+def test_a_notebook_without_its_per_request_files_still_reports(tmp_path: Path) -> None:
+    # #48 finding 15: "from the notebook alone" exited 2 without kvlab-requests/; and broken
+    # lines were counted on stdout with no line numbers
+    path = tmp_path / "labbook.md"
+    split_book(path, 0.4)
+    shutil.rmtree(tmp_path / "kvlab-requests")
+    with path.open("a", encoding="utf-8") as f:
+        f.write('{"record": "load", "label": 3\n{"record": "load", "label": 3}\n')
+    lines = len(path.read_text(encoding="utf-8").splitlines())
+    run = subprocess.run([sys.executable, "-m", "kvlab", "report", "--labbook", str(path),
+                          "--out", str(tmp_path / "r"), "--csv", str(tmp_path / "csv")],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    said = run.stderr.strip().splitlines()
+    assert said[0].startswith(f"kvlab: {path}: 2 broken notebook lines were skipped: "
+                              f"line {lines - 1}: not a JSON (")
+    assert f"; line {lines}: load line" in said[0]
+    assert said[1].startswith(f"kvlab: {path}: 4 per-request files the notebook names are not "
+                              "beside it (first: kvlab-requests/")
+    assert "the tables and decisions come from the notebook alone" in said[1]
+    assert "Traceback" not in run.stderr and len(said) == 2
+    report = build(path)
+    pd = next(d for d in report.decisions if d.question == decisions_pd.PD_Q)
+    assert pd.answer  # decided from the notebook's rows, without their intervals
+    assert not list((tmp_path / "csv").glob("requests-*.csv"))
 
 
 def test_csv_export_writes_every_table_and_each_run(tmp_path: Path) -> None:
