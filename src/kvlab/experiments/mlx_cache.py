@@ -121,6 +121,7 @@ async def cache_file(lab: Lab, spec: MlxCacheSpec) -> list[Record]:
         loaded = await asyncio.to_thread(mlx.run_step, python, "load", job)
     finally:
         job.unlink(missing_ok=True)
+        mlx.partial_of(cache_file).unlink(missing_ok=True)  # a save cut short
         if not spec.keep_file:
             cache_file.unlink(missing_ok=True)
             where.rmdir()

@@ -10,10 +10,11 @@ from kvlab.engines.mlx.cache_file import (
     ShimAnswer,
     check_file,
     manifest,
+    partial_of,
     require_mlx,
     run_step,
 )
 from kvlab.engines.mlx.server import server_plan
 
-__all__ = ["DIGEST_KEY", "ShimAnswer", "check_file", "manifest", "require_mlx", "run_step",
-           "server_plan"]
+__all__ = ["DIGEST_KEY", "ShimAnswer", "check_file", "manifest", "partial_of", "require_mlx",
+           "run_step", "server_plan"]

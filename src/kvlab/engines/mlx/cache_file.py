@@ -57,18 +57,20 @@ def require_mlx(home: Path) -> Path:
 def manifest(model_dir: str) -> dict[str, str]:
     """What kvlab writes into a cache file's metadata: the model it was computed for."""
     return {DIGEST_KEY: local.content_digest(model_dir) or "unknown",
-            MODEL_KEY: Path(model_dir).name, VERSION_KEY: install.MLX_LM_VERSION}
+            MODEL_KEY: str(Path(model_dir).resolve()),  # its path: "hf" named no model
+            VERSION_KEY: install.MLX_LM_VERSION}
 
 
 def file_manifest(path: Path) -> dict[str, str]:
     """The kvlab manifest in a cache file's metadata (empty when kvlab wrote none)."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(path), framework="numpy") as handle:
             found = handle.metadata() or {}
-    except (OSError, ValueError) as exc:
-        raise RefusedError(f"{path} is not a readable prompt-cache file ({exc})") from None
+    except (OSError, ValueError, SafetensorError) as exc:
+        raise RefusedError(f"{path} is not a readable prompt-cache file ({exc}): it was cut or "
+                           "changed after mlx-lm wrote it; nothing was loaded from it") from None
     return {k.removeprefix(METADATA_PREFIX): v for k, v in found.items()
             if k.removeprefix(METADATA_PREFIX).startswith("kvlab_")}
 
@@ -87,12 +89,19 @@ def check_file(path: Path, model_dir: str) -> None:
             f"({wanted[MODEL_KEY]}); its cache would load silently and answer wrongly")
 
 
+def partial_of(path: Path) -> Path:
+    """Where the shim writes the file before renaming it to `path` (whole or absent)."""
+    return path.with_name(f".partial-{path.name}")
+
+
 def run_step(python: Path, step: str, job: Path, timeout_s: float = STEP_TIMEOUT_S
              ) -> ShimAnswer:
     """One shim step in the mlx-lm venv; its answer, or EngineError with its last error."""
     try:
+        # umask 077: the cache file holds the user's prompt, so it is born 0600
         done = subprocess.run([str(python), str(install.MLX_SHIM), step, str(job)],
-                              capture_output=True, text=True, timeout=timeout_s, check=False)
+                              capture_output=True, text=True, timeout=timeout_s, check=False,
+                              umask=0o077)
     except subprocess.TimeoutExpired:
         raise EngineError(f"mlx-lm's {step} step did not finish in {timeout_s:.0f} s") from None
     if done.returncode != 0:

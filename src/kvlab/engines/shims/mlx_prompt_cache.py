@@ -51,7 +51,11 @@ def main(step: str, job_path: str) -> dict[str, object]:
         cache = make_prompt_cache(model)
         prefill_s, _ = _first_token(model, ids[:-1], cache)
         start = time.perf_counter()
-        save_prompt_cache(job["file"], cache, {k: str(v) for k, v in job["metadata"].items()})
+        final = Path(job["file"])
+        # whole under its name or absent (kvlab's cache_file.partial_of names the same file)
+        partial = final.with_name(f".partial-{final.name}")
+        save_prompt_cache(str(partial), cache, {k: str(v) for k, v in job["metadata"].items()})
+        partial.replace(final)
         out |= {"cold_s": cold_s, "cold_top": _top(logits, tokenizer, job["top"]),
                 "prefill_s": prefill_s, "save_s": time.perf_counter() - start,
                 "saved_tokens": cache[0].offset, "file_bytes": Path(job["file"]).stat().st_size}

@@ -27,6 +27,10 @@ def _lab(tmp_path: Path, models: TinyModels) -> Lab:
     return Lab(cpu_settings(model=models.hf, labbook=str(tmp_path / "book.md")))
 
 
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
 async def test_the_cache_file_skips_the_prefill_and_gives_the_cold_logprobs(
         tmp_path: Path, tiny_models: TinyModels, mlx_python: Path) -> None:
     lab = _lab(tmp_path, tiny_models)
@@ -56,9 +60,15 @@ async def test_a_file_from_another_model_is_refused_before_it_loads(
     assert isinstance(r, DiskRecord) and r.evidence and r.evidence.slot_file
     kept = Path(r.evidence.slot_file)
     assert stat.S_IMODE(kept.parent.stat().st_mode) == 0o700  # it holds the user's prompt
+    assert _mode(kept) == 0o600  # #48 finding 13: it was 0644
     mlx.check_file(kept, tiny_models.hf)  # its own model: accepted
-    with pytest.raises(RefusedError, match="computed for another model: kvlab_model_digest"):
+    with pytest.raises(RefusedError, match="computed for another model: kvlab_model_digest") \
+            as err:
         mlx.check_file(kept, other_tiny_models.hf)
+    # each model by its path: both were "(hf)"
+    for model in (tiny_models.hf, other_tiny_models.hf):
+        assert f"({mlx.manifest(model)['kvlab_model']})" in str(err.value)
+        assert mlx.manifest(model)["kvlab_model"].endswith(model.split("/")[-2] + "/hf")
     # a file mlx-lm wrote without kvlab's manifest says nothing of its model: refused too
     job = tmp_path / "job.json"
     bare = tmp_path / "bare.safetensors"
@@ -108,3 +118,27 @@ async def test_two_mlx_servers_are_compared_by_their_numbers(
     assert same.compatible, same.refusal()
     assert all(f.fingerprint is not None for f in same.instances)
     assert [m.field for m in other.mismatches] == ["fingerprint"]
+
+
+async def test_a_file_cut_after_the_save_is_refused_in_one_line(
+        tmp_path: Path, tiny_models: TinyModels, mlx_python: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # #48 finding 13: a file cut to half after the save ended in a 63-line traceback
+    real = mlx.run_step
+
+    def save_then_cut(python: Path, step: str, job: Path) -> mlx.ShimAnswer:
+        answer = real(python, step, job)
+        if step == "save":
+            written = Path(json.loads(job.read_text(encoding="utf-8"))["file"])
+            written.write_bytes(written.read_bytes()[: written.stat().st_size // 2])
+        return answer
+
+    monkeypatch.setattr(mlx, "run_step", save_then_cut)
+    lab = _lab(tmp_path, tiny_models)
+    with pytest.raises(RefusedError, match=r"is not a readable prompt-cache file .*: it was cut "
+                                           r"or changed after mlx-lm wrote it") as err:
+        await mlx_cache.run(lab, mlx_cache.MlxCacheSpec(prompt_tokens=64, parts=("file",)))
+    assert "\n" not in str(err.value)
+    store = lab.settings.paths().store(lab.run_id, mlx_cache.MLX_CACHE.label)
+    assert not store.exists()
+    assert not (tmp_path / "book.md").exists()
