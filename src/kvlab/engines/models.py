@@ -14,13 +14,16 @@ caching behaviour; the text they produce is gibberish, so compare logprobs, not 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
+import shutil
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvlab.core import InputError
+from kvlab.core import InputError, write_private
 
 if TYPE_CHECKING:
     import numpy as np
@@ -299,16 +302,40 @@ class TinyModels:
     shape: dict[str, int]
 
 
+STAMP = "kvlab-models.json"  # what was made, and each file's size and digest
+
+
 def make_tiny(out: Path, *, seed: int = 0, shape: Shape | None = None) -> TinyModels:
-    """Write the HF directory and GGUF under `out` (skipped when already there)."""
+    """The HF directory and GGUF under `out`, made only when the files there are not these
+    models (each file's size and digest against the stamp, whatever path reaches them).
+
+    Made in a folder beside `out`, then each file renamed into place and the stamp last: an
+    engine that has the old files mapped keeps reading them (a file truncated under a running
+    llama-server killed it with SIGBUS), and a cut run leaves no half-written model."""
     shape = shape or KNOWN_SHAPES["tiny"]
-    hf_dir, gguf_path = out / "hf", out / "tiny.gguf"
-    stamp = out / "kvlab-models.json"
-    result = TinyModels(str(hf_dir), str(gguf_path), seed, asdict(shape))
-    expected = {"version": MODEL_FILES_VERSION, **asdict(result)}
-    if stamp.is_file() and _read_json(stamp) == expected and gguf_path.is_file():
+    result = TinyModels(str(out / "hf"), str(out / "tiny.gguf"), seed, asdict(shape))
+    made = {"version": MODEL_FILES_VERSION, "seed": seed, "shape": asdict(shape)}
+    if _intact(out, made):
         return result
-    hf_dir.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    build = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".partial-{out.name}-"))
+    try:
+        _generate(build, seed, shape)
+        files = _identities(build)
+        for relative in files:
+            target = out / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            (build / relative).replace(target)
+        write_private(out / STAMP, json.dumps({**made, "files": files}, indent=2,
+                                              sort_keys=True) + "\n")
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+    return result
+
+
+def _generate(out: Path, seed: int, shape: Shape) -> None:
+    hf_dir = out / "hf"
+    hf_dir.mkdir(parents=True)
     tok = train_tokenizer(shape.vocab, seed)
     ids = _write_tokenizer(tok, hf_dir)
     vocab = tok.get_vocab_size()
@@ -319,9 +346,35 @@ def make_tiny(out: Path, *, seed: int = 0, shape: Shape | None = None) -> TinyMo
     })
     weights = random_weights(shape, vocab, seed)
     write_safetensors_bf16(weights, hf_dir / "model.safetensors")
-    write_gguf(weights, shape, tok, ids, gguf_path)
-    _dump(stamp, expected)
-    return result
+    write_gguf(weights, shape, tok, ids, out / "tiny.gguf")
+
+
+def _identities(root: Path) -> dict[str, dict[str, object]]:
+    """Each file under `root` (but the stamp): its size and sha256."""
+    return {str(p.relative_to(root)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name != STAMP}
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _intact(out: Path, made: dict[str, object]) -> bool:
+    """Whether `out` holds the models `made` describes, every file as the stamp recorded it."""
+    stamp = _read_json(out / STAMP)
+    if not isinstance(stamp, dict) or {k: v for k, v in stamp.items() if k != "files"} != made:
+        return False
+    files = stamp.get("files")
+    if not isinstance(files, dict) or not files:
+        return False
+    for relative, identity in files.items():
+        path = out / relative
+        if not path.is_file() or not isinstance(identity, dict) \
+                or path.stat().st_size != identity.get("bytes") \
+                or _sha256(path) != identity.get("sha256"):
+            return False
+    return True
 
 
 def write_shaped_config(out: Path, shape_name: str, *, seed: int = 0) -> Path:
