@@ -34,6 +34,13 @@ class Behaviour:
     prompt_tokens: int = 100
     reasoning: int = 0  # chat: this many first tokens are reasoning (`delta.reasoning`)
     tokenizer: tuple[str, ...] = ()  # the routes answered: "/tokenize", "/detokenize"
+    # after this many tokens, the engine dies: "error" sends vLLM's error event (an engine
+    # core gone) and ends the stream; "cut" ends the response with no finish_reason, no
+    # [DONE] (a front whose engine went away)
+    die_after: int | None = None
+    die_how: str = "cut"
+    die_from: int = 1  # the first completion request that dies (earlier ones answer)
+    models: tuple[str, ...] = ()  # ids /v1/models lists (none: it answers 404, as before)
 
 
 @dataclass
@@ -124,6 +131,10 @@ class SseUpstream:
         body = await reader.readexactly(int(headers.get("content-length", "0")))
         if method == "GET" and path == "/metrics":
             return await self._plain(writer, 200, self.metrics_text().encode(), "text/plain")
+        if method == "GET" and path == "/v1/models" and self.behaviour.models:
+            listed = {"object": "list", "data": [{"id": m, "object": "model"}
+                                                 for m in self.behaviour.models]}
+            return await self._plain(writer, 200, json.dumps(listed).encode())
         if method == "POST" and path in self.behaviour.tokenizer:
             return await self._tokenizer(writer, path, json.loads(body))
         if method != "POST" or not path.endswith("completions"):
@@ -180,6 +191,15 @@ class SseUpstream:
             if stall:
                 c.stalled += 1
                 await self._closing.wait()
+                return False
+            if b.die_after is not None and i + 1 >= b.die_after and c.requests >= b.die_from:
+                if b.die_how == "error":
+                    self._event(writer, {"error": {"object": "error", "type": "Internal",
+                                                   "message": "EngineCore encountered an "
+                                                              "issue. See stack trace."}})
+                    writer.write(self._chunk(b"data: [DONE]\n\n"))
+                writer.write(b"0\r\n\r\n")
+                await writer.drain()
                 return False
             await asyncio.sleep(b.itl_s)
         if b.usage and (body.get("stream_options") or {}).get("include_usage"):

@@ -102,7 +102,8 @@ class KvStore(Protocol):
         ...
 
     def partial(self, store: Path, layers: int | None = None) -> str | None:
-        """Why `store` must not be served (it holds an entry an engine dies loading), or None."""
+        """Why `store` must not be served (it holds an entry an engine dies loading, or takes
+        no write), or None."""
         ...
 
     def named(self, kv_store: str | None) -> list[Path]:

@@ -107,7 +107,20 @@ async def stream_chat(client: httpx.AsyncClient, url: str, body: JsonObject,
         raise UnreachableError(f"{endpoint} did not answer within the timeout") from None
     except httpx.HTTPError as exc:
         raise UnreachableError(f"{endpoint} did not answer: {exc}") from None
+    unfinished(endpoint, stream)
     return result_of(endpoint, stream, time.perf_counter() - started)
+
+
+def unfinished(endpoint: str, stream: Stream) -> None:
+    """EngineError for a stream that is no answer: an error event in it (vLLM's engine core
+    gone), or an end with no finish_reason and no [DONE] (the engine stopped mid-request).
+    Either is a failure with its cause, never a timing or a verdict."""
+    if stream.error is not None:
+        detail = error_message(json.dumps({"error": stream.error}))
+        raise EngineError(f"{endpoint} failed mid-stream after {stream.chunks} tokens: {detail}")
+    if not stream.finished:
+        raise EngineError(f"{endpoint} ended the stream after {stream.chunks} tokens with no "
+                          "finish_reason and no [DONE]: the engine stopped mid-request")
 
 
 def result_of(endpoint: str, stream: Stream, total_s: float) -> ChatResult:

@@ -135,8 +135,20 @@ def stores_named(kv_store: str | None) -> list[Path]:
     return [Path(p) for p in (kv_store or "").split(" store ")[1:] if p]
 
 
+def read_only_message(store: Path) -> str | None:
+    """Why `store` cannot take the KV instances write (a read-only filesystem), or None."""
+    if not store.is_dir() or not os.statvfs(store).f_flag & os.ST_RDONLY:
+        return None
+    return (f"the KV store {store} is on a read-only filesystem: the first KV an instance "
+            "writes there kills it (vLLM's engine core dies on the failed write, and every "
+            "instance sharing the store with it); remount it read-write or set "
+            "KV_SHARED_PATH to a writable directory")
+
+
 def partial_message(store: Path, layers: int | None = None) -> str | None:
-    """Why `store` must not be served (it holds a partial entry), or None."""
+    """Why `store` must not be served (it is read-only, or holds a partial entry), or None."""
+    if (read_only := read_only_message(store)) is not None:
+        return read_only
     found = partial_entries(store, layers)
     if not found:
         return None

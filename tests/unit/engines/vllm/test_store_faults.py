@@ -8,6 +8,7 @@ store died on its fourth prompt (the real run is tests/integration/test_store_fa
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -130,6 +131,26 @@ def test_a_store_with_a_partial_entry_is_refused_before_serving(tmp_path: Path) 
     assert kvstore.model_layers(str(tmp_path / "nowhere")) is None
     assert kvstore.stores_named("ExampleConnector store /mnt/kv") == [Path("/mnt/kv")]
     assert kvstore.stores_named("none") == []
+
+
+def test_a_store_on_a_read_only_filesystem_is_refused(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # #48 finding 12: a store remounted read-only passed the check, then one write killed both
+    store = tmp_path / "kv"
+    store.mkdir()
+    assert kvstore.partial_message(store) is None
+    real = os.statvfs
+
+    class ReadOnly:  # the filesystem's flags as a read-only mount reports them
+        def __init__(self, path: object) -> None:
+            self.f_flag = real(path).f_flag | os.ST_RDONLY  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "statvfs", ReadOnly)
+    with pytest.raises(RefusedError) as err:
+        kvstore.refuse_partial(store)
+    assert str(err.value).startswith(f"the KV store {store} is on a read-only filesystem: the "
+                                     "first KV an instance writes there kills it")
+    assert kvstore.EXAMPLE_STORE.partial(store) == str(err.value)  # what `kvlab check` reads
 
 
 def test_clean_removes_partial_entries_and_says_so(tmp_path: Path) -> None:
