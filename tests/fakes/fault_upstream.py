@@ -34,6 +34,7 @@ class Behaviour:
     version: str = "0.0.0-fake"  # answered on /version, as vLLM does
     pad: int = 0  # bytes of filler in each streamed event (to outrun a slow reader)
     vllm_metrics: bool = False  # answer /metrics with vLLM's counters of what it finished
+    dies_on: str = ""  # a generation on this path kills the engine: it stops listening
 
 
 @dataclass
@@ -120,6 +121,9 @@ class FaultUpstream:
         body = json.loads(raw) if raw else {}
         seen = Seen(path, headers, body, time.perf_counter_ns())
         self.seen.append(seen)
+        if b.dies_on and path == b.dies_on and self._server is not None:
+            self._server.close()  # as an engine that died loading what it was sent
+            return False
         # watch for the peer closing while we answer: EOF on the read side
         watcher = asyncio.ensure_future(reader.read(1))
         try:

@@ -230,7 +230,24 @@ async def check_legs(prefill: list[str], decode: list[str], timeout_s: float = 1
     if compat.KV_ROLE not in ignore:
         check_roles(instances[:len(prefill)], instances[len(prefill):])
     await check_identity(prefill, decode, headers)
+    async with httpx.AsyncClient(timeout=timeout_s, trust_env=False,
+                                 headers=headers) as client:
+        for fact in facts:  # the checks above sent prompts: each leg must have outlived them
+            await _still_up(client, fact.role, fact.url)
     return facts
+
+
+async def _still_up(client: httpx.AsyncClient, role: str, url: str) -> None:
+    """UnreachableError when a leg that answered at the start no longer does."""
+    try:
+        alive = (await client.get(f"{url}/health")).status_code < 500
+    except httpx.HTTPError:
+        alive = False
+    if not alive:
+        raise UnreachableError(
+            f"the {role} instance on {url} stopped answering during the proxy's start-up "
+            "check (it answered at its start): see its log for the cause; the proxy did not "
+            "start in front of it")
 
 
 async def check_identity(prefill: list[str], decode: list[str],

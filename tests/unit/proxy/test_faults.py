@@ -376,6 +376,23 @@ async def test_start_up_runs_the_whole_compatibility_check(
     assert [f.role for f in facts] == ["prefill", "decode"]
 
 
+async def test_a_leg_that_dies_during_the_start_up_check_stops_the_start(
+        pair: tuple[FaultUpstream, ...]) -> None:
+    # #48 finding 2: the proxy said "OK: the decode instance answers" and "ready" in front
+    # of an engine its own check had killed
+    prefill, decode = pair
+    prefill.behaviour = Behaviour(vllm_metrics=True, dies_on="/v1/completions")
+    decode.behaviour = Behaviour(vllm_metrics=True)
+    with pytest.raises(UnreachableError) as err:
+        async with running(ProxyConfig(prefill=(prefill.url,), decode=(decode.url,), port=0)):
+            pass
+    assert str(err.value) == (
+        f"the prefill instance on {prefill.url} stopped answering during the proxy's start-up "
+        "check (it answered at its start): see its log for the cause; the proxy did not start "
+        "in front of it")
+    assert prefill.generations()[-1].path == "/v1/completions"  # the identity probe killed it
+
+
 async def _eventually(check: Any, within_s: float = 3.0) -> None:
     deadline = time.monotonic() + within_s
     while not check():
