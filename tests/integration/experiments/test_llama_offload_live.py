@@ -8,6 +8,7 @@ here is faked.
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -53,7 +54,11 @@ def test_prompt_caching_off_reuses_nothing_and_on_reuses_every_later_turn(
                for reasons in off.turn_reasons[1:]), off.turn_reasons
     later = on.rows[1:]
     assert all(r.verdict == "reused" for r in later), [r.verdict for r in later]
-    assert all((r.cached_tokens or 0) >= 0.9 * (r.prompt_tokens or 1) for r in later)
+    # each turn finds at least the previous turn's prompt in the slot (its answer too, when
+    # the template renders it back as the tokens generated; a long answer that re-tokenizes
+    # otherwise is recomputed, so a fraction of this turn's own prompt would be flaky)
+    sizes = [(r.cached_tokens or 0, p.prompt_tokens or 1) for p, r in pairwise(on.rows)]
+    assert all(cached >= 0.9 * before for cached, before in sizes), sizes
 
 
 def test_ram_cache_brings_back_what_the_slots_lost(book: notebook.Notebook) -> None:
