@@ -111,7 +111,7 @@ def load_command(ctx: click.Context, /, target: TargetArgs, load: LoadArgs, benc
             out.note(f"    {words}")
     spec = load_spec(loaded, load, base_url=base_url, label=target.label,
                      engine=target.engine, lab=lab_named(target.lab),
-                     metrics_url=target.metrics_url, find_capacity=search.find_capacity,
+                     metrics_urls=target.metrics_url, find_capacity=search.find_capacity,
                      bench=bench, say=out.note)
     spec = run_interruptible(out, lambda _: manual.served_spec(settings, spec, out.note))
     if search.find_capacity:
@@ -182,7 +182,7 @@ def run_load_command(ctx: click.Context, /, label: str, base_url: str,
     if understood:
         out.note(f"    {understood}")
     spec = load_spec(loaded, load, base_url=base_url, label=label, engine=VLLM,
-                     lab=lab_named("pd"), metrics_url=metrics_urls[0] if metrics_urls else "",
+                     lab=lab_named("pd"), metrics_urls=metrics_urls,
                      say=out.note)
     link = link_spec(settings, spec, metrics_urls)
     if not link.load_test:  # LOAD_TEST's script names its own model

@@ -52,13 +52,13 @@ from kvlab.records import (
     REPLICAS,
     LoadRecord,
     Record,
-    ReplicaCounts,
     ReplicasRecord,
     RequestLine,
     notebook,
     replicas_label,
     requests,
 )
+from kvlab.records import replicas as replica_counts
 
 KVLAB_ARMS: tuple[str, ...] = BALANCES  # kvlab's proxy's own policies
 ROUTER_ARMS = ("vllm-router:cache_aware", "vllm-router:consistent_hash")
@@ -279,17 +279,6 @@ async def _tokens(client: httpx.AsyncClient, url: str, model: str, lines: list[R
     return out
 
 
-def _counts(urls: list[str], before: list[metrics.Snapshot | None],
-            after: list[metrics.Snapshot | None]) -> list[ReplicaCounts]:
-    out = []
-    for url, a, b in zip(urls, before, after, strict=True):
-        moved = evidence_deltas(a, b) if a is not None and b is not None else {}
-        out.append(ReplicaCounts(url=url, requests=moved.get("requests_succeeded"),
-                                 prefix_cache_queries=moved.get("prefix_cache_queries"),
-                                 prefix_cache_hits=moved.get("prefix_cache_hits")))
-    return out
-
-
 def _share(part: float, whole: float) -> float | None:
     return round(part / whole, 4) if whole else None
 
@@ -334,7 +323,9 @@ def _record(spec: ReplicasSpec, arm: str, router: str, policy: str, prompt_set: 
             before: list[metrics.Snapshot | None], after: list[metrics.Snapshot | None],
             assigned: dict[str, int] | None, prompts: dict[int, Prompt],
             tokens: dict[int, list[int]], shape: tuple[int, int]) -> ReplicasRecord:
-    counts = _counts(urls, before, after)
+    counts = replica_counts.counts(urls, [
+        evidence_deltas(a, b) if a is not None and b is not None else {}
+        for a, b in zip(before, after, strict=True)])
     sent = sorted((ln for ln in lines if ln.status == "ok" and ln.prompt_index in prompts),
                   key=lambda ln: ln.sent_s or 0.0)
     replica_of: list[int | None] = [

@@ -212,9 +212,10 @@ class TargetArgs(Args):
     labbook: str | None = Field(None, description="Notebook file (default: LABBOOK).")
     lab: Literal["pd", "offload"] | None = Field(None, description="Which lab the rows belong "
                                                  "to [default: pd; a trace's: none].")
-    metrics_url: str = Field("", description="The engine's /metrics for the counter deltas "
-                             "(default: the URL's server; behind a proxy, give the decode "
-                             "engine's).")
+    metrics_url: tuple[str, ...] = Field(
+        (), description="The engine's /metrics for the counter deltas (default: the URL's "
+        "server; behind a proxy, give the decode engine's). Repeat it for replicas behind a "
+        "front: each replica's hits and share are shown and the counters summed.")
     print_load_test_path: bool = Field(False, description="Print a file that works as "
                                        "LOAD_TEST for the seed's run-load.sh, and exit.")
 
@@ -300,7 +301,7 @@ def split_topology(settings: Settings, base_url: str) -> Where:
 
 
 def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: str,
-              engine: str, lab: str | None, metrics_url: str = "",
+              engine: str, lab: str | None, metrics_urls: tuple[str, ...] = (),
               find_capacity: bool = False, bench: BenchArgs | None = None,
               say: Say = quiet) -> LoadSpec:
     """A LoadSpec from the settings and the arguments (`lab` None: the P/D lab's, a trace's
@@ -327,7 +328,7 @@ def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: s
         slo=Slo.of(objectives) if objectives else None,
         preamble_tokens=args.preamble_tokens or settings.preamble_tokens, seed=args.seed,
         ignore_eos=args.ignore_eos, scrape_metrics=not args.no_metrics,
-        metrics_url=metrics_url, lab=lab or (LAB_NONE if args.trace else LAB_PD),
+        metrics_urls=metrics_urls, lab=lab or (LAB_NONE if args.trace else LAB_PD),
         context=context, min_requests=args.min_requests,
         duration_s=args.duration, warmup=args.warmup, labbook=settings.labbook,
         size_prompts=args.prompt_sizing == "tokenizer", tokenize_url=args.tokenize_url,

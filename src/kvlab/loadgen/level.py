@@ -57,7 +57,8 @@ from kvlab.loadgen.runner import LevelResult, LevelRun, Progress, Schedule, Unti
 from kvlab.loadgen.spec import BLOCK, WARMUP_OFFSET, LoadSpec
 from kvlab.measure import workloads
 from kvlab.observe import Snapshot, metrics
-from kvlab.records import DatasetEvidence, LevelOwn, LoadRecord, RequestLine
+from kvlab.records import DatasetEvidence, LevelOwn, LoadRecord, ReplicaCounts, RequestLine
+from kvlab.records import replicas as replica_counts
 from kvlab.records import requests as request_files
 
 Row = LoadRecord
@@ -339,8 +340,9 @@ async def measure_level(spec: LoadSpec, target: Endpoint, concurrency: int, leve
     level = _Level(spec, target, concurrency, level_index,
                    inputs or Inputs(spec.sizing or workloads.ESTIMATE), api_key)
     warm = await level.warm_up(stop)
-    url = spec.metrics_url or metrics.metrics_url(spec.base_url)
-    before = after = None
+    urls = spec.metrics_urls or (metrics.metrics_url(spec.base_url),)
+    before: list[Snapshot | None] = [None] * len(urls)
+    after: list[Snapshot | None] = [None] * len(urls)
     own = LevelOwn()
     if warm is not None and warm.interrupted:  # stopped during the warm-up: nothing measured
         now = time.perf_counter_ns()
@@ -349,16 +351,30 @@ async def measure_level(spec: LoadSpec, target: Endpoint, concurrency: int, leve
     else:
         await level.spell(False, warm)
         run = level.prepare(warm)
-        before = await _scrape(client, url)
+        before = [await _scrape(client, url) for url in urls]
         result, own = await run(stop, progress)
-        after = await _scrape(client, url)
+        after = [await _scrape(client, url) for url in urls]
     lines = level.lines(warm, result) if spec.labbook else []
-    if spec.labbook and not result.interrupted:
-        await level.with_oracle(client, lines, after, own)
-    row = make_row(spec, concurrency, result, evidence_deltas(before, after),
+    if spec.labbook and not result.interrupted and len(urls) == 1:
+        await level.with_oracle(client, lines, after[0], own)
+    each = [evidence_deltas(b, a) for b, a in zip(before, after, strict=True)]
+    row = make_row(spec, concurrency, result,
+                   each[0] if len(each) == 1 else replica_counts.summed(each),
                    level.row_fields(warm, own, lines))
+    if len(urls) > 1 and client is not None:
+        _replicas(row, replica_counts.counts(urls, each))
     _bench_result(spec, concurrency, result, row)
     return Measured(row, result)
+
+
+def _replicas(row: Row, found: list[ReplicaCounts]) -> None:
+    """Each replica's counts and share on the row, and the one far below the others named."""
+    for c, share in zip(found, replica_counts.shares(found), strict=True):
+        c.share = share
+    row.replicas = found
+    row.replica_note = replica_counts.far_below(found)
+    share = replica_counts.hit_share(found)
+    row.prefix_hit_rate = round(share, 4) if share is not None else None
 
 
 def _bench_result(spec: LoadSpec, concurrency: int, result: LevelResult, row: Row) -> None:

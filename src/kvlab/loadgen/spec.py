@@ -57,7 +57,9 @@ class LoadSpec:
     seed: int = 0
     ignore_eos: bool = False
     scrape_metrics: bool = True
-    metrics_url: str = ""  # the engine's /metrics; empty = the base URL's own server
+    # the engines' /metrics (several: replicas behind a front, each counted and summed);
+    # empty = the base URL's own server
+    metrics_urls: tuple[str, ...] = ()
     lab: str = notebook.LAB_PD
     context: RunContext = field(default_factory=RunContext)  # what the caller knows, every row
     run_id: str | None = None  # the run every row belongs to
@@ -97,6 +99,11 @@ class LoadSpec:
     # (ids)
     prompt_form: Literal["ids", "text"] | None = None
     bench: BenchAsk = field(default_factory=BenchAsk)  # vllm bench's metrics and result file
+
+    @property
+    def metrics_url(self) -> str:
+        """The first engine's /metrics ("" = the base URL's own server)."""
+        return self.metrics_urls[0] if self.metrics_urls else ""
 
     def __post_init__(self) -> None:
         for name in ("requests", "min_requests", "warmup"):

@@ -6,7 +6,7 @@ This module is the package's surface: other packages import records' names (and 
 `notebook`, `requests` and `rows` modules) from here, never from its other modules.
 """
 
-from kvlab.records import notebook, requests, rows
+from kvlab.records import notebook, replicas, requests, rows
 from kvlab.records.base import LAB_NONE, LAB_OFFLOAD, LAB_PD, Deltas, Number, Strict
 from kvlab.records.capacity import BoundFigure, CapacityMethod, CapacityStep, CapacityTarget
 from kvlab.records.comparison import (
@@ -319,6 +319,7 @@ __all__ = [
     "leg_of",
     "leg_roles",
     "notebook",
+    "replicas",
     "replicas_label",
     "requests",
     "rows",

@@ -29,6 +29,7 @@ from kvlab.records.evidence import (
     Where,
 )
 from kvlab.records.pressure import Pressure
+from kvlab.records.replicas import ReplicaCounts
 from kvlab.records.workload import (
     DatasetEvidence,
     PrefixGroups,
@@ -246,6 +247,11 @@ class LoadRecord(Record, RunContext, LevelFigures, LevelOwn, RequestShape):
                                   "counters over the level, by name.")
     prefix_hit_rate: float | None = None
     metrics_url: str | None = None
+    replicas: list[ReplicaCounts] | None = Field(None, description="Several --metrics-url: "
+                                                 "each engine's counters over the level "
+                                                 "(metric_deltas is their sum).")
+    replica_note: str | None = Field(None, description="A replica whose prefix cache found far "
+                                     "less than the others', named.")
     min_requests: int | None = None
     repeat: int | None = Field(None, description="Which repeat of the run (0-based).")
     repeat_rule: str | None = Field(None, description="How a sequential run (--repeat auto) "

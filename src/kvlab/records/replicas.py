@@ -5,15 +5,22 @@ replica's own /metrics (deltas around the arm's load), TTFT from the load genera
 per-request lines through the front, the oracle's figures from `measure.oracle` replayed over
 the exact tokens the engine's /tokenize gives, and the router's added latency from the router's
 own /metrics where it keeps one.
+
+`kvlab load` with several `--metrics-url` (replicas behind a front: kvlab's proxy with
+`--replica`, vllm-router) keeps the same counts on its row: the front has no prefix cache of
+its own, so the level's counters are the replicas' sum, and a replica whose prefix cache
+finds far less than the others' (caching off, a cache too small) is named (`far_below`)
+instead of averaged away.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from kvlab.records.base import Record, Strict
+from kvlab.records.base import Deltas, Record, Strict
 from kvlab.records.evidence import Percentiles
 
 
@@ -24,9 +31,13 @@ class ReplicaCounts(Strict):
     requests: float | None = Field(None, description="vllm:request_success delta.")
     prefix_cache_queries: float | None = Field(None, description="Prompt tokens looked up.")
     prefix_cache_hits: float | None = Field(None, description="Of them, found cached.")
+    prompt_tokens: float | None = Field(None, description="Prompt tokens it was sent (with "
+                                        "prefix caching off it looks none of them up).")
     assigned: int | None = Field(None, description="Requests the router's pick log sent here.")
     failures: int | None = Field(None, description="Requests that failed on this replica, as "
                                  "the router's pick log and the load generator's lines show.")
+    share: float | None = Field(None, description="Its share of the requests the replicas "
+                                "counted (of their prompt tokens where one counts no requests).")
 
 
 class ReplicasRecord(Record):
@@ -71,3 +82,92 @@ class ReplicasRecord(Record):
     router_added_from: str | None = None
     load_label: str | None = Field(None, description="The load row of this arm.")
     note: str | None = None
+
+
+# a replica is named when its hit rate is below this fraction of the others' pooled rate,
+# and the others find at least FLOOR of their prompt tokens cached (so two cold replicas
+# on a workload with nothing to reuse are not set against each other)
+FAR_BELOW = 0.5
+FLOOR = 0.1
+
+
+def counts(urls: Sequence[str], each: Sequence[Deltas]) -> list[ReplicaCounts]:
+    """Each replica's requests, prompt tokens looked up and found cached over the level,
+    from its evidence deltas (`engines.evidence_deltas` of its two scrapes)."""
+    return [of_deltas(url, moved) for url, moved in zip(urls, each, strict=True)]
+
+
+def of_deltas(url: str, moved: Deltas) -> ReplicaCounts:
+    """One replica's counts from its evidence deltas (vLLM's block queries and hits, or
+    llama-server's prompt tokens computed and cached)."""
+    queries, hits = moved.get("prefix_cache_queries"), moved.get("prefix_cache_hits")
+    prompt = moved.get("prompt_tokens")
+    cached, computed = moved.get("prompt_tokens_cached_total"), moved.get("prompt_tokens_total")
+    if queries is None and cached is not None and computed is not None:
+        queries = prompt = cached + computed
+        hits = cached
+    return ReplicaCounts(url=url, requests=moved.get("requests_succeeded"),
+                         prefix_cache_queries=queries, prefix_cache_hits=hits,
+                         prompt_tokens=prompt)
+
+
+def summed(each: list[Deltas]) -> Deltas:
+    """The replicas' deltas added key by key (a key any replica lacks is left out: a sum
+    over some of them would read as the whole)."""
+    if not each:
+        return {}
+    keys = set.intersection(*({k for k, v in d.items() if v is not None} for d in each))
+    return {key: round(sum(float(d[key] or 0) for d in each), 3) for key in sorted(keys)}
+
+
+def rate(c: ReplicaCounts) -> float | None:
+    """Its share of the prompt tokens it was sent that it found cached (of those it looked
+    up where it does not count what it was sent)."""
+    whole = c.prompt_tokens or c.prefix_cache_queries
+    if whole and c.prefix_cache_queries is not None:
+        return (c.prefix_cache_hits or 0.0) / whole
+    return None
+
+
+def hit_share(found: list[ReplicaCounts]) -> float | None:
+    """The replicas' hits over the prompt tokens they were all sent (a replica that looks
+    nothing up counts in the whole), or None where one says neither."""
+    wholes = [c.prompt_tokens or c.prefix_cache_queries for c in found]
+    if any(w is None for w in wholes) or not sum(w or 0.0 for w in wholes):
+        return None
+    return sum(c.prefix_cache_hits or 0.0 for c in found) / sum(w or 0.0 for w in wholes)
+
+
+def shares(found: list[ReplicaCounts]) -> list[float | None]:
+    """Each replica's share of the requests (of the prompt tokens where a replica does not
+    count requests)."""
+    by_requests = all(c.requests is not None for c in found)
+    values = [(c.requests if by_requests else c.prefix_cache_queries) or 0.0 for c in found]
+    whole = sum(values)
+    return [round(v / whole, 4) if whole else None for v in values]
+
+
+def far_below(found: list[ReplicaCounts]) -> str | None:
+    """A sentence naming each replica whose prefix cache found far less than the others'
+    together, or None when none did (or fewer than two replicas were read)."""
+    if len(found) < 2:
+        return None
+    named = []
+    for i, c in enumerate(found):
+        pooled = hit_share([o for j, o in enumerate(found) if j != i])
+        if pooled is None or pooled < FLOOR:
+            continue
+        mine = rate(c)
+        if mine is None:
+            named.append(f"{c.url} reports no prefix-cache counters (the others find "
+                         f"{pooled:.1%} cached)")
+        elif mine < FAR_BELOW * pooled:
+            whole = c.prompt_tokens or c.prefix_cache_queries or 0.0
+            looked = " (it looked none of them up)" if whole and not c.prefix_cache_queries \
+                else ""
+            named.append(f"{c.url} found {mine:.1%} of its {whole:,.0f} prompt tokens cached"
+                         f"{looked} against {pooled:.1%} on the others")
+    if not named:
+        return None
+    return ("replica far below the others: " + "; ".join(named)
+            + " (is its prefix caching on? `kvlab check` compares the replicas)")

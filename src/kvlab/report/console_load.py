@@ -112,6 +112,8 @@ def load_rows(console: Console, rows: Sequence[LoadRecord]) -> None:
             g = r.goodput
             console.print(f"    concurrency {r.concurrency}: goodput "
                           f"{g.requests_per_s} req/s ({g.requests} met {g.slo})")
+        if r.replicas:
+            _replicas(console, r)
         if (o := r.oracle) is not None and o.predicted_share is not None \
                 and o.measured_share is not None:
             console.print(f"    concurrency {r.concurrency}: cache oracle {o.predicted_share:.1%}"
@@ -120,6 +122,21 @@ def load_rows(console: Console, rows: Sequence[LoadRecord]) -> None:
                           f"{o.infinite_cache_tokens / o.prompt_tokens:.1%})")
             if (words := shortfall(o)) is not None:
                 console.print(f"    concurrency {r.concurrency}: {words}")
+
+
+def _replicas(console: Console, r: LoadRecord) -> None:
+    """Each replica's hits and share of the level, and the one far below the others."""
+    parts: list[str] = []
+    found = r.replicas or []
+    unit = "requests" if all(c.requests is not None for c in found) else "prompt tokens"
+    for c in found:
+        hits = (f"{c.prefix_cache_hits / c.prefix_cache_queries:.0%} hits"
+                if c.prefix_cache_queries and c.prefix_cache_hits is not None else "hits -")
+        share = f"{c.share:.0%} of the {unit}" if c.share is not None else "share -"
+        parts.append(f"{c.url.removesuffix('/metrics')} {hits}, {share}")
+    console.print(f"    concurrency {r.concurrency}: replicas: " + "; ".join(parts))
+    if r.replica_note:
+        console.print(f"    concurrency {r.concurrency}: [bold]{r.replica_note}[/bold]")
 
 
 def trace_summary(t: TraceEvidence) -> str:

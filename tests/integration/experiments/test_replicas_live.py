@@ -9,8 +9,11 @@ turn; the workload is small (shared-prefix, six preambles, 18 requests at concur
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -50,6 +53,18 @@ async def three(tiny_models: TinyModels, vllm_install: vllm.VllmInstall,
         yield procs, home
 
 
+@pytest.fixture(scope="module")
+async def uncached(three: tuple[list[EngineProcess], Path], tiny_models: TinyModels,
+                   vllm_install: vllm.VllmInstall) -> AsyncIterator[EngineProcess]:
+    """A fourth replica started with prefix caching off (#48 finding 7)."""
+    home = three[1]
+    settings = cpu_settings(model=tiny_models.hf, kv_cache_bytes=KV_BYTES, max_seqs=4)
+    plan = vllm.plan(settings, "baseline", vllm_install, PlanRequest(
+        port=free_port(), cpu_core=1, extra_args=("--no-enable-prefix-caching",)))
+    async with EngineProcess(plan, home / "uncached.log") as proc:
+        yield proc
+
+
 def lab_for(home: Path, model: str) -> Lab:
     return Lab(cpu_settings(model=model, labbook=str(home / "book.jsonl")))
 
@@ -73,6 +88,38 @@ async def test_prefix_affinity_beats_round_robin_by_the_oracles_margin(
     predicted = pa.oracle_hit_share - rr.oracle_hit_share  # type: ignore[operator]
     assert measured > 0.1
     assert abs(measured - predicted) <= 0.05, (measured, predicted)
+
+
+async def test_load_reads_every_replica_and_names_the_one_without_prefix_caching(
+        three: tuple[list[EngineProcess], Path], uncached: EngineProcess) -> None:
+    procs, home = three
+    urls = (procs[0].plan.base_url, uncached.plan.base_url)
+    config = ProxyConfig(prefill=(), decode=urls, port=0, compat=None)
+    book = home / "replica-load.jsonl"
+    async with running(config) as app:
+        run = await asyncio.to_thread(subprocess.run, [
+            sys.executable, "-m", "kvlab", "load", "--base-url", app.url + "/v1",
+            "--metrics-url", urls[0] + "/metrics", "--metrics-url", urls[1] + "/metrics",
+            "--concurrency", "2", "--requests", "12", "--max-tokens", "4", "--warmup", "0",
+            "--preamble-tokens", "300", "--labbook", str(book), "--no-progress"],
+            capture_output=True, text=True, timeout=600, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    row = [r for r in map(json.loads, book.read_text().splitlines())
+           if r.get("record") == "load"][-1]
+    cached, plain = row["replicas"]
+    assert (cached["url"], plain["url"]) == (urls[0] + "/metrics", urls[1] + "/metrics")
+    assert cached["share"] == plain["share"] == 0.5  # round-robin, 12 requests
+    assert cached["prefix_cache_hits"] > 0.3 * cached["prefix_cache_queries"]
+    assert not plain["prefix_cache_hits"] and not plain["prefix_cache_queries"]
+    assert row["metric_deltas"]["prompt_tokens"] == cached["prompt_tokens"] + plain["prompt_tokens"]
+    # the level's hit rate is over every prompt token sent, the uncached replica's included
+    assert row["prefix_hit_rate"] == round(cached["prefix_cache_hits"]
+                                           / row["metric_deltas"]["prompt_tokens"], 4)
+    assert row["replica_note"].startswith(f"replica far below the others: {urls[1]}/metrics "
+                                          "found 0.0% of its")
+    assert "(it looked none of them up)" in row["replica_note"]
+    assert "replica far below the others" in run.stdout
+    assert f"{urls[0]} " in run.stdout and "50% of the requests" in run.stdout
 
 
 async def test_a_replica_killed_mid_run_is_routed_around_and_counted(
