@@ -49,6 +49,10 @@ from kvlab.records import (
 )
 
 NS = 1e9
+# tokens of one answer closer than this on average were not decoded that close: 10,000 tokens
+# a second from one sequence is several times what the fastest serving stacks decode one
+# stream at, and a client parsing a buffered burst stamps its events tens of µs apart
+BURST_S_PER_TOKEN = 100e-6
 QUANTILES = (50, 90, 95, 99)
 
 
@@ -126,13 +130,28 @@ def ttft_parts(ok: Sequence[RequestRecord]) -> TtftParts | None:
 
 
 def tpot_s(r: RequestRecord) -> float | None:
+    """Time per output token after the first; None for a one-token answer, and for one read
+    in a burst (`burst_read`): those times are the client's, not the engine's."""
     tokens = r.output_tokens
-    if tokens < 2 or len(r.token_ns) < 2:
+    if tokens < 2 or len(r.token_ns) < 2 or burst_read(r):
         return None
     return (r.token_ns[-1] - r.token_ns[0]) / NS / (tokens - 1)
 
 
+def burst_read(r: RequestRecord) -> bool:
+    """Whether the answer's tokens after the first all reached the client faster than any
+    engine decodes one stream: the client fell behind and read them from the socket's
+    buffer (a busy machine), so their spacing measures the client."""
+    tokens = r.output_tokens
+    if tokens < 2 or len(r.token_ns) < 2:
+        return False
+    return (r.token_ns[-1] - r.token_ns[0]) / NS < BURST_S_PER_TOKEN * (tokens - 1)
+
+
 def itl_s(r: RequestRecord) -> list[float]:
+    """The gaps between an answer's chunks (none for an answer read in a burst)."""
+    if burst_read(r):
+        return []
     return [(b - a) / NS for a, b in pairwise(r.token_ns)]
 
 
@@ -211,6 +230,7 @@ def level_stats(result: LevelResult, slo: Slo | None = None) -> LevelFigures:
         ttft_answer_s=summary([x for x in (ttft_answer_s(r) for r in ok) if x is not None]),
         reasoning_requests=sum(1 for r in ok if r.reasoning_ns),
         blank_outputs=sum(1 for r in ok if r.blank_output),
+        burst_reads=sum(1 for r in ok if burst_read(r)) or None,
         ttft_parts=ttft_parts(ok),
         tpot_s=summary([x for x in (tpot_s(r) for r in ok) if x is not None]),
         itl_s=summary(_flat(itl_s(r) for r in ok)), e2e_s=summary([e2e_s(r) for r in ok]),

@@ -59,6 +59,7 @@ CONFIDENCE = 0.95
 MIN_SAMPLES = 5  # fewer requests than this on a side: a bootstrap says nothing useful
 CHUNK_VALUES = 2_000_000  # resampled values held at once (memory, not accuracy)
 NO_DIFFERENCE = "no measurable difference"
+TOO_FEW = "too few requests"
 NO_DATA = "no interval: no per-request data"
 METHOD = IntervalMethod(
     confidence=CONFIDENCE, resamples=RESAMPLES, seed=SEED,
@@ -142,6 +143,8 @@ class Interval:
         """`1.50x [1.32, 1.71] slower` (with `(98.75% interval)` after it when read at another
         level than 95%), or the point ratio and why there is no interval."""
         point = f"{self.ratio:.2f}x" if self.ratio is not None else "n/a"
+        if self.words.startswith(TOO_FEW):  # no ratio claimed from too little
+            return self.words
         if self.low is None or self.high is None:
             return f"{point} ({self.words})"
         level = f" ({level_words(self.confidence)} interval)" \
@@ -312,12 +315,9 @@ def ratio_interval(metric: Metric, runs_a: Sequence[Floats], runs_b: Sequence[Fl
     top, bottom = (float(metric.statistic(np.concatenate(s)[None])[0]) if s else None
                    for s in (a, b))
     point = top / bottom if top is not None and bottom else None
-    short = [f"{n} requests with a {metric.name} on the {name} side"
-             for n, name in zip(counts, names, strict=True) if n < MIN_SAMPLES]
-    if short:
-        return Interval(metric.key, point, words=f"no interval: only {'; '.join(short)}",
-                        requests=counts, repeats=reps, values=(top, bottom),
-                        confidence=confidence)
+    if (short := too_few(metric, counts, names, confidence)) is not None:
+        return Interval(metric.key, point, words=short, requests=counts, repeats=reps,
+                        values=(top, bottom), confidence=confidence)
     ratios = _bootstrap(metric, a, b, seed)
     if len(ratios) < 0.9 * RESAMPLES:
         return Interval(metric.key, point, words=f"no interval: the {names[1]} side's "
@@ -330,6 +330,30 @@ def ratio_interval(metric: Metric, runs_a: Sequence[Floats], runs_b: Sequence[Fl
         low, high = min(low, between[0]), max(high, between[1])
     return Interval(metric.key, point, low, high, _words(metric, low, high), counts, reps,
                     (top, bottom), confidence)
+
+
+def needed(confidence: float = CONFIDENCE) -> int:
+    """The fewest requests a side needs for a ratio of medians at `confidence`: each side's
+    median must have a distribution-free interval (two order statistics) at its share of
+    the level, 1 - (1 - confidence) / 2, i.e. 0.5^n <= (1 - that) / 2: 7 at 95%, 9 at
+    98.75%. Below it a bootstrap's interval is the spread of a handful of values, however
+    narrow it looks."""
+    import math
+
+    tail = (1 - confidence) / 4
+    return math.ceil(math.log(tail) / math.log(0.5))
+
+
+def too_few(metric: Metric, counts: tuple[int, int], names: tuple[str, str],
+            confidence: float = CONFIDENCE) -> str | None:
+    """"too few requests: ..." naming each short side and the number needed, or None."""
+    least = max(MIN_SAMPLES, needed(confidence))
+    short = [f"{n} with a {metric.name} on the {name} side"
+             for n, name in zip(counts, names, strict=True) if n < least]
+    if not short:
+        return None
+    return (f"{TOO_FEW}: {' and '.join(short)}; an interval at {level_words(confidence)} "
+            f"needs {least} a side")
 
 
 def between_repeats(metric: Metric, a: list[Floats], b: list[Floats],

@@ -135,6 +135,11 @@ class LevelFigures(Strict):
                                       "first choice-carrying event, as vllm bench does.")
     ttft_parts: TtftParts | None = Field(None, description="Through kvlab's proxy: TTFT "
                                          "split into prefill, hand-over, decode, proxy.")
+    burst_reads: int | None = Field(None, description="Successes whose tokens all reached the "
+                                    "client faster than any engine decodes one stream "
+                                    "(loadgen/stats.BURST_S_PER_TOKEN): read from the socket's "
+                                    "buffer by a client that fell behind; their TPOT and ITL "
+                                    "are left out.")
     tpot_s: Percentiles | None = None
     itl_s: Percentiles | None = None
     e2e_s: Percentiles | None = None

@@ -97,6 +97,10 @@ def load_rows(console: Console, rows: Sequence[LoadRecord]) -> None:
             console.print(f"    concurrency {r.concurrency}: {r.blank_outputs} answers counted "
                           "output tokens but decoded to no visible text (kept as successes, "
                           "timed from their first choice, as vllm bench does)")
+        if r.burst_reads:
+            console.print(f"    concurrency {r.concurrency}: {r.burst_reads} answers reached the "
+                          "client in one burst, faster than an engine decodes (the client fell "
+                          "behind: a busy machine?); their TPOT and ITL are left out")
         if r.errors:
             first = r.failures[0].detail if r.failures else ""
             console.print(f"    concurrency {r.concurrency}: failures {r.errors}; first: "

@@ -103,10 +103,20 @@ def test_repeats_that_agree_keep_a_real_difference() -> None:
     assert iv.words == "slower" and iv.low is not None and iv.low > 1.5, iv.cell()
 
 
-def test_too_few_requests_give_no_interval() -> None:
-    iv = intervals.ratio_interval(TTFT, [run(7, n=3)], [run(8)], ("small", "big"))
+def test_too_few_requests_give_no_interval_and_no_ratio_in_words() -> None:
+    iv = intervals.ratio_interval(TTFT, [run(7, n=6)], [run(8)], ("small", "big"))
     assert not iv.measured and iv.ratio is not None
-    assert iv.words == "no interval: only 3 requests with a TTFT p50 on the small side"
+    assert iv.words == iv.cell() == ("too few requests: 6 with a TTFT p50 on the small side; "
+                                     "an interval at 95% needs 7 a side")
+    assert intervals.ratio_interval(TTFT, [run(7, n=7)], [run(8)], ("small", "big")).measured
+
+
+def test_the_requests_needed_are_those_of_a_distribution_free_median_interval() -> None:
+    # each side's median has an order-statistic interval at 1 - (1 - level) / 2
+    for level, n in ((0.95, 7), (0.9875, 9), (0.99, 9)):
+        assert intervals.needed(level) == n
+        tail = (1 - level) / 4
+        assert 0.5 ** n <= tail < 0.5 ** (n - 1)
 
 
 def test_warm_up_and_failed_requests_are_left_out(tmp_path: Path) -> None:
