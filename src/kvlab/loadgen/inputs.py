@@ -12,12 +12,13 @@ and the order of the levels (`sweep`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
 from kvlab.loadgen import textform
 from kvlab.loadgen import trace as trace_replay
+from kvlab.loadgen.oracle_level import History
 from kvlab.loadgen.sizing import prompt_sizing, tokenize_urls
 from kvlab.loadgen.spec import LoadSpec
 from kvlab.measure import workloads
@@ -33,6 +34,8 @@ class Inputs:
     pool: trace_replay.TokenPool | None = None
     trace: trace_replay.Trace | None = None
     detokenizer: textform.Detokenizer | None = None
+    # every request the sweep has sent, for the cache oracle of the next level
+    history: History = field(default_factory=History)
 
 async def sweep_sizing(spec: LoadSpec, api_key: str = "") -> workloads.Sizing:
     """The spec's sizing, counted by the server's tokenizer when it asks for that."""

@@ -87,6 +87,7 @@ class _Level:
     api_key: str
     prompts: dict[int, workloads.Prompt] = field(default_factory=dict)
     texts: dict[int, str] = field(default_factory=dict)  # text prompts, by prompt index
+    sent: dict[int, list[int] | str] = field(default_factory=dict)  # ids or text, as sent
 
     @property
     def base(self) -> int:
@@ -95,6 +96,10 @@ class _Level:
     def encode(self, prompts: list[workloads.Prompt],
                tokens: Sequence[list[int] | str] | None = None) -> list[tuple[int, bytes]]:
         self.prompts.update((p.index, p) for p in prompts)
+        if tokens is not None:
+            self.sent.update((p.index, t) for p, t in zip(prompts, tokens, strict=True))
+        elif self.spec.endpoint == "completions":
+            self.sent.update((p.index, p.as_text()) for p in prompts)
         return payloads_of(self.spec, self.target, prompts, self.api_key, tokens)
 
     def random_tokens(self, prompts: list[workloads.Prompt]) -> list[list[int]] | None:
@@ -300,9 +305,14 @@ class _Level:
         if not spec.oracle or client is None or engine is None or not lines:
             return
         root = spec.tokenize_url or spec.base_url.removesuffix("/v1")
-        own.oracle = await oracle_level.beside(
+        found = await oracle_level.beside(
             client, engine, root.rstrip("/"), spec.model, lines, self.prompts, after,
-            spec.oracle_tier_tokens, spec.oracle_curve_tokens)
+            spec.oracle_tier_tokens, spec.oracle_curve_tokens, sent=self.sent,
+            history=self.inputs.history)
+        if isinstance(found, str):
+            own.oracle_absent = found
+        else:
+            own.oracle = found
 
     def row_fields(self, warm: LevelResult | None, own: LevelOwn,
                    lines: list[RequestLine]) -> LevelOwn:
@@ -363,6 +373,8 @@ async def measure_level(spec: LoadSpec, target: Endpoint, concurrency: int, leve
                    level.row_fields(warm, own, lines))
     if len(urls) > 1 and client is not None:
         _replicas(row, replica_counts.counts(urls, each))
+        row.oracle_absent = (f"no oracle: {len(urls)} engines behind one front, each with a "
+                             "cache of its own (`kvlab run replicas` replays each one's)")
     _bench_result(spec, concurrency, result, row)
     return Measured(row, result)
 

@@ -3,24 +3,28 @@
 After the level (never while it runs: the client's timing is not disturbed), the engine's
 adapter says which model its cache follows and how large it is (`Engine.cache_shape`), and
 gives each request's exact tokens (`Engine.tokenize_chat`: the server's own template and
-tokenizer). A block cache (vLLM: its block size and blocks from `vllm:cache_config_info` as
-scraped after the level): the level's requests, warm-up first, are replayed in the order they
-were sent through `measure.oracle` (an LRU over whole blocks; vLLM's block hash and eviction
-in `oracle`'s docstring), with the level's concurrency, and set against the cached tokens each
-response reported. The cache is taken as empty when the level starts: an engine that served
-earlier levels may hold more, which shows as requests served above the oracle.
+tokenizer; token ids sent as they were, a trace's or random prompts; text sent to
+/v1/completions by its plain /tokenize). A block cache (vLLM: its block size and blocks from
+`vllm:cache_config_info` as scraped after the level): the level's requests, warm-up first, are
+replayed in the order they were sent through `measure.oracle` (an LRU over whole blocks;
+vLLM's block hash and eviction in `oracle`'s docstring), with the level's concurrency, and set
+against the cached tokens each response reported. The cache starts holding what this sweep
+sent before the level (its earlier levels, `History`), replayed first and not counted: what
+the engine held from before the sweep (an earlier run of the same --seed) shows as requests
+served above the oracle.
 
 Slots (llama-server: the slot count from /props) are replayed by `measure.slot_oracle`, each
 request's slot busy from its send to its end as measured.
 
-A level gets no oracle, and says why in its row's absence of one, when the engine states no
-cache kvlab can replay (mlx-lm), or a prompt cannot be tokenized.
+A level gets no oracle, and says why on its row (`oracle_absent`) and console, when the engine
+states no cache kvlab can replay (mlx-lm), or a prompt cannot be tokenized.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from statistics import median
 
 import httpx
@@ -32,8 +36,8 @@ from kvlab.records import OracleLevel, RequestLine, TierPoint
 
 MODEL_WORDS = ("vLLM prefix cache as an LRU over whole blocks, one prompt token always "
                "computed, the requests in flight as measured (the median over the level of "
-               "those still running when one was sent); the cache taken as empty when the "
-               "level starts; blocks of generated tokens not cached")
+               "those still running when one was sent); the cache taken as holding only what "
+               "this sweep sent before the level; blocks of generated tokens not cached")
 IN_FLIGHT = 8  # tokenize calls at once
 CURVE = (0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0)  # tier sizes replayed, in device caches
 NULL_BLOCKS = 1
@@ -41,22 +45,54 @@ SLOT_WORDS = ("llama-server's slots: the longest common prefix, to the token, wi
               "its slot last held, the slot chosen as the server does (the most similar idle "
               "one above --slot-prompt-similarity 0.5, else the least recently used), one "
               "prompt token always computed, each slot busy from a request's send to its end "
-              "as measured; the slots taken as empty when the level starts; generated tokens "
-              "and the in-RAM prompt cache (--cache-ram) not modelled, so the engine may "
-              "serve more")
-Tokenize = Callable[[list[dict[str, str]]], Awaitable[list[int] | None]]
+              "as measured; the slots taken as holding what this sweep sent before the level, "
+              "one request at a time; generated tokens and the in-RAM prompt cache "
+              "(--cache-ram) not modelled, so the engine may serve more")
+Tokenize = Callable[[int], Awaitable[list[int] | None]]
+Sent = Mapping[int, "list[int] | str"]  # what a request sent, by prompt index: ids or text
 
 
-async def tokenized(tokenize: Tokenize, prompts: Sequence[Prompt]) -> list[list[int]] | None:
-    """Every prompt's tokens as the engine counts them (None: one could not be had)."""
+@dataclass
+class History:
+    """The tokens of every request a sweep has sent so far, in the order sent: the cache the
+    next level starts from."""
+
+    tokens: list[list[int]] = field(default_factory=list)
+
+
+async def tokenized(tokenize: Tokenize, indices: Sequence[int]) -> list[list[int]] | str:
+    """Every prompt's tokens as the engine counts them, or why one could not be had."""
     gate = asyncio.Semaphore(IN_FLIGHT)
 
-    async def one(p: Prompt) -> list[int] | None:
+    async def one(index: int) -> list[int] | None:
         async with gate:
-            return await tokenize(p.as_messages())
+            return await tokenize(index)
 
-    found = await asyncio.gather(*(one(p) for p in prompts))
-    return None if any(t is None for t in found) else [t for t in found if t is not None]
+    found = await asyncio.gather(*(one(i) for i in indices))
+    missing = sum(t is None for t in found)
+    if missing:
+        return (f"no oracle: the engine's tokenizer endpoint gave no tokens for {missing} of "
+                f"{len(found)} prompts (see its log)")
+    return [t for t in found if t is not None]
+
+
+def tokens_of(engine: Engine, client: httpx.AsyncClient, root: str, model: str,
+              prompts: Mapping[int, Prompt], sent: Sent) -> tuple[Tokenize, str]:
+    """How each request's tokens are had, and the words that say so: the ids it sent, the
+    text it sent by the plain /tokenize, else its messages with the chat template."""
+    async def tokenize(index: int) -> list[int] | None:
+        given = sent.get(index)
+        if isinstance(given, list):
+            return given
+        if isinstance(given, str):
+            return await engine.tokenize(client, root, given)
+        return await engine.tokenize_chat(client, root, model, prompts[index].as_messages())
+
+    kinds = {type(v) for v in sent.values()}
+    words = ("the token ids each request sent" if kinds == {list}
+             else "the engine's /tokenize of the text each request sent" if kinds == {str}
+             else "the engine's /tokenize of each request's messages, chat template applied")
+    return tokenize, words
 
 
 def in_flight(sent: Sequence[RequestLine]) -> int:
@@ -70,46 +106,58 @@ def in_flight(sent: Sequence[RequestLine]) -> int:
 
 async def beside(client: httpx.AsyncClient, engine: Engine, root: str, model: str,
                  lines: list[RequestLine], prompts: Mapping[int, Prompt], snap: Snapshot | None,
-                 tier_tokens: int = 0, curve_tokens: Sequence[int] = ()) -> OracleLevel | None:
+                 tier_tokens: int = 0, curve_tokens: Sequence[int] = (), *,
+                 sent: Sent | None = None, history: History | None = None
+                 ) -> OracleLevel | str | None:
     """The oracle for one level's `lines` (each gets its `oracle_cached_tokens`) by the cache
-    model the engine's own cache follows (`Engine.cache_shape`), or None when the cache or a
-    request's tokens cannot be known. A block cache's tier curve replays `CURVE`'s multiples
-    of the device cache and the tiers of `curve_tokens`; a tier of `tier_tokens` sits under
-    it."""
+    model the engine's own cache follows (`Engine.cache_shape`), starting from `history`
+    (which then holds this level too); why there is none when a request's tokens cannot be
+    had or the engine states no cache; None when nothing was answered. A block cache's tier
+    curve replays `CURVE`'s multiples of the device cache and the tiers of `curve_tokens`; a
+    tier of `tier_tokens` sits under it."""
     shape = await engine.cache_shape(client, root, snap)
-    sent = _sent(lines, prompts)
-    if shape is None or not sent:
+    ordered = _sent(lines, prompts)
+    if not ordered:
         return None
-    tokens = await tokenized(lambda m: engine.tokenize_chat(client, root, model, m),
-                             [prompts[ln.prompt_index or 0] for ln in sent])
-    if tokens is None:
-        return None
+    if shape is None:
+        return f"no oracle: {engine.name} states no prefix cache kvlab can replay"
+    tokenize, words = tokens_of(engine, client, root, model, prompts, sent or {})
+    tokens = await tokenized(tokenize, [ln.prompt_index or 0 for ln in ordered])
+    if isinstance(tokens, str):
+        return tokens
+    before = history.tokens[:] if history is not None else []
+    if history is not None:
+        history.tokens += tokens
     if shape.kind == "slots":
-        return _slots(shape, sent, tokens)
-    return _blocks(shape, sent, tokens, tier_tokens // shape.block_tokens, curve_tokens)
+        return _slots(shape, ordered, tokens, before,
+                      words if sent else "the server's /apply-template and /tokenize of each "
+                      "request's messages")
+    return _blocks(shape, ordered, tokens, tier_tokens // shape.block_tokens, curve_tokens,
+                   before, words)
 
 
 def _blocks(shape: CacheShape, sent: list[RequestLine], tokens: list[list[int]],
-            tier_blocks: int, curve_tokens: Sequence[int]) -> OracleLevel:
-    """The block LRU replayed (vLLM's prefix cache)."""
+            tier_blocks: int, curve_tokens: Sequence[int], before: list[list[int]],
+            words: str) -> OracleLevel:
+    """The block LRU replayed (vLLM's prefix cache), from what was sent `before`."""
     block, device = shape.block_tokens, shape.blocks
     running = in_flight(sent)
     cache = CacheModel(block, device, tier_blocks, concurrency=running)
-    stream = oracle.prepare(tokens, block)
-    predicted = oracle.replay(stream, cache)
-    unbounded = oracle.infinite_cache(stream, cache)
+    stream = oracle.prepare([*before, *tokens], block)
+    skip = len(before)
+    predicted = oracle.replay(stream, cache)[skip:]
+    unbounded = oracle.infinite_cache(stream, cache)[skip:]
     for ln, p in zip(sent, predicted, strict=True):
         ln.oracle_cached_tokens = p.cached_tokens
     measured = [(p, ln.cached_tokens, u) for ln, p, u in zip(sent, predicted, unbounded,
                                                              strict=True) if not ln.warmup]
     found = oracle_gap.compare([p for p, _, _ in measured], [m for _, m, _ in measured])
     points = tier_curve(stream, cache, sent, {round(device * x) for x in CURVE}
-                        | {t // block for t in curve_tokens})
+                        | {t // block for t in curve_tokens}, skip)
     return OracleLevel(
         cache_model=MODEL_WORDS, block_tokens=block, device_blocks=device,
         tier_blocks=tier_blocks, in_flight=running,
-        sizes_from=shape.sizes_from,
-        tokens_from="the engine's /tokenize of each request's messages, chat template applied",
+        sizes_from=shape.sizes_from, tokens_from=words, earlier_requests=skip or None,
         requests=found.requests, prompt_tokens=found.prompt_tokens,
         predicted_cached_tokens=found.predicted_tokens,
         measured_cached_tokens=found.measured_tokens,
@@ -119,11 +167,12 @@ def _blocks(shape: CacheShape, sent: list[RequestLine], tokens: list[list[int]],
 
 
 def tier_curve(stream: list[Blocks], cache: CacheModel,
-               sent: Sequence[RequestLine], sizes: set[int]) -> list[TierPoint]:
-    """The hit share at each tier size (blocks) over the level's measured requests, and over
-    its returning turns alone where it has any."""
-    kept = [i for i, ln in enumerate(sent) if not ln.warmup and ln.cached_tokens is not None]
-    later = [i for i in kept if sent[i].turn]
+               sent: Sequence[RequestLine], sizes: set[int], skip: int = 0) -> list[TierPoint]:
+    """The hit share at each tier size (blocks) over the level's measured requests (the
+    stream's after its first `skip`), and over its returning turns alone where it has any."""
+    kept = [skip + i for i, ln in enumerate(sent)
+            if not ln.warmup and ln.cached_tokens is not None]
+    later = [i for i in kept if sent[i - skip].turn]
     ordered = sorted(sizes)
     overall = oracle.curve(stream, ordered, cache, kept)
     returning = oracle.curve(stream, ordered, cache, later) if later else [None] * len(ordered)
@@ -138,13 +187,17 @@ def _sent(lines: list[RequestLine], prompts: Mapping[int, Prompt]) -> list[Reque
                    and ln.prompt_index in prompts), key=lambda ln: ln.sent_s or 0.0)
 
 
-def _slots(shape: CacheShape, sent: list[RequestLine], tokens: list[list[int]]) -> OracleLevel:
-    """The slots replayed (llama-server's, `measure.slot_oracle`)."""
-    slots = shape.slots
+def _slots(shape: CacheShape, sent: list[RequestLine], tokens: list[list[int]],
+           before: list[list[int]], words: str) -> OracleLevel:
+    """The slots replayed (llama-server's, `measure.slot_oracle`), after what was sent
+    `before`, one at a time ahead of the level's start."""
+    slots, start = shape.slots, min((ln.sent_s or 0.0 for ln in sent), default=0.0)
+    earlier = [slot_oracle.SlotRequest(t, start - len(before) + i - 1, start - len(before) + i
+                                       - 0.5) for i, t in enumerate(before)]
     stream = [slot_oracle.SlotRequest(t, ln.sent_s or 0.0, ln.end_s or ln.sent_s or 0.0)
               for t, ln in zip(tokens, sent, strict=True)]
-    served = slot_oracle.replay(stream, slot_oracle.SlotCache(slots))
-    bound = slot_oracle.unbounded(stream)
+    served = slot_oracle.replay([*earlier, *stream], slot_oracle.SlotCache(slots))[len(earlier):]
+    bound = slot_oracle.unbounded([*earlier, *stream])[len(earlier):]
     for ln, n in zip(sent, served, strict=True):
         ln.oracle_cached_tokens = n
     counted = [(Prediction(len(t), n, 0), ln.cached_tokens, b)
@@ -153,7 +206,7 @@ def _slots(shape: CacheShape, sent: list[RequestLine], tokens: list[list[int]]) 
     return OracleLevel(
         cache_model=SLOT_WORDS, block_tokens=1, device_blocks=0, slots=slots,
         in_flight=in_flight(sent), sizes_from=shape.sizes_from,
-        tokens_from="the server's /apply-template and /tokenize of each request's messages",
+        earlier_requests=len(before) or None, tokens_from=words,
         requests=found.requests, prompt_tokens=found.prompt_tokens,
         predicted_cached_tokens=found.predicted_tokens,
         measured_cached_tokens=found.measured_tokens,

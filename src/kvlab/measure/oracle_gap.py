@@ -80,8 +80,11 @@ SHORTFALL = 0.05  # measured below the oracle by more than this share of the pro
 
 def shortfall(o: OracleLevel) -> str | None:
     """The verdict when a level got clearly less reuse than its workload allowed, naming the
-    likely causes; None when it got about what the oracle predicts."""
+    likely causes, or clearly more (`surplus`); None when it got about what the oracle
+    predicts."""
     left = o.left_share
+    if left is not None and left < -SHORTFALL:
+        return surplus(o, -left)
     if left is None or left <= SHORTFALL:
         return None
     causes = ["the engine evicts in another order than LRU", "chunked prefill or preemption "
@@ -90,6 +93,19 @@ def shortfall(o: OracleLevel) -> str | None:
         causes.append("the host tier was not consulted")
     return (f"less reuse than the workload allowed: {left:.1%} of the prompt tokens the "
             f"oracle says the cache could serve were recomputed (likely: {'; '.join(causes)})")
+
+
+def surplus(o: OracleLevel, above: float) -> str:
+    """The words when a level found more cached than the oracle allows: the cache held more
+    than the sweep sent it."""
+    if o.slots:
+        held = ("llama-server's in-RAM prompt cache (--cache-ram), which the slot model leaves "
+                "out, or prompts held from before this sweep")
+    else:
+        held = ("blocks held from before this sweep: an earlier run with the same --seed, or "
+                "other traffic (another --seed, or a restarted engine, starts cold)")
+    return (f"more reuse than this sweep could have left: {above:.1%} of the prompt tokens "
+            f"were served from cache beyond what the oracle allows ({held})")
 
 
 def compare(predicted: Sequence[Prediction], measured: Sequence[int | None]) -> Comparison:

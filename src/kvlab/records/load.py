@@ -173,6 +173,9 @@ class OracleLevel(Strict):
     in_flight: int = Field(1, description="Requests the model keeps in flight (their blocks "
                            "cannot be evicted), as measured.")
     sizes_from: str = Field(description="Where the block size and capacities came from.")
+    earlier_requests: int | None = Field(None, description="Requests the sweep sent before "
+                                         "the level, replayed first (not counted): the cache "
+                                         "the level started from.")
     tokens_from: str = Field(description="How each request's exact tokens were known.")
     requests: int = Field(description="Measured requests compared (ok, not warm-up).")
     prompt_tokens: int
@@ -216,6 +219,9 @@ class LevelOwn(Strict):
                                       "relative to the notebook's folder.")
     requests_sha256: str | None = Field(None, description="That file's sha256.")
     oracle: OracleLevel | None = None
+    oracle_absent: str | None = Field(None, description="Why the level has no cache oracle "
+                                      "(a prompt the engine would not tokenize, a cache it "
+                                      "does not state).")
     vllm_metrics: dict[str, float] | None = Field(
         None, description="The metrics --percentile-metrics chose at --metric-percentiles, "
         "in ms, named and defined as vllm bench serve's (mean_ttft_ms, p99_ttft_ms, ...).")

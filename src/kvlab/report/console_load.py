@@ -118,6 +118,8 @@ def load_rows(console: Console, rows: Sequence[LoadRecord]) -> None:
                           f"{g.requests_per_s} req/s ({g.requests} met {g.slo})")
         if r.replicas:
             _replicas(console, r)
+        if r.oracle_absent:
+            console.print(f"    concurrency {r.concurrency}: {r.oracle_absent}")
         if (o := r.oracle) is not None and o.predicted_share is not None \
                 and o.measured_share is not None:
             console.print(f"    concurrency {r.concurrency}: cache oracle {o.predicted_share:.1%}"

@@ -30,6 +30,18 @@ def test_a_level_far_below_its_oracle_says_so_and_names_causes() -> None:
     assert "the host tier was not consulted" in words
 
 
+def test_a_level_far_above_its_oracle_names_what_the_cache_held_before() -> None:
+    """#48 finding 10: a second trace run with the same --seed found the first run's blocks
+    cached while the oracle took the cache as empty; the CPU demo's llama-server row read
+    "left on the table -54.3%" with no word on why."""
+    words = oracle_gap.shortfall(level(1_000, 3_000))
+    assert words is not None and words.startswith(
+        "more reuse than this sweep could have left: 20.0% of the prompt tokens")
+    assert "an earlier run with the same --seed" in words
+    slots = level(1_000, 3_000).model_copy(update={"slots": 2})
+    assert "in-RAM prompt cache (--cache-ram)" in (oracle_gap.shortfall(slots) or "")
+
+
 def test_the_row_shows_the_oracle_beside_the_measured_hit_rate() -> None:
     """On one basis: the H200 tier-off row read "18.5% (oracle 26.0%)", the counters' rate
     (warm-up included) beside the oracle's share of the measured requests, which had reported
@@ -88,5 +100,8 @@ def test_llama_servers_slot_oracle_says_what_it_leaves_out() -> None:
     row = LoadRecord(label="x", lab="offload", concurrency=6, requests=24, oracle=slots)
     assert oracle_cell(row, "73.4%") == ("73.4%; requests 73.4%, slot oracle, RAM cache not "
                                          "modelled 18.7%")
-    (words,) = oracle_words(row)
+    words, why = oracle_words(row)
     assert words.startswith("cache oracle (2 slots of one prompt each, from ")
+    assert why.startswith("more reuse than this sweep could have left: 54.7% of the prompt "
+                          "tokens were served from cache beyond what the oracle allows "
+                          "(llama-server's in-RAM prompt cache (--cache-ram)")
