@@ -213,13 +213,16 @@ def prompt_tokens(request: TraceRequest, index: int, pool: TokenPool, seed: int,
 
 def reusable_blocks(requests: Sequence[TraceRequest], block_tokens: int) -> list[int]:
     """Per request, its leading whole blocks an earlier request already held in full (what an
-    infinite cache that kept everything would serve)."""
+    infinite cache that kept everything would serve), short of its last token: an engine
+    computes at least one prompt token, so a prompt held whole gets all but its last block
+    (vLLM's hit counts then stop a block short)."""
     held: set[int] = set()
     out = []
     for r in requests:
         whole = r.input_length // block_tokens
+        usable = min(max(r.input_length - 1, 0) // block_tokens, len(r.hash_ids))
         n = 0
-        while n < min(whole, len(r.hash_ids)) and r.hash_ids[n] in held:
+        while n < usable and r.hash_ids[n] in held:
             n += 1
         out.append(n)
         held.update(r.hash_ids[:min(whole, len(r.hash_ids))])
