@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from kvlab.core import JsonObject
+from kvlab.core import JsonObject, integer
 from kvlab.observe import carries, timeline_of
 
 
@@ -76,18 +76,20 @@ class RequestRecord:
 
 
 def _take_usage(record: RequestRecord, obj: dict[str, object]) -> None:
+    """The server's counts, read as `observe.sse.Stream` reads them (a bool is no count)."""
     usage = obj.get("usage")
     if isinstance(usage, dict):
-        if isinstance(usage.get("completion_tokens"), int):
-            record.completion_tokens = usage["completion_tokens"]
-        if isinstance(usage.get("prompt_tokens"), int):
-            record.prompt_tokens = usage["prompt_tokens"]
+        if (completion := integer(usage.get("completion_tokens"))) is not None:
+            record.completion_tokens = completion
+        if (prompt := integer(usage.get("prompt_tokens"))) is not None:
+            record.prompt_tokens = prompt
         details = usage.get("prompt_tokens_details")
-        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-            record.cached_tokens = details["cached_tokens"]
+        if isinstance(details, dict) and (cached := integer(details.get("cached_tokens"))) \
+                is not None:
+            record.cached_tokens = cached
     timings = obj.get("timings")
-    if isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
-        record.cached_tokens = timings["cache_n"]
+    if isinstance(timings, dict) and (cache_n := integer(timings.get("cache_n"))) is not None:
+        record.cached_tokens = cache_n
 
 
 LEGS = ("prefill", "decode")
