@@ -29,6 +29,7 @@ from kvlab.engines.process import EngineProcess
 from kvlab.measure import compat
 from kvlab.measure.prove import ProveOptions, run_proof
 from kvlab.observe import fingerprint
+from lora import write_adapter
 
 pytestmark = pytest.mark.vllm
 
@@ -204,3 +205,42 @@ def test_logprobs_are_served(trio: list[str]) -> None:
     answer = httpx.post(trio[0] + "/chat/completions", json=body, timeout=60)
     assert answer.status_code == 200, answer.text
     assert fingerprint.parse(answer.json()) is not None
+
+
+# ---- vLLM: a LoRA adapter served under the clients' model name (#48 finding 6) ------------
+
+async def test_a_lora_adapter_under_the_clients_name_is_refused(
+        tiny_models: TinyModels, vllm_install: vllm.VllmInstall, tmp_path: Path) -> None:
+    """A (the model as `local-chat`) against B (the model as `tiny-base`, with a LoRA adapter
+    served as `local-chat`): `check --ignore model_id` said "compatible", its probe sent under
+    B's base name while clients' `local-chat` reached the adapter (logprobs -7.228 against
+    -7.117)."""
+    adapter = write_adapter(tiny_models.hf, tmp_path / "adapter")
+    plans = [vllm.plan(cpu_settings(model=tiny_models.hf), "baseline", vllm_install,
+                       PlanRequest(port=free_port(), cpu_core=0)),
+             vllm.plan(cpu_settings(model=tiny_models.hf, served_name="tiny-base"), "baseline",
+                       vllm_install, PlanRequest(port=free_port(), cpu_core=1, extra_args=(
+                           "--enable-lora", "--max-lora-rank", "8",
+                           "--lora-modules", f"local-chat={adapter}")))]
+    procs = [EngineProcess(p, tmp_path / f"{p.port}.log") for p in plans]
+    for proc in procs:
+        proc.start()
+    try:
+        await asyncio.gather(*(proc.wait_ready() for proc in procs))
+        a, b = (p.base_url + "/v1" for p in plans)
+        found = await compat.compare([a, b], ignore=("model_id",))
+        blind = await compat.compare([a, b], ignore=("model_id", "adapters"))
+        run = await asyncio.to_thread(subprocess.run, [
+            sys.executable, "-m", "kvlab", "check", a, b, "--ignore", "model_id"],
+            capture_output=True, text=True, timeout=120, check=False)
+    finally:
+        await asyncio.gather(*(proc.stop() for proc in procs))
+    assert [m.field for m in found.mismatches][:1] == ["adapters"], found.refusal()
+    fa, fb = found.instances
+    assert (fa.adapters, fb.adapters) == ([], ["local-chat (LoRA on tiny-base)"])
+    assert fb.model_id == "tiny-base"
+    # the probe went under the name clients send, which reaches the adapter on B
+    assert [m.field for m in blind.mismatches] == ["fingerprint"], blind.refusal()
+    assert {f.probed_as for f in blind.instances} == {"local-chat"}
+    assert run.returncode == 2 and run.stderr.startswith("kvlab: instances disagree on adapters")
+    assert "local-chat (LoRA on tiny-base)" in run.stderr

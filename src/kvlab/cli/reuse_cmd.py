@@ -71,11 +71,15 @@ def prove_command(ctx: click.Context, args: ProveArgs, as_json: bool) -> None:
 @click.command("check")
 @click.argument("urls", nargs=-1, required=True)
 @ignore_option
+@click.option("--model", default=None, help="The model name clients send: the fingerprint's "
+              "probe goes under it (default: the one name every instance lists).")
 @json_option
-def check_command(urls: tuple[str, ...], ignore: tuple[str, ...], as_json: bool) -> None:
+def check_command(urls: tuple[str, ...], ignore: tuple[str, ...], model: str | None,
+                  as_json: bool) -> None:
     """Refuse instances that disagree: model, version, context, block size, chat-template
-    tokens, model content, dtype, quantisation, KV type, numerics flags, store, and the
-    behavioural fingerprint (the same probe's top-k logprobs). A different model path is a
+    tokens, model content, dtype, quantisation, KV type, numerics flags, store, adapters
+    (LoRA), and the behavioural fingerprint (the same probe's top-k logprobs, under the name
+    clients send). A different model path is a
     note. Exit 2 when refused; --json prints its document either way."""
     from kvlab.measure import compat
     from kvlab.report import console_reuse
@@ -86,7 +90,7 @@ def check_command(urls: tuple[str, ...], ignore: tuple[str, ...], as_json: bool)
     if unknown:
         raise InputError(f"--ignore {unknown[0]}: not a compared field; choose from "
                          + ", ".join(compat.FIELDS))
-    result = asyncio.run(compat.compare(list(urls), ignore=ignore))
+    result = asyncio.run(compat.compare(list(urls), ignore=ignore, model=model))
     Output(as_json).result(result.as_dict(), lambda c: console_reuse.compatibility(c, result))
     if not result.compatible:
         raise RefusedError(result.refusal())

@@ -199,6 +199,10 @@ class InstanceFacts:
     fingerprint: Fingerprint | None = None
     notes: list[str] = field(default_factory=list)
     listed_models: list[str] = field(default_factory=list)  # every id /v1/models lists
+    # the adapters it serves, as /v1/models lists them ("name (LoRA on base)"): a model id
+    # with a parent is an adapter, whatever name clients send it by
+    adapters: list[str] = field(default_factory=list)
+    probed_as: str | None = None  # the model name the fingerprint's probe was sent under
 
     def as_record(self) -> InstanceLine:
         """The facts for a notebook line (the template tokens as a count and a digest)."""
@@ -212,7 +216,8 @@ class InstanceFacts:
             kv_cache_tokens=self.kv_cache_tokens, template_tokens=template,
             content_digest=self.content_digest, dtype=self.dtype, quantization=self.quantization,
             numerics_flags=self.numerics_flags, kv_store=self.kv_store,
-            connector=self.connector, kv_role=self.kv_role,
+            connector=self.connector, kv_role=self.kv_role, adapters=list(self.adapters),
+            probed_as=self.probed_as,
             fingerprint=self.fingerprint.as_record() if self.fingerprint else None,
             notes=list(self.notes))
 

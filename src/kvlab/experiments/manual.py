@@ -73,7 +73,7 @@ async def reuse(settings: Settings, opts: ReuseOptions, note: Note,
                 ignore: tuple[str, ...] = (), say: Say = quiet) -> tuple[ReuseRun, ReuseRecord]:
     """A growing conversation turn by turn (two endpoints: checked to agree first)."""
     if len(opts.urls) > 1:
-        await compat.check(list(opts.urls), ignore=ignore)
+        await compat.check(list(opts.urls), ignore=ignore, model=opts.model)
         say("    instances agree (kvlab check); turns alternate between them")
     run = await run_reuse(opts, say=say)
     record = reuse_record(run, note.label, note.lab, note.note)

@@ -98,7 +98,8 @@ async def run(lab: Lab, spec: SharedSpec) -> list[Record]:
     try:
         async with engines(lab, plans, labels=list(SHARED_STORE.startup)) as procs:
             urls = [p.plan.base_url + "/v1" for p in procs]  # as started (a cluster node's)
-            await compat.check(urls, headers={"Authorization": f"Bearer {key}"} if key else None)
+            await compat.check(urls, headers={"Authorization": f"Bearer {key}"} if key else None,
+                               model=name)
             for side, repeat in repeats.order(spec.repeat):
                 number = repeat if spec.repeat > 1 else None
                 out.append(await _conversation(lab, spec, urls, side, number))

@@ -39,7 +39,8 @@ from kvlab.engines import (
 from kvlab.observe import api_base, fingerprint, metrics, server_root
 
 # compared on every instance, an unknown value included (the server answers these itself)
-COMPARED = ("engine", "version", "model_id", "max_model_len", "block_size", "template_tokens")
+COMPARED = ("engine", "version", "model_id", "adapters", "max_model_len", "block_size",
+            "template_tokens")
 # compared where every instance's value is known (read from a local command line or files)
 COMPARED_WHERE_KNOWN = ("prefix_caching", "connector", "content_digest", "dtype",
                         "quantization", "cache_dtype", "numerics_flags", "kv_store")
@@ -70,7 +71,9 @@ async def probe(client: httpx.AsyncClient, url: str) -> InstanceFacts:
         raise UnreachableError(f"{base}/models answered no JSON object; is it an engine?")
     listed = [d for d in body.get("data") or [] if isinstance(d, dict)]
     facts.listed_models = [str(d["id"]) for d in listed if d.get("id")]
-    data = listed[0] if listed else {}
+    facts.adapters = [f"{d['id']} (LoRA on {d['parent']})" for d in listed
+                      if d.get("id") and d.get("parent")]
+    data = next((d for d in listed if not d.get("parent")), listed[0] if listed else {})
     facts.model_id, facts.root = data.get("id"), data.get("root")
     facts.max_model_len = data.get("max_model_len")
     snap = await metrics.scrape(client, root + "/metrics")
@@ -284,11 +287,25 @@ def notes(instances: list[InstanceFacts], *, fingerprinted: bool = True) -> list
 def _show(name: str, value: object) -> str:
     if name == "template_tokens" and isinstance(value, list):
         return f"{len(value)} tokens (sha {token_digest(value)})"
+    if name == "adapters" and isinstance(value, list):
+        return ", ".join(map(str, value)) or "none"
     return "unknown" if value is None else str(value)
 
 
+def clients_name(facts: list[InstanceFacts], model: str | None) -> str | None:
+    """The model name the fingerprint's probe goes under: `model` (the name clients send)
+    where every instance lists it, else the one name every instance lists (clients sent
+    through a front reach each by it), else None (each instance's own first model)."""
+    common = set.intersection(*(set(f.listed_models) for f in facts)) if facts else set()
+    if model is not None and model in common:
+        return model
+    shared = [name for name in (facts[0].listed_models if facts else []) if name in common]
+    return shared[0] if len(shared) == 1 else None
+
+
 async def compare(urls: list[str], *, ignore: tuple[str, ...] = (), timeout_s: float = 20.0,
-                  headers: dict[str, str] | None = None) -> Compatibility:
+                  headers: dict[str, str] | None = None,
+                  model: str | None = None) -> Compatibility:
     """Probe every instance and name what differs; refuses nothing.
 
     The facts first (what the servers and their command lines say); the behavioural
@@ -306,8 +323,10 @@ async def compare(urls: list[str], *, ignore: tuple[str, ...] = (), timeout_s: f
         found = differences(facts, ignore)
         safe = _fingerprint_is_safe(facts, found)
         if safe and FINGERPRINT not in ignore:
+            name = clients_name(facts, model)
             for fact, url in zip(facts, urls, strict=True):
-                fact.fingerprint = await fingerprint.take(client, fact.url, fact.model_id)
+                fact.probed_as = name or fact.model_id
+                fact.fingerprint = await fingerprint.take(client, fact.url, fact.probed_as)
                 await _still_answers(client, url, facts)
             found = differences(facts, ignore)
     said = notes(facts, fingerprinted=safe and FINGERPRINT not in ignore)
@@ -351,10 +370,13 @@ def store_faults(instances: list[InstanceFacts]) -> list[str]:
 
 
 async def check(urls: list[str], *, ignore: tuple[str, ...] = (), timeout_s: float = 20.0,
-                headers: dict[str, str] | None = None) -> list[InstanceFacts]:
+                headers: dict[str, str] | None = None,
+                model: str | None = None) -> list[InstanceFacts]:
     """Probe every instance and refuse (RefusedError) if any compared field differs, or if a
-    store they share on this machine holds a partial entry (`engines/registry.store_for`)."""
-    result = await compare(urls, ignore=ignore, timeout_s=timeout_s, headers=headers)
+    store they share on this machine holds a partial entry (`engines/registry.store_for`);
+    `model` is the name clients send (the fingerprint's probe goes under it)."""
+    result = await compare(urls, ignore=ignore, timeout_s=timeout_s, headers=headers,
+                           model=model)
     if not result.compatible:
         raise RefusedError(result.refusal())
     return result.instances

@@ -139,6 +139,11 @@ class InstanceLine(Strict):
     kv_store: str | None = None
     connector: str | None = None
     kv_role: str | None = None
+    adapters: list[str] = Field(default_factory=list, description="The adapters (LoRA) its "
+                                "/v1/models lists: a model id with a parent.")
+    probed_as: str | None = Field(None, description="The model name the fingerprint's probe "
+                                  "was sent under (the one clients send, where every "
+                                  "instance lists it).")
     fingerprint: Fingerprint | None = None
     notes: list[str] = Field(default_factory=list)
 
