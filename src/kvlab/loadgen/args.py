@@ -139,6 +139,9 @@ class LoadArgs(Args):
     tokenize_url: str = Field("", description="The engine whose /tokenize sizes the prompts "
                               "[default: the base URL's server, then --metrics-url's; behind a "
                               "proxy, an engine].")
+    tokenizer: str = Field("", description="The model's directory or tokenizer.json on this "
+                           "machine: random and trace prompts are made in its tokens here, "
+                           "for a server with no /tokenize (as vllm bench's --tokenizer).")
 
 
 def burstiness(given: str) -> float:
@@ -332,6 +335,7 @@ def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: s
         context=context, min_requests=args.min_requests,
         duration_s=args.duration, warmup=args.warmup, labbook=settings.labbook,
         size_prompts=args.prompt_sizing == "tokenizer", tokenize_url=args.tokenize_url,
+        tokenizer=args.tokenizer,
         rate=rates[0] if len(rates) == 1 else None, rates=rates if len(rates) > 1 else (),
         groups=args.prefix_groups, group_shares=floats("--group-shares", args.group_shares),
         model_source="default" if loaded.unset("served_name") else "named",

@@ -59,8 +59,9 @@ async def prepare_inputs(spec: LoadSpec, api_key: str = "") -> Inputs:
     trace = trace_replay.read(spec.trace) if spec.trace is not None else None
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     async with httpx.AsyncClient(timeout=30.0, trust_env=False, headers=headers) as client:
-        pool = await trace_replay.token_pool(spec.engine, tokenize_urls(spec), spec.seed,
-                                             client)
+        pool = await trace_replay.token_pool(
+            spec.engine, tokenize_urls(spec), spec.seed, client, tokenizer=spec.tokenizer,
+            asked_by="--trace" if spec.trace is not None else "--random-input-len")
     detokenizer = await textform.detokenizer(
         spec.engine, tokenize_urls(spec), spec.model, list(pool.tokens[:textform.SAMPLE_TOKENS]),
         api_key) if spec.text_prompts else None

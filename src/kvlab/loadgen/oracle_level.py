@@ -120,7 +120,8 @@ async def beside(client: httpx.AsyncClient, engine: Engine, root: str, model: st
     if not ordered:
         return None
     if shape is None:
-        return f"no oracle: {engine.name} states no prefix cache kvlab can replay"
+        return (f"no oracle: the server at {root} states no prefix cache kvlab can replay "
+                f"(as {engine.name} would on its /metrics)")
     tokenize, words = tokens_of(engine, client, root, model, prompts, sent or {})
     tokens = await tokenized(tokenize, [ln.prompt_index or 0 for ln in ordered])
     if isinstance(tokens, str):

@@ -70,6 +70,7 @@ class LoadSpec:
     labbook: str = ""  # per-request files go beside this notebook ("" = none written)
     size_prompts: bool = False  # size prompts with the server's tokenizer (else the estimate)
     tokenize_url: str = ""  # whose /tokenize; "" = the base URL's server, then metrics_url's
+    tokenizer: str = ""  # a local tokenizer.json (or model directory) for token prompts
     sizing: workloads.Sizing | None = None  # a sizing already made (the caller's plan's)
     fit: PromptFit | None = None  # the longest prompt against the served context (`fit.py`)
     # a prompt the served context cannot hold: the preamble cut to fit (it came from the

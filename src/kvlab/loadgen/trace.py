@@ -180,19 +180,43 @@ def server_roots(urls: Iterable[str]) -> list[str]:
 
 
 async def token_pool(engine: str, urls: Iterable[str], seed: int,
-                     client: httpx.AsyncClient) -> TokenPool:
-    """The distinct tokens of a long generated passage, from the first server whose /tokenize
-    answers; a trace cannot be replayed in the served model's tokens without one."""
+                     client: httpx.AsyncClient, *, tokenizer: str = "",
+                     asked_by: str = "--trace") -> TokenPool:
+    """The distinct tokens of a long generated passage, in the served model's tokens: by the
+    local `tokenizer` (a model directory or its tokenizer.json) when given, else by the first
+    server whose /tokenize answers; `asked_by` names the option that needs them."""
     text = workloads.passage(random.Random(f"trace-pool:{seed}"), POOL_WORDS)
+    if tokenizer:
+        return local_pool(tokenizer, text)
     adapter = engine_for(engine)
     roots = server_roots(urls)
     for root in roots:
         tokens = await adapter.tokenize(client, root, text)
         if tokens:
             return TokenPool(tuple(sorted(set(tokens))), f"{engine} tokenizer at {root}")
-    raise InputError(f"--trace: no /tokenize answered ({', '.join(roots) or 'no server'}); "
-                     "trace prompts are built in the served model's tokens: give "
-                     "--tokenize-url the engine's URL")
+    raise InputError(f"{asked_by}: no /tokenize answered ({', '.join(roots) or 'no server'}); "
+                     "its prompts are made of the served model's tokens: give --tokenizer "
+                     "with the model's directory or tokenizer.json, or --tokenize-url an "
+                     "engine that serves the model")
+
+
+def local_pool(tokenizer: str, text: str) -> TokenPool:
+    """The passage's distinct tokens by a tokenizer.json on this machine (InputError naming
+    --tokenizer when it is not one)."""
+    from tokenizers import Tokenizer
+
+    path = Path(tokenizer).expanduser()
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file():
+        raise InputError(f"--tokenizer {tokenizer}: no tokenizer.json there; give the model's "
+                         "directory or its tokenizer.json")
+    try:
+        found = Tokenizer.from_file(str(file))
+    except Exception as exc:  # the library raises its own Exception for a file it cannot read
+        raise InputError(f"--tokenizer {tokenizer}: {file} is not a tokenizer file "
+                         f"({str(exc)[:120]})") from None
+    tokens = found.encode(text, add_special_tokens=False).ids
+    return TokenPool(tuple(sorted(set(tokens))), f"tokenizer.json at {file.resolve()}")
 
 
 def prompt_tokens(request: TraceRequest, index: int, pool: TokenPool, seed: int, salt: int,

@@ -256,3 +256,44 @@ def test_text_prompts_without_a_detokenizer_are_refused_before_any_request(
     assert "--prompt-form text: no /detokenize answered" in run.stderr
     assert "--tokenize-url" in run.stderr and "Traceback" not in run.stderr
     assert sent.requests == 0 and not (tmp_path / "text" / "labbook.md").exists()
+
+
+def word_tokenizer(path: Path) -> Path:
+    """A tokenizer.json of 50 words (ids 0-49), made here as a user's model directory holds
+    one."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(49)} | {"[UNK]": 49}
+    made = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    made.pre_tokenizer = pre_tokenizers.Whitespace()
+    path.mkdir(parents=True, exist_ok=True)
+    made.save(str(path / "tokenizer.json"))
+    return path
+
+
+def test_random_prompts_for_a_server_without_tokenize_come_from_tokenizer(
+        tmp_path: Path) -> None:
+    """#49: against any OpenAI-compatible server with no /tokenize, --random-input-len exited
+    2 naming --tokenize-url, a flag not given; vllm bench sizes them with --tokenizer."""
+    def run(*more: str) -> tuple[subprocess.CompletedProcess[str], Counters]:
+        return asyncio.run(against_the_fake(
+            "--model", "fake", "--random-input-len", "12", "--num-prompts", "3",
+            "--max-concurrency", "1", "--max-tokens", "2", "--no-progress", *more,
+            env=load_env(tmp_path / str(len(more))), behaviour=Behaviour(tokens=2,
+                                                                        tokenizer=())))
+
+    bare, none_sent = run()
+    assert bare.returncode == 2 and "Traceback" not in bare.stderr
+    assert "--random-input-len: no /tokenize answered" in bare.stderr
+    assert "give --tokenizer with the model's directory or tokenizer.json" in bare.stderr
+    assert none_sent.requests == 0
+    local, sent = run("--tokenizer", str(word_tokenizer(tmp_path / "model")))
+    assert local.returncode == 0, local.stderr
+    prompts = [b["prompt"] for b in sent.bodies]
+    assert len(prompts) == 1 + 3
+    assert all(len(p) == 12 and set(p) <= set(range(50)) for p in prompts)
+    row = notebook.read(tmp_path / "2" / "labbook.md").of(LoadRecord)[0]
+    assert row.ok == 3 and row.random_input_len == 12
+    wrong = run("--tokenizer", str(tmp_path / "nowhere"))[0]
+    assert wrong.returncode == 2 and "--tokenizer" in wrong.stderr and "no tokenizer.json" in \
+        wrong.stderr
