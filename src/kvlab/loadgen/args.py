@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import AfterValidator, Field
 
 from kvlab.core import Args, InputError, LoadedSettings, Say, Settings, quiet
-from kvlab.loadgen.benchargs import BenchArgs, bench_ask, extra_body, headers
+from kvlab.loadgen.benchargs import (
+    BenchArgs,
+    bench_ask,
+    extra_body,
+    headers,
+    request_id_prefix,
+)
 from kvlab.records import LAB_NONE, LAB_OFFLOAD, LAB_PD, RunContext, Where
 
 if TYPE_CHECKING:
@@ -343,7 +349,8 @@ def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: s
         if args.preamble_tokens is None and loaded.unset("preamble_tokens") else "refuse",
         temperature=bench.temperature, extra_body=extra_body(bench.extra_body,
                                                              bench.temperature),
-        headers=headers(bench.header), random_input_len=bench.random_input_len,
+        headers=headers(bench.header), request_id_prefix=request_id_prefix(
+            bench.request_id_prefix), random_input_len=bench.random_input_len,
         prompt_form=bench.prompt_form,
         bench=bench_ask(bench, objectives, len(settings.concurrency) * max(1, len(rates))))
     return _workload(loaded, args, spec)

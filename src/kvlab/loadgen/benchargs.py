@@ -34,6 +34,9 @@ class BenchArgs(BaseModel):
                                    description="A JSON object merged into every request's "
                                    "body (not the fields kvlab sets: model, messages, prompt, "
                                    "stream, max_tokens, ignore_eos).")
+    request_id_prefix: str = Field("", description="Each request's X-Request-Id is this and "
+                                   "its prompt's number, as vllm bench sends them [default: "
+                                   "kvlab- and a random uuid].")
     temperature: float | None = Field(None, ge=0, description="Sampling temperature sent on "
                                       "every request [default: the server's].")
     metadata: tuple[str, ...] = Field((), json_schema_extra={"metavar": "KEY=VALUE"},
@@ -104,6 +107,15 @@ def headers(given: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
         if any(c in value for c in "\r\n\0"):
             raise InputError(f"--header {name}: a value is one line")
     return out
+
+
+def request_id_prefix(given: str) -> str:
+    """`--request-id-prefix`, refused when the id would not be one header value of visible
+    characters."""
+    if given and not all(33 <= ord(c) < 127 for c in given):
+        raise InputError(f"--request-id-prefix {given!r}: visible ASCII characters only (it "
+                         "starts a header value)")
+    return given
 
 
 def extra_body(text: str | None, temperature: float | None) -> JsonObject:

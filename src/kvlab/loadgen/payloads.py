@@ -71,7 +71,9 @@ def payloads_of(spec: LoadSpec, target: Endpoint, prompts: list[workloads.Prompt
     """(prompt index, request bytes), built before any clock starts (`tokens`: each prompt's
     token ids or their text, for a trace or random prompts)."""
     ids = tokens if tokens is not None else [None] * len(prompts)
-    return [(p.index, target.request_bytes(spec.path, spec.body(p, t), api_key, spec.headers))
+    prefix = spec.request_id_prefix
+    return [(p.index, target.request_bytes(spec.path, spec.body(p, t), api_key, spec.headers,
+                                           f"{prefix}{p.index}" if prefix else ""))
             for p, t in zip(prompts, ids, strict=True)]
 
 

@@ -95,6 +95,7 @@ class LoadSpec:
     temperature: float | None = None
     extra_body: JsonObject = field(default_factory=dict)  # merged into every body
     headers: tuple[tuple[str, str], ...] = ()  # sent on every request
+    request_id_prefix: str = ""  # X-Request-Id: this and the prompt's number ("": kvlab-uuid)
     random_input_len: int | None = None  # prompts of this many random tokens (a workload)
     # random prompts sent as their token ids or as the server's text of them; None: not asked
     # (ids)

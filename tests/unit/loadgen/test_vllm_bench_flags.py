@@ -297,3 +297,20 @@ def test_random_prompts_for_a_server_without_tokenize_come_from_tokenizer(
     wrong = run("--tokenizer", str(tmp_path / "nowhere"))[0]
     assert wrong.returncode == 2 and "--tokenizer" in wrong.stderr and "no tokenizer.json" in \
         wrong.stderr
+
+
+def test_request_ids_are_the_prefix_and_the_prompts_number(tmp_path: Path) -> None:
+    """#49: vllm bench's --request-id-prefix (ids were always kvlab-<uuid>)."""
+    run, seen = asyncio.run(against_the_fake(
+        "--model", "fake", "--requests", "3", "--concurrency", "1", "--max-tokens", "2",
+        "--preamble-tokens", "40", "--request-id-prefix", "bench-", "--no-progress",
+        env=load_env(tmp_path / "ids"), behaviour=Behaviour(tokens=2)))
+    assert run.returncode == 0, run.stderr
+    ids = [h["x-request-id"] for h in seen.headers if "x-request-id" in h]
+    assert len(ids) == 1 + 3 and len(set(ids)) == 4
+    assert all(i.startswith("bench-") and i.removeprefix("bench-").isdigit() for i in ids)
+    row = notebook.read(tmp_path / "ids" / "labbook.md").of(LoadRecord)[0]
+    assert row.requests_file is not None
+    bad = asyncio.run(against_the_fake("--model", "fake", "--request-id-prefix", "a b",
+                                       env=load_env(tmp_path / "bad")))[0]
+    assert bad.returncode == 2 and "--request-id-prefix 'a b': visible ASCII" in bad.stderr
