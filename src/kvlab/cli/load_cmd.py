@@ -23,7 +23,7 @@ import click
 from rich.console import Console
 
 from kvlab.cli.common import Output, json_option, server_settings, settings_from
-from kvlab.cli.options import arguments
+from kvlab.cli.options import SpreadCommand, arguments
 from kvlab.core import EXIT_ALL_FAILED, EXIT_CODES, EXIT_INTERRUPTED, EXIT_NOT_CONVERGED, InputError
 from kvlab.engines import VLLM
 from kvlab.experiments.manual_args import CompareArgs
@@ -81,7 +81,7 @@ def finish(out: Output, rows: list[LoadRecord], interrupted: bool) -> None:
         sys.exit(EXIT_ALL_FAILED)
 
 
-@click.command("load", epilog=EXIT_CODES)
+@click.command("load", cls=SpreadCommand, epilog=EXIT_CODES)
 @arguments(TargetArgs, "target")
 @arguments(LoadArgs, "load")
 @arguments(BenchArgs, "bench")

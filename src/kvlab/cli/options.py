@@ -120,3 +120,29 @@ def parse(model: type[M], given: dict[str, object]) -> M:
         field = model.model_fields.get(name)
         where = flag_of(name, field) if field is not None else "an option"
         raise click.UsageError(f"{where}: {first['msg']}") from None
+
+
+class SpreadCommand(click.Command):
+    """A command without positional arguments whose repeatable options also take several
+    values after one flag, as vllm bench's `--goodput ttft:500 tpot:50` and `--header A=1 B=2`
+    do: each value up to the next option is given the flag again before click reads them."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, spread(args, self.params))
+
+
+def spread(args: list[str], params: list[click.Parameter]) -> list[str]:
+    """`args` with `--flag a b` made `--flag a --flag b` for every repeatable option."""
+    repeating = {o for p in params if isinstance(p, click.Option) and p.multiple for o in p.opts}
+    out: list[str] = []
+    flag = None
+    for arg in args:
+        if arg == "--":
+            flag = None
+        elif arg.startswith("-"):
+            name = arg.split("=", 1)[0]
+            flag = name if name in repeating else None
+        elif flag is not None and out and out[-1] != flag:
+            out.append(flag)
+        out.append(arg)
+    return out

@@ -13,7 +13,9 @@ Terms are separated by commas or spaces: `ttft<=500ms,tpot<=50ms` (goodput),
 gaps): give it a percentile. Understood as well, and said when used:
 - `ttft_ms=500` (kvlab's older goodput spelling, milliseconds) is `ttft<=500ms`;
 - `ttft_p90<=0.5` (kvlab's older target spelling, a bare number: seconds) is `ttft_p90<=500ms`;
-- `ttft:500` (`vllm bench serve --goodput`: milliseconds; e2el for e2e) is `ttft<=500ms`.
+- `ttft:500` (`vllm bench serve --goodput`: milliseconds; e2el for e2e) is `ttft<=500ms`;
+  aiperf's `time_to_first_token:500`, `inter_token_latency:50` and `request_latency:2000`
+  (milliseconds) are ttft, tpot and e2e.
 A per-request bound with a bare number is refused: its unit would be a guess.
 
 This module only reads the text; `stats.Slo` judges requests by the per-request bounds and
@@ -37,6 +39,12 @@ _NEW = re.compile(r"^(?P<m>[a-z0-9]+?)(?:_p(?P<q>\d+))?<=(?P<v>[^a-z]+)(?P<u>ms|
 _OLD_GOODPUT = re.compile(r"^(?P<m>ttft|tpot|e2e)_ms=(?P<v>.+)$")
 _VLLM = re.compile(r"^(?P<m>ttft|tpot|e2el|e2e):(?P<v>.+)$")
 _ERRORS = re.compile(r"^errors<=(?P<v>.+)$")
+# aiperf's --goodput names, as its metric tags (milliseconds): its inter-token latency is
+# vllm bench's TPOT, (latency - TTFT) / (output tokens - 1)
+_AIPERF = re.compile(r"^(?P<m>time_to_first_token|inter_token_latency|request_latency)"
+                     r":(?P<v>.+)$")
+_AIPERF_NAMES = {"time_to_first_token": "ttft", "inter_token_latency": "tpot",
+                 "request_latency": "e2e"}
 
 
 @dataclass(frozen=True)
@@ -99,6 +107,9 @@ def _term(option: str, part: str) -> tuple[Term, str]:
         metric = "e2e" if m.group("m") == "e2el" else m.group("m")
         return Term(metric, None, _ms(option, part, m.group("v"))), \
             "vllm bench's --goodput, milliseconds"
+    if m := _AIPERF.match(part):
+        return Term(_AIPERF_NAMES[m.group("m")], None, _ms(option, part, m.group("v"))), \
+            "aiperf's --goodput, milliseconds"
     m = _NEW.match(part)
     metric = "e2e" if m and m.group("m") == "e2el" else m.group("m") if m else ""
     if m is None or metric not in METRICS:

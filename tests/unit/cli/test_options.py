@@ -97,3 +97,20 @@ def test_every_field_becomes_an_option(model: type[BaseModel]) -> None:
 
     declared = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)}
     assert {flag_of(n, f) for n, f in model.model_fields.items()} <= declared
+
+
+def test_several_values_after_one_repeatable_flag_are_each_given_it() -> None:
+    """#49: vllm bench takes `--goodput ttft:500 tpot:50` and `--header A=1 B=2`."""
+    import click
+
+    from kvlab.cli.options import spread
+
+    params: list[click.Parameter] = [
+        click.Option(["--goodput"], multiple=True), click.Option(["--header"], multiple=True),
+        click.Option(["--concurrency"])]
+    assert spread(["--goodput", "ttft:500", "tpot:50", "--concurrency", "4", "--header=A=1",
+                   "B=2"], params) == [
+        "--goodput", "ttft:500", "--goodput", "tpot:50", "--concurrency", "4", "--header=A=1",
+        "--header", "B=2"]
+    assert spread(["--concurrency", "1", "2"], params) == ["--concurrency", "1", "2"]
+    assert spread(["--header", "A=1", "--", "x"], params) == ["--header", "A=1", "--", "x"]

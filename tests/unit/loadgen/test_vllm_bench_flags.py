@@ -46,6 +46,9 @@ def test_one_slo_grammar_for_goodput_and_targets() -> None:
     assert old.understood[0] == ("--slo ttft_ms=500: understood as ttft<=500ms (kvlab's older "
                                  "goodput spelling, milliseconds)")
     assert "vllm bench's --goodput, milliseconds" in vllm.understood[0]
+    aiperf = slo.parse("time_to_first_token:500 inter_token_latency:50 request_latency:2000")
+    assert Slo.of(aiperf) == Slo.of(vllm)  # #49: aiperf's long names
+    assert "aiperf's --goodput, milliseconds" in aiperf.understood[0]
     assert "older target spelling, seconds" in target_old.understood[0]
     for bad, words in (("ttft<=500", "give the unit"), ("itl<=50ms", "bound a percentile"),
                        ("ttft_p91<=1s", "p50, p90"), ("ttft<=-1ms", "above 0"),
@@ -314,3 +317,17 @@ def test_request_ids_are_the_prefix_and_the_prompts_number(tmp_path: Path) -> No
     bad = asyncio.run(against_the_fake("--model", "fake", "--request-id-prefix", "a b",
                                        env=load_env(tmp_path / "bad")))[0]
     assert bad.returncode == 2 and "--request-id-prefix 'a b': visible ASCII" in bad.stderr
+
+
+def test_several_goodput_and_header_values_after_one_flag(tmp_path: Path) -> None:
+    """#49: `--goodput ttft:500 tpot:50` and `--header A=1 B=2`, as vllm bench takes them."""
+    run, seen = asyncio.run(against_the_fake(
+        "--model", "fake", "--requests", "2", "--concurrency", "1", "--max-tokens", "2",
+        "--preamble-tokens", "40", "--header", "X-A=1", "X-B=2", "--goodput", "ttft:60000",
+        "time_to_first_token:50000", "--no-progress", env=load_env(tmp_path / "many"),
+        behaviour=Behaviour(tokens=2)))
+    assert run.returncode == 0, run.stderr
+    assert all(h.get("x-a") == "1" and h.get("x-b") == "2" for h in seen.headers
+               if "x-request-id" in h)
+    row = notebook.read(tmp_path / "many" / "labbook.md").of(LoadRecord)[0]
+    assert row.goodput is not None and row.goodput.slo == {"ttft_ms": 50000.0}
