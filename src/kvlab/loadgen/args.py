@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 TRACE_IN_FLIGHT = 256  # a trace's in-flight cap unless CONCURRENCY is set
 OPENAI_KEY_ENV = "OPENAI_API_KEY"  # where vllm bench serve reads the servers' key
+VLLM_RANDOM_INPUT_LEN = 1024  # vllm bench serve's --random-input-len default
 
 
 def _no_secret(text: str) -> str:
@@ -111,7 +112,8 @@ class LoadArgs(Args):
         "user sessions (--users, else the concurrency levels, are the users).")
     dataset_name: Literal["auto", "sharegpt", "custom", "random"] = Field(
         "auto", description="How --dataset is read: sharegpt, custom (JSON lines of prompts) "
-        "or auto (each record by its keys); random: no file, kvlab's prompt set.")
+        "or auto (each record by its keys); random: no file, random token prompts of "
+        "--random-input-len tokens (1,024 unless given, as vllm bench).")
     preamble_tokens: int | None = Field(None, ge=1, description="Preamble size, approximate "
                                         "tokens (default: PREAMBLE_TOKENS).")
     seed: int = Field(0, description="Workload seed.")
@@ -320,6 +322,10 @@ def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: s
     from kvlab.loadgen.sweep import LoadSpec
 
     settings, bench = loaded.values, bench or BenchArgs()
+    if args.dataset_name == "random" and bench.random_input_len is None:
+        bench = bench.model_copy(update={"random_input_len": VLLM_RANDOM_INPUT_LEN})
+        say(f"    --dataset-name random: random prompts of {VLLM_RANDOM_INPUT_LEN:,} tokens, "
+            "vllm bench's default --random-input-len (give it for another size)")
     objectives = slo_objectives(args.slo, find_capacity, say)
     context = RunContext(context_length=settings.ctx, memory_fraction=settings.mem_fraction,
                          kv_cache_type=args.kv_cache_type or None)
@@ -407,7 +413,7 @@ def dataset_of(args: LoadArgs) -> Dataset | None:
 
     if args.dataset_name == "random":
         if args.dataset:
-            raise InputError(f"--dataset-name random: that is kvlab's own prompt set; leave "
+            raise InputError(f"--dataset-name random: random token prompts, no file; leave "
                              f"out --dataset-path {args.dataset}, or name sharegpt or custom")
         return None
     if not args.dataset:

@@ -241,8 +241,8 @@ def test_the_flags_other_tools_spell(tmp_path: Path, monkeypatch: pytest.MonkeyP
 @pytest.mark.parametrize(("args", "message"), [
     (["--dataset-name", "sharegpt"], "--dataset-name sharegpt: give the file with "
      "--dataset-path FILE"),
-    (["--dataset-name", "random", "--data", "x.json"], "--dataset-name random: that is "
-     "kvlab's own prompt set"),
+    (["--dataset-name", "random", "--data", "x.json"], "--dataset-name random: random token "
+     "prompts, no file"),
     (["--dataset-path", "BAD"], 'BAD.jsonl:1: no prompt (keys: "id")'),
     (["--dataset-path", "/nonexistent/d.json"], "--dataset /nonexistent/d.json: cannot read"),
 ])

@@ -331,3 +331,18 @@ def test_several_goodput_and_header_values_after_one_flag(tmp_path: Path) -> Non
                if "x-request-id" in h)
     row = notebook.read(tmp_path / "many" / "labbook.md").of(LoadRecord)[0]
     assert row.goodput is not None and row.goodput.slo == {"ttft_ms": 50000.0}
+
+
+def test_dataset_name_random_alone_is_vllm_benchs_random_prompts(tmp_path: Path) -> None:
+    """#49: `--dataset-name random` meant kvlab's shared-prefix set; in vllm bench it is
+    random token prompts of --random-input-len (1,024 unless given)."""
+    run, seen = asyncio.run(against_the_fake(
+        "--model", "fake", "--dataset-name", "random", "--num-prompts", "2",
+        "--max-concurrency", "1", "--max-tokens", "2", "--no-progress",
+        env=load_env(tmp_path / "random"),
+        behaviour=Behaviour(tokens=2, tokenizer=("/tokenize",))))
+    assert run.returncode == 0, run.stderr
+    assert "--dataset-name random: random prompts of 1,024 tokens" in run.stdout + run.stderr
+    assert all(isinstance(b["prompt"], list) and len(b["prompt"]) == 1024 for b in seen.bodies)
+    row = notebook.read(tmp_path / "random" / "labbook.md").of(LoadRecord)[0]
+    assert (row.random_input_len, row.prompt_set) == (1024, "random")
