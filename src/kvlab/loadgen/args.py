@@ -322,6 +322,7 @@ def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: s
     from kvlab.loadgen.sweep import LoadSpec
 
     settings, bench = loaded.values, bench or BenchArgs()
+    args, bench, max_tokens = _synthetic(args, bench, settings.max_tokens, say)
     if args.dataset_name == "random" and bench.random_input_len is None:
         bench = bench.model_copy(update={"random_input_len": VLLM_RANDOM_INPUT_LEN})
         say(f"    --dataset-name random: random prompts of {VLLM_RANDOM_INPUT_LEN:,} tokens, "
@@ -335,7 +336,7 @@ def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: s
     tokens = bool(args.trace) or bench.random_input_len is not None
     spec = LoadSpec(
         base_url=base_url, model=settings.served_name, levels=tuple(settings.concurrency),
-        requests=requests_setting(loaded), max_tokens=settings.max_tokens,
+        requests=requests_setting(loaded), max_tokens=max_tokens,
         prompt_set=settings.prompt_set, label=label, engine=canonical_name(engine),
         endpoint=endpoint_word(args.endpoint) if args.endpoint
         else "completions" if tokens else "chat",
@@ -360,6 +361,22 @@ def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: s
         prompt_form=bench.prompt_form,
         bench=bench_ask(bench, objectives, len(settings.concurrency) * max(1, len(rates))))
     return _workload(loaded, args, spec)
+
+
+def _synthetic(args: LoadArgs, bench: BenchArgs, max_tokens: int,
+               say: Say) -> tuple[LoadArgs, BenchArgs, int]:
+    """guidellm's `--data "prompt_tokens=N,output_tokens=M"`: random prompts of N tokens
+    answered with at most M, said as understood."""
+    from kvlab.loadgen.dataset import synthetic
+
+    found = synthetic(args.dataset)
+    if found is None:
+        return args, bench, max_tokens
+    tokens, output = found
+    say(f"    --data {args.dataset}: random prompts of {tokens:,} tokens (--random-input-len)"
+        + (f", answers of at most {output:,} (--max-tokens)" if output else ""))
+    return (args.model_copy(update={"dataset": None}),
+            bench.model_copy(update={"random_input_len": tokens}), output or max_tokens)
 
 
 def slo_objectives(given: tuple[str, ...], find_capacity: bool,

@@ -161,6 +161,27 @@ class _Reading:
     keys: dict[str, None] = field(default_factory=dict)  # in the order first read
 
 
+SYNTHETIC_KEYS = ("prompt_tokens", "output_tokens")
+
+
+def synthetic(given: str | None) -> tuple[int, int | None] | None:
+    """guidellm's synthetic `--data "prompt_tokens=N,output_tokens=M"` as (N, M), or None
+    when `given` is a file name (InputError for a spec kvlab cannot send)."""
+    if not given or "=" not in given or Path(given).exists():
+        return None
+    found: dict[str, int] = {}
+    for part in given.replace(" ", "").split(","):
+        key, _, value = part.partition("=")
+        if key not in SYNTHETIC_KEYS or not value.isdigit() or int(value) < 1:
+            raise InputError(f"--data {given!r}: kvlab makes synthetic prompts of "
+                             "prompt_tokens=N[,output_tokens=M] (whole numbers above 0); "
+                             f"{part!r} is not one of them")
+        found[key] = int(value)
+    if "prompt_tokens" not in found:
+        raise InputError(f"--data {given!r}: give prompt_tokens=N")
+    return found["prompt_tokens"], found.get("output_tokens")
+
+
 def read(spec: DatasetSpec) -> Dataset:
     """The file's usable records; a file that cannot be read, or a malformed record, is an
     InputError naming the file, the record (line) and what to do."""

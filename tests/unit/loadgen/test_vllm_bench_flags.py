@@ -346,3 +346,18 @@ def test_dataset_name_random_alone_is_vllm_benchs_random_prompts(tmp_path: Path)
     assert all(isinstance(b["prompt"], list) and len(b["prompt"]) == 1024 for b in seen.bodies)
     row = notebook.read(tmp_path / "random" / "labbook.md").of(LoadRecord)[0]
     assert (row.random_input_len, row.prompt_set) == (1024, "random")
+
+
+def test_guidellms_synthetic_data_spec_is_random_prompts(tmp_path: Path) -> None:
+    """#49: guidellm's `--data "prompt_tokens=N,output_tokens=M"` was read as a file name."""
+    run, seen = asyncio.run(against_the_fake(
+        "--model", "fake", "--data", "prompt_tokens=24,output_tokens=3", "--max-requests", "2",
+        "--concurrency", "1", "--no-progress", env=load_env(tmp_path / "syn"),
+        behaviour=Behaviour(tokens=2, tokenizer=("/tokenize",))))
+    assert run.returncode == 0, run.stderr
+    assert "random prompts of 24 tokens (--random-input-len), answers of at most 3" in \
+        run.stdout + run.stderr
+    assert all(len(b["prompt"]) == 24 and b["max_tokens"] == 3 for b in seen.bodies)
+    bad = asyncio.run(against_the_fake("--model", "fake", "--data", "prompt_tokens=24,x=1",
+                                       env=load_env(tmp_path / "bad")))[0]
+    assert bad.returncode == 2 and "'x=1' is not one of them" in bad.stderr
