@@ -110,9 +110,12 @@ class LoadArgs(Args):
         "messages) or JSON lines of prompts (prompt or text, optional output_tokens or "
         "output_length); one-message records are sent as prompts, conversations replayed as "
         "user sessions (--users, else the concurrency levels, are the users).")
-    dataset_name: Literal["auto", "sharegpt", "custom", "random"] = Field(
-        "auto", description="How --dataset is read: sharegpt, custom (JSON lines of prompts) "
-        "or auto (each record by its keys); random: no file, random token prompts of "
+    dataset_name: Literal["auto", "sharegpt", "custom", "random", "single_turn", "multi_turn",
+                          "mooncake_trace"] = Field(
+        "auto", json_schema_extra={"aliases": "--custom-dataset-type"},
+        description="How --dataset is read: sharegpt, custom or single_turn (JSON lines of "
+        "prompts), multi_turn (aiperf's turns), mooncake_trace (a trace, as --trace) or auto "
+        "(each record by its keys); random: no file, random token prompts of "
         "--random-input-len tokens (1,024 unless given, as vllm bench).")
     preamble_tokens: int | None = Field(None, ge=1, description="Preamble size, approximate "
                                         "tokens (default: PREAMBLE_TOKENS).")
@@ -365,10 +368,15 @@ def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: s
 
 def _synthetic(args: LoadArgs, bench: BenchArgs, max_tokens: int,
                say: Say) -> tuple[LoadArgs, BenchArgs, int]:
-    """guidellm's `--data "prompt_tokens=N,output_tokens=M"`: random prompts of N tokens
-    answered with at most M, said as understood."""
+    """guidellm's `--data "prompt_tokens=N,output_tokens=M"` (random prompts of N tokens
+    answered with at most M) and aiperf's mooncake_trace file (`--trace`), said as
+    understood."""
     from kvlab.loadgen.dataset import synthetic
 
+    if args.dataset_name == "mooncake_trace" and args.dataset:  # aiperf's name for a trace
+        say(f"    --custom-dataset-type mooncake_trace: {args.dataset} replayed as --trace")
+        return (args.model_copy(update={"trace": args.dataset, "dataset": None,
+                                        "dataset_name": "auto"}), bench, max_tokens)
     found = synthetic(args.dataset)
     if found is None:
         return args, bench, max_tokens
@@ -438,7 +446,11 @@ def dataset_of(args: LoadArgs) -> Dataset | None:
             raise InputError(f"--dataset-name {args.dataset_name}: give the file with "
                              "--dataset-path FILE")
         return None
-    return read(DatasetSpec(args.dataset, args.dataset_name))
+    given = args.dataset_name
+    if given == "mooncake_trace":  # without a file: refused above; with one, a --trace
+        raise InputError("--custom-dataset-type mooncake_trace: give the file with "
+                         "--input-file FILE")
+    return read(DatasetSpec(args.dataset, "custom" if given == "single_turn" else given))
 def openai_key(loaded: LoadedSettings) -> tuple[LoadedSettings, str]:
     """vllm bench's key: with LOADTEST_API_KEY_ENV unset and its variable empty, the settings
     read the servers' key from OPENAI_API_KEY instead (sent, redacted and never written like

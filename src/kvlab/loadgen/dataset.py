@@ -17,8 +17,13 @@ Two shapes, told apart by their records (`--dataset-name auto`), or named:
   holds, an optional output length under `OUTPUT_KEYS`, an optional system message under
   `SYSTEM_KEYS`; other keys are ignored. A blank prompt is skipped.
 
+- **Turns** (`multi_turn`, aiperf's multi-turn files): one JSON object a line holding `turns`,
+  a list of objects each with its user message under `PROMPT_KEYS` (or aiperf's `texts`, its
+  first) and an optional output length; each record is a conversation.
+
 Either shape may be a JSON list or JSON lines; `auto` reads a file as ShareGPT when any record
-holds `conversations` (the others are then skipped, as vllm bench skips them), else as prompts.
+holds `conversations` (the others are then skipped, as vllm bench skips them), as turns when
+one holds `turns`, else as prompts.
 A record with one user message is a prompt; one with several is a conversation, whose user
 messages the session machinery (`sessions.SessionRun`) sends one by one, each with the
 conversation so far as this server answered it (the recorded assistant messages are not sent),
@@ -42,7 +47,7 @@ from kvlab.core import InputError
 from kvlab.measure import Prompt
 from kvlab.records import DatasetEvidence
 
-DatasetName = Literal["auto", "sharegpt", "custom"]
+DatasetName = Literal["auto", "sharegpt", "custom", "multi_turn"]
 PROMPT_KEYS = ("prompt", "text_input", "text", "instruction", "question", "input", "content")
 OUTPUT_KEYS = ("output_tokens", "output_length", "output_tokens_count",
                "completion_tokens_count", "max_tokens", "output_len")
@@ -90,7 +95,7 @@ class Dataset:
 
     file: str
     sha256: str
-    format: Literal["sharegpt", "prompts"]
+    format: Literal["sharegpt", "prompts", "multi_turn"]
     entries: tuple[Entry, ...]
     records: int
     skipped: dict[str, int] = field(default_factory=dict)
@@ -193,8 +198,10 @@ def read(spec: DatasetSpec) -> Dataset:
     found = list(_objects(_text(data, path), path))
     name = spec.name
     if name == "auto":
-        name = "sharegpt" if any(isinstance(o, dict) and "conversations" in o
-                                 for _, o in found) else "custom"
+        held = {k for _, o in found if isinstance(o, dict) for k in ("conversations", "turns")
+                if k in o}
+        name = "sharegpt" if "conversations" in held else "multi_turn" if "turns" in held \
+            else "custom"
     reading = _Reading(str(path), name)
     for number, (where, obj) in enumerate(found):
         _record(reading, obj, where, number)
@@ -204,7 +211,7 @@ def read(spec: DatasetSpec) -> Dataset:
                          + ("" if records else ": the file holds no records")
                          + "; give a ShareGPT JSON list or JSON lines of prompts")
     return Dataset(path.name, hashlib.sha256(data).hexdigest(),
-                   "sharegpt" if name == "sharegpt" else "prompts", tuple(reading.entries),
+                   "prompts" if name == "custom" else name, tuple(reading.entries),
                    records, dict(reading.skipped), tuple(reading.keys))
 
 
@@ -258,6 +265,9 @@ def _record(reading: _Reading, obj: object, where: str, number: int) -> None:
     elif reading.name == "sharegpt":
         reading.skipped["without conversations"] += 1
         return
+    elif reading.name == "multi_turn":
+        reading.keys["turns"] = None
+        entry = _turns(obj.get("turns"), where, number, reading)
     else:
         entry = _prompt(obj, where, number, reading)
     if entry is not None:
@@ -332,6 +342,24 @@ def _conversation(value: object, where: str, number: int,
     system = said[0][1] if SPEAKERS[said[0][0].lower()] == SYSTEM else None
     turns = tuple(Turn(text) for role, text in _roles(said) if role == USER)
     return Entry(number, turns, system or None)
+
+
+def _turns(value: object, where: str, number: int, reading: _Reading) -> Entry | None:
+    """aiperf's multi-turn record: `turns`, each a prompt record (or `texts`, a list)."""
+    if not isinstance(value, list) or not value:
+        raise InputError(f"{where}: turns must be a list of {{text}} objects, not "
+                         f"{_kind(value)}")
+    found: list[Turn] = []
+    for i, turn in enumerate(value):
+        if isinstance(turn, dict) and isinstance(turn.get("texts"), list) and turn["texts"]:
+            turn = {**turn, "text": turn["texts"][0]}
+        if not isinstance(turn, dict):
+            raise InputError(f"{where}: turns[{i}] must be an object, not {_kind(turn)}")
+        entry = _prompt(turn, f"{where} turns[{i}]", number, reading)
+        if entry is None:
+            return None
+        found.extend(entry.turns)
+    return Entry(number, tuple(found))
 
 
 def _roles(said: list[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -92,7 +92,7 @@ class DatasetEvidence(Strict):
 
     file: str = Field(description="The file's name (not its folder).")
     sha256: str
-    format: Literal["sharegpt", "prompts"]
+    format: Literal["sharegpt", "prompts", "multi_turn"]
     records: int = Field(description="Records in the file.")
     usable: int = Field(description="Records that can be sent (the rest were skipped).")
     skipped: dict[str, int] = Field(default_factory=dict, description="Records left out, by "

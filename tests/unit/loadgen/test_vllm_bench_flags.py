@@ -18,7 +18,7 @@ import pytest
 
 from fakes.sse_upstream import Behaviour, Counters, SseUpstream
 from kvlab.core.errors import InputError
-from kvlab.loadgen import slo
+from kvlab.loadgen import slo, trace
 from kvlab.loadgen.capacity import LatencyTarget
 from kvlab.loadgen.runner import Schedule
 from kvlab.loadgen.stats import Slo
@@ -361,3 +361,40 @@ def test_guidellms_synthetic_data_spec_is_random_prompts(tmp_path: Path) -> None
     bad = asyncio.run(against_the_fake("--model", "fake", "--data", "prompt_tokens=24,x=1",
                                        env=load_env(tmp_path / "bad")))[0]
     assert bad.returncode == 2 and "'x=1' is not one of them" in bad.stderr
+
+
+def test_aiperfs_custom_dataset_types_are_read(tmp_path: Path) -> None:
+    """#49: aiperf's `--custom-dataset-type multi_turn` and `single_turn` files were refused,
+    and `mooncake_trace` is its name for a trace."""
+    turns = tmp_path / "turns.jsonl"
+    turns.write_text("".join(json.dumps({"session_id": f"s{i}", "turns": [
+        {"text": f"hello {i}"}, {"texts": [f"and then {i}"], "output_length": 2}]}) + "\n"
+        for i in range(2)))
+    run, seen = asyncio.run(against_the_fake(
+        "--model", "fake", "--input-file", str(turns), "--custom-dataset-type", "multi_turn",
+        "--max-tokens", "2", "--no-progress", env=load_env(tmp_path / "mt"),
+        behaviour=Behaviour(tokens=2)))
+    assert run.returncode == 0, run.stderr
+    row = notebook.read(tmp_path / "mt" / "labbook.md").of(LoadRecord)[0]
+    assert row.dataset is not None and row.dataset.format == "multi_turn"
+    assert row.sessions is not None and row.ok == 4  # two users, two turns each
+    last = [b["messages"][-1]["content"] for b in seen.bodies]
+    assert {"hello 0", "and then 0", "hello 1", "and then 1"} <= set(last)
+    single = tmp_path / "single.jsonl"
+    single.write_text('{"text": "one"}\n{"text": "two"}\n')
+    one = asyncio.run(against_the_fake(
+        "--model", "fake", "--input-file", str(single), "--custom-dataset-type", "single_turn",
+        "--requests", "2", "--concurrency", "1", "--max-tokens", "2", "--no-progress",
+        env=load_env(tmp_path / "st"), behaviour=Behaviour(tokens=2)))[0]
+    assert one.returncode == 0, one.stderr
+    made = trace.synthetic(3, block_tokens=16, rate=50.0, output_length=2)
+    path = trace.write(tmp_path / "trace.jsonl", made)
+    moon = asyncio.run(against_the_fake(
+        "--model", "fake", "--input-file", str(path), "--custom-dataset-type", "mooncake_trace",
+        "--trace-block-size", "16", "--max-tokens", "2", "--no-progress",
+        env=load_env(tmp_path / "mc"), behaviour=Behaviour(tokens=2,
+                                                          tokenizer=("/tokenize",))))[0]
+    assert moon.returncode == 0, moon.stderr
+    assert "mooncake_trace: " in moon.stdout + moon.stderr
+    replayed = notebook.read(tmp_path / "mc" / "labbook.md").of(LoadRecord)[0]
+    assert replayed.trace is not None and replayed.trace.requests == 3
