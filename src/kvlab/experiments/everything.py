@@ -17,6 +17,7 @@ seconds in `quick()`, more and longer in `lab()`.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import asdict, is_dataclass
 
@@ -60,16 +61,35 @@ async def run(lab: Lab, spec: AllSpec, after: Done = None) -> list[Record]:
     """
     written: list[Record] = []
     order = planned(spec)
+    began = time.monotonic()
     for i, name in enumerate(order):
+        lab.say(f"\n######## {name} {progress(lab, order, i, time.monotonic() - began)}")
         written += await _one(lab, spec, name)
         if after is not None:
             after(order[i + 1:])
     return written
 
 
+def progress(lab: Lab, order: list[str], i: int, elapsed_s: float) -> str:
+    """`(3 of 9, 4 min 12 s in; about 6 min 40 s for the 7 still to run, by this notebook's
+    last runs of 5 of them)`:
+    where the pass is, and what the experiments still to run took when they last ran."""
+    book = lab.settings.labbook
+    read = history.read_lines(book)
+    left = [history.took(book, EXPERIMENTS[n].rows, read) for n in order[i:]]
+    known = [t.seconds for t in left if t is not None]
+    estimate = (f"; about {_minutes(sum(known))} for the {len(left)} still to run, by this "
+                f"notebook's last runs of {len(known)} of them" if known else "")
+    return f"({i + 1} of {len(order)}, {_minutes(elapsed_s)} in{estimate})"
+
+
+def _minutes(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest:02d} s"
+
+
 async def _one(lab: Lab, spec: AllSpec, name: str) -> list[Record]:
     """One experiment of the run, or the not-run lines that say why it could not run."""
-    lab.say(f"\n######## {name}")
     entry = EXPERIMENTS[name]
     why = _unwanted(lab, name) or _prepared(lab, name) or not_here(lab, name)
     if why is not None:

@@ -39,13 +39,19 @@ def _stamp(line: Record) -> float:
     return datetime.strptime(line.recorded_at, "%Y-%m-%dT%H:%M:%S%z").timestamp()
 
 
-def took(labbook: Path | str, rows: tuple[Row, ...]) -> Took | None:
-    """The last run of the experiment that fills `rows` in the notebook (None: none, or no
-    notebook yet)."""
+def read_lines(labbook: Path | str) -> list[Record]:
+    """The notebook's lines (none when there is no notebook yet, or it cannot be read)."""
     try:
-        records = notebook.read(labbook).records
+        return notebook.read(labbook).records
     except InputError:
-        return None
+        return []
+
+
+def took(labbook: Path | str, rows: tuple[Row, ...],
+         records: list[Record] | None = None) -> Took | None:
+    """The last run of the experiment that fills `rows` in the notebook, or in `records`
+    already read from it (None: none, or no notebook yet)."""
+    records = read_lines(labbook) if records is None else records
     labels = _labels(rows)
     mine = [r for r in records if r.run_id and r.label in labels]
     if not mine:

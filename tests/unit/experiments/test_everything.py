@@ -32,3 +32,26 @@ def test_the_users_choice_and_the_full_run_are_left_alone(tmp_path: Path) -> Non
 def test_quick_paces_the_pressure_runs_for_the_device() -> None:
     assert AllSpec.quick("shared-prefix", gpu=True).offload_concurrency == 8
     assert AllSpec.quick("shared-prefix").offload_concurrency == 2
+
+
+def test_run_all_says_where_the_pass_is_and_what_is_left_by_the_last_runs(
+        tmp_path: Path) -> None:
+    """#49: `kvlab run all` shows the whole pass's progress: experiment n of m, the time in,
+    and what the experiments still to run took when they last ran here (the H200 eager
+    pass's notebook: its offload lab took 445 s)."""
+    import shutil
+
+    from kvlab.experiments.everything import progress
+    from kvlab.experiments.lab import Lab
+
+    book = tmp_path / "notebook.jsonl"
+    shutil.copy(Path(__file__).resolve().parents[3] / "docs" / "validation" / "h200-run-all"
+                / "eager" / "notebook.jsonl", book)
+    lab = Lab(Settings(kvlab_home=str(tmp_path), labbook=str(book)))
+    order = ["offload", "shared", "disagg"]
+    assert progress(lab, order, 0, 0.0) == (
+        "(1 of 3, 0 min 00 s in; about 7 min 25 s for the 3 still to run, by this notebook's "
+        "last runs of 1 of them)")
+    assert progress(lab, order, 1, 452.4) == "(2 of 3, 7 min 32 s in)"
+    empty = Lab(Settings(kvlab_home=str(tmp_path), labbook=str(tmp_path / "none.jsonl")))
+    assert progress(empty, order, 2, 61.0) == "(3 of 3, 1 min 01 s in)"
