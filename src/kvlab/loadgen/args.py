@@ -361,7 +361,8 @@ def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: s
                                                              bench.temperature),
         headers=headers(bench.header), request_id_prefix=request_id_prefix(
             bench.request_id_prefix), random_input_len=bench.random_input_len,
-        prompt_form=bench.prompt_form,
+        prompt_form=bench.prompt_form, input_stddev=bench.input_stddev,
+        output_stddev=bench.output_tokens_stddev,
         bench=bench_ask(bench, objectives, len(settings.concurrency) * max(1, len(rates))))
     return _workload(loaded, args, spec)
 

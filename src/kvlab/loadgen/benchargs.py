@@ -49,6 +49,14 @@ class BenchArgs(BaseModel):
                                          "request, nothing shared), sent to /v1/completions: "
                                          "vllm bench's random dataset. Replaces the prompt "
                                          "set.")
+    input_stddev: float = Field(0.0, ge=0, json_schema_extra={
+        "aliases": "--synthetic-input-tokens-stddev"}, description="Each random prompt's "
+        "length drawn from a normal of this standard deviation around --random-input-len "
+        "(at least 1; seeded by the prompt), as aiperf's.")
+    output_tokens_stddev: float = Field(0.0, ge=0, description="Each request's max_tokens "
+                                        "drawn from a normal of this standard deviation "
+                                        "around --max-tokens (at least 1), as aiperf's; add "
+                                        "--ignore-eos for exactly that many.")
     prompt_form: Literal["ids", "text"] | None = Field(
         None, description="How the --random-input-len prompts are sent: ids (the token ids; "
         "the server counts exactly N and tokenizes nothing) or text (those ids made text by "

@@ -107,7 +107,8 @@ class _Level:
         size, pool = self.spec.random_input_len, self.inputs.pool
         if size is None or pool is None:
             return None
-        return [pool.own(self.spec.seed, self.base, p.index, size) for p in prompts]
+        return [pool.own(self.spec.seed, self.base, p.index, self.spec.input_len(p.index))
+                for p in prompts]
 
     def payloads(self, count: int, warmup: bool, offset: int = 0) -> list[tuple[int, bytes]]:
         prompts = level_prompts(self.spec, self.index, count, warmup=warmup,

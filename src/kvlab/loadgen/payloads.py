@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 from kvlab.loadgen import dataset
 from kvlab.loadgen.client import Endpoint
@@ -32,15 +33,18 @@ def level_prompts(spec: LoadSpec, level_index: int, count: int, *, warmup: bool 
     concurrency = spec.points()[level_index][0]
     if spec.random_input_len is not None:
         first = spec.block(level_index) * BLOCK + (WARMUP_OFFSET if warmup else 0) + offset
-        return [workloads.Prompt(first + k, (), document_tokens=spec.random_input_len)
-                for k in range(count)]
+        return [workloads.Prompt(first + k, (), document_tokens=spec.input_len(first + k),
+                                 max_tokens=spec.output_len(first + k)) for k in range(count)]
     conversations = math.ceil(spec.floor(concurrency) / workloads.DEFAULT_TURNS)
-    return workloads.build(spec.prompt_set, count, seed=spec.seed,
-                           preamble_tokens=spec.preamble_tokens,
-                           start=spec.block(level_index) * BLOCK
-                           + (WARMUP_OFFSET if warmup else 0),
-                           sizing=sizing, conversations=max(1, conversations), offset=offset,
-                           shares=spec.shares)
+    built = workloads.build(spec.prompt_set, count, seed=spec.seed,
+                            preamble_tokens=spec.preamble_tokens,
+                            start=spec.block(level_index) * BLOCK
+                            + (WARMUP_OFFSET if warmup else 0),
+                            sizing=sizing, conversations=max(1, conversations), offset=offset,
+                            shares=spec.shares)
+    if not spec.output_stddev:
+        return built
+    return [replace(p, max_tokens=spec.output_len(p.index)) for p in built]
 
 
 def dataset_first(spec: LoadSpec, level_index: int) -> int:

@@ -71,7 +71,8 @@ def request_shape(spec: LoadSpec) -> RequestShape:
         request_headers_withheld=sum(_secret_header(n, v) for n, v in spec.headers) or None,
         metadata=dict(spec.bench.metadata) or None,
         burstiness=spec.burstiness if spec.rate and spec.burstiness != float("inf") else None,
-        random_input_len=spec.random_input_len,
+        random_input_len=spec.random_input_len, input_stddev=spec.input_stddev or None,
+        output_tokens_stddev=spec.output_stddev or None,
         prompt_form=(spec.prompt_form or "ids") if spec.random_input_len is not None else None)
 
 

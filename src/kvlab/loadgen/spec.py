@@ -97,10 +97,26 @@ class LoadSpec:
     headers: tuple[tuple[str, str], ...] = ()  # sent on every request
     request_id_prefix: str = ""  # X-Request-Id: this and the prompt's number ("": kvlab-uuid)
     random_input_len: int | None = None  # prompts of this many random tokens (a workload)
+    # aiperf's spreads: each random prompt's length, and each answer's max_tokens, drawn from
+    # a normal of this standard deviation around the mean (seeded by the prompt; 0: none)
+    input_stddev: float = 0.0
+    output_stddev: float = 0.0
     # random prompts sent as their token ids or as the server's text of them; None: not asked
     # (ids)
     prompt_form: Literal["ids", "text"] | None = None
     bench: BenchAsk = field(default_factory=BenchAsk)  # vllm bench's metrics and result file
+
+    def input_len(self, index: int) -> int:
+        """Random prompt `index`'s length: --random-input-len, spread by --input-stddev."""
+        assert self.random_input_len is not None
+        return _spread(self.random_input_len, self.input_stddev, (self.seed, 0, index))
+
+    def output_len(self, index: int) -> int | None:
+        """Prompt `index`'s max_tokens when answers are spread (--output-tokens-stddev), else
+        None (the spec's own)."""
+        if not self.output_stddev:
+            return None
+        return _spread(self.max_tokens, self.output_stddev, (self.seed, 1, index))
 
     @property
     def metrics_url(self) -> str:
@@ -233,3 +249,13 @@ class LoadSpec:
         if self.trace is not None:
             return Workload(kind="trace", in_flight_cap=level)
         return Workload(kind="prompt set", concurrency=level)
+
+
+def _spread(mean: int, stddev: float, key: tuple[int, int, int]) -> int:
+    """A whole number of tokens, at least 1, from a normal around `mean`, seeded by `key`."""
+    if not stddev:
+        return mean
+    import numpy as np
+
+    drawn = np.random.default_rng([abs(k) for k in key]).normal(mean, stddev)
+    return max(1, round(float(drawn)))

@@ -162,6 +162,12 @@ class RequestShape(Strict):
         None, description="--random-input-len: the token ids drawn for every random prompt "
         "(sent as ids, the server counts exactly these; sent as text, the input token figures "
         "are the server's count of the text, which may differ by a few).")
+    input_stddev: float | None = Field(None, description="--synthetic-input-tokens-stddev: "
+                                       "the random prompts' lengths spread around "
+                                       "random_input_len (a normal, at least 1).")
+    output_tokens_stddev: float | None = Field(None, description="--output-tokens-stddev: "
+                                               "each request's max_tokens spread around the "
+                                               "row's (a normal, at least 1).")
     prompt_form: Literal["ids", "text"] | None = Field(
         None, description="--prompt-form: how the random prompts were sent: ids (their token "
         "ids, no tokenization in TTFT) or text (the server's /detokenize of those ids, made "

@@ -398,3 +398,25 @@ def test_aiperfs_custom_dataset_types_are_read(tmp_path: Path) -> None:
     assert "mooncake_trace: " in moon.stdout + moon.stderr
     replayed = notebook.read(tmp_path / "mc" / "labbook.md").of(LoadRecord)[0]
     assert replayed.trace is not None and replayed.trace.requests == 3
+
+
+def test_aiperfs_spreads_draw_each_prompt_and_answer_length(tmp_path: Path) -> None:
+    """#49: aiperf's --synthetic-input-tokens-stddev and --output-tokens-stddev (every prompt
+    and answer had the same length): each drawn around the mean, seeded, at least 1."""
+    def run(seed: str) -> tuple[subprocess.CompletedProcess[str], Counters]:
+        return asyncio.run(against_the_fake(
+            "--model", "fake", "--synthetic-input-tokens-mean", "40",
+            "--synthetic-input-tokens-stddev", "10", "--output-tokens-mean", "20",
+            "--output-tokens-stddev", "5", "--request-count", "30", "--concurrency", "2",
+            "--seed", seed, "--no-progress", env=load_env(tmp_path / seed),
+            behaviour=Behaviour(tokens=2, tokenizer=("/tokenize",))))
+
+    (first, seen), (again, same) = run("3"), run("3")
+    assert first.returncode == 0 and again.returncode == 0, first.stderr + again.stderr
+    sizes = [len(b["prompt"]) for b in seen.bodies]
+    answers = [b["max_tokens"] for b in seen.bodies]
+    assert len(set(sizes)) > 5 and min(sizes) >= 1 and 30 <= sum(sizes) / len(sizes) <= 50
+    assert len(set(answers)) > 3 and 15 <= sum(answers) / len(answers) <= 25
+    assert [len(b["prompt"]) for b in same.bodies] == sizes  # seeded: the same draws again
+    row = notebook.read(tmp_path / "3" / "labbook.md").of(LoadRecord)[0]
+    assert (row.random_input_len, row.input_stddev, row.output_tokens_stddev) == (40, 10, 5)
