@@ -143,6 +143,9 @@ class LoadArgs(Args):
                                      "concurrency, 200)].")
     duration: float | None = Field(None, gt=0, description="Seconds each level runs at least "
                                    "(and at least --min-requests).")
+    max_seconds: float | None = Field(None, gt=0, description="Seconds after which a level "
+                                      "sends nothing more (what is in flight finishes; the "
+                                      "rest is counted unsent), as guidellm's.")
     prompt_sizing: Literal["tokenizer", "estimate"] = Field(
         "tokenizer", description="Size prompts in the served model's tokens through its "
         "/tokenize, or by the 1.3-tokens-a-word estimate (also the fallback when the server "
@@ -349,7 +352,8 @@ def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: s
         ignore_eos=args.ignore_eos, scrape_metrics=not args.no_metrics,
         metrics_urls=metrics_urls, lab=lab or (LAB_NONE if args.trace else LAB_PD),
         context=context, min_requests=args.min_requests,
-        duration_s=args.duration, warmup=args.warmup, labbook=settings.labbook,
+        duration_s=args.duration, max_s=args.max_seconds, warmup=args.warmup,
+        labbook=settings.labbook,
         size_prompts=args.prompt_sizing == "tokenizer", tokenize_url=args.tokenize_url,
         tokenizer=args.tokenizer,
         rate=rates[0] if len(rates) == 1 else None, rates=rates if len(rates) > 1 else (),

@@ -198,7 +198,7 @@ class _Level:
                       progress: Progress | None) -> tuple[LevelResult, LevelOwn]:
             result = await LevelRun(self.target, payloads, schedule,
                                     timeout_s=self.spec.timeout_s, progress=progress,
-                                    until=until).run(stop)
+                                    until=until, max_s=self.spec.max_s).run(stop)
             for record in result.records:
                 decode_events(record)
             own = self.trace_fields()

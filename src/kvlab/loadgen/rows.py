@@ -56,6 +56,8 @@ def make_row(spec: LoadSpec, concurrency: int, result: LevelResult, deltas: Delt
         row.duration_s_requested = spec.duration_s
         row.duration_reached = not result.exhausted
         row.requests_built_during_level = result.built_during
+    if spec.max_s is not None:
+        row.max_seconds, row.cut_at_max_seconds = spec.max_s, result.cut_at_max_s
     if result.interrupted:
         row.interrupted = True
     return row

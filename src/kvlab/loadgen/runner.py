@@ -110,6 +110,7 @@ class LevelResult:
     retried: list[int] = field(default_factory=list)
     exhausted: bool = False  # a timed level ran out of requests before its time
     built_during: int = 0  # a timed level's requests built while it ran (`Until.more`)
+    cut_at_max_s: bool = False  # --max-seconds passed before every request was sent
 
 
 class LevelRun:
@@ -117,8 +118,11 @@ class LevelRun:
 
     def __init__(self, target: Endpoint, payloads: Sequence[tuple[int, bytes]], schedule: Schedule,
                  *, timeout_s: float, connect_timeout_s: float = 10.0,
-                 progress: Progress | None = None, until: Until | None = None) -> None:
+                 progress: Progress | None = None, until: Until | None = None,
+                 max_s: float | None = None) -> None:
         self._target = target
+        self._max_s = max_s  # no request sent after this many seconds (in flight: finish)
+        self._cut = False
         self._payloads = list(payloads)  # a timed level may add to it
         self._built = 0
         self._exhausted = False
@@ -158,6 +162,8 @@ class LevelRun:
         if self._until is not None:
             self._until_ns = self._start_ns + round(self._until.duration_s * 1e9)
         stopper = asyncio.ensure_future(stop.wait()) if stop is not None else None
+        cutter = self._loop.call_later(self._max_s, self._time_up) \
+            if self._max_s is not None else None
         try:
             if count == 0:
                 self._finished.set_result(None)
@@ -183,8 +189,24 @@ class LevelRun:
                 gc.enable()
             if stopper is not None:
                 stopper.cancel()
+            if cutter is not None:
+                cutter.cancel()
             self._close_all()
         return self._result()
+
+    def _time_up(self) -> None:
+        """`max_s` passed: nothing more is sent; what is in flight finishes and the level
+        ends with it (the rest counted unsent)."""
+        self._cut = True
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
+        queued = {id(r) for r in self._queue}
+        self._records = [r for r in self._records if id(r) not in queued]
+        self._queue.clear()
+        self._next = len(self._payloads)
+        if self._in_flight == 0 and not self._finished.done():
+            self._finished.set_result(None)
 
     # --- release and send -------------------------------------------------------------
     def _release(self, scheduled_ns: int) -> None:
@@ -279,11 +301,13 @@ class LevelRun:
             self._release(now)
         self._pump()
         if self._in_flight == 0 and not self._queue and not self._finished.done() and (
-                self._next == len(self._payloads) or not self._schedule.open_loop):
+                self._next == len(self._payloads) or not self._schedule.open_loop or self._cut):
             self._finished.set_result(None)
 
     def _wanted(self) -> bool:
         """Closed loop: whether another request should be released now."""
+        if self._cut:
+            return False
         until = self._until
         if until is None:
             return self._next < len(self._payloads)
@@ -363,4 +387,5 @@ class LevelRun:
             retried=list(self._retried),
             exhausted=self._exhausted,
             built_during=self._built,
+            cut_at_max_s=self._cut,
         )

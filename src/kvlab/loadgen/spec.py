@@ -65,6 +65,7 @@ class LoadSpec:
     run_id: str | None = None  # the run every row belongs to
     min_requests: int | None = None  # at least this many measured requests per level
     duration_s: float | None = None  # and at least this long
+    max_s: float | None = None  # nothing sent after this long (guidellm's --max-seconds)
     warmup: int | None = None  # requests first, left out of the statistics; None: concurrency
     repeat: int | None = None  # which repeat of a run this sweep is (0-based)
     labbook: str = ""  # per-request files go beside this notebook ("" = none written)
@@ -131,6 +132,9 @@ class LoadSpec:
                                  f"{0 if name == 'warmup' else 1}")
         if self.duration_s is not None and not self.duration_s > 0:
             raise InputError(f"--duration {self.duration_s}: must be above 0 seconds")
+        if self.max_s is not None and (not self.max_s > 0 or (self.duration_s or 0) > self.max_s):
+            raise InputError(f"--max-seconds {self.max_s}: must be above 0 seconds and at least "
+                             "--duration (the time a level runs at least)")
         if self.levels and max(self.floor(c) for c in self.levels) > WARMUP_OFFSET:
             raise InputError(f"--requests/--min-requests: at most {WARMUP_OFFSET} per level")
         if (self.warmup or 0) > WARMUP_OFFSET:

@@ -243,6 +243,10 @@ class LoadRecord(Record, RunContext, LevelFigures, LevelOwn, RequestShape):
     duration_s_requested: float | None = None
     duration_reached: bool | None = None
     requests_built_during_level: int | None = None
+    max_seconds: float | None = Field(None, description="--max-seconds: nothing was sent after "
+                                      "this long.")
+    cut_at_max_seconds: bool | None = Field(None, description="Whether the level reached it "
+                                            "before sending every request (the rest unsent).")
     interrupted: bool | None = Field(None, description="Stopped before the level ended.")
     engine: str | None = None
     base_url: str | None = None

@@ -97,6 +97,10 @@ def load_rows(console: Console, rows: Sequence[LoadRecord]) -> None:
             console.print(f"    concurrency {r.concurrency}: {r.blank_outputs} answers counted "
                           "output tokens but decoded to no visible text (kept as successes, "
                           "timed from their first choice, as vllm bench does)")
+        if r.cut_at_max_seconds:
+            console.print(f"    concurrency {r.concurrency}: --max-seconds {r.max_seconds:g} "
+                          f"reached: {r.requests} of {r.requests_planned} requests sent, the "
+                          "rest not")
         if r.burst_reads:
             console.print(f"    concurrency {r.concurrency}: {r.burst_reads} answers reached the "
                           "client in one burst, faster than an engine decodes (the client fell "

@@ -420,3 +420,24 @@ def test_aiperfs_spreads_draw_each_prompt_and_answer_length(tmp_path: Path) -> N
     assert [len(b["prompt"]) for b in same.bodies] == sizes  # seeded: the same draws again
     row = notebook.read(tmp_path / "3" / "labbook.md").of(LoadRecord)[0]
     assert (row.random_input_len, row.input_stddev, row.output_tokens_stddev) == (40, 10, 5)
+
+
+def test_max_seconds_sends_nothing_after_it(tmp_path: Path) -> None:
+    """#49: guidellm's --max-seconds (at most; --duration is at least): an open-loop level
+    at 20 a second asked for 400 requests stops sending after 1 s, its in-flight answers
+    finish, the rest are counted unsent; a closed loop stops the same way."""
+    def run(*more: str) -> tuple[subprocess.CompletedProcess[str], LoadRecord]:
+        label = str(len(more)) + more[0]
+        done, _ = asyncio.run(against_the_fake(
+            "--model", "fake", "--requests", "400", "--max-tokens", "4", "--preamble-tokens",
+            "40", "--max-seconds", "1", "--warmup", "0", "--no-progress", *more,
+            env=load_env(tmp_path / label), behaviour=Behaviour(tokens=4, itl_s=0.02)))
+        return done, notebook.read(tmp_path / label / "labbook.md").of(LoadRecord)[0]
+
+    for more in (("--rate", "20", "--concurrency", "64"), ("--concurrency", "2")):
+        done, row = run(*more)
+        assert done.returncode == 0, done.stderr
+        assert row.cut_at_max_seconds and row.max_seconds == 1.0
+        assert 5 <= row.requests <= 40 and row.requests_planned == 400, row.requests
+        assert row.ok == row.requests and (row.unsent or 0) == 400 - row.requests
+        assert (row.duration_s or 0) < 2.0
