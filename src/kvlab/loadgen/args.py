@@ -69,6 +69,11 @@ class LoadArgs(Args):
                              description="Open loop: requests per second, capped at the "
                              "concurrency; several (1,2,4) sweep them, one level each; inf "
                              "(vllm bench's default) is the closed loop.")
+    rate_type: Literal["synchronous", "concurrent", "constant", "poisson", "throughput",
+                       "sweep"] | None = Field(None, description="guidellm's: synchronous, "
+                                               "concurrent or throughput (closed loops), "
+                                               "constant or poisson (--rate's arrivals); said "
+                                               "as understood.")
     arrivals: str = Field(
         "poisson", json_schema_extra={"aliases": "--burstiness"},
         description="Open-loop arrival gaps: poisson, even (a constant rate), or vllm bench's "
@@ -324,6 +329,7 @@ def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: s
     """A LoadSpec from the settings and the arguments (`lab` None: the P/D lab's, a trace's
     none); how an older or another tool's spelling was understood is said."""
     from kvlab.engines import canonical_name
+    from kvlab.loadgen.spec import with_rate_type
     from kvlab.loadgen.stats import Slo
     from kvlab.loadgen.sweep import LoadSpec
 
@@ -368,7 +374,7 @@ def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: s
         prompt_form=bench.prompt_form, input_stddev=bench.input_stddev,
         output_stddev=bench.output_tokens_stddev,
         bench=bench_ask(bench, objectives, len(settings.concurrency) * max(1, len(rates))))
-    return _workload(loaded, args, spec)
+    return _workload(loaded, args, with_rate_type(spec, args.rate_type, say))
 
 
 def _synthetic(args: LoadArgs, bench: BenchArgs, max_tokens: int,

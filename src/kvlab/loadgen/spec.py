@@ -12,10 +12,11 @@ owns the defaults (how many requests a level takes, how many warm-ups, which pro
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from kvlab.core import InputError, JsonObject
+from kvlab.core import InputError, JsonObject, Say
 from kvlab.loadgen import stats
 from kvlab.loadgen.benchresult import BenchAsk
 from kvlab.loadgen.dataset import Dataset
@@ -263,3 +264,31 @@ def _spread(mean: int, stddev: float, key: tuple[int, int, int]) -> int:
 
     drawn = np.random.default_rng([abs(k) for k in key]).normal(mean, stddev)
     return max(1, round(float(drawn)))
+
+
+def with_rate_type(spec: LoadSpec, rate_type: str | None, say: Say) -> LoadSpec:
+    """guidellm's `--rate-type` as kvlab's levels, said as understood: synchronous is one at a
+    time, concurrent its --rate values as concurrencies, throughput every request at once,
+    constant and poisson --rate's arrivals (even, Poisson); sweep is refused for
+    --find-capacity."""
+    if rate_type is None:
+        return spec
+    rates = (spec.rate,) if spec.rate is not None else spec.rates
+    if rate_type == "sweep":
+        raise InputError("--rate-type sweep: kvlab's --find-capacity searches for the highest "
+                         "load that meets a latency target (--slo); give that instead")
+    if rate_type in ("constant", "poisson"):
+        if not rates:
+            raise InputError(f"--rate-type {rate_type}: give the requests per second with "
+                             "--rate")
+        return replace(spec, burstiness=math.inf if rate_type == "constant" else 1.0)
+    if rate_type == "concurrent":
+        if not rates or any(r != int(r) for r in rates):
+            raise InputError("--rate-type concurrent: give the concurrencies with --rate, "
+                             "whole numbers (4 or 1,4,8)")
+        levels = tuple(int(r) for r in rates)
+    else:  # synchronous, throughput
+        levels = (1,) if rate_type == "synchronous" else (spec.requests or 200,)
+    say(f"    --rate-type {rate_type}: closed loop at concurrency "
+        f"{', '.join(map(str, levels))}")
+    return replace(spec, levels=levels, rate=None, rates=())

@@ -441,3 +441,26 @@ def test_max_seconds_sends_nothing_after_it(tmp_path: Path) -> None:
         assert 5 <= row.requests <= 40 and row.requests_planned == 400, row.requests
         assert row.ok == row.requests and (row.unsent or 0) == 400 - row.requests
         assert (row.duration_s or 0) < 2.0
+
+
+def test_guidellms_rate_types_are_kvlabs_levels(tmp_path: Path) -> None:
+    """#49: guidellm's --rate-type with --rate, said as understood."""
+    def run(*more: str) -> tuple[subprocess.CompletedProcess[str], list[LoadRecord]]:
+        label = "-".join(more).replace(".", "")
+        done, _ = asyncio.run(against_the_fake(
+            "--model", "fake", "--max-requests", "6", "--max-tokens", "2", "--preamble-tokens",
+            "40", "--no-progress", *more, env=load_env(tmp_path / label),
+            behaviour=Behaviour(tokens=2)))
+        book = tmp_path / label / "labbook.md"
+        return done, notebook.read(book).of(LoadRecord) if book.exists() else []
+
+    done, rows = run("--rate-type", "synchronous")
+    assert done.returncode == 0 and [r.concurrency for r in rows] == [1], done.stderr
+    assert "--rate-type synchronous: closed loop at concurrency 1" in done.stdout + done.stderr
+    done, rows = run("--rate-type", "concurrent", "--rate", "2,3")
+    assert done.returncode == 0 and [(r.concurrency, r.rate) for r in rows] == [
+        (2, None), (3, None)], done.stderr
+    done, rows = run("--rate-type", "constant", "--rate", "30")
+    assert done.returncode == 0 and rows[0].rate == 30 and rows[0].arrivals == "even"
+    done, rows = run("--rate-type", "sweep")
+    assert done.returncode == 2 and "give that instead" in done.stderr and not rows
