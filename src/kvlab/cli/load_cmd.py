@@ -17,6 +17,7 @@ import asyncio
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 import click
@@ -97,8 +98,10 @@ def load_command(ctx: click.Context, /, target: TargetArgs, load: LoadArgs, benc
     from kvlab.report import console_load
 
     out = Output(as_json)
-    loaded, key_from = openai_key(server_settings(ctx, **target.overrides()))
-    settings = loaded.values
+    book = {"labbook": str(Path(bench.output_dir) / "labbook.md")} \
+        if bench.output_dir and not target.labbook else {}
+    loaded, key_from = openai_key(server_settings(ctx, **{**target.overrides(), **book}))
+    settings, bench = loaded.values, bench.into_output_dir()
     if target.print_load_test_path:
         path = write_launcher(settings.home(), sys.executable)
         out.result({"load_test": str(path)}, lambda c: c.print(str(path)))
@@ -129,6 +132,12 @@ def load_command(ctx: click.Context, /, target: TargetArgs, load: LoadArgs, benc
 
     out.result({"rows": result.rows, "labbook": settings.labbook,
                 "interrupted": result.interrupted}, human)
+    if bench.output_dir and result.rows:
+        from kvlab.report import write
+
+        folder = Path(bench.output_dir)
+        write(settings.labbook, folder, csv_dir=folder / "csv")
+        out.note(f"    the report, its tables as CSV and the result documents in {folder}")
     finish(out, result.rows, result.interrupted)
 
 

@@ -78,6 +78,17 @@ class BenchArgs(BaseModel):
     result_filename: str | None = Field(None, description="--save-result's file name "
                                         "[default: vllm bench's, "
                                         "LABEL-RATEqps-concurrencyN-MODEL-DATE.json].")
+    output_dir: str | None = Field(None, description="One folder for everything the run "
+                                   "writes: the notebook (labbook.md, unless --labbook), the "
+                                   "per-request JSON lines beside it, each level's vllm bench "
+                                   "result document, and after the run the report "
+                                   "(report.html, report.md) with its tables as CSV (csv/).")
+
+    def into_output_dir(self) -> BenchArgs:
+        """With --output-dir: the result documents saved there."""
+        if not self.output_dir:
+            return self
+        return self.model_copy(update={"save_result": True, "result_dir": self.output_dir})
 
 
 # body fields kvlab sets itself, and the option that sets each

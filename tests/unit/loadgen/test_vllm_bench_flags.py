@@ -464,3 +464,23 @@ def test_guidellms_rate_types_are_kvlabs_levels(tmp_path: Path) -> None:
     assert done.returncode == 0 and rows[0].rate == 30 and rows[0].arrivals == "even"
     done, rows = run("--rate-type", "sweep")
     assert done.returncode == 2 and "give that instead" in done.stderr and not rows
+
+
+def test_one_output_dir_holds_what_other_tools_read(tmp_path: Path) -> None:
+    """#49: --output-dir: the per-request JSON lines, vllm bench's result document, the levels
+    as CSV and the HTML report, in one folder."""
+    folder = tmp_path / "out"
+    env = load_env(tmp_path / "env")
+    env.pop("LABBOOK", None)
+    run, _ = asyncio.run(against_the_fake(
+        "--model", "fake", "--requests", "3", "--concurrency", "1,2", "--max-tokens", "2",
+        "--preamble-tokens", "40", "--output-dir", str(folder), "--no-progress", env=env,
+        behaviour=Behaviour(tokens=2)))
+    assert run.returncode == 0, run.stderr
+    rows = notebook.read(folder / "labbook.md").of(LoadRecord)
+    assert [r.concurrency for r in rows] == [1, 2]
+    assert all(r.result_file and (folder / Path(r.result_file).name).is_file() for r in rows)
+    assert len(list((folder / "kvlab-requests").glob("*.jsonl"))) == 2
+    assert (folder / "report.html").is_file() and list((folder / "csv").glob("*.csv"))
+    document = json.loads((folder / Path(rows[0].result_file or "").name).read_text())
+    assert document["completed"] == 3
