@@ -168,8 +168,9 @@ def _find_capacity(out: Output, settings: Settings, spec: LoadSpec, load: LoadAr
 @click.argument("label")
 @click.argument("base_url")
 @click.option("--metrics-url", "metrics_urls", multiple=True,
-              help="An engine's /metrics to read around the run (repeatable; default: the "
-                   "URL's own server). Give the decode engine's to see NIXL bytes.")
+              help="An engine's /metrics to read around the run (repeatable: the link line "
+                   "reads each, the rows the first; default: the URL's own server). Give the "
+                   "decode engine's first to see NIXL bytes on the rows.")
 @click.option("--repeat", type=click.IntRange(1), default=1, show_default=True,
               help="Run the sweep this many times, each on prompts of its own and with its "
                    "own link line; rows carry the repeat, and compare's intervals pool them.")
@@ -191,7 +192,7 @@ def run_load_command(ctx: click.Context, /, label: str, base_url: str,
     if understood:
         out.note(f"    {understood}")
     spec = load_spec(loaded, load, base_url=base_url, label=label, engine=VLLM,
-                     lab=lab_named("pd"), metrics_urls=metrics_urls,
+                     lab=lab_named("pd"), metrics_urls=metrics_urls[:1],
                      say=out.note)
     link = link_spec(settings, spec, metrics_urls)
     if not link.load_test:  # LOAD_TEST's script names its own model
