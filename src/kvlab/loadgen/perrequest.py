@@ -68,6 +68,7 @@ def line(record: RequestRecord, prompt: Prompt | None, *, number: int, level: in
         status=status_of(record), http_status=record.status,
         error=record.error, error_detail=record.error_detail[:DETAIL_CHARS] or None,
         failed_leg=record.failed_leg, blank_output=record.blank_output or None,
+        burst_read=(ok and stats.burst_read(record)) or None,
         request_id=record.request_id or None,
         response_id=record.response_id, timeline=stats.timeline(record),
     )

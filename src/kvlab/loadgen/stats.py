@@ -130,18 +130,19 @@ def ttft_parts(ok: Sequence[RequestRecord]) -> TtftParts | None:
 
 
 def tpot_s(r: RequestRecord) -> float | None:
-    """Time per output token after the first; None for a one-token answer, and for one read
-    in a burst (`burst_read`): those times are the client's, not the engine's."""
+    """Time per output token after the first as the client saw it (vllm bench's); None for a
+    one-token answer."""
     tokens = r.output_tokens
-    if tokens < 2 or len(r.token_ns) < 2 or burst_read(r):
+    if tokens < 2 or len(r.token_ns) < 2:
         return None
     return (r.token_ns[-1] - r.token_ns[0]) / NS / (tokens - 1)
 
 
 def burst_read(r: RequestRecord) -> bool:
     """Whether the answer's tokens after the first all reached the client faster than any
-    engine decodes one stream: the client fell behind and read them from the socket's
-    buffer (a busy machine), so their spacing measures the client."""
+    engine decodes one stream: read together from the socket's buffer (a client that fell
+    behind on a busy machine, or an engine that sent its answer at once), so their spacing
+    says nothing of decoding."""
     tokens = r.output_tokens
     if tokens < 2 or len(r.token_ns) < 2:
         return False
@@ -149,9 +150,6 @@ def burst_read(r: RequestRecord) -> bool:
 
 
 def itl_s(r: RequestRecord) -> list[float]:
-    """The gaps between an answer's chunks (none for an answer read in a burst)."""
-    if burst_read(r):
-        return []
     return [(b - a) / NS for a, b in pairwise(r.token_ns)]
 
 

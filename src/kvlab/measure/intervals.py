@@ -230,7 +230,8 @@ def repeats(records: Sequence[Record], newest: LoadRecord) -> list[LoadRecord]:
 def columns(lines: list[requests.RequestLine]) -> Floats:
     """The figures the metrics read, one row per ok, non-warm-up request (NaN: not given)."""
     kept = [line for line in lines if line.status == "ok" and not line.warmup]
-    table = [[line.ttft_s, line.tpot_s, line.output_tokens,
+    # an answer read in one burst has the client's TPOT, not the engine's: none here
+    table = [[line.ttft_s, None if line.burst_read else line.tpot_s, line.output_tokens,
               line.end_s - line.sent_s if line.end_s is not None and line.sent_s is not None
               else None] for line in kept]
     return np.array(table, dtype=np.float64).reshape(len(kept), len(_COLUMNS))  # None: NaN

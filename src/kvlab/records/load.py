@@ -137,9 +137,10 @@ class LevelFigures(Strict):
                                          "split into prefill, hand-over, decode, proxy.")
     burst_reads: int | None = Field(None, description="Successes whose tokens all reached the "
                                     "client faster than any engine decodes one stream "
-                                    "(loadgen/stats.BURST_S_PER_TOKEN): read from the socket's "
-                                    "buffer by a client that fell behind; their TPOT and ITL "
-                                    "are left out.")
+                                    "(loadgen/stats.BURST_S_PER_TOKEN): read together (a client "
+                                    "that fell behind, or an engine that sent its answer at "
+                                    "once); in tpot_s as the client saw them, left out of "
+                                    "comparisons' TPOT intervals.")
     tpot_s: Percentiles | None = None
     itl_s: Percentiles | None = None
     e2e_s: Percentiles | None = None

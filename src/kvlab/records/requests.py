@@ -79,6 +79,9 @@ class RequestLine(Strict):
                                            "(`delta.reasoning[_content]`); None when none came.")
     tpot_s: float | None = None
     itl_s: Gaps | None = None
+    burst_read: bool | None = Field(None, description="True: its tokens reached the client "
+                                    "together, faster than an engine decodes one stream; its "
+                                    "TPOT is the client's, left out of TPOT intervals.")
     prompt_tokens_requested: int | None = Field(
         None, description="The size asked of the prompt's sized text (the shared preamble, "
         "the mixed set's document, a conversation's opening), in the sizing's tokens; of a "

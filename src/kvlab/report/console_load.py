@@ -103,8 +103,9 @@ def load_rows(console: Console, rows: Sequence[LoadRecord]) -> None:
                           "rest not")
         if r.burst_reads:
             console.print(f"    concurrency {r.concurrency}: {r.burst_reads} answers reached the "
-                          "client in one burst, faster than an engine decodes (the client fell "
-                          "behind: a busy machine?); their TPOT and ITL are left out")
+                          "client in one burst, faster than an engine decodes (a client that "
+                          "fell behind, or an engine that sent them at once): their TPOT is the "
+                          "client's, left out of comparisons")
         if r.errors:
             first = r.failures[0].detail if r.failures else ""
             console.print(f"    concurrency {r.concurrency}: failures {r.errors}; first: "

@@ -98,9 +98,10 @@ def quant_line(book: Notebook) -> Line:
     ref, cand = r.reference, r.candidate
     memory = human_bytes(float(r.memory_bytes)) if r.memory_bytes else "?"
     ratio = r.ttft_p50
-    cell = (f"{ratio.ratio:.2f}x [{ratio.low:.2f}, {ratio.high:.2f}] (TTFT p50 "
-            f"{cand.kv_type} / {ref.kv_type})" if ratio and ratio.ratio is not None
-            and ratio.low is not None and ratio.high is not None else NO_FIGURE)
+    shown = (f"{ratio.ratio:.2f}x [{ratio.low:.2f}, {ratio.high:.2f}]" if ratio and
+             ratio.ratio is not None and ratio.low is not None and ratio.high is not None
+             else ratio.words if ratio and ratio.words else None)
+    cell = f"{shown} (TTFT p50 {cand.kv_type} / {ref.kv_type})" if shown else NO_FIGURE
     evidence = [
         f"in {memory} of KV: {ref.kv_type} {said(ref.kv_cache_tokens, '?')} tokens, "
         f"{cand.kv_type} {said(cand.kv_cache_tokens, '?')} "

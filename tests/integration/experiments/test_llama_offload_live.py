@@ -24,7 +24,7 @@ from kvlab.report import build
 pytestmark = pytest.mark.llama
 
 SPEC = llama_tiers.LlamaTiersSpec(turns=3, preamble_words=400, slot_ctx=1024,
-                                  quant_ctx=2048, quant_requests=6, quant_prompt_tokens=600)
+                                  quant_ctx=2048, quant_requests=8, quant_prompt_tokens=600)
 
 
 @pytest.fixture(scope="module")
