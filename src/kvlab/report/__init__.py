@@ -19,6 +19,14 @@ from pathlib import Path
 
 from kvlab.core import write_private
 from kvlab.records import LoadRecord, notebook, requests
+from kvlab.report import (
+    console_engines,
+    console_llama,
+    console_load,
+    console_proxy,
+    console_reuse,
+    console_run,
+)
 from kvlab.report.common import Table
 from kvlab.report.decisions import decide
 from kvlab.report.decisions_common import Decision
@@ -30,6 +38,10 @@ from kvlab.report.plots_figure import Plot
 from kvlab.report.procedure import procedure_table
 from kvlab.report.replicas import replicas_table
 from kvlab.report.starts import latest as latest_starts
+
+# what the CLI reads: the report, and the console's renderings of each command's results
+__all__ = ["LAB_TITLES", "Report", "build", "console_engines", "console_llama", "console_load",
+           "console_proxy", "console_reuse", "console_run", "write"]
 
 LAB_TITLES = {"offload": "Offload lab, task 6 (three sentences: which tiers to keep)",
               "pd": "P/D lab (one sentence: which configuration you would actually use)"}

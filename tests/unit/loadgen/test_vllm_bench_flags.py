@@ -417,7 +417,8 @@ def test_aiperfs_spreads_draw_each_prompt_and_answer_length(tmp_path: Path) -> N
     answers = [b["max_tokens"] for b in seen.bodies]
     assert len(set(sizes)) > 5 and min(sizes) >= 1 and 30 <= sum(sizes) / len(sizes) <= 50
     assert len(set(answers)) > 3 and 15 <= sum(answers) / len(answers) <= 25
-    assert [len(b["prompt"]) for b in same.bodies] == sizes  # seeded: the same draws again
+    # seeded: the same draws again (two in flight may reach the server in either order)
+    assert sorted(len(b["prompt"]) for b in same.bodies) == sorted(sizes)
     row = notebook.read(tmp_path / "3" / "labbook.md").of(LoadRecord)[0]
     assert (row.random_input_len, row.input_stddev, row.output_tokens_stddev) == (40, 10, 5)
 
