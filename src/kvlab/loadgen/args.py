@@ -23,6 +23,7 @@ from kvlab.loadgen.benchargs import (
     bench_ask,
     extra_body,
     headers,
+    repetition,
     request_id_prefix,
 )
 from kvlab.records import LAB_NONE, LAB_OFFLOAD, LAB_PD, RunContext, Where
@@ -115,13 +116,14 @@ class LoadArgs(Args):
         "messages) or JSON lines of prompts (prompt or text, optional output_tokens or "
         "output_length); one-message records are sent as prompts, conversations replayed as "
         "user sessions (--users, else the concurrency levels, are the users).")
-    dataset_name: Literal["auto", "sharegpt", "custom", "random", "single_turn", "multi_turn",
-                          "mooncake_trace"] = Field(
+    dataset_name: Literal["auto", "sharegpt", "custom", "random", "prefix_repetition",
+                          "single_turn", "multi_turn", "mooncake_trace"] = Field(
         "auto", json_schema_extra={"aliases": "--custom-dataset-type"},
         description="How --dataset is read: sharegpt, custom or single_turn (JSON lines of "
         "prompts), multi_turn (aiperf's turns), mooncake_trace (a trace, as --trace) or auto "
         "(each record by its keys); random: no file, random token prompts of "
-        "--random-input-len tokens (1,024 unless given, as vllm bench).")
+        "--random-input-len tokens (1,024 unless given, as vllm bench); prefix_repetition: "
+        "random prompts sharing --prefix-repetition-num-prefixes prefixes, as vllm bench.")
     preamble_tokens: int | None = Field(None, ge=1, description="Preamble size, approximate "
                                         "tokens (default: PREAMBLE_TOKENS).")
     seed: int = Field(0, description="Workload seed.")
@@ -335,6 +337,8 @@ def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: s
 
     settings, bench = loaded.values, bench or BenchArgs()
     args, bench, max_tokens = _synthetic(args, bench, settings.max_tokens, say)
+    if args.dataset_name == "prefix_repetition":
+        bench, max_tokens = repetition(bench, max_tokens, say)
     if args.dataset_name == "random" and bench.random_input_len is None:
         bench = bench.model_copy(update={"random_input_len": VLLM_RANDOM_INPUT_LEN})
         say(f"    --dataset-name random: random prompts of {VLLM_RANDOM_INPUT_LEN:,} tokens, "
@@ -371,7 +375,9 @@ def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: s
                                                              bench.temperature),
         headers=headers(bench.header), request_id_prefix=request_id_prefix(
             bench.request_id_prefix), random_input_len=bench.random_input_len,
-        prompt_form=bench.prompt_form, input_stddev=bench.input_stddev,
+        prompt_form=bench.prompt_form, input_stddev=bench.input_stddev, shared_prefixes=(
+            bench.prefix_repetition_num_prefixes, bench.prefix_repetition_prefix_len)
+        if args.dataset_name == "prefix_repetition" else None,
         output_stddev=bench.output_tokens_stddev,
         bench=bench_ask(bench, objectives, len(settings.concurrency) * max(1, len(rates))))
     return _workload(loaded, args, with_rate_type(spec, args.rate_type, say))
@@ -445,23 +451,20 @@ def _workload(loaded: LoadedSettings, args: LoadArgs, spec: LoadSpec) -> LoadSpe
 
 def dataset_of(args: LoadArgs) -> Dataset | None:
     """The user's dataset file read (`loadgen/dataset.py`), when one was given."""
-    from kvlab.loadgen.dataset import DatasetSpec, read
+    from kvlab.loadgen.dataset import FILE_KINDS, DatasetSpec, read
 
-    if args.dataset_name == "random":
-        if args.dataset:
-            raise InputError(f"--dataset-name random: random token prompts, no file; leave "
-                             f"out --dataset-path {args.dataset}, or name sharegpt or custom")
-        return None
-    if not args.dataset:
-        if args.dataset_name != "auto":
+    kind = FILE_KINDS.get(args.dataset_name)
+    if kind is None and args.dataset:  # random, prefix_repetition (a trace is a --trace)
+        raise InputError(f"--dataset-name {args.dataset_name}: random token prompts, no file; "
+                         f"leave out --dataset-path {args.dataset}, or name sharegpt or custom")
+    if kind is None or not args.dataset:
+        if kind not in (None, "auto") or args.dataset_name == "mooncake_trace":
             raise InputError(f"--dataset-name {args.dataset_name}: give the file with "
                              "--dataset-path FILE")
         return None
-    given = args.dataset_name
-    if given == "mooncake_trace":  # without a file: refused above; with one, a --trace
-        raise InputError("--custom-dataset-type mooncake_trace: give the file with "
-                         "--input-file FILE")
-    return read(DatasetSpec(args.dataset, "custom" if given == "single_turn" else given))
+    return read(DatasetSpec(args.dataset, kind))
+
+
 def openai_key(loaded: LoadedSettings) -> tuple[LoadedSettings, str]:
     """vllm bench's key: with LOADTEST_API_KEY_ENV unset and its variable empty, the settings
     read the servers' key from OPENAI_API_KEY instead (sent, redacted and never written like

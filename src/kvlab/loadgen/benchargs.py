@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvlab.core import InputError, JsonObject, is_secret_name, secret_in_text
+from kvlab.core import InputError, JsonObject, Say, is_secret_name, secret_in_text
 
 if TYPE_CHECKING:
     from kvlab.loadgen.benchresult import BenchAsk
@@ -57,6 +57,14 @@ class BenchArgs(BaseModel):
                                         "drawn from a normal of this standard deviation "
                                         "around --max-tokens (at least 1), as aiperf's; add "
                                         "--ignore-eos for exactly that many.")
+    prefix_repetition_prefix_len: int = Field(256, ge=1, description="--dataset-name "
+                                              "prefix_repetition: each shared prefix's tokens.")
+    prefix_repetition_suffix_len: int = Field(256, ge=1, description="... and each request's "
+                                              "own tokens after it.")
+    prefix_repetition_num_prefixes: int = Field(10, ge=1, description="... and how many "
+                                                "prefixes the requests share out.")
+    prefix_repetition_output_len: int | None = Field(None, ge=1, description="... and the "
+                                                     "answers' tokens [default: --max-tokens].")
     prompt_form: Literal["ids", "text"] | None = Field(
         None, description="How the --random-input-len prompts are sent: ids (the token ids; "
         "the server counts exactly N and tokenizes nothing) or text (those ids made text by "
@@ -126,6 +134,19 @@ def headers(given: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
         if any(c in value for c in "\r\n\0"):
             raise InputError(f"--header {name}: a value is one line")
     return out
+
+
+def repetition(bench: BenchArgs, max_tokens: int, say: Say) -> tuple[BenchArgs, int]:
+    """vllm bench's prefix_repetition dataset as random token prompts: each a shared prefix
+    of --prefix-repetition-prefix-len tokens (one of --prefix-repetition-num-prefixes) and its
+    own suffix, answered with --prefix-repetition-output-len tokens, said as understood."""
+    b = bench
+    tokens = b.prefix_repetition_prefix_len + b.prefix_repetition_suffix_len
+    output = b.prefix_repetition_output_len or max_tokens
+    say(f"    --dataset-name prefix_repetition: random prompts of {tokens:,} tokens, the first "
+        f"{b.prefix_repetition_prefix_len:,} one of {b.prefix_repetition_num_prefixes} shared "
+        f"prefixes; answers of at most {output:,}")
+    return b.model_copy(update={"random_input_len": tokens}), output
 
 
 def request_id_prefix(given: str) -> str:

@@ -48,6 +48,10 @@ from kvlab.measure import Prompt
 from kvlab.records import DatasetEvidence
 
 DatasetName = Literal["auto", "sharegpt", "custom", "multi_turn"]
+# --dataset-name (or aiperf's --custom-dataset-type) of a file, as it is read
+FILE_KINDS: dict[str, DatasetName] = {"auto": "auto", "sharegpt": "sharegpt",
+                                      "custom": "custom", "single_turn": "custom",
+                                      "multi_turn": "multi_turn"}
 PROMPT_KEYS = ("prompt", "text_input", "text", "instruction", "question", "input", "content")
 OUTPUT_KEYS = ("output_tokens", "output_length", "output_tokens_count",
                "completion_tokens_count", "max_tokens", "output_len")

@@ -107,8 +107,13 @@ class _Level:
         size, pool = self.spec.random_input_len, self.inputs.pool
         if size is None or pool is None:
             return None
-        return [pool.own(self.spec.seed, self.base, p.index, self.spec.input_len(p.index))
-                for p in prompts]
+        if self.spec.shared_prefixes is None:
+            return [pool.own(self.spec.seed, self.base, p.index, self.spec.input_len(p.index))
+                    for p in prompts]
+        count, prefix = self.spec.shared_prefixes
+        return [pool.block(self.spec.seed, self.base, p.index % count, prefix)
+                + pool.own(self.spec.seed, self.base, p.index,
+                           max(1, self.spec.input_len(p.index) - prefix)) for p in prompts]
 
     def payloads(self, count: int, warmup: bool, offset: int = 0) -> list[tuple[int, bytes]]:
         prompts = level_prompts(self.spec, self.index, count, warmup=warmup,

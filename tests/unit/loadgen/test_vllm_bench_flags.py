@@ -485,3 +485,23 @@ def test_one_output_dir_holds_what_other_tools_read(tmp_path: Path) -> None:
     assert (folder / "report.html").is_file() and list((folder / "csv").glob("*.csv"))
     document = json.loads((folder / Path(rows[0].result_file or "").name).read_text())
     assert document["completed"] == 3
+
+
+def test_prefix_repetition_is_random_prompts_sharing_a_few_prefixes(tmp_path: Path) -> None:
+    """#49: vllm bench's --dataset-name prefix_repetition (and its four sizes)."""
+    run, seen = asyncio.run(against_the_fake(
+        "--model", "fake", "--dataset-name", "prefix_repetition",
+        "--prefix-repetition-prefix-len", "20", "--prefix-repetition-suffix-len", "6",
+        "--prefix-repetition-num-prefixes", "3", "--prefix-repetition-output-len", "2",
+        "--num-prompts", "9", "--max-concurrency", "1", "--no-progress",
+        env=load_env(tmp_path / "rep"), behaviour=Behaviour(tokens=2, tokenizer=("/tokenize",))))
+    assert run.returncode == 0, run.stderr
+    prompts = [b["prompt"] for b in seen.bodies]
+    assert all(len(p) == 26 and b["max_tokens"] == 2 for p, b in zip(prompts, seen.bodies,
+                                                                      strict=True))
+    measured = prompts[1:]  # after the warm-up's
+    assert len({tuple(p[:20]) for p in measured}) == 3  # three prefixes shared out
+    assert len({tuple(p[20:]) for p in measured}) == 9  # each its own suffix
+    missing = asyncio.run(against_the_fake("--model", "fake", "--custom-dataset-type",
+                                           "mooncake_trace", env=load_env(tmp_path / "mc")))[0]
+    assert missing.returncode == 2 and "give the file" in missing.stderr
