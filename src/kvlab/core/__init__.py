@@ -59,6 +59,7 @@ from kvlab.core.settings import (
     load_settings,
 )
 from kvlab.core.sizes import human_bytes, tree_bytes
+from kvlab.core.tokenizer import load_tokenizer
 
 __all__ = [
     "CPU_PROFILE",
@@ -101,6 +102,7 @@ __all__ = [
     "is_secret_name",
     "items",
     "load_settings",
+    "load_tokenizer",
     "number",
     "obj",
     "quiet",

@@ -35,7 +35,7 @@ from typing import Literal
 import httpx
 import numpy as np
 
-from kvlab.core import InputError, JsonObject
+from kvlab.core import InputError, JsonObject, load_tokenizer
 from kvlab.engines import engine_for
 from kvlab.measure import workloads
 from kvlab.observe import server_root
@@ -201,22 +201,10 @@ async def token_pool(engine: str, urls: Iterable[str], seed: int,
 
 
 def local_pool(tokenizer: str, text: str) -> TokenPool:
-    """The passage's distinct tokens by a tokenizer.json on this machine (InputError naming
-    --tokenizer when it is not one)."""
-    from tokenizers import Tokenizer
-
-    path = Path(tokenizer).expanduser()
-    file = path / "tokenizer.json" if path.is_dir() else path
-    if not file.is_file():
-        raise InputError(f"--tokenizer {tokenizer}: no tokenizer.json there; give the model's "
-                         "directory or its tokenizer.json")
-    try:
-        found = Tokenizer.from_file(str(file))
-    except Exception as exc:  # the library raises its own Exception for a file it cannot read
-        raise InputError(f"--tokenizer {tokenizer}: {file} is not a tokenizer file "
-                         f"({str(exc)[:120]})") from None
-    tokens = found.encode(text, add_special_tokens=False).ids
-    return TokenPool(tuple(sorted(set(tokens))), f"tokenizer.json at {file.resolve()}")
+    """The passage's distinct tokens by a tokenizer.json on this machine."""
+    tokens = load_tokenizer(tokenizer, "to make the prompts in its tokens here").encode(
+        text, add_special_tokens=False).ids
+    return TokenPool(tuple(sorted(set(tokens))), f"tokenizer.json at {tokenizer}")
 
 
 def prompt_tokens(request: TraceRequest, index: int, pool: TokenPool, seed: int, salt: int,

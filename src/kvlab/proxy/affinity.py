@@ -53,10 +53,10 @@ import math
 from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from kvlab.core import SettingError
+from kvlab.core import load_tokenizer as core_tokenizer
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -211,19 +211,7 @@ def block_key(tokens: Sequence[int], block_tokens: int, blocks: int) -> int:
 
 def load_tokenizer(path: str) -> Tokenizer:
     """The model's `tokenizer.json` (the file, or the model directory holding it)."""
-    from tokenizers import Tokenizer
-
-    found = Path(path).expanduser()
-    if found.is_dir():
-        found = found / "tokenizer.json"
-    if not found.is_file():
-        raise SettingError(f"--tokenizer {path}: no tokenizer.json there; give the model's "
-                           "directory (or its tokenizer.json) for prefix affinity")
-    try:
-        return Tokenizer.from_file(str(found))
-    except Exception as exc:  # the Rust library raises its own exception type
-        raise SettingError(f"--tokenizer {found}: not a tokenizer.json the tokenizers library "
-                           f"reads ({exc})") from None
+    return core_tokenizer(path, "for prefix affinity")
 
 
 class PrefixKey:
