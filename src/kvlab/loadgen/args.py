@@ -336,13 +336,7 @@ def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: s
     from kvlab.loadgen.sweep import LoadSpec
 
     settings, bench = loaded.values, bench or BenchArgs()
-    args, bench, max_tokens = _synthetic(args, bench, settings.max_tokens, say)
-    if args.dataset_name == "prefix_repetition":
-        bench, max_tokens = repetition(bench, max_tokens, say)
-    if args.dataset_name == "random" and bench.random_input_len is None:
-        bench = bench.model_copy(update={"random_input_len": VLLM_RANDOM_INPUT_LEN})
-        say(f"    --dataset-name random: random prompts of {VLLM_RANDOM_INPUT_LEN:,} tokens, "
-            "vllm bench's default --random-input-len (give it for another size)")
+    args, bench, max_tokens = _understood(args, bench, settings.max_tokens, say)
     objectives = slo_objectives(args.slo, find_capacity, say)
     context = RunContext(context_length=settings.ctx, memory_fraction=settings.mem_fraction,
                          kv_cache_type=args.kv_cache_type or None)
@@ -383,25 +377,31 @@ def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: s
     return _workload(loaded, args, with_rate_type(spec, args.rate_type, say))
 
 
-def _synthetic(args: LoadArgs, bench: BenchArgs, max_tokens: int,
-               say: Say) -> tuple[LoadArgs, BenchArgs, int]:
-    """guidellm's `--data "prompt_tokens=N,output_tokens=M"` (random prompts of N tokens
-    answered with at most M) and aiperf's mooncake_trace file (`--trace`), said as
-    understood."""
+def _understood(args: LoadArgs, bench: BenchArgs, max_tokens: int,
+                say: Say) -> tuple[LoadArgs, BenchArgs, int]:
+    """Other tools' workloads as kvlab's, each said as understood: aiperf's mooncake_trace
+    file (a --trace), guidellm's `--data "prompt_tokens=N,output_tokens=M"` and vllm bench's
+    prefix_repetition and random datasets (random token prompts)."""
     from kvlab.loadgen.dataset import synthetic
 
-    if args.dataset_name == "mooncake_trace" and args.dataset:  # aiperf's name for a trace
+    if args.dataset_name == "mooncake_trace" and args.dataset:
         say(f"    --custom-dataset-type mooncake_trace: {args.dataset} replayed as --trace")
         return (args.model_copy(update={"trace": args.dataset, "dataset": None,
                                         "dataset_name": "auto"}), bench, max_tokens)
-    found = synthetic(args.dataset)
-    if found is None:
-        return args, bench, max_tokens
-    tokens, output = found
-    say(f"    --data {args.dataset}: random prompts of {tokens:,} tokens (--random-input-len)"
-        + (f", answers of at most {output:,} (--max-tokens)" if output else ""))
-    return (args.model_copy(update={"dataset": None}),
-            bench.model_copy(update={"random_input_len": tokens}), output or max_tokens)
+    if (found := synthetic(args.dataset)) is not None:
+        tokens, output = found
+        say(f"    --data {args.dataset}: random prompts of {tokens:,} tokens "
+            "(--random-input-len)" + (f", answers of at most {output:,} (--max-tokens)"
+                                      if output else ""))
+        args, max_tokens = args.model_copy(update={"dataset": None}), output or max_tokens
+        bench = bench.model_copy(update={"random_input_len": tokens})
+    if args.dataset_name == "prefix_repetition":
+        bench, max_tokens = repetition(bench, max_tokens, say)
+    if args.dataset_name == "random" and bench.random_input_len is None:
+        say(f"    --dataset-name random: random prompts of {VLLM_RANDOM_INPUT_LEN:,} tokens, "
+            "vllm bench's default --random-input-len (give it for another size)")
+        bench = bench.model_copy(update={"random_input_len": VLLM_RANDOM_INPUT_LEN})
+    return args, bench, max_tokens
 
 
 def slo_objectives(given: tuple[str, ...], find_capacity: bool,
