@@ -201,9 +201,7 @@ class LevelRun:
         if self._ticker is not None:
             self._ticker.cancel()
             self._ticker = None
-        queued = {id(r) for r in self._queue}
-        self._records = [r for r in self._records if id(r) not in queued]
-        self._queue.clear()
+        self._drop_queued()
         self._next = len(self._payloads)
         if self._in_flight == 0 and not self._finished.done():
             self._finished.set_result(None)
@@ -362,6 +360,10 @@ class LevelRun:
             conn.cancel()
         for task in list(self._connecting):
             task.cancel()
+        self._drop_queued()
+
+    def _drop_queued(self) -> None:
+        """Released requests not sent yet are no records: the result counts them unsent."""
         unsent = {id(r) for r in self._queue}
         self._records = [r for r in self._records if id(r) not in unsent]
         self._queue.clear()
