@@ -102,9 +102,9 @@ class LoadSpec:
     # aiperf's spreads: each random prompt's length, and each answer's max_tokens, drawn from
     # a normal of this standard deviation around the mean (seeded by the prompt; 0: none)
     input_stddev: float = 0.0
+    output_stddev: float = 0.0
     # vllm bench's prefix_repetition: (prefixes, their tokens) that random prompts open with
     shared_prefixes: tuple[int, int] | None = None
-    output_stddev: float = 0.0
     # random prompts sent as their token ids or as the server's text of them; None: not asked
     # (ids)
     prompt_form: Literal["ids", "text"] | None = None

@@ -143,10 +143,8 @@ def burst_read(r: RequestRecord) -> bool:
     engine decodes one stream: read together from the socket's buffer (a client that fell
     behind on a busy machine, or an engine that sent its answer at once), so their spacing
     says nothing of decoding."""
-    tokens = r.output_tokens
-    if tokens < 2 or len(r.token_ns) < 2:
-        return False
-    return (r.token_ns[-1] - r.token_ns[0]) / NS < BURST_S_PER_TOKEN * (tokens - 1)
+    seen = tpot_s(r)
+    return seen is not None and seen < BURST_S_PER_TOKEN
 
 
 def itl_s(r: RequestRecord) -> list[float]:

@@ -44,6 +44,7 @@ refuses one whose sha256 differs from the row's), and rendering beyond one cell 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -339,8 +340,6 @@ def needed(confidence: float = CONFIDENCE) -> int:
     the level, 1 - (1 - confidence) / 2, i.e. 0.5^n <= (1 - that) / 2: 7 at 95%, 9 at
     98.75%. Below it a bootstrap's interval is the spread of a handful of values, however
     narrow it looks."""
-    import math
-
     tail = (1 - confidence) / 4
     return math.ceil(math.log(tail) / math.log(0.5))
 

@@ -120,10 +120,14 @@ def summed(each: list[Deltas]) -> Deltas:
     return {key: round(sum(float(d[key] or 0) for d in each), 3) for key in sorted(keys)}
 
 
+def _whole(c: ReplicaCounts) -> float | None:
+    """The prompt tokens it was sent (those it looked up where it does not count them)."""
+    return c.prompt_tokens or c.prefix_cache_queries
+
+
 def rate(c: ReplicaCounts) -> float | None:
-    """Its share of the prompt tokens it was sent that it found cached (of those it looked
-    up where it does not count what it was sent)."""
-    whole = c.prompt_tokens or c.prefix_cache_queries
+    """Its share of the prompt tokens it was sent that it found cached."""
+    whole = _whole(c)
     if whole and c.prefix_cache_queries is not None:
         return (c.prefix_cache_hits or 0.0) / whole
     return None
@@ -132,7 +136,7 @@ def rate(c: ReplicaCounts) -> float | None:
 def hit_share(found: list[ReplicaCounts]) -> float | None:
     """The replicas' hits over the prompt tokens they were all sent (a replica that looks
     nothing up counts in the whole), or None where one says neither."""
-    wholes = [c.prompt_tokens or c.prefix_cache_queries for c in found]
+    wholes = [_whole(c) for c in found]
     if any(w is None for w in wholes) or not sum(w or 0.0 for w in wholes):
         return None
     return sum(c.prefix_cache_hits or 0.0 for c in found) / sum(w or 0.0 for w in wholes)
@@ -162,7 +166,7 @@ def far_below(found: list[ReplicaCounts]) -> str | None:
             named.append(f"{c.url} reports no prefix-cache counters (the others find "
                          f"{pooled:.1%} cached)")
         elif mine < FAR_BELOW * pooled:
-            whole = c.prompt_tokens or c.prefix_cache_queries or 0.0
+            whole = _whole(c) or 0.0
             looked = " (it looked none of them up)" if whole and not c.prefix_cache_queries \
                 else ""
             named.append(f"{c.url} found {mine:.1%} of its {whole:,.0f} prompt tokens cached"
