@@ -3,7 +3,7 @@
 Pressure must be stated, not hoped for; the peak of `vllm:kv_cache_usage_perc` (and the
 running/waiting queue) sampled while the load runs is the record of what was reached.
 
-The scrapes run in a child process (`python -m kvlab.observe.sampler URL INTERVAL`), never on
+The scrapes run in a child process (`main` here, with URL and INTERVAL), never on
 the caller's event loop: parsing a large vLLM /metrics page (200 kB is tens of ms of pure
 Python in prometheus_client's parser) on the load generator's loop, or in a thread of its
 process (which must take the GIL to parse), delays the loop and shows up as TTFT timing error.
@@ -84,7 +84,7 @@ async def sampling(metrics_url: str, gauges: metrics.GaugeTable,
         raise ValueError(f"interval_s must be positive, not {interval_s}")
     samples = Samples()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", __name__, metrics_url, repr(interval_s), json.dumps(gauges),
+        sys.executable, "-c", CHILD, metrics_url, repr(interval_s), json.dumps(gauges),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         start_new_session=True)  # Ctrl-C reaches kvlab, which then stops the child
     reader: asyncio.Task[None] | None = None
@@ -194,6 +194,11 @@ def _child(url: str, interval_s: float, gauges: metrics.GaugeTable) -> None:
             tick = max(tick + 1, int((time.monotonic() - t0) / interval_s) + 1)
             if _stdin_closed(t0 + tick * interval_s - time.monotonic()):
                 return
+
+
+# the child imports this module and calls `main` (`-m` would run it a second time beside the
+# copy its package already imported, which Python warns of on the user's console)
+CHILD = f"import sys; from {__name__} import main; main(sys.argv[1:])"
 
 
 def main(argv: list[str]) -> None:

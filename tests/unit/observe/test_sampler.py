@@ -130,10 +130,14 @@ async def readings(samples: Samples, n: int, within_s: float = 20.0) -> None:
             await asyncio.sleep(0.02)
 
 
-async def test_readings_equal_the_pages_served_in_order(server: PageServer) -> None:
+async def test_readings_equal_the_pages_served_in_order(
+        server: PageServer, capfd: pytest.CaptureFixture[str]) -> None:
     with leaves_nothing_behind():
         async with sampling(server.url, GAUGES, INTERVAL_S) as samples:
             await readings(samples, 6)
+    # the child says nothing on the user's console (run as `-m`, Python warned that the module
+    # was already imported by its package)
+    assert capfd.readouterr().err == ""
     assert [p for _, p in samples.points[:6]] == [expected(i) for i in range(1, 7)]
     times = [t for t, _ in samples.points]
     assert times == sorted(times) and 0 <= times[0] < 1.0
