@@ -57,16 +57,34 @@ FEATURES = (HOST_TIER,)
 
 
 @dataclass(frozen=True)
+class RamShape:
+    """A slot server's in-RAM prompt cache under its slots (llama-server's `--cache-ram`), as
+    its command line sets it: the byte limit (0: none), the token limit (the server's whole
+    context), whether idle slots are saved on each request and whether saving clears them (a
+    unified KV cache), and what a saved token's bytes follow (the model file, K and V types)."""
+
+    limit_bytes: int
+    limit_tokens: int
+    save_idle: bool
+    unified: bool
+    model_file: str | None
+    kv_types: tuple[str, str]
+
+
+@dataclass(frozen=True)
 class CacheShape:
     """How an engine's prefix cache holds prompts, as the cache oracle replays it: `blocks`,
     an LRU of whole blocks shared by every request (vLLM); `slots`, sequences that each keep
-    the prompt they last held (llama-server)."""
+    the prompt they last held (llama-server), with the RAM cache under them (`ram`; None with
+    `ram_unknown` saying why, where the server's command line could not be read)."""
 
     kind: Literal["blocks", "slots"]
     sizes_from: str  # where the figures were read
     block_tokens: int = 1
     blocks: int = 0  # blocks that can hold a prompt (`blocks`)
     slots: int = 0  # (`slots`)
+    ram: RamShape | None = None
+    ram_unknown: str | None = None
 
 
 @dataclass(frozen=True)

@@ -25,12 +25,23 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from statistics import median
 
 import httpx
 
+from kvlab.core import InputError
 from kvlab.engines import CacheShape, Engine
-from kvlab.measure import Blocks, CacheModel, Prediction, Prompt, oracle, oracle_gap, slot_oracle
+from kvlab.measure import (
+    Blocks,
+    CacheModel,
+    Prediction,
+    Prompt,
+    kvmath,
+    oracle,
+    oracle_gap,
+    slot_oracle,
+)
 from kvlab.observe import Snapshot
 from kvlab.records import OracleLevel, RequestLine, TierPoint
 
@@ -46,8 +57,15 @@ SLOT_WORDS = ("llama-server's slots: the longest common prefix, to the token, wi
               "one above --slot-prompt-similarity 0.5, else the least recently used), one "
               "prompt token always computed, each slot busy from a request's send to its end "
               "as measured; the slots taken as holding what this sweep sent before the level, "
-              "one request at a time; generated tokens and the in-RAM prompt cache "
-              "(--cache-ram) not modelled, so the engine may serve more")
+              "one request at a time; a slot holding its prompt and all but the last generated "
+              "token, the generated ones as never matching (their count is the response's, "
+              "their ids unknown), so a conversation's next turn may be served more; ")
+RAM_WORDS = ("the in-RAM prompt cache under the slots replayed by the server's rules "
+             "(measure.slot_oracle: a slot's prompt saved when another takes the slot or idle "
+             "slots are saved, the best saved prompt moved back, the oldest dropped past the "
+             "limit), a saved token's bytes {per:,.0f} (the KV arithmetic of {model}, K {k}, "
+             "V {v}, and {cell} bytes of cell position and sequence)")
+CELL_BYTES = 12  # a saved cell's position, sequence count and id (llama.cpp's state_write)
 Tokenize = Callable[[int], Awaitable[list[int] | None]]
 Sent = Mapping[int, "list[int] | str"]  # what a request sent, by prompt index: ids or text
 
@@ -195,9 +213,12 @@ def _slots(shape: CacheShape, sent: list[RequestLine], tokens: list[list[int]],
     slots, start = shape.slots, min((ln.sent_s or 0.0 for ln in sent), default=0.0)
     earlier = [slot_oracle.SlotRequest(t, start - len(before) + i - 1, start - len(before) + i
                                        - 0.5) for i, t in enumerate(before)]
-    stream = [slot_oracle.SlotRequest(t, ln.sent_s or 0.0, ln.end_s or ln.sent_s or 0.0)
+    stream = [slot_oracle.SlotRequest(t, ln.sent_s or 0.0, ln.end_s or ln.sent_s or 0.0,
+                                      max(0, (ln.output_tokens or 0) - 1))
               for t, ln in zip(tokens, sent, strict=True)]
-    served = slot_oracle.replay([*earlier, *stream], slot_oracle.SlotCache(slots))[len(earlier):]
+    ram, ram_words = ram_cache(shape)
+    served = slot_oracle.replay([*earlier, *stream], slot_oracle.SlotCache(slots),
+                                ram)[len(earlier):]
     bound = slot_oracle.unbounded([*earlier, *stream])[len(earlier):]
     for ln, n in zip(sent, served, strict=True):
         ln.oracle_cached_tokens = n
@@ -205,7 +226,9 @@ def _slots(shape: CacheShape, sent: list[RequestLine], tokens: list[list[int]],
                for t, n, b, ln in zip(tokens, served, bound, sent, strict=True) if not ln.warmup]
     found = oracle_gap.compare([p for p, _, _ in counted], [m for _, m, _ in counted])
     return OracleLevel(
-        cache_model=SLOT_WORDS, block_tokens=1, device_blocks=0, slots=slots,
+        cache_model=SLOT_WORDS + ram_words, block_tokens=1, device_blocks=0, slots=slots,
+        ram_cache_bytes=ram.limit_bytes if ram is not None else None,
+        ram_cache_note=None if ram is not None else ram_words,
         in_flight=in_flight(sent), sizes_from=shape.sizes_from,
         earlier_requests=len(before) or None, tokens_from=words,
         requests=found.requests, prompt_tokens=found.prompt_tokens,
@@ -214,3 +237,24 @@ def _slots(shape: CacheShape, sent: list[RequestLine], tokens: list[list[int]],
         infinite_cache_tokens=sum(b for _, m, b in counted if m is not None),
         above_oracle=found.above_oracle, left_share=found.left_share,
         left_mean_low=found.low, left_mean_high=found.high)
+
+
+def ram_cache(shape: CacheShape) -> tuple[slot_oracle.RamCache | None, str]:
+    """The in-RAM prompt cache replayed under the slots (None: off, or not known well enough
+    to replay), and the words that say which."""
+    ram = shape.ram
+    if ram is None:
+        return None, ("the in-RAM prompt cache not modelled: " + shape.ram_unknown
+                      if shape.ram_unknown else "no in-RAM prompt cache (--cache-ram 0)")
+    if ram.model_file is None:
+        return None, ("the in-RAM prompt cache not modelled: the server names no model file, "
+                      "so a saved token's bytes are not known")
+    try:
+        kv = kvmath.load_shape(Path(ram.model_file))
+        per = kv.split_bytes_per_token(*ram.kv_types) + CELL_BYTES
+    except InputError as exc:
+        return None, f"the in-RAM prompt cache not modelled: {exc}"
+    return (slot_oracle.RamCache(ram.limit_bytes, per, ram.limit_tokens, ram.save_idle,
+                                 ram.unified),
+            RAM_WORDS.format(per=per, model=Path(ram.model_file).name, k=ram.kv_types[0],
+                             v=ram.kv_types[1], cell=CELL_BYTES))

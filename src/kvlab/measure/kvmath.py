@@ -47,6 +47,12 @@ class KvShape:
         per = element_bytes(dtype or self.dtype)
         return self.layers * self.kv_heads * (self.key_dim + self.value_dim) * per
 
+    def split_bytes_per_token(self, key_dtype: str, value_dtype: str) -> float:
+        """KV bytes one token occupies with keys and values of two types (llama.cpp's -ctk,
+        -ctv)."""
+        return self.layers * self.kv_heads * (self.key_dim * element_bytes(key_dtype)
+                                              + self.value_dim * element_bytes(value_dtype))
+
 
 def element_bytes(dtype: str) -> float:
     """Bytes per element of a KV dtype name (bf16, fp8, q8_0, ...)."""

@@ -170,6 +170,10 @@ class OracleLevel(Strict):
     device_blocks: int
     slots: int | None = Field(None, description="llama.cpp: the server's slots, each holding "
                               "one prompt's tokens (block_tokens 1, device_blocks 0).")
+    ram_cache_bytes: int | None = Field(None, description="llama.cpp: the in-RAM prompt cache "
+                                        "replayed under the slots, its byte limit (0: none).")
+    ram_cache_note: str | None = Field(None, description="llama.cpp: why no RAM cache was "
+                                       "replayed (off, or not known from the server).")
     tier_blocks: int = 0
     in_flight: int = Field(1, description="Requests the model keeps in flight (their blocks "
                            "cannot be evicted), as measured.")

@@ -22,6 +22,7 @@ from kvlab.records import (
     Notebook,
     NotRunRecord,
     Number,
+    OracleLevel,
     PredictionRecord,
     ProofRecord,
     Record,
@@ -229,7 +230,8 @@ def oracle_cell(row: LoadRecord, measured: str) -> str:
     o = row.oracle
     if o is None or o.predicted_share is None or o.measured_share is None:
         return measured
-    which = "slot oracle, RAM cache not modelled" if o.slots is not None else "oracle"
+    which = ("oracle" if o.slots is None else "slot and RAM cache oracle"
+             if o.ram_cache_bytes is not None else "slot oracle")
     return f"{measured}; requests {o.measured_share:.1%}, {which} {o.predicted_share:.1%}"
 
 
@@ -241,8 +243,8 @@ def oracle_words(row: LoadRecord) -> list[str]:
         return []
     band = (f" (mean per request {o.left_mean_low:.1%} to {o.left_mean_high:.1%})"
             if o.left_mean_low is not None and o.left_mean_high is not None else "")
-    held = (f"{o.slots} slots of one prompt each" if o.slots is not None else
-            f"{o.block_tokens}-token blocks, {o.device_blocks:,} on the device")
+    held = (f"{o.slots} slots of one prompt each" + _ram_held(o) if o.slots is not None
+            else f"{o.block_tokens}-token blocks, {o.device_blocks:,} on the device")
     words = [f"cache oracle ({held}"
              + (f", {o.tier_blocks:,} in the tier" if o.tier_blocks else "")
              + f", from {o.sizes_from}): {o.predicted_cached_tokens:,} of "
@@ -251,6 +253,14 @@ def oracle_words(row: LoadRecord) -> list[str]:
              f"never evicts: {o.infinite_cache_tokens:,}; {o.above_oracle} requests above it"]
     verdict = shortfall(o)
     return [*words, verdict] if verdict else words
+
+
+def _ram_held(o: OracleLevel) -> str:
+    """The RAM cache under a slot oracle's slots, in its words."""
+    if o.ram_cache_bytes is None:
+        return f"; {o.ram_cache_note}" if o.ram_cache_note else ""
+    size = f"{o.ram_cache_bytes / 2**20:,.0f} MiB" if o.ram_cache_bytes else "no byte limit"
+    return f", a RAM prompt cache of {size} under them"
 
 
 def fixed_kv_bytes(record: Record) -> int | None:

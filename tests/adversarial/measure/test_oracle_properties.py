@@ -9,7 +9,9 @@ earlier ones over a small alphabet (so prefixes collide), random block sizes and
   one filled on eviction at concurrency 1 (device and tier are then one LRU);
 - the stack pass gives exactly the block-by-block replay's figures;
 - llama-server's slots (`slot_oracle`): between 0 and the prompt less one token, never more
-  than any earlier prompt could have served, at any slot count, threshold and overlap.
+  than any earlier prompt could have served, at any slot count, threshold and overlap, with
+  or without a RAM prompt cache of any limit; the common prefix by halving equals the
+  token-by-token one.
 """
 
 from __future__ import annotations
@@ -113,15 +115,36 @@ def test_the_stack_pass_agrees_with_the_block_by_block_replay(
     assert oracle.replay(stream, model) == oracle.replay_lru(stream, model)
 
 
+@st.composite
+def ram_caches(draw: Any) -> slot_oracle.RamCache | None:
+    """No RAM cache, or one of a few tokens' bytes up to none, idle slots saved or not."""
+    if draw(st.booleans()):
+        return None
+    return slot_oracle.RamCache(limit_bytes=draw(st.integers(0, 40)), bytes_per_token=1.0,
+                                limit_tokens=draw(st.integers(0, 30)),
+                                save_idle=draw(st.booleans()), unified=draw(st.booleans()))
+
+
 @PROPS
 @given(streams(), st.integers(1, 4), st.sampled_from([0.0, 0.1, 0.5, 0.9]),
-       st.lists(st.floats(0.0, 3.0), min_size=14, max_size=14))
+       st.lists(st.floats(0.0, 3.0), min_size=14, max_size=14), ram_caches())
 def test_slots_serve_within_the_prompt_and_the_unbounded_bound(
-        prompts: list[list[int]], slots: int, similarity: float, spans: list[float]) -> None:
+        prompts: list[list[int]], slots: int, similarity: float, spans: list[float],
+        ram: slot_oracle.RamCache | None) -> None:
     stream = [slot_oracle.SlotRequest(p, float(i), float(i) + spans[i])
               for i, p in enumerate(prompts)]
-    got = slot_oracle.replay(stream, slot_oracle.SlotCache(slots, similarity))
+    got = slot_oracle.replay(stream, slot_oracle.SlotCache(slots, similarity), ram)
     bound = slot_oracle.unbounded(stream)
     for request, served, most in zip(stream, got, bound, strict=True):
         assert 0 <= served <= max(0, len(request.tokens) - 1)
         assert served <= most
+
+
+@PROPS
+@given(st.lists(st.integers(0, 2), max_size=40), st.lists(st.integers(0, 2), max_size=40))
+def test_the_common_prefix_by_halving_is_the_token_by_token_one(a: list[int],
+                                                                b: list[int]) -> None:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    assert slot_oracle.common_prefix(a, b) == n == slot_oracle.common_prefix(b, a)

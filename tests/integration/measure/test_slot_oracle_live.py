@@ -2,7 +2,10 @@
 and prompts that share nothing, one and two at a time. The oracle's hit share (from the
 server's own /apply-template, /tokenize and /props) is within 5 points of the `cache_n` each
 response reported, per level; where a request differs, the assertion lists it. The in-RAM
-prompt cache is off (`--cache-ram 0`): the oracle does not model it."""
+prompt cache is off (`--cache-ram 0`) there; then user sessions, three conversations to a
+slot, with it on at a byte limit that holds about two conversations and with no byte limit
+(`-1`, where the server's context is the limit in tokens): the oracle replays it from the
+server's command line and is within the same bound."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from kvlab.engines import LLAMA_CPP, llamacpp
 from kvlab.engines.models import TinyModels
 from kvlab.engines.ports import free_port
 from kvlab.engines.process import EngineProcess
+from kvlab.loadgen import SessionSpec, ThinkTime
 from kvlab.loadgen.sweep import LoadSpec, run_sweep
 from kvlab.records import notebook
 from kvlab.records.models import LoadRecord
@@ -52,3 +56,28 @@ async def test_the_slot_oracle_predicts_llama_servers_cache_n(
         assert o.predicted_cached_tokens <= o.infinite_cache_tokens
     if prompt_set == "shared-prefix":  # the preamble is what the slots reuse
         assert all((r.oracle.predicted_share or 0) > 0.5 for r in rows if r.oracle)
+
+
+@pytest.mark.parametrize("cache_ram_mib", [2, -1])
+async def test_the_oracle_replays_the_ram_prompt_cache_under_the_slots(
+        cache_ram_mib: int, tiny_models: TinyModels, llama_binary: Path,
+        tmp_path: Path) -> None:
+    settings = cpu_settings(llama_slot_save_path=str(tmp_path / "slots"))
+    plan = llamacpp.plan(settings, llama_binary, llamacpp.LlamaOptions(
+        port=free_port(), parallel=2, cache_ram_mib=cache_ram_mib))
+    book = tmp_path / "labbook.md"
+    async with EngineProcess(plan, tmp_path / "llama.log"):
+        spec = LoadSpec(base_url=plan.base_url + "/v1", model="local-chat", levels=(6,),
+                        requests=18, max_tokens=4, prompt_set="sessions", label="ram",
+                        engine=LLAMA_CPP, preamble_tokens=300, seed=3, ignore_eos=True,
+                        labbook=str(book), timeout_s=120,
+                        sessions=SessionSpec(turns=3, think=ThinkTime.parse("paced:2"),
+                                             conversations=6, cache_block_tokens=1))
+        await run_sweep(spec, on_row=lambda r: notebook.append(book, r))
+    (row,) = notebook.read(book).of(LoadRecord)
+    o = row.oracle
+    assert o is not None and o.ram_cache_bytes == max(0, cache_ram_mib) * 2**20, row
+    assert "a saved token's bytes 1,100" in o.cache_model  # q8_0 K and V of the tiny model
+    predicted, measured = o.predicted_share, o.measured_share
+    assert predicted is not None and measured is not None and measured > 0.1
+    assert abs(predicted - measured) <= TOLERANCE, (predicted, measured, differing(book, row))

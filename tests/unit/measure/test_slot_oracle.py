@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from kvlab.measure.slot_oracle import SlotCache, SlotRequest, common_prefix, replay, unbounded
+from kvlab.measure.slot_oracle import (
+    RamCache,
+    SlotCache,
+    SlotRequest,
+    common_prefix,
+    replay,
+    unbounded,
+)
 
 PRE = list(range(100))  # a shared preamble
 
@@ -61,3 +68,83 @@ def test_the_unbounded_bound_holds_every_earlier_prompt() -> None:
 def test_no_slots_is_refused() -> None:
     with pytest.raises(ValueError, match="at least one slot"):
         SlotCache(0)
+
+
+def ram(limit_tokens: int = 0, **kw: bool) -> RamCache:
+    """A RAM cache of one byte a token: `limit_tokens` tokens (0: no byte limit)."""
+    return RamCache(limit_bytes=limit_tokens, bytes_per_token=1.0, limit_tokens=100_000, **kw)
+
+
+P, Q, R = PRE + [1] * 100, [7] * 200, [8] * 200
+
+
+def test_a_prompt_whose_slot_another_took_comes_back_from_the_ram_cache() -> None:
+    # the lab notes' test: P, Q, P on one slot; 1937 of 1938 cached with it, 19 without
+    assert replay(one_at_a_time(P, Q, P), SlotCache(1)) == [0, 0, 0]
+    assert replay(one_at_a_time(P, Q, P), SlotCache(1), ram()) == [0, 0, 199]
+
+
+def test_a_prompt_larger_than_the_whole_ram_cache_is_never_saved() -> None:
+    assert replay(one_at_a_time(P, Q, P), SlotCache(1), ram(limit_tokens=150)) == [0, 0, 0]
+
+
+def test_the_oldest_saved_prompt_goes_to_make_room() -> None:
+    # room for two prompts: P and Q saved as Q and R take the slot; when P returns, R is
+    # saved first and P, the oldest, goes to make room: the server saves before it loads
+    assert replay(one_at_a_time(P, Q, R, P), SlotCache(1), ram(limit_tokens=450)) == \
+        [0, 0, 0, 0]
+    assert replay(one_at_a_time(P, Q, R, Q), SlotCache(1), ram(limit_tokens=450)) == \
+        [0, 0, 0, 199]
+    assert replay(one_at_a_time(P, Q, R, P), SlotCache(1), ram(limit_tokens=650)) == \
+        [0, 0, 0, 199]
+
+
+def test_a_saved_prompt_keeping_under_a_quarter_of_itself_is_not_loaded() -> None:
+    long = [*PRE, *([1] * 400)]  # 500 tokens; a prompt sharing its first 100 keeps 0.2
+    assert replay(one_at_a_time(long, Q, [*PRE, 5]), SlotCache(1), ram()) == [0, 0, 0]
+    near = [*PRE, *([1] * 200)]  # 300 tokens: 100 kept is a third
+    assert replay(one_at_a_time(near, Q, [*PRE, 5]), SlotCache(1), ram()) == [0, 0, 100]
+
+
+def test_a_slot_kept_by_similarity_is_not_saved_first() -> None:
+    # X's relative Y keeps 3/4 of X in X's slot: X is not saved; Q then takes the slot (Y
+    # saved), and X comes back to Y's 150 shared tokens, not to itself
+    shared = list(range(150))
+    x, y = [*shared, *([1] * 50)], [*shared, *([2] * 50)]
+    assert replay(one_at_a_time(x, y, Q, x), SlotCache(1), ram()) == [0, 150, 0, 150]
+    # kept under half: the slot is saved before Y takes it, and X comes back whole
+    x = [*shared[:60], *([1] * 140)]
+    y = [*shared[:60], *([2] * 40)]  # shares 60 / 100 of itself, 60 / 200 of X
+    assert replay(one_at_a_time(x, y, Q, x), SlotCache(1), ram()) == [0, 60, 0, 199]
+
+
+def test_idle_slots_are_saved_and_a_unified_cache_clears_them() -> None:
+    # two slots: X, then Q beside it (X's idle slot saved), then X's relative Y keeps 3/4 of
+    # X in its slot (nothing saved), then X extended comes back on the LRU slot
+    shared = list(range(150))
+    x, y = [*shared, *([1] * 50)], [*shared, *([2] * 50)]
+    stream = one_at_a_time(x, Q, y, [*x, *([1] * 200)])
+    # saved only when a slot is taken: X was never saved, Y's slot is not the LRU one
+    assert replay(stream, SlotCache(2), ram(save_idle=False)) == [0, 0, 150, 0]
+    # idle slots saved as each request starts: X is in RAM and moves into the LRU slot
+    assert replay(stream, SlotCache(2), ram(save_idle=True)) == [0, 0, 150, 200]
+    # unified: X's slot was cleared once saved, so Y loaded X from RAM (taking it out), and
+    # nothing holds X when it comes back
+    assert replay(stream, SlotCache(2), ram(save_idle=True, unified=True)) == [0, 0, 150, 0]
+
+
+def test_a_slot_holds_its_generated_tokens_which_count_but_never_match() -> None:
+    served = replay([SlotRequest(P, 0.0, 0.5, generated=3), SlotRequest([*P, 9], 1.0, 1.5)],
+                    SlotCache(1))
+    assert served == [0, 200]
+    # room for 450 tokens: P and Q saved with 30 generated each pass it, so P goes first
+    def stream(generated: int) -> list[SlotRequest]:
+        return [SlotRequest(p, float(i), i + 0.5, generated) for i, p in enumerate((P, Q, R, P))]
+    tight = RamCache(limit_bytes=0, bytes_per_token=1.0, limit_tokens=450)
+    assert replay(stream(0), SlotCache(1), tight) == [0, 0, 0, 199]
+    assert replay(stream(30), SlotCache(1), tight) == [0, 0, 0, 0]
+
+
+def test_a_ram_cache_refuses_a_negative_size() -> None:
+    with pytest.raises(ValueError, match="positive size per token"):
+        RamCache(limit_bytes=-1, bytes_per_token=1.0, limit_tokens=0)

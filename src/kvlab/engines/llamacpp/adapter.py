@@ -26,6 +26,7 @@ from kvlab.engines.base import (
     Install,
     InstanceFacts,
     LaunchSettings,
+    RamShape,
     TwoEndpointProof,
 )
 from kvlab.engines.http import get_json, post_json, post_strict
@@ -137,10 +138,20 @@ class LlamaCppEngine:
 
     async def cache_shape(self, client: httpx.AsyncClient, root: str,
                           snap: Snapshot | None) -> CacheShape | None:
-        slots = await slot_count(client, root)
+        props = await get_json(client, root + facts.PROPS_PATH)
+        slots = integer(dig(props, facts.PROPS_SLOTS))
         if not slots:
             return None
-        return CacheShape("slots", "the server's /props (total_slots)", slots=slots)
+        argv = local.listening_argv(root)
+        if argv is None:
+            return CacheShape("slots", "the server's /props (total_slots)", slots=slots,
+                              ram_unknown="its command line could not be read here (not a "
+                              "local process), so its --cache-ram is not known")
+        per_slot = integer(dig(props, *facts.PROPS_SLOT_CTX))
+        return CacheShape("slots", "the server's /props (total_slots) and command line "
+                          "(--cache-ram, --kv-unified, --cache-idle-slots)", slots=slots,
+                          ram=ram_shape(argv, slots, per_slot or 0,
+                                        text(dig(props, facts.PROPS_MODEL_PATH))))
 
     def capacity(self, plan: EnginePlan, log_text: str) -> KvCapacity:
         m = facts.STARTUP_SLOTS_LINE.search(log_text)
@@ -248,6 +259,26 @@ async def tokenize_chat(client: httpx.AsyncClient, root: str,
     tokens = await post_json(client, root + facts.TOKENIZE_PATH,
                              {"content": prompt, "parse_special": True})
     return integers(dig(tokens, "tokens"))
+
+
+def ram_shape(argv: list[str], slots: int, per_slot_ctx: int,
+              model_path: str | None = None) -> RamShape | None:
+    """The RAM prompt cache a llama-server's command line sets (None: `--cache-ram 0`), by
+    its defaults where a flag is absent (`facts.CACHE_RAM_DEFAULT_MIB`, idle slots saved, a
+    unified KV cache only when --parallel is not given); the model file from the command
+    line, else /props's `model_path`."""
+    args = argv_args(argv[1:], facts.FLAG_ALIASES)
+    given = args.get("cache_ram", "")
+    mib = int(given) if given.lstrip("-").isdigit() else facts.CACHE_RAM_DEFAULT_MIB
+    if mib == 0:
+        return None
+    unified = args.get("kv_unified", "True" if "parallel" not in args else "False") == "True"
+    return RamShape(
+        limit_bytes=max(0, mib) * 2**20,
+        limit_tokens=per_slot_ctx if unified else per_slot_ctx * slots,
+        save_idle=args.get("cache_idle_slots", "True") == "True", unified=unified,
+        model_file=args.get("model") or model_path,
+        kv_types=(args.get("cache_type_k", "f16"), args.get("cache_type_v", "f16")))
 
 
 async def slot_count(client: httpx.AsyncClient, root: str) -> int | None:

@@ -217,6 +217,7 @@ PROPS_BUILD = "build_info"  # e.g. "b1-0c1e570"; slot files do not carry across 
 # /slots entries: per-slot context (CTX / --parallel); the prompt tokens a slot holds, listed
 # only once the slot has served a request (absent after a restore into an unused slot)
 SLOT_N_CTX = "n_ctx"
+PROPS_SLOT_CTX = ("default_generation_settings", "n_ctx")  # /props: one slot's context
 SLOT_PROMPT_TOKENS = "n_prompt_tokens"
 
 FLASH_ATTN_FLAGS = ("-fa", "--flash-attn")
@@ -308,7 +309,8 @@ SERVER_BINARY = "llama-server"
 FLAG_ALIASES = {"-c": "--ctx-size", "-np": "--parallel", "-ctk": "--cache-type-k",
                 "-ctv": "--cache-type-v", "-fa": "--flash-attn", "-m": "--model",
                 "-ngl": "--n-gpu-layers", "-t": "--threads", "-b": "--batch-size",
-                "-ub": "--ubatch-size", "-a": "--alias", "-kvu": "--kv-unified"}
+                "-ub": "--ubatch-size", "-a": "--alias", "-kvu": "--kv-unified",
+                "-no-kvu": "--no-kv-unified", "-cram": "--cache-ram"}
 # where two compared servers may differ: where they listen and the tiers kvlab varies
 VARIABLE_ARGS = frozenset({"host", "port", "slot_save_path", "cache_ram"})
 CACHE_TYPE_K_FLAGS = ("-ctk", "--cache-type-k")
