@@ -245,7 +245,7 @@ def ram_cache(shape: CacheShape) -> tuple[slot_oracle.RamCache | None, str]:
     ram = shape.ram
     if ram is None:
         return None, ("the in-RAM prompt cache not modelled: " + shape.ram_unknown
-                      if shape.ram_unknown else "no in-RAM prompt cache (--cache-ram 0)")
+                      if shape.ram_unknown else oracle_gap.RAM_OFF)
     if ram.model_file is None:
         return None, ("the in-RAM prompt cache not modelled: the server names no model file, "
                       "so a saved token's bytes are not known")

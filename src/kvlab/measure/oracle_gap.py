@@ -95,12 +95,19 @@ def shortfall(o: OracleLevel) -> str | None:
             f"oracle says the cache could serve were recomputed (likely: {'; '.join(causes)})")
 
 
+RAM_OFF = "no in-RAM prompt cache (--cache-ram 0)"  # a slot oracle's note with the cache off
+
+
 def surplus(o: OracleLevel, above: float) -> str:
     """The words when a level found more cached than the oracle allows: the cache held more
     than the sweep sent it."""
-    if o.slots:
-        held = ("llama-server's in-RAM prompt cache (--cache-ram), which the slot model leaves "
-                "out, or prompts held from before this sweep")
+    if o.slots and o.ram_cache_bytes is None and o.ram_cache_note != RAM_OFF:
+        held = ("llama-server's in-RAM prompt cache (--cache-ram), which the slot model left "
+                "out here" + (f" ({o.ram_cache_note})" if o.ram_cache_note else "")
+                + ", or prompts held from before this sweep")
+    elif o.slots:
+        held = ("a conversation's reply, which the next turn's prompt holds and the slot model "
+                "does not match, or prompts held from before this sweep")
     else:
         held = ("blocks held from before this sweep: an earlier run with the same --seed, or "
                 "other traffic (another --seed, or a restarted engine, starts cold)")

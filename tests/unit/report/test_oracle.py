@@ -94,14 +94,31 @@ def test_in_flight_is_what_was_running_not_the_user_count() -> None:
 
 def test_llama_servers_slot_oracle_says_what_it_leaves_out() -> None:
     """Beside a RAM-cache row the slot oracle read "oracle 18.7%" against 73.4% measured (the
-    CPU demo): its model has no RAM cache, and the cell must say so."""
+    CPU demo) when it had no RAM cache: a line from then, and one whose server's RAM cache
+    could not be known, say that the model left it out; one that replayed it names its size."""
     slots = level(1_870, 7_340).model_copy(update={"slots": 2, "block_tokens": 1,
                                                    "device_blocks": 0})
     row = LoadRecord(label="x", lab="offload", concurrency=6, requests=24, oracle=slots)
-    assert oracle_cell(row, "73.4%") == ("73.4%; requests 73.4%, slot oracle, RAM cache not "
-                                         "modelled 18.7%")
+    assert oracle_cell(row, "73.4%") == "73.4%; requests 73.4%, slot oracle 18.7%"
     words, why = oracle_words(row)
     assert words.startswith("cache oracle (2 slots of one prompt each, from ")
     assert why.startswith("more reuse than this sweep could have left: 54.7% of the prompt "
                           "tokens were served from cache beyond what the oracle allows "
-                          "(llama-server's in-RAM prompt cache (--cache-ram)")
+                          "(llama-server's in-RAM prompt cache (--cache-ram), which the slot "
+                          "model left out here, or ")
+    unknown = "the in-RAM prompt cache not modelled: its command line could not be read here"
+    row.oracle = slots.model_copy(update={"ram_cache_note": unknown})
+    words, why = oracle_words(row)
+    assert words.startswith(f"cache oracle (2 slots of one prompt each; {unknown}, from ")
+    assert f"left out here ({unknown})" in why
+    row.oracle = level(7_300, 7_340).model_copy(update={
+        "slots": 2, "block_tokens": 1, "device_blocks": 0, "ram_cache_bytes": 26 * 2**20})
+    assert oracle_cell(row, "73.4%") == ("73.4%; requests 73.4%, slot and RAM cache oracle "
+                                         "73.0%")
+    (words,) = oracle_words(row)  # within the bound: no verdict
+    assert words.startswith("cache oracle (2 slots of one prompt each, a RAM prompt cache of "
+                            "26 MiB under them, from ")
+    row.oracle = slots.model_copy(update={"ram_cache_bytes": 26 * 2**20})
+    assert "a conversation's reply, which the next turn's prompt holds" in oracle_words(row)[1]
+
+
