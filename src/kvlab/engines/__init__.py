@@ -40,7 +40,6 @@ from kvlab.engines.models import KNOWN_SHAPES, hf_config, make_tiny, prose, writ
 from kvlab.engines.plan import EnginePlan, Flag, PlanRequest, client_host
 from kvlab.engines.ports import free_port, port_in_use
 from kvlab.engines.prepare import (
-    ROUTER_NEEDED,
     prepare_engines,
     prepare_for,
 )
@@ -75,7 +74,6 @@ __all__ = [
     "MLX_LM",
     "NAMES",
     "PROBE_MESSAGES",
-    "ROUTER_NEEDED",
     "TITLES",
     "VLLM",
     "CacheShape",

@@ -16,11 +16,8 @@ install empties that experiment's rows, not the whole run.
 from __future__ import annotations
 
 from kvlab.core import TINY_DIR, LoadedSettings, Say, Settings, shaped_paths
-from kvlab.engines import install
 from kvlab.engines.models import make_tiny, write_shaped_config
 from kvlab.engines.registry import engine_for
-
-ROUTER_NEEDED = "vllm-router"  # the anchor router (`kvlab run replicas`), beside the engines
 
 
 def prepare_for(loaded: LoadedSettings, needs: tuple[str, ...], say: Say) -> None:
@@ -42,12 +39,8 @@ def prepare_models(loaded: LoadedSettings, say: Say) -> None:
 
 
 def prepare_engines(settings: Settings, needs: tuple[str, ...], say: Say) -> None:
-    """Install the builds of `needs` (engine names, and ROUTER_NEEDED) this machine's device
-    takes (EngineError when one fails); what cannot be had here is said, and left to the
-    experiment to refuse."""
+    """Install the builds of the engines `needs` this machine's device takes (EngineError
+    when one fails); what cannot be had here is said, and left to the experiment to
+    refuse."""
     for need in needs:
-        if need == ROUTER_NEEDED:
-            if install.router_binary(settings.home()) is None:
-                install.install_vllm_router(settings.home(), say)
-        else:
-            engine_for(need).prepare(settings, say)
+        engine_for(need).prepare(settings, say)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Literal
 
-from kvlab.engines import LLAMA_CPP, MLX_LM, ROUTER_NEEDED, VLLM
+from kvlab.engines import LLAMA_CPP, MLX_LM, VLLM
 from kvlab.experiments.args import RunArgs
 from kvlab.experiments.llama_args import DiskArgs, InterferenceArgs, LlamaTiersArgs, SharedSlotsArgs
 from kvlab.experiments.offload_args import MlxCacheArgs, OffloadArgs
@@ -38,7 +38,7 @@ class Registered:
     module: str
     rows: tuple[rows.Row, ...]
     args: type[RunArgs] | None  # None: reached through another's command (its --part)
-    needs: tuple[str, ...] = (VLLM,)  # engines (and ROUTER_NEEDED), installed before it runs
+    needs: tuple[str, ...] = (VLLM,)  # the engines it starts, installed before it runs
     in_all: bool = True  # `kvlab run all` runs it, in this list's order
     here: bool = False  # times files on this machine's disk: never placed on a Ray node
     view: View = "lines"
@@ -49,8 +49,9 @@ class Registered:
 
     @property
     def engines(self) -> tuple[str, ...]:
-        """The engines it starts (its needs but the router)."""
-        return tuple(n for n in self.needs if n != ROUTER_NEEDED)
+        """The engines it starts (what else it uses, such as replicas' vllm-router, it
+        installs itself when it gets there, and says why where it cannot)."""
+        return self.needs
 
 
 # in `kvlab run all`'s order: the llama.cpp tiers (seconds) before the vLLM labs; disk and
@@ -81,7 +82,7 @@ EXPERIMENTS: dict[str, Registered] = {e.name: e for e in (
                (rows.BASELINE, rows.SPLIT_LOOPBACK, rows.CANCEL, rows.BOUNDARY), DisaggArgs,
                shows_plans=True),
     Registered("replicas", "kvlab.experiments.replicas", (rows.REPLICAS,), ReplicasArgs,
-               (VLLM, ROUTER_NEEDED), view="replicas", shows_plans=True),
+               view="replicas", shows_plans=True),
 )}
 RUN_ALL = tuple(e.name for e in EXPERIMENTS.values() if e.in_all)
 

