@@ -42,7 +42,7 @@ from kvlab.loadgen.capacity import (
 )
 from kvlab.loadgen.client import Endpoint
 from kvlab.loadgen.dataset import Dataset
-from kvlab.loadgen.linkrun import LinkSpec, run_load, store_size
+from kvlab.loadgen.linkrun import LinkSpec, run_load
 from kvlab.loadgen.load_test_entry import write_launcher
 from kvlab.loadgen.payloads import level_prompts
 from kvlab.loadgen.record import RequestRecord, decode_events
@@ -96,7 +96,6 @@ __all__ = [
     "search",
     "served",
     "stats",
-    "store_size",
     "topology",
     "understood_url",
     "write_launcher",
