@@ -28,7 +28,6 @@ from kvlab.loadgen.args import (
     link_spec,
     load_spec,
     openai_key,
-    requests_setting,
     understood_url,
 )
 from kvlab.loadgen.benchargs import BenchArgs
@@ -55,11 +54,8 @@ from kvlab.loadgen.sweep import (
     default_requests,
     run_sweep,
 )
-from kvlab.loadgen.topology import RAY_ONE_MACHINE, RAY_TWO_MACHINES
 
 __all__ = [
-    "RAY_ONE_MACHINE",
-    "RAY_TWO_MACHINES",
     "BenchArgs",
     "CapacityArgs",
     "CapacityAsk",
@@ -90,7 +86,6 @@ __all__ = [
     "link_spec",
     "load_spec",
     "openai_key",
-    "requests_setting",
     "run_load",
     "run_sweep",
     "search",

@@ -17,7 +17,7 @@ from kvlab.measure import (
     slot_oracle,
     workloads,
 )
-from kvlab.measure.compare import compare_runs, comparison_label
+from kvlab.measure.compare import compare_runs
 from kvlab.measure.compat import Compatibility, listed_models, pick_model, probe
 from kvlab.measure.conversation import PREAMBLE_WORDS, TURN_MAX_TOKENS
 from kvlab.measure.crossing import Judgement, Point, judge_crossing
@@ -53,7 +53,6 @@ __all__ = [
     "Sizing",
     "compare",
     "compare_runs",
-    "comparison_label",
     "compat",
     "experiment_warnings",
     "intervals",
