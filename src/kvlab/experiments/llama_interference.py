@@ -30,7 +30,8 @@ from kvlab.engines.llamacpp import (
 from kvlab.experiments import repeats
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.sizes import AllSpec
-from kvlab.measure import intervals, workloads
+from kvlab.loadgen import workloads
+from kvlab.measure import intervals
 from kvlab.records import (
     INTERFERENCE,
     ComparisonLevel,

@@ -40,7 +40,7 @@ from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.offload import require_successes, think_of
 from kvlab.experiments.pressure_plan import OVERSUBSCRIPTION, TURNS
 from kvlab.experiments.sizes import AllSpec
-from kvlab.loadgen import LoadSpec
+from kvlab.loadgen import LoadSpec, workloads
 from kvlab.measure import (
     PREAMBLE_WORDS,
     TURN_MAX_TOKENS,
@@ -48,7 +48,6 @@ from kvlab.measure import (
     intervals,
     reuse_record,
     run_reuse,
-    workloads,
 )
 from kvlab.observe import api_base, logprob_gap, sampling
 from kvlab.records import (
