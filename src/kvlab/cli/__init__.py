@@ -11,7 +11,6 @@ import sys
 
 import click
 
-from kvlab import __version__
 from kvlab.cli import (
     clean_cmd,
     demo_cmd,
@@ -29,11 +28,11 @@ from kvlab.cli import (
     settings_cmd,
 )
 from kvlab.cli.common import GlobalOptions
-from kvlab.core import KvlabError
+from kvlab.core import VERSION, KvlabError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(__version__, prog_name="kvlab")
+@click.version_option(VERSION, prog_name="kvlab")
 @click.option("--env-file", type=click.Path(dir_okay=False), default=None,
               help="Settings file to read instead of ./.env.")
 @click.pass_context

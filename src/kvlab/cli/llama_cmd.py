@@ -19,8 +19,7 @@ from rich.console import Console
 from kvlab.cli.common import Output, json_option, settings_from
 
 if TYPE_CHECKING:
-    from kvlab.engines import EnginePlan
-    from kvlab.engines.llamacpp.slots import Done
+    from kvlab.engines import EnginePlan, llamacpp
 
 port_option = click.option("--port", type=click.IntRange(1, 65535),
                            help="The server's port (default: LLAMA_PORT).")
@@ -52,7 +51,6 @@ def serve(ctx: click.Context, engine_args: tuple[str, ...], model: str | None, p
     """
     from kvlab.cli import serve_cmd
     from kvlab.engines import llamacpp
-    from kvlab.engines.llamacpp.client import write_serve_record
     from kvlab.experiments.serve import serve_here, serve_log
 
     loaded = settings_from(ctx, llama_port=port, llama_parallel=parallel,
@@ -70,7 +68,7 @@ def serve(ctx: click.Context, engine_args: tuple[str, ...], model: str | None, p
     plan = llamacpp.plan(settings, binary, opts).with_secrets(settings.known_secrets())
     llamacpp.check_plan_flags(plan, llamacpp.help_flags(binary))
     _summary(out.err if as_json else out.console, plan)
-    record = write_serve_record(settings, plan, serve_log(settings, plan))
+    record = llamacpp.write_serve_record(settings, plan, serve_log(settings, plan))
     served = None
     try:
         served = asyncio.run(serve_here(settings, plan, detach=detach))
@@ -93,10 +91,10 @@ def _summary(shown: Console, plan: EnginePlan) -> None:
 @click.pass_context
 def slots(ctx: click.Context, port: int | None, as_json: bool) -> None:
     """Show what each slot holds, and the slot files saved in the store."""
-    from kvlab.engines.llamacpp import slots as ops
+    from kvlab.engines import llamacpp
     from kvlab.report import console_llama
 
-    found = asyncio.run(ops.held(settings_from(ctx, llama_port=port).values, port))
+    found = asyncio.run(llamacpp.slots.held(settings_from(ctx, llama_port=port).values, port))
     Output(as_json).result(asdict(found), lambda c: console_llama.slots(c, found))
 
 
@@ -108,11 +106,11 @@ def slots(ctx: click.Context, port: int | None, as_json: bool) -> None:
 @click.pass_context
 def save(ctx: click.Context, slot: int, filename: str, port: int | None, as_json: bool) -> None:
     """Write SLOT's cache to FILENAME in the store, with its manifest, and time it."""
-    from kvlab.engines.llamacpp import slots as ops
+    from kvlab.engines import llamacpp
     from kvlab.report import console_llama
 
-    done = asyncio.run(ops.save(settings_from(ctx, llama_port=port).values, slot, filename,
-                                port))
+    settings = settings_from(ctx, llama_port=port).values
+    done = asyncio.run(llamacpp.slots.save(settings, slot, filename, port))
     Output(as_json).result(_shown(done), lambda c: console_llama.slot_action(c, done))
 
 
@@ -125,11 +123,11 @@ def save(ctx: click.Context, slot: int, filename: str, port: int | None, as_json
 def restore(ctx: click.Context, slot: int, filename: str, port: int | None,
             as_json: bool) -> None:
     """Read FILENAME back into SLOT, after checking its manifest against the server."""
-    from kvlab.engines.llamacpp import slots as ops
+    from kvlab.engines import llamacpp
     from kvlab.report import console_llama
 
-    done = asyncio.run(ops.restore(settings_from(ctx, llama_port=port).values, slot, filename,
-                                   port))
+    settings = settings_from(ctx, llama_port=port).values
+    done = asyncio.run(llamacpp.slots.restore(settings, slot, filename, port))
     Output(as_json).result(_shown(done), lambda c: console_llama.slot_action(c, done))
 
 
@@ -140,14 +138,14 @@ def restore(ctx: click.Context, slot: int, filename: str, port: int | None,
 @click.pass_context
 def erase(ctx: click.Context, slot: int, port: int | None, as_json: bool) -> None:
     """Discard SLOT's cache (it cannot be undone; `kvlab llama slots` shows what it holds)."""
-    from kvlab.engines.llamacpp import slots as ops
+    from kvlab.engines import llamacpp
     from kvlab.report import console_llama
 
-    done = asyncio.run(ops.erase(settings_from(ctx, llama_port=port).values, slot, port))
+    done = asyncio.run(llamacpp.slots.erase(settings_from(ctx, llama_port=port).values, slot, port))
     Output(as_json).result(_shown(done), lambda c: console_llama.slot_action(c, done))
 
 
-def _shown(done: Done) -> dict[str, object]:
+def _shown(done: llamacpp.slots.Done) -> dict[str, object]:
     """A slot action as `--json` prints it: the server's figures, then the manifest's."""
     out: dict[str, object] = {**done.op.as_dict()}
     if done.manifest is not None:

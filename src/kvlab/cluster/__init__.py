@@ -15,3 +15,7 @@
 kvlab never starts or stops the cluster itself, and only the driver (the `kvlab` process)
 writes the notebook. Ray is the optional `cluster` extra: only these modules import it.
 """
+
+# the modules other packages read, each imported on use: `placement` imports no Ray, and the
+# single-machine path reads only it
+__all__ = ["placement", "runner", "serve", "session", "survey"]

@@ -30,8 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvlab import __version__
-from kvlab.core import Settings
+from kvlab.core import VERSION, Settings, store_size
 from kvlab.engines import EnginePlan, EngineProcess, make_private_dir, port_in_use, stop_group
 
 if TYPE_CHECKING:
@@ -110,7 +109,7 @@ class NodeAgent:
             node_id=ray.get_runtime_context().get_node_id(), hostname=socket.gethostname(),
             machine_id=machine_id(),
             interfaces={k: list(v) for k, v in netdev.iface_addresses().items()},
-            speeds=link_speeds(), kvlab_version=__version__, pid=os.getpid(),
+            speeds=link_speeds(), kvlab_version=VERSION, pid=os.getpid(),
             home=str(self.paths.home),
             gpus=os.environ.get("CUDA_VISIBLE_DEVICES") if ray.get_gpu_ids() else None)
 
@@ -199,7 +198,6 @@ class NodeAgent:
 
     def counters(self, iface: str, store: str) -> Counters:
         """This node's byte counters: the interface, every RDMA port, the store's size."""
-        from kvlab.loadgen import store_size
         from kvlab.observe import netdev
 
         found = netdev.read_iface(iface)

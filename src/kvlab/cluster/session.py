@@ -37,11 +37,19 @@ import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from kvlab import __version__
 from kvlab.cluster import nodes
 from kvlab.cluster.agent import NodeFacts, machine_id, remote_class
 from kvlab.cluster.placement import Placement
-from kvlab.core import EngineError, KvlabError, RefusedError, Say, SettingError, Settings, quiet
+from kvlab.core import (
+    VERSION,
+    EngineError,
+    KvlabError,
+    RefusedError,
+    Say,
+    SettingError,
+    Settings,
+    quiet,
+)
 from kvlab.engines import EnginePlan
 from kvlab.loadgen import topology
 from kvlab.records import NodeInfo, Where
@@ -134,9 +142,9 @@ class ClusterSession:
 
     def _check_node(self, placed: Placed) -> None:
         version = placed.facts.kvlab_version if placed.facts else None
-        if version != __version__:
+        if version != VERSION:
             raise RefusedError(f"node {placed.name} runs kvlab {version}, this machine "
-                               f"{__version__}: install the same kvlab on every node")
+                               f"{VERSION}: install the same kvlab on every node")
         if placed.iface is None:
             held = placed.facts.addresses() if placed.facts else []
             raise RefusedError(

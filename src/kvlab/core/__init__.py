@@ -1,6 +1,6 @@
 """What every other package stands on: errors, settings (the seed scripts' names), profiles,
-paths, the hardware probe, secrets, sizes, the `Args` base of commands' arguments and the KV
-connectors' table (`connectors`).
+paths, the hardware probe, secrets, sizes, the `Args` base of commands' arguments, the KV
+connectors' table (`connectors`) and kvlab's own version and record schema.
 
 This module is the package's surface: other packages import core's names from here, never
 from its modules (`tests/unit/test_architecture.py`).
@@ -58,8 +58,9 @@ from kvlab.core.settings import (
     Settings,
     load_settings,
 )
-from kvlab.core.sizes import human_bytes, tree_bytes
+from kvlab.core.sizes import human_bytes, store_size, tree_bytes
 from kvlab.core.tokenizer import load_tokenizer
+from kvlab.core.version import SCHEMA, VERSION
 
 __all__ = [
     "CPU_PROFILE",
@@ -70,8 +71,10 @@ __all__ = [
     "GPU_PROFILES",
     "PROXY_METRICS_PREFIX",
     "REDACTED",
+    "SCHEMA",
     "TINY_DIR",
     "UNDETECTED",
+    "VERSION",
     "Args",
     "Connector",
     "ConnectorName",
@@ -112,6 +115,7 @@ __all__ = [
     "secret_in_list",
     "secret_in_text",
     "shaped_paths",
+    "store_size",
     "text",
     "tree_bytes",
     "wants_gpu",

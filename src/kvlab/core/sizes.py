@@ -1,4 +1,5 @@
-"""Byte counts: how big a directory tree is, and how a byte count reads (decimal units)."""
+"""Byte counts: how big a directory tree (or a KV store's directory) is, and how a byte count
+reads (decimal units)."""
 
 from __future__ import annotations
 
@@ -19,3 +20,11 @@ def tree_bytes(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def store_size(path: str) -> int | None:
+    """Bytes under a store directory (ExampleConnector writes one file per layer and prompt)."""
+    root = Path(path).expanduser() if path else None
+    if root is None or not root.is_dir():
+        return None
+    return tree_bytes(root)

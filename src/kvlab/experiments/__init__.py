@@ -28,6 +28,12 @@ from kvlab.experiments.offload_args import MlxCacheArgs, OffloadArgs
 from kvlab.experiments.pd_args import DisaggArgs, ReplicasArgs, SharedArgs
 from kvlab.records import rows
 
+# what other packages read: the list and its entries, and the CLI's modules (the arguments
+# models; `execute`, `everything`, `manual`, `demo` and `serve`, imported on use)
+__all__ = ["EXPERIMENTS", "RUN_ALL", "Registered", "View", "all_args", "args", "commands",
+           "demo", "everything", "execute", "manual", "manual_args", "needs_of", "registered",
+           "serve"]
+
 View = Literal["lines", "disk", "interference", "slots", "replicas"]
 """How the CLI shows an experiment's lines (`report/console_run.VIEWS`)."""
 

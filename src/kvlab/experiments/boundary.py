@@ -28,8 +28,16 @@ import httpx
 from kvlab.core import EngineError, JsonObject, SettingError
 from kvlab.engines import evidence_deltas
 from kvlab.experiments.lab import Lab
-from kvlab.loadgen import Endpoint, LevelResult, LevelRun, Schedule, decode_events, stats
-from kvlab.measure import Point, judge_crossing, workloads
+from kvlab.loadgen import (
+    Endpoint,
+    LevelResult,
+    LevelRun,
+    Schedule,
+    decode_events,
+    stats,
+    workloads,
+)
+from kvlab.measure import Point, judge_crossing
 from kvlab.observe import api_base, metrics
 from kvlab.records import (
     BOUNDARY,

@@ -76,8 +76,8 @@ from kvlab.experiments.split import (
     split_where,
     two_machines,
 )
-from kvlab.loadgen import LinkSpec, LoadSpec, run_load, topology
-from kvlab.measure import kvmath, leg_bytes, workloads
+from kvlab.loadgen import LinkSpec, LoadSpec, run_load, topology, workloads
+from kvlab.measure import kvmath, leg_bytes
 from kvlab.observe import api_base
 from kvlab.records import (
     PROXY_LABEL,

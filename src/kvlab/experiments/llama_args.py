@@ -13,7 +13,6 @@ from pydantic import Field
 
 from kvlab.core import LoadedSettings, SettingError
 from kvlab.experiments.args import REPEAT_HELP, LocalArgs, PlacementArgs
-from kvlab.loadgen import requests_setting
 
 if TYPE_CHECKING:
     from kvlab.experiments.llama_disk import DiskSpec
@@ -106,7 +105,7 @@ class InterferenceArgs(PlacementArgs):
         # a shared preamble lets one slot reuse it and hides the interference being measured
         prompt_set = "mixed" if loaded.sources["prompt_set"] == "default" else s.prompt_set
         return InterferenceSpec(concurrency=self.concurrency, parallels=self.parallels(),
-                                requests=requests_setting(loaded), max_tokens=s.max_tokens,
+                                requests=loaded.values.requests, max_tokens=s.max_tokens,
                                 prompt_set=prompt_set, ctx=s.ctx, label=self.label,
                                 repeat=self.repeat)
 

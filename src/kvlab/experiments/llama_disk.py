@@ -20,12 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvlab.engines import LLAMA_CPP, llamacpp, startup
-from kvlab.engines.llamacpp import roundtrip, slotstore
-from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget
-from kvlab.engines.llamacpp.roundtrip import RoundTrip
-from kvlab.engines.llamacpp.server import (
+from kvlab.engines.llamacpp import (
     READY_S,
+    LlamaClient,
+    LlamaTarget,
+    RoundTrip,
     SlotRunSpec,
+    SlotStore,
     prompt_of,
     server_fields,
     server_plan,
@@ -56,7 +57,7 @@ async def run(lab: Lab, spec: DiskSpec) -> list[Record]:
     """Run the stopwatch once; the `disk` line it wrote."""
     spec.check()
     settings, binary = lab.settings, llamacpp.require_llama_server(lab.settings)
-    store = slotstore.SlotStore(Path(settings.llama_slot_save_path))
+    store = SlotStore(Path(settings.llama_slot_save_path))
     plan = server_plan(settings, binary, role="disk", ctx=spec.ctx, parallel=spec.parallel,
                        slot_dir=store.directory, cache_ram_mib=spec.cache_ram_mib)
     name = f"kvlab-disk-{plan.port}.bin"
@@ -79,7 +80,7 @@ async def run(lab: Lab, spec: DiskSpec) -> list[Record]:
                                    str(store.slot_path(name))))]
 
 
-async def _round_trip(lab: Lab, client: LlamaClient, store: slotstore.SlotStore, name: str,
+async def _round_trip(lab: Lab, client: LlamaClient, store: SlotStore, name: str,
                       spec: DiskSpec) -> RoundTrip:
     async def ask(prompt: str) -> ChatResult:
         return await client.chat(prompt, slot=SLOT, max_tokens=spec.max_tokens,
@@ -103,9 +104,10 @@ async def _round_trip(lab: Lab, client: LlamaClient, store: slotstore.SlotStore,
         lab.say("the same prompt on the restored slot")
         return await ask(prompt)
 
-    here = roundtrip.Slot(client, SLOT)
-    return await roundtrip.round_trip(
-        store, name, here, here, roundtrip.Asks(cold, again, control, control_before_restore=True),
+    here = llamacpp.roundtrip.Slot(client, SLOT)
+    return await llamacpp.roundtrip.round_trip(
+        store, name, here, here,
+        llamacpp.roundtrip.Asks(cold, again, control, control_before_restore=True),
         lab.settings.paths().file_hashes, lab.say)
 
 
@@ -113,7 +115,7 @@ def disk_record(spec: DiskSpec, trip: RoundTrip, server: LlamaServerLine, versio
                 model: str, slot_file: str) -> DiskRecord:
     cold, control, restored = trip.cold, trip.control, trip.restored
     save_op, restore_op = trip.save, trip.restore
-    judged = roundtrip.judge(cold, control, restored)
+    judged = llamacpp.roundtrip.judge(cold, control, restored)
     cold_ms = (cold.ttft_s or 0.0) * 1000
     cold_prompt_ms = float((cold.timings or {}).get("prompt_ms") or 0.0)
     line = DiskRecord(
@@ -125,14 +127,15 @@ def disk_record(spec: DiskSpec, trip: RoundTrip, server: LlamaServerLine, versio
         save_server_ms=save_op.server_ms, restore_ms=round(restore_op.wall_ms, 3),
         restore_server_ms=restore_op.server_ms, file_bytes=save_op.n_bytes,
         saved_tokens=save_op.n_tokens, restored_tokens=restore_op.n_tokens,
-        post_restore_ttft_s=roundtrip.turn(restored).ttft_s,
-        post_restore_cached_tokens=roundtrip.turn(restored).cache_n,
+        post_restore_ttft_s=llamacpp.roundtrip.turn(restored).ttft_s,
+        post_restore_cached_tokens=llamacpp.roundtrip.turn(restored).cache_n,
         restore_cold_ratio=round(restore_op.wall_ms / cold_ms, 5) if cold_ms else None,
         restore_cold_ratio_server=(round(restore_op.server_ms / cold_prompt_ms, 5)
                                    if restore_op.server_ms and cold_prompt_ms else None),
         verdict=judged.verdict, reasons=judged.reasons,
-        evidence=SlotEvidence(cold=roundtrip.turn(cold), control=roundtrip.turn(control),
-                              restored=roundtrip.turn(restored),
+        evidence=SlotEvidence(cold=llamacpp.roundtrip.turn(cold),
+                              control=llamacpp.roundtrip.turn(control),
+                              restored=llamacpp.roundtrip.turn(restored),
                               logprob_max_abs_diff=judged.logprob_gap,
                               logprob_tolerance=LOGPROB_TOLERANCE,
                               save=save_op.as_record(), restore=restore_op.as_record(),

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvlab.engines import LLAMA_CPP, EnginePlan, llamacpp, startup
-from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget
-from kvlab.engines.llamacpp.server import (
+from kvlab.engines.llamacpp import (
     TEMPLATE_MARGIN,
+    LlamaClient,
+    LlamaTarget,
     check_fits,
     server_fields,
     server_plan,
@@ -29,7 +30,8 @@ from kvlab.engines.llamacpp.server import (
 from kvlab.experiments import repeats
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.sizes import AllSpec
-from kvlab.measure import intervals, workloads
+from kvlab.loadgen import workloads
+from kvlab.measure import intervals
 from kvlab.records import (
     INTERFERENCE,
     ComparisonLevel,

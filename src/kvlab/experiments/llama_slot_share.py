@@ -19,12 +19,13 @@ from pathlib import Path
 
 from kvlab.core import SettingError
 from kvlab.engines import LLAMA_CPP, llamacpp, startup
-from kvlab.engines.llamacpp import roundtrip, slotstore
-from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget
-from kvlab.engines.llamacpp.roundtrip import RoundTrip
-from kvlab.engines.llamacpp.server import (
+from kvlab.engines.llamacpp import (
     READY_S,
+    LlamaClient,
+    LlamaTarget,
+    RoundTrip,
     SlotRunSpec,
+    SlotStore,
     prompt_of,
     server_fields,
     server_plan,
@@ -65,7 +66,7 @@ async def run(lab: Lab, spec: SharedSlotsSpec) -> list[Record]:
     """Save on A, restore on B, prove reuse on B; the `reuse` line it wrote."""
     spec.check()
     settings, binary = lab.settings, llamacpp.require_llama_server(lab.settings)
-    store = slotstore.SlotStore(Path(settings.llama_slot_save_path))
+    store = SlotStore(Path(settings.llama_slot_save_path))
     accepted = llamacpp.help_flags(binary)
     plans = [server_plan(settings, binary, role=f"shared-slots-{name}",
                                       ctx=spec.ctx, parallel=spec.parallel,
@@ -93,7 +94,7 @@ async def run(lab: Lab, spec: SharedSlotsSpec) -> list[Record]:
                                      [plans[0].base_url, plans[1].base_url]))]
 
 
-async def _round_trip(lab: Lab, a: LlamaClient, b: LlamaClient, store: slotstore.SlotStore,
+async def _round_trip(lab: Lab, a: LlamaClient, b: LlamaClient, store: SlotStore,
                       name: str, spec: SharedSlotsSpec) -> RoundTrip:
     async def ask(client: LlamaClient, prompt: str, slot: int) -> ChatResult:
         return await client.chat(prompt, slot=slot, max_tokens=spec.max_tokens,
@@ -117,19 +118,20 @@ async def _round_trip(lab: Lab, a: LlamaClient, b: LlamaClient, store: slotstore
         await b.erase(1)
         return await ask(b, prompt, 1)
 
-    return await roundtrip.round_trip(
-        store, name, roundtrip.Slot(a, 0), roundtrip.Slot(b, 0),
-        roundtrip.Asks(cold, again, control), lab.settings.paths().file_hashes,
+    return await llamacpp.roundtrip.round_trip(
+        store, name, llamacpp.roundtrip.Slot(a, 0), llamacpp.roundtrip.Slot(b, 0),
+        llamacpp.roundtrip.Asks(cold, again, control), lab.settings.paths().file_hashes,
         lab.say)
 
 
 def shared_record(spec: SharedSlotsSpec, trip: RoundTrip, server: LlamaServerLine,
                   version: str, model: str, endpoints: list[str]) -> ReuseRecord:
     cold_a, restored_b, cold_b = trip.cold, trip.restored, trip.control
-    judged = roundtrip.judge(cold_a, cold_b, restored_b)
-    rows = [ReuseRow(turn=1, endpoint=endpoints[0], ttft_s=roundtrip.turn(cold_a).ttft_s,
+    judged = llamacpp.roundtrip.judge(cold_a, cold_b, restored_b)
+    turn = llamacpp.roundtrip.turn
+    rows = [ReuseRow(turn=1, endpoint=endpoints[0], ttft_s=turn(cold_a).ttft_s,
                      total_s=round(cold_a.total_s, 4), chunks=cold_a.chunks),
-            ReuseRow(turn=2, endpoint=endpoints[1], ttft_s=roundtrip.turn(restored_b).ttft_s,
+            ReuseRow(turn=2, endpoint=endpoints[1], ttft_s=turn(restored_b).ttft_s,
                      total_s=round(restored_b.total_s, 4), chunks=restored_b.chunks)]
     line = ReuseRecord(
         label=spec.label, lab=notebook.LAB_OFFLOAD, engine=LLAMA_CPP, engine_version=version,
@@ -138,9 +140,8 @@ def shared_record(spec: SharedSlotsSpec, trip: RoundTrip, server: LlamaServerLin
         metric_deltas={},
         mechanism="llama.cpp slot store shared by two servers (save on A, restore on B)",
         verdict=judged.verdict, reasons=judged.reasons,
-        evidence=SlotEvidence(cold_a=roundtrip.turn(cold_a),
-                              restored_b=roundtrip.turn(restored_b),
-                              cold_b_control=roundtrip.turn(cold_b),
+        evidence=SlotEvidence(cold_a=turn(cold_a), restored_b=turn(restored_b),
+                              cold_b_control=turn(cold_b),
                               logprob_max_abs_diff=judged.logprob_gap,
                               logprob_tolerance=LOGPROB_TOLERANCE,
                               save=trip.save.as_record(), restore=trip.restore.as_record()),

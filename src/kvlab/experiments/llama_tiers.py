@@ -27,16 +27,20 @@ from pathlib import Path
 
 from kvlab.core import EngineError, SettingError
 from kvlab.engines import LLAMA_CPP, EnginePlan, EngineProcess, llamacpp, startup
-from kvlab.engines.llamacpp import ramcache
-from kvlab.engines.llamacpp.adapter import LLAMA_CPP_ENGINE
-from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget
-from kvlab.engines.llamacpp.server import prompt_of, server_fields, server_plan
+from kvlab.engines.llamacpp import (
+    LLAMA_CPP_ENGINE,
+    LlamaClient,
+    LlamaTarget,
+    prompt_of,
+    server_fields,
+    server_plan,
+)
 from kvlab.experiments import repeats
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.offload import require_successes, think_of
 from kvlab.experiments.pressure_plan import OVERSUBSCRIPTION, TURNS
 from kvlab.experiments.sizes import AllSpec
-from kvlab.loadgen import LoadSpec
+from kvlab.loadgen import LoadSpec, workloads
 from kvlab.measure import (
     PREAMBLE_WORDS,
     TURN_MAX_TOKENS,
@@ -44,7 +48,6 @@ from kvlab.measure import (
     intervals,
     reuse_record,
     run_reuse,
-    workloads,
 )
 from kvlab.observe import api_base, logprob_gap, sampling
 from kvlab.records import (
@@ -324,7 +327,7 @@ async def _pressure_run(lab: Lab, spec: LlamaTiersSpec, proc: EngineProcess,
         peak_requests_waiting=samples.peak("requests_deferred"),
         prefix_hit_rate=found.prefix_hit_rate,
         evicted_turns=found.sessions.evicted_turns if found.sessions else None,
-        host_tier=ramcache.use_in(proc.log_text()[before:])))
+        host_tier=llamacpp.ramcache.use_in(proc.log_text()[before:])))
     found.kv_usage_samples = samples.as_record()
     return lab.record(found)
 

@@ -18,7 +18,6 @@ from kvlab.experiments.args import (
     capacity_ask,
     repeat_asked,
 )
-from kvlab.loadgen import requests_setting
 
 if TYPE_CHECKING:
     from kvlab.experiments.mlx_cache import MlxCacheSpec
@@ -118,7 +117,7 @@ class OffloadArgs(PlannedArgs):
                            capacity=capacity_ask(self.slo), repeat=count, rule=rule,
                            tier=self.tier,
                            tier_gb=_tier_gb(self.tier_gb), think_time=self.think_time,
-                           method=self.method, requests=requests_setting(loaded),
+                           method=self.method, requests=loaded.values.requests,
                            tier_sizes=check_sizes(_items(self.tier_sizes)),
                            lengths=_lengths(self.lengths))
 

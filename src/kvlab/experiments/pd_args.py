@@ -19,7 +19,6 @@ from kvlab.experiments.args import (
     repeat_asked,
 )
 from kvlab.experiments.disagg_spec import DISAGG_PARTS
-from kvlab.loadgen import requests_setting
 from kvlab.proxy import Balance
 from kvlab.records import SPLIT
 
@@ -124,7 +123,7 @@ class DisaggArgs(PlannedArgs):
 
         s = loaded.values
         count, rule = repeat_asked(self.repeat)
-        spec = DisaggSpec(levels=s.concurrency, requests=requests_setting(loaded),
+        spec = DisaggSpec(levels=s.concurrency, requests=loaded.values.requests,
                           max_tokens=s.max_tokens, preamble_tokens=s.preamble_tokens,
                           prompt_set=s.prompt_set, link_gbps=self.link_gbps,
                           parts=self.parts(), capacity=capacity_ask(self.slo),

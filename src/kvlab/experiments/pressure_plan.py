@@ -11,7 +11,7 @@ lost: the whole working set, since vLLM's host tier keeps a copy of every block 
 whether or not the device still holds it; a tier smaller than that is known as such.
 
 Every size is in the model's own tokens, counted before any engine starts with its directory's
-tokenizer and chat template (`measure.tokens`), and the load is built with the plan's sizing,
+tokenizer and chat template (`loadgen.tokens`), and the load is built with the plan's sizing,
 so the planned working set is the one sent; a model that is not a local directory is sized
 with the word estimate and its plan says so. The run records the pressure reached beside it.
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvlab.measure import ChatTokens, workloads
+from kvlab.loadgen import ChatTokens, workloads
 from kvlab.records import PressurePlanned
 
 TURNS = workloads.DEFAULT_TURNS
@@ -85,7 +85,7 @@ ESTIMATED = "the word estimate (TOKENS_PER_WORD): MODEL is no local directory wi
 @dataclass(frozen=True)
 class Counter:
     """How a plan counts a chat prompt's tokens before any engine runs: the model directory's
-    tokenizer and chat template (`measure.tokens`), else the word estimate, said as such."""
+    tokenizer and chat template (`loadgen.tokens`), else the word estimate, said as such."""
 
     chat: ChatTokens | None
 

@@ -44,8 +44,8 @@ from kvlab.engines import (
 )
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.sizes import AllSpec
-from kvlab.loadgen import LoadSpec, level_prompts, run_sweep
-from kvlab.measure import CacheModel, Prompt, intervals, oracle, workloads
+from kvlab.loadgen import LoadSpec, Prompt, level_prompts, run_sweep, workloads
+from kvlab.measure import CacheModel, intervals, oracle
 from kvlab.observe import metrics
 from kvlab.proxy import BALANCES, Balance, ProxyArgs, body_digest, process_plan
 from kvlab.records import (

@@ -1,24 +1,26 @@
 """kvlab's load generator: raw streaming client, open/closed-loop levels, pure statistics.
 
-`spec` (what a sweep is asked: levels, rates, prompt sets and prefix groups, user sessions, a
-trace) -> `sizing` (prompts in the served model's tokens, through the engine adapter's
-/tokenize) -> `client` (one keep-alive connection, raw stamps) -> `runner` (one level's
-schedule, by count, by time or at a trace's times) or `sessions` (users whose next turn waits
-for the reply and a think time) -> `record` (decode events after the level) -> `stats` and
-`returning` (pure functions), `rows` (the notebook row) and `perrequest` (each request as a
-line of the level's file) -> `sweep` (the levels in order; `inputs` what they share, `payloads`
-a level's prompts and request bytes, `level` one level's warm-up, metrics deltas and row) and
-`linkrun` (the seed's run-load.sh); `trace` reads and rebuilds a Mooncake-format trace;
-`capacity` searches the load for the highest that meets a latency target; `served` settles the
-model name a load sends and `fit` its prompt sizes against the served context, both before the
-first request. It knows no engine
-beyond the OpenAI streaming shapes and what the engine adapter answers.
+`workloads` (the deterministic prompt sets, sized before any engine starts by a local
+tokenizer, `tokens`) -> `spec` (what a sweep is asked: levels, rates, prompt sets and prefix
+groups, user sessions, a trace) -> `sizing` (prompts in the served model's tokens, through the
+engine adapter's /tokenize) -> `client` (one keep-alive connection, raw stamps) -> `runner`
+(one level's schedule, by count, by time or at a trace's times) or `sessions` (users whose
+next turn waits for the reply and a think time) -> `record` (decode events after the level)
+-> `stats` and `returning` (pure functions), `rows` (the notebook row) and `perrequest` (each
+request as a line of the level's file) -> `sweep` (the levels in order; `inputs` what they
+share, `payloads` a level's prompts and request bytes, `level` one level's warm-up, metrics
+deltas and row) and `linkrun` (the seed's run-load.sh); `trace` reads and rebuilds a
+Mooncake-format trace; `capacity` searches the load for the highest that meets a latency
+target; `served` settles the model name a load sends and `fit` its prompt sizes against the
+served context, both before the first request. It knows no engine beyond the OpenAI
+streaming shapes and what the engine adapter answers.
 
 This module is the package's surface: other packages import loadgen's names (and the
-`fit`, `served`, `stats` and `topology` modules) from here, never from its other modules.
+`fit`, `served`, `stats`, `topology` and `workloads` modules) from here, never from its other
+modules.
 """
 
-from kvlab.loadgen import fit, served, stats, topology
+from kvlab.loadgen import fit, served, stats, topology, workloads
 from kvlab.loadgen.args import (
     CapacityArgs,
     LoadArgs,
@@ -28,7 +30,6 @@ from kvlab.loadgen.args import (
     link_spec,
     load_spec,
     openai_key,
-    requests_setting,
     understood_url,
 )
 from kvlab.loadgen.benchargs import BenchArgs
@@ -42,7 +43,7 @@ from kvlab.loadgen.capacity import (
 )
 from kvlab.loadgen.client import Endpoint
 from kvlab.loadgen.dataset import Dataset
-from kvlab.loadgen.linkrun import LinkSpec, run_load, store_size
+from kvlab.loadgen.linkrun import LinkSpec, run_load
 from kvlab.loadgen.load_test_entry import write_launcher
 from kvlab.loadgen.payloads import level_prompts
 from kvlab.loadgen.record import RequestRecord, decode_events
@@ -55,15 +56,15 @@ from kvlab.loadgen.sweep import (
     default_requests,
     run_sweep,
 )
-from kvlab.loadgen.topology import RAY_ONE_MACHINE, RAY_TWO_MACHINES
+from kvlab.loadgen.tokens import ChatTokens
+from kvlab.loadgen.workloads import Prompt, Sizing
 
 __all__ = [
-    "RAY_ONE_MACHINE",
-    "RAY_TWO_MACHINES",
     "BenchArgs",
     "CapacityArgs",
     "CapacityAsk",
     "CapacityResult",
+    "ChatTokens",
     "Dataset",
     "Endpoint",
     "Knob",
@@ -75,10 +76,12 @@ __all__ = [
     "LoadSpec",
     "NoteText",
     "ProgressHook",
+    "Prompt",
     "RequestRecord",
     "Schedule",
     "SearchPlan",
     "SessionSpec",
+    "Sizing",
     "SweepResult",
     "TargetArgs",
     "ThinkTime",
@@ -90,14 +93,13 @@ __all__ = [
     "link_spec",
     "load_spec",
     "openai_key",
-    "requests_setting",
     "run_load",
     "run_sweep",
     "search",
     "served",
     "stats",
-    "store_size",
     "topology",
     "understood_url",
+    "workloads",
     "write_launcher",
 ]

@@ -287,13 +287,6 @@ class CapacityArgs(Args):
         return LatencyTarget.of(objectives, " ".join(load.slo)), knob, plan
 
 
-def requests_setting(loaded: LoadedSettings) -> int | None:
-    """REQUESTS when someone set it (flag, environment, .env, or a profile such as cpu-tiny's
-    short CI sweeps); None when unset, so each level takes enough requests that its p99 is not
-    one request (`loadgen.sweep.default_requests`), as `kvlab settings` shows."""
-    return loaded.values.requests
-
-
 def lab_named(name: str | None) -> str | None:
     """`--lab pd|offload` as the lab's full name (None: not given)."""
     return None if name is None else LAB_PD if name == "pd" else LAB_OFFLOAD
@@ -346,7 +339,7 @@ def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: s
     tokens = bool(args.trace) or bench.random_input_len is not None
     spec = LoadSpec(
         base_url=base_url, model=settings.served_name, levels=tuple(settings.concurrency),
-        requests=requests_setting(loaded), max_tokens=max_tokens,
+        requests=loaded.values.requests, max_tokens=max_tokens,
         prompt_set=settings.prompt_set, label=label, engine=canonical_name(engine),
         endpoint=endpoint_word(args.endpoint) if args.endpoint
         else "completions" if tokens else "chat",

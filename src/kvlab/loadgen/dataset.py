@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Literal
 
 from kvlab.core import InputError
-from kvlab.measure import Prompt
+from kvlab.loadgen.workloads import Prompt
 from kvlab.records import DatasetEvidence
 
 DatasetName = Literal["auto", "sharegpt", "custom", "multi_turn"]

@@ -16,12 +16,11 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from kvlab.loadgen import textform
+from kvlab.loadgen import textform, workloads
 from kvlab.loadgen import trace as trace_replay
 from kvlab.loadgen.oracle_level import History
 from kvlab.loadgen.sizing import prompt_sizing, tokenize_urls
 from kvlab.loadgen.spec import LoadSpec
-from kvlab.measure import workloads
 
 
 @dataclass(frozen=True)

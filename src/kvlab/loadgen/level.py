@@ -46,6 +46,7 @@ from kvlab.loadgen import (
     returning,
     sessions,
     stats,
+    workloads,
 )
 from kvlab.loadgen import trace as trace_replay
 from kvlab.loadgen.client import Endpoint
@@ -55,7 +56,6 @@ from kvlab.loadgen.record import decode_events
 from kvlab.loadgen.rows import make_row
 from kvlab.loadgen.runner import LevelResult, LevelRun, Progress, Schedule, Until
 from kvlab.loadgen.spec import BLOCK, WARMUP_OFFSET, LoadSpec
-from kvlab.measure import workloads
 from kvlab.observe import Snapshot, metrics
 from kvlab.records import DatasetEvidence, LevelOwn, LoadRecord, ReplicaCounts, RequestLine
 from kvlab.records import replicas as replica_counts

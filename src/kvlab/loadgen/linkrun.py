@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from kvlab.core import InputError, tree_bytes
+from kvlab.core import InputError, store_size
 from kvlab.engines import evidence_deltas, store_for, transfer_deltas
 from kvlab.loadgen import instances, sidechannel, topology
 from kvlab.loadgen.sweep import LoadSpec, ProgressHook, SweepResult, run_sweep
@@ -66,14 +66,6 @@ class Drained:
     """Bytes of store entries removed during a run: the store's growth counts them."""
 
     bytes: int = 0
-
-
-def store_size(path: str) -> int | None:
-    """Bytes under a store directory (ExampleConnector writes one file per layer and prompt)."""
-    root = Path(path).expanduser() if path else None
-    if root is None or not root.is_dir():
-        return None
-    return tree_bytes(root)
 
 
 async def _read(spec: LinkSpec, urls: tuple[str, ...], client: httpx.AsyncClient,

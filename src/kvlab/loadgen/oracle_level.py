@@ -32,11 +32,11 @@ import httpx
 
 from kvlab.core import InputError
 from kvlab.engines import CacheShape, Engine
+from kvlab.loadgen.workloads import Prompt
 from kvlab.measure import (
     Blocks,
     CacheModel,
     Prediction,
-    Prompt,
     kvmath,
     oracle,
     oracle_gap,

@@ -17,10 +17,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from kvlab.loadgen import dataset
+from kvlab.loadgen import dataset, workloads
 from kvlab.loadgen.client import Endpoint
 from kvlab.loadgen.spec import BLOCK, WARMUP_OFFSET, LoadSpec
-from kvlab.measure import workloads
 
 
 def level_prompts(spec: LoadSpec, level_index: int, count: int, *, warmup: bool = False,

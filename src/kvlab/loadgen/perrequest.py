@@ -16,7 +16,7 @@ from typing import Literal
 from kvlab.loadgen import stats
 from kvlab.loadgen.record import RequestRecord
 from kvlab.loadgen.runner import LevelResult
-from kvlab.measure import Prompt
+from kvlab.loadgen.workloads import Prompt
 from kvlab.records import Gaps, RequestLine
 
 NS = 1e9

@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 
 from kvlab.loadgen.record import RequestRecord
-from kvlab.measure import Prompt
+from kvlab.loadgen.workloads import Prompt
 from kvlab.records import SessionsEvidence
 
 

@@ -15,10 +15,9 @@ from typing import cast
 from pydantic import JsonValue
 
 from kvlab.core import is_secret_name, secret_in_text
-from kvlab.loadgen import stats, topology
+from kvlab.loadgen import stats, topology, workloads
 from kvlab.loadgen.runner import LevelResult
 from kvlab.loadgen.spec import LoadSpec
-from kvlab.measure import workloads
 from kvlab.observe import metrics
 from kvlab.records import Deltas, LevelOwn, LoadRecord, RequestShape
 

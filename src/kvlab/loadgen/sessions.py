@@ -33,7 +33,7 @@ from kvlab.core import InputError
 from kvlab.loadgen.client import Connection, Endpoint, open_connection, request_id_of
 from kvlab.loadgen.record import RequestRecord, decode_events, reply_text
 from kvlab.loadgen.runner import LevelResult, Progress
-from kvlab.measure import Prompt
+from kvlab.loadgen.workloads import Prompt
 from kvlab.records import ThinkTimeLine, Workload
 
 History = tuple[tuple[str, str], ...]

@@ -17,10 +17,11 @@ from collections.abc import Awaitable, Callable, Iterable
 import httpx
 
 from kvlab.engines import engine_for
+from kvlab.loadgen import workloads
 from kvlab.loadgen.payloads import level_prompts
 from kvlab.loadgen.spec import LoadSpec
 from kvlab.loadgen.trace import server_roots
-from kvlab.measure import Sizing, workloads
+from kvlab.loadgen.workloads import Sizing
 
 Count = Callable[[str], Awaitable[int | None]]
 SAMPLE = 2000  # prompts of the largest level looked at (every turn of its conversations)

@@ -17,12 +17,11 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from kvlab.core import InputError, JsonObject, Say
-from kvlab.loadgen import stats
+from kvlab.loadgen import stats, workloads
 from kvlab.loadgen.benchresult import BenchAsk
 from kvlab.loadgen.dataset import Dataset
 from kvlab.loadgen.sessions import SessionSpec
 from kvlab.loadgen.trace import TraceSpec
-from kvlab.measure import workloads
 from kvlab.records import PromptFit, RunContext, Workload, notebook
 
 MIN_REQUESTS = 200  # a level's default: p99 of at least 200 values is not one request

@@ -34,13 +34,12 @@ from dataclasses import dataclass, replace
 
 import httpx
 
-from kvlab.loadgen import instances
+from kvlab.loadgen import instances, workloads
 from kvlab.loadgen.client import Endpoint
 from kvlab.loadgen.inputs import Inputs, prepare_inputs
 from kvlab.loadgen.level import Row, measure_level
 from kvlab.loadgen.runner import Progress
 from kvlab.loadgen.spec import BLOCK, MIN_REQUESTS, WARMUP_OFFSET, LoadSpec, default_requests
-from kvlab.measure import workloads
 
 ProgressHook = Callable[[int, int], Progress | None]  # (concurrency, requests) -> per-record
 __all__ = ["BLOCK", "MIN_REQUESTS", "WARMUP_OFFSET", "LoadSpec", "default_requests"]

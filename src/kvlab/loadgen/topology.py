@@ -40,6 +40,8 @@ from kvlab.records import (
     MANUAL,
     ONE_INSTANCE,
     RAY,
+    RAY_ONE_MACHINE,
+    RAY_TWO_MACHINES,
     TOPOLOGY_FIELDS,
     TWO_MACHINES,
     UNKNOWN,
@@ -51,8 +53,6 @@ FIELDS = TOPOLOGY_FIELDS
 __all__ = ["FIELDS", "LOCAL", "LOOPBACK", "MANUAL", "ONE_INSTANCE", "RAY", "TWO_MACHINES",
            "UNKNOWN", "Known", "derive", "loopback_split", "one_instance", "proxy_legs",
            "ray_instance", "ray_split", "same_machine", "unknown"]
-RAY_ONE_MACHINE = "two Ray nodes on one machine"
-RAY_TWO_MACHINES = "two Ray nodes on two machines"
 
 
 @dataclass(frozen=True)

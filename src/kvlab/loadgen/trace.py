@@ -37,7 +37,7 @@ import numpy as np
 
 from kvlab.core import InputError, JsonObject, load_tokenizer
 from kvlab.engines import engine_for
-from kvlab.measure import workloads
+from kvlab.loadgen import workloads
 from kvlab.observe import server_root
 from kvlab.records import TraceEvidence
 

@@ -1,4 +1,4 @@
-"""What a measurement means: workloads, KV arithmetic, reuse across turns and its verdicts,
+"""What a measurement means: KV arithmetic, reuse across turns and its verdicts,
 `prove`, the compatibility check, comparisons with their intervals, pressure, the cache oracle.
 
 This module is the package's surface: other packages import measure's names (and the modules
@@ -15,9 +15,8 @@ from kvlab.measure import (
     oracle_gap,
     pressure,
     slot_oracle,
-    workloads,
 )
-from kvlab.measure.compare import compare_runs, comparison_label
+from kvlab.measure.compare import compare_runs
 from kvlab.measure.compat import Compatibility, listed_models, pick_model, probe
 from kvlab.measure.conversation import PREAMBLE_WORDS, TURN_MAX_TOKENS
 from kvlab.measure.crossing import Judgement, Point, judge_crossing
@@ -29,9 +28,7 @@ from kvlab.measure.pressure import judge_pressure, preemptions, tier_holds, tier
 from kvlab.measure.prove import ProofRun, ProveOptions, proof_record, run_proof
 from kvlab.measure.reuse import ReuseOptions, ReuseRun, reuse_record, run_reuse
 from kvlab.measure.same_experiment import experiment_warnings, label_facts
-from kvlab.measure.tokens import ChatTokens
 from kvlab.measure.verdict import FAILED
-from kvlab.measure.workloads import Prompt, Sizing
 
 __all__ = [
     "FAILED",
@@ -40,20 +37,16 @@ __all__ = [
     "TURN_MAX_TOKENS",
     "Blocks",
     "CacheModel",
-    "ChatTokens",
     "Compatibility",
     "Judgement",
     "Point",
     "Prediction",
-    "Prompt",
     "ProofRun",
     "ProveOptions",
     "ReuseOptions",
     "ReuseRun",
-    "Sizing",
     "compare",
     "compare_runs",
-    "comparison_label",
     "compat",
     "experiment_warnings",
     "intervals",
@@ -81,5 +74,4 @@ __all__ = [
     "tier_pair",
     "tier_sides",
     "tier_too_small",
-    "workloads",
 ]

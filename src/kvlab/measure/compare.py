@@ -49,13 +49,9 @@ from kvlab.records import (
     Record,
     SidePressure,
     Where,
+    comparison_label,
     notebook,
 )
-
-
-def comparison_label(disagg: str, baseline: str) -> str:
-    """The label of the comparison line that pairs two labels' load rows."""
-    return f"{disagg}-vs-{baseline}"
 
 
 def ratio(new: float | None, old: float | None) -> str:

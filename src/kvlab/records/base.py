@@ -14,8 +14,7 @@ from typing import ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvlab import SCHEMA, __version__
-from kvlab.core import JsonObject
+from kvlab.core import SCHEMA, VERSION, JsonObject
 
 LAB_OFFLOAD = "part-22/lab-kv-cache-offload-and-sharing"
 LAB_PD = "part-22/lab-two-machine-prefill-decode"
@@ -65,7 +64,7 @@ class Record(Strict):
     record: str = Field(description="The record kind.")
     label: str = Field(description="The run's label, as the seed scripts use it.")
     recorded_at: str = Field(default_factory=now_stamp)
-    kvlab_version: str = __version__
+    kvlab_version: str = VERSION
     schema_version: int = Field(SCHEMA, alias="schema")
     run_id: str | None = Field(None, description="The `kvlab run` that wrote it, if any.")
 

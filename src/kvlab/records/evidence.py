@@ -17,6 +17,9 @@ from kvlab.records.base import Deltas, Strict
 LOOPBACK, TWO_MACHINES, ONE_INSTANCE, UNKNOWN = "loopback", "two machines", "one instance", \
     "unknown"
 LOCAL, RAY, MANUAL = "local", "ray", "manual"  # who placed the processes
+# how a split placed by Ray is told: its two nodes on one machine or on two
+RAY_ONE_MACHINE = "two Ray nodes on one machine"
+RAY_TWO_MACHINES = "two Ray nodes on two machines"
 TOPOLOGY_FIELDS = ("topology", "single_machine", "hosts", "connector", "link", "topology_from",
                    "placement", "nodes", "same_machine", "link_speed_mbps")
 

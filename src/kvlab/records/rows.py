@@ -193,6 +193,11 @@ def interference_label(parallel: int) -> str:
     return f"{INTERFERENCE.label}-parallel-{parallel}"
 
 
+def comparison_label(disagg: str, baseline: str) -> str:
+    """The label of the comparison line that pairs two labels' load rows."""
+    return f"{disagg}-vs-{baseline}"
+
+
 def replicas_label(label: str, arm: str, prompt_set: str) -> str:
     """The lines of one arm of `kvlab run replicas` on one prompt set."""
     return f"{label}-{arm.replace(':', '-')}-{prompt_set}"

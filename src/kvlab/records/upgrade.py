@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from kvlab import SCHEMA
-from kvlab.core import JsonObject, integer
+from kvlab.core import SCHEMA, JsonObject, integer
 
 SEED_SCHEMA = 0  # a seed script's line: no envelope beyond lab, record, label, recorded_at
 SEED_VERSION = "none (a seed script's line)"

@@ -20,14 +20,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from kvlab.loadgen import RAY_ONE_MACHINE, RAY_TWO_MACHINES
-from kvlab.measure import comparison_label
 from kvlab.records import (
     BASELINE,
     INTERFERENCE,
     LOOPBACK,
     ONE_INSTANCE,
     RAY,
+    RAY_ONE_MACHINE,
+    RAY_TWO_MACHINES,
     SPLIT,
     TWO_MACHINES,
     TWO_MACHINES_NIXL,
@@ -37,6 +37,7 @@ from kvlab.records import (
     LoadRecord,
     NodeInfo,
     Notebook,
+    comparison_label,
 )
 
 NOT_SPLIT = (BASELINE.label, f"{INTERFERENCE.label}-")

@@ -18,8 +18,8 @@ from integration.conftest import cpu_settings
 from kvlab.engines.models import TinyModels
 from kvlab.experiments import offload, tier_sizes
 from kvlab.experiments.lab import Lab
-from kvlab.measure import workloads
-from kvlab.measure.tokens import ChatTokens
+from kvlab.loadgen import workloads
+from kvlab.loadgen.tokens import ChatTokens
 from kvlab.records import notebook, requests
 from kvlab.records.models import LoadRecord, NotRunRecord
 from kvlab.records.rows import OFFLOAD_BOUNDARY, OFFLOAD_CURVE

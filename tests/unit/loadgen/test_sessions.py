@@ -19,7 +19,7 @@ from kvlab.loadgen.record import RequestRecord
 from kvlab.loadgen.sessions import SessionSpec, ThinkTime
 from kvlab.loadgen.spec import LoadSpec
 from kvlab.loadgen.sweep import run_sweep
-from kvlab.measure.workloads import Prompt
+from kvlab.loadgen.workloads import Prompt
 from kvlab.records import notebook, requests
 from kvlab.records.models import LoadRecord
 from kvlab.records.pressure import PressurePlanned

@@ -12,9 +12,9 @@ import httpx
 from fakes.sse_upstream import Behaviour, SseUpstream
 from kvlab.engines import LLAMA_CPP, VLLM
 from kvlab.engines.registry import engine_for
+from kvlab.loadgen import workloads
 from kvlab.loadgen.sizing import prompt_sizing
 from kvlab.loadgen.sweep import LoadSpec, run_sweep
-from kvlab.measure import workloads
 from kvlab.records import requests
 
 

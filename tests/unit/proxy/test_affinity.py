@@ -20,7 +20,7 @@ from fakes.fault_upstream import FaultUpstream
 from kvlab.core.errors import RefusedError, SettingError
 from kvlab.engines.models import make_tiny
 from kvlab.engines.ports import free_port
-from kvlab.measure import workloads
+from kvlab.loadgen import workloads
 from kvlab.proxy import ProxyConfig, running
 from kvlab.proxy import affinity as aff
 from kvlab.proxy.legs import LegPool, PickLog

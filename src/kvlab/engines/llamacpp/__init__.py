@@ -1,5 +1,13 @@
-"""llama.cpp's llama-server: everything kvlab knows about it, in this package."""
+"""llama.cpp's llama-server: everything kvlab knows about it, in this package.
 
+This module is the package's surface for the modules named for llama.cpp elsewhere
+(`experiments/llama_*.py`, `cli/llama_cmd.py`): its facts, the server's client, plans and
+slot store by name, and the `roundtrip`, `ramcache` and `slots` modules as namespaces.
+"""
+
+from kvlab.engines.llamacpp import ramcache, roundtrip, slots
+from kvlab.engines.llamacpp.adapter import LLAMA_CPP_ENGINE
+from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget, write_serve_record
 from kvlab.engines.llamacpp.facts import (
     APPLY_TEMPLATE_PATH,
     CACHE_RAM_DEFAULT_MIB,
@@ -41,6 +49,17 @@ from kvlab.engines.llamacpp.facts import (
     slot_failure_reason,
     slot_url,
 )
+from kvlab.engines.llamacpp.roundtrip import RoundTrip
+from kvlab.engines.llamacpp.server import (
+    READY_S,
+    TEMPLATE_MARGIN,
+    SlotRunSpec,
+    check_fits,
+    prompt_of,
+    server_fields,
+    server_plan,
+)
+from kvlab.engines.llamacpp.slotstore import SlotStore
 
 __all__ = [
     "APPLY_TEMPLATE_PATH",
@@ -52,6 +71,7 @@ __all__ = [
     "FLASH_ATTN_DEFAULT",
     "FLASH_ATTN_FLAGS",
     "GENERIC_SLOT_ERROR",
+    "LLAMA_CPP_ENGINE",
     "PROMPT_TOKENS",
     "PROMPT_TOKENS_CACHED",
     "PROPS_BUILD",
@@ -59,6 +79,7 @@ __all__ = [
     "PROPS_PATH",
     "PROPS_SLOTS",
     "QUANTISED_KV_TYPES",
+    "READY_S",
     "REQUESTS_DEFERRED",
     "REQUESTS_PROCESSING",
     "SLOTS_PATH",
@@ -66,10 +87,17 @@ __all__ = [
     "SLOT_FILE_MAGIC",
     "SLOT_N_CTX",
     "SLOT_RESULT_KEYS",
+    "TEMPLATE_MARGIN",
     "TOKENIZE_PATH",
     "TOKENS_PREDICTED",
+    "LlamaClient",
     "LlamaOptions",
+    "LlamaTarget",
+    "RoundTrip",
+    "SlotRunSpec",
+    "SlotStore",
     "build_target",
+    "check_fits",
     "check_plan_flags",
     "check_slot_filename",
     "find_llama_server",
@@ -79,7 +107,14 @@ __all__ = [
     "kv_types",
     "not_found",
     "plan",
+    "prompt_of",
+    "ramcache",
     "require_llama_server",
+    "roundtrip",
+    "server_fields",
+    "server_plan",
     "slot_failure_reason",
     "slot_url",
+    "slots",
+    "write_serve_record",
 ]

@@ -36,7 +36,7 @@ from kvlab.core import (
     number,
     obj,
 )
-from kvlab.engines import llamacpp
+from kvlab.engines.llamacpp import facts
 from kvlab.engines.plan import EnginePlan, client_host
 from kvlab.observe import ChatResult, chat_body, stream_chat
 from kvlab.records import SlotOpLine
@@ -52,7 +52,7 @@ class LlamaTarget:
     slot_dir: Path
     kv_type_k: str
     kv_type_v: str
-    flash_attn: str = llamacpp.FLASH_ATTN_DEFAULT
+    flash_attn: str = facts.FLASH_ATTN_DEFAULT
     log_path: Path | None = None
     source: str = "settings"  # where kv types / flash-attn / slot dir came from
     model: str | None = None  # the GGUF the source says it loaded (checked against /props)
@@ -60,9 +60,9 @@ class LlamaTarget:
     @classmethod
     def from_plan(cls, plan: EnginePlan, log_path: Path | None = None,
                   source: str = "plan") -> LlamaTarget:
-        k, v = llamacpp.kv_types(plan)
+        k, v = facts.kv_types(plan)
         slot_dir = plan.flag_value("--slot-save-path") or ""
-        return cls(plan.base_url, Path(slot_dir), k, v, llamacpp.flash_attn_mode(plan),
+        return cls(plan.base_url, Path(slot_dir), k, v, facts.flash_attn_mode(plan),
                    log_path, source, plan.model)
 
 
@@ -157,21 +157,21 @@ class LlamaClient:
             return response.status_code, {"error": {"message": response.text[:200]}}
 
     async def props(self) -> dict[str, object]:
-        code, body = await self._json("GET", llamacpp.PROPS_PATH)
+        code, body = await self._json("GET", facts.PROPS_PATH)
         if code != 200 or not isinstance(body, dict):
-            raise EngineError(f"{self.target.base_url}{llamacpp.PROPS_PATH} answered HTTP {code}")
+            raise EngineError(f"{self.target.base_url}{facts.PROPS_PATH} answered HTTP {code}")
         return body
 
     async def slots(self) -> list[dict[str, object]]:
-        code, body = await self._json("GET", llamacpp.SLOTS_PATH)
+        code, body = await self._json("GET", facts.SLOTS_PATH)
         if code != 200 or not isinstance(body, list):
-            raise EngineError(f"{self.target.base_url}{llamacpp.SLOTS_PATH} answered HTTP {code}"
+            raise EngineError(f"{self.target.base_url}{facts.SLOTS_PATH} answered HTTP {code}"
                               " (the server needs --slots)")
         return [obj(slot) for slot in body]
 
     async def check_slot(self, slot: int) -> int:
         """Refuse a slot id the server does not have (it would wrap around silently)."""
-        count = integer((await self.props()).get(llamacpp.PROPS_SLOTS)) or 0
+        count = integer((await self.props()).get(facts.PROPS_SLOTS)) or 0
         if not 0 <= slot < count:
             raise RefusedError(
                 f"slot {slot} does not exist: this server has {count} slot(s) "
@@ -181,16 +181,16 @@ class LlamaClient:
         return count
 
     async def save(self, slot: int, filename: str) -> SlotOp:
-        return await self._slot_action("save", slot, llamacpp.check_slot_filename(filename))
+        return await self._slot_action("save", slot, facts.check_slot_filename(filename))
 
     async def restore(self, slot: int, filename: str) -> SlotOp:
-        return await self._slot_action("restore", slot, llamacpp.check_slot_filename(filename))
+        return await self._slot_action("restore", slot, facts.check_slot_filename(filename))
 
     async def erase(self, slot: int) -> SlotOp:
         return await self._slot_action("erase", slot, None)
 
     async def _slot_action(self, action: str, slot: int, filename: str | None) -> SlotOp:
-        url = llamacpp.slot_url("", slot, action)
+        url = facts.slot_url("", slot, action)
         body: JsonObject | None = {"filename": filename} if filename is not None else None
         offset = self._log_size()
         started = time.perf_counter()
@@ -198,7 +198,7 @@ class LlamaClient:
         wall_ms = (time.perf_counter() - started) * 1000
         if code != 200 or not isinstance(answer, dict):
             raise EngineError(await self._failure(action, slot, filename, code, answer, offset))
-        tokens_key, bytes_key, ms_key = llamacpp.SLOT_RESULT_KEYS[action]
+        tokens_key, bytes_key, ms_key = facts.SLOT_RESULT_KEYS[action]
         return SlotOp(
             action=action, slot=slot, filename=filename,
             n_tokens=integer(answer.get(tokens_key)) or 0,
@@ -239,7 +239,7 @@ class LlamaClient:
                     text = f.read().decode("utf-8", "replace")
             except OSError:
                 return None
-            reason = llamacpp.slot_failure_reason(text)
+            reason = facts.slot_failure_reason(text)
             if reason:
                 return reason
             await asyncio.sleep(0.05)
@@ -253,18 +253,18 @@ class LlamaClient:
         return answer
 
     async def tokenize(self, text: str) -> list[int]:
-        body = await self._answer(llamacpp.TOKENIZE_PATH, {"content": text})
+        body = await self._answer(facts.TOKENIZE_PATH, {"content": text})
         if (tokens := integers(body.get("tokens"))) is None:
-            raise EngineError(f"{llamacpp.TOKENIZE_PATH} answered no token list")
+            raise EngineError(f"{facts.TOKENIZE_PATH} answered no token list")
         return tokens
 
     async def detokenize(self, tokens: list[int]) -> str:
-        body = await self._answer(llamacpp.DETOKENIZE_PATH, {"tokens": list(tokens)})
+        body = await self._answer(facts.DETOKENIZE_PATH, {"tokens": list(tokens)})
         return str(body.get("content", ""))
 
     async def chat_tokens(self, messages: list[dict[str, str]]) -> int:
         """Tokens a chat conversation takes once this server's template is applied."""
-        body = await self._answer(llamacpp.APPLY_TEMPLATE_PATH, {"messages": list(messages)})
+        body = await self._answer(facts.APPLY_TEMPLATE_PATH, {"messages": list(messages)})
         return len(await self.tokenize(str(body.get("prompt", ""))))
 
     async def chat(self, prompt: str, *, slot: int | None = None, max_tokens: int = 8,

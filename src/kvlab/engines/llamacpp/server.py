@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kvlab.core import SettingError, Settings
-from kvlab.engines import llamacpp
+from kvlab.engines.llamacpp import facts
 from kvlab.engines.llamacpp.client import LlamaClient
 from kvlab.engines.models import prose
 from kvlab.engines.plan import EnginePlan
@@ -54,15 +54,15 @@ class SlotRunSpec:
 def server_plan(settings: Settings, binary: Path, *, role: str, ctx: int, parallel: int,
                 slot_dir: Path, cache_ram_mib: int | None = None,
                 accepted: frozenset[str] | None = None,
-                chosen: llamacpp.LlamaOptions | None = None) -> EnginePlan:
+                chosen: facts.LlamaOptions | None = None) -> EnginePlan:
     """A llama-server plan on a free port with these settings, its flags checked; `chosen`
     carries the other options an experiment varies (KV type, prompt caching, log level)."""
     at = settings.model_copy(update={"ctx": ctx})
-    opts = replace(chosen or llamacpp.LlamaOptions(), port=free_port(), parallel=parallel,
+    opts = replace(chosen or facts.LlamaOptions(), port=free_port(), parallel=parallel,
                    role=role, slot_save_path=str(slot_dir), cache_ram_mib=cache_ram_mib)
-    plan = llamacpp.plan(at, binary, opts)
-    llamacpp.check_plan_flags(plan, accepted if accepted is not None
-                              else llamacpp.help_flags(binary))
+    plan = facts.plan(at, binary, opts)
+    facts.check_plan_flags(plan, accepted if accepted is not None
+                           else facts.help_flags(binary))
     return plan
 
 
@@ -72,12 +72,12 @@ READY_S = 120.0  # llama-server loads a tiny GGUF in seconds; a real one in well
 def server_fields(plan: EnginePlan, ctx: int, parallel: int,
                   cache_ram_mib: int | None) -> LlamaServerLine:
     """The server settings an experiment chose, for its notebook line."""
-    k, v = llamacpp.kv_types(plan)
+    k, v = facts.kv_types(plan)
     return LlamaServerLine(
         ctx=ctx, parallel=parallel, tokens_per_slot=ctx // parallel,
         cache_ram_mib=cache_ram_mib if cache_ram_mib is not None
-        else llamacpp.CACHE_RAM_DEFAULT_MIB,
-        flash_attn=llamacpp.flash_attn_mode(plan), kv_type_k=k, kv_type_v=v, argv=plan.argv())
+        else facts.CACHE_RAM_DEFAULT_MIB,
+        flash_attn=facts.flash_attn_mode(plan), kv_type_k=k, kv_type_v=v, argv=plan.argv())
 
 
 async def prompt_of(client: LlamaClient, tokens: int, seed: int = 7) -> str:

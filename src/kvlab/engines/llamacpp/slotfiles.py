@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from kvlab.core import InputError, RefusedError, write_private
-from kvlab.engines import llamacpp
+from kvlab.engines.llamacpp.facts import SLOT_FILE_MAGIC
 
 _HASH_CACHE_KEEP = 256
 _MANIFEST_MAX_BYTES = 1 << 20  # a manifest is a few hundred bytes
@@ -105,6 +105,6 @@ def _is_slot_file(path: Path) -> bool:
         return False
     try:
         with open(path, "rb") as f:
-            return f.read(len(llamacpp.SLOT_FILE_MAGIC)) == llamacpp.SLOT_FILE_MAGIC
+            return f.read(len(SLOT_FILE_MAGIC)) == SLOT_FILE_MAGIC
     except OSError:
         return False

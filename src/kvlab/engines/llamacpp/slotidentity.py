@@ -17,10 +17,16 @@ import contextlib
 from pathlib import Path
 
 from kvlab.core import RefusedError, integer
-from kvlab.engines import llamacpp, local
+from kvlab.engines import local
 from kvlab.engines.llamacpp import slotfacts
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget
-from kvlab.engines.llamacpp.facts import SERVER_BINARY
+from kvlab.engines.llamacpp.facts import (
+    PROPS_BUILD,
+    PROPS_MODEL_PATH,
+    PROPS_SLOTS,
+    SERVER_BINARY,
+    SLOT_N_CTX,
+)
 from kvlab.engines.llamacpp.slotfiles import file_sha256
 from kvlab.engines.llamacpp.slotmanifest import ServerIdentity
 
@@ -50,7 +56,7 @@ def server_facts(target: LlamaTarget, slots: int) -> slotfacts.SlotFacts:
 
 def _identity(target: LlamaTarget, props: dict[str, object], slots: list[dict[str, object]],
               hash_cache: Path | None) -> ServerIdentity:
-    model_path = str(props.get(llamacpp.PROPS_MODEL_PATH, ""))
+    model_path = str(props.get(PROPS_MODEL_PATH, ""))
     if target.model and Path(target.model).resolve() != Path(model_path).resolve():
         raise RefusedError(
             f"{target.source} says {target.base_url} loaded {target.model}, but the server "
@@ -61,13 +67,13 @@ def _identity(target: LlamaTarget, props: dict[str, object], slots: list[dict[st
             f"the server's model file {model_path!r} is not readable here, so its sha256 "
             "cannot be checked: run kvlab on the machine the server runs on"
         )
-    parallel = integer(props.get(llamacpp.PROPS_SLOTS)) or len(slots)
+    parallel = integer(props.get(PROPS_SLOTS)) or len(slots)
     facts = server_facts(target, parallel)
     return ServerIdentity(
         model_path=model_path, model_sha256=file_sha256(Path(model_path), hash_cache),
         kv_type_k=facts.kv_type_k, kv_type_v=facts.kv_type_v, parallel=parallel,
-        flash_attn=facts.flash_attn, server_build=str(props.get(llamacpp.PROPS_BUILD, "")),
+        flash_attn=facts.flash_attn, server_build=str(props.get(PROPS_BUILD, "")),
         kv_unified=facts.kv_unified, n_stream=facts.n_stream,
-        tokens_per_slot=min(integer(s.get(llamacpp.SLOT_N_CTX)) or 0 for s in slots) if slots
+        tokens_per_slot=min(integer(s.get(SLOT_N_CTX)) or 0 for s in slots) if slots
         else 0, facts_from=facts.source,
     )

@@ -24,8 +24,7 @@ from pathlib import Path
 
 from pydantic import TypeAdapter
 
-from kvlab import __version__
-from kvlab.core import InputError
+from kvlab.core import VERSION, InputError
 from kvlab.engines.llamacpp.client import SlotOp
 from kvlab.engines.llamacpp.slotfacts import UNKNOWN
 from kvlab.records import notebook
@@ -91,7 +90,7 @@ class Manifest(SavedWith):
         assert op.filename is not None, "a save names its file"
         return cls(**asdict(saved), filename=op.filename, n_tokens=op.n_tokens,
                    file_bytes=st.st_size, file_sha256=digest, file_mtime_ns=st.st_mtime_ns,
-                   saved_from_slot=op.slot, kvlab_version=__version__,
+                   saved_from_slot=op.slot, kvlab_version=VERSION,
                    saved_at=notebook.now_stamp(), file_inode=st.st_ino,
                    file_ctime_ns=st.st_ctime_ns)
 

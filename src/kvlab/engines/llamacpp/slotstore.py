@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kvlab.core import InputError, RefusedError
-from kvlab.engines import llamacpp
 from kvlab.engines.llamacpp.client import LlamaClient, SlotOp
+from kvlab.engines.llamacpp.facts import check_slot_filename
 from kvlab.engines.llamacpp.slotfiles import (
     _is_slot_file,
     _open_regular,
@@ -81,7 +81,7 @@ class SlotStore:
         make_private_dir(self.directory)
 
     def slot_path(self, name: str) -> Path:
-        llamacpp.check_slot_filename(name)
+        check_slot_filename(name)
         if name.endswith(MANIFEST_SUFFIX):
             raise RefusedError(f"slot file name {name!r} may not end in {MANIFEST_SUFFIX}: "
                                "kvlab keeps its manifests under such names")

@@ -11,7 +11,7 @@ use (`raise_exception`, `strftime_now`, the special tokens, `tojson`).
 `ChatTokens.sizing` drives `workloads.calibrate` with these counts, so that a plan's documents
 are sized in the model's tokens and its counts are those of the prompts the load will send.
 Deliberately not here: a tokenizer that is not local (a Hub name: the plan then says it used
-the word estimate) and the server's own /tokenize (`loadgen/sizing.py`, once a server runs).
+the word estimate) and the server's own /tokenize (`sizing.py`, once a server runs).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvlab.core import InputError
-from kvlab.measure import workloads
+from kvlab.loadgen import workloads
 
 if TYPE_CHECKING:
     from jinja2 import Template

@@ -9,8 +9,8 @@ import pytest
 
 from kvlab.engines.models import TinyModels
 from kvlab.experiments.pressure_plan import TURNS, Counter, plan_pressure, session_turns
-from kvlab.measure import workloads
-from kvlab.measure.tokens import ChatTokens
+from kvlab.loadgen import workloads
+from kvlab.loadgen.tokens import ChatTokens
 
 
 def test_a_chat_prompt_is_the_template_rendered_then_encoded(tiny_models: TinyModels) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvlab.core.errors import InputError
-from kvlab.measure import workloads
+from kvlab.loadgen import workloads
 from kvlab.records.workload import PrefixGroups, PromptSizing
 
 
