@@ -324,7 +324,7 @@ def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: s
     """A LoadSpec from the settings and the arguments (`lab` None: the P/D lab's, a trace's
     none); how an older or another tool's spelling was understood is said."""
     from kvlab.engines import canonical_name
-    from kvlab.loadgen.spec import with_rate_type
+    from kvlab.loadgen.spec import with_load_kind
     from kvlab.loadgen.stats import Slo
     from kvlab.loadgen.sweep import LoadSpec
 
@@ -367,7 +367,7 @@ def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: s
         if args.dataset_name == "prefix_repetition" else None,
         output_stddev=bench.output_tokens_stddev,
         bench=bench_ask(bench, objectives, len(settings.concurrency) * max(1, len(rates))))
-    return _workload(loaded, args, with_rate_type(spec, args.rate_type, say))
+    return _workload(loaded, args, with_load_kind(spec, args.rate_type, bench, say))
 
 
 def _understood(args: LoadArgs, bench: BenchArgs, max_tokens: int,

@@ -174,13 +174,19 @@ SYNTHETIC_KEYS = ("prompt_tokens", "output_tokens")
 
 
 def synthetic(given: str | None) -> tuple[int, int | None] | None:
-    """guidellm's synthetic `--data "prompt_tokens=N,output_tokens=M"` as (N, M), or None
+    """guidellm's synthetic `--data "prompt_tokens=N,output_tokens=M"` (0.8's with
+    `kind=synthetic_text,` first) as (N, M), or None
     when `given` is a file name (InputError for a spec kvlab cannot send)."""
     if not given or "=" not in given or Path(given).exists():
         return None
     found: dict[str, int] = {}
     for part in given.replace(" ", "").split(","):
         key, _, value = part.partition("=")
+        if key == "kind" and value == "synthetic_text":  # guidellm 0.8 names the kind
+            continue
+        if key == "kind":
+            raise InputError(f"--data kind={value}: kvlab makes kind=synthetic_text prompts; "
+                             "give a file as --data FILE (JSON or JSON lines)")
         if key not in SYNTHETIC_KEYS or not value.isdigit() or int(value) < 1:
             raise InputError(f"--data {given!r}: kvlab makes synthetic prompts of "
                              "prompt_tokens=N[,output_tokens=M] (whole numbers above 0); "

@@ -18,6 +18,7 @@ from typing import Literal
 
 from kvlab.core import InputError, JsonObject, Say
 from kvlab.loadgen import stats, workloads
+from kvlab.loadgen.benchargs import BenchArgs, guide_run
 from kvlab.loadgen.benchresult import BenchAsk
 from kvlab.loadgen.dataset import Dataset
 from kvlab.loadgen.sessions import SessionSpec
@@ -293,3 +294,42 @@ def with_rate_type(spec: LoadSpec, rate_type: str | None, say: Say) -> LoadSpec:
     say(f"    --rate-type {rate_type}: closed loop at concurrency "
         f"{', '.join(map(str, levels))}")
     return replace(spec, levels=levels, rate=None, rates=())
+
+
+def with_load_kind(spec: LoadSpec, rate_type: str | None, bench: BenchArgs,
+                   say: Say) -> LoadSpec:
+    """guidellm's load, either version's names, as kvlab's levels and limits: 0.3-0.4's
+    `--rate-type` (`with_rate_type`) or 0.8's `--profile`, `--constraint` and `--override`
+    (`benchargs.guide_run`), each said as understood; the same thing given twice is refused."""
+    run = guide_run(bench.profile, bench.constraint, bench.override)
+    if run is None:
+        return with_rate_type(spec, rate_type, say)
+    for line in run.understood:
+        say(f"    {line}")
+    if run.max_s is not None:
+        if spec.max_s is not None:
+            raise InputError("--max-seconds and --constraint kind=max_duration: give it once")
+        spec = replace(spec, max_s=run.max_s)
+    if run.requests is not None:
+        spec = replace(spec, requests=run.requests)
+    if run.kind is None:
+        return with_rate_type(spec, rate_type, say)
+    where = f"--profile kind={run.kind}"
+    if rate_type is not None:
+        raise InputError(f"{where} and --rate-type {rate_type}: give one (guidellm 0.8's "
+                         "--profile replaced --rate-type)")
+    if spec.rate is not None or spec.rates:
+        raise InputError(f"{where} and --rate: give the rate once (the profile's rate, or "
+                         "--rate with --rate-type)")
+    if run.rates:
+        levels = run.levels or spec.levels
+        say(f"    {where}: {'even' if run.kind != 'poisson' else 'Poisson'} arrivals at "
+            f"{', '.join(f'{r:g}' for r in run.rates)} requests a second (--rate"
+            f"{'' if run.kind == 'poisson' else ' --arrivals even'}), at most "
+            f"{', '.join(map(str, levels))} in flight")
+        return replace(spec, levels=levels, rate=run.rates[0] if len(run.rates) == 1 else None,
+                       rates=run.rates if len(run.rates) > 1 else (),
+                       burstiness=1.0 if run.kind == "poisson" else math.inf)
+    levels = run.levels or ((1,) if run.kind == "synchronous" else (spec.requests or 200,))
+    say(f"    {where}: closed loop at concurrency {', '.join(map(str, levels))}")
+    return replace(spec, levels=levels)

@@ -14,8 +14,9 @@ from kvlab.cli.load_cmd import load_command
 
 ROOT = Path(__file__).resolve().parents[3]
 FLAG = re.compile(r"--[a-z0-9][a-z0-9-]*")
-# guidellm 0.8 took `--profile kind=...` and `--constraint kind=...` for these; kvlab keeps
-# the names guidellm 0.3-0.4 users typed
+# guidellm 0.8 took `--profile kind=...`, `--constraint kind=...` and `--override` for these
+# (kvlab reads both; `--backend kind=openai_http,target=...` for --target); kvlab keeps the
+# names guidellm 0.3-0.4 users typed
 OLDER_GUIDELLM = {"--target", "--max-requests", "--rate-type", "--rate", "--max-seconds",
                   "--output-path", "--backend-args"}
 
