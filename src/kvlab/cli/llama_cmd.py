@@ -19,6 +19,8 @@ from rich.console import Console
 from kvlab.cli.common import Output, json_option, settings_from
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Coroutine
+
     from kvlab.engines import EnginePlan
     from kvlab.engines.llamacpp.slots import Done
 
@@ -109,11 +111,8 @@ def slots(ctx: click.Context, port: int | None, as_json: bool) -> None:
 def save(ctx: click.Context, slot: int, filename: str, port: int | None, as_json: bool) -> None:
     """Write SLOT's cache to FILENAME in the store, with its manifest, and time it."""
     from kvlab.engines.llamacpp import slots as ops
-    from kvlab.report import console_llama
 
-    done = asyncio.run(ops.save(settings_from(ctx, llama_port=port).values, slot, filename,
-                                port))
-    Output(as_json).result(_shown(done), lambda c: console_llama.slot_action(c, done))
+    _slot_action(ctx, port, as_json, lambda settings: ops.save(settings, slot, filename, port))
 
 
 @llama_group.command("restore")
@@ -126,11 +125,9 @@ def restore(ctx: click.Context, slot: int, filename: str, port: int | None,
             as_json: bool) -> None:
     """Read FILENAME back into SLOT, after checking its manifest against the server."""
     from kvlab.engines.llamacpp import slots as ops
-    from kvlab.report import console_llama
 
-    done = asyncio.run(ops.restore(settings_from(ctx, llama_port=port).values, slot, filename,
-                                   port))
-    Output(as_json).result(_shown(done), lambda c: console_llama.slot_action(c, done))
+    _slot_action(ctx, port, as_json,
+                 lambda settings: ops.restore(settings, slot, filename, port))
 
 
 @llama_group.command("erase")
@@ -141,9 +138,17 @@ def restore(ctx: click.Context, slot: int, filename: str, port: int | None,
 def erase(ctx: click.Context, slot: int, port: int | None, as_json: bool) -> None:
     """Discard SLOT's cache (it cannot be undone; `kvlab llama slots` shows what it holds)."""
     from kvlab.engines.llamacpp import slots as ops
+
+    _slot_action(ctx, port, as_json, lambda settings: ops.erase(settings, slot, port))
+
+
+def _slot_action(ctx: click.Context, port: int | None, as_json: bool,
+                 action: Callable[..., Coroutine[object, object, Done]]) -> None:
+    """Run one slot action (given the settings) against the server on `port` and show what
+    it did."""
     from kvlab.report import console_llama
 
-    done = asyncio.run(ops.erase(settings_from(ctx, llama_port=port).values, slot, port))
+    done = asyncio.run(action(settings_from(ctx, llama_port=port).values))
     Output(as_json).result(_shown(done), lambda c: console_llama.slot_action(c, done))
 
 
