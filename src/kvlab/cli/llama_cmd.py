@@ -19,6 +19,8 @@ from rich.console import Console
 from kvlab.cli.common import Output, json_option, settings_from
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Coroutine
+
     from kvlab.engines import EnginePlan, llamacpp
 
 port_option = click.option("--port", type=click.IntRange(1, 65535),
@@ -107,11 +109,9 @@ def slots(ctx: click.Context, port: int | None, as_json: bool) -> None:
 def save(ctx: click.Context, slot: int, filename: str, port: int | None, as_json: bool) -> None:
     """Write SLOT's cache to FILENAME in the store, with its manifest, and time it."""
     from kvlab.engines import llamacpp
-    from kvlab.report import console_llama
 
-    settings = settings_from(ctx, llama_port=port).values
-    done = asyncio.run(llamacpp.slots.save(settings, slot, filename, port))
-    Output(as_json).result(_shown(done), lambda c: console_llama.slot_action(c, done))
+    _slot_action(ctx, port, as_json,
+                 lambda settings: llamacpp.slots.save(settings, slot, filename, port))
 
 
 @llama_group.command("restore")
@@ -124,11 +124,9 @@ def restore(ctx: click.Context, slot: int, filename: str, port: int | None,
             as_json: bool) -> None:
     """Read FILENAME back into SLOT, after checking its manifest against the server."""
     from kvlab.engines import llamacpp
-    from kvlab.report import console_llama
 
-    settings = settings_from(ctx, llama_port=port).values
-    done = asyncio.run(llamacpp.slots.restore(settings, slot, filename, port))
-    Output(as_json).result(_shown(done), lambda c: console_llama.slot_action(c, done))
+    _slot_action(ctx, port, as_json,
+                 lambda settings: llamacpp.slots.restore(settings, slot, filename, port))
 
 
 @llama_group.command("erase")
@@ -139,9 +137,18 @@ def restore(ctx: click.Context, slot: int, filename: str, port: int | None,
 def erase(ctx: click.Context, slot: int, port: int | None, as_json: bool) -> None:
     """Discard SLOT's cache (it cannot be undone; `kvlab llama slots` shows what it holds)."""
     from kvlab.engines import llamacpp
+
+    _slot_action(ctx, port, as_json, lambda settings: llamacpp.slots.erase(settings, slot, port))
+
+
+def _slot_action(ctx: click.Context, port: int | None, as_json: bool,
+                 action: Callable[..., Coroutine[object, object, llamacpp.slots.Done]]
+                 ) -> None:
+    """Run one slot action (given the settings) against the server on `port` and show what
+    it did."""
     from kvlab.report import console_llama
 
-    done = asyncio.run(llamacpp.slots.erase(settings_from(ctx, llama_port=port).values, slot, port))
+    done = asyncio.run(action(settings_from(ctx, llama_port=port).values))
     Output(as_json).result(_shown(done), lambda c: console_llama.slot_action(c, done))
 
 

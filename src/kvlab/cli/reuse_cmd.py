@@ -41,10 +41,7 @@ def reuse_command(ctx: click.Context, args: ReuseArgs, as_json: bool) -> None:
                                            out.note))
     written = None if args.print_only else settings.labbook
     out.result(record, lambda c: console_reuse.reuse(c, record, written))
-    failed = [f"turn {r.turn}" for r in run.rows if r.verdict in FAILED]
-    if failed:
-        out.err.print(f"kvlab: no reuse where reuse was expected ({', '.join(failed)}): exit 1")
-        ctx.exit(1)
+    _exit_on_failed(ctx, out, [f"turn {r.turn}" for r in run.rows if r.verdict in FAILED])
 
 
 @click.command("prove")
@@ -62,9 +59,13 @@ def prove_command(ctx: click.Context, args: ProveArgs, as_json: bool) -> None:
     out.note(f"==> proving reuse on {', '.join(opts.urls)}")
     run, record = asyncio.run(manual.proof(settings, opts, args.noted(args.label), out.note))
     out.result(record, lambda c: console_reuse.proof(c, record))
-    if run.failed():
-        out.err.print("kvlab: no reuse where reuse was expected ("
-                      + ", ".join(run.failed()) + "): exit 1")
+    _exit_on_failed(ctx, out, run.failed())
+
+
+def _exit_on_failed(ctx: click.Context, out: Output, failed: list[str]) -> None:
+    """Exit 1, naming them, where a step showed no reuse where reuse was expected."""
+    if failed:
+        out.err.print(f"kvlab: no reuse where reuse was expected ({', '.join(failed)}): exit 1")
         ctx.exit(1)
 
 

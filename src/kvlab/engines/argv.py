@@ -94,11 +94,3 @@ def launch_settings_from(argv: list[str], ctx_flags: tuple[str, ...],
     block = flag_value(argv, *block_flags) if block_flags else None
     slots = flag_value(argv, *slot_flags) if slot_flags else None
     return LaunchSettings(_int(ctx), _float(fraction), _int(block), _int(slots))
-
-
-def token_list(body: dict[str, object] | None) -> list[int] | None:
-    """The "tokens" list of a /tokenize answer (both engines name it so), or None."""
-    tokens = body.get("tokens") if body else None
-    if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-        return None
-    return tokens

@@ -15,20 +15,22 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
+from pydantic import ConfigDict, Field
+
 from kvlab.core import EngineError, human_bytes
-from kvlab.observe import CounterTable, GaugeTable, Snapshot
-from kvlab.records import EngineArgs, EngineChoice, InstanceLine, KvCapacity
+from kvlab.observe import CounterTable, Fingerprint, GaugeTable, Snapshot
+from kvlab.records import EngineArgs, EngineChoice, InstanceLine, InstanceStated, KvCapacity
 
 if TYPE_CHECKING:
     import httpx
 
     from kvlab.core import Say, Settings
     from kvlab.engines.plan import EnginePlan, PlanRequest
-    from kvlab.observe import ChatResult, Fingerprint
+    from kvlab.observe import ChatResult
 
 
 # the conversation every instance templates and tokenises for the compatibility check:
@@ -185,59 +187,33 @@ class Install(Protocol):
         ...
 
 
-@dataclass
-class InstanceFacts:
+class InstanceFacts(InstanceStated):
     """What one running instance says about itself (compared by `kvlab check`).
 
     From the server: identity (/v1/models, version), cache config, template tokens. From this
     machine, when the instance runs here: what its command line says (`argv_facts`: dtype,
     quantisation, KV type, numerics flags, store) and what its model files hold
-    (`content_digest`). Fields left None are unknown, never guessed.
+    (`content_digest`). Fields left None are unknown, never guessed. Filled in step by step,
+    each assignment taken as given.
     """
 
-    url: str
-    engine: str | None = None
-    version: str | None = None
-    model_id: str | None = None
-    root: str | None = None
-    max_model_len: int | None = None
-    block_size: int | None = None
-    cache_dtype: str | None = None
-    prefix_caching: bool | None = None
-    kv_cache_tokens: int | None = None
-    memory_fraction: float | None = None  # as its /metrics states it (vLLM's cache config)
+    model_config = ConfigDict(validate_assignment=False)
+
     template_tokens: list[int] | None = None
-    content_digest: str | None = None  # config + tokenizer + sampled weights, path-free
-    dtype: str | None = None  # the weights' compute dtype as started (None: unknown/auto)
-    quantization: str | None = None
-    numerics_flags: str | None = None  # other flags that change the numbers (rope, overrides)
-    kv_store: str | None = None  # what it shares KV through: connector and store path
-    connector: str | None = None  # the KV connector it runs ("none" without one)
-    kv_role: str | None = None  # its connector's role: kv_producer, kv_consumer, kv_both
+    memory_fraction: float | None = None  # as its /metrics states it (vLLM's cache config)
     fingerprint: Fingerprint | None = None
-    notes: list[str] = field(default_factory=list)
-    listed_models: list[str] = field(default_factory=list)  # every id /v1/models lists
-    # the adapters it serves, as /v1/models lists them ("name (LoRA on base)"): a model id
-    # with a parent is an adapter, whatever name clients send it by
-    adapters: list[str] = field(default_factory=list)
-    probed_as: str | None = None  # the model name the fingerprint's probe was sent under
+    notes: list[str] = Field(default_factory=list)
+    listed_models: list[str] = Field(default_factory=list)  # every id /v1/models lists
 
     def as_record(self) -> InstanceLine:
         """The facts for a notebook line (the template tokens as a count and a digest)."""
         template = (f"{len(self.template_tokens)} tokens, sha "
                     + token_digest(self.template_tokens)) if self.template_tokens is not None \
             else None
-        return InstanceLine(
-            url=self.url, engine=self.engine, version=self.version, model_id=self.model_id,
-            root=self.root, max_model_len=self.max_model_len, block_size=self.block_size,
-            cache_dtype=self.cache_dtype, prefix_caching=self.prefix_caching,
-            kv_cache_tokens=self.kv_cache_tokens, template_tokens=template,
-            content_digest=self.content_digest, dtype=self.dtype, quantization=self.quantization,
-            numerics_flags=self.numerics_flags, kv_store=self.kv_store,
-            connector=self.connector, kv_role=self.kv_role, adapters=list(self.adapters),
-            probed_as=self.probed_as,
-            fingerprint=self.fingerprint.as_record() if self.fingerprint else None,
-            notes=list(self.notes))
+        stated = {name: getattr(self, name) for name in InstanceStated.model_fields}
+        return InstanceLine.model_validate({
+            **stated, "template_tokens": template, "notes": list(self.notes),
+            "fingerprint": self.fingerprint.as_record() if self.fingerprint else None})
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The JSON calls the engine adapters make: two tolerant probes (None instead of an error) and
+"""The JSON calls the engine adapters make: tolerant probes (None instead of an error) and
 one strict call for a step that must not pass on a failure (a checked reset)."""
 
 from __future__ import annotations
@@ -29,6 +29,17 @@ async def post_json(client: httpx.AsyncClient, url: str,
     except (httpx.HTTPError, ValueError):
         return None
     return body if isinstance(body, dict) else None
+
+
+async def post_tokens(client: httpx.AsyncClient, url: str,
+                      payload: dict[str, object]) -> list[int] | None:
+    """The "tokens" list a /tokenize answers to a POST of `payload` (both engines name it so),
+    or None."""
+    body = await post_json(client, url, payload)
+    tokens = body.get("tokens") if body else None
+    if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+        return None
+    return tokens
 
 
 async def post_strict(client: httpx.AsyncClient, url: str,

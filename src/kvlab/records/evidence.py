@@ -121,8 +121,10 @@ class Fingerprint(Strict):
     max_tokens: int | None = None
 
 
-class InstanceLine(Strict):
-    """What one instance said about itself (`kvlab check`'s facts), as a line holds them."""
+class InstanceStated(Strict):
+    """What one instance states about itself, declared once for the facts `kvlab check` reads
+    (`engines.InstanceFacts`) and the line that holds them (`InstanceLine`). Each of the two
+    declares its own form of the template tokens (the facts' ids, the line's digest)."""
 
     url: str
     engine: str | None = None
@@ -134,19 +136,25 @@ class InstanceLine(Strict):
     cache_dtype: str | None = None
     prefix_caching: bool | None = None
     kv_cache_tokens: int | None = None
-    template_tokens: str | None = Field(None, description="Their count and a digest.")
-    content_digest: str | None = None
-    dtype: str | None = None
+    template_tokens: str | list[int] | None = None
+    content_digest: str | None = None  # config + tokenizer + sampled weights, path-free
+    dtype: str | None = None  # the weights' compute dtype as started (None: unknown/auto)
     quantization: str | None = None
-    numerics_flags: str | None = None
-    kv_store: str | None = None
-    connector: str | None = None
-    kv_role: str | None = None
+    numerics_flags: str | None = None  # other flags that change the numbers (rope, overrides)
+    kv_store: str | None = None  # what it shares KV through: connector and store path
+    connector: str | None = None  # the KV connector it runs ("none" without one)
+    kv_role: str | None = None  # its connector's role: kv_producer, kv_consumer, kv_both
     adapters: list[str] = Field(default_factory=list, description="The adapters (LoRA) its "
                                 "/v1/models lists: a model id with a parent.")
     probed_as: str | None = Field(None, description="The model name the fingerprint's probe "
                                   "was sent under (the one clients send, where every "
                                   "instance lists it).")
+
+
+class InstanceLine(InstanceStated):
+    """What one instance said about itself (`kvlab check`'s facts), as a line holds them."""
+
+    template_tokens: str | None = Field(None, description="Their count and a digest.")
     fingerprint: Fingerprint | None = None
     notes: list[str] = Field(default_factory=list)
 

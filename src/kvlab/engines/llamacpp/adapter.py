@@ -17,7 +17,7 @@ import httpx
 
 from kvlab.core import EngineError, dig, integer, integers, text
 from kvlab.engines import install, local
-from kvlab.engines.argv import argv_args, flag_value, launch_settings_from, token_list
+from kvlab.engines.argv import argv_args, flag_value, launch_settings_from
 from kvlab.engines.base import (
     PROBE_MESSAGES,
     CacheShape,
@@ -29,7 +29,7 @@ from kvlab.engines.base import (
     RamShape,
     TwoEndpointProof,
 )
-from kvlab.engines.http import get_json, post_json, post_strict
+from kvlab.engines.http import get_json, post_json, post_strict, post_tokens
 from kvlab.engines.llamacpp import facts
 from kvlab.engines.llamacpp.prove import slot_store_proof
 from kvlab.engines.llamacpp.selection import LlamaInstall, find_install
@@ -219,8 +219,8 @@ class LlamaCppEngine:
         return None  # /metrics names no cache size; /slots gives each slot's n_ctx
 
     async def tokenize(self, client: httpx.AsyncClient, root: str, text: str) -> list[int] | None:
-        body = await post_json(client, root + facts.TOKENIZE_PATH, facts.tokenize_text_body(text))
-        return token_list(body)
+        return await post_tokens(client, root + facts.TOKENIZE_PATH,
+                                 facts.tokenize_text_body(text))
 
     async def detokenize(self, client: httpx.AsyncClient, root: str, model: str,
                          tokens: list[int]) -> str | None:

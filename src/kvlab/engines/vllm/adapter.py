@@ -27,7 +27,6 @@ from kvlab.engines.argv import (
     flag_value,
     has_flag,
     launch_settings_from,
-    token_list,
 )
 from kvlab.engines.base import (
     PROBE_MESSAGES,
@@ -37,7 +36,7 @@ from kvlab.engines.base import (
     LaunchSettings,
     TwoEndpointProof,
 )
-from kvlab.engines.http import get_json, openai_cached, post_json, post_strict
+from kvlab.engines.http import get_json, openai_cached, post_json, post_strict, post_tokens
 from kvlab.engines.plan import client_host
 from kvlab.engines.vllm import facts, plans
 from kvlab.engines.vllm.plans import TRANSFER_CONFIG
@@ -144,9 +143,8 @@ class VllmEngine:
 
     async def tokenize_chat(self, client: httpx.AsyncClient, root: str, model: str,
                             messages: list[dict[str, str]]) -> list[int] | None:
-        body = await post_json(client, root + facts.TOKENIZE_PATH,
-                               facts.tokenize_messages_body(model, messages))
-        return token_list(body)
+        return await post_tokens(client, root + facts.TOKENIZE_PATH,
+                                 facts.tokenize_messages_body(model, messages))
 
     async def cache_shape(self, client: httpx.AsyncClient, root: str,
                           snap: Snapshot | None) -> CacheShape | None:
@@ -215,8 +213,8 @@ class VllmEngine:
         return _cache_label(snap, "kv_cache_size_tokens")
 
     async def tokenize(self, client: httpx.AsyncClient, root: str, text: str) -> list[int] | None:
-        body = await post_json(client, root + facts.TOKENIZE_PATH, facts.tokenize_text_body(text))
-        return token_list(body)
+        return await post_tokens(client, root + facts.TOKENIZE_PATH,
+                                 facts.tokenize_text_body(text))
 
     async def detokenize(self, client: httpx.AsyncClient, root: str, model: str,
                          tokens: list[int]) -> str | None:

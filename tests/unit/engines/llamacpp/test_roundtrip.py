@@ -176,7 +176,7 @@ async def test_llama_proof_runs_the_round_trip_through_prove_cases(
 async def test_expectations_are_resolved_once_the_prompt_is_known() -> None:
     url = "http://h:1/v1"
     opts = ProveOptions(urls=[url, "http://h:2/v1"], model="m", connector="shared")
-    run = ProofRun(opts, nonce="n", instances={url: InstanceFacts(url, block_size=16)})
+    run = ProofRun(opts, nonce="n", instances={url: InstanceFacts(url=url, block_size=16)})
     async with httpx.AsyncClient() as client:
         p = _Prover(opts, client, run, say=lambda _: None)
         assert p._expected(Expect.tokens(0, "why"), 1553, url) == (0, "why")
