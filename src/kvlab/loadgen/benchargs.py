@@ -21,6 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from kvlab.core import InputError, JsonObject, Say, is_secret_name, secret_in_text
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from kvlab.loadgen.benchresult import BenchAsk
     from kvlab.loadgen.slo import Objectives
 
@@ -379,14 +381,8 @@ def guide_run(profile: str | None, constraints: tuple[str, ...] = (),
             raise InputError("--override: it changes the --profile's rate or streams; give "
                              "--profile kind=constant,rate=R or kind=concurrent,streams=C")
         return run
-    config = kind_config("--profile", profile)
-    kind = str(config.pop("kind"))
-    where = f"--profile kind={kind}"
-    if kind in INSTEAD:
-        raise InputError(f"{where}: {INSTEAD[kind]}")
-    if kind not in PROFILE_KEYS:
-        raise InputError(f"{where}: kvlab takes {', '.join(PROFILE_KEYS)} (or sweep's "
-                         "--find-capacity)")
+    kind, config, where = _known_kind("--profile", profile, PROFILE_KEYS,
+                                      f"{', '.join(PROFILE_KEYS)} (or sweep's --find-capacity)")
     for key, value in config.items():
         if key in PHASES and value not in (None, 0, 0.0):
             raise InputError(f"{where},{key}: {PHASES[key]}; leave it out")
@@ -406,6 +402,20 @@ def guide_run(profile: str | None, constraints: tuple[str, ...] = (),
         else (int(_one(f"{where},max_concurrency", cap, whole=True)),)
     return GuideRun(kind=kind, levels=levels, rates=values if kind in OPEN_LOOP else (),
                     max_s=run.max_s, requests=run.requests, understood=run.understood)
+
+
+def _known_kind(option: str, text: str, known: Collection[str],
+                takes: str) -> tuple[str, dict[str, Value], str]:
+    """An option's kind, the rest of its config, and how to name it (`--profile kind=K`):
+    a kind kvlab does another way refused with that way, one it lacks with what it `takes`."""
+    config = kind_config(option, text)
+    kind = str(config.pop("kind"))
+    where = f"{option} kind={kind}"
+    if kind in INSTEAD:
+        raise InputError(f"{where}: {INSTEAD[kind]}")
+    if kind not in known:
+        raise InputError(f"{where}: kvlab takes {takes}")
+    return kind, config, where
 
 
 def _overridden(kind: str, overrides: tuple[str, ...]) -> list[Value]:
@@ -441,14 +451,9 @@ def _limits(constraints: tuple[str, ...]) -> GuideRun:
     counts: dict[str, int] = {}
     said = []
     for text in constraints:
-        config = kind_config("--constraint", text)
-        kind = str(config.pop("kind"))
-        where = f"--constraint kind={kind}"
-        if kind in INSTEAD:
-            raise InputError(f"{where}: {INSTEAD[kind]}")
-        if kind not in LIMITS:
-            raise InputError(f"{where}: kvlab takes max_duration (--max-seconds), "
-                             "max_requests and min_requests (--requests)")
+        kind, config, where = _known_kind("--constraint", text, LIMITS,
+                                          "max_duration (--max-seconds), max_requests and "
+                                          "min_requests (--requests)")
         key = LIMITS[kind]
         scope = config.pop("stopping_scope", "current")
         if scope != "current":
