@@ -98,6 +98,7 @@ def load_command(ctx: click.Context, /, target: TargetArgs, load: LoadArgs, benc
     from kvlab.report import console_load
 
     out = Output(as_json)
+    target = target.read_backend(out.note)
     book = {"labbook": str(Path(bench.output_dir) / "labbook.md")} \
         if bench.output_dir and not target.labbook else {}
     loaded, key_from = openai_key(server_settings(ctx, **{**target.overrides(), **book}))

@@ -216,6 +216,9 @@ class TargetArgs(Args):
                                  description="The server's OpenAI base URL, e.g. "
                                  "http://127.0.0.1:8200/v1; the server root and a bare "
                                  "host:port are taken too, and said.")
+    backend: str | None = Field(None, json_schema_extra={"metavar": "kind=openai_http,..."},
+                                description="guidellm 0.8's backend: its target is read as "
+                                "--base-url, its model as --model.")
     model: str | None = Field(None, description='Name sent in "model" (default: SERVED_NAME).')
     concurrency: str | None = Field(None, json_schema_extra={"aliases": "--max-concurrency"},
                                     description="Levels, e.g. 1,4,8 (default: CONCURRENCY).")
@@ -248,6 +251,13 @@ class TargetArgs(Args):
         return {"served_name": self.model, "concurrency": self.concurrency,
                 "requests": self.requests, "max_tokens": self.max_tokens,
                 "prompt_set": self.prompt_set, "labbook": self.labbook}
+
+    def read_backend(self, say: Say) -> TargetArgs:
+        """guidellm 0.8's --backend as --base-url and --model (`guidellm.guide_backend`)."""
+        from kvlab.loadgen.guidellm import guide_backend
+
+        url, model = guide_backend(self.backend, self.base_url, self.model, say)
+        return self.model_copy(update={"base_url": url, "model": model})
 
 
 class CapacityArgs(Args):

@@ -18,9 +18,10 @@ from typing import Literal
 
 from kvlab.core import InputError, JsonObject, Say
 from kvlab.loadgen import stats, workloads
-from kvlab.loadgen.benchargs import BenchArgs, guide_run
+from kvlab.loadgen.benchargs import BenchArgs
 from kvlab.loadgen.benchresult import BenchAsk
 from kvlab.loadgen.dataset import Dataset
+from kvlab.loadgen.guidellm import guide_run
 from kvlab.loadgen.sessions import SessionSpec
 from kvlab.loadgen.trace import TraceSpec
 from kvlab.records import PromptFit, RunContext, Workload, notebook
@@ -300,7 +301,7 @@ def with_load_kind(spec: LoadSpec, rate_type: str | None, bench: BenchArgs,
                    say: Say) -> LoadSpec:
     """guidellm's load, either version's names, as kvlab's levels and limits: 0.3-0.4's
     `--rate-type` (`with_rate_type`) or 0.8's `--profile`, `--constraint` and `--override`
-    (`benchargs.guide_run`), each said as understood; the same thing given twice is refused."""
+    (`guidellm.guide_run`), each said as understood; the same thing given twice is refused."""
     run = guide_run(bench.profile, bench.constraint, bench.override)
     if run is None:
         return with_rate_type(spec, rate_type, say)

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvlab.core.errors import InputError
-from kvlab.loadgen.benchargs import MOST, GuideRun, guide_run
+from kvlab.loadgen.guidellm import MOST, GuideRun, guide_run
 
 PROPS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 KINDS = ["synchronous", "concurrent", "throughput", "constant", "poisson", "async", "sweep",

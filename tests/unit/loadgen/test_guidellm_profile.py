@@ -173,3 +173,48 @@ def test_a_refusal_is_one_line_and_exit_2(tmp_path: Path) -> None:
                                   "searches for the highest load that meets a latency target "
                                   "(--slo); give that instead")
     assert not (tmp_path / "labbook.md").exists()
+
+
+def test_a_guidellm_backend_is_the_base_url_and_the_model(tmp_path: Path) -> None:
+    """guidellm 0.8 names the server as `--backend kind=openai_http,target=URL,model=M`
+    (`schemas/backends/openai_http.py`): read as --base-url and --model, and said."""
+    import asyncio
+
+    from fakes.sse_upstream import Behaviour, SseUpstream
+    from unit.loadgen.test_vllm_bench_flags import kvlab, load_env
+
+    async def against(*args: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+        async with SseUpstream(Behaviour(tokens=2)) as up:
+            root = up.base_url.removesuffix("/v1")
+            done = await asyncio.to_thread(
+                kvlab, *(a.replace("ROOT", root) for a in args), env=load_env(tmp_path))
+        return done, [str(b.get("model")) for b in up.counters.bodies]
+
+    done, models = asyncio.run(against(
+        "--backend", "kind=openai_http,target=ROOT,model=fake", "--profile", "kind=synchronous",
+        "--max-requests", "3", "--max-tokens", "2", "--preamble-tokens", "40", "--no-progress"))
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said
+    assert "--backend read as --base-url http://127.0.0.1:" in said and "--model fake" in said
+    assert models and set(models) == {"fake"}
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (("--backend", "kind=vllm_python,target=x"),
+     "--backend kind=vllm_python: kvlab takes openai_http (any OpenAI-compatible server)"),
+    (("--backend", "kind=openai_http"), "--backend kind=openai_http: give its target, e.g. "),
+    (("--backend", "kind=openai_http,target=http://a:1,api_key=sk-secretvalue123"),
+     "--backend kind=openai_http: kvlab reads its target and model; for api_key use kvlab "
+     "load's own options"),
+    (("--backend", "kind=openai_http,target=http://a:1", "--base-url", "http://b:2/v1"),
+     "--backend and --base-url name two servers or models (http://a:1 and http://b:2/v1)"),
+    (("--backend", "kind=openai_http,target=http://a:1,model=m", "--model", "n"),
+     "--backend and --model name two servers or models (m and n)"),
+])
+def test_a_backend_kvlab_cannot_read_is_one_line(argv: tuple[str, ...], words: str,
+                                                  tmp_path: Path) -> None:
+    from unit.loadgen.test_vllm_bench_flags import kvlab, load_env
+
+    done = kvlab(*argv, env=load_env(tmp_path))
+    assert done.returncode == 2 and done.stderr.startswith(f"kvlab: {words}"), done.stderr
+    assert "Traceback" not in done.stderr and "secretvalue" not in done.stderr
