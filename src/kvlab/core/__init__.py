@@ -60,6 +60,7 @@ from kvlab.core.settings import (
 )
 from kvlab.core.sizes import human_bytes, store_size, tree_bytes
 from kvlab.core.tokenizer import load_tokenizer
+from kvlab.core.urls import api_base, server_root
 from kvlab.core.version import SCHEMA, VERSION
 
 __all__ = [
@@ -91,6 +92,7 @@ __all__ = [
     "SettingError",
     "Settings",
     "UnreachableError",
+    "api_base",
     "connectors",
     "cuda_architecture",
     "detect_hardware",
@@ -114,6 +116,7 @@ __all__ = [
     "secret_flag_values",
     "secret_in_list",
     "secret_in_text",
+    "server_root",
     "shaped_paths",
     "store_size",
     "text",

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Literal
 
 import httpx
 
-from kvlab.core import EngineError, JsonObject, SettingError
+from kvlab.core import EngineError, JsonObject, SettingError, api_base
 from kvlab.engines import evidence_deltas
 from kvlab.experiments.lab import Lab
 from kvlab.loadgen import (
@@ -38,7 +38,7 @@ from kvlab.loadgen import (
     workloads,
 )
 from kvlab.measure import Point, judge_crossing
-from kvlab.observe import api_base, metrics
+from kvlab.observe import metrics
 from kvlab.records import (
     BOUNDARY,
     BOUNDARY_BASELINE,

@@ -24,7 +24,7 @@ from functools import partial
 
 import httpx
 
-from kvlab.core import JsonObject, KvlabError
+from kvlab.core import JsonObject, KvlabError, api_base
 from kvlab.engines import EngineProcess, evidence_deltas
 from kvlab.experiments.boundary import messages, tokenizer_for
 from kvlab.experiments.lab import Lab, engines
@@ -37,7 +37,7 @@ from kvlab.experiments.procedure import (
     take_line,
     verdict,
 )
-from kvlab.observe import api_base, metrics
+from kvlab.observe import metrics
 from kvlab.records import CANCEL, LAB_PD, CancelEvidence, ProcedureRecord, StreamCut
 
 Snaps = dict[str, metrics.Snapshot | None]

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
-from kvlab.core import SettingError, connectors, human_bytes
+from kvlab.core import SettingError, api_base, connectors, human_bytes
 from kvlab.engines import (
     VLLM,
     EnginePlan,
@@ -78,7 +78,6 @@ from kvlab.experiments.split import (
 )
 from kvlab.loadgen import LinkSpec, LoadSpec, run_load, topology, workloads
 from kvlab.measure import kvmath, leg_bytes
-from kvlab.observe import api_base
 from kvlab.records import (
     PROXY_LABEL,
     BoundaryPointRecord,

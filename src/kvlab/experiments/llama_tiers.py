@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kvlab.core import EngineError, SettingError
+from kvlab.core import EngineError, SettingError, api_base
 from kvlab.engines import LLAMA_CPP, EnginePlan, EngineProcess, llamacpp, startup
 from kvlab.engines.llamacpp import (
     LLAMA_CPP_ENGINE,
@@ -49,7 +49,7 @@ from kvlab.measure import (
     reuse_record,
     run_reuse,
 )
-from kvlab.observe import api_base, logprob_gap, sampling
+from kvlab.observe import logprob_gap, sampling
 from kvlab.records import (
     LLAMA_KV_QUANT,
     LLAMA_PROMPT_OFF,

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
-from kvlab.core import EngineError
+from kvlab.core import EngineError, api_base
 from kvlab.engines import (
     HOST_TIER,
     VLLM,
@@ -53,7 +53,7 @@ from kvlab.measure import (
     reuse_record,
     run_reuse,
 )
-from kvlab.observe import api_base, sampling
+from kvlab.observe import sampling
 from kvlab.records import (
     PRESSURE_OFF,
     PRESSURE_ON,

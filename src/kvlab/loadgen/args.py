@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import AfterValidator, Field
 
-from kvlab.core import Args, InputError, LoadedSettings, Say, Settings, quiet
+from kvlab.core import Args, InputError, LoadedSettings, Say, Settings, api_base, quiet
 from kvlab.loadgen.benchargs import (
     BenchArgs,
     bench_ask,
@@ -196,8 +196,6 @@ def endpoint_word(given: str) -> Literal["chat", "completions"]:
 def understood_url(given: str) -> tuple[str, str]:
     """The OpenAI base URL for `--base-url` (kvlab's /v1 root, or vllm bench's server root),
     and the words that say which was understood ("" when it was the /v1 root)."""
-    from kvlab.observe import api_base
-
     if "://" not in given:  # aiperf's --url localhost:8000
         url = api_base("http://" + given)
         return url, f"--base-url {given}: a host and port, as aiperf takes it; requests go " \

@@ -21,12 +21,11 @@ from pathlib import Path
 
 import httpx
 
-from kvlab.core import KvlabError
+from kvlab.core import KvlabError, server_root
 from kvlab.engines import known_engine, local
 from kvlab.loadgen import topology
 from kvlab.loadgen.spec import LoadSpec
 from kvlab.measure import probe
-from kvlab.observe import server_root
 from kvlab.records import EngineLine, RunContext, StartupRecord, notebook
 
 

@@ -35,10 +35,9 @@ from typing import Literal
 import httpx
 import numpy as np
 
-from kvlab.core import InputError, JsonObject, load_tokenizer
+from kvlab.core import InputError, JsonObject, load_tokenizer, server_root
 from kvlab.engines import engine_for
 from kvlab.loadgen import workloads
-from kvlab.observe import server_root
 from kvlab.records import TraceEvidence
 
 BLOCK_TOKENS = 512  # the published Mooncake traces' block size

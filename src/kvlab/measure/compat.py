@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from kvlab.core import InputError, RefusedError, UnreachableError, connectors
+from kvlab.core import InputError, RefusedError, UnreachableError, api_base, connectors, server_root
 from kvlab.engines import (
     InstanceFacts,
     all_engines,
@@ -36,7 +36,7 @@ from kvlab.engines import (
     store_for,
     token_digest,
 )
-from kvlab.observe import api_base, fingerprint, metrics, server_root
+from kvlab.observe import fingerprint, metrics
 
 # compared on every instance, an unknown value included (the server answers these itself)
 COMPARED = ("engine", "version", "model_id", "adapters", "max_model_len", "block_size",

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import httpx
 
+from kvlab.core import server_root
 from kvlab.engines import PROBE_MESSAGES, InstanceFacts, known_engine
 from kvlab.measure.conversation import QUESTIONS, preamble
-from kvlab.observe import server_root
 from kvlab.records import Fitted as FittedLine
 
 TEMPLATE_TOKENS_GUESS = 8  # per message, when the instance cannot say

@@ -26,7 +26,7 @@ from typing import Literal
 
 import httpx
 
-from kvlab.core import Say, Settings, connectors, quiet
+from kvlab.core import Say, Settings, api_base, connectors, quiet
 from kvlab.engines import InstanceFacts, TwoEndpointProof, known_engine
 from kvlab.measure.compat import check, probe
 from kvlab.measure.conversation import Conversation, preamble
@@ -47,7 +47,7 @@ from kvlab.measure.verdict import (
     no_reuse_cause,
     reusable_tokens,
 )
-from kvlab.observe import ChatResult, api_base, chat_body
+from kvlab.observe import ChatResult, chat_body
 from kvlab.records import Deltas, ProofCase, ProofRecord
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import httpx
 
-from kvlab.core import JsonObject, Say, connectors, quiet
+from kvlab.core import JsonObject, Say, api_base, connectors, quiet, server_root
 from kvlab.engines import InstanceFacts, evidence_deltas
 from kvlab.measure.compat import probe, served_model
 from kvlab.measure.conversation import (
@@ -37,7 +37,7 @@ from kvlab.measure.verdict import (
     reusable_tokens,
     store_key,
 )
-from kvlab.observe import ChatResult, api_base, chat_body, metrics, server_root, stream_chat
+from kvlab.observe import ChatResult, chat_body, metrics, stream_chat
 from kvlab.records import Deltas, ReuseRecord, ReuseRow, ReuseSummary
 
 

@@ -9,10 +9,8 @@ from kvlab.observe import fingerprint, metrics, netdev
 from kvlab.observe.chat import (
     LOGPROB_TOLERANCE,
     ChatResult,
-    api_base,
     chat_body,
     logprob_gap,
-    server_root,
     stream_chat,
 )
 from kvlab.observe.fingerprint import Fingerprint
@@ -29,7 +27,6 @@ __all__ = [
     "GaugeTable",
     "RdmaPort",
     "Snapshot",
-    "api_base",
     "carries",
     "chat_body",
     "chunk",
@@ -40,7 +37,6 @@ __all__ = [
     "metrics",
     "netdev",
     "sampling",
-    "server_root",
     "stream_chat",
     "timeline_of",
 ]

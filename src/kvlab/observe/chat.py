@@ -21,19 +21,17 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from kvlab.core import EngineError, JsonObject, UnreachableError, dig, items, number
+from kvlab.core import (
+    EngineError,
+    JsonObject,
+    UnreachableError,
+    api_base,
+    dig,
+    items,
+    number,
+)
 from kvlab.observe.sse import Stream, data_of
 from kvlab.records import ChatTiming
-
-
-def api_base(url: str) -> str:
-    """The OpenAI base URL (ending in /v1) for a server root or a /v1 URL."""
-    root = url.rstrip("/")
-    return root if root.endswith("/v1") else root + "/v1"
-
-
-def server_root(url: str) -> str:
-    return api_base(url).removesuffix("/v1")
 
 
 @dataclass

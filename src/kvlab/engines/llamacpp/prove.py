@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import contextlib
 
-from kvlab.core import RefusedError, Settings
+from kvlab.core import RefusedError, Settings, server_root
 from kvlab.engines.base import CaseRunner
 from kvlab.engines.llamacpp import roundtrip, slotstore
 from kvlab.engines.llamacpp.client import LlamaClient, LlamaTarget, target_from_settings
-from kvlab.observe import LOGPROB_TOLERANCE, ChatResult, server_root
+from kvlab.observe import LOGPROB_TOLERANCE, ChatResult
 
 LOGPROBS: dict[str, object] = {"logprobs": True, "top_logprobs": 5}  # for the logprob evidence
 IDENTICAL_WHY = "the slot file saved on A was restored into this slot of B"
