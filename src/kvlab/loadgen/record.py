@@ -44,6 +44,7 @@ class RequestRecord:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None  # from the server's usage, not counted chunks
     cached_tokens: int | None = None
+    server_prompt_ms: float | None = None  # llama-server's timings.prompt_ms: computing it
     done_marker: bool = False  # the stream ended with `data: [DONE]`
     first_payload: bytes = b""  # the first output-carrying event's JSON, for server stamps
     failed_leg: str | None = None  # through kvlab's proxy: "prefill" or "decode"
@@ -90,6 +91,8 @@ def _take_usage(record: RequestRecord, obj: dict[str, object]) -> None:
     timings = obj.get("timings")
     if isinstance(timings, dict) and (cache_n := integer(timings.get("cache_n"))) is not None:
         record.cached_tokens = cache_n
+    if isinstance(timings, dict) and isinstance(ms := timings.get("prompt_ms"), int | float):
+        record.server_prompt_ms = float(ms)
 
 
 LEGS = ("prefill", "decode")

@@ -47,6 +47,7 @@ def make_row(spec: LoadSpec, concurrency: int, result: LevelResult, deltas: Delt
         else spec.floor(concurrency), repeat=spec.repeat)
     row.overlay(request_shape(spec))
     row.overlay(stats.level_stats(result, spec.slo))
+    row.ttft_account = stats.ttft_account([r for r in result.records if r.ok], deltas)
     row.overlay(topology.unknown(spec.base_url))  # a caller that knows more says so in context
     if own is not None:
         row.overlay(own)

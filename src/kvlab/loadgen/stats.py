@@ -40,11 +40,13 @@ from kvlab.loadgen.record import RequestRecord
 from kvlab.loadgen.runner import LevelResult
 from kvlab.records import (
     CachedTokens,
+    Deltas,
     Failure,
     Goodput,
     LevelFigures,
     Percentiles,
     ProxyTimeline,
+    TtftAccount,
     TtftParts,
 )
 
@@ -110,6 +112,43 @@ def timeline(r: RequestRecord) -> ProxyTimeline | None:
     s = [round(v / NS, 6) for v in (prefill, handover, decode, proxy, to_token, wire)]
     return ProxyTimeline(prefill_s=s[0], handover_s=s[1], decode_s=s[2], proxy_s=s[3],
                          to_token_s=s[4], wire_s=s[5])
+
+
+HISTOGRAMS = ("the engine's request-time histograms on /metrics (queue, prefill, time to "
+              "first token), their increase over the level")
+TIMINGS = "each response's timings.prompt_ms (the engine's time computing the prompt)"
+NO_QUEUE = ("waiting for a slot and the engine's own TTFT are not in its per-response timings: "
+            "`outside` holds the wait, the front end and the wire")
+
+
+def ttft_account(ok: Sequence[RequestRecord], deltas: Deltas) -> TtftAccount | None:
+    """Where the level's TTFT went by the engine's own accounts: its request-time histograms'
+    increase over the level, else its per-response prompt timings (None: it reports
+    neither, or nothing succeeded)."""
+    if not ok:
+        return None
+    client = round(sum(ttft_s(r) for r in ok) / len(ok), 6)
+
+    def mean(part: str) -> float | None:
+        total, count = deltas.get(f"engine_{part}_s"), deltas.get(f"engine_{part}_n")
+        return total / count if total is not None and count else None
+
+    queue, prefill, engine = mean("queue"), mean("prefill"), mean("ttft")
+    if queue is not None and prefill is not None:
+        inside = engine if engine is not None else queue + prefill
+        return TtftAccount(source=HISTOGRAMS, requests=int(deltas.get("engine_prefill_n") or 0),
+                           client_ttft=client, queue=_r6(queue), prefill=_r6(prefill),
+                           engine_ttft=_r6(engine), outside=_r6(client - inside))
+    timed = [r.server_prompt_ms / 1e3 for r in ok if r.server_prompt_ms is not None]
+    if not timed:
+        return None
+    prompt = sum(timed) / len(timed)
+    return TtftAccount(source=TIMINGS, requests=len(timed), client_ttft=client,
+                       prefill=_r6(prompt), outside=_r6(client - prompt), not_reported=NO_QUEUE)
+
+
+def _r6(value: float | None) -> float | None:
+    return round(value, 6) if value is not None else None
 
 
 def ttft_parts(ok: Sequence[RequestRecord]) -> TtftParts | None:

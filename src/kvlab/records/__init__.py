@@ -60,6 +60,7 @@ from kvlab.records.load import (
     OracleLevel,
     RunContext,
     TierPoint,
+    TtftAccount,
     TtftParts,
 )
 from kvlab.records.models import (
@@ -314,6 +315,7 @@ __all__ = [
     "ThinkTimeLine",
     "TierPoint",
     "TraceEvidence",
+    "TtftAccount",
     "TtftParts",
     "Turn",
     "Verdict",

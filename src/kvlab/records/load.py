@@ -108,6 +108,24 @@ class TtftParts(Strict):
     ttft_mean: float
 
 
+class TtftAccount(Strict):
+    """Where a level's TTFT went, by the engine's own accounts (means over the measured
+    requests, seconds): waiting to be scheduled, computing the prompt, and what the client
+    saw beyond the engine's own time to first token (its front end, HTTP, the stream). A part
+    the engine does not report is None, and `not_reported` says so."""
+
+    source: str = Field(description="Where the engine's figures came from.")
+    requests: int = Field(description="Requests the engine's figures are over.")
+    client_ttft: float = Field(description="The client's mean TTFT over the level's successes.")
+    queue: float | None = None
+    prefill: float | None = None
+    engine_ttft: float | None = Field(None, description="The engine's own mean time to first "
+                                      "token, arrival to first token.")
+    outside: float | None = Field(None, description="client_ttft - engine_ttft (or - queue - "
+                                  "prefill where the engine reports no TTFT of its own).")
+    not_reported: str | None = None
+
+
 class LevelFigures(Strict):
     """A level's statistics (`loadgen/stats.py` defines each): timings over successes only,
     failures and cancellations counted apart."""
@@ -135,6 +153,8 @@ class LevelFigures(Strict):
                                       "first choice-carrying event, as vllm bench does.")
     ttft_parts: TtftParts | None = Field(None, description="Through kvlab's proxy: TTFT "
                                          "split into prefill, hand-over, decode, proxy.")
+    ttft_account: TtftAccount | None = Field(None, description="Where TTFT went by the "
+                                             "engine's own accounts.")
     burst_reads: int | None = Field(None, description="Successes whose tokens all reached the "
                                     "client faster than any engine decodes one stream "
                                     "(loadgen/stats.BURST_S_PER_TOKEN): read together (a client "

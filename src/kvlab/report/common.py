@@ -29,6 +29,7 @@ from kvlab.records import (
     ReuseRecord,
     Row,
     StartupRecord,
+    TtftAccount,
     Where,
 )
 
@@ -237,10 +238,12 @@ def oracle_cell(row: LoadRecord, measured: str) -> str:
 
 def oracle_words(row: LoadRecord) -> list[str]:
     """The cache oracle's evidence for a load row: predicted against measured, what is left
-    on the table with its interval, and the shortfall verdict where there is one."""
+    on the table with its interval, and the shortfall verdict where there is one; then where
+    its TTFT went by the engine's own accounts."""
     o = row.oracle
+    account = [ttft_account_words(row.ttft_account)] if row.ttft_account else []
     if o is None:
-        return []
+        return account
     band = (f" (mean per request {o.left_mean_low:.1%} to {o.left_mean_high:.1%})"
             if o.left_mean_low is not None and o.left_mean_high is not None else "")
     held = (f"{o.slots} slots of one prompt each" + _ram_held(o) if o.slots is not None
@@ -252,7 +255,17 @@ def oracle_words(row: LoadRecord) -> list[str]:
              f"reported cached; left on the table {pct(o.left_share)}{band}; a cache that "
              f"never evicts: {o.infinite_cache_tokens:,}; {o.above_oracle} requests above it"]
     verdict = shortfall(o)
-    return [*words, verdict] if verdict else words
+    return [*words, *([verdict] if verdict else []), *account]
+
+
+def ttft_account_words(a: TtftAccount) -> str:
+    """Where a level's TTFT went, by the engine's accounts, with their source."""
+    parts = [f"{name} {value:.3f} s" for name, value in (
+        ("waiting to be scheduled", a.queue), ("computing the prompt", a.prefill),
+        ("outside the engine", a.outside)) if value is not None]
+    return (f"TTFT {a.client_ttft:.3f} s (mean of {a.requests} by the engine): "
+            + ", ".join(parts) + f" (from {a.source})"
+            + (f"; {a.not_reported}" if a.not_reported else ""))
 
 
 def _ram_held(o: OracleLevel) -> str:

@@ -30,6 +30,7 @@ from kvlab.records import (
     TraceEvidence,
     Where,
 )
+from kvlab.report.common import ttft_account_words
 from kvlab.report.console_common import NONE
 
 
@@ -123,6 +124,9 @@ def load_rows(console: Console, rows: Sequence[LoadRecord]) -> None:
                           f"{g.requests_per_s} req/s ({g.requests} met {g.slo})")
         if r.replicas:
             _replicas(console, r)
+        if r.ttft_account is not None:
+            console.print(f"    concurrency {r.concurrency}: "
+                          f"{ttft_account_words(r.ttft_account)}")
         if r.oracle_absent:
             console.print(f"    concurrency {r.concurrency}: {r.oracle_absent}")
         if (o := r.oracle) is not None and o.predicted_share is not None \

@@ -38,10 +38,10 @@ def test_vllm_chat_role_chunk_is_not_a_token_and_usage_counts() -> None:
 def test_completions_text_and_llama_timings() -> None:
     r = record(
         (5, event({"choices": [{"index": 0, "text": " a"}]})),
-        (7, event({"choices": [{"index": 0, "text": " b"}], "timings": {"cache_n": 120,
-                                                                       "prompt_n": 8}})),
+        (7, event({"choices": [{"index": 0, "text": " b"}], "timings": {
+            "cache_n": 120, "prompt_n": 8, "prompt_ms": 41.5}})),
     )
-    assert r.token_ns == [5, 7] and r.cached_tokens == 120
+    assert r.token_ns == [5, 7] and r.cached_tokens == 120 and r.server_prompt_ms == 41.5
     assert r.completion_tokens is None and r.output_tokens == 2
 
 

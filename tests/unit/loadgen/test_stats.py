@@ -141,3 +141,32 @@ def test_every_distribution_of_a_level_states_its_n() -> None:
     assert [getattr(out, k).n for k in ("ttft_s", "tpot_s", "e2e_s", "itl_s")] == [2, 2, 2, 5]
     assert out.ttft_s.p95 == pytest.approx(0.0975)
     assert out.ttft_s.std == pytest.approx(0.035355, abs=1e-6)
+
+
+def test_where_ttft_went_by_the_engines_histograms() -> None:
+    """Two requests of 100 and 300 ms TTFT at the client; the engine's histograms over the
+    level say 2 requests queued 0.1 s in all, computed 0.24 s and reached their first token
+    in 0.36 s: each mean, and what the client saw beyond the engine's own TTFT."""
+    records = [ok(0, 0, [100, 150], 160, 2), ok(1, 0, [300, 350], 360, 2)]
+    deltas = {"engine_queue_s": 0.1, "engine_queue_n": 2, "engine_prefill_s": 0.24,
+              "engine_prefill_n": 2, "engine_ttft_s": 0.36, "engine_ttft_n": 2}
+    a = stats.ttft_account(records, deltas)
+    assert a is not None and a.source.startswith("the engine's request-time histograms")
+    assert (a.requests, a.client_ttft, a.queue, a.prefill, a.engine_ttft) == (
+        2, 0.2, 0.05, 0.12, 0.18)
+    assert a.outside == pytest.approx(0.02) and a.not_reported is None
+    # without the engine's own TTFT, what is outside is what queue and prefill leave
+    no_ttft = {k: v for k, v in deltas.items() if not k.startswith("engine_ttft")}
+    assert stats.ttft_account(records, no_ttft).outside == pytest.approx(0.03)  # type: ignore[union-attr]
+
+
+def test_where_ttft_went_by_each_responses_timings() -> None:
+    records = [ok(0, 0, [100, 150], 160, 2), ok(1, 0, [300, 350], 360, 2)]
+    records[0].server_prompt_ms, records[1].server_prompt_ms = 80.0, 120.0
+    a = stats.ttft_account(records, {})
+    assert a is not None and a.source.startswith("each response's timings.prompt_ms")
+    assert (a.prefill, a.queue, a.engine_ttft) == (0.1, None, None)
+    assert a.outside == pytest.approx(0.1) and "waiting for a slot" in (a.not_reported or "")
+    assert stats.ttft_account(records[:0], {}) is None  # nothing succeeded
+    records[0].server_prompt_ms = records[1].server_prompt_ms = None
+    assert stats.ttft_account(records, {"prefix_cache_hits": 3}) is None  # nothing reported

@@ -50,6 +50,15 @@ OFFLOAD_COUNTERS: dict[str, tuple[str, dict[str, str]]] = {
     f"offload_{way}_{key}": (f"vllm:kv_offload_{way}_{name}", {})
     for way in ("load", "store") for key, name in (("bytes", "bytes"), ("s", "time"))}
 
+# where a request's time went, from vLLM's own per-request histograms (seconds summed, and
+# the requests counted): waiting to be scheduled, computing the prompt (scheduled to the first
+# token), and the front end's TTFT (arrival to the first token)
+TIME_COUNTERS: dict[str, tuple[str, dict[str, str]]] = {
+    f"engine_{key}_{part}": (f"vllm:{name}_seconds_{suffix}", {})
+    for key, name in (("queue", "request_queue_time"), ("prefill", "request_prefill_time"),
+                      ("ttft", "time_to_first_token"))
+    for part, suffix in (("s", "sum"), ("n", "count"))}
+
 # evidence key (as the notebook names it) -> (counter family, label filter). The first four
 # keys are the seed's measure-reuse.py names; the rest are kvlab's additions.
 EVIDENCE_COUNTERS: dict[str, tuple[str, dict[str, str]]] = {
@@ -70,6 +79,7 @@ EVIDENCE_COUNTERS: dict[str, tuple[str, dict[str, str]]] = {
     # running gauge back at 0 and generation_tokens stopping short show the abort instead
     "requests_aborted": (REQUEST_SUCCESS, {"finished_reason": "abort"}),
     **OFFLOAD_COUNTERS,
+    **TIME_COUNTERS,
 }
 # KV moved between instances: the NIXL histogram's sum (bytes) and count (transfers)
 TRANSFER_COUNTERS: dict[str, tuple[str, dict[str, str]]] = {
