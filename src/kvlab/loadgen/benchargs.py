@@ -208,9 +208,7 @@ def bench_ask(args: BenchArgs, objectives: Objectives | None, levels: int) -> Be
     result cannot be written."""
     from kvlab.loadgen.benchresult import BenchAsk
 
-    if args.result_filename and levels > 1:
-        raise InputError("--result-filename names one file: give one level, or leave it out "
-                         "(each level's file is then named as vllm bench names it)")
+    one_result_file(args, levels)
     if args.save_result and args.result_dir:
         try:
             Path(args.result_dir).mkdir(parents=True, exist_ok=True)
@@ -226,6 +224,13 @@ def bench_ask(args: BenchArgs, objectives: Objectives | None, levels: int) -> Be
                           save=args.save_result, directory=args.result_dir or "",
                           filename=args.result_filename or "", detailed=args.save_detailed,
                           goodput_ms=goodput, metadata=metadata)
+
+
+def one_result_file(args: BenchArgs, levels: int) -> None:
+    """Refuse --result-filename for a run of several levels (each would overwrite the last)."""
+    if args.result_filename and levels > 1:
+        raise InputError("--result-filename names one file: give one level, or leave it out "
+                         "(each level's file is then named as vllm bench names it)")
 
 
 def kept_clean(option: str, key: str, value: str) -> None:

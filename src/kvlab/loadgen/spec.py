@@ -18,7 +18,7 @@ from typing import Literal
 
 from kvlab.core import InputError, JsonObject, Say
 from kvlab.loadgen import stats, workloads
-from kvlab.loadgen.benchargs import BenchArgs
+from kvlab.loadgen.benchargs import BenchArgs, one_result_file
 from kvlab.loadgen.benchresult import BenchAsk
 from kvlab.loadgen.dataset import Dataset
 from kvlab.loadgen.guidellm import guide_run
@@ -301,7 +301,15 @@ def with_load_kind(spec: LoadSpec, rate_type: str | None, bench: BenchArgs,
                    say: Say) -> LoadSpec:
     """guidellm's load, either version's names, as kvlab's levels and limits: 0.3-0.4's
     `--rate-type` (`with_rate_type`) or 0.8's `--profile`, `--constraint` and `--override`
-    (`guidellm.guide_run`), each said as understood; the same thing given twice is refused."""
+    (`guidellm.guide_run`), each said as understood; the same thing given twice is refused,
+    and so is one result file for the levels they make."""
+    found = _load_kind(spec, rate_type, bench, say)
+    one_result_file(bench, len(found.points()))
+    return found
+
+
+def _load_kind(spec: LoadSpec, rate_type: str | None, bench: BenchArgs,
+               say: Say) -> LoadSpec:
     run = guide_run(bench.profile, bench.constraint, bench.override)
     if run is None:
         return with_rate_type(spec, rate_type, say)
