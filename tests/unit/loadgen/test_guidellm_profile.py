@@ -154,10 +154,11 @@ def test_guidellm_08s_synthetic_data_names_its_kind() -> None:
     (("--data", "kind=json_file,path=x.jsonl"),
      "--data kind=json_file: kvlab makes kind=synthetic_text prompts; give a file as --data"),
     # the profile makes the levels: one result file for three would be overwritten twice
-    (("--profile", "kind=concurrent,streams[0]=1,streams[1]=2,streams[2]=4", "--save-result",
-      "--result-filename", "r.json"), "--result-filename names one file: give one level"),
-    (("--profile", "kind=constant", "--override", "profile.rate", "1,2", "--save-result",
-      "--result-filename", "r.json"), "--result-filename names one file"),
+    (("--profile", "kind=concurrent,streams[0]=1,streams[1]=2,streams[2]=4", "--concurrency",
+      "1", "--save-result", "--result-filename", "r.json"),
+     "--result-filename names one file: give one level"),
+    (("--profile", "kind=constant", "--override", "profile.rate", "1,2", "--concurrency", "1",
+      "--save-result", "--result-filename", "r.json"), "--result-filename names one file"),
 ])
 def test_what_kvlab_cannot_do_is_refused_naming_what_to_give(argv: tuple[str, ...],
                                                             words: str) -> None:
