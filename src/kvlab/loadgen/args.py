@@ -291,6 +291,7 @@ class CapacityArgs(Args):
                           max_steps=self.capacity_steps, resolution=self.capacity_resolution,
                           repeats=self.capacity_repeats, duration_s=load.duration or 15.0,
                           min_requests=load.min_requests or 20,
+                          floor_given=load.min_requests is not None,
                           warmup=2 if load.warmup is None else load.warmup)
         return LatencyTarget.of(objectives, " ".join(load.slo)), knob, plan
 

@@ -27,7 +27,8 @@ level. Otherwise the search starts where the measured levels point (a rate searc
 requests/s of the busiest level that met it; a concurrency search at its concurrency). An
 open-loop probe is bounded by its duration, not by a count: it sends the requests its rate
 brings within `duration_s` (at least `MIN_OK`, at most `min_requests`), so a probe at a
-quarter of a request a second takes seconds, not minutes.
+quarter of a request a second takes seconds, not minutes; a `min_requests` the user gave
+(`floor_given`) is kept at any rate.
 """
 
 from __future__ import annotations
@@ -139,6 +140,7 @@ class SearchPlan:
     resolution: float = 0.1  # bracket width, as a share of the load that met
     duration_s: float = 15.0  # per probe
     min_requests: int = 20
+    floor_given: bool = False  # --min-requests given: every probe sends that many, at any rate
     warmup: int = 2
     repeats: int = 1  # probes measured at most this many times when the interval straddles
     in_flight_cap: int = 256  # open-loop knobs: the client's cap, high enough not to bind
@@ -292,7 +294,8 @@ def probe_spec(spec: LoadSpec, knob: Knob, plan: SearchPlan, load: float,
     floor = plan.min_requests
     if knob.name == "rate":
         level, rate = plan.in_flight_cap, load
-        floor = max(MIN_OK, min(plan.min_requests, math.ceil(load * plan.duration_s)))
+        if not plan.floor_given:
+            floor = max(MIN_OK, min(plan.min_requests, math.ceil(load * plan.duration_s)))
     elif knob.name in ("concurrency", "users"):
         level = int(load)
     elif spec.trace is not None:

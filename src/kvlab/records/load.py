@@ -115,7 +115,8 @@ class TtftAccount(Strict):
     the engine does not report is None, and `not_reported` says so."""
 
     source: str = Field(description="Where the engine's figures came from.")
-    requests: int = Field(description="Requests the engine's figures are over.")
+    requests: int = Field(description="Requests the engine's figures are over (its "
+                          "histograms may trail the level's last responses at the scrape).")
     client_ttft: float = Field(description="The client's mean TTFT over the level's successes.")
     queue: float | None = None
     prefill: float | None = None

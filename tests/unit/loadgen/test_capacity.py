@@ -195,6 +195,9 @@ def test_an_open_loop_probe_is_bounded_by_its_duration_not_a_count() -> None:
     assert probe_spec(given, Knob.of("rate"), plan, 2.0, 0)[0].min_requests == 12
     assert probe_spec(given, Knob.of("rate"), plan, 10.0, 0)[0].min_requests == 20
     assert probe_spec(given, Knob.of("concurrency"), plan, 4, 0)[0].min_requests == 20
+    # a --min-requests the user gave is theirs at any rate
+    kept = SearchPlan(duration_s=6.0, min_requests=8, floor_given=True)
+    assert probe_spec(given, Knob.of("rate"), kept, 0.25, 0)[0].min_requests == 8
 
 
 async def test_a_missed_level_of_one_request_at_a_time_answers_none_without_a_probe(
