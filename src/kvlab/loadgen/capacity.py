@@ -218,17 +218,18 @@ def judge(probe: Probe, target: LatencyTarget) -> Probe:
         sample = values(probe.records, b.metric)
         point = stats.percentile(sample, b.q) if sample else None
         found = interval(sample, b.q)
-        probe.figures[b.key] = BoundFigure(value=_r(point), low=_r(found[0]) if found else None,
-                                           high=_r(found[1]) if found else None,
-                                           bound=b.limit_s, n=len(sample))
-        if point is None or point > b.limit_s:
-            missed.append(f"{b.key} {point:.3g} s > {b.limit_s:g} s" if point is not None
-                          else f"no {b.key}")
+        low, high = found if found else (None, None)
+        probe.figures[b.key] = BoundFigure(value=stats.round6(point), low=stats.round6(low),
+                                           high=stats.round6(high), bound=b.limit_s,
+                                           n=len(sample))
+        if point is None:
+            missed.append(f"no {b.key}")
+        elif (over := _over(b, point)) is not None:
+            missed.append(over)
     ok = sum(r.ok for r in probe.records)
     if ok < MIN_OK:
         missed.append(f"only {ok} successes")
-    if probe.failed_share > target.errors:
-        missed.append(f"{probe.failed_share:.1%} failed > {target.errors:.1%}")
+    missed += _failing(probe.failed_share, target)
     probe.passed, probe.why = not missed, "; ".join(missed) or "met every bound"
     return probe
 
@@ -245,11 +246,20 @@ def judge_row(row: LoadRecord, target: LatencyTarget) -> tuple[bool, str] | None
         point = getattr(figure, f"p{b.q}") if figure is not None else None
         if point is None:
             return None
-        if point > b.limit_s:
-            missed.append(f"{b.key} {point:.3g} s > {b.limit_s:g} s")
-    if failed / (ok + failed) > target.errors:
-        missed.append(f"{failed / (ok + failed):.1%} failed > {target.errors:.1%}")
+        if (over := _over(b, point)) is not None:
+            missed.append(over)
+    missed += _failing(failed / (ok + failed), target)
     return not missed, "; ".join(missed) or "met every bound"
+
+
+def _over(b: Bound, point: float) -> str | None:
+    """A percentile past its bound, in the words a probe's `why` uses (None: within it)."""
+    return f"{b.key} {point:.3g} s > {b.limit_s:g} s" if point > b.limit_s else None
+
+
+def _failing(share: float, target: LatencyTarget) -> list[str]:
+    """The failed share past what the target allows, in the same words."""
+    return [f"{share:.1%} failed > {target.errors:.1%}"] if share > target.errors else []
 
 
 def _closed(row: LoadRecord) -> bool:
@@ -279,9 +289,6 @@ def start_from(measured: Sequence[LoadRecord], target: LatencyTarget,
     busiest = max(met, key=lambda r: r.concurrency)
     return busiest.requests_per_s if knob.name == "rate" else float(busiest.concurrency)
 
-
-def _r(value: float | None) -> float | None:
-    return round(value, 6) if value is not None else None
 
 
 # --- the search ---------------------------------------------------------------------------

@@ -28,17 +28,14 @@ def _since(stamp_ns: int, origin_ns: int) -> float | None:
     return round((stamp_ns - origin_ns) / NS, 6) if stamp_ns else None
 
 
-def _rounded(value: float | None) -> float | None:
-    return round(value, 6) if value is not None else None
-
 
 def gaps(record: RequestRecord) -> Gaps | None:
     """The request's inter-token gaps: count, p50, p99, max (None for fewer than two chunks)."""
     values = stats.itl_s(record)
     if not values:
         return None
-    return Gaps(n=len(values), p50=_rounded(stats.percentile(values, 50)),
-                p99=_rounded(stats.percentile(values, 99)), max=_rounded(max(values)))
+    return Gaps(n=len(values), p50=stats.round6(stats.percentile(values, 50)),
+                p99=stats.round6(stats.percentile(values, 99)), max=stats.round6(max(values)))
 
 
 def status_of(record: RequestRecord) -> Status:
@@ -56,11 +53,11 @@ def line(record: RequestRecord, prompt: Prompt | None, *, number: int, level: in
         conversation=prompt.conversation if prompt else None,
         turn=prompt.turn if prompt else None,
         sent_s=_since(record.sent_ns, origin_ns), first_token_s=_since(first, origin_ns),
-        end_s=_since(record.end_ns, origin_ns), schedule_lag_s=_rounded(stats.lag_s(record)),
-        ttft_s=_rounded(stats.ttft_s(record)) if ok else None,
-        ttft_answer_s=_rounded(stats.ttft_answer_s(record)) if ok else None,
-        ttft_reasoning_s=_rounded(stats.ttft_reasoning_s(record)) if ok else None,
-        tpot_s=_rounded(stats.tpot_s(record)) if ok else None,
+        end_s=_since(record.end_ns, origin_ns), schedule_lag_s=stats.round6(stats.lag_s(record)),
+        ttft_s=stats.round6(stats.ttft_s(record)) if ok else None,
+        ttft_answer_s=stats.round6(stats.ttft_answer_s(record)) if ok else None,
+        ttft_reasoning_s=stats.round6(stats.ttft_reasoning_s(record)) if ok else None,
+        tpot_s=stats.round6(stats.tpot_s(record)) if ok else None,
         itl_s=gaps(record) if ok else None,
         prompt_tokens_requested=prompt.document_tokens if prompt else None,
         prompt_tokens=record.prompt_tokens, cached_tokens=record.cached_tokens,

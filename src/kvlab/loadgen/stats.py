@@ -137,17 +137,19 @@ def ttft_account(ok: Sequence[RequestRecord], deltas: Deltas) -> TtftAccount | N
     if queue is not None and prefill is not None:
         inside = engine if engine is not None else queue + prefill
         return TtftAccount(source=HISTOGRAMS, requests=int(deltas.get("engine_prefill_n") or 0),
-                           client_ttft=client, queue=_r6(queue), prefill=_r6(prefill),
-                           engine_ttft=_r6(engine), outside=_r6(client - inside))
+                           client_ttft=client, queue=round6(queue), prefill=round6(prefill),
+                           engine_ttft=round6(engine), outside=round6(client - inside))
     timed = [r.server_prompt_ms / 1e3 for r in ok if r.server_prompt_ms is not None]
     if not timed:
         return None
     prompt = sum(timed) / len(timed)
     return TtftAccount(source=TIMINGS, requests=len(timed), client_ttft=client,
-                       prefill=_r6(prompt), outside=_r6(client - prompt), not_reported=NO_QUEUE)
+                       prefill=round6(prompt), outside=round6(client - prompt),
+                       not_reported=NO_QUEUE)
 
 
-def _r6(value: float | None) -> float | None:
+def round6(value: float | None) -> float | None:
+    """A figure in seconds to the microsecond, as the rows keep them (None stays None)."""
     return round(value, 6) if value is not None else None
 
 
