@@ -71,7 +71,8 @@ def config_word(text: str | None, key: str) -> str | None:
     return found.group(1) if found else None
 
 
-def _int(text: str | None) -> int | None:
+def int_value(text: str | None) -> int | None:
+    """A flag's value as a whole number (None: absent, or not one)."""
     try:
         return int(text) if text is not None else None
     except ValueError:
@@ -93,4 +94,4 @@ def launch_settings_from(argv: list[str], ctx_flags: tuple[str, ...],
     fraction = flag_value(argv, fraction_flag) if fraction_flag else None
     block = flag_value(argv, *block_flags) if block_flags else None
     slots = flag_value(argv, *slot_flags) if slot_flags else None
-    return LaunchSettings(_int(ctx), _float(fraction), _int(block), _int(slots))
+    return LaunchSettings(int_value(ctx), _float(fraction), int_value(block), int_value(slots))

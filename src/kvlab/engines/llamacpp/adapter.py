@@ -17,7 +17,7 @@ import httpx
 
 from kvlab.core import EngineError, dig, integer, integers, text
 from kvlab.engines import install, local
-from kvlab.engines.argv import argv_args, flag_value, launch_settings_from
+from kvlab.engines.argv import argv_args, flag_value, int_value, launch_settings_from
 from kvlab.engines.base import (
     PROBE_MESSAGES,
     CacheShape,
@@ -268,8 +268,9 @@ def ram_shape(argv: list[str], slots: int, per_slot_ctx: int,
     unified KV cache only when --parallel is not given); the model file from the command
     line, else /props's `model_path`."""
     args = argv_args(argv[1:], facts.FLAG_ALIASES)
-    given = args.get("cache_ram", "")
-    mib = int(given) if given.lstrip("-").isdigit() else facts.CACHE_RAM_DEFAULT_MIB
+    mib = int_value(args.get("cache_ram"))
+    if mib is None:
+        mib = facts.CACHE_RAM_DEFAULT_MIB
     if mib == 0:
         return None
     unified = args.get("kv_unified", "True" if "parallel" not in args else "False") == "True"
