@@ -37,6 +37,11 @@ runs a tool at least). An interval that spans 1 is "no measurable difference".
   .venv/bin/python benchmarks/vllm_bench_parity.py --url http://127.0.0.1:8000 --model NAME
   .venv/bin/python benchmarks/vllm_bench_parity.py --synthetic   # a server with no /tokenize
 
+With --synthetic, the upstream stamps each request's arrival and first chunk itself, so each
+run also prints each tool's TTFT p50 less the upstream's own: what the client adds to a TTFT
+the server knows exactly. Its usage counts are nominal (a quarter of the request's JSON
+length), so the input-token rows compare nothing there.
+
 It starts an engine: run it under the shared lock (`flock /tmp/kvlab-engines.lock ...`).
 """
 
@@ -353,6 +358,30 @@ def parse_args() -> argparse.Namespace:
     return ap.parse_args()
 
 
+def server_ttft_p50(root: str) -> float:
+    """The synthetic upstream's own TTFT (its first chunk's stamp less the request's arrival)
+    over the requests since the last reset, median in ms; the records are then forgotten."""
+    records = httpx.get(root + "/stats", timeout=30.0).json()["records"]
+    own = [(r["first_ns"] - r["arr_ns"]) / 1e6 for r in records
+           if r.get("first_ns") and r.get("arr_ns")]
+    httpx.post(root + "/reset", timeout=30.0)
+    return statistics.median(own) if own else math.nan
+
+
+def show_errors(docs: dict[str, list[dict[str, Any]]]) -> dict[str, list[float]]:
+    """Each tool's TTFT p50 less the upstream's own for the same run: what the client adds
+    (its parsing, scheduling and stamping) to a TTFT the server knows exactly."""
+    out: dict[str, list[float]] = {}
+    for tool, runs in docs.items():
+        out[tool] = [round(1000 * statistics.median(r["ttft"][0] for r in per_request(d))
+                           - d["server_p50_ttft_ms"], 3) for d in runs]
+        print(f"{tool}: TTFT p50 less the upstream's own, per run (ms): "
+              + ", ".join(f"{e:.2f}" for e in out[tool])
+              + f"; the upstream's own p50 "
+              f"{statistics.mean(d['server_p50_ttft_ms'] for d in runs):.2f}")
+    return out
+
+
 def main() -> None:
     args = parse_args()
     # a server with no /tokenize: kvlab's prompts from --tokenizer only (ids and text need
@@ -368,6 +397,8 @@ def main() -> None:
                 seed = i + args.repeat * tools.index(tool)
                 doc = run_vllm(args, root, Path(tmp), name, seed, tokenizer) if tool == VLLM \
                     else run_kvlab(args, root, Path(tmp), name, seed, ARMS[tool], tokenizer)
+                if args.synthetic:  # the upstream's own stamps: each tool's error
+                    doc["server_p50_ttft_ms"] = server_ttft_p50(root)
                 docs[tool].append(doc)
                 hits = f", {doc['prefix_cache_hits']:.0f} prefix-cache hit tokens" \
                     if doc.get("prefix_cache_hits") is not None else ""
@@ -377,6 +408,8 @@ def main() -> None:
                       f"{hits}", flush=True)
     table, compared = summarise(docs), between_runs(docs)
     show(table)
+    if args.synthetic:
+        table["error_against_server_ms"] = show_errors(docs)
     for arm, rows in compared.items():
         show_between(arm, rows)
     if args.json_out:
