@@ -142,7 +142,8 @@ class _Level:
         if spec.sessions is not None and spec.dataset is None:
             return self.encode([workloads.session_turn(
                 first + k, seed=spec.seed, conversation=first + k, turn=0, history=(),
-                tokens=spec.preamble_tokens, sizing=self.inputs.sizing) for k in range(count)])
+                tokens=spec.preamble_tokens, sizing=self.inputs.sizing,
+                distinct_opening=spec.sessions.distinct_opening) for k in range(count)])
         if self.inputs.trace is not None and self.inputs.pool is not None:
             pool = self.inputs.pool
             return self.encode([workloads.Prompt(first + k, (), max_tokens=1)
@@ -262,7 +263,8 @@ class _Level:
             if data is None:
                 prompt = workloads.session_turn(
                     index, seed=spec.seed, conversation=self.base + conv, turn=turn,
-                    history=history, tokens=spec.preamble_tokens, sizing=self.inputs.sizing)
+                    history=history, tokens=spec.preamble_tokens, sizing=self.inputs.sizing,
+                    distinct_opening=s.distinct_opening)
             elif turn < len((entry := data.at(first + conv)).turns):
                 prompt = dataset.prompt(entry, index, spec.max_tokens, turn=turn,
                                         history=history, conversation=self.base + conv)

@@ -139,6 +139,7 @@ class SessionSpec:
     user_rate: float | None = None  # new users per second; None: all there from the start
     conversations: int | None = None  # conversations in all (None: one per user)
     cache_block_tokens: int | None = None  # the cache's block, for the eviction rule
+    distinct_opening: bool = False  # each conversation's system line opens with its own tag
 
     def __post_init__(self) -> None:
         if self.turns < 1:
@@ -156,7 +157,8 @@ class SessionSpec:
     def workload(self, users: int) -> Workload:
         return Workload(kind="sessions", users=users, turns=self.turns,
                         think_time=self.think.as_record(), user_rate=self.user_rate,
-                        arrivals="poisson" if self.user_rate else "population")
+                        arrivals="poisson" if self.user_rate else "population",
+                        distinct_opening=self.distinct_opening or None)
 
 
 @dataclass

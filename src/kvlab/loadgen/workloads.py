@@ -231,16 +231,27 @@ def _multi_turn(index: int, seed: int, tokens: int, sizing: Sizing, start: int,
 
 def session_turn(index: int, *, seed: int, conversation: int, turn: int,
                  history: tuple[tuple[str, str], ...], tokens: int,
-                 sizing: Sizing = ESTIMATE) -> Prompt:
+                 sizing: Sizing = ESTIMATE, distinct_opening: bool = False) -> Prompt:
     """Turn `turn` of a user session: the system line, the conversation so far (`history`:
     its user turns and the server's real replies), then this turn's question (turn 0: the
-    conversation's own opening document of `tokens` tokens, then a question)."""
+    conversation's own opening document of `tokens` tokens, then a question).
+
+    `distinct_opening`: the system line begins with a tag of the conversation's own, so no
+    two conversations share a cache block (the shared-first-block control)."""
     if turn < 0 or len(history) != 2 * turn:
         raise ValueError(f"turn {turn} needs {2 * turn} messages of history, not "
                          f"{len(history)}")
     message = ("user", _user_message(seed, conversation, turn, tokens, sizing))
-    return Prompt(index, (("system", SYSTEM_LINE), *history, message),
+    system = f"{opening_tag(seed, conversation)} {SYSTEM_LINE}" if distinct_opening \
+        else SYSTEM_LINE
+    return Prompt(index, (("system", system), *history, message),
                   conversation=conversation, turn=turn, document_tokens=tokens)
+
+
+def opening_tag(seed: int, conversation: int) -> str:
+    """A conversation's own first words: eight letters drawn from its seed and number."""
+    rng = random.Random(f"opening:{seed}:{conversation}")
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(8)) + "."
 
 
 def build(prompt_set: str, count: int, *, seed: int = 0,

@@ -38,6 +38,9 @@ class Workload(Strict):
                                     "from the start).")
     arrivals: str | None = None
     in_flight_cap: int | None = Field(None, description="A trace's in-flight cap.")
+    distinct_opening: bool | None = Field(
+        None, description="Sessions: each conversation's system line began with a tag of its "
+        "own, so no two conversations shared a cache block (the shared-first-block control).")
 
 
 class SessionsEvidence(Strict):

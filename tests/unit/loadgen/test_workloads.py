@@ -138,3 +138,26 @@ def test_session_turn_carries_the_real_history() -> None:
     assert first.messages == multi[0].messages and second.messages[-1] == multi[1].messages[-1]
     with pytest.raises(ValueError, match="history"):
         workloads.session_turn(9, seed=1, conversation=3, turn=2, history=history, tokens=80)
+
+
+def test_a_distinct_opening_puts_a_tag_of_its_own_conversation_first() -> None:
+    """The shared-first-block control: every conversation's system line begins with its own
+    tag, so no two conversations share the first block (the tag comes before anything else a
+    template adds after its role marker); turns of one conversation keep the same tag."""
+    shared = [workloads.session_turn(k, seed=1, conversation=k, turn=0, history=(), tokens=40)
+              for k in range(3)]
+    tagged = [workloads.session_turn(k, seed=1, conversation=k, turn=0, history=(), tokens=40,
+                                     distinct_opening=True) for k in range(3)]
+    assert len({p.messages[0] for p in shared}) == 1
+    systems = [p.messages[0][1] for p in tagged]
+    assert len(set(systems)) == 3
+    assert all(s.endswith(workloads.SYSTEM_LINE) and not s.startswith(workloads.SYSTEM_LINE)
+               for s in systems)
+    # the tags differ in their first characters, not only somewhere later
+    assert len({s[:12] for s in systems}) == 3
+    history = (tagged[1].messages[-1], ("assistant", "ok"))
+    later = workloads.session_turn(9, seed=1, conversation=1, turn=1, history=history,
+                                   tokens=40, distinct_opening=True)
+    assert later.messages[0] == tagged[1].messages[0]
+    # the documents and questions are the shared run's own: one variable changed
+    assert [p.messages[1:] for p in tagged] == [p.messages[1:] for p in shared]
