@@ -215,7 +215,9 @@ def test_report_labels_are_spelled_only_in_rows() -> None:
 # after it (the issue asked for 450; splitting modules by what they hold adds importers), 450
 # once the llama.cpp modules read their package's surface, the CLI's and the other packages'
 # modules of experiments and cluster are offered by theirs, and the workloads went to loadgen
-PAIRS_MAX = 447
+# (447); 453 with the why of issue 46: the copy-rate probe reads core's errors, the tier's
+# controls read core, engines and records, and the report's cause reads measure and records
+PAIRS_MAX = 453
 
 
 def test_packages_reach_each_other_through_few_doors() -> None:

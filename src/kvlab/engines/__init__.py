@@ -7,7 +7,7 @@ This module is the package's surface: other packages import engines' names from 
 engine's own package is imported outside `engines/` only by a module named for that engine.
 """
 
-from kvlab.engines import install, local, startup
+from kvlab.engines import copyrate, install, local, startup
 from kvlab.engines.base import (
     HOST_TIER,
     PROBE_MESSAGES,
@@ -101,6 +101,7 @@ __all__ = [
     "canonical_name",
     "clean",
     "client_host",
+    "copyrate",
     "death_cause",
     "engine_for",
     "evidence_deltas",

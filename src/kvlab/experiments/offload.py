@@ -39,7 +39,7 @@ from kvlab.engines import (
     engine_for,
     free_port,
 )
-from kvlab.experiments import repeats, together
+from kvlab.experiments import repeats, tier_why, together
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.pressure_plan import TURNS, PressurePlan, plan_pressure
 from kvlab.experiments.rounds import Rounds, Write, for_pair
@@ -56,7 +56,9 @@ from kvlab.measure import (
 from kvlab.observe import sampling
 from kvlab.records import (
     PRESSURE_OFF,
+    PRESSURE_OFF_DISTINCT,
     PRESSURE_ON,
+    PRESSURE_ON_DISTINCT,
     QUIET_OFF,
     QUIET_ON,
     Failure,
@@ -65,6 +67,7 @@ from kvlab.records import (
     PressurePlanned,
     PressureReached,
     Record,
+    Row,
     RunContext,
     notebook,
 )
@@ -101,6 +104,8 @@ class OffloadSpec:
     # load generator at `concurrency` with the shared-prefix set)
     tier_sizes: tuple[str, ...] = ()  # --part curve: GiB ("12") or working sets ("0.5x")
     lengths: tuple[int, ...] = ()  # --part boundary: opening lengths in the model's tokens
+    why: str = "auto"  # the controls after the pair (tier_why.py): auto, always or never
+    distinct_opening: bool = False  # the sessions share no block across conversations
 
 
 def plan_for(lab: Lab, on: bool, *, kv_cache_bytes: int = 0, probe: bool = True,
@@ -143,6 +148,13 @@ async def quiet(lab: Lab, spec: OffloadSpec, on: bool,
     return lab.record(record)
 
 
+def pressure_row(on: bool, distinct: bool = False) -> Row:
+    """The pressure pair's row of a side, or its shared-first-block control's."""
+    if distinct:
+        return PRESSURE_ON_DISTINCT if on else PRESSURE_OFF_DISTINCT
+    return PRESSURE_ON if on else PRESSURE_OFF
+
+
 def tier_words(lab: Lab, on: bool, gb: float | None = None) -> str:
     s = lab.settings
     return (f"host memory {gb or s.kv_offload_gb:g} GiB, backend {s.kv_offload_backend}" if on
@@ -169,17 +181,6 @@ def _pressure_tier_gb(lab: Lab, spec: OffloadSpec, pressure: PressurePlan) -> fl
     return lab.settings.kv_offload_gb
 
 
-def tier_note(gb: float, pressure: PressurePlan) -> str:
-    """Said when a tier cannot hold the working set ("" when it can)."""
-    need = pressure.tier_bytes_needed / 2**30
-    if gb * 2**30 >= pressure.tier_bytes_needed:
-        return ""
-    return (f"a {gb:g} GiB host tier cannot hold the working set ({need:.1f} GiB): this run "
-            "measures a tier smaller than it (its own report row; the oracle's tier curve says "
-            f"what larger sizes would have recalled); --tier-gb working-set starts "
-            f"{pressure.tier_gb(0.0):g} GiB")
-
-
 def sessions_load(lab: Lab, spec: OffloadSpec, pressure: PressurePlan, label: str,
                    url: str, tier: str) -> LoadSpec:
     """The pressure run's user sessions: the planned users, their conversations, think time."""
@@ -187,7 +188,8 @@ def sessions_load(lab: Lab, spec: OffloadSpec, pressure: PressurePlan, label: st
 
     think = ThinkTime.parse(spec.think_time or f"paced:{spec.concurrency}")
     sessions = SessionSpec(turns=TURNS, think=think, conversations=pressure.conversations,
-                           cache_block_tokens=spec.block_size)
+                           cache_block_tokens=spec.block_size,
+                           distinct_opening=spec.distinct_opening)
     return LoadSpec(base_url=api_base(url), model=lab.settings.served_name,
                     levels=(pressure.users,), requests=pressure.requests,
                     max_tokens=spec.load_max_tokens, prompt_set="sessions", label=label,
@@ -202,12 +204,12 @@ async def under_pressure(lab: Lab, spec: OffloadSpec, on: bool, pressure: Pressu
     """User sessions against a cache sized to be too small, tier off or on, once per repeat
     of the stint (its rows written through `rounds`' writer); then, in the side's first stint
     and with a target, the most users that meet it."""
-    label = (PRESSURE_ON if on else PRESSURE_OFF).label
+    label = pressure_row(on, spec.distinct_opening).label
     gb = _pressure_tier_gb(lab, spec, pressure) if on else None
     rounds = rounds or Rounds(spec.repeat)
     if spec.method == "lab":
         return await _lab_method(lab, spec, on, label, gb, stint, rounds.writer(lab.record))
-    if gb is not None and (note := tier_note(gb, pressure)):
+    if gb is not None and (note := pressure.tier_note(gb)):
         lab.say(f"    note: {note}")
     rows: list[Record] = []
     async with _engine(lab, label, lambda: plan_for(
@@ -400,14 +402,17 @@ async def _pressure(lab: Lab, spec: OffloadSpec, pressure: PressurePlan, support
     for stint in rounds.stints():
         on = stint.side == 1
         rows = await under_pressure(lab, spec, on, pressure, stint, rounds,
-                                    given.get((PRESSURE_ON if on else PRESSURE_OFF).label))
+                                    given.get(pressure_row(on).label))
         think = think_of(rows)
         if stint.side == 0 and think is not None and not spec.think_time:
             # the first tier-off run's think time from then on, both sides: the tier is the
             # one variable changed
             spec = replace(spec, think_time=f"exponential:{think}")
         out += rows
-    return out
+    control = replace(spec, distinct_opening=True, capacity=None, repeat=1, rule=None)
+    return out + await tier_why.controls(lab, spec.why, out, lambda on: under_pressure(
+        lab, control, on, pressure, repeats.Stint(int(on), (None,), False),
+        given=given.get(pressure_row(on).label)))
 
 
 async def _one_side(lab: Lab, spec: OffloadSpec, pressure: PressurePlan,
@@ -482,7 +487,7 @@ def dry_run(lab: Lab, spec: OffloadSpec) -> list[dict[str, object]]:
         gb = _pressure_tier_gb(lab, spec, pressure) if on and kv else None
         sized = kv if spec.method == "sessions" else 0  # the lab's method: MEM_FRACTION's cache
         plan = plan_for(lab, on, kv_cache_bytes=sized, probe=False, tier_gb=gb)
-        note = tier_note(gb, pressure) if gb is not None and sized else ""
+        note = pressure.tier_note(gb) if gb is not None and sized else ""
         out.append({"label": label, "plan": plan.as_dict(), "shell": plan.shell_line(),
                     **({"note": note} if note else {}),
                     **({"pressure": pressure.as_record().model_dump(mode="json")} if sized

@@ -88,6 +88,11 @@ class OffloadArgs(PlannedArgs):
                             "exponential:7.0 (seconds) [default: paced to --concurrency by the "
                             "first tier-off run].")
     slo: str = Field("", description=SLO_HELP)
+    why: Literal["auto", "always", "never"] = Field(
+        "auto", description="After the pressure pair, the controls that say why the tier cost "
+        "time: the machine's copy rate and the same sessions with no block shared across "
+        "conversations, tier off and on. auto: when the tier-on TTFT p50 was not below 0.9x "
+        "the tier-off one.")
     repeat: str = Field("1", description=REPEAT_HELP + " For the pressure pair," + AUTO_HELP,
                         json_schema_extra={"metavar": "N|auto[:CAP]"})
 
@@ -117,7 +122,7 @@ class OffloadArgs(PlannedArgs):
                            capacity=capacity_ask(self.slo), repeat=count, rule=rule,
                            tier=self.tier,
                            tier_gb=_tier_gb(self.tier_gb), think_time=self.think_time,
-                           method=self.method, requests=loaded.values.requests,
+                           method=self.method, requests=loaded.values.requests, why=self.why,
                            tier_sizes=check_sizes(_items(self.tier_sizes)),
                            lengths=_lengths(self.lengths))
 

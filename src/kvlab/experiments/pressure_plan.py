@@ -52,6 +52,16 @@ class PressurePlan(PressurePlanned):
         GiB)."""
         return max(asked_gb, float(math.ceil(self.tier_bytes_needed / 2**30)))
 
+    def tier_note(self, gb: float) -> str:
+        """Said when a tier cannot hold the working set ("" when it can)."""
+        need = self.tier_bytes_needed / 2**30
+        if gb * 2**30 >= self.tier_bytes_needed:
+            return ""
+        return (f"a {gb:g} GiB host tier cannot hold the working set ({need:.1f} GiB): this run "
+                "measures a tier smaller than it (its own report row; the oracle's tier curve says "
+                f"what larger sizes would have recalled); --tier-gb working-set starts "
+                f"{self.tier_gb(0.0):g} GiB")
+
     def as_record(self) -> PressurePlanned:
         """The plan as its line states it (the working set against the cache to 2 places)."""
         return PressurePlanned.model_validate({

@@ -6,7 +6,8 @@ names the fields the seed scripts write or read (their names are kept, so `compa
 and `measure-reuse.py` read kvlab's lines) and the evidence kvlab adds, every part declared
 (`base.py` and `evidence.py` for the parts many kinds share, `workload.py` and `pressure.py` for
 a load run's; each kind in the module that owns it: `startup.py`, `reuse.py`, `load.py`,
-`link.py`, `capacity.py`, `comparison.py`, `pd.py`, `disk.py`, `notes.py`, `replicas.py`).
+`link.py`, `capacity.py`, `comparison.py`, `pd.py`, `disk.py`, `notes.py`, `replicas.py`,
+`floor.py`).
 
 Readers go through `parse`: the line is brought up to this schema (`upgrade.py`: a seed
 script's line, an older kvlab's), then validated by its kind's model with no undeclared key.
@@ -25,6 +26,7 @@ from kvlab.records.capacity import CapacityRecord
 from kvlab.records.comparison import ComparisonRecord, KvQuantRecord
 from kvlab.records.disk import DiskRecord
 from kvlab.records.evidence import Percentiles
+from kvlab.records.floor import CopyRateRecord
 from kvlab.records.link import LinkRecord
 from kvlab.records.load import LoadRecord
 from kvlab.records.notes import NoteRecord, NotRunRecord
@@ -49,6 +51,7 @@ __all__ = [
     "BoundaryRecord",
     "CapacityRecord",
     "ComparisonRecord",
+    "CopyRateRecord",
     "CrossingRecord",
     "DiskRecord",
     "KvQuantRecord",
@@ -75,7 +78,7 @@ KINDS: tuple[type[Record], ...] = (
     StartupRecord, ReuseRecord, ProofRecord, LoadRecord, LinkRecord, ComparisonRecord,
     PredictionRecord, CrossingRecord, NotRunRecord, DiskRecord, ProcedureRecord,
     BoundaryPointRecord, BoundaryRecord, CapacityRecord, KvQuantRecord, NoteRecord,
-    ReplicasRecord,
+    ReplicasRecord, CopyRateRecord,
 )
 BY_KIND: dict[str, type[Record]] = {cls.kind: cls for cls in KINDS}
 _LOAD_FIELDS = frozenset(f.alias or name for name, f in LoadRecord.model_fields.items())

@@ -65,6 +65,21 @@ PRESSURE_ON = Row("offload-on-load", LAB_OFFLOAD, "Host memory, cache under pres
                   "load generator under pressure", side="on", startup=("offload-on",),
                   pressure=True,
     command="kvlab run offload --part pressure")
+# the shared-first-block control (`experiments/tier_why.py`): the pressure pair's sessions with
+# each conversation's own opening, on the same engines; read beside the pair, not a row of its own
+PRESSURE_OFF_DISTINCT = Row("offload-off-load-distinct", LAB_OFFLOAD,
+                            "None, under pressure, no block shared across conversations",
+                            "the pressure sessions, each conversation's own first block",
+                            side="off", startup=("offload-off",), pressure=True,
+                            command="kvlab run offload --part pressure --why")
+PRESSURE_ON_DISTINCT = Row("offload-on-load-distinct", LAB_OFFLOAD,
+                           "Host memory, under pressure, no block shared across conversations",
+                           "the pressure sessions, each conversation's own first block",
+                           side="on", startup=("offload-on",), pressure=True,
+                           command="kvlab run offload --part pressure --why")
+COPY_RATE = Row("copy-rate", LAB_OFFLOAD, "The machine's copy rate under the host tier",
+                "the engine's framework copying a pinned host buffer into the device",
+                command="kvlab run offload --part pressure --why")
 SMALLER_ON = Row("offload-on-load", LAB_OFFLOAD,
                  "Host memory smaller than the working set, under pressure",
                  "load generator under pressure", side="on", startup=("offload-on",),

@@ -32,7 +32,7 @@ from kvlab.records import (
     Notebook,
     Record,
 )
-from kvlab.report import tier_curve
+from kvlab.report import tier_curve, why_tier
 from kvlab.report.common import fixed_kv_bytes, num
 from kvlab.report.decisions_common import SAME_WITHIN, Decision, _absent, _undecided
 from kvlab.report.llama import ram_against_none, ram_words
@@ -71,6 +71,9 @@ def host_tier(book: Notebook) -> Decision:
                                        f"{_settings(a, level)}")
     iv = intervals.ttft(book.path, records, a, b)
     found = _host_decision(a, b, level, why, iv)
+    if not (iv.ratio is not None and iv.ratio < 1 and iv.spans_one is False) \
+            and (cause := why_tier.cause(book, a, b)):
+        found = found.extended(cause.rstrip("."))  # it did not pay: why
     memory = memory_kind(book, a)  # the lab: on unified memory the tier may buy much less
     return found.extended(memory[0].upper() + memory[1:]) if memory else found
 
