@@ -16,7 +16,7 @@ from kvlab.measure import (
     pressure,
     slot_oracle,
 )
-from kvlab.measure.compare import compare_runs
+from kvlab.measure.compare import compare_runs, ttft_difference
 from kvlab.measure.compat import Compatibility, listed_models, pick_model, probe
 from kvlab.measure.conversation import PREAMBLE_WORDS, TURN_MAX_TOKENS
 from kvlab.measure.crossing import Judgement, Point, judge_crossing
@@ -74,4 +74,5 @@ __all__ = [
     "tier_pair",
     "tier_sides",
     "tier_too_small",
+    "ttft_difference",
 ]

@@ -48,6 +48,7 @@ from kvlab.records import (
     Percentiles,
     Record,
     SidePressure,
+    TtftAccount,
     Where,
     comparison_label,
     notebook,
@@ -143,6 +144,30 @@ def _level_lines(disagg: dict[int, LoadRecord], base: dict[int, LoadRecord],
     lines += [f"    concurrency {lv.concurrency}: TPOT p50 {lv.tpot_p50}"
               for lv in levels if lv.tpot_p50 is not None]
     return lines, levels
+
+
+def ttft_difference(a: TtftAccount, b: TtftAccount) -> str:
+    """Where A's mean TTFT differs from B's, by the engine's own accounts ("" where neither
+    names a part)."""
+    parts = [f"{name} {round(x - y, 3) + 0.0:+.3f} s" for name, x, y in (
+        ("waiting to be scheduled", a.queue, b.queue),
+        ("computing the prompt", a.prefill, b.prefill),
+        ("outside the engine", a.outside, b.outside)) if x is not None and y is not None]
+    if not parts:
+        return ""
+    return (f"mean TTFT {a.client_ttft:.3f} s against {b.client_ttft:.3f} s "
+            f"({a.client_ttft - b.client_ttft:+.3f} s): " + ", ".join(parts)
+            + f" (from {a.source})")
+
+
+def _account_lines(disagg: dict[int, LoadRecord], base: dict[int, LoadRecord],
+                   shared: list[int]) -> list[str]:
+    """Each level's TTFT difference by the engines' accounts, where both rows carry one."""
+    found = [(level, ttft_difference(a, b)) for level in shared
+             if (a := disagg[level].ttft_account) is not None
+             and (b := base[level].ttft_account) is not None]
+    lines = [f"    concurrency {level}: {words}" for level, words in found if words]
+    return ["", "==> Where the TTFT went, by the engines' own accounts", *lines] if lines else []
 
 
 def _interval_lines(found: dict[int, dict[str, intervals.Interval]],
@@ -258,6 +283,7 @@ def compare_runs(records: list[Record], book: str, disagg: str, baseline: str, *
               "    and honest result."]
     ratios = intervals.pair_levels(Path(book), records, rows_d, rows_b)
     lines += _interval_lines(ratios, levels)
+    lines += _account_lines(rows_d, rows_b, shared)
     seen = bytes_three_ways(link, rows_d, shared, kv_bytes_per_token, prompt_tokens)
     where = Where()  # a tier pair's comparison states its pressure, not a topology
     sides: dict[str, SidePressure] | None = None

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvlab.measure import intervals
+from kvlab.measure import intervals, ttft_difference
 from kvlab.records import (
     COPY_RATE,
     PRESSURE_OFF_DISTINCT,
@@ -74,16 +74,7 @@ def tax(book: Notebook, on: LoadRecord, off: LoadRecord) -> Tax | None:
 def where_added(on: LoadRecord, off: LoadRecord) -> str:
     """The added mean TTFT split by the engine's own accounts ("" without both)."""
     a, b = on.ttft_account, off.ttft_account
-    if a is None or b is None:
-        return ""
-    added = a.client_ttft - b.client_ttft
-    parts = [f"{name} {part_a - part_b:+.3f} s" for name, part_a, part_b in (
-        ("waiting to be scheduled", a.queue, b.queue),
-        ("computing the prompt", a.prefill, b.prefill),
-        ("outside the engine", a.outside, b.outside))
-        if part_a is not None and part_b is not None]
-    return (f"of the {added:+.3f} s it added to the mean TTFT, " + ", ".join(parts)
-            + f" ({a.source})") if parts else ""
+    return ttft_difference(a, b) if a is not None and b is not None else ""
 
 
 def loads(on: LoadRecord) -> str:

@@ -394,3 +394,26 @@ def test_a_changed_memory_fraction_is_a_stated_difference() -> None:
                row("disagg", 1, 0.3, 0.01, 95, memory_fraction=0.4)]
     text = "\n".join(compare.compare_runs(records, "b", "disagg", "baseline").lines)
     assert "memory_fraction differs (0.4 against 0.85)" in text
+
+
+def test_the_ttft_difference_is_split_by_the_engines_accounts() -> None:
+    """#46: a user's own A/B says where the TTFT went, where both rows carry the account."""
+    from kvlab.records import TtftAccount
+
+    def account(client: float, queue: float, prefill: float) -> TtftAccount:
+        return TtftAccount(source="vLLM's request-time histograms", requests=8,
+                           client_ttft=client, queue=queue, prefill=prefill,
+                           engine_ttft=queue + prefill, outside=client - queue - prefill)
+
+    records: list[Record] = [
+        row("baseline", 1, 0.2, 0.01, 90, ttft_account=account(0.2, 0.01, 0.18)),
+        row("disagg", 1, 0.3, 0.009, 95, ttft_account=account(0.3, 0.1, 0.19)),
+        row("baseline", 4, 0.4, 0.012, 300), row("disagg", 4, 0.5, 0.011, 310)]
+    lines = compare.compare_runs(records, "b", "disagg", "baseline").lines
+    found = [line for line in lines if line.startswith("    concurrency 1: mean TTFT")]
+    assert found == ["    concurrency 1: mean TTFT 0.300 s against 0.200 s (+0.100 s): "
+                     "waiting to be scheduled +0.090 s, computing the prompt +0.010 s, "
+                     "outside the engine +0.000 s (from vLLM's request-time histograms)"]
+    assert not any(line.startswith("    concurrency 4: mean TTFT") for line in lines)
+    bare = compare.compare_runs(pair(), "b", "disagg", "baseline").lines
+    assert not any("by the engines' own accounts" in line for line in bare)
