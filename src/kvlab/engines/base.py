@@ -14,7 +14,7 @@ reading command lines (`argv.py`).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
@@ -113,6 +113,24 @@ class Room:
                 "fewer requests")
 
 
+@dataclass(frozen=True)
+class StoreMatch:
+    """A store's own entries set against what its connector's rule names for some prompts:
+    the entry each would be stored as, and the one each would look for."""
+
+    entries: list[str]  # the store's entries, oldest first
+    stored: list[str]  # per prompt: the entry its KV is written to
+    sought: list[str]  # per prompt: the entry its lookup needs
+
+    def held(self, i: int) -> bool:
+        """Whether prompt i's stored entry is in the store."""
+        return self.stored[i] in self.entries
+
+    def found(self, i: int) -> bool:
+        """Whether prompt i's lookup finds an entry."""
+        return self.sought[i] in self.entries
+
+
 class KvStore(Protocol):
     """A KV store on disk that instances share (the shared connector's directory): its
     entries, whether one is cut short, and the room a run needs."""
@@ -132,6 +150,11 @@ class KvStore(Protocol):
 
     def require_room(self, store: Path, requests: int, bytes_per_request: float) -> Room:
         """The room `requests` entries need, refused (RefusedError) when it is not there."""
+        ...
+
+    def match(self, store: Path, prompts: Sequence[Sequence[int]], block: int) -> StoreMatch:
+        """The connector's matching rule checked on the store's own entries for these
+        prompts' token ids (the instance's `block`-token cache blocks)."""
         ...
 
 

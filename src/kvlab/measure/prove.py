@@ -26,8 +26,8 @@ from typing import Literal
 
 import httpx
 
-from kvlab.core import Say, Settings, api_base, connectors, quiet
-from kvlab.engines import InstanceFacts, TwoEndpointProof, known_engine
+from kvlab.core import Say, Settings, api_base, connectors, quiet, server_root
+from kvlab.engines import InstanceFacts, TwoEndpointProof, known_engine, store_for
 from kvlab.measure.compat import check, probe
 from kvlab.measure.conversation import Conversation, preamble
 from kvlab.measure.reuse import (
@@ -135,7 +135,7 @@ class _Prover:
 
     def __init__(self, opts: ProveOptions, client: httpx.AsyncClient, run: ProofRun,
                  say: Say) -> None:
-        self.opts, self.run, self.say = opts, run, say
+        self.opts, self.run, self.say, self.client = opts, run, say, client
         self.probe = Probe(client, opts.api_key)
         self.cold_ttft: float | None = None
 
@@ -262,13 +262,15 @@ async def _two_endpoints(p: _Prover, a: str, b: str) -> None:
     await p.control("changed-prefix-on-b", b,
                     "the first words differ, so nothing in the store can match")
     chat = Conversation(preamble(p.opts.preamble_words, nonce + "t"))
-    first = await p.case("growing-turn-1-on-a", a, chat.ask(0),
+    turns = [chat.ask(0)]
+    first = await p.case("growing-turn-1-on-a", a, turns[0],
                          Expect.tokens(0, "a new conversation"))
     chat.answer(first.result.text)
     # the second turn adds at least a block of context (one word is at least one token), the
     # way a real conversation soon does, so the whole-block prefix changes
     grow = p.block(b)
-    cross = await p.case("growing-turn-2-on-b", b, chat.ask(1, context_words=grow),
+    turns.append(chat.ask(1, context_words=grow))
+    cross = await p.case("growing-turn-2-on-b", b, turns[1],
                          Expect.store([first.result.prompt_tokens or 0]))
     chat.answer(cross.result.text)
     own_turn = reusable_tokens(first.result.prompt_tokens or 0, p.block(a))
@@ -277,6 +279,35 @@ async def _two_endpoints(p: _Prover, a: str, b: str) -> None:
         p.run.explanations.append(
             f"identical prompt on B: {p.run.verdicts().get('identical-on-b')}; growing "
             f"conversation on B: {cross.judgement.verdict}. " + exact_prompt_trap(grow))
+        if rule := await store_rule(p, b, turns):
+            p.run.explanations.append(rule)
+
+
+async def store_rule(p: _Prover, url: str, turns: list[list[dict[str, str]]]) -> str:
+    """The connector's matching rule checked on the store's own entries for a conversation's
+    first two turns ("" where the store or the prompts' token ids cannot be read)."""
+    facts = p.run.instances.get(api_base(url))
+    store = store_for(p.opts.connector)
+    paths = store.named(facts.kv_store) if store is not None and facts is not None else []
+    engine = known_engine(facts.engine) if facts is not None and facts.engine else None
+    if not paths or engine is None or facts is None:
+        return ""
+    ids = [await engine.tokenize_chat(p.client, server_root(url), p.opts.model, m)
+           for m in turns]
+    if any(i is None for i in ids):
+        return ""
+    found = store.match(paths[0], [i or [] for i in ids], p.block(url))  # type: ignore[union-attr]
+    there = "there" if found.held(0) else "NOT there"
+    others = [e for e in found.entries if e != found.stored[1]]  # all but turn 2's own
+    looked = ("turn 1's entry" if found.sought[1] == found.stored[0]
+              else "among the others" if found.sought[1] in others
+              else "not among them (the one entry of that name is the one turn 2 wrote "
+                   "itself)" if found.found(1) else "not among them")
+    return (f"The store's own entries ({len(found.entries)} in {paths[0]}): turn 1 on A is "
+            f"{there} as {found.stored[0][:12]} (its first whole blocks of {len(ids[0] or [])} "
+            f"tokens); turn 2 on B looked for {found.sought[1][:12]} (of its "
+            f"{len(ids[1] or [])} tokens): {looked}. The connector finds a whole-block "
+            "prompt, not a prefix")
 
 
 async def _salt_pair(p: _Prover, url: str) -> None:

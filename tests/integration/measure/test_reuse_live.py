@@ -186,6 +186,11 @@ async def test_shared_store_identical_prompt_and_the_explained_trap(shared_pair:
     assert "128-token blocks" in trap and "16-token" not in trap  # the instance's own blocks
     assert verdicts["growing-turn-3-on-a"] == "reused"
     assert any("ExampleConnector" in e for e in run.explanations)
+    # the rule checked on the store's own entries (#46): turn 1 is there under the name the
+    # rule gives it, and the name turn 2 looks for is not
+    rule = next(e for e in run.explanations if e.startswith("The store's own entries"))
+    assert "turn 1 on A is there as" in rule and "turn 2 on B looked for" in rule, rule
+    assert "not among them" in rule and "whole-block prompt, not a prefix" in rule, rule
 
 
 async def test_alternating_reuse_run_explains_the_connector(shared_pair: list[str]) -> None:

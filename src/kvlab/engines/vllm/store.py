@@ -17,16 +17,18 @@ request crosses, and by no later request), and `engines/cleanup.py` removes whol
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvlab.core import RefusedError, tree_bytes
-from kvlab.engines.base import Room
+from kvlab.engines.base import Room, StoreMatch
 
 ENTRY = re.compile(r"^[0-9a-f]{32}$")
 LAYER_FILE = re.compile(r"\.(\d+)\.[\w.]*safetensors$")  # model.layers.N.self_attn.attn....
@@ -185,6 +187,26 @@ def require_room(store: Path, requests: int, bytes_per_request: float) -> Room:
     return found
 
 
+def entry_name(prompt_ids: Sequence[int], block: int, *, lookup: bool) -> str:
+    """The entry ExampleConnector names for a prompt (vLLM's example_connector.py, read, not
+    copied): the md5 of its first whole blocks' token ids as 64-bit integers. Storing, it
+    keeps (n - 1) // block whole blocks of the n prompt tokens; looking a prompt up, it keeps
+    (n - 2) // block, as if the prompt's last token were a reply's. So a prompt finds only an
+    entry made from the same whole blocks, never one of a shorter prefix of it."""
+    count = len(prompt_ids) - (1 if lookup else 0)
+    keep = max(0, (count - 1) // block * block)
+    data = struct.pack(f"<{keep}q", *prompt_ids[:keep])
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()
+
+
+def entry_names(store: Path) -> list[str]:
+    """The store's entries by name, oldest first."""
+    if not store.is_dir():
+        return []
+    found = [p for p in store.iterdir() if is_entry(p)]
+    return [p.name for p in sorted(found, key=lambda p: p.stat().st_mtime)]
+
+
 class ExampleStore:
     """The shared connector's store (vLLM's ExampleConnector directory) as `base.KvStore`."""
 
@@ -199,6 +221,11 @@ class ExampleStore:
 
     def require_room(self, store: Path, requests: int, bytes_per_request: float) -> Room:
         return require_room(store, requests, bytes_per_request)
+
+    def match(self, store: Path, prompts: Sequence[Sequence[int]], block: int) -> StoreMatch:
+        names = entry_names(store)
+        return StoreMatch(names, [entry_name(p, block, lookup=False) for p in prompts],
+                          [entry_name(p, block, lookup=True) for p in prompts])
 
 
 EXAMPLE_STORE = ExampleStore()
