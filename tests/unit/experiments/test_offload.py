@@ -27,6 +27,7 @@ def _run(monkeypatch: pytest.MonkeyPatch, platform: str,
     monkeypatch.setattr(offload, "under_pressure", fake_pressure)
     monkeypatch.setattr(offload, "pressure_plan", lambda lab, spec: object())
     lab = SimpleNamespace(install=lambda engine: VllmInstall(("vllm",), platform, "PATH"),
+                          say=lambda text: None,
                           not_run=lambda row, reason: NotRunRecord(
                               label=row.label, lab=row.lab, row=row.title, reason=reason))
     spec_ = offload.OffloadSpec(part="pressure", **spec)
