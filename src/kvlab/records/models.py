@@ -6,7 +6,8 @@ names the fields the seed scripts write or read (their names are kept, so `compa
 and `measure-reuse.py` read kvlab's lines) and the evidence kvlab adds, every part declared
 (`base.py` and `evidence.py` for the parts many kinds share, `workload.py` and `pressure.py` for
 a load run's; each kind in the module that owns it: `startup.py`, `reuse.py`, `load.py`,
-`link.py`, `capacity.py`, `comparison.py`, `pd.py`, `disk.py`, `notes.py`, `replicas.py`).
+`link.py`, `capacity.py`, `comparison.py`, `pd.py`, `disk.py`, `notes.py`, `replicas.py`,
+`plan.py`).
 
 Readers go through `parse`: the line is brought up to this schema (`upgrade.py`: a seed
 script's line, an older kvlab's), then validated by its kind's model with no undeclared key.
@@ -35,6 +36,7 @@ from kvlab.records.pd import (
     PredictionRecord,
     ProcedureRecord,
 )
+from kvlab.records.plan import PlanRecord, ProfileRecord
 from kvlab.records.replicas import ReplicasRecord
 from kvlab.records.reuse import ProofRecord, ReuseRecord, ReuseRow
 from kvlab.records.startup import StartupRecord
@@ -57,8 +59,10 @@ __all__ = [
     "NotRunRecord",
     "NoteRecord",
     "Percentiles",
+    "PlanRecord",
     "PredictionRecord",
     "ProcedureRecord",
+    "ProfileRecord",
     "ProofRecord",
     "Record",
     "ReplicasRecord",
@@ -75,7 +79,7 @@ KINDS: tuple[type[Record], ...] = (
     StartupRecord, ReuseRecord, ProofRecord, LoadRecord, LinkRecord, ComparisonRecord,
     PredictionRecord, CrossingRecord, NotRunRecord, DiskRecord, ProcedureRecord,
     BoundaryPointRecord, BoundaryRecord, CapacityRecord, KvQuantRecord, NoteRecord,
-    ReplicasRecord,
+    ReplicasRecord, ProfileRecord, PlanRecord,
 )
 BY_KIND: dict[str, type[Record]] = {cls.kind: cls for cls in KINDS}
 _LOAD_FIELDS = frozenset(f.alias or name for name, f in LoadRecord.model_fields.items())
