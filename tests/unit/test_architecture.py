@@ -36,7 +36,8 @@ from tools.import_counts import (
 )
 
 # docs/ARCHITECTURE.md: each package may import only those before it
-RANK = ("core", "records", "observe", "engines", "measure", ("loadgen", "proxy"), "cluster",
+RANK = ("core", "records", "observe", "engines", "measure", ("loadgen", "proxy"),
+        ("cluster", "plan"),
         "experiments", "report", "cli")
 # packages other packages import only through their __init__ (their surface); the higher
 # ones keep their modules apart so that `kvlab --help` and the single-machine path import
@@ -214,8 +215,10 @@ def test_report_labels_are_spelled_only_in_rows() -> None:
 # module -> package-surface pairs across packages: 791 module pairs before the owners issue, 497
 # after it (the issue asked for 450; splitting modules by what they hold adds importers), 450
 # once the llama.cpp modules read their package's surface, the CLI's and the other packages'
-# modules of experiments and cluster are offered by theirs, and the workloads went to loadgen
-PAIRS_MAX = 447
+# modules of experiments and cluster are offered by theirs, and the workloads went to loadgen;
+# 465 with `plan` (issue 50): its five modules read core, records, loadgen, measure and proxy
+# (16 pairs, each through the surface), the CLI's plan command and its console view 2 more
+PAIRS_MAX = 465
 
 
 def test_packages_reach_each_other_through_few_doors() -> None:
