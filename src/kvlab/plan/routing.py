@@ -28,6 +28,7 @@ keeps; `pick` returns a replica's index.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import takewhile
 from typing import Final, Literal, Protocol
 
 from kvlab.plan.stream import Stream
@@ -98,28 +99,25 @@ class CacheAware:
         self.size = [0] * replicas  # blocks in each replica's record
 
     def pick(self, index: int, outstanding: list[int], in_flight: int) -> int:
-        most, fewest = max(outstanding), min(outstanding)
         request = self.stream.blocks[index]
-        if most - fewest > BALANCE_ABS and most > BALANCE_REL * fewest:
-            chosen = outstanding.index(fewest)
-        else:
-            chosen = self._matched(request.hashes, request.prompt_tokens,
-                                   request.block_tokens)
+        if in_flight > BALANCE_ABS:  # else no two replicas can differ by more
+            most, fewest = max(outstanding), min(outstanding)
+            if most - fewest > BALANCE_ABS and most > BALANCE_REL * fewest:
+                chosen = outstanding.index(fewest)
+                self._record(request.hashes, chosen)
+                return chosen
+        chosen = self._matched(request.hashes, request.prompt_tokens, request.block_tokens)
         self._record(request.hashes, chosen)
         return chosen
 
     def _matched(self, hashes: tuple[int, ...], prompt_tokens: int, block_tokens: int) -> int:
+        """A record holds whole prompts from their first block and is never trimmed, so the
+        replicas holding a request's k-th block hold all before it: the longest match ends at
+        the last block anyone holds, and they are the replicas holding it."""
         holders = self.holders
-        best: set[int] = set()
-        matched = 0
-        for h in hashes:
-            found = holders.get(h)
-            narrowed = found if matched == 0 else (best & found if found else None)
-            if not narrowed:
-                break
-            best, matched = narrowed, matched + 1
-        if best and matched * block_tokens > CACHE_THRESHOLD * prompt_tokens:
-            return min(best)
+        matched = len(list(takewhile(holders.__contains__, hashes)))
+        if matched and matched * block_tokens > CACHE_THRESHOLD * prompt_tokens:
+            return min(holders[hashes[matched - 1]])
         return self.size.index(min(self.size))
 
     def _record(self, hashes: tuple[int, ...], chosen: int) -> None:
