@@ -32,7 +32,7 @@ from collections.abc import Callable
 from kvlab.loadgen.trace import TraceRequest
 from kvlab.measure import CacheModel, oracle
 from kvlab.plan.routing import POLICIES
-from kvlab.plan.simulate import simulate
+from kvlab.plan.simulate import Outcome, simulate
 from kvlab.plan.stream import Stream, from_trace
 from kvlab.records import ReplicaProfile
 
@@ -105,8 +105,8 @@ def main() -> None:
             ("oracle.replay (stack pass), one cache",
              best(args.repeat, lambda: oracle.replay(stream.blocks, one)), None)]
     for policy in args.policies.split(","):
-        found = []
-        seconds = best(args.repeat, lambda p=policy: found.append(
+        found: list[Outcome] = []
+        seconds = best(args.repeat, lambda p=policy, kept=found: kept.append(
             simulate(stream, profile, args.replicas, p)))  # type: ignore[arg-type]
         o = found[-1]
         hit = float((o.device_blocks.sum() + o.tier_blocks_hit.sum()) * BLOCK
