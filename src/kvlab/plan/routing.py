@@ -100,37 +100,50 @@ class CacheAware:
 
     def pick(self, index: int, outstanding: list[int], in_flight: int) -> int:
         request = self.stream.blocks[index]
+        hashes = request.hashes
+        matched = len(list(takewhile(self.holders.__contains__, hashes)))
+        chosen = -1
         if in_flight > BALANCE_ABS:  # else no two replicas can differ by more
             most, fewest = max(outstanding), min(outstanding)
             if most - fewest > BALANCE_ABS and most > BALANCE_REL * fewest:
                 chosen = outstanding.index(fewest)
-                self._record(request.hashes, chosen)
-                return chosen
-        chosen = self._matched(request.hashes, request.prompt_tokens, request.block_tokens)
-        self._record(request.hashes, chosen)
+        if chosen < 0:
+            chosen = self._matched(hashes, matched, request.prompt_tokens,
+                                   request.block_tokens)
+        self._record(hashes, matched, chosen)
         return chosen
 
-    def _matched(self, hashes: tuple[int, ...], prompt_tokens: int, block_tokens: int) -> int:
+    def _matched(self, hashes: tuple[int, ...], matched: int, prompt_tokens: int,
+                 block_tokens: int) -> int:
         """A record holds whole prompts from their first block and is never trimmed, so the
         replicas holding a request's k-th block hold all before it: the longest match ends at
-        the last block anyone holds, and they are the replicas holding it."""
-        holders = self.holders
-        matched = len(list(takewhile(holders.__contains__, hashes)))
+        the last block anyone holds (`matched` blocks), and they are the replicas holding it."""
         if matched and matched * block_tokens > CACHE_THRESHOLD * prompt_tokens:
-            return min(holders[hashes[matched - 1]])
+            return min(self.holders[hashes[matched - 1]])
         return self.size.index(min(self.size))
 
-    def _record(self, hashes: tuple[int, ...], chosen: int) -> None:
+    def _record(self, hashes: tuple[int, ...], matched: int, chosen: int) -> None:
+        """The prompt joins `chosen`'s record: of the `matched` blocks others hold, those it
+        lacks; the rest no one holds yet."""
         holders = self.holders
-        for h in hashes:
-            found = holders.get(h)
-            if found is None:
-                holders[h] = {chosen}
-            elif chosen in found:
-                continue
-            else:
-                found.add(chosen)
-            self.size[chosen] += 1
+        added = 0
+        if not (matched and chosen in holders[hashes[matched - 1]]):
+            for h in hashes[:matched]:
+                found = holders[h]
+                if chosen not in found:
+                    found.add(chosen)
+                    added += 1
+        new = hashes[matched:]
+        if any(map(holders.__contains__, new)):  # not a chain: block by block
+            for h in new:
+                found = holders.setdefault(h, set())
+                if chosen not in found:
+                    found.add(chosen)
+                    added += 1
+        else:
+            holders.update(zip(new, ({chosen} for _ in new), strict=True))
+            added += len(new)
+        self.size[chosen] += added
 
 
 def router(policy: Policy, stream: Stream, names: Sequence[str],
