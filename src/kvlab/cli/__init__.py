@@ -18,6 +18,7 @@ from kvlab.cli import (
     llama_cmd,
     load_cmd,
     note_cmd,
+    plan_cmd,
     predict_cmd,
     proxy_cmd,
     report_cmd,
@@ -42,7 +43,7 @@ def cli(ctx: click.Context, env_file: str | None) -> None:
 
 
 for module in (settings_cmd, predict_cmd, serve_cmd, engines_cmd, demo_cmd, reuse_cmd,
-               llama_cmd, run_cmd, proxy_cmd, load_cmd, report_cmd, note_cmd, schema_cmd,
+               llama_cmd, run_cmd, proxy_cmd, load_cmd, plan_cmd, report_cmd, note_cmd, schema_cmd,
                clean_cmd):
     for command in module.COMMANDS:
         cli.add_command(command)

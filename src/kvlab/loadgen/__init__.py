@@ -16,11 +16,11 @@ served context, both before the first request. It knows no engine beyond the Ope
 streaming shapes and what the engine adapter answers.
 
 This module is the package's surface: other packages import loadgen's names (and the
-`fit`, `served`, `stats`, `topology` and `workloads` modules) from here, never from its other
-modules.
+`fit`, `served`, `stats`, `topology`, `trace` and `workloads` modules) from here, never from
+its other modules.
 """
 
-from kvlab.loadgen import fit, served, stats, topology, workloads
+from kvlab.loadgen import fit, served, stats, topology, trace, workloads
 from kvlab.loadgen.args import (
     CapacityArgs,
     LoadArgs,
@@ -99,6 +99,7 @@ __all__ = [
     "served",
     "stats",
     "topology",
+    "trace",
     "understood_url",
     "workloads",
     "write_launcher",

@@ -117,8 +117,10 @@ def _trim(lru: Lru, capacity: int) -> list[int]:
     return gone
 
 
-class _Replay:
-    """The device and tier as one request after another leaves them."""
+class Replay:
+    """The device and tier as one request after another leaves them: the one LRU every
+    replay here moves blocks through, and the cache of each replica `kvlab plan` simulates
+    (`step` per request, in the order the replica is sent them)."""
 
     def __init__(self, cache: CacheModel) -> None:
         self.cache = cache
@@ -183,7 +185,7 @@ def _by_stack(depths: _Depths, cache: CacheModel) -> tuple[IntArray, IntArray]:
 
 
 def _by_lru(requests: Sequence[Blocks], cache: CacheModel) -> tuple[IntArray, IntArray]:
-    replayed = _Replay(cache)
+    replayed = Replay(cache)
     pairs = np.array([replayed.step(r) for r in requests], dtype=np.int64)
     pairs = pairs.reshape(len(requests), 2)
     return pairs[:, 0], pairs[:, 1]

@@ -3,9 +3,11 @@
 `running(ProxyConfig.from_settings(settings))` gives a started proxy that is always closed;
 `serve(config, on_ready)` runs one in the foreground until cancelled (Ctrl-C).
 
-This module is the package's surface: other packages import the proxy's names from here.
+This module is the package's surface: other packages import the proxy's names (and the
+`affinity` module: its routing rules, which `plan` replays) from here.
 """
 
+from kvlab.proxy import affinity
 from kvlab.proxy.affinity import body_digest
 from kvlab.proxy.app import ProxyApp, loop_runner, running, serve
 from kvlab.proxy.args import ProxyArgs, process_plan
@@ -22,6 +24,7 @@ __all__ = [
     "ProxyApp",
     "ProxyArgs",
     "ProxyConfig",
+    "affinity",
     "body_digest",
     "check_proxy",
     "crossing_check",

@@ -52,7 +52,7 @@ import json
 import math
 from bisect import bisect_left
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from kvlab.core import SettingError
@@ -95,18 +95,29 @@ class Ring:
         self.owners = [i for _, i in points]
         self.size = len(names)
 
+    def owners_from(self, key: int) -> Iterator[int]:
+        """Every replica once, in ring order from `key`'s point, found as it is asked for
+        (the first one or two are all a choice within the bound usually reads)."""
+        start = bisect_left(self.hashes, key)
+        seen: set[int] = set()
+        owners, count = self.owners, len(self.owners)
+        for k in range(count):
+            owner = owners[(start + k) % count]
+            if owner not in seen:
+                seen.add(owner)
+                yield owner
+                if len(seen) == self.size:
+                    return
+
     def walk(self, key: int) -> list[int]:
         """Every replica once, in ring order from `key`'s point."""
-        start = bisect_left(self.hashes, key)
-        seen: list[int] = []
-        count = len(self.owners)
-        for k in range(count):
-            owner = self.owners[(start + k) % count]
-            if owner not in seen:
-                seen.append(owner)
-                if len(seen) == self.size:
-                    break
-        return seen
+        return list(self.owners_from(key))
+
+
+def load_bound(in_flight: int, replicas: int, load_factor: float) -> int:
+    """The requests in flight a replica may hold and still take a key: `in_flight` counts
+    this request, over the `replicas` that are up (never below `MIN_BOUND`)."""
+    return max(MIN_BOUND, math.ceil(load_factor * in_flight / replicas))
 
 
 def bounded_choice(ring: Ring, key: int, legs: Sequence[Loaded], load_factor: float,
@@ -114,16 +125,18 @@ def bounded_choice(ring: Ring, key: int, legs: Sequence[Loaded], load_factor: fl
     """The first replica from `key` on the ring that is up and within the load bound; if
     every one that is up is at the bound, the least loaded of them; if none is up, the key's
     own replica (its failure is then counted as any other)."""
-    order = ring.walk(key)
-    live = [i for i in order if legs[i].up(now)]
+    live = [i for i, leg in enumerate(legs) if leg.up(now)]
     if not live:
-        return order[0]
-    total = sum(legs[i].outstanding for i in live) + 1
-    bound = max(MIN_BOUND, math.ceil(load_factor * total / len(live)))
-    for i in live:
-        if legs[i].outstanding + 1 <= bound:
-            return i
-    return min(live, key=lambda i: legs[i].outstanding)
+        return next(ring.owners_from(key))
+    bound = load_bound(sum(legs[i].outstanding for i in live) + 1, len(live), load_factor)
+    up = set(live)
+    order = []
+    for i in ring.owners_from(key):  # read only as far as the first within the bound
+        if i in up:
+            if legs[i].outstanding + 1 <= bound:
+                return i
+            order.append(i)
+    return min(order, key=lambda i: legs[i].outstanding)
 
 
 # --- keys ------------------------------------------------------------------------------------

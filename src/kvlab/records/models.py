@@ -7,7 +7,7 @@ and `measure-reuse.py` read kvlab's lines) and the evidence kvlab adds, every pa
 (`base.py` and `evidence.py` for the parts many kinds share, `workload.py` and `pressure.py` for
 a load run's; each kind in the module that owns it: `startup.py`, `reuse.py`, `load.py`,
 `link.py`, `capacity.py`, `comparison.py`, `pd.py`, `disk.py`, `notes.py`, `replicas.py`,
-`floor.py`).
+`floor.py`, `plan.py`).
 
 Readers go through `parse`: the line is brought up to this schema (`upgrade.py`: a seed
 script's line, an older kvlab's), then validated by its kind's model with no undeclared key.
@@ -37,6 +37,7 @@ from kvlab.records.pd import (
     PredictionRecord,
     ProcedureRecord,
 )
+from kvlab.records.plan import PlanRecord, ProfileRecord
 from kvlab.records.replicas import ReplicasRecord
 from kvlab.records.reuse import ProofRecord, ReuseRecord, ReuseRow
 from kvlab.records.startup import StartupRecord
@@ -60,8 +61,10 @@ __all__ = [
     "NotRunRecord",
     "NoteRecord",
     "Percentiles",
+    "PlanRecord",
     "PredictionRecord",
     "ProcedureRecord",
+    "ProfileRecord",
     "ProofRecord",
     "Record",
     "ReplicasRecord",
@@ -78,7 +81,7 @@ KINDS: tuple[type[Record], ...] = (
     StartupRecord, ReuseRecord, ProofRecord, LoadRecord, LinkRecord, ComparisonRecord,
     PredictionRecord, CrossingRecord, NotRunRecord, DiskRecord, ProcedureRecord,
     BoundaryPointRecord, BoundaryRecord, CapacityRecord, KvQuantRecord, NoteRecord,
-    ReplicasRecord, CopyRateRecord,
+    ReplicasRecord, CopyRateRecord, ProfileRecord, PlanRecord,
 )
 BY_KIND: dict[str, type[Record]] = {cls.kind: cls for cls in KINDS}
 _LOAD_FIELDS = frozenset(f.alias or name for name, f in LoadRecord.model_fields.items())

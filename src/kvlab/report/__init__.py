@@ -23,6 +23,7 @@ from kvlab.report import (
     console_engines,
     console_llama,
     console_load,
+    console_plan,
     console_proxy,
     console_reuse,
     console_run,
@@ -41,7 +42,7 @@ from kvlab.report.starts import latest as latest_starts
 
 # what the CLI reads: the report, and the console's renderings of each command's results
 __all__ = ["LAB_TITLES", "Report", "build", "console_engines", "console_llama", "console_load",
-           "console_proxy", "console_reuse", "console_run", "write"]
+           "console_plan", "console_proxy", "console_reuse", "console_run", "write"]
 
 LAB_TITLES = {"offload": "Offload lab, task 6 (three sentences: which tiers to keep)",
               "pd": "P/D lab (one sentence: which configuration you would actually use)"}

@@ -19,7 +19,7 @@ def test_a_prompt_is_stored_under_its_whole_blocks_and_looks_for_one_token_less(
     assert entry_name(prompt, 128, lookup=False) == md5_of(prompt[:256])
     assert entry_name(prompt, 128, lookup=True) == md5_of(prompt[:256])
     # the identical prompt finds its own entry, and so does one a token longer
-    assert entry_name(prompt + [7], 128, lookup=True) == entry_name(prompt, 128, lookup=False)
+    assert entry_name([*prompt, 7], 128, lookup=True) == entry_name(prompt, 128, lookup=False)
     # at a block boundary the lookup keeps a block less than the store wrote
     edge = list(range(1, 258))  # 257 tokens
     assert entry_name(edge, 128, lookup=False) == md5_of(edge[:256])
