@@ -187,7 +187,7 @@ def _ratio_panel(ax: Axes, book: Notebook, base: str, other: str,
         ax.errorbar(x, y, yerr=[y - low, high - y], fmt="o", capsize=4, label="with interval")
     if points:
         ax.plot([where[lv] for lv, _ in points], [point for _, point in points], "x",
-                label=intervals.NO_DATA)
+                label="point ratio, no interval (see the answer)")
     if points:  # say which marks have no interval
         legend(ax, cols=1)
     return "; ".join(f"c={lv}: {m['ttft_p50'].cell()}" for lv, m in sorted(found.items())) \

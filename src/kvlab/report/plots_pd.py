@@ -60,9 +60,11 @@ def bytes_per_request(book: Notebook, out: Path) -> Plot | None:
     top = len(newest) - 1  # the comparisons top to bottom, each a group of bars; long
     for i, (name, colour) in enumerate(zip(names, ("#999999", *COLOURS), strict=False)):
         values = [_bytes_of(c, name) for c in newest.values()]  # names read on the left
-        ax.barh([top - j + 0.4 - height / 2 - i * height for j in range(len(newest))],
-                [v / 1e6 if v is not None else 0 for v in values], height, label=name,
-                color=colour)
+        bars = ax.barh([top - j + 0.4 - height / 2 - i * height for j in range(len(newest))],
+                       [v / 1e6 if v is not None else 0 for v in values], height, label=name,
+                       color=colour)
+        ax.bar_label(bars, labels=[f"{v / 1e6:,.2f}" if v is not None else "not measured"
+                                   for v in values], padding=2, fontsize=8)  # a small bar too
     ax.set_yticks([top - j for j in range(len(newest))],
                   [label.replace("-vs-", "\nvs ") for label in newest])
     question = "Did the bytes moved per request match the KV arithmetic?"
