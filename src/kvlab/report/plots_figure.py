@@ -155,7 +155,7 @@ def _save(plt: ModuleType, fig: Figure, path: Path, question: str, answer: str) 
     fig.savefig(path, dpi=110, facecolor="white")  # readable on a dark page too
     plt.rcParams["svg.hashsalt"] = path.stem  # ids unique among the plots of one page
     svg = StringIO()
-    fig.savefig(svg, format="svg")
+    fig.savefig(svg, format="svg", metadata={"Date": None})  # the same page from the same notebook
     plt.close(fig)
     text = svg.getvalue()
     text = text[text.index("<svg"):]  # no XML prolog inline
