@@ -60,6 +60,7 @@ class Report:
     pending: list[str] = field(default_factory=list)  # experiments not run yet
     stopped: bool = False  # the run was cut (a signal, Ctrl-C): pending never will run
     starts: str = ""  # how much of the latest run went to engine starts (`starts.py`)
+    charts: dict[str, Plot] = field(default_factory=dict)  # each decision's, by its question
 
     @property
     def title(self) -> str:
@@ -77,9 +78,13 @@ class Report:
             parts += ["### Decisions, from the rows above", ""]
             for lab, title in LAB_TITLES.items():
                 answers = [d for d in self.decisions if d.lab == lab]
-                parts += [f"{title}:", "", *(f"- **{d.question}** {d.answer}"
-                                             + (f" *Your answer:* {d.yours}" if d.yours else "")
-                                             for d in answers), ""]
+                parts += [f"{title}:", ""]
+                for d in answers:
+                    parts.append(f"- **{d.question}** {d.answer}"
+                                 + (f" *Your answer:* {d.yours}" if d.yours else ""))
+                    if (chart := self.charts.get(d.question)) is not None:
+                        parts += ["", f"  ![its figures]({chart.path.name})"]
+                parts.append("")
         if self.plots:
             parts += ["### Plots", ""]
             for p in self.plots:
@@ -117,7 +122,7 @@ class Report:
 
     def html(self) -> str:
         return page(self.title, self.tables, self.decisions, self.plots,
-                    self.pending_line if self.pending else "", self.starts)
+                    self.pending_line if self.pending else "", self.starts, self.charts)
 
     def as_dict(self) -> dict[str, object]:
         return {"labbook": self.labbook, "skipped_lines": self.skipped_lines,
@@ -148,8 +153,11 @@ def build(labbook: str | Path, plots_dir: Path | None = None,
         report.starts = starts.sentence()
     if plots_dir is not None:
         from kvlab.report.plots import draw_all
+        from kvlab.report.plots_decision import decision_plot
 
         report.plots = draw_all(book, plots_dir)
+        report.charts = {d.question: chart for d in report.decisions
+                         if (chart := decision_plot(d, plots_dir)) is not None}
     if csv_dir is not None:
         from kvlab.report.export import write_all
 

@@ -321,11 +321,29 @@ CELL_LIMIT = 120  # characters of visible text in a table cell
 
 
 def brief(text: str, limit: int = CELL_LIMIT) -> str:
-    """`text` cut to its first sentence, then to `limit` characters at a word, for a table
-    cell (the whole text goes to the row's details)."""
+    """`text` cut to its first sentence, then to `limit` characters at a word (before a
+    `code` span it would cut), for a table cell (the whole text goes to the row's details)."""
     if len(text) <= limit:
         return text
     first = text.split(". ")[0].split("; ")[0]
     if len(first) <= limit:
-        return first + " (…)"
-    return first[: limit - 2].rsplit(" ", 1)[0] + " …"
+        return _whole_code(first) + " (…)"
+    return _whole_code(first[: limit - 2].rsplit(" ", 1)[0]) + " …"
+
+
+def _whole_code(cut: str) -> str:
+    """A cut text without a `code` span the cut left open (it would show as a backtick)."""
+    return cut[: cut.rindex("`")].rstrip() if cut.count("`") % 2 else cut
+
+
+# a crossing's verdict (`measure.crossing`) in a reader's words, after "the split" or "the
+# host tier"
+CROSSING_WORDS = {"pays-above": "pays above a length", "pays-below": "pays below a length",
+                  "pays-everywhere": "pays at every length measured",
+                  "pays-nowhere": "pays at no length measured",
+                  "mixed": "has no single boundary", "not-enough-evidence": "is not decided"}
+
+
+def crossing_words(verdict: str) -> str:
+    """A crossing's verdict in a reader's words (an unknown one as it is)."""
+    return CROSSING_WORDS.get(verdict, verdict)

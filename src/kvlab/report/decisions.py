@@ -1,7 +1,8 @@
 """The labs' closing decisions, written from the measured rows with the figures behind them.
 
 The offload lab's task 6 asks three questions (did the host tier pay, did the store pay, what
-did the disk tier cost and save); the P/D lab asks which configuration you would actually use.
+did the disk tier cost and save); the P/D lab asks which configuration you would actually use,
+and its replicas row which router to put in front of them.
 Each answer is one sentence carrying its figures and the settings it depends on, or "not
 enough evidence" with the reason the rows do not decide it: a run that is missing or was not
 run here, a cache that was never under pressure, two runs that are not the same experiment, a
@@ -17,7 +18,8 @@ This module owns the order the decisions come in (`decide`) and what is said aft
 one of them: each side's capacity at the target, and the user's own answer (`kvlab note`). It
 answers no question itself: the host tier's three are `decisions_host.py`'s, the store's, the
 disk tier's and the quantised cache's `decisions_tiers.py`'s, the P/D lab's
-`decisions_pd.py`'s, and the `Decision` they all return `decisions_common.py`'s.
+`decisions_pd.py`'s, the router's `replicas.py`'s, and the `Decision` they all return
+`decisions_common.py`'s.
 """
 
 from __future__ import annotations
@@ -50,11 +52,14 @@ from kvlab.report.decisions_tiers import DISK_Q, STORE_Q, disk, quantised, store
 from kvlab.report.llama import QUANT_Q
 from kvlab.report.offload import capacity_line, capacity_words
 from kvlab.report.placement import split_groups
+from kvlab.report.replicas import router
 
 
 def decide(book: Notebook) -> list[Decision]:
     """The offload lab's answers (the host tier, with llama.cpp's where it ran; the store;
-    the disk tier; the quantised cache), then the P/D lab's one (with the capacities)."""
+    the disk tier; the quantised cache; the tier's size and the length it pays from), then
+    the P/D lab's (the configuration, with the capacities; the router in front of
+    replicas)."""
     tier = [(PRESSURE_OFF.label, "tier off"), (PRESSURE_ON.label, "tier on")]
     split = [(BASELINE.label, "baseline"), *((g.label, f"split `{g.label}`")
                                              for g in split_groups(book))]
@@ -67,7 +72,7 @@ def decide(book: Notebook) -> list[Decision]:
                replace(store(book), rows=(SHARED_STORE.label,)),
                replace(with_mlx(disk(book), book), rows=(DISK.label, MLX_CACHE.label)),
                quantised(book), tier_size(book), tier_length(book),
-               with_capacity(pd, book, split)]
+               with_capacity(pd, book, split), router(book)]
     return [with_yours(d, book) for d in drafted]
 
 

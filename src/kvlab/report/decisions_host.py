@@ -33,10 +33,19 @@ from kvlab.records import (
     Record,
 )
 from kvlab.report import tier_curve, why_tier
-from kvlab.report.common import fixed_kv_bytes, num
-from kvlab.report.decisions_common import SAME_WITHIN, Decision, _absent, _undecided
+from kvlab.report.common import crossing_words, fixed_kv_bytes, num
+from kvlab.report.decisions_common import (
+    SAME_WITHIN,
+    Decision,
+    Mark,
+    Outcome,
+    Panel,
+    _absent,
+    _undecided,
+    first_clause,
+)
 from kvlab.report.llama import ram_against_none, ram_words
-from kvlab.report.offload import memory_kind, tier_against_none
+from kvlab.report.offload import memory_kind, tier_against_none, tier_verdict
 
 HOST_Q = "Did the host tier pay?"
 
@@ -89,7 +98,16 @@ def with_smaller_tier(found: Decision, book: Notebook) -> Decision:
              f"({small.on.tier or 'size not recorded'}), TTFT p50 {num(on_s)} s "
              f"against {num(off_s)} s without{pooled} at concurrency {small.level}: "
              f"{small.ttft.cell()}")
-    return found.extended(words)
+    return found.extended(words).charted(
+        tier_panel(Mark.of(f"smaller tier, c={small.level}", small.ttft)))
+
+
+TIER_AXIS = "TTFT p50, tier / none"
+
+
+def tier_panel(*marks: Mark | None) -> Panel:
+    """The host tier's chart: each run's TTFT p50 against none."""
+    return Panel("ratio", TIER_AXIS, tuple(m for m in marks if m is not None))
 
 
 def with_llama(found: Decision, book: Notebook) -> Decision:
@@ -99,13 +117,20 @@ def with_llama(found: Decision, book: Notebook) -> Decision:
     if words is None:
         return found
     rows = (*found.rows, LLAMA_RAM_ON.label, LLAMA_RAM_SMALL.label)
-    if found.decided:
-        return replace(found.extended(words), rows=rows)
     held = ram_against_none(book, LLAMA_RAM_ON.label)
+    small = ram_against_none(book, LLAMA_RAM_SMALL.label)
+    chart = tier_panel(*(Mark.of(name, pair.ttft) for name, pair in (
+        ("llama.cpp RAM, all", held), ("llama.cpp RAM, a third", small)) if pair is not None))
+    if found.decided:
+        return replace(found.extended(words), rows=rows).charted(chart)
     decided = held is not None and held.ttft.measured and held.ttft.spans_one is False
     figure = f"llama.cpp RAM cache: TTFT p50 {held.ttft.cell()}" if held is not None else ""
+    verdict = tier_verdict(held.ttft) if held is not None else None
+    outcome: Outcome = "yes" if verdict == "paid" else "no"
     return replace(found, answer=f"{words}. vLLM's tier: {found.answer}", decided=decided,
-                   figure=figure if decided else found.figure, rows=rows)
+                   figure=figure if decided else found.figure, rows=rows,
+                   headline=first_clause(words) if decided else found.headline,
+                   outcome=outcome).charted(chart)
 
 
 TIER_SIZE_Q = "How much tier is worth having on this machine?"
@@ -121,16 +146,38 @@ def tier_size(book: Notebook) -> Decision:
         words, figure = curve_answer(host, tc.HOST)
         if any(p.size for p in ram):
             words += f"; on llama.cpp's RAM cache, {curve_answer(ram, tc.RAM)[0]}"
+        head, outcome = curve_headline(host, tc.HOST, "vLLM")
         return Decision("offload", TIER_SIZE_Q, f"On vLLM's host tier, {words}", True,
-                        figure, rows)
+                        figure, rows, headline=head, outcome=outcome).charted(
+            size_panel(host, tc.HOST), size_panel(ram, tc.RAM))
     unrun = host_unrun(book, host)
     if len(ram) < 2:
         why = _absent(book, LLAMA_RAM_CURVE.label, "a curve of tier sizes")
         return replace(_undecided("offload", TIER_SIZE_Q, why + (f"; {unrun}" if unrun
                                                                 else "")), rows=rows)
     words, figure = curve_answer(ram, tc.RAM)
+    head, outcome = curve_headline(ram, tc.RAM, "llama.cpp")
     return Decision("offload", TIER_SIZE_Q, f"On llama.cpp's RAM cache, {words}"
-                    + (f". {unrun[0].upper()}{unrun[1:]}" if unrun else ""), True, figure, rows)
+                    + (f". {unrun[0].upper()}{unrun[1:]}" if unrun else ""), True, figure, rows,
+                    headline=head, outcome=outcome).charted(size_panel(ram, tc.RAM))
+
+
+def curve_headline(found: list[tier_curve.CurvePoint], knob: tier_curve.Knob,
+                   engine: str) -> tuple[str, Outcome]:
+    """A curve's answer in one short sentence, and which way it came out."""
+    best = tier_curve.best_point(found)
+    if best is None or best.gain <= 0:
+        return f"On {engine}, no {knob.tier} size paid", "no"
+    enough = next(p for p in found if p.size and p.gain >= tier_curve.SHARE_OF_BEST * best.gain)
+    return (f"On {engine}, {knob.size(enough.size)} of {knob.tier} was enough "
+            f"(90% of the best gain)"), "yes"
+
+
+def size_panel(found: list[tier_curve.CurvePoint], knob: tier_curve.Knob) -> Panel:
+    """A curve's chart: each size's TTFT p50 against none."""
+    return Panel("ratio", f"TTFT p50, {knob.tier} / none",
+                 tuple(m for p in found if p.size and p.ttft is not None
+                       and (m := Mark.of(knob.size(p.size), p.ttft)) is not None))
 
 
 def curve_answer(found: list[tier_curve.CurvePoint], knob: tier_curve.Knob) -> tuple[str, str]:
@@ -176,11 +223,20 @@ def tier_length(book: Notebook) -> Decision:
     judged = tb.judgement(found)
     cells = ", ".join(f"{f.tokens:,}: {f.ttft.cell()}" for f in found if f.ttft is not None)
     answer = f"{judged.statement[0].upper()}{judged.statement[1:]}"
+    words = crossing_words(judged.verdict)
     figure = (f"{judged.crossing_tokens:,.0f} tokens" if judged.crossing_tokens is not None
-              else judged.verdict)
+              else ", ".join(f"x{f.ttft.ratio:.2f} at {f.tokens:,}" for f in found
+                             if f.ttft is not None and f.ttft.ratio is not None))
+    outcome: Outcome = ("no" if judged.verdict == "pays-nowhere" else "choice"
+                        if judged.verdict == "mixed" else "yes")
+    panel = Panel("ratio", "TTFT p50, tier on / off, by opening", tuple(
+        m for f in found if f.ttft is not None and (m := Mark.of(f"{f.tokens:,}", f.ttft))))
     return Decision("offload", LENGTH_Q, f"{answer} (TTFT p50 against the tier off by "
                     f"opening, 95% intervals: {cells})" + (f"; {sums}" if sums else ""),
-                    judged.verdict != "not-enough-evidence", figure, rows)
+                    judged.verdict != "not-enough-evidence", figure, rows,
+                    headline=f"The host tier {words}" if judged.crossing_tokens is None
+                    else first_clause(answer), outcome=outcome).charted(panel)
+
 
 
 def _host_decision(a: LoadRecord, b: LoadRecord, level: int, why: str,
@@ -197,8 +253,10 @@ def _host_decision(a: LoadRecord, b: LoadRecord, level: int, why: str,
     served = a.metric_deltas.get("external_prefix_cache_hits")
     recall = f"; the tier served {float(served):,.0f} prompt tokens" if served else ""
     tail = f"{recall}; {_settings(a, level)}" + ("" if iv.measured else f"; {iv.words}")
+    chart = tier_panel(Mark(f"vLLM tier, c={level}", r, iv.low, iv.high))
     if iv.spans_one:
-        return _undecided("offload", HOST_Q, f"no measurable difference: {figures}{tail}")
+        return _undecided("offload", HOST_Q, f"no measurable difference: {figures}{tail}"
+                          ).charted(chart)
     if iv.measured:
         verb = "paid" if r < 1 else "cost time"
     else:
@@ -206,7 +264,9 @@ def _host_decision(a: LoadRecord, b: LoadRecord, level: int, why: str,
                 else "made no measurable difference (within 10%)")
     band = f" [{iv.low:.2f}, {iv.high:.2f}]" if iv.measured else " (no interval)"
     return Decision("offload", HOST_Q, f"The host tier {verb}: {figures}{tail}.", True,
-                    f"TTFT p50 x{r:.2f}{band}, c={level}")
+                    f"TTFT p50 x{r:.2f}{band}, c={level}", headline=first_clause(
+                        f"The host tier {verb}"), outcome="yes" if verb == "paid" else "no",
+                    chart=(chart,))
 
 
 def _quoted(a: LoadRecord, b: LoadRecord, iv: intervals.Interval

@@ -27,7 +27,14 @@ from kvlab.records import (
     Notebook,
 )
 from kvlab.report.common import latest
-from kvlab.report.decisions_common import Decision, _absent, _undecided
+from kvlab.report.decisions_common import (
+    Decision,
+    Mark,
+    Outcome,
+    Panel,
+    _absent,
+    _undecided,
+)
 from kvlab.report.placement import Group, split_groups
 
 PD_Q = "Which configuration would you actually use?"
@@ -65,7 +72,7 @@ def _judge(book: Notebook, group: Group, base: dict[int, LoadRecord]) -> Judged:
     name = _name(group)
     c = group.comparison
     if group.topology == UNKNOWN:
-        return Judged(group, [], f"{name}: its topology was not recorded, so which "
+        return Judged(group, [], f"the topology of {name} was not recorded, so which "
                                  "configuration it measured is unknown")
     if c is None:
         return Judged(group, [], f"{name} has no comparison against the baseline (kvlab "
@@ -74,10 +81,10 @@ def _judge(book: Notebook, group: Group, base: dict[int, LoadRecord]) -> Judged:
         return Judged(group, [], f"{name} is not the same experiment as the baseline ("
                                  + "; ".join(c.differences) + ")")
     if c.bytes is not None and c.bytes.verdict == NOT_CROSSED:
-        return Judged(group, [], f"{name}: the cache did not cross, decode prefilled by itself")
+        return Judged(group, [], f"no KV moved in {name}: decode prefilled by itself")
     ttft = _ttft(book, group, c, base)
     if not ttft:
-        return Judged(group, [], f"{name}: its comparison has no TTFT at any level")
+        return Judged(group, [], f"the comparison of {name} has no TTFT at any level")
     return Judged(group, ttft)
 
 
@@ -147,25 +154,34 @@ def _pd_decision(best: Judged, judged: list[Judged],
     faster, slower, same = by_side["faster"], by_side["slower"], by_side["same"]
     levels = "/".join(map(str, same))
     alike = f" and no measurably different at c={levels}" if same else ""
+    chart = Panel("ratio", "TTFT p50, split / one machine", tuple(
+        m for lv, iv in best.ttft if (m := Mark.of(f"c={lv}", iv)) is not None))
     if not faster and not slower:
         return _undecided("pd", PD_Q, f"the best split measured, {_name(best.group)}, made no "
                                       f"measurable difference to first token at any level "
-                                      f"({_level(best.ttft)} intervals span 1: {ttft})")
+                                      f"({_level(best.ttft)} intervals span 1: {ttft})"
+                          ).charted(chart)
+    outcome: Outcome = "choice"
     if faster and not slower and not same:
         head = f"Use {_name(best.group)}: its TTFT p50 against the baseline was {ttft}"
+        short, outcome = f"Use the split `{best.group.label}`", "yes"
     elif not faster:
         head = (f"Use one machine, no split: the best split measured, {_name(best.group)}, "
                 + ("was slower to first token at every level" if not same else
                    f"was slower to first token at c={'/'.join(map(str, slower))}{alike}")
                 + f" ({ttft})")
+        short, outcome = "Use one machine, no split", "no"
     else:
+        short = (f"Route by concurrency: the split `{best.group.label}` at "
+                 f"c={'/'.join(map(str, faster))}, one machine elsewhere")
         head = (f"Route by concurrency: {_name(best.group)} was faster to first token at "
                 f"c={'/'.join(map(str, faster))}"
                 + (" and slower elsewhere" if slower and not same else
                    f", slower at c={'/'.join(map(str, slower))}" if slower else "")
                 + f"{alike} ({ttft})")
     return Decision("pd", PD_Q, f"{head} ({'; '.join(_notes(best, judged, boundary))}).", True,
-                    f"TTFT {ttft}" if len(ttft) < 80 else "", (best.group.label,))
+                    f"TTFT {ttft}" if len(ttft) < 80 else "", (best.group.label,),
+                    headline=short, outcome=outcome, chart=(chart,))
 
 
 def _notes(best: Judged, judged: list[Judged], boundary: BoundaryRecord | None) -> list[str]:

@@ -20,11 +20,12 @@ from kvlab.records import (
     SHARED_SINGLE,
     SHARED_STORE,
     DiskRecord,
+    KvQuantRecord,
     Notebook,
     ReuseRecord,
 )
 from kvlab.report.common import latest, num
-from kvlab.report.decisions_common import Decision, _absent, _undecided
+from kvlab.report.decisions_common import Decision, Mark, Outcome, Panel, _absent, _undecided
 from kvlab.report.llama import QUANT_Q, quant_answer
 from kvlab.report.offload import summary
 
@@ -50,15 +51,34 @@ def store(book: Notebook) -> Decision:
                                         "evidence was recorded, so warm-up is not ruled out")
     store_kind = f"a {alt.connector} store" if alt.connector else "a store"
     cached = rows[1].cached_tokens
+    paid = verdicts[0] == "reused"
     head = (f"The store paid: turn 2 on the second instance took {num(t2)} s against turn 1's "
             f"{num(t1)} s on the first" + (f" ({cached:,} prompt tokens from the store)"
                                             if cached else "")
-            if verdicts[0] == "reused" else
+            if paid else
             f"The store did not pay: turn 2 on the second instance was judged {verdicts[0]} "
             f"({num(t2)} s against turn 1's {num(t1)} s)")
     return Decision(lab, STORE_Q, f"{head}, with {store_kind} shared by two instances; "
                                   f"{_control(book, alt)}.", True,
-                    f"turn 2 {num(t2)} s against turn 1 {num(t1)} s")
+                    f"turn 2 {num(t2)} s against turn 1 {num(t1)} s",
+                    headline="The store paid" if paid else "The store did not pay",
+                    outcome="yes" if paid else "no", chart=(_store_panel(book, alt),))
+
+
+def _store_panel(book: Notebook, alt: ReuseRecord) -> Panel:
+    """The store's chart: turn 2 on the second instance against turn 1 on the first, and
+    the later turns alternating against one instance with the same store (the control)."""
+    t1, t2 = alt.rows[0].ttft_s, alt.rows[1].ttft_s
+    marks = [Mark("turn 2 / turn 1", t2 / t1)] if t1 and t2 else []
+    single = latest(book, ReuseRecord, SHARED_SINGLE.label)
+    if single is not None:
+        spread = intervals.reuse_turns(book.records, alt, single)
+        best_alt, best_one = summary(alt).best_later_ttft_s, summary(single).best_later_ttft_s
+        if spread.measured and (mark := Mark.of("later / control", spread)):
+            marks.append(mark)
+        elif best_alt and best_one:
+            marks.append(Mark("later / control", best_alt / best_one))
+    return Panel("ratio", "TTFT, store / reference", tuple(marks))
 
 
 def _control(book: Notebook, alt: ReuseRecord) -> str:
@@ -103,7 +123,28 @@ def disk(book: Notebook) -> Decision:
         + (f" ({size:,} bytes on disk, KV {r.kv_cache_type})" if size else "")
         + f"; after the restore the first token took {num(after)} s against {num(cold)} s "
         f"from cold, saving {num(cold - after)} s each time the conversation comes back."),
-        True, f"first token {num(after)} s after restore against {num(cold)} s cold")
+        True, f"first token {num(after)} s after restore against {num(cold)} s cold",
+        headline=_disk_headline("llama.cpp", after, cold), outcome=_saved(after, cold),
+        chart=(_disk_panel("llama.cpp", r),))
+
+
+def _saved(after: float, cold: float) -> Outcome:
+    return "yes" if after < cold else "no"
+
+
+def _disk_headline(engine: str, after: float, cold: float) -> str:
+    if after < cold:
+        return (f"On {engine}, a restore from disk started {cold / after:,.0f}x faster than "
+                "a cold prefill" if after else f"On {engine}, a restore from disk beat a "
+                "cold prefill")
+    return f"On {engine}, a restore from disk was no faster than a cold prefill"
+
+
+def _disk_panel(engine: str, r: DiskRecord) -> Panel:
+    """The first token after a restore against a cold prefill, as a ratio."""
+    after, cold = r.post_restore_ttft_s, r.cold_ttft_s
+    return Panel("ratio", "first token, restored / cold", (Mark(engine, after / cold),)
+                 if after is not None and cold else ())
 
 
 def with_mlx(found: Decision, book: Notebook) -> Decision:
@@ -117,10 +158,12 @@ def with_mlx(found: Decision, book: Notebook) -> Decision:
              f"new process, and its first token took {num(r.post_restore_ttft_s)} s against "
              f"{num(r.cold_ttft_s)} s from cold")
     if found.decided or r.verdict != PROVEN:
-        return found.extended(words)
+        return found.extended(words).charted(_disk_panel("mlx-lm", r))
+    after, cold = r.post_restore_ttft_s, r.cold_ttft_s
     return Decision("offload", DISK_Q, words + ".", True,
-                    f"first token {num(r.post_restore_ttft_s)} s after load against "
-                    f"{num(r.cold_ttft_s)} s cold")
+                    f"first token {num(after)} s after load against {num(cold)} s cold",
+                    headline=_disk_headline("mlx-lm", after, cold), outcome=_saved(after, cold),
+                    chart=(_disk_panel("mlx-lm", r),), rows=found.rows)
 
 
 # ---------------------------------------------------------------- offload: the quantised cache
@@ -132,4 +175,17 @@ def quantised(book: Notebook) -> Decision:
         return replace(_undecided("offload", QUANT_Q, _absent(
             book, LLAMA_KV_QUANT.label, "the quantised cache against f16")),
             rows=(LLAMA_KV_QUANT.label,))
-    return Decision("offload", QUANT_Q, found[0], True, found[1], (LLAMA_KV_QUANT.label,))
+    r = latest(book, KvQuantRecord, LLAMA_KV_QUANT.label)
+    assert r is not None and r.tokens_ratio  # quant_answer found it
+    iv, ref, cand = r.ttft_p50, r.reference.kv_type, r.candidate.kv_type
+    marks = [Mark("KV bytes a token", 1 / r.tokens_ratio)]
+    if iv is not None and iv.ratio is not None:
+        marks.append(Mark("TTFT p50", iv.ratio, iv.low, iv.high))
+    slower = iv is not None and iv.low is not None and iv.low > 1
+    more = r.tokens_ratio > 1
+    outcome: Outcome = "choice" if more and slower else "yes" if more else "no"
+    head = (f"{cand} held {r.tokens_ratio:.2f}x the tokens of {ref}"
+            + (" and was slower to first token" if slower else ""))
+    return Decision("offload", QUANT_Q, found[0], True, found[1], (LLAMA_KV_QUANT.label,),
+                    headline=head, outcome=outcome,
+                    chart=(Panel("ratio", f"{cand} / {ref}", tuple(marks), "less", "more"),))

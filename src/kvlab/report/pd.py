@@ -298,7 +298,8 @@ def _bytes_cell(comparison: ComparisonRecord | None) -> tuple[str, str]:
     if seen.predicted_bytes_per_request:
         parts.append(f"predicted {human_bytes(float(seen.predicted_bytes_per_request))}")
     crossed = "" if not seen.verdict else (
-        "did not cross" if seen.verdict == NOT_CROSSED else "crossed")
+        "no KV moved" if seen.verdict == NOT_CROSSED else "unclear whether KV moved"
+        if seen.verdict.startswith("unclear") else "KV moved")
     return ", ".join(parts) or "not recorded: no byte counters", crossed
 
 

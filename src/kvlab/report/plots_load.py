@@ -17,7 +17,20 @@ import numpy as np
 
 from kvlab.measure import intervals, paired_rows
 from kvlab.records import CapacityRecord, LoadRecord, Notebook, Percentiles
-from kvlab.report.plots_figure import COLOURS, Plot, _pyplot, _save, _slug, _style
+from kvlab.report.plots_figure import (
+    COLOURS,
+    Plot,
+    _pyplot,
+    _save,
+    _slug,
+    _style,
+    figure,
+    gaps,
+    legend,
+    suptitle,
+    title,
+    ylabel,
+)
 from kvlab.report.turns import Turns, median_interval, p50, turns
 
 if TYPE_CHECKING:
@@ -62,15 +75,15 @@ def cdf_pair(book: Notebook, out: Path, base: str, other: str) -> Plot | None:
     if len({c[0].split(",")[0].split(" (")[0] for c in curves}) < 2:
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (ax,) = figure(plt)
     for name, values, colour, style in curves:
         ax.ecdf(values, label=name, color=colour, linestyle=style)
     iv = intervals.ttft(book.path, book.records, row_o, row_b)
     question = f"Where did first-token latency move, {other} against {base}?"
-    ax.set(xlabel="TTFT (s)", ylabel="share of requests", ylim=(0, 1.02),
-           title=f"{question}\nc={level}: TTFT p50 {iv.cell()}")
+    ax.set(xlabel="TTFT (s)", ylabel="share of requests", ylim=(0, 1.02))
+    title(ax, f"{question}\nc={level}: TTFT p50 {iv.cell()}")
     ax.set_xlim(left=0)
-    ax.legend(fontsize="small")
+    legend(ax, cols=1 if len(curves) < 3 else 2)
     return _save(plt, fig, out / f"ttft-cdf-{_slug(base)}-vs-{_slug(other)}.png", question,
                  f"at concurrency {level}, TTFT p50 {other} / {base}: {iv.cell()}")
 
@@ -86,14 +99,15 @@ def turn_pair(book: Notebook, out: Path, base: str, other: str) -> Plot | None:
     if len(sides) < 2:
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (ax,) = figure(plt)
     width = 0.18
     for i, ((label, t), colour) in enumerate(zip(sides, COLOURS, strict=False)):
         _turn_points(ax, t, i * width - width / 2, label, colour)
     question = "Which turns did it speed up? (turn 1: no cache can help it)"
-    ax.set(xlabel="turn", ylabel="TTFT p50 (s), 95% interval", title=question)
+    ax.set(xlabel="turn", ylabel="TTFT p50 (s), 95% interval")
+    title(ax, question)
     ax.set_ylim(bottom=0)
-    ax.legend(fontsize="small")
+    legend(ax)
     words = "; ".join(f"{label}: turn 1 {_mid(t.first)} s, later turns {_mid(t.later)} s"
                       for label, t in sides)
     return _save(plt, fig, out / f"ttft-by-turn-{_slug(base)}-vs-{_slug(other)}.png",
@@ -126,13 +140,13 @@ def by_concurrency(book: Notebook, out: Path, base: str, other: str) -> Plot | N
     if not levels or not all(series.values()):
         return None
     plt = _pyplot()
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(13, 4))
+    fig, (ax1, ax2, ax3) = figure(plt, "wide", cols=3)
     where = {lv: i for i, lv in enumerate(levels)}  # levels are categories, not a scale
     for (label, rows), colour in zip(series.items(), COLOURS, strict=False):
         xs = [where[c] for c in sorted(rows)]
-        ax1.plot(xs, [_p50(rows[c].ttft_s) for c in sorted(rows)], _style(len(xs)),
+        ax1.plot(xs, gaps([_p50(rows[c].ttft_s) for c in sorted(rows)]), _style(len(xs)),
                  label=label, color=colour)
-        ax2.plot(xs, [_p50(rows[c].tpot_s) for c in sorted(rows)], _style(len(xs)),
+        ax2.plot(xs, gaps([_p50(rows[c].tpot_s) for c in sorted(rows)]), _style(len(xs)),
                  label=label, color=colour)
     ax1.set(ylabel="TTFT p50 (s)", title="TTFT p50")
     ax2.set(ylabel="TPOT p50 (s)", title="TPOT p50")
@@ -142,9 +156,9 @@ def by_concurrency(book: Notebook, out: Path, base: str, other: str) -> Plot | N
         ax.set_xticks(range(len(levels)), [str(lv) for lv in levels])
         ax.set_xlabel("concurrency")
         ax.set_xlim(-0.5, len(levels) - 0.5)
-    ax1.legend(fontsize="small")
+    legend(ax1, cols=1)
     question = f"Did {other} change latency against {base}, level by level?"
-    fig.suptitle(question)
+    suptitle(fig, question)
     return _save(plt, fig, out / f"{base}-vs-{other}.png", question, answer)
 
 
@@ -159,8 +173,8 @@ def _ratio_panel(ax: Axes, book: Notebook, base: str, other: str,
     a, b = paired_rows(book.records, other, base)
     found = intervals.pair_levels(book.path, book.records, a, b, (intervals.BY_KEY["ttft_p50"],))
     level = max((m["ttft_p50"].confidence for m in found.values()), default=intervals.CONFIDENCE)
-    ax.set(ylabel=f"TTFT p50, {other} / {base}",
-           title=f"TTFT p50 ratio, {intervals.level_words(level)} interval")
+    ylabel(ax, f"TTFT p50, {other} / {base}")
+    title(ax, f"TTFT p50 ratio, {intervals.level_words(level)} interval")
     ax.axhline(1.0, color="#999999", linewidth=1)
     with_bars = [(lv, m["ttft_p50"]) for lv, m in found.items() if m["ttft_p50"].measured]
     points = [(lv, point) for lv, m in found.items()
@@ -173,9 +187,9 @@ def _ratio_panel(ax: Axes, book: Notebook, base: str, other: str,
         ax.errorbar(x, y, yerr=[y - low, high - y], fmt="o", capsize=4, label="with interval")
     if points:
         ax.plot([where[lv] for lv, _ in points], [point for _, point in points], "x",
-                label=intervals.NO_DATA)
-    if with_bars or points:
-        ax.legend(fontsize="small")
+                label="point ratio, no interval (see the answer)")
+    if points:  # say which marks have no interval
+        legend(ax, cols=1)
     return "; ".join(f"c={lv}: {m['ttft_p50'].cell()}" for lv, m in sorted(found.items())) \
         or "no level with a ratio"
 
@@ -198,7 +212,7 @@ def capacity(book: Notebook, out: Path, r: CapacityRecord) -> Plot | None:
     if bound is None or not probes:
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (ax,) = figure(plt)
     for met, colour, name in ((True, COLOURS[2], "met"), (False, COLOURS[1], "missed")):
         kept = [(x, f) for x, f, m in probes if m is met]
         if not kept:
@@ -215,10 +229,10 @@ def capacity(book: Notebook, out: Path, r: CapacityRecord) -> Plot | None:
         ax.axvspan(float(r.capacity), float(r.missed_at), color="#f2d388", alpha=0.4,
                    label="bracket found")
     question = f"How much load meets the latency target? ({r.label})"
-    ax.set(xlabel=r.unit, ylabel=f"{bound} (s), 95% interval",
-           title=f"{question}\ntarget {r.target.slo}")
+    ax.set(xlabel=r.unit, ylabel=f"{bound} (s), 95% interval")
+    title(ax, f"{question}\ntarget {r.target.slo}")
     ax.set_ylim(bottom=0)
-    ax.legend(fontsize="small")
+    legend(ax, cols=4)
     return _save(plt, fig, out / f"capacity-{_slug(r.label)}.png", question, r.statement)
 
 

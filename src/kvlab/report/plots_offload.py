@@ -10,7 +10,6 @@ and saving are `plots_figure.py`'s.
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,7 +30,19 @@ from kvlab.records import (
 )
 from kvlab.report import tier_curve as curves
 from kvlab.report.common import latest
-from kvlab.report.plots_figure import COLOURS, Plot, _pyplot, _save, _style
+from kvlab.report.plots_figure import (
+    COLOURS,
+    Plot,
+    _pyplot,
+    _save,
+    _style,
+    figure,
+    gaps,
+    legend,
+    suptitle,
+    title,
+    ylabel,
+)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -44,19 +55,20 @@ def ttft_per_turn(book: Notebook, out: Path) -> Plot | None:
     if not runs:
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (ax,) = figure(plt)
     answers = []
     for (label, r), colour in zip(runs, COLOURS * 2, strict=False):
         ttft = [row.ttft_s for row in r.rows]
-        ax.plot([str(row.turn) for row in r.rows], ttft, _style(len(ttft)), label=label,
+        ax.plot([str(row.turn) for row in r.rows], gaps(ttft), _style(len(ttft)), label=label,
                 color=colour)
         later = [t for t in ttft[1:] if t is not None]
         if ttft and ttft[0] and later:
             answers.append(f"{label}: fastest later turn {min(later) / ttft[0]:.2f}x of turn 1")
     question = "Did the later turns of a conversation start faster than the first?"
-    ax.set(xlabel="turn", ylabel="TTFT (s)", title=question)
+    ax.set(xlabel="turn", ylabel="TTFT (s)")
+    title(ax, question)
     ax.set_ylim(bottom=0)
-    ax.legend(fontsize="small")
+    legend(ax, cols=len(runs))
     return _save(plt, fig, out / "ttft-per-turn.png", question,
                  "; ".join(answers) or "no later turn answered")
 
@@ -73,7 +85,7 @@ def tier_curve(book: Notebook, out: Path) -> Plot | None:
     if o is None or len(points) < 2 or not o.device_blocks:
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (ax,) = figure(plt)
     xs = [b / o.device_blocks for b, _ in points]
     ys = [s * 100 for _, s in points]
     ax.plot(xs, ys, "o-", color=COLOURS[0], label="the oracle (no engine ran these sizes)")
@@ -89,10 +101,10 @@ def tier_curve(book: Notebook, out: Path) -> Plot | None:
         measured_on = (f"; measured with the tier on ({at:.1f} device caches): "
                        f"{tier_on.measured_share:.1%}")
     question = "How much host tier would this workload use? (the tier-off run replayed)"
-    ax.set(xlabel="host tier, in device caches", ylabel="prompt tokens cached (%)",
-           title=question)
+    ax.set(xlabel="host tier, in device caches", ylabel="prompt tokens cached (%)")
+    title(ax, question)
     ax.set_ylim(0, 100)
-    ax.legend(fontsize="small")
+    legend(ax, cols=2)
     return _save(plt, fig, out / "tier-size-oracle.png", question,
                  _enough(points, o.device_blocks) + measured_on)
 
@@ -118,9 +130,9 @@ def size_curve(book: Notebook, out: Path, knob: curves.Knob) -> Plot | None:
     if len(sized) < 2 and not (line and knob is tc.HOST):
         return None
     plt = _pyplot()
-    fig, axes = plt.subplots(2 if knob is tc.HOST else 1, 1, figsize=(7, 7 if knob is tc.HOST
-                                                                     else 4), squeeze=False)
-    ax = axes[0][0]
+    fig, axes = figure(plt, "tall" if knob is tc.HOST else "column",
+                       rows=2 if knob is tc.HOST else 1, sharex=True)
+    ax = axes[0]
     ys = [float(iv.ratio or 0) for _, iv in sized]
     lows = [y - (iv.low if iv.low is not None else y) for (_, iv), y in zip(sized, ys,
                                                                          strict=True)]
@@ -135,14 +147,15 @@ def size_curve(book: Notebook, out: Path, knob: curves.Knob) -> Plot | None:
     turns.set_ylabel("returning turns recomputed")
     question = f"How much {knob.tier} is worth having? ({knob.row.how})"
     # a ratio's interval from two repeats can span 0.1x to 10x: a log axis keeps 1x readable
-    ax.set_yscale("log")
-    ax.set(xlabel=f"{knob.setting} ({knob.unit})", ylabel="TTFT p50, against none",
-           title=textwrap.fill(question, 60))
-    handles = [*ax.get_legend_handles_labels()[0], *turns.get_legend_handles_labels()[0]]
-    ax.legend(handles=handles, fontsize="small", loc="upper right")
+    ratio_axis(ax, [v for (_, iv) in sized for v in (iv.ratio, iv.low, iv.high)])
+    ax.set(ylabel="TTFT p50, against none")
+    if knob is not tc.HOST:  # the panel under it names the shared axis
+        ax.set_xlabel(f"{knob.setting} ({knob.unit})")
+    title(ax, question)
+    legend(ax, handles=[*ax.get_legend_handles_labels()[0],
+                        *turns.get_legend_handles_labels()[0]])
     if knob is tc.HOST:
-        _share_panel(axes[1][0], book, found, line, knob)
-    fig.tight_layout()
+        _share_panel(axes[1], book, found, line, knob)
     name = "llama-ram-curve.png" if knob is tc.RAM else "offload-tier-curve.png"
     words = tc.answer(found, knob) if len(sized) else tc.oracle_words(line, knob) or ""
     return _save(plt, fig, out / name, question, words)
@@ -166,7 +179,7 @@ def _share_panel(ax: Axes, book: Notebook, found: list[curves.CurvePoint],
     ax.plot([], [], "D", color=COLOURS[2], label="measured (95% interval over the turns)")
     ax.set(xlabel=f"{knob.setting} ({knob.unit})", ylabel="returning turns cached (%)")
     ax.set_ylim(0, 100)
-    ax.legend(fontsize="small", loc="lower right")
+    legend(ax, cols=1)
 
 
 def _enough(points: list[tuple[int, float]], device: int) -> str:
@@ -184,14 +197,14 @@ def disk(book: Notebook, out: Path) -> Plot | None:
     if r is None or r.cold_ttft_s is None:
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, (ax,) = figure(plt)
     names = ["cold prefill", "restore", "TTFT after restore"]
     values = [r.cold_ttft_s * 1000, r.restore_ms or 0, (r.post_restore_ttft_s or 0) * 1000]
     bars = ax.bar(names, values, color=["#999999", COLOURS[0], COLOURS[2]])
     ax.bar_label(bars, labels=[f"{v:,.1f} ms" for v in values])  # small bars stay readable
     question = "Is restoring a slot from disk faster than prefilling it cold?"
-    ax.set(ylabel="milliseconds",
-           title=f"{question}\n{r.prompt_tokens} tokens, {r.kv_cache_type} KV")
+    ax.set(ylabel="milliseconds")
+    title(ax, f"{question}\n{r.prompt_tokens} tokens, {r.kv_cache_type} KV")
     ax.set_ylim(bottom=0)
     after = r.post_restore_ttft_s
     answer = (f"first token after restore {after * 1000:,.1f} ms against {values[0]:,.1f} ms "
@@ -210,29 +223,28 @@ def kv_usage(book: Notebook, out: Path) -> Plot | None:
     moved = _tier_moved(on_row) if on_row is not None else None
     traffic = _tier_series(on_row.kv_usage_samples) if on_row is not None else None
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 2 if moved else 1, figsize=(12 if moved else 7, 4),
-                             squeeze=False)
-    ax = axes[0][0]
+    fig, axes = figure(plt, "wide" if moved else "column", cols=2 if moved else 1)
+    ax = axes[0]
     peaks = []
     for (label, samples), colour in zip(sampled, COLOURS, strict=False):
         usage = [v * 100 if v is not None else None for v in samples.kv_cache_usage_perc or []]
         times = samples.t_s[: len(usage)]
-        ax.plot(times, usage, "-" if len(usage) > 1 else "o", label=label, color=colour)
+        ax.plot(times, gaps(usage), "-" if len(usage) > 1 else "o", label=label, color=colour)
         seen = [u for u in usage if u is not None]
         if seen:
             peaks.append(f"{label} peaked at {max(seen):.0f}%")
     question = "Was the device KV cache full while the load ran, and what did the tier move?"
-    ax.set(xlabel="seconds into the run", ylabel="KV cache usage (%)", ylim=(0, 105),
-           title="device KV cache usage")
-    ax.legend(fontsize="small")
+    ax.set(xlabel="seconds into the run", ylabel="KV cache usage (%)", ylim=(0, 105))
+    title(ax, "device KV cache usage")
+    legend(ax)
     if moved:
         if traffic:
-            _traffic_panel(axes[0][1], traffic, moved["tier size"])
+            _traffic_panel(axes[1], traffic, moved["tier size"])
         else:
-            _tier_panel(axes[0][1], moved)
+            _tier_panel(axes[1], moved)
         peaks.append("the tier stored {:.2f} GB and read back {:.2f} GB (its size {:.2f} GB)"
                      .format(*(v / 1e9 for v in moved.values())))
-    fig.suptitle(question)
+    suptitle(fig, question)
     return _save(plt, fig, out / "kv-usage.png", question, "; ".join(peaks) or "not sampled")
 
 
@@ -271,15 +283,37 @@ def _traffic_panel(ax: Axes, traffic: dict[str, tuple[list[float], list[float]]]
                                            strict=False):
         ax.plot(times, gb, "-", label=name, color=colour)
     ax.axhline(size / 1e9, color="#999999", linestyle="--", label="the tier's size")
-    ax.set(xlabel="seconds into the run", ylabel="GB since the run began (vLLM's counters)",
-           title="host tier traffic over time, tier on")
+    ax.set(xlabel="seconds into the run")
+    ylabel(ax, "GB since the run began (vLLM's counters)")
+    title(ax, "host tier traffic over time, tier on")
     ax.set_ylim(bottom=0)
-    ax.legend(fontsize="small")
+    legend(ax, cols=3)
 
 
 def _tier_panel(ax: Axes, moved: dict[str, float]) -> None:
     bars = ax.bar(list(moved), [v / 1e9 for v in moved.values()],
                   color=[COLOURS[0], COLOURS[2], "#999999"])
     ax.bar_label(bars, labels=[f"{v / 1e9:,.2f} GB" for v in moved.values()])
-    ax.set(ylabel="GB over the run (vLLM's counters)", title="host tier traffic, tier on")
+    ylabel(ax, "GB over the run (vLLM's counters)")
+    title(ax, "host tier traffic, tier on")
     ax.set_ylim(0, max(moved.values()) / 1e9 * 1.15)
+
+
+RATIO_TICKS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100)
+
+
+def ratio_axis(ax: Axes, values: list[float | None]) -> None:
+    """A log y axis of ratios holding 1 and every value, ticked at 1-2-5 steps (decades
+    only where those would crowd) and named as ratios; no minor tick is named."""
+    from matplotlib.ticker import FixedLocator, NullFormatter
+
+    seen = [v for v in values if v is not None and v > 0] or [1.0]
+    low, high = min(*seen, 1.0) / 1.3, max(*seen, 1.0) * 1.3
+    ax.set_yscale("log")
+    ax.set_ylim(low, high)
+    ticks = [t for t in RATIO_TICKS if low <= t <= high]
+    if len(ticks) > 7:
+        ticks = [t for t in ticks if t in (0.01, 0.1, 1, 10, 100)]
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_yticks(ticks, [f"{t:g}x" for t in ticks])

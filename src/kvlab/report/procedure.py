@@ -21,7 +21,7 @@ from kvlab.records import (
     ProcedureRecord,
     Record,
 )
-from kvlab.report.common import Line, Table, measured_on, missing, num
+from kvlab.report.common import Line, Table, crossing_words, measured_on, missing, num
 
 COLUMNS = ["Result", "Figures"]
 WIDTH = len(COLUMNS)
@@ -110,7 +110,7 @@ def boundary_result(r: BoundaryRecord) -> tuple[str, str]:
     ratios = [p.ratio for p in sorted(r.points, key=lambda p: p.prompt_tokens_target)
               if p.ratio is not None]
     if r.crossing_tokens is None or r.verdict not in ("pays-above", "pays-below"):
-        return r.statement.split(":")[0], r.verdict
+        return r.statement.split(":")[0], crossing_words(r.verdict)
     flip = next((i for i in range(len(ratios) - 1)
                  if (ratios[i] < 1.0) != (ratios[i + 1] < 1.0)), None)
     around = ratios[flip:flip + 2] if flip is not None else ratios
@@ -120,4 +120,5 @@ def boundary_result(r: BoundaryRecord) -> tuple[str, str]:
         return (f"no clear boundary: {shown} within {CLEAR:.0%} of 1, with no interval",
                 "not shown")
     side = "above" if r.verdict == "pays-above" else "below"
-    return f"pays {side} about {r.crossing_tokens:,.0f} tokens (point ratios)", r.verdict
+    return (f"pays {side} about {r.crossing_tokens:,.0f} tokens (point ratios)",
+            f"pays {side} {r.crossing_tokens:,.0f} tokens")

@@ -9,6 +9,10 @@ replicas hit the most of the prompt in their caches. Reuse decides only where la
 tell the arms apart, so an arm that hits more but queues on one replica does not win. When no
 arm used the replicas evenly enough, all that ran without failures are ranked, and the answer
 says so.
+
+The P/D lab's decision "which router" (`router`) is the same answer across the prompt sets,
+with each arm's hit share and TTFT median as its chart; the table marks the chosen arm of each
+prompt set and keeps the answer in its evidence.
 """
 
 from __future__ import annotations
@@ -17,6 +21,17 @@ from collections.abc import Sequence
 
 from kvlab.records import REPLICAS, Notebook, ReplicasRecord
 from kvlab.report.common import Line, Table, missing
+from kvlab.report.decisions_common import (
+    NOT_ENOUGH,
+    Decision,
+    Mark,
+    Panel,
+    _absent,
+    _undecided,
+)
+
+ROUTER_Q = "Which router would you put in front of your replicas?"
+CHOSEN = "the lab's choice"  # the verdict of each prompt set's chosen arm
 
 EVEN = 1.5  # the busiest replica's requests over the mean, at most, to count as using N
 COLUMNS = ("arm", "router", "hit rate", "oracle (its assignment)", "oracle (ideal)",
@@ -114,8 +129,44 @@ def replicas_table(book: Notebook) -> Table:
                 evidence.append(f"oracle: {r.oracle_note}")
             if r.router_added_from:
                 evidence.append(f"router's own time: {r.router_added_from}")
-            verdict = decision(prompt_set, arms) if r is chosen else "measured"
+            if r is chosen:
+                evidence.append(f"the lab's answer: {decision(prompt_set, arms)}")
+            verdict = CHOSEN if r is chosen else "measured"
             table.lines.append(Line(f"{r.arm} ({prompt_set})", r.router, cells(r)[2:],
                                     evidence, verdict=verdict, command=REPLICAS.command,
                                     anchor=r.label))
     return table
+
+
+def router(book: Notebook) -> Decision:
+    """Which routing choice to run in front of N replicas: each prompt set's chosen arm
+    (`best`), with every arm's hit share and TTFT median beside it."""
+    records = [r for r in book.records if isinstance(r, ReplicasRecord)]
+    if not records:
+        return _undecided("pd", ROUTER_Q, _absent(book, REPLICAS.label, "the replicas lab"))
+    sets = newest(records)
+    chosen = {name: best(arms) for name, arms in sets.items()}
+    rows = tuple(r.label for r in chosen.values() if r is not None)
+    answer = "By prompt set, " + "; ".join(decision(name, arms) for name, arms in sets.items())
+    picked = {name: r for name, r in chosen.items() if r is not None}
+    if not picked:
+        return Decision("pd", ROUTER_Q, f"{NOT_ENOUGH}: {answer}.", False, rows=rows,
+                        headline=f"{NOT_ENOUGH}: no arm ran without failures")
+    n = max(len(r.replicas) for r in picked.values())
+    arms = {(r.arm, r.router) for r in picked.values()}
+    if len(arms) == 1 and len(picked) == len(sets):
+        arm, by = next(iter(arms))
+        head = f"With {n} replicas, route by {arm} ({by})"
+    else:
+        head = f"With {n} replicas: " + ", ".join(
+            f"{r.arm} for {name}" if r else f"none for {name}" for name, r in chosen.items())
+    every = [r for arms_ in sets.values() for r in arms_]
+    name = (lambda r: r.arm) if len(sets) == 1 else (lambda r: f"{r.arm}, {r.prompt_set}")
+    picks = {id(r) for r in picked.values()}
+    hits = Panel("share", "prompt tokens hit (%)", tuple(
+        Mark(name(r), r.hit_rate or 0.0, chosen=id(r) in picks) for r in every))
+    ttft = Panel("seconds", "TTFT p50, 95% interval", tuple(
+        Mark(name(r), r.ttft_s.p50, r.ttft_p50_low_s, r.ttft_p50_high_s, id(r) in picks)
+        for r in every if r.ttft_s is not None and r.ttft_s.p50 is not None))
+    return Decision("pd", ROUTER_Q, f"{answer}.", True, rows=rows, headline=head,
+                    outcome="choice").charted(hits, ttft)

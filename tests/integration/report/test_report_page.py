@@ -1,8 +1,11 @@
 """`report.html` as a reader meets it, in a real headless Chromium: the committed notebooks'
 reports (the H200 runs, the CPU demo) load with no console error and no broken image, every
-plot has data, the decisions fit the first screen at 1280x800, no table cell runs past 120
-characters, and nothing is fetched from the network. A `kvlab run all` cut after its first
-experiment leaves a report of that experiment.
+plot has data, the decisions fit the first screen at 1280x800, every decided answer has its
+chart beside it, no table cell runs past 120 characters, no word of a plot runs past its
+figure's edge or over another word, and nothing is fetched from the network. Printed on A4,
+every row's evidence and every decision's whole answer shows and no word of a plot is smaller
+than 7 pt. A `kvlab run all` cut after its first experiment leaves a report of that
+experiment.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import children
-from integration.page import check
+from integration.page import check, printed
 from kvlab.report import write
 from kvlab.report.common import CELL_LIMIT
 
@@ -26,6 +29,9 @@ DOCS = Path(__file__).resolve().parents[3] / "docs"
 NOTEBOOKS = {"h200-redo": DOCS / "validation" / "h200-redo" / "notebook.jsonl",
              "h200-x2-ray": DOCS / "validation" / "h200-x2-ray" / "notebook.jsonl",
              "h200-oracle": DOCS / "validation" / "h200-oracle" / "notebook.jsonl",
+             "h200-quick": DOCS / "validation" / "h200-run-all" / "quick-2026-12-07"
+             / "notebook.jsonl",
+             "h200-tier-sizes": DOCS / "validation" / "h200-tier-sizes" / "notebook.jsonl",
              "cpu-demo": DOCS / "examples" / "cpu-demo" / "notebook.jsonl"}
 
 
@@ -45,6 +51,16 @@ def test_a_committed_report_reads_at_a_glance(name: str, tmp_path: Path) -> None
     assert seen.decisions == len(report.decisions) > 0
     assert seen.decisions_bottom is not None and seen.decisions_bottom <= 800
     assert len(seen.longest_cell) <= CELL_LIMIT, seen.longest_cell
+    assert seen.outside == [], seen.outside  # no word cut at a figure's edge
+    assert seen.overlaps == [], seen.overlaps  # nor drawn over another
+    # every decided answer has its chart beside it, with the figures drawn
+    assert all(int(str(w["chart"])) == 1 and int(str(w["marks"])) > 0
+               for w in seen.ways if w["way"] != "open"), seen.ways
+    assert sum(int(str(w["chart"])) for w in seen.ways) == len(report.charts)
+    paper = printed(tmp_path / "report" / "report.html")
+    assert paper.hidden == 0 and paper.closed_at_print == 0, paper
+    assert paper.shown == paper.items > 0, paper  # every evidence row, every whole answer
+    assert paper.smallest_pt >= 7, paper
 
 
 def test_a_run_all_cut_after_its_first_experiment_leaves_its_report(

@@ -195,7 +195,8 @@ def test_which_configuration_with_its_figures(tmp_path: Path) -> None:
 
 def test_which_configuration_undecided(tmp_path: Path) -> None:
     d = answers(split(tmp_path, {}, 0.1))[decisions_pd.PD_Q]  # a row that recorded no topology
-    assert not d.decided and "its topology was not recorded" in d.answer
+    assert not d.decided and "the topology of the split `disagg`" in d.answer
+    assert d.head == "Not enough evidence: the topology of the split `disagg` was not recorded"
     (tmp_path / "x").mkdir()
     loop = where_fields(topology.loopback_split("shared", "test"))
     d = answers(split(tmp_path / "x", loop, 0.1, max_tokens=64))[decisions_pd.PD_Q]
@@ -213,8 +214,10 @@ def test_the_report_writes_them_after_the_tables(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     found = json.loads(run.stdout)["decisions"]
-    assert [d["lab"] for d in found] == ["offload"] * 6 + ["pd"]
-    assert [d["decided"] for d in found] == [False] * 6 + [True]
+    assert [d["lab"] for d in found] == ["offload"] * 6 + ["pd"] * 2
+    assert [d["decided"] for d in found] == [False] * 6 + [True, False]
+    assert [d["outcome"] for d in found][-2:] == ["no", "undecided"]  # one machine: no split
+    assert found[-2]["headline"] == "Use one machine, no split"
 
 
 def test_the_host_tier_pairs_the_two_sides_of_one_run(tmp_path: Path) -> None:

@@ -68,7 +68,40 @@ def test_the_table_reads_the_notebook_and_names_the_answer(tmp_path: Path) -> No
     assert [line.name for line in table.lines] == ["round-robin (shared-prefix)",
                                                    "prefix-affinity (shared-prefix)"]
     assert table.lines[0].verdict == "measured"
-    assert "run prefix-affinity" in table.lines[1].verdict
+    assert table.lines[1].verdict == "the lab's choice"  # a cell, short: the answer is below
+    assert any("the lab's answer: shared-prefix: with 3 replicas run prefix-affinity" in e
+               for e in table.lines[1].evidence)
+
+
+def test_which_router_is_a_decision_with_each_arms_figures(tmp_path: Path) -> None:
+    """The P/D lab's "which router" from the replicas lines: each prompt set's chosen arm,
+    one short headline, and every arm's hit share and TTFT median as its chart."""
+    from kvlab.report.decisions import decide
+
+    book = tmp_path / "book.jsonl"
+    for r in (arm("round-robin", 0.3, 0.10, 0.09, 0.12),
+              arm("prefix-affinity", 0.7, 0.11, 0.10, 0.13)):
+        notebook.append(str(book), r)
+    found = {d.question: d for d in decide(notebook.read(book))}[answer.ROUTER_Q]
+    assert found.decided and found.lab == "pd" and found.outcome == "choice"
+    assert found.head == "With 3 replicas, route by prefix-affinity (kvlab proxy)"
+    assert "run prefix-affinity (kvlab proxy): hit rate 70.0%" in found.answer
+    assert found.rows == ("replicas-prefix-affinity",)
+    hits, ttft = found.chart
+    assert [(m.name, m.value, m.chosen) for m in hits.marks] == [
+        ("round-robin", 0.3, False), ("prefix-affinity", 0.7, True)]
+    assert [(m.value, m.low, m.high) for m in ttft.marks] == [(0.10, 0.09, 0.12),
+                                                              (0.11, 0.10, 0.13)]
+
+
+def test_which_router_undecided_without_a_replicas_line(tmp_path: Path) -> None:
+    from kvlab.report.decisions import decide
+
+    book = tmp_path / "book.jsonl"
+    notebook.append(str(book), NoteRecord(lab="l", label="x", about="store", text="t"))
+    found = {d.question: d for d in decide(notebook.read(book))}[answer.ROUTER_Q]
+    assert not found.decided and not found.chart
+    assert found.head == "Not enough evidence: the replicas lab is not in the notebook"
 
 
 def test_no_line_is_said_once(tmp_path: Path) -> None:

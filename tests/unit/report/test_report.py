@@ -133,7 +133,7 @@ def test_every_cell_is_a_value_or_a_reason(tmp_path: Path) -> None:
     assert pd.rows[3][2] == "0.170 / 0.180 (c=1/4)"
     assert any("decode took 15000 prompt tokens from the store" in e
                for e in pd.lines[3].evidence)
-    assert "store 2.10 MB" in pd.lines[3].cells[3] and pd.lines[3].verdict == "crossed"
+    assert "store 2.10 MB" in pd.lines[3].cells[3] and pd.lines[3].verdict == "KV moved"
     assert pd.rows[4][2] == "0.500 vs 0.600"
     text = report.markdown()
     assert text.count("| ---") == 0 and "### P/D lab" in text
