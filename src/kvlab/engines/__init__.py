@@ -12,6 +12,7 @@ from kvlab.engines.base import (
     HOST_TIER,
     PROBE_MESSAGES,
     CacheShape,
+    DeviceRules,
     Engine,
     Install,
     InstanceFacts,
@@ -44,7 +45,7 @@ from kvlab.engines.prepare import (
     prepare_for,
 )
 from kvlab.engines.private_dirs import make_private_dir
-from kvlab.engines.process import DEFAULT_READY_TIMEOUT_S, EngineProcess
+from kvlab.engines.process import DEFAULT_READY_TIMEOUT_S, EngineProcess, StartFailed
 from kvlab.engines.process_groups import stop_group
 from kvlab.engines.registry import (
     NAMES,
@@ -77,6 +78,7 @@ __all__ = [
     "TITLES",
     "VLLM",
     "CacheShape",
+    "DeviceRules",
     "Engine",
     "EngineHost",
     "EnginePlan",
@@ -94,6 +96,7 @@ __all__ = [
     "Room",
     "Running",
     "Scope",
+    "StartFailed",
     "Support",
     "TwoEndpointProof",
     "all_engines",

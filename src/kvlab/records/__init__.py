@@ -147,6 +147,7 @@ from kvlab.records.rows import (
     serve_label,
 )
 from kvlab.records.startup import (
+    DevicePlanned,
     EngineChoice,
     EngineReuse,
     HostTierCheck,
@@ -238,6 +239,7 @@ __all__ = [
     "CrossingRecord",
     "DatasetEvidence",
     "Deltas",
+    "DevicePlanned",
     "DiskRecord",
     "EngineArgs",
     "EngineChoice",

@@ -22,6 +22,7 @@ from kvlab.engines.base import (
     PROBE_MESSAGES,
     CacheShape,
     CounterTable,
+    DeviceRules,
     GaugeTable,
     Install,
     InstanceFacts,
@@ -99,6 +100,12 @@ class LlamaCppEngine:
 
     def missing(self, settings: Settings) -> str | None:
         return None if settings.llama_model else NO_GGUF
+
+    def device_rules(self, settings: Settings) -> DeviceRules | None:
+        return None  # it sizes its own cache
+
+    def memory_failure(self, log_text: str) -> str | None:
+        return None  # no planned cache to retry with
 
     def plan(self, settings: Settings, role: str, install: Install,
              request: PlanRequest | None = None) -> EnginePlan:
