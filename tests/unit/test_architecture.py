@@ -214,8 +214,10 @@ def test_report_labels_are_spelled_only_in_rows() -> None:
 # module -> package-surface pairs across packages: 791 module pairs before the owners issue, 497
 # after it (the issue asked for 450; splitting modules by what they hold adds importers), 450
 # once the llama.cpp modules read their package's surface, the CLI's and the other packages'
-# modules of experiments and cluster are offered by theirs, and the workloads went to loadgen
-PAIRS_MAX = 447
+# modules of experiments and cluster are offered by theirs, and the workloads went to loadgen;
+# 447 later, and 450 with the GGUF writer's three modules (engines/gguf_make.py, gguf_tokens.py,
+# llamacpp/model_gguf.py: each reads core's errors or settings)
+PAIRS_MAX = 450
 
 
 def test_packages_reach_each_other_through_few_doors() -> None:
