@@ -222,7 +222,7 @@ def device_of(lab: Lab) -> Device | str:
     """The memory the lab's engines share, or why it is not known."""
     if lab.install(VLLM).platform == "cpu":
         available = HostMemory.now().available
-        return Device(available, 1.0, f"the host's {_gib(available)} available")
+        return Device(available, 1.0, f"the {_gib(available)} of host memory available")
     total = device_memory_bytes()
     if total is None:
         return "nvidia-smi did not say the device's memory"
