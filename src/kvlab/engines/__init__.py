@@ -12,6 +12,7 @@ from kvlab.engines.base import (
     HOST_TIER,
     PROBE_MESSAGES,
     CacheShape,
+    DeviceRules,
     Engine,
     Install,
     InstanceFacts,
@@ -45,7 +46,7 @@ from kvlab.engines.prepare import (
     prepare_for,
 )
 from kvlab.engines.private_dirs import make_private_dir
-from kvlab.engines.process import DEFAULT_READY_TIMEOUT_S, EngineProcess
+from kvlab.engines.process import DEFAULT_READY_TIMEOUT_S, EngineProcess, StartFailed
 from kvlab.engines.process_groups import stop_group
 from kvlab.engines.registry import (
     NAMES,
@@ -78,6 +79,7 @@ __all__ = [
     "TITLES",
     "VLLM",
     "CacheShape",
+    "DeviceRules",
     "Engine",
     "EngineHost",
     "EnginePlan",
@@ -95,6 +97,7 @@ __all__ = [
     "Room",
     "Running",
     "Scope",
+    "StartFailed",
     "StoreMatch",
     "Support",
     "TwoEndpointProof",

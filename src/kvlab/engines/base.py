@@ -42,7 +42,7 @@ PROBE_MESSAGES = [
     {"role": "user", "content": "And «7 × 6»? Émoji ok: 🙂 — tabs\tand newlines\nalso."},
 ]
 
-__all__ = ["CounterTable", "Engine", "GaugeTable", "InstanceFacts", "Support"]
+__all__ = ["CounterTable", "DeviceRules", "Engine", "GaugeTable", "InstanceFacts", "Support"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,24 @@ class CacheShape:
     slots: int = 0  # (`slots`)
     ram: RamShape | None = None
     ram_unknown: str | None = None
+
+
+@dataclass(frozen=True)
+class DeviceRules:
+    """What one instance holds on its device beside its weights and its KV cache, as the
+    engine's own facts have it: the tokens of its largest forward pass (whose activations
+    peak at once) and a fixed part (memory outside the framework's allocator), both within
+    the share the engine is given (vLLM's --gpu-memory-utilization); its CUDA context and,
+    where it compiles, its CUDA graphs, beside that share; and the part of the device no
+    engine gets."""
+
+    batched_tokens: int
+    fixed_bytes: int
+    context_bytes: int
+    graph_bytes: int  # 0 where it runs eager
+    reserve_bytes: int
+    compiled: bool
+    basis: str  # where the figures come from, in a sentence
 
 
 @dataclass(frozen=True)
@@ -394,6 +412,16 @@ class Engine(Protocol):
     def missing(self, settings: Settings) -> str | None:
         """What the labs need that the settings do not give it (a model of its format), and
         how to give it (None: nothing)."""
+        ...
+
+    def device_rules(self, settings: Settings) -> DeviceRules | None:
+        """What an instance planned with these settings holds beside its weights and cache,
+        where the engine takes a planned device cache (None: it sizes its own)."""
+        ...
+
+    def memory_failure(self, log_text: str) -> str | None:
+        """The line of a dead instance's log that says its start failed for want of device
+        memory, in the engine's own words (None: it did not)."""
         ...
 
     def plan(self, settings: Settings, role: str, install: Install,

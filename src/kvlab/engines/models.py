@@ -223,73 +223,16 @@ def write_safetensors_bf16(weights: dict[str, Array], path: Path) -> None:
     serialize_file(specs, str(path), metadata={"format": "pt"})
 
 
-def write_gguf(weights: dict[str, Array], shape: Shape, tok: Tokenizer, ids: dict[str, int],
-               path: Path) -> None:
-    """The same Qwen3 weights as a GGUF (f16 matrices, f32 norms) with the same tokenizer."""
-    import gguf
-    import numpy as np
+def write_gguf(weights: dict[str, Array], hf_dir: Path, path: Path) -> None:
+    """The same Qwen3 weights as a GGUF (f16 matrices, f32 norms) with the same tokenizer
+    (`hf_dir`'s config and tokenizer files; `gguf_make.py` writes it)."""
+    from kvlab.engines import gguf_make
+    from kvlab.engines.gguf_tokens import Tokenizer
 
-    spec = json.loads(tok.to_str())
-    vocab_map: dict[str, int] = spec["model"]["vocab"]
-    tokens = [""] * len(vocab_map)
-    for text, index in vocab_map.items():
-        tokens[index] = text
-    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
-    types = [gguf.TokenType.CONTROL if t in SPECIAL_TOKENS else gguf.TokenType.NORMAL
-             for t in tokens]
-
-    w = gguf.GGUFWriter(str(path), arch="qwen3")
-    w.add_name("kvlab-tiny-random-qwen3")
-    w.add_context_length(shape.max_positions)
-    w.add_embedding_length(shape.hidden)
-    w.add_block_count(shape.layers)
-    w.add_feed_forward_length(shape.intermediate)
-    w.add_head_count(shape.heads)
-    w.add_head_count_kv(shape.kv_heads)
-    w.add_key_length(shape.head_dim)
-    w.add_value_length(shape.head_dim)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(10000.0)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(ids["<|endoftext|>"])
-    w.add_eos_token_id(ids["<|im_end|>"])
-    w.add_pad_token_id(ids["<|pad|>"])
-    w.add_add_bos_token(False)
-    w.add_chat_template(CHAT_TEMPLATE)
-
-    def put(name: str, array: Array) -> None:
-        w.add_tensor(name, array.astype(np.float16 if array.ndim == 2 else np.float32))
-
-    put("token_embd.weight", weights["model.embed_tokens.weight"])
-    for i in range(shape.layers):
-        src, dst = f"model.layers.{i}.", f"blk.{i}."
-        for hf_name, gg_name in _GGUF_NAMES:
-            put(dst + gg_name, weights[src + hf_name])
-    put("output_norm.weight", weights["model.norm.weight"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
-_GGUF_NAMES = (
-    ("input_layernorm.weight", "attn_norm.weight"),
-    ("self_attn.q_proj.weight", "attn_q.weight"),
-    ("self_attn.k_proj.weight", "attn_k.weight"),
-    ("self_attn.v_proj.weight", "attn_v.weight"),
-    ("self_attn.q_norm.weight", "attn_q_norm.weight"),
-    ("self_attn.k_norm.weight", "attn_k_norm.weight"),
-    ("self_attn.o_proj.weight", "attn_output.weight"),
-    ("post_attention_layernorm.weight", "ffn_norm.weight"),
-    ("mlp.gate_proj.weight", "ffn_gate.weight"),
-    ("mlp.up_proj.weight", "ffn_up.weight"),
-    ("mlp.down_proj.weight", "ffn_down.weight"),
-)
+    config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+    dims = gguf_make.Dims.of(config, str(hf_dir))
+    gguf_make.from_arrays(path, dims, Tokenizer.of(hf_dir, dims.vocab),
+                          "kvlab-tiny-random-qwen3", weights)
 
 
 @dataclass(frozen=True)
@@ -346,7 +289,7 @@ def _generate(out: Path, seed: int, shape: Shape) -> None:
     })
     weights = random_weights(shape, vocab, seed)
     write_safetensors_bf16(weights, hf_dir / "model.safetensors")
-    write_gguf(weights, shape, tok, ids, out / "tiny.gguf")
+    write_gguf(weights, hf_dir, out / "tiny.gguf")
 
 
 def _identities(root: Path) -> dict[str, dict[str, object]]:

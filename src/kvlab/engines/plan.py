@@ -123,6 +123,12 @@ class EnginePlan:
             args.extend(flag.render())
         return [*args, *self.extra_args]
 
+    def with_facts(self, **facts: object) -> EnginePlan:
+        """The plan with more of what kvlab chose (`StartupFacts` fields, validated) for its
+        startup line."""
+        merged = {**self.startup_facts.model_dump(exclude_none=True), **facts}
+        return replace(self, startup_facts=StartupFacts.model_validate(merged))
+
     def argv(self) -> list[str]:
         """The command line to show and record: secret values replaced by `<redacted>`."""
         return redact_argv(self.exec_argv(), self.secret_values)

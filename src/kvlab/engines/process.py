@@ -5,7 +5,8 @@
   `kvlab clean` can find strays; on Linux the engine gets SIGTERM when kvlab dies, even by
   SIGKILL (the parent-death signal), unless it was started detached;
 - ready: the health URL answers 200 AND the process is alive, within a monotonic deadline; a
-  process that exits during start raises with the tail of its log;
+  process that exits during start raises `StartFailed` with the tail of its log (and the whole
+  log, for the caller that asks its engine why);
 - stop: SIGTERM to the whole group, a grace period, then SIGKILL; always, via `async with`;
 - strays: a recorded group is stopped only when kvlab can prove it is the one it started (the
   leader's start time, or members that serve the port or started after it), never by argv0,
@@ -44,6 +45,15 @@ from kvlab.engines.process_groups import STOP_GRACE_S, parent_death_signal, stop
 from kvlab.engines.strays import PidRecord
 
 DEFAULT_READY_TIMEOUT_S = 600.0
+
+
+class StartFailed(EngineError):
+    """An engine that exited before it was ready: its engine's name, its role and its log,
+    for the caller that asks the engine why (`Engine.memory_failure`)."""
+
+    def __init__(self, message: str, *, engine: str, role: str, log: str) -> None:
+        super().__init__(message)
+        self.engine, self.role, self.log = engine, role, log
 
 
 class EngineProcess:
@@ -119,10 +129,10 @@ class EngineProcess:
             while True:
                 code = self._proc.poll()
                 if code is not None:
-                    raise EngineError(
+                    raise StartFailed(
                         f"{self.plan.engine} ({self.plan.role}) exited with code {code} during "
-                        f"start; {self.log_path}: {self.log_tail(3)}"
-                    )
+                        f"start; {self.log_path}: {self.log_tail(3)}",
+                        engine=self.plan.engine, role=self.plan.role, log=self.log_text())
                 with contextlib.suppress(httpx.HTTPError):
                     response = await client.get(self.plan.health_url)
                     if response.status_code == 200 and self._proc.poll() is None:

@@ -52,7 +52,7 @@ from kvlab.experiments.boundary import (
     summarise,
 )
 from kvlab.experiments.cancel_step import cancel_restart
-from kvlab.experiments.disagg_spec import BOUNDARY, CANCEL, DISAGG_PARTS, LOAD, DisaggSpec, Share
+from kvlab.experiments.disagg_spec import BOUNDARY, CANCEL, DISAGG_PARTS, LOAD, DisaggSpec
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.offload import measure_capacity, require_successes
 from kvlab.experiments.pressure_plan import Counter, fit_preamble
@@ -62,6 +62,7 @@ from kvlab.experiments.split import (
     LOOPBACK,
     NO_NIXL,
     TWO_MACHINES,
+    apart_memory,
     baseline_plan,
     baseline_where,
     dry_placement,
@@ -70,6 +71,7 @@ from kvlab.experiments.split import (
     side_channel,
     sides,
     split_connector,
+    split_memory,
     split_plans,
     split_proxy,
     split_store,
@@ -312,23 +314,17 @@ async def _together(lab: Lab, spec: DisaggSpec, store: str,
     split still differ in one thing); {} where they start apart (said, when it is the fit)."""
     if not spec.together or spec.repeat != 1 or spec.rule is not None:
         return {}
-    roles = lab.placement.split_roles()
-    model = Path(lab.settings.small_model)
-    block = engine_for(VLLM).block_size(lab.install(VLLM).platform)
-    cache = together.quiet_cache_bytes(lab, kvmath.load_shape(model).bytes_per_token(),
-                                       block) if (model / "config.json").exists() else 0
-    why = together.apart(lab, [cache] * (len(roles) + 1), str(model))
-    if why is not None:
-        lab.say(f"    note: the split and the baseline start one at a time: {why}")
+    memory = split_memory(lab, at_once=True)
+    if memory.start != "together":
+        lab.say(f"    note: the split and the baseline start one at a time: {memory.why}")
         return {}
-    share = Share(round(lab.settings.mem_fraction / (len(roles) + 1), 3), cache)
-    labels = [f"{spec.label}-{r}" for r in roles]
+    labels = [f"{spec.label}-{r}" for r in lab.placement.split_roles()]
 
     def plans() -> tuple[list[EnginePlan], list[str]]:
-        return ([*split_plans(lab, store, share), baseline_plan(lab, store, share)],
+        return ([*split_plans(lab, store, memory), baseline_plan(lab, store, memory)],
                 [*labels, "baseline"])
 
-    return await together.start(lab, stack, [plans])
+    return await together.start(lab, stack, [plans], memory)
 
 
 @contextlib.asynccontextmanager
@@ -338,7 +334,9 @@ async def _pair(lab: Lab, spec: DisaggSpec, store: Path,
     if given:
         yield [given[label] for label in labels]
         return
-    async with engines(lab, split_plans(lab, str(store)), labels=labels) as pair:
+    memory = apart_memory(lab)
+    async with together.held(lab, split_plans(lab, str(store), memory), labels,
+                             memory) as pair:
         yield pair
 
 
@@ -397,7 +395,8 @@ async def _baseline(lab: Lab, store: Path, given: Given) -> AsyncIterator[Engine
     if "baseline" in given:
         yield given["baseline"]
         return
-    async with engines(lab, [baseline_plan(lab, str(store))], labels=["baseline"]) as (engine,):
+    plan = baseline_plan(lab, str(store), apart_memory(lab))
+    async with engines(lab, [plan], labels=["baseline"]) as (engine,):
         yield engine
 
 

@@ -1,6 +1,4 @@
-"""What `kvlab run disagg` is asked: its parts, sizes and procedures (`DisaggSpec`), and each
-engine's share of one device when the split and the baseline start together (`Share`).
-"""
+"""What `kvlab run disagg` is asked: its parts, sizes and procedures (`DisaggSpec`)."""
 
 from __future__ import annotations
 
@@ -17,14 +15,6 @@ from kvlab.proxy import Balance
 # `kvlab run disagg --part`: the load comparison (the default) and the lab's procedure steps
 DISAGG_PARTS = ("load", "cancel", "boundary")
 LOAD, CANCEL, BOUNDARY = DISAGG_PARTS
-
-
-@dataclass(frozen=True)
-class Share:
-    """Each engine's part of one device when the split and the baseline start together."""
-
-    fraction: float
-    cache_bytes: int
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 Order (the registry's `RUN_ALL`): the llama.cpp tiers first (a minute or two), then the vLLM
 experiments (offload, shared store, prefill/decode). Each experiment installs what its engines
-need (`engines/prepare.py`: for this machine's device, never the CPU's on a GPU) and starts
+need (`engines/prepare.py`: for this machine's device, never the CPU's on a GPU; the time its
+installs and builds take is said and kept apart from the pass's, `Lab.install_s`) and starts
 its own engines; an engine whose plan is the previous step's is kept instead of restarted,
 its prefix cache reset and the reset checked (`engines/reuse.py`). One that fails (an engine
 that dies, a refused configuration) is recorded as a `not-run` line for each of its report
@@ -30,6 +31,7 @@ from kvlab.experiments.sizes import AllSpec
 from kvlab.records import Record
 
 Done = Callable[[list[str]], None] | None  # told the experiments not run yet
+INSTALL_SAID_S = 1.0  # installs that take longer are said (checking what is there is quicker)
 
 
 NOT_PLACED = ("not placed on a Ray node: kvlab times llama.cpp's slot files on the disk where "
@@ -63,7 +65,8 @@ async def run(lab: Lab, spec: AllSpec, after: Done = None) -> list[Record]:
     order = planned(spec)
     began = time.monotonic()
     for i, name in enumerate(order):
-        lab.say(f"\n######## {name} {progress(lab, order, i, time.monotonic() - began)}")
+        elapsed = time.monotonic() - began - lab.install_s  # installs are not the pass's
+        lab.say(f"\n######## {name} {progress(lab, order, i, elapsed)}")
         written += await _one(lab, spec, name)
         if after is not None:
             after(order[i + 1:])
@@ -124,10 +127,16 @@ def _prepared(lab: Lab, name: str) -> str | None:
     retried by the next experiment that needs it); why it could not be, else None."""
     failed = lab.install_failures
     needs = tuple(n for n in EXPERIMENTS[name].needs if n not in failed)
+    started = time.monotonic()
     try:
         prepare_engines(lab.settings, needs, lab.say)
     except KvlabError as exc:
         failed.update(dict.fromkeys(needs, str(exc)))
+    took = time.monotonic() - started
+    lab.install_s += took
+    if took >= INSTALL_SAID_S:  # a build, a download, a GGUF made: said, and kept apart
+        lab.say(f"    installs for {name}: {took:.0f} s (install time, not the pass's: "
+                f"{lab.install_s:.0f} s so far)")
     return next((failed[n] for n in EXPERIMENTS[name].needs if n in failed), None)
 
 

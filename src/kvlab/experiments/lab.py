@@ -63,6 +63,7 @@ class Lab:
     stores: list[Path] = field(default_factory=list)
     outcomes: dict[str, dict[str, object]] = field(default_factory=dict)  # per experiment run
     install_failures: dict[str, str] = field(default_factory=dict)  # engine need -> why
+    install_s: float = 0.0  # seconds `kvlab run all` spent installing and building
     placement: Placement = LOCAL
     cluster: ClusterSession | None = None  # open while a cluster run runs (`placed()`)
     survey: Survey | None = None  # a cluster dry run: the nodes its names resolve to

@@ -37,8 +37,8 @@ from kvlab.engines.llamacpp import (
 )
 from kvlab.experiments import repeats
 from kvlab.experiments.lab import Lab, engines
-from kvlab.experiments.offload import require_successes, think_of
-from kvlab.experiments.pressure_plan import OVERSUBSCRIPTION, TURNS
+from kvlab.experiments.offload import require_successes
+from kvlab.experiments.pressure_plan import OVERSUBSCRIPTION, TURNS, think_of
 from kvlab.experiments.sizes import AllSpec
 from kvlab.loadgen import LoadSpec, workloads
 from kvlab.measure import (

@@ -41,7 +41,7 @@ from kvlab.engines import (
 )
 from kvlab.experiments import repeats, tier_why, together
 from kvlab.experiments.lab import Lab, engines
-from kvlab.experiments.pressure_plan import TURNS, PressurePlan, plan_pressure
+from kvlab.experiments.pressure_plan import TURNS, PressurePlan, plan_pressure, think_of
 from kvlab.experiments.rounds import Rounds, Write, for_pair
 from kvlab.experiments.sizes import AllSpec
 from kvlab.loadgen import CapacityAsk, LoadSpec
@@ -439,35 +439,36 @@ async def _together(lab: Lab, spec: OffloadSpec, support: Support) -> list[Recor
     (said, and the caller starts them one at a time)."""
     pressure = pressure_plan(lab, spec)
     sides = (False, True) if support.ok else (False,)
-    quiet_bytes = together.quiet_cache_bytes(lab, pressure.bytes_per_token, spec.block_size)
-    why = together.apart(lab, [quiet_bytes, pressure.kv_cache_bytes] * len(sides))
-    if why is not None:
-        lab.say(f"    note: the offload engines start one at a time: {why}")
+    memory = together_memory(lab, spec, pressure, sides)
+    if memory.start != "together":
+        lab.say(f"    note: the offload engines start one at a time: {memory.why}")
         return []
     gb = _pressure_tier_gb(lab, spec, pressure)
     share = 2 * len(sides)
 
     def side(on: bool) -> tuple[list[EnginePlan], list[str]]:
-        plans = [plan_for(lab, on, kv_cache_bytes=quiet_bytes, sharing=share),
-                 plan_for(lab, on, kv_cache_bytes=pressure.kv_cache_bytes,
-                          tier_gb=gb if on else None, sharing=share)]
-        return plans, [(QUIET_ON if on else QUIET_OFF).label,
-                       (PRESSURE_ON if on else PRESSURE_OFF).label]
+        rows = ((QUIET_ON if on else QUIET_OFF, None), (PRESSURE_ON if on else PRESSURE_OFF, gb))
+        return [together.stamped(plan_for(lab, on, kv_cache_bytes=memory.cache(r.label),
+                                          tier_gb=tier if on else None, sharing=share),
+                                 memory, r.label) for r, tier in rows], [r.label for r, _ in rows]
 
     async with contextlib.AsyncExitStack() as stack:
-        given = await together.start(lab, stack, [partial(side, on) for on in sides])
-        lab.say(f"    {len(given)} engines started together, each with 1/{share} of "
-                f"MEM_FRACTION {lab.settings.mem_fraction:g} and a planned device cache")
+        given = await together.start(lab, stack, [partial(side, on) for on in sides], memory)
+        lab.say(f"    {len(given)} engines started, each with 1/{share} of MEM_FRACTION "
+                f"{lab.settings.mem_fraction:g} and a planned device cache: {memory.why}")
         return [*await _quiet_pair(lab, spec, support, given),
                 *await _pressure(lab, spec, pressure, support, given)]
 
 
-def think_of(rows: Sequence[Record]) -> float | None:
-    """The mean think time a pressure run's sessions used (a paced one, as resolved)."""
-    for row in rows:
-        if isinstance(row, LoadRecord) and row.workload and row.workload.think_time:
-            return row.workload.think_time.mean_s
-    return None
+def together_memory(lab: Lab, spec: OffloadSpec, pressure: PressurePlan,
+                    sides: Sequence[bool]) -> together.MemoryPlan:
+    """The lab's engines on one device: a quiet one holds MAX_SEQS requests of CTX tokens,
+    one under pressure its plan's cache; else one at a time, each for its own runs."""
+    quiet = together.quiet_cache_bytes(lab, pressure.bytes_per_token, spec.block_size)
+    return together.memory_plan(lab, [together.Want(row.label, lab.settings.model, cache)
+                                      for on in sides for row, cache in (
+        (QUIET_ON if on else QUIET_OFF, quiet),
+        (PRESSURE_ON if on else PRESSURE_OFF, pressure.kv_cache_bytes))], alone=True)
 
 
 def dry_run(lab: Lab, spec: OffloadSpec) -> list[dict[str, object]]:

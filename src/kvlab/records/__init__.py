@@ -160,6 +160,7 @@ from kvlab.records.rows import (
     serve_label,
 )
 from kvlab.records.startup import (
+    DevicePlanned,
     EngineChoice,
     EngineReuse,
     HostTierCheck,
@@ -255,6 +256,7 @@ __all__ = [
     "CrossingRecord",
     "DatasetEvidence",
     "Deltas",
+    "DevicePlanned",
     "DiskRecord",
     "EngineArgs",
     "EngineChoice",

