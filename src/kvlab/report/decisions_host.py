@@ -81,7 +81,7 @@ def host_tier(book: Notebook) -> Decision:
     iv = intervals.ttft(book.path, records, a, b)
     found = _host_decision(a, b, level, why, iv)
     if not (iv.ratio is not None and iv.ratio < 1 and iv.spans_one is False) \
-            and (cause := why_tier.cause(book, a, b)):
+            and (cause := why_tier.cause(book, a, b, cost=iv.spans_one is False)):
         found = found.extended(cause.rstrip("."))  # it did not pay: why
     memory = memory_kind(book, a)  # the lab: on unified memory the tier may buy much less
     return found.extended(memory[0].upper() + memory[1:]) if memory else found

@@ -49,27 +49,30 @@ def store(book: Notebook) -> Decision:
         return _undecided(lab, STORE_Q, f"turn 2 on the second instance took {num(t2)} s "
                                         f"against turn 1's {num(t1)} s, but no per-turn cache "
                                         "evidence was recorded, so warm-up is not ruled out")
-    store_kind = f"a {alt.connector} store" if alt.connector else "a store"
+    store_kind = f"the {alt.connector} connector's store" if alt.connector else "a store"
     cached = rows[1].cached_tokens
     paid = verdicts[0] == "reused"
     head = (f"The store paid: turn 2 on the second instance took {num(t2)} s against turn 1's "
             f"{num(t1)} s on the first" + (f" ({cached:,} prompt tokens from the store)"
                                             if cached else "")
             if paid else
-            f"The store did not pay: turn 2 on the second instance was judged {verdicts[0]} "
-            f"({num(t2)} s against turn 1's {num(t1)} s)")
+            f"The store did not pay: turn 2 on the second instance was judged {verdicts[0]}, "
+            f"with {cached or 0:,} prompt tokens from it, so its {num(t2)} s against turn 1's "
+            f"{num(t1)} s is not the store's doing")
+    figure = (f"turn 2 {num(t2)} s against turn 1 {num(t1)} s" if paid
+              else f"turn 2 took {cached or 0:,} prompt tokens from the store")
     return Decision(lab, STORE_Q, f"{head}, with {store_kind} shared by two instances; "
-                                  f"{_control(book, alt)}.", True,
-                    f"turn 2 {num(t2)} s against turn 1 {num(t1)} s",
+                                  f"{_control(book, alt)}.", True, figure,
                     headline="The store paid" if paid else "The store did not pay",
-                    outcome="yes" if paid else "no", chart=(_store_panel(book, alt),))
+                    outcome="yes" if paid else "no", chart=(_store_panel(book, alt, paid),))
 
 
-def _store_panel(book: Notebook, alt: ReuseRecord) -> Panel:
-    """The store's chart: turn 2 on the second instance against turn 1 on the first, and
-    the later turns alternating against one instance with the same store (the control)."""
+def _store_panel(book: Notebook, alt: ReuseRecord, paid: bool = True) -> Panel:
+    """The store's chart: turn 2 on the second instance against turn 1 on the first (where
+    the store served it: otherwise the ratio is not the store's), and the later turns
+    alternating against one instance with the same store (the control)."""
     t1, t2 = alt.rows[0].ttft_s, alt.rows[1].ttft_s
-    marks = [Mark("turn 2 / turn 1", t2 / t1)] if t1 and t2 else []
+    marks = [Mark("turn 2 / turn 1", t2 / t1)] if t1 and t2 and paid else []
     single = latest(book, ReuseRecord, SHARED_SINGLE.label)
     if single is not None:
         spread = intervals.reuse_turns(book.records, alt, single)

@@ -136,8 +136,9 @@ def control(book: Notebook) -> tuple[Tax | None, str]:
                    if found else "")
 
 
-def cause(book: Notebook, on: LoadRecord, off: LoadRecord) -> str:
-    """The cause of a tier that cost time, in words with their figures ("": nothing to say)."""
+def cause(book: Notebook, on: LoadRecord, off: LoadRecord, cost: bool = True) -> str:
+    """Why a tier did not pay, in words with their figures ("": nothing to say); `cost`: it
+    cost time measurably, so the cause is named or said to be unexplained."""
     parts = [p for p in (where_added(on, off), _loads_against(on, off)) if p]
     first = tax(book, on, off)
     if first is not None:
@@ -149,7 +150,7 @@ def cause(book: Notebook, on: LoadRecord, off: LoadRecord) -> str:
         parts.append(f)
     if not parts:
         return ""
-    return "Why: " + "; ".join(parts) + ". " + verdict(first, held, on, off)
+    return "Why: " + "; ".join(parts) + (f". {verdict(first, held, on, off)}" if cost else "")
 
 
 def _loads_against(on: LoadRecord, off: LoadRecord) -> str:

@@ -113,3 +113,24 @@ def test_rows_without_accounts_or_files_say_nothing(tmp_path: Path) -> None:
     for r in bare:
         notebook.append(book_path, r)
     assert why_tier.cause(notebook.read(book_path), *bare) == ""
+
+
+def test_the_committed_reports_say_why_and_no_figure_contradicts_its_word() -> None:
+    """The CPU demo's and the H200 quick pass's notebooks, as committed: the store that did not
+    pay no longer shows a faster turn 2 as its figure, and the tier that cost time says where
+    the time went and that the hold is a lead until the control runs."""
+    from kvlab.report import decisions_host, decisions_tiers
+
+    docs = Path(__file__).resolve().parents[3] / "docs"
+    demo = notebook.read(docs / "examples/cpu-demo/notebook.jsonl")
+    store = decisions_tiers.store(demo)
+    assert store.headline == "The store did not pay"
+    assert store.figure == "turn 2 took 0 prompt tokens from the store"
+    assert "so its 0.160 s against turn 1's 0.338 s is not the store's doing" in store.answer
+    quick = notebook.read(docs / "validation/h200-run-all/quick-2026-12-07/notebook.jsonl")
+    tier = decisions_host.host_tier(quick).answer
+    assert "Why: mean TTFT 0.427 s against 0.119 s (+0.308 s): waiting to be scheduled " \
+        "+0.264 s" in tier
+    assert "the tier's loads took 0.176 s in all for 5.91 GB" in tier
+    assert "first turns, which recall nothing, TTFT p50 2.32x" in tier
+    assert "the hold is a lead, not a finding" in tier
