@@ -23,6 +23,8 @@
 #   bash docs/validation/h200.sh llama-cuda : llama-server built with CUDA (sm_90) from the
 #                                       pinned source (carry .whl9), then kvlab's llama.cpp
 #                                       rows on the GPU (tiny random-weight GGUF)
+#   bash docs/validation/h200.sh why : issue 46: the tier's pressure pair at --quick's sizes and
+#                                       the controls after it (copy rate, no shared block)
 #   bash docs/validation/h200.sh all-quick|all : issue 33, as a new user: only what the
 #                                       README's first screen tells a GPU user to set (MODEL
 #                                       and SMALL_MODEL, random-weight Qwen3-8B and 1.7B
@@ -107,6 +109,22 @@ all-quick|all)
   run run all "${A[@]}" --report-dir "$WORK/report"
   [ -f "$WORK/report/report.md" ] && say "report: $(grep -c '' "$WORK/report/report.md") lines" \
     || say "no report written"
+  ;;
+why)
+  # issue 46: the host tier's pressure pair at `run all --quick`'s sizes (8B shape, 8 users'
+  # pacing, 300-token openings, 8 tokens out), then the controls that say why it cost time:
+  # the copy rate with vLLM's own torch, and the same sessions with no block shared across
+  # conversations, tier off and on; no capacity search; the report reads them
+  if [ "${FAKE:-0}" != 1 ]; then
+    unset KVLAB_PROFILE CTX MAX_SEQS
+    export MODEL=$WORK/models/qwen3-8b
+    $PY -m kvlab models shaped qwen3-8b --out "$MODEL" > "$WORK/models.log" 2>&1 \
+      || { say "models shaped: $(tail -3 "$WORK/models.log" | tr '\n' '|')"; exit 1; }
+  fi
+  export MAX_TOKENS=8 PREAMBLE_TOKENS=300
+  run run offload --part pressure --concurrency 8 --why always --slo none
+  run report --out "$WORK/report"
+  [ -f "$WORK/report/report.md" ] && say "report: $(grep -o 'Why: .*' "$WORK/report/report.md" | head -1 | cut -c1-900)"
   ;;
 nixl)
   # distinct prompts of about 4,000 tokens: each request's whole KV crosses (466 MB with the
