@@ -94,6 +94,13 @@ class Expect:
         return cls("store", stored=tuple(stored), through_store=True)
 
 
+def identical_expect(trap: str) -> Expect:
+    """An identical prompt on the instance that did not compute it: every reusable token from
+    the store, or none where the connector's rule cannot serve its length (`trap`:
+    ExampleConnector's off-by-one, seen on the GPU with a 1,553-token prompt, 16-token blocks)."""
+    return Expect.tokens(0, trap) if trap else Expect.reusable(through_store=True)
+
+
 @dataclass
 class Case:
     name: str
@@ -194,10 +201,10 @@ class _Prover:
         return await self.case(name, url, self.messages(self.run.nonce), Expect.reusable(why),
                                **extra)
 
-    async def from_store(self, name: str, url: str, why: str = "") -> Case:
-        """The run's prompt again on another instance: the store is to serve it."""
-        return await self.case(name, url, self.messages(self.run.nonce),
-                               Expect.reusable(why, through_store=True))
+    async def from_store(self, name: str, url: str, trap: str = "") -> Case:
+        """The run's prompt again on another instance: the store is to serve it, unless its
+        connector's own rule cannot serve this prompt's length (`trap`, said why)."""
+        return await self.case(name, url, self.messages(self.run.nonce), identical_expect(trap))
 
     async def control(self, name: str, url: str, why: str, **extra: object) -> Case:
         """The same length with other first words: nothing cached can match it."""

@@ -150,7 +150,8 @@ def cause(book: Notebook, on: LoadRecord, off: LoadRecord, cost: bool = True) ->
         parts.append(f)
     if not parts:
         return ""
-    return "Why: " + "; ".join(parts) + (f". {verdict(first, held, on, off)}" if cost else "")
+    named = cost or (first is not None and first.measured_above)  # a tax to account for
+    return "Why: " + "; ".join(parts) + (f". {verdict(first, held, on, off)}" if named else "")
 
 
 def _loads_against(on: LoadRecord, off: LoadRecord) -> str:

@@ -4,6 +4,7 @@ fingerprint's distance on hand-made logprobs."""
 from __future__ import annotations
 
 from kvlab.engines.base import InstanceFacts
+from kvlab.measure.prove import Expect
 from kvlab.measure.reuse import exact_prompt_trap, off_by_one, store_expectation
 from kvlab.measure.verdict import (
     Evidence,
@@ -145,3 +146,15 @@ def test_fingerprint_parses_a_chat_completion() -> None:
     found = parse(body)
     assert found is not None and found.positions == (("a", (("a", -1.0), ("b", -1.5))),)
     assert parse({"choices": [{"message": {"content": "hi"}}]}) is None
+
+
+def test_an_identical_prompt_the_store_cannot_serve_expects_nothing() -> None:
+    """Found on the GPU (docs/validation/h100-shared): a 1,553-token identical prompt on the
+    second instance was judged a silent miss, though ExampleConnector's own rule looks it up
+    under 1,536 tokens after storing it under 1,552; the proof now expects no reuse there."""
+    from kvlab.measure.prove import identical_expect
+
+    trap = off_by_one("shared", 1553, 16)
+    assert identical_expect(trap) == Expect.tokens(0, trap)
+    assert identical_expect(off_by_one("shared", 1554, 16)) == Expect.reusable(
+        through_store=True)
