@@ -8,8 +8,9 @@ queue, first come first served: a request waits for a free sequence slot (the pr
 `max_seqs`; a slot frees when a request's last token is out) and for the replica's prefill to
 be free; its prefill takes the prefill seconds per token not served from cache plus the recall
 seconds per token served from the tier; its first token comes at the prefill's end (TTFT: that
-minus its arrival); then each further output token takes one decode step at the batch running
-when its decode starts (TPOT: a + b x that batch). The router sees each replica's requests in
+minus its arrival, plus the profile's `ttft_fixed_s`, the front end's and the wire's share);
+then each further output token takes one decode step at the batch running when its decode
+starts (TPOT: a + b x that batch). The router sees each replica's requests in
 flight, from arrival to last token.
 
 Arrivals come in time order: a trace's at their stamps, a session's next turn a think time
@@ -134,7 +135,7 @@ def simulate(stream: Stream, profile: ReplicaProfile, replicas: int, policy: Pol
     blocks, outputs = stream.blocks, stream.output_tokens.tolist()
     fixed_at, think = stream.arrival_s.tolist(), stream.think_s.tolist()
     caches, outstanding = state.caches, state.outstanding
-    k = 0
+    k, fixed_s = 0, profile.ttft_fixed_s
     while k < len(fixed) or pending:
         if pending and (k == len(fixed) or pending[0][0] < fixed_at[fixed[k]]):
             at, i = heapq.heappop(pending)
@@ -148,7 +149,7 @@ def simulate(stream: Stream, profile: ReplicaProfile, replicas: int, policy: Pol
         uncached = request.prompt_tokens - (on_device + on_tier) * b
         first, step, last = state.serve(r, at, uncached, on_tier * b, outputs[i])
         replica[i], device[i], tiered[i] = r, on_device, on_tier
-        arrival[i], ttft[i] = at, first - at
+        arrival[i], ttft[i] = at, first - at + fixed_s
         tpot[i] = step if outputs[i] > 1 else float("nan")
         for j in waiting.get(i, ()):
             heapq.heappush(pending, (last + think[j], j))

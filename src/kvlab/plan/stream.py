@@ -26,7 +26,7 @@ Not here: the simulation (`simulate.py`) and the routing (`routing.py`).
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
@@ -36,7 +36,7 @@ from numpy.typing import NDArray
 from kvlab.core import InputError
 from kvlab.loadgen import ThinkTime
 from kvlab.loadgen import trace as traces
-from kvlab.measure import Blocks
+from kvlab.measure import Blocks, oracle
 from kvlab.proxy import affinity
 
 Floats = NDArray[np.float64]
@@ -255,6 +255,38 @@ def sessions(spec: Sessions, block_tokens: int, keys: Keys = Keys()) -> Stream:
                   np.array(output, dtype=np.int64), tuple(conversation), tuple(prefix),
                   np.array(after, dtype=np.int64), np.array(think, dtype=np.float64),
                   spec.describe())
+
+
+class Body(Protocol):
+    """A request the proxy keys: its chat messages (`loadgen.Prompt`)."""
+
+    @property
+    def index(self) -> int: ...
+
+    def as_messages(self) -> list[dict[str, str]]: ...
+
+
+def closed_loop(prompts: Sequence[Body], tokens: Mapping[int, Sequence[int]], block_tokens: int,
+                concurrency: int, output_tokens: int,
+                prefix_key: Callable[[dict[str, object]], int] | None, source: str) -> Stream:
+    """Chat prompts sent in this order by a closed loop of `concurrency` (request k as
+    request k - c ends, think time 0), each as its exact tokens (`tokens`, by prompt index:
+    the engine's /tokenize, chat template applied) and keyed as kvlab's proxy keys its body:
+    `prefix_key` (the proxy's `affinity.PrefixKey`; None: the conversation key stands in, for
+    a policy that reads none) and `affinity.conversation_key`."""
+    missing = [p.index for p in prompts if p.index not in tokens]
+    if missing:
+        raise InputError(f"prompt {missing[0]} could not be tokenized by the replica")
+    blocks = tuple(oracle.prepare([tokens[p.index] for p in prompts], block_tokens))
+    bodies: list[dict[str, object]] = [{"messages": p.as_messages()} for p in prompts]
+    conversation = tuple(affinity.conversation_key(b) for b in bodies)
+    prefix = tuple(prefix_key(b) for b in bodies) if prefix_key is not None else conversation
+    n = len(prompts)
+    after = np.arange(n, dtype=np.int64) - concurrency
+    after[after < 0] = -1
+    return Stream(blocks, np.zeros(n, dtype=np.float64),
+                  np.full(n, output_tokens, dtype=np.int64), conversation, prefix, after,
+                  np.zeros(n, dtype=np.float64), source)
 
 
 def trace_stream(path: str, block_tokens: int, keys: Keys, *, trace_block: int,
