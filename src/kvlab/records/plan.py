@@ -90,7 +90,8 @@ class PlanPoint(Strict):
     prompt_tokens: int
     hit_share: float | None = Field(None, description="Of all prompt tokens, served from cache "
                                     "(device and tier).")
-    tier_share: float | None = Field(None, description="Of all prompt tokens, served from the tier.")
+    tier_share: float | None = Field(None, description="Of all prompt tokens, served from the "
+                                     "tier.")
     hit_share_per_replica: list[float | None]
     requests_per_replica: list[int]
     busiest_over_mean: float | None = Field(None, description="The busiest replica's requests over "
