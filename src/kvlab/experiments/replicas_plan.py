@@ -8,9 +8,9 @@ in the order the load generator sends them, each as the exact tokens the replica
 gives (the chat template applied), keyed as the proxy keys them (`affinity.PrefixKey` with the
 arm's tokenizer, block size and one block; `affinity.conversation_key`), the replicas named by
 their URLs so the ring places each key where the proxy does, and the closed loop of
-concurrency c modelled as request k arriving when request k - c ends (think time 0:
-`plan.closed_loop`). The simulation's figures (`plan.point`) go on the arm's line as
-`predicted`.
+concurrency c modelled as the load generator runs it: the first c at once, each later prompt,
+in order, as soon as any request ends (`plan.closed_loop`). The simulation's figures
+(`plan.point`) go on the arm's line as `predicted`.
 
 vllm-router's arms get none: its `cache_aware` record is matched by character, which the plan
 models by whole blocks, and it names no replica per request to check the assignment by.

@@ -14,7 +14,9 @@ starts (TPOT: a + b x that batch). The router sees each replica's requests in
 flight, from arrival to last token.
 
 Arrivals come in time order: a trace's at their stamps, a session's next turn a think time
-after its previous turn's last token (known once that turn was simulated).
+after its previous turn's last token (known once that turn was simulated), and a closed
+loop's next request (`QUEUED`, in the stream's order) at the next last token of any request,
+as a load generator's free worker takes the next prompt.
 
 Not here: the stream (`stream.py`), the policies (`routing.py`), and the percentiles and
 searches over many runs (`answers.py`).
@@ -30,7 +32,7 @@ import numpy as np
 
 from kvlab.measure import CacheModel, oracle
 from kvlab.plan.routing import LOAD_FACTOR, Policy, replica_names, router
-from kvlab.plan.stream import Floats, Ints, Stream
+from kvlab.plan.stream import FIXED, QUEUED, Floats, Ints, Stream
 from kvlab.records import ReplicaProfile
 
 
@@ -104,7 +106,7 @@ class _Replicas:
 def _arrivals(stream: Stream) -> tuple[list[int], dict[int, list[int]]]:
     """The fixed arrivals in time order (stable), and who waits on whom."""
     after = stream.after
-    fixed = np.flatnonzero(after < 0)
+    fixed = np.flatnonzero(after == FIXED)
     order = fixed[np.argsort(stream.arrival_s[fixed], kind="stable")].tolist()
     waiting: dict[int, list[int]] = {}
     for i in np.flatnonzero(after >= 0).tolist():
@@ -131,12 +133,20 @@ def simulate(stream: Stream, profile: ReplicaProfile, replicas: int, policy: Pol
     replica = [0] * n
     device, tiered, ttft, tpot, arrival = [0] * n, [0] * n, [0.0] * n, [0.0] * n, [0.0] * n
     fixed, waiting = _arrivals(stream)
+    queued = np.flatnonzero(stream.after == QUEUED).tolist()  # a closed loop's, in order
+    ends: list[float] = []  # every request's last token, while some are queued
+    q = 0
     pending: list[tuple[float, int]] = []  # (arrival, request) of turns that waited
     blocks, outputs = stream.blocks, stream.output_tokens.tolist()
     fixed_at, think = stream.arrival_s.tolist(), stream.think_s.tolist()
     caches, outstanding = state.caches, state.outstanding
     k, fixed_s = 0, profile.ttft_fixed_s
-    while k < len(fixed) or pending:
+    while k < len(fixed) or pending or (q < len(queued) and ends):
+        if q < len(queued) and ends and (not pending or ends[0] < pending[0][0]) and (
+                k == len(fixed) or ends[0] < fixed_at[fixed[k]]):
+            heapq.heappush(pending, (heapq.heappop(ends), queued[q]))  # its turn comes
+            q += 1
+            continue
         if pending and (k == len(fixed) or pending[0][0] < fixed_at[fixed[k]]):
             at, i = heapq.heappop(pending)
         else:
@@ -153,6 +163,8 @@ def simulate(stream: Stream, profile: ReplicaProfile, replicas: int, policy: Pol
         tpot[i] = step if outputs[i] > 1 else float("nan")
         for j in waiting.get(i, ()):
             heapq.heappush(pending, (last + think[j], j))
+        if q < len(queued):
+            heapq.heappush(ends, last)
     return Outcome(policy, replicas, tier, b, np.array(replica, dtype=np.int64),
                    np.array(device, dtype=np.int64), np.array(tiered, dtype=np.int64),
                    np.array([r.prompt_tokens for r in blocks], dtype=np.int64),

@@ -3,12 +3,16 @@ stream (exact tokens, the proxy's keys, the closed loop), simulated over the rep
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
 import pytest
 
 from kvlab.core import InputError
 from kvlab.experiments import replicas_plan
 from kvlab.loadgen import Prompt
-from kvlab.plan import closed_loop
+from kvlab.plan import closed_loop, simulate
+from kvlab.plan.stream import FIXED, QUEUED
 from kvlab.proxy import affinity
 from kvlab.records import ReplicaProfile
 
@@ -27,14 +31,22 @@ def shared(n: int, groups: int) -> tuple[list[Prompt], dict[int, list[int]]]:
     return prompts, tokens
 
 
-def test_the_closed_loop_waits_on_the_request_c_before() -> None:
+def test_the_closed_loop_sends_the_next_prompt_in_order_as_any_request_ends() -> None:
     prompts, tokens = shared(7, 2)
     s = closed_loop(prompts, tokens, B, 3, 4, None, "test")
-    assert s.after.tolist() == [-1, -1, -1, 0, 1, 2, 3]
+    assert s.after.tolist() == [FIXED] * 3 + [QUEUED] * 4
     assert s.output_tokens.tolist() == [4] * 7
     assert [b.prompt_tokens for b in s.blocks] == [5 * B + 3] * 7
     assert s.conversation_key[0] == affinity.conversation_key(
         {"messages": prompts[0].as_messages()})
+    # request 1 is long, so requests 0 and 2 end first: 3 and 4 go as they end, in order
+    out = [2, 40, 2, 2, 2, 2, 2]
+    s = replace(s, output_tokens=np.array(out, dtype=np.int64))
+    o = simulate(s, PROFILE, 1, "round-robin")
+    arrival = o.arrival_s.tolist()
+    assert arrival[:3] == [0.0, 0.0, 0.0]
+    assert arrival == sorted(arrival)  # in the stream's order, as the load generator sends
+    assert arrival[3] > 0 and arrival[6] < arrival[1] + o.ttft_s[1] + 39 * o.tpot_s[1]
 
 
 def test_round_robin_spreads_evenly_and_finds_each_preamble_on_each_replica_once() -> None:
