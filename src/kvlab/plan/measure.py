@@ -7,8 +7,9 @@ engine's own counters.
 - prefill seconds per token: the cold level's prefill-time histogram sum over the prompt
   tokens it computed (its prompt tokens less its prefix-cache hits), both deltas of its
   /metrics over the level;
-- the fixed part of TTFT: the cold level's client TTFT less the engine's own (its TTFT
-  histogram's mean: `TtftAccount.outside`), the front end and the wire;
+- the fixed part of TTFT: the cold level's mean client TTFT less the engine's queue and
+  prefill means (`TtftAccount`): what every request pays beside its prompt's compute (the
+  engine's scheduling and first token, its front end, the wire);
 - the decode step a + b x batch: the TPOT medians at the two levels (batch 1 and batch c),
   b clamped at 0 where the larger batch decoded no slower;
 - max_seqs: what the caller knows of the engine's argv (`--max-num-seqs`).
@@ -20,14 +21,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import httpx
+
 from kvlab.core import InputError
+from kvlab.engines import VLLM, engine_for
 from kvlab.loadgen import LoadSpec, run_sweep
+from kvlab.observe import metrics
 from kvlab.records import LoadRecord, ProfileLevel, ProfileRecord, ReplicaProfile
 
 COLD_SET = "mixed"
 PREFILL_FROM = ("vllm:request_prefill_time_seconds_sum over vllm:prompt_tokens less "
                 "vllm:prefix_cache_hits (deltas over the concurrency-1 level)")
-FIXED_FROM = "client TTFT less vllm:time_to_first_token_seconds, mean at concurrency 1"
+FIXED_FROM = ("client TTFT less vllm:request_queue_time_seconds and "
+              "vllm:request_prefill_time_seconds, means at concurrency 1")
 DECODE_FROM = "TPOT medians at concurrency {low} and {high} (the client's), a + b x batch"
 
 
@@ -59,7 +65,9 @@ def profile_of(rows: Sequence[LoadRecord], block_tokens: int, device_blocks: int
     if computed <= 0:
         raise InputError("--measure: the cold level computed no prompt token")
     account = cold.ttft_account
-    fixed = max(account.outside or 0.0, 0.0) if account is not None else 0.0
+    fixed = 0.0
+    if account is not None and account.prefill is not None:
+        fixed = max(account.client_ttft - (account.queue or 0.0) - account.prefill, 0.0)
     if cold.tpot_s is None or busy.tpot_s is None:
         raise InputError("--measure: no TPOT at one of the levels: give --max-tokens 2 or more")
     t1, tc = cold.tpot_s.p50, busy.tpot_s.p50
@@ -102,3 +110,25 @@ async def measure(base_url: str, model: str, *, api_key: str, block_tokens: int,
                                  shape_from=shape_from, max_seqs_from=max_seqs_from)
     return ProfileRecord(label=label, profile=profile, engine=engine, model=model,
                          url=base_url, levels=levels)
+
+
+async def cache_shape(base_url: str, api_key: str) -> tuple[int, int, str]:
+    """(block tokens, device blocks, where from) as the engine at `base_url` states them."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    async with httpx.AsyncClient(timeout=30.0, trust_env=False, headers=headers) as client:
+        snap = await metrics.scrape(client, metrics.metrics_url(base_url))
+        shape = await engine_for(VLLM).cache_shape(client, base_url, snap)
+    if shape is None or shape.kind != "blocks" or not shape.block_tokens:
+        raise InputError(f"--base-url {base_url}: its /metrics states no KV cache blocks "
+                         "(kvlab plan --measure reads a vLLM engine)")
+    return shape.block_tokens, shape.blocks or 0, f"{shape.sizes_from} at {base_url}"
+
+
+async def measure_url(base_url: str, model: str, api_key: str, max_seqs: int,
+                      concurrency: int = 4, requests: int = 8) -> ProfileRecord:
+    """`kvlab plan --measure`: the profile of the vLLM engine at `base_url` (its root)."""
+    block, blocks, source = await cache_shape(base_url, api_key)
+    return await measure(base_url, model, api_key=api_key, block_tokens=block,
+                         device_blocks=blocks, max_seqs=max_seqs, shape_from=source,
+                         max_seqs_from="given (--max-seqs)", concurrency=concurrency,
+                         requests=requests, engine="vllm")

@@ -110,8 +110,12 @@ async def test_prefix_affinity_beats_round_robin_by_the_oracles_margin(
                         plan.requests_per_replica, [c.requests for c in r.replicas]))
     print("arm, predicted hit, measured hit, predicted TTFT p50, measured, per replica:",
           figures)
-    for arm, hit, seen, *_ in figures:
+    for arm, hit, seen, _, _, planned, counted in figures:
         assert abs(hit - seen) <= 0.05, (arm, hit, seen)
+        assert planned == counted, (arm, planned, counted)
+    # TTFT is printed, not asserted: three replicas share these two cores (and the proxy and
+    # other tests share them too), which the plan's per-replica queue does not model; the
+    # figures seen are in docs/plan.md
 
 
 async def test_without_vllm_router_kvlabs_own_arms_run_and_the_routers_say_why(

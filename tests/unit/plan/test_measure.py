@@ -30,7 +30,7 @@ def test_two_levels_give_prefill_per_computed_token_and_the_decode_line() -> Non
     assert profile.decode_step_per_seq_s == pytest.approx(0.002)  # (0.016 - 0.010) / 3
     assert profile.decode_step(1) == pytest.approx(0.010)
     assert profile.decode_step(4) == pytest.approx(0.016)
-    assert profile.ttft_fixed_s == pytest.approx(0.004)
+    assert profile.ttft_fixed_s == pytest.approx(0.05 - 0.001 - 0.04)  # client - queue - prefill
     assert (profile.block_tokens, profile.device_blocks, profile.max_seqs) == (16, 5000, 4)
     assert set(profile.sources) == set(ReplicaProfile.model_fields) - {"sources"}
     assert [lv.concurrency for lv in levels] == [1, 4]
