@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvlab.measure import CacheModel, oracle
-from kvlab.plan.routing import LOAD_FACTOR, Policy, replica_names, router
+from kvlab.plan.routing import LOAD_FACTOR, Loads, Policy, replica_names, router
 from kvlab.plan.stream import FIXED, QUEUED, Floats, Ints, Stream
 from kvlab.records import ReplicaProfile
 
@@ -66,7 +66,7 @@ class _Replicas:
         self.caches = [oracle.Replay(cache) for _ in range(count)]
         self.prefill_free = [0.0] * count
         self.running: list[list[float]] = [[] for _ in range(count)]  # end times, a heap each
-        self.outstanding = [0] * count
+        self.outstanding = Loads(count)
         self.in_flight = 0
         self.ends: list[tuple[float, int]] = []  # (last token, replica), a heap
         self.profile = profile
@@ -75,7 +75,7 @@ class _Replicas:
         """Count out the requests whose last token came by `now`."""
         ends, outstanding = self.ends, self.outstanding
         while ends and ends[0][0] <= now:
-            outstanding[heapq.heappop(ends)[1]] -= 1
+            outstanding.dec(heapq.heappop(ends)[1])
             self.in_flight -= 1
 
     def serve(self, r: int, at: float, uncached: int, recalled: int, output: int
@@ -98,7 +98,7 @@ class _Replicas:
         last = first + max(output - 1, 0) * tpot
         heapq.heappush(running, last)
         heapq.heappush(self.ends, (last, r))
-        self.outstanding[r] += 1
+        self.outstanding.inc(r)
         self.in_flight += 1
         return first, tpot, last
 
