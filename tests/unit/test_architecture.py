@@ -221,8 +221,11 @@ def test_report_labels_are_spelled_only_in_rows() -> None:
 # 471 with `plan` (issue 50): its five modules read core, records, loadgen, measure and proxy
 # (16 pairs, each through the surface), the CLI's plan command and its console view 2 more;
 # 474 with the GGUF writer's three modules (engines/gguf_make.py, gguf_tokens.py,
-# llamacpp/model_gguf.py: each reads core's errors or settings)
-PAIRS_MAX = 474
+# llamacpp/model_gguf.py: each reads core's errors or settings); 479 with the plan checked
+# against `kvlab run replicas` (issue 50): plan/measure.py reads core, loadgen and records,
+# experiments/replicas_plan.py the plan's new surface and records; 481 with `kvlab plan
+# --measure`: plan/measure.py reads the engine's cache shape (engines, observe)
+PAIRS_MAX = 481
 
 
 def test_packages_reach_each_other_through_few_doors() -> None:

@@ -42,17 +42,27 @@ from kvlab.engines import (
     free_port,
     install,
 )
-from kvlab.experiments import together
+from kvlab.experiments import replicas_plan, together
 from kvlab.experiments.lab import Lab, engines
 from kvlab.experiments.sizes import AllSpec
 from kvlab.loadgen import LoadSpec, Prompt, level_prompts, run_sweep, workloads
 from kvlab.measure import CacheModel, intervals, oracle
 from kvlab.observe import metrics
-from kvlab.proxy import BALANCES, Balance, ProxyArgs, body_digest, process_plan
+from kvlab.proxy import (
+    BALANCES,
+    Balance,
+    ProxyArgs,
+    affinity,
+    body_digest,
+    process_plan,
+)
 from kvlab.records import (
     REPLICAS,
     LoadRecord,
+    PlanPoint,
+    ProfileRecord,
     Record,
+    ReplicaProfile,
     ReplicasRecord,
     RequestLine,
     notebook,
@@ -193,6 +203,14 @@ async def measure(lab: Lab, spec: ReplicasSpec, urls: list[str]) -> list[Record]
     """Every arm against replicas already running at `urls`, in the spec's order."""
     out: list[Record] = []
     block, device = await _cache_shape(lab, urls[0])
+    profile: ReplicaProfile | str = "no arm of kvlab's proxy ran"
+    if any(a in KVLAB_ARMS for a in spec.arms):
+        measured = await _profile(lab, spec, urls[0], block, device)
+        if isinstance(measured, str):
+            profile = measured
+        else:
+            out.append(lab.record(measured))
+            profile = measured.profile
     for number, arm in enumerate(spec.arms):
         if arm == SHARED_ARM:
             out.append(lab.not_run(REPLICAS, f"{SHARED_ARM}: {SHARED_NOT_ON_CPU}"))
@@ -203,8 +221,41 @@ async def measure(lab: Lab, spec: ReplicasSpec, urls: list[str]) -> list[Record]
             continue
         for prompt_set in spec.prompt_sets:
             arm_spec = replace(spec, seed=spec.seed + SEED_STEP * number)
-            out += await _arm(lab, arm_spec, arm, prompt_set, urls, block, device, router)
+            out += await _arm(lab, arm_spec, arm, prompt_set, urls, block, device, router,
+                              profile)
     return out
+
+
+async def _profile(lab: Lab, spec: ReplicasSpec, url: str, block: int, device: int
+                   ) -> ProfileRecord | str:
+    """The first replica's profile for the plan's predictions, or why there is none."""
+    lab.say(f"==> a replica profile for the plan's predictions, measured on {url}")
+    try:
+        return await replicas_plan.calibrate(
+            url, lab.settings.served_name, lab.api_key(), block=block, device=device,
+            max_seqs=lab.settings.max_seqs, concurrency=spec.concurrency,
+            preamble_tokens=spec.preamble_tokens, max_tokens=spec.max_tokens,
+            run_id=lab.run_id, label=spec.label)
+    except KvlabError as exc:
+        return f"no replica profile: {exc}"
+
+
+def _prediction(lab: Lab, spec: ReplicasSpec, arm: str, urls: list[str], block: int,
+                prompts: dict[int, Prompt], tokens: dict[int, list[int]],
+                profile: ReplicaProfile | str) -> tuple[PlanPoint | None, str | None]:
+    """The plan's figures for a kvlab arm before it runs (or why none)."""
+    if arm not in KVLAB_ARMS:
+        return None, replicas_plan.NOT_ROUTER
+    if isinstance(profile, str):
+        return None, profile
+    keyer = affinity.PrefixKey(affinity.load_tokenizer(lab.settings.model), block, 1) \
+        if arm == "prefix-affinity" else None
+    try:
+        return replicas_plan.predict(profile, arm, urls, [prompts[i] for i in sorted(prompts)],
+                                     tokens, spec.concurrency, spec.max_tokens, keyer,
+                                     spec.load_factor), None
+    except KvlabError as exc:
+        return None, str(exc)
 
 
 def _router(lab: Lab) -> Path | str:
@@ -249,7 +300,8 @@ def _load_spec(lab: Lab, spec: ReplicasSpec, front_url: str, label: str,
 
 
 async def _arm(lab: Lab, spec: ReplicasSpec, arm: str, prompt_set: str, urls: list[str],
-               block: int, device: int, router_binary: Path | None) -> list[Record]:
+               block: int, device: int, router_binary: Path | None,
+               profile: ReplicaProfile | str) -> list[Record]:
     label = replicas_label(spec.label, arm, prompt_set)
     picks = lab.settings.paths().run_logs(lab.run_id) / f"{label}-picks.jsonl"
     picks.parent.mkdir(parents=True, exist_ok=True)
@@ -266,19 +318,21 @@ async def _arm(lab: Lab, spec: ReplicasSpec, arm: str, prompt_set: str, urls: li
             f"{spec.concurrency} through {router}")
     async with engines(lab, [front], labels=[f"{label}-front"]) as (proc,), \
             _client(lab) as client:
-        before = await _scrapes(client, urls)
         load_spec = _load_spec(lab, spec, proc.plan.base_url, label, prompt_set)
+        prompts = {p.index: p for p in level_prompts(load_spec, 0, spec.requests)}
+        tokens = await _tokens(client, urls[0], lab.settings.served_name, prompts)
+        predicted, why_not = _prediction(lab, spec, arm, urls, block, prompts, tokens, profile)
+        before = await _scrapes(client, urls)
         sweep = await run_sweep(load_spec, api_key=lab.api_key())
         after = await _scrapes(client, urls)
         front_snap = await metrics.scrape(client, proc.plan.base_url + "/metrics")
         row = lab.record(sweep.rows[0])
         lines = _lines(lab, row)
-        prompts = {p.index: p for p in level_prompts(load_spec, 0, spec.requests)}
         assigned = _assignment(picks, urls) if arm in KVLAB_ARMS else None
-        tokens = await _tokens(client, urls[0], lab.settings.served_name, lines, prompts)
     record = _record(spec, arm, router, policy, prompt_set, urls, row, lines, before, after,
                      assigned, prompts, tokens, (block, device))
     record.label = label
+    record.predicted, record.predicted_note = predicted, why_not
     _router_added(record, front_snap, arm in KVLAB_ARMS)
     return [row, lab.record(record)]
 
@@ -306,16 +360,13 @@ def _assignment(picks: Path, urls: list[str]) -> dict[str, int]:
     return found
 
 
-async def _tokens(client: httpx.AsyncClient, url: str, model: str, lines: list[RequestLine],
+async def _tokens(client: httpx.AsyncClient, url: str, model: str,
                   prompts: dict[int, Prompt]) -> dict[int, list[int]]:
-    """The exact tokens of every answered request's prompt (a replica's /tokenize)."""
+    """The exact tokens of every prompt the arm sends (a replica's /tokenize, before the
+    load: tokenizing computes nothing the prefix cache keeps)."""
     out: dict[int, list[int]] = {}
-    for line in lines:
-        index = line.prompt_index
-        if index is None or index in out or index not in prompts:
-            continue
-        found = await engine_for(VLLM).tokenize_chat(client, url, model,
-                                                     prompts[index].as_messages())
+    for index, prompt in prompts.items():
+        found = await engine_for(VLLM).tokenize_chat(client, url, model, prompt.as_messages())
         if found is not None:
             out[index] = found
     return out

@@ -10,3 +10,11 @@ highest rate, the fewest replicas, what the model leaves out); `args` its argume
 Ranked with `cluster`: it reads loadgen (traces, think times), measure (the oracle's cache)
 and proxy (the routing rules), and experiments and the CLI read it.
 """
+
+from kvlab.plan.answers import point
+from kvlab.plan.measure import measure
+from kvlab.plan.routing import POLICIES
+from kvlab.plan.simulate import simulate
+from kvlab.plan.stream import Body, Stream, closed_loop
+
+__all__ = ["POLICIES", "Body", "Stream", "closed_loop", "measure", "point", "simulate"]

@@ -80,6 +80,16 @@ class PlanArgs(Args):
                                "load bound over the mean in flight (the proxy's "
                                "--load-factor).")
     out: Path | None = Field(None, description="Also write the plan (its JSON line) here.")
+    measure: bool = Field(False, description="Measure a replica profile on the vLLM engine at "
+                          "--base-url and write its replica_profile line to --out (no plan).")
+    base_url: str | None = Field(None, description="--measure: the engine's root URL.")
+    model: str = Field("local-chat", description="--measure: the model name the engine "
+                       "serves.")
+    max_seqs: int | None = Field(None, ge=1, description="--measure: the engine's "
+                                 "--max-num-seqs (it does not state it on /metrics).")
+    measure_concurrency: int = Field(4, ge=2, description="--measure: the busier level's "
+                                     "concurrency (the other is 1).")
+    measure_requests: int = Field(8, ge=2, description="--measure: requests a level.")
 
     def replica_counts(self) -> tuple[int, ...]:
         return _numbers(self.replicas, "--replicas", 1)

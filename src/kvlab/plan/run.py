@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from kvlab.core import InputError, write_private
+from kvlab.core import InputError, Settings, write_private
 from kvlab.plan import answers
 from kvlab.plan.args import PlanArgs
 from kvlab.plan.profile import read_profile
 from kvlab.plan.routing import Policy
 from kvlab.plan.simulate import Outcome, simulate
 from kvlab.plan.stream import Stream
-from kvlab.records import PlanRecord, ReplicaProfile
+from kvlab.records import PlanRecord, ProfileRecord, ReplicaProfile
 
 Say = Callable[[str], None]
 
@@ -33,6 +33,23 @@ def plan_from(args: PlanArgs, say: Say | None = None) -> PlanRecord:
         raise InputError("kvlab plan needs --profile FILE: a replica profile's JSON (its "
                          "fields, or a notebook holding a replica_profile line)")
     record = plan(args, read_profile(args.profile), say)
+    if args.out is not None:
+        write_private(args.out, json.dumps(record.line(), sort_keys=True) + "\n")
+    return record
+
+
+def measure_from(args: PlanArgs) -> ProfileRecord:
+    """`kvlab plan --measure`: the engine's profile, its line also written to `--out`."""
+    import asyncio
+
+    from kvlab.plan.measure import measure_url
+
+    if args.base_url is None or args.max_seqs is None:
+        raise InputError("kvlab plan --measure needs --base-url URL (the vLLM engine's root) "
+                         "and --max-seqs N (its --max-num-seqs)")
+    record = asyncio.run(measure_url(args.base_url, args.model, Settings().api_key(),
+                                     args.max_seqs, args.measure_concurrency,
+                                     args.measure_requests))
     if args.out is not None:
         write_private(args.out, json.dumps(record.line(), sort_keys=True) + "\n")
     return record

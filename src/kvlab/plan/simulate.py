@@ -8,12 +8,15 @@ queue, first come first served: a request waits for a free sequence slot (the pr
 `max_seqs`; a slot frees when a request's last token is out) and for the replica's prefill to
 be free; its prefill takes the prefill seconds per token not served from cache plus the recall
 seconds per token served from the tier; its first token comes at the prefill's end (TTFT: that
-minus its arrival); then each further output token takes one decode step at the batch running
-when its decode starts (TPOT: a + b x that batch). The router sees each replica's requests in
+minus its arrival, plus the profile's `ttft_fixed_s`, the front end's and the wire's share);
+then each further output token takes one decode step at the batch running when its decode
+starts (TPOT: a + b x that batch). The router sees each replica's requests in
 flight, from arrival to last token.
 
 Arrivals come in time order: a trace's at their stamps, a session's next turn a think time
-after its previous turn's last token (known once that turn was simulated).
+after its previous turn's last token (known once that turn was simulated), and a closed
+loop's next request (`QUEUED`, in the stream's order) at the next last token of any request,
+as a load generator's free worker takes the next prompt.
 
 Not here: the stream (`stream.py`), the policies (`routing.py`), and the percentiles and
 searches over many runs (`answers.py`).
@@ -28,8 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvlab.measure import CacheModel, oracle
-from kvlab.plan.routing import LOAD_FACTOR, Policy, replica_names, router
-from kvlab.plan.stream import Floats, Ints, Stream
+from kvlab.plan.routing import LOAD_FACTOR, Loads, Policy, replica_names, router
+from kvlab.plan.stream import FIXED, QUEUED, Floats, Ints, Stream
 from kvlab.records import ReplicaProfile
 
 
@@ -63,7 +66,7 @@ class _Replicas:
         self.caches = [oracle.Replay(cache) for _ in range(count)]
         self.prefill_free = [0.0] * count
         self.running: list[list[float]] = [[] for _ in range(count)]  # end times, a heap each
-        self.outstanding = [0] * count
+        self.outstanding = Loads(count)
         self.in_flight = 0
         self.ends: list[tuple[float, int]] = []  # (last token, replica), a heap
         self.profile = profile
@@ -72,7 +75,7 @@ class _Replicas:
         """Count out the requests whose last token came by `now`."""
         ends, outstanding = self.ends, self.outstanding
         while ends and ends[0][0] <= now:
-            outstanding[heapq.heappop(ends)[1]] -= 1
+            outstanding.dec(heapq.heappop(ends)[1])
             self.in_flight -= 1
 
     def serve(self, r: int, at: float, uncached: int, recalled: int, output: int
@@ -95,7 +98,7 @@ class _Replicas:
         last = first + max(output - 1, 0) * tpot
         heapq.heappush(running, last)
         heapq.heappush(self.ends, (last, r))
-        self.outstanding[r] += 1
+        self.outstanding.inc(r)
         self.in_flight += 1
         return first, tpot, last
 
@@ -103,7 +106,7 @@ class _Replicas:
 def _arrivals(stream: Stream) -> tuple[list[int], dict[int, list[int]]]:
     """The fixed arrivals in time order (stable), and who waits on whom."""
     after = stream.after
-    fixed = np.flatnonzero(after < 0)
+    fixed = np.flatnonzero(after == FIXED)
     order = fixed[np.argsort(stream.arrival_s[fixed], kind="stable")].tolist()
     waiting: dict[int, list[int]] = {}
     for i in np.flatnonzero(after >= 0).tolist():
@@ -130,12 +133,20 @@ def simulate(stream: Stream, profile: ReplicaProfile, replicas: int, policy: Pol
     replica = [0] * n
     device, tiered, ttft, tpot, arrival = [0] * n, [0] * n, [0.0] * n, [0.0] * n, [0.0] * n
     fixed, waiting = _arrivals(stream)
+    queued = np.flatnonzero(stream.after == QUEUED).tolist()  # a closed loop's, in order
+    ends: list[float] = []  # every request's last token, while some are queued
+    q = 0
     pending: list[tuple[float, int]] = []  # (arrival, request) of turns that waited
     blocks, outputs = stream.blocks, stream.output_tokens.tolist()
     fixed_at, think = stream.arrival_s.tolist(), stream.think_s.tolist()
     caches, outstanding = state.caches, state.outstanding
-    k = 0
-    while k < len(fixed) or pending:
+    k, fixed_s = 0, profile.ttft_fixed_s
+    while k < len(fixed) or pending or (q < len(queued) and ends):
+        if q < len(queued) and ends and (not pending or ends[0] < pending[0][0]) and (
+                k == len(fixed) or ends[0] < fixed_at[fixed[k]]):
+            heapq.heappush(pending, (heapq.heappop(ends), queued[q]))  # its turn comes
+            q += 1
+            continue
         if pending and (k == len(fixed) or pending[0][0] < fixed_at[fixed[k]]):
             at, i = heapq.heappop(pending)
         else:
@@ -148,10 +159,12 @@ def simulate(stream: Stream, profile: ReplicaProfile, replicas: int, policy: Pol
         uncached = request.prompt_tokens - (on_device + on_tier) * b
         first, step, last = state.serve(r, at, uncached, on_tier * b, outputs[i])
         replica[i], device[i], tiered[i] = r, on_device, on_tier
-        arrival[i], ttft[i] = at, first - at
+        arrival[i], ttft[i] = at, first - at + fixed_s
         tpot[i] = step if outputs[i] > 1 else float("nan")
         for j in waiting.get(i, ()):
             heapq.heappush(pending, (last + think[j], j))
+        if q < len(queued):
+            heapq.heappush(ends, last)
     return Outcome(policy, replicas, tier, b, np.array(replica, dtype=np.int64),
                    np.array(device, dtype=np.int64), np.array(tiered, dtype=np.int64),
                    np.array([r.prompt_tokens for r in blocks], dtype=np.int64),

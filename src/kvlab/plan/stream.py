@@ -26,7 +26,7 @@ Not here: the simulation (`simulate.py`) and the routing (`routing.py`).
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
@@ -36,7 +36,7 @@ from numpy.typing import NDArray
 from kvlab.core import InputError
 from kvlab.loadgen import ThinkTime
 from kvlab.loadgen import trace as traces
-from kvlab.measure import Blocks
+from kvlab.measure import Blocks, oracle
 from kvlab.proxy import affinity
 
 Floats = NDArray[np.float64]
@@ -44,6 +44,8 @@ Ints = NDArray[np.int64]
 OWN = -1  # a piece of a request's own tokens (followed by the request's index)
 SYSTEM = -2  # a piece of the sessions' shared system tokens
 TRACE_BLOCK_TOKENS = traces.BLOCK_TOKENS  # the published Mooncake traces'
+FIXED = -1  # `after`: the request arrives at its own time
+QUEUED = -2  # `after`: a closed loop's request, sent as any request ends (in stream order)
 ROOT = 0x706C616E  # the parent of a prompt's first block; any fixed int works
 
 
@@ -65,8 +67,10 @@ class TracedRequest(Protocol):
 
 @dataclass(frozen=True)
 class Stream:
-    """Requests in the order they were made; `arrival_s` is fixed where `after` is -1, else
-    the request arrives `think_s` after request `after`'s last token."""
+    """Requests in the order they were made; `arrival_s` is fixed where `after` is FIXED (-1);
+    where it is QUEUED (-2) the request waits its turn for the next request of all to end (a
+    closed loop's free worker, taking the next prompt); else it arrives `think_s` after
+    request `after`'s last token."""
 
     blocks: tuple[Blocks, ...]
     arrival_s: Floats
@@ -87,11 +91,11 @@ class Stream:
     @property
     def closed(self) -> bool:
         """Whether some arrivals wait on an earlier request's reply."""
-        return bool((self.after >= 0).any())
+        return bool((self.after != FIXED).any())
 
     def span_s(self) -> float:
         """Seconds from the first fixed arrival to the last."""
-        fixed = self.arrival_s[self.after < 0]
+        fixed = self.arrival_s[self.after == FIXED]
         return float(fixed.max() - fixed.min()) if len(fixed) else 0.0
 
     def rate(self) -> float | None:
@@ -255,6 +259,39 @@ def sessions(spec: Sessions, block_tokens: int, keys: Keys = Keys()) -> Stream:
                   np.array(output, dtype=np.int64), tuple(conversation), tuple(prefix),
                   np.array(after, dtype=np.int64), np.array(think, dtype=np.float64),
                   spec.describe())
+
+
+class Body(Protocol):
+    """A request the proxy keys: its chat messages (`loadgen.Prompt`)."""
+
+    @property
+    def index(self) -> int: ...
+
+    def as_messages(self) -> list[dict[str, str]]: ...
+
+
+def closed_loop(prompts: Sequence[Body], tokens: Mapping[int, Sequence[int]],
+                block_tokens: int, concurrency: int, output_tokens: int,
+                prefix_key: Callable[[dict[str, object]], int] | None, source: str) -> Stream:
+    """Chat prompts sent in this order by a closed loop of `concurrency` (the first c at
+    once, each later one as soon as any request ends), each as its exact tokens (`tokens`,
+    by prompt index: the engine's /tokenize, chat template applied) and keyed as kvlab's
+    proxy keys its body: `prefix_key` (the proxy's `affinity.PrefixKey`; None: the
+    conversation key stands in, for a policy that reads none) and
+    `affinity.conversation_key`."""
+    missing = [p.index for p in prompts if p.index not in tokens]
+    if missing:
+        raise InputError(f"prompt {missing[0]} could not be tokenized by the replica")
+    blocks = tuple(oracle.prepare([tokens[p.index] for p in prompts], block_tokens))
+    bodies: list[dict[str, object]] = [{"messages": p.as_messages()} for p in prompts]
+    conversation = tuple(affinity.conversation_key(b) for b in bodies)
+    prefix = tuple(prefix_key(b) for b in bodies) if prefix_key is not None else conversation
+    n = len(prompts)
+    after = np.full(n, QUEUED, dtype=np.int64)
+    after[:concurrency] = FIXED
+    return Stream(blocks, np.zeros(n, dtype=np.float64),
+                  np.full(n, output_tokens, dtype=np.int64), conversation, prefix, after,
+                  np.zeros(n, dtype=np.float64), source)
 
 
 def trace_stream(path: str, block_tokens: int, keys: Keys, *, trace_block: int,

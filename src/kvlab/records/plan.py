@@ -41,6 +41,9 @@ class ReplicaProfile(Strict):
                                          "grows per sequence in the batch: b.")
     max_seqs: int = Field(ge=1, description="Sequences the replica runs at once (vLLM's "
                           "max_num_seqs); more wait.")
+    ttft_fixed_s: float = Field(0.0, ge=0, description="Seconds every request's first token "
+                                "takes beyond the engine's queue and prefill (its front end, "
+                                "HTTP, a router): added to TTFT, holding no prefill.")
     sources: dict[str, str] = Field(default_factory=dict, description="Where each figure "
                                     "came from, by field name.")
 
@@ -85,15 +88,16 @@ class PlanPoint(Strict):
     rate: float = Field(description="Requests per second the stream arrived at.")
     requests: int
     prompt_tokens: int
-    hit_share: float | None = Field(description="Of all prompt tokens, served from cache "
+    hit_share: float | None = Field(None, description="Of all prompt tokens, served from cache "
                                     "(device and tier).")
-    tier_share: float | None = Field(description="Of all prompt tokens, served from the tier.")
+    tier_share: float | None = Field(None, description="Of all prompt tokens, served from the "
+                                     "tier.")
     hit_share_per_replica: list[float | None]
     requests_per_replica: list[int]
-    busiest_over_mean: float | None = Field(description="The busiest replica's requests over "
+    busiest_over_mean: float | None = Field(None, description="The busiest replica's requests over "
                                             "the mean.")
-    ttft_s: Percentiles | None
-    tpot_s: Percentiles | None = Field(description="Of requests with two or more output "
+    ttft_s: Percentiles | None = None
+    tpot_s: Percentiles | None = Field(None, description="Of requests with two or more output "
                                        "tokens.")
 
 
@@ -105,7 +109,7 @@ class RateAnswer(Strict):
     replicas: int
     tier_blocks: int
     target: str
-    rate: float | None
+    rate: float | None = None
     ttft_s: Percentiles | None = Field(None, description="At that rate.")
     why: str | None = None
 
@@ -118,7 +122,7 @@ class ReplicasAnswer(Strict):
     tier_blocks: int
     rate: float
     target: str
-    replicas: int | None
+    replicas: int | None = None
     ttft_s: Percentiles | None = None
     why: str | None = None
 

@@ -22,6 +22,7 @@ from pydantic import Field
 
 from kvlab.records.base import Deltas, Record, Strict
 from kvlab.records.evidence import Percentiles
+from kvlab.records.plan import PlanPoint
 
 
 class ReplicaCounts(Strict):
@@ -81,6 +82,10 @@ class ReplicasRecord(Record):
                                          "before the first byte, from its /metrics.")
     router_added_from: str | None = None
     load_label: str | None = Field(None, description="The load row of this arm.")
+    predicted: PlanPoint | None = Field(None, description="`kvlab plan`'s simulation of this "
+                                        "arm, made before it ran, from a profile measured on "
+                                        "the first replica (its replica_profile line).")
+    predicted_note: str | None = Field(None, description="Why the arm has no prediction.")
     note: str | None = None
 
 

@@ -36,7 +36,7 @@ CHOSEN = "the lab's choice"  # the verdict of each prompt set's chosen arm
 EVEN = 1.5  # the busiest replica's requests over the mean, at most, to count as using N
 COLUMNS = ("arm", "router", "hit rate", "oracle (its assignment)", "oracle (ideal)",
            "TTFT p50 [95%]", "TTFT p99 [95%]", "busiest / mean", "requests per replica",
-           "failed", "router's own time")
+           "failed", "router's own time", "the plan's prediction")
 
 
 def _pct(value: float | None) -> str:
@@ -68,7 +68,40 @@ def cells(r: ReplicasRecord) -> list[str]:
             else "not known", _pct(r.oracle_ideal_hit_share),
             _p50(r),
             _interval(ttft.p99 if ttft else None, r.ttft_p99_low_s, r.ttft_p99_high_s),
-            "-" if r.imbalance is None else f"{r.imbalance:.2f}", per, str(r.failed), added]
+            "-" if r.imbalance is None else f"{r.imbalance:.2f}", per, str(r.failed), added,
+            _predicted(r)]
+
+
+def _predicted(r: ReplicasRecord) -> str:
+    """The plan's hit share, TTFT p50 and requests per replica, made before the arm ran."""
+    p = r.predicted
+    if p is None:
+        return "-"
+    per = ", ".join(str(n) for n in p.requests_per_replica)
+    return (f"hit {_pct(p.hit_share)}, TTFT p50 {_ms(p.ttft_s.p50 if p.ttft_s else None)} "
+            f"ms, {per}")
+
+
+def against(r: ReplicasRecord) -> str | None:
+    """The plan's prediction against what the arm measured, each error said (None: no
+    prediction)."""
+    p = r.predicted
+    if p is None:
+        return f"the plan: {r.predicted_note}" if r.predicted_note else None
+    parts = []
+    if p.hit_share is not None and r.hit_rate is not None:
+        parts.append(f"hit share {_pct(p.hit_share)} predicted, {_pct(r.hit_rate)} measured "
+                     f"({100 * (p.hit_share - r.hit_rate):+.1f} points)")
+    for q in ("p50", "p90"):
+        want = getattr(p.ttft_s, q) if p.ttft_s else None
+        seen = getattr(r.ttft_s, q) if r.ttft_s else None
+        if want is not None and seen:
+            parts.append(f"TTFT {q} {_ms(want)} ms predicted, {_ms(seen)} ms measured "
+                         f"({100 * (want - seen) / seen:+.0f}%)")
+    measured = [f"{c.requests:.0f}" if c.requests is not None else "?" for c in r.replicas]
+    parts.append(f"requests per replica {p.requests_per_replica} predicted, "
+                 f"[{', '.join(measured)}] measured")
+    return "the plan, before the arm ran: " + "; ".join(parts)
 
 
 def newest(records: Sequence[ReplicasRecord]) -> dict[str, list[ReplicasRecord]]:
@@ -129,6 +162,8 @@ def replicas_table(book: Notebook) -> Table:
                 evidence.append(f"oracle: {r.oracle_note}")
             if r.router_added_from:
                 evidence.append(f"router's own time: {r.router_added_from}")
+            if (planned := against(r)) is not None:
+                evidence.append(planned)
             if r is chosen:
                 evidence.append(f"the lab's answer: {decision(prompt_set, arms)}")
             verdict = CHOSEN if r is chosen else "measured"

@@ -64,3 +64,19 @@ def test_cache_aware_balances_once_both_thresholds_are_passed() -> None:
     assert router.pick(0, [0, 0], 0) == 0
     assert router.pick(1, [64, 0], 64) == 0  # 64 over: not more than the absolute threshold
     assert router.pick(2, [65, 0], 65) == 1  # 65 over and more than 1.5 x: the idlest
+
+
+def test_loads_keep_the_fewest_and_most_as_min_and_max_would() -> None:
+    import random
+
+    from kvlab.plan.routing import Loads
+
+    rng = random.Random(5)
+    loads = Loads(7)
+    for _ in range(5000):
+        r = rng.randrange(7)
+        if loads[r] and rng.random() < 0.5:
+            loads.dec(r)
+        else:
+            loads.inc(r)
+        assert (loads.fewest, loads.most) == (min(loads), max(loads))

@@ -138,3 +138,10 @@ def test_the_fewest_replicas_grow_with_the_rate() -> None:
     assert found[0] == 1 and found[0] is not None and found[1] is not None
     assert found[2] is not None and found[0] <= found[1] <= found[2]
     assert found[2] >= 4
+
+
+def test_the_fixed_part_of_ttft_is_added_to_every_request_and_holds_no_prefill() -> None:
+    base = simulate(stream([(0, 0), (1, 0)], gap_s=0.0), profile(), 1, "round-robin")
+    fixed = simulate(stream([(0, 0), (1, 0)], gap_s=0.0), profile(ttft_fixed_s=0.25), 1,
+                     "round-robin")
+    assert fixed.ttft_s.tolist() == pytest.approx((base.ttft_s + 0.25).tolist())

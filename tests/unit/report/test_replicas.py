@@ -9,6 +9,7 @@ from kvlab.records import notebook
 from kvlab.records.evidence import Percentiles
 from kvlab.records.models import parse
 from kvlab.records.notes import NoteRecord
+from kvlab.records.plan import PlanPoint
 from kvlab.records.replicas import ReplicaCounts, ReplicasRecord
 from kvlab.report import replicas as answer
 
@@ -109,3 +110,26 @@ def test_no_line_is_said_once(tmp_path: Path) -> None:
     notebook.append(str(book), NoteRecord(lab="l", label="x", about="store", text="t"))
     (line,) = answer.replicas_table(notebook.read(book)).lines
     assert line.absent and "kvlab run replicas" in line.command
+
+
+def test_the_plans_prediction_sits_beside_what_the_arm_measured(tmp_path: Path) -> None:
+    measured = arm("prefix-affinity", 0.70, 0.100, 0.09, 0.12)
+    measured.ttft_s = Percentiles(p50=0.100, p90=0.200, p99=0.3)
+    measured.predicted = PlanPoint(
+        policy="prefix-affinity", replicas=3, tier_blocks=0, rate=0.0, requests=18,
+        prompt_tokens=5400, hit_share=0.68, tier_share=0.0,
+        hit_share_per_replica=[0.7, 0.6, 0.7], requests_per_replica=[6, 7, 5],
+        busiest_over_mean=1.17, ttft_s=Percentiles(p50=0.090, p90=0.250), tpot_s=None)
+    book = tmp_path / "book.jsonl"
+    notebook.append(str(book), measured)
+    (line,) = answer.replicas_table(notebook.read(book)).lines
+    assert line.cells[-1] == "hit 68.0%, TTFT p50 90 ms, 6, 7, 5"
+    (said,) = [e for e in line.evidence if e.startswith("the plan, before the arm ran: ")]
+    assert "hit share 68.0% predicted, 70.0% measured (-2.0 points)" in said
+    assert "TTFT p50 90 ms predicted, 100 ms measured (-10%)" in said
+    assert "TTFT p90 250 ms predicted, 200 ms measured (+25%)" in said
+    assert "requests per replica [6, 7, 5] predicted, [6, 6, 6] measured" in said
+    other = arm("round-robin", 0.3, 0.1, 0.09, 0.12)
+    other.predicted_note = "no replica profile: the engine reports no histogram"
+    assert answer.against(other) == ("the plan: no replica profile: the engine reports no "
+                                     "histogram")
