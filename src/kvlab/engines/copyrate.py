@@ -16,7 +16,8 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Literal
 
 from kvlab.core import EngineError
 
@@ -52,6 +53,20 @@ print(json.dumps(out))
 """
 
 
+@dataclass(frozen=True)
+class CopyRate:
+    """One probe's figures: records' `CopyRateRecord` without its envelope."""
+
+    direction: Literal["host-to-device", "host-memory"]
+    bytes: int
+    copies: int
+    best_s: float
+    gb_per_s: float
+    framework: str
+    device: str
+    source: str
+
+
 def candidates(engine_python: str | None) -> list[str]:
     """The interpreters tried, in order: the engine's, this one, `python3` on PATH."""
     found = [p for p in (engine_python, sys.executable, shutil.which("python3")) if p]
@@ -59,8 +74,8 @@ def candidates(engine_python: str | None) -> list[str]:
 
 
 def measure(engine_python: str | None, *, size: int = PROBE_BYTES, copies: int = COPIES,
-            interpreters: Sequence[str] | None = None) -> dict[str, Any]:
-    """The copy rate's fields (records' `CopyRateRecord` without its envelope), from the first
+            interpreters: Sequence[str] | None = None) -> CopyRate:
+    """The copy rate's figures, from the first
     interpreter that imports torch; EngineError naming each one tried when none does."""
     tried: list[str] = []
     for python in interpreters or candidates(engine_python):
@@ -77,10 +92,9 @@ def measure(engine_python: str | None, *, size: int = PROBE_BYTES, copies: int =
             continue
         found = json.loads(done.stdout.strip().splitlines()[-1])
         best = float(found["best_s"])
-        return {"direction": found["direction"], "bytes": size, "copies": copies,
-                "best_s": best, "gb_per_s": round(size / best / 1e9, 3),
-                "framework": found["framework"], "device": found["device"],
-                "source": f"measured by {python} (the fastest of {copies} copies of "
-                          f"{size / 2**20:.0f} MiB)"}
+        return CopyRate(found["direction"], size, copies, best, round(size / best / 1e9, 3),
+                        found["framework"], found["device"],
+                        f"measured by {python} (the fastest of {copies} copies of "
+                        f"{size / 2**20:.0f} MiB)")
     raise EngineError("the copy-rate probe found no interpreter with torch: "
                       + "; ".join(tried))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict
 
 from kvlab.core import EngineError
 from kvlab.engines import VLLM, copyrate
@@ -84,7 +85,7 @@ async def copy_rate(lab: Lab) -> Record:
     python = getattr(lab.install(VLLM), "python", None)  # the engine's, where kvlab knows it
     try:
         found = await asyncio.to_thread(copyrate.measure, python)
-        line = CopyRateRecord(lab=notebook.LAB_OFFLOAD, label=COPY_RATE.label, **found)
+        line = CopyRateRecord(lab=notebook.LAB_OFFLOAD, label=COPY_RATE.label, **asdict(found))
     except EngineError as e:
         return lab.not_run(COPY_RATE, str(e))
     lab.say(f"    copy rate: {line.gb_per_s:.1f} GB/s {line.direction} ({line.device}, "

@@ -3,6 +3,8 @@ copies one host buffer into another and says so."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import pytest
 
 from kvlab.engines import copyrate, vllm
@@ -12,8 +14,8 @@ from kvlab.records import CopyRateRecord
 @pytest.mark.vllm
 def test_the_probe_copies_with_the_engines_torch(vllm_install: vllm.VllmInstall) -> None:
     assert vllm_install.python is not None
-    line = CopyRateRecord(lab="lab", label="copy-rate", **copyrate.measure(
-        vllm_install.python, size=8 * 2**20, copies=4))
+    line = CopyRateRecord(lab="lab", label="copy-rate", **asdict(copyrate.measure(
+        vllm_install.python, size=8 * 2**20, copies=4)))
     assert line.direction == "host-memory" and line.device == "cpu"
     assert line.framework.startswith("torch ") and vllm_install.python in line.source
     assert line.bytes == 8 * 2**20 and line.copies == 4
