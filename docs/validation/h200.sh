@@ -25,6 +25,14 @@
 #                                       rows on the GPU (tiny random-weight GGUF)
 #   bash docs/validation/h200.sh why : issue 46: the tier's pressure pair at --quick's sizes and
 #                                       the controls after it (copy rate, no shared block)
+#   bash docs/validation/h200.sh lmcache-tier : issue 47: the host tier's size curve with
+#                                       KV_OFFLOAD_BACKEND=lmcache, then native, at sizes that
+#                                       do not and do hold the working set (1.7B shape); LMCache
+#                                       0.5.2 from .lmc1 (staged earlier into /tmp/lmstage) and
+#                                       .lmc2 (carried): docs/validation/lmcache_bundle.sh
+#   bash docs/validation/h200.sh lmcache-share : issue 47: the shared store with LMCache and
+#                                       with ExampleConnector, then the split with
+#                                       CONNECTOR=lmcache behind kvlab's proxy
 #   bash docs/validation/h200.sh all-quick|all : issue 33, as a new user: only what the
 #                                       README's first screen tells a GPU user to set (MODEL
 #                                       and SMALL_MODEL, random-weight Qwen3-8B and 1.7B
@@ -48,6 +56,28 @@ finish() {
 }
 trap finish EXIT
 export LABBOOK=$WORK/labbook-$PHASE.md PYTHONUNBUFFERED=1 KVLAB_HOME=$WORK/home
+lmcache_install() {  # LMCache's wheels (.lmc1 staged in /tmp/lmstage, .lmc2 carried now) into
+  # /tmp/lmsite: each one whose distribution neither the image nor the vLLM bundle has
+  [ -f /tmp/lmsite/.ok ] && return 0
+  [ -d .lmc2 ] || return 0
+  mkdir -p /tmp/lmstage /tmp/lmsite && cp .lmc2/*.whl /tmp/lmstage/
+  (cd .lmc2 && sha256sum -c --quiet SHA256SUMS) && (cd /tmp/lmstage && sha256sum -c --quiet SHA256SUMS) \
+    || { say "lmcache: a wheel's checksum differs (.lmc2, or .lmc1 staged in /tmp/lmstage)"; return 1; }
+  PYTHONPATH=/tmp/site $PY - <<'PYEOF' 2>&1 | tee -a "$S"
+import glob, importlib.metadata as md, re, zipfile
+took, had = [], []
+for whl in sorted(glob.glob("/tmp/lmstage/*.whl")):
+    dist = re.sub(r"[-_.]+", "-", whl.split("/")[-1].split("-")[0]).lower()
+    try:
+        had.append(f"{dist} {md.version(dist)}")
+    except md.PackageNotFoundError:
+        zipfile.ZipFile(whl).extractall("/tmp/lmsite")
+        took.append(dist)
+print(f"lmcache install: {len(took)} wheels into /tmp/lmsite ({' '.join(took)}); "
+      f"already here: {'; '.join(had)}")
+PYEOF
+  touch /tmp/lmsite/.ok
+}
 if [ "${FAKE:-0}" != 1 ]; then
   # vllm_device.sh install exits 0 even when a chunk is missing (2026-12-01: the first chunk
   # had gone to a machine given back): say so here rather than fail on an import later
@@ -64,7 +94,9 @@ if [ "${FAKE:-0}" != 1 ]; then
     $PY -m pip install -q --no-deps --no-index --no-compile --target /tmp/kvdeps .whl5/*.whl 2>&1 | grep -v WARN | tail -2
     touch /tmp/kvdeps/.ok
   fi
-  export PYTHONPATH=/tmp/site:/tmp/nixl:/tmp/kvdeps:$REPO/src VLLM_CMD=/tmp/bin/vllm \
+  lmcache_install
+  export PYTHONPATH=/tmp/site:/tmp/nixl:/tmp/kvdeps:/tmp/lmsite:$REPO/src VLLM_CMD=/tmp/bin/vllm \
+         LMCACHE_CMD="env PYTHONPATH=/tmp/site:/tmp/lmsite $PY -m lmcache.v1.multiprocess.http_server" \
          VLLM_USE_FLASHINFER_SAMPLER=0 KVLAB_PROFILE=gpu-shaped CTX=8192 MAX_SEQS=8 \
          NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
   say "gpu: $(nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader)"
@@ -125,6 +157,36 @@ why)
   run run offload --part pressure --concurrency 8 --why always --slo none
   run report --out "$WORK/report"
   [ -f "$WORK/report/report.md" ] && say "report: $(grep -o 'Why: .*' "$WORK/report/report.md" | head -1 | cut -c1-900)"
+  ;;
+lmcache-tier)
+  # the tier at two sizes (0.5x and 1.5x the pressure workload's working set) against none,
+  # one start of three vLLMs sharing the GPU per backend, LMCache first; each tier-on vLLM
+  # starts its own LMCache server, whose memory is its tier
+  if [ "${FAKE:-0}" != 1 ]; then
+    PYTHONPATH=/tmp/site:/tmp/lmsite $PY -c "import lmcache, lmcache.v1.multiprocess.http_server; print('lmcache', lmcache.__version__)" 2>&1 | tail -1 | tee -a "$S"
+    export MEM_FRACTION=0.85 MAX_TOKENS=${MAX_TOKENS:-16} PREAMBLE_TOKENS=${PREAMBLE_TOKENS:-2000}
+    export MODEL=$WORK/models/qwen3-1.7b
+    $PY -m kvlab models shaped qwen3-1.7b --out "$MODEL" > "$WORK/models.log" 2>&1 \
+      || { say "models shaped: $(tail -3 "$WORK/models.log" | tr '\n' '|')"; exit 1; }
+  fi
+  for b in ${BACKENDS:-lmcache native}; do
+    KV_OFFLOAD_BACKEND=$b run run offload --part curve --repeat "${REPEAT:-1}" \
+      --concurrency "${TIER_CONCURRENCY:-4}" --tier-sizes "${SIZES:-0.5x,1.5x}"
+  done
+  run report --out "$WORK/report"
+  ;;
+lmcache-share)
+  # two instances and one store, growing conversations of 6 turns alternating between them:
+  # LMCache's server (by prefix), then the seed's ExampleConnector (whole prompts); then the
+  # split with CONNECTOR=lmcache (prefill and decode reach one LMCache server) behind kvlab's
+  # proxy against the one-instance baseline
+  [ "${FAKE:-0}" = 1 ] || export SPLIT_MEM_FRACTION=0.4 KV_OFFLOAD_GB=${KV_OFFLOAD_GB:-16}
+  run run shared --store lmcache
+  run run shared
+  export PROMPT_SET=mixed PREAMBLE_TOKENS=${PREAMBLE_TOKENS:-2000} CONCURRENCY=1,4 \
+         REQUESTS=${REQUESTS:-12} MAX_TOKENS=16
+  CONNECTOR=lmcache run run disagg --label disagg-lmcache --slo none
+  run report --out "$WORK/report"
   ;;
 nixl)
   # distinct prompts of about 4,000 tokens: each request's whole KV crosses (466 MB with the

@@ -224,8 +224,10 @@ def test_report_labels_are_spelled_only_in_rows() -> None:
 # llamacpp/model_gguf.py: each reads core's errors or settings); 479 with the plan checked
 # against `kvlab run replicas` (issue 50): plan/measure.py reads core, loadgen and records,
 # experiments/replicas_plan.py the plan's new surface and records; 481 with `kvlab plan
-# --measure`: plan/measure.py reads the engine's cache shape (engines, observe)
-PAIRS_MAX = 481
+# --measure`: plan/measure.py reads the engine's cache shape (engines, observe); 482 with
+# LMCache's server (issue 47): engines/startup.py asks engines/vllm/lmcache.py its version and
+# what its L1 holds; 483: what it holds is a record (records.StoreHeld on the reuse line)
+PAIRS_MAX = 483
 
 
 def test_packages_reach_each_other_through_few_doors() -> None:

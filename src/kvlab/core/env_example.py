@@ -23,7 +23,7 @@ _GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
      ("hf_token", "loadtest_api_key_env")),
     ("switches the seed scripts read from the shell", ("offload", "single_machine",
                                                        "monolithic", "vllm_tag", "llama_bin")),
-    ("kvlab's own", ("kvlab_home", "kvlab_profile", "vllm_cmd", "cpu_kv_cache_gb",
+    ("kvlab's own", ("kvlab_home", "kvlab_profile", "vllm_cmd", "lmcache_cmd", "cpu_kv_cache_gb",
                      "kv_cache_bytes", "enforce_eager", "proxy_api_key_env",
                      "proxy_connect_timeout_s", "proxy_prefill_timeout_s",
                      "proxy_decode_timeout_s", "proxy_max_body_bytes", "proxy_workers",

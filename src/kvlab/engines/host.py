@@ -78,6 +78,8 @@ async def record_ready(scope: Scope, proc: EngineProcess, label: str,
     ready_s = reused.probe.reset_s if reused is not None else proc.ready_s
     line = startup.record(proc.plan, proc.log_text(), ready_s=ready_s,
                           engine_version=version, label=label, node=node, instance=instance)
+    if (held := await startup.server_capacity(proc.plan)) is not None:
+        line.capacity = held
     line.reused, line.start_batch = reused, batch
     scope.record(line)
     on = f" on node {node.node}" if node is not None else ""
@@ -133,6 +135,23 @@ class LocalHost:
     async def running(self, plans: Sequence[EnginePlan], labels: Sequence[str],
                       *, ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
                       ) -> AsyncIterator[list[EngineProcess]]:
+        """The plans' companions first (each ready and recorded as `<label>-<its role>`),
+        then the plans; stopped in the reverse order."""
+        names = labels_for(plans, labels)
+        first = [(c, f"{label}-{c.role}") for p, label in zip(plans, names, strict=True)
+                 for c in p.companions]
+        async with contextlib.AsyncExitStack() as stack:
+            if first:
+                await stack.enter_async_context(self._running(
+                    [c for c, _ in first], [n for _, n in first],
+                    ready_timeout_s=ready_timeout_s))
+            yield await stack.enter_async_context(self._running(
+                plans, names, ready_timeout_s=ready_timeout_s))
+
+    @contextlib.asynccontextmanager
+    async def _running(self, plans: Sequence[EnginePlan], labels: Sequence[str],
+                       *, ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
+                       ) -> AsyncIterator[list[EngineProcess]]:
         names = labels_for(plans, labels)
         settings = self.scope.settings
         if self.pool is not None:

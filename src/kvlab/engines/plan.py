@@ -36,11 +36,16 @@ class PlanRequest:
 
     # every engine
     model: str | None = None  # the model to serve (default: the settings')
+    cache_server_port: int | None = None  # the ZeroMQ port of the LMCache server a pair
+    # shares, on this machine (the first of the pair starts it; default 5555, LMCache's own),
+    # or of another plan's server its host tier uses (default: one of its own, on free ports)
     port: int | None = None  # (default: the role's port setting)
     extra_args: tuple[str, ...] = ()  # after `--`, passed unchanged and winning
     store_path: str | None = None  # where KV it shares or saves lives (KV_SHARED_PATH or the
     # slot directory, LLAMA_SLOT_SAVE_PATH)
     # vLLM
+    share_with: str | None = None  # the shared roles' connector: `shared` (ExampleConnector,
+    # the seed's; the default) or `lmcache` (one LMCache server, found by prefix)
     host_tier: bool | None = None  # override OFFLOAD for the offload role
     host_tier_gib: float | None = None  # the host tier's size (default: KV_OFFLOAD_GB)
     device_cache_bytes: int | None = None  # its device KV cache (default: KV_CACHE_BYTES)
@@ -115,6 +120,9 @@ class EnginePlan:
     given_way: tuple[Flag, ...] = ()
     # secrets settings know (HF_TOKEN, the servers' API key): never shown in any view
     secret_values: frozenset[str] = field(default_factory=frozenset, repr=False)
+    # processes this engine needs running before it starts, stopped after it (the LMCache
+    # server that holds its host tier): started, recorded and stopped by the host
+    companions: tuple[EnginePlan, ...] = ()
 
     def exec_argv(self) -> list[str]:
         """The real command line, secrets included: for spawning the process, nothing else."""
@@ -205,4 +213,5 @@ class EnginePlan:
             "host_tier": self.host_tier,
             "notes": list(self.notes),
             "startup_facts": self.startup_facts.model_dump(mode="json", exclude_none=True),
+            "companions": [{**c.as_dict(), "shell": c.shell_line()} for c in self.companions],
         }

@@ -1,8 +1,9 @@
 """The `startup` notebook record: what an instance said about its KV capacity as it started.
 
 The labs ask for each instance's KV cache size and maximum concurrency from its startup log;
-this turns a started engine's log into that record, through the engine's adapter, and adds
-what the plan says kvlab chose (which build and why, the flags it added, host figures).
+this turns a started engine's log into that record, through the engine's adapter (an LMCache
+server's from its /status), and adds what the plan says kvlab chose (which build and why, the
+flags it added, host figures).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from kvlab.engines.base import LaunchSettings
 from kvlab.engines.plan import EnginePlan
 from kvlab.engines.registry import known_engine
+from kvlab.engines.vllm import lmcache
 from kvlab.records import KvCapacity, NodeInfo, StartupRecord, leg_of, notebook
 
 _PD_ROLES = ("baseline", "prefill", "decode", "proxy")
@@ -47,11 +49,30 @@ def record(plan: EnginePlan, log_text: str, *, ready_s: float | None, engine_ver
 
 
 async def server_version(plan: EnginePlan) -> str:
-    """The running server's own version, as its engine reports it ("unknown" if it does not)."""
+    """The running server's own version, as its engine (or LMCache's server) reports it
+    ("unknown" if it does not)."""
     import httpx
 
     engine = known_engine(plan.engine)
-    if engine is None:
-        return "unknown"
     async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
+        if plan.engine == lmcache.ENGINE:
+            return await lmcache.version(client, plan.base_url) or "unknown"
+        if engine is None:
+            return "unknown"
         return await engine.version(client, plan.base_url) or "unknown"
+
+
+async def server_capacity(plan: EnginePlan) -> KvCapacity | None:
+    """What a cache server that is no engine holds, as it says (LMCache's /status: its L1);
+    None for anything else."""
+    import httpx
+
+    if plan.engine != lmcache.ENGINE:
+        return None
+    async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
+        found = await lmcache.held(client, plan.base_url)
+    if found is None:
+        return None
+    return KvCapacity(kv_cache_bytes=found.capacity_bytes, lines=[
+        f"LMCache /status: L1 {(found.capacity_bytes or 0) / 2**30:.3g} GiB, "
+        f"{found.objects} objects, chunks of {found.chunk_tokens} tokens"])

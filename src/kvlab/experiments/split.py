@@ -144,12 +144,14 @@ def split_plans(lab: Lab, store: str,
     # the two cores shared out when the engines share a machine's (Ray nodes on one machine too)
     cpu = lab.install(VLLM).platform == "cpu" and (
         lab.cluster is None or lab.cluster.same_machine("prefill", "decode") is not False)
+    # LMCache: one server every leg reaches, started before the first prefill
+    server = free_port() if split_connector(lab).cache_server else None
     out = []
     for i, role in enumerate(lab.placement.split_roles()):
         plan = lab.plan(VLLM, leg_of(role)[0], PlanRequest(
-            port=free_port(), cpu_core=i % 2 if cpu else None, store_here=lab.survey is None),
-            settings)
-        plan = replace(plan, role=role)
+            port=free_port(), cpu_core=i % 2 if cpu else None, store_here=lab.survey is None,
+            cache_server_port=server), settings)
+        plan = replace(plan, role=role, companions=plan.companions if i == 0 else ())
         out.append(together.stamped(plan, memory, role) if memory is not None else plan)
     return out
 

@@ -215,8 +215,8 @@ def store_expectation(connector: str, prompt_tokens: int | None, stored: list[in
                       block: int) -> tuple[int, str]:
     """Tokens a store linking the instances could serve a prompt that extends `stored` ones."""
     link = connectors.known(connector)
-    if link is not None and link.prefix_match:
-        return max(reusable_tokens(n, block) for n in stored), ""
+    if link is not None and link.prefix_match:  # in whole pieces of its own, if larger
+        return max(reusable_tokens(n, max(block, link.match_tokens)) for n in stored), ""
     if not connectors.is_shared_store(connector):
         return 0, "the other instance computed this prefix, and nothing shares it with this one"
     key = lookup_key(prompt_tokens or 0, block)

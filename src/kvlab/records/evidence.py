@@ -202,8 +202,9 @@ class KvCapacity(Strict):
     init_s: float | None = None
     slots: int | None = Field(None, description="llama-server's --parallel.")
     tokens_per_slot: int | None = None
-    kv_cache_bytes: int | None = Field(None, description="The KV cache as llama-server "
-                                       "allocated it.")
+    kv_cache_bytes: int | None = Field(None, description="The KV cache as the server "
+                                       "allocated it (llama-server's; an LMCache server's L1, "
+                                       "as its /status says).")
     lines: list[str] = Field(default_factory=list, description="The log lines it came from.")
 
 

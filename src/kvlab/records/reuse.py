@@ -75,6 +75,17 @@ class ReuseSummary(Strict):
     hit_rate: dict[str, float | None] = Field(default_factory=dict)
 
 
+class StoreHeld(Strict):
+    """What a KV store held, as the store itself says."""
+
+    source: str = Field(description="Where the figures came from (LMCache's /status).")
+    objects: int = Field(description="Entries it holds (LMCache: chunks).")
+    bytes: int = Field(description="Bytes those entries take.")
+    capacity_bytes: int | None = None
+    chunk_tokens: int | None = Field(None, description="Tokens an entry holds (LMCache's "
+                                     "chunk), for bytes per token against the KV arithmetic.")
+
+
 class ReuseRecord(Record, KvType):
     """The seed's measure-reuse.py record: a growing conversation, TTFT per turn."""
 
@@ -110,6 +121,8 @@ class ReuseRecord(Record, KvType):
     reasons: list[str] = Field(default_factory=list)
     evidence: SlotEvidence | None = None
     server: LlamaServerLine | None = None
+    store: StoreHeld | None = Field(None, description="What the store the instances share held "
+                                    "after the run, as it says (LMCache's server).")
 
 
 class CaseEvidence(Strict):

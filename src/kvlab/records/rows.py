@@ -104,6 +104,23 @@ SHARED_SINGLE = Row("shared-store-single", LAB_OFFLOAD, "Shared store, the contr
 SHARED_PROOF = Row("shared-store-proof", LAB_OFFLOAD, "Shared store, the proof",
                    "cold, identical, changed prefix, growing turns",
     command="kvlab run shared")
+SHARED_LMCACHE = Row("shared-store-lmcache", LAB_OFFLOAD, "Shared store by prefix (LMCache), "
+                     "two instances", "turns alternating between the instances, one LMCache "
+                     "server", startup=("shared-lmcache-a", "shared-lmcache-b"),
+    command="kvlab run shared --store lmcache")
+SHARED_LMCACHE_SINGLE = Row("shared-store-lmcache-single", LAB_OFFLOAD,
+                            "Shared store by prefix (LMCache), the control",
+                            "the same turns on one instance", startup=("shared-lmcache-a",),
+    command="kvlab run shared --store lmcache")
+SHARED_LMCACHE_PROOF = Row("shared-store-lmcache-proof", LAB_OFFLOAD,
+                           "Shared store by prefix (LMCache), the proof",
+                           "cold, identical, changed prefix, growing turns",
+    command="kvlab run shared --store lmcache")
+SHARED_ROWS: dict[str, tuple[Row, Row, Row]] = {
+    "shared": (SHARED_STORE, SHARED_SINGLE, SHARED_PROOF),
+    "lmcache": (SHARED_LMCACHE, SHARED_LMCACHE_SINGLE, SHARED_LMCACHE_PROOF)}
+"""The shared-store lab's rows by the store both instances use (a connector's name):
+alternating, the control, the proof."""
 DISK = Row("disk", LAB_OFFLOAD, "Disk, llama.cpp slot save and restore",
            "save, erase, restore, timed",
     command="kvlab run disk")
@@ -184,9 +201,10 @@ REPLICAS = Row("replicas", LAB_PD, "N replicas behind one front, one arm per rou
 
 ROWS: tuple[Row, ...] = (
     QUIET_OFF, QUIET_ON, PRESSURE_OFF, PRESSURE_ON, OFFLOAD_CURVE, OFFLOAD_BOUNDARY,
-    SHARED_STORE, SHARED_SINGLE, SHARED_PROOF,
-    DISK, MLX_CACHE, MLX_TURNS, SHARED_SLOTS, LLAMA_PROMPT_OFF, LLAMA_PROMPT_ON, LLAMA_RAM_OFF,
-    LLAMA_RAM_ON, LLAMA_RAM_SMALL, LLAMA_RAM_CURVE, LLAMA_KV_QUANT, BASELINE, SPLIT,
+    SHARED_STORE, SHARED_SINGLE, SHARED_PROOF, SHARED_LMCACHE, SHARED_LMCACHE_SINGLE,
+    SHARED_LMCACHE_PROOF, DISK, MLX_CACHE, MLX_TURNS, SHARED_SLOTS, LLAMA_PROMPT_OFF,
+    LLAMA_PROMPT_ON, LLAMA_RAM_OFF, LLAMA_RAM_ON, LLAMA_RAM_SMALL, LLAMA_RAM_CURVE,
+    LLAMA_KV_QUANT, BASELINE, SPLIT,
     TWO_MACHINES_SHARED, TWO_MACHINES_NIXL, SPLIT_LOOPBACK, PREDICTION, CANCEL, BOUNDARY,
     BOUNDARY_SPLIT, BOUNDARY_BASELINE, INTERFERENCE, REPLICAS,
 )

@@ -74,4 +74,7 @@ def plan(console: Console, plan: EnginePlan) -> None:
         console.print(f"\n    Suggested label for the measurement:  {label}")
     for note in plan.notes:
         console.print(f"    note: {note}")
+    for first in plan.companions:
+        console.print(f"\n    first, its {first.role} server (ready at {first.health_url}):"
+                      f"\n    {first.shell_line()}")
     console.print(f"\n    {plan.shell_line()}\n")

@@ -92,6 +92,10 @@ def plans(console: Console, found: Sequence[dict[str, object]]) -> None:
             continue
         node = f" (on {item['node']})" if "node" in item else ""
         console.print(f"==> {item['label']}{node}", markup=False)
+        plan = item.get("plan")
+        for first in plan.get("companions", []) if isinstance(plan, dict) else []:
+            console.print(f"    first, its {first['role']} server:\n    {first['shell']}",
+                          markup=False)
         console.print(f"    {item['shell']}" if "plan" in item
                       else f"    not run here: {item['reason']}", markup=False)
         if "note" in item:

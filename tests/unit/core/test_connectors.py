@@ -59,4 +59,8 @@ def test_the_host_tier_backends() -> None:
     native = connectors.offload_config(1.5, "native")
     assert native["kv_connector"] == "OffloadingConnector"
     assert native["kv_connector_extra_config"] == {"cpu_bytes_to_use": int(1.5 * 2**30)}
-    assert connectors.offload_config(1.5, "lmcache")["kv_connector"] == "LMCacheConnectorV1"
+    # LMCache: vLLM's connector to a server whose memory is the tier (the size is the
+    # server's: vLLM passes none), pointed at it where kvlab started one
+    lm = connectors.offload_config(1.5, "lmcache", {"lmcache.mp.port": 7001})
+    assert lm == {"kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
+                  "kv_connector_extra_config": {"lmcache.mp.port": 7001}}

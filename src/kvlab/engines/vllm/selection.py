@@ -16,7 +16,7 @@ import re
 import shlex
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kvlab.core import (
@@ -31,6 +31,7 @@ from kvlab.core import (
 )
 from kvlab.engines import install
 from kvlab.engines.base import HOST_TIER, Support
+from kvlab.engines.vllm import lmcache
 from kvlab.records import EngineChoice
 
 # vLLM's own words when a CPU build is asked for the host-memory tier
@@ -51,13 +52,19 @@ class VllmInstall:
     python: str | None = None  # the interpreter, when kvlab knows it (for `bench serve`)
     reason: str = ""
     hardware: Hardware = UNDETECTED
+    tier_backend: str = "native"  # KV_OFFLOAD_BACKEND
+    lmcache_command: tuple[str, ...] | None = None  # runs LMCache's server beside this vLLM
 
     @property
     def found(self) -> bool:
         return self.origin != "not found"
 
     def offload_support(self) -> Support:
-        """Whether this vLLM can hold a host-memory KV tier (a CPU build cannot)."""
+        """Whether this vLLM can hold a host-memory KV tier of its backend: vLLM's own not on
+        a CPU build; LMCache's wherever kvlab can start its server."""
+        if self.tier_backend == "lmcache":
+            return Support(True) if self.lmcache_command else \
+                Support(False, lmcache.no_server_command())
         return Support(False, CPU_CANNOT_OFFLOAD) if self.platform == "cpu" else Support(True)
 
     def supports(self, feature: str) -> Support:
@@ -107,7 +114,16 @@ def cpu_build_wanted(settings: Settings, hardware: Hardware | None = None) -> bo
 
 
 def find_vllm(settings: Settings, hardware: Hardware | None = None) -> VllmInstall:
-    """The vLLM to run, chosen by the hardware (detected unless `hardware` is given)."""
+    """The vLLM to run, chosen by the hardware (detected unless `hardware` is given), with
+    the LMCache server that runs beside it where one can."""
+    found = _find_vllm(settings, hardware)
+    python = install.lmcache_python(settings.home()) if found.python else None
+    return replace(found, tier_backend=settings.kv_offload_backend,
+                   lmcache_command=lmcache.server_command(settings, str(python) if python
+                                                          else None))
+
+
+def _find_vllm(settings: Settings, hardware: Hardware | None) -> VllmInstall:
     hw = hardware or detect_hardware()
     profile = settings.kvlab_profile
     gpu = wants_gpu(settings, hw)

@@ -160,7 +160,53 @@ def test_mooncake_and_lmcache() -> None:
         vllm.plan(settings(connector="mooncake"), "decode", GPU)
     lm = vllm.plan(settings(connector="lmcache"), "decode", GPU)
     assert json.loads(lm.flag_value("--kv-transfer-config") or "") == {
-        "kv_connector": "LMCacheConnectorV1", "kv_role": "kv_consumer"}
+        "kv_connector": "LMCacheMPConnector", "kv_role": "kv_consumer",
+        "kv_connector_extra_config": {"lmcache.mp.host": "tcp://127.0.0.1",
+                                      "lmcache.mp.port": 5555}}
+    assert not lm.companions  # decode reaches the server its prefill starts
+
+
+LMC = dataclasses.replace(GPU, lmcache_command=("python3", "-m", "lmcache.v1.multiprocess."
+                                                                  "http_server"))
+
+
+def test_lmcache_splits_pairs_and_tiers_start_one_server_first() -> None:
+    s = settings(connector="lmcache", kv_offload_gb=3)
+    prefill = vllm.plan(s, "prefill", LMC, PlanRequest(cache_server_port=7001))
+    (server,) = prefill.companions
+    assert server.engine == "lmcache" and server.health_path == "/healthcheck"
+    assert server.flag_value("--port") == "7001" and server.flag_value("--l1-size-gb") == "3"
+    assert server.flag_value("--host") == server.flag_value("--http-host") == "127.0.0.1"
+    config = json.loads(prefill.flag_value("--kv-transfer-config") or "")
+    assert config["kv_role"] == "kv_producer"
+    assert config["kv_connector_extra_config"]["lmcache.mp.port"] == 7001
+    a = vllm.plan(settings(kv_offload_gb=2), "shared-a", LMC,
+                  PlanRequest(share_with="lmcache", cache_server_port=7002))
+    b = vllm.plan(settings(kv_offload_gb=2), "shared-b", LMC,
+                  PlanRequest(share_with="lmcache", cache_server_port=7002))
+    assert len(a.companions) == 1 and not b.companions and not a.private_dirs
+    for plan in (a, b):
+        link = json.loads(plan.flag_value("--kv-transfer-config") or "")
+        assert link["kv_connector"] == "LMCacheMPConnector" and link["kv_role"] == "kv_both"
+        assert link["kv_connector_extra_config"]["lmcache.mp.port"] == 7002
+    tier = vllm.plan(settings(offload=True, kv_offload_backend="lmcache"), "offload",
+                     dataclasses.replace(LMC, tier_backend="lmcache"),
+                     PlanRequest(host_tier_gib=1.5, host_memory=PLENTY))
+    (own,) = tier.companions
+    assert own.flag_value("--l1-size-gb") == "1.5"  # the tier is the server's memory
+    assert not tier.has_flag("--kv-offloading-size")  # vLLM would pass no size to LMCache
+    port = json.loads(tier.flag_value("--kv-transfer-config") or "")[
+        "kv_connector_extra_config"]["lmcache.mp.port"]
+    assert str(port) == own.flag_value("--port")
+
+
+def test_lmcache_without_a_server_command_says_what_to_do() -> None:
+    plan = vllm.plan(settings(connector="lmcache"), "prefill", GPU)
+    assert any("LMCACHE_CMD" in n and "will fail" in n for n in plan.notes)
+    cpu = vllm.VllmInstall(("vllm",), "cpu", "PATH", tier_backend="lmcache")
+    assert not cpu.offload_support().ok and "LMCACHE_CMD" in cpu.offload_support().reason
+    assert dataclasses.replace(cpu, lmcache_command=("x",)).offload_support().ok
+    assert not dataclasses.replace(cpu, tier_backend="native").offload_support().ok
 
 
 def test_single_machine_uses_the_small_model_and_split_fraction(tmp_path: Path) -> None:
