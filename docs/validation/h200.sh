@@ -28,8 +28,8 @@
 #   bash docs/validation/h200.sh lmcache-tier : issue 47: the host tier's size curve with
 #                                       KV_OFFLOAD_BACKEND=lmcache, then native, at sizes that
 #                                       do not and do hold the working set (1.7B shape); LMCache
-#                                       0.5.2 from .lmc1 (staged earlier into /tmp/lmstage) and
-#                                       .lmc2 (carried): docs/validation/lmcache_bundle.sh
+#                                       0.5.2 from .lmc1, .lmc2, .lmc3, each staged by a call
+#                                       of its own: docs/validation/lmcache_bundle.sh
 #   bash docs/validation/h200.sh lmcache-share : issue 47: the shared store with LMCache and
 #                                       with ExampleConnector, then the split with
 #                                       CONNECTOR=lmcache behind kvlab's proxy
@@ -56,13 +56,15 @@ finish() {
 }
 trap finish EXIT
 export LABBOOK=$WORK/labbook-$PHASE.md PYTHONUNBUFFERED=1 KVLAB_HOME=$WORK/home
-lmcache_install() {  # LMCache's wheels (.lmc1 staged in /tmp/lmstage, .lmc2 carried now) into
-  # /tmp/lmsite: each one whose distribution neither the image nor the vLLM bundle has
+lmcache_install() {  # LMCache's wheels, staged in /tmp/lmstage by earlier calls (.lmc1,
+  # .lmc2, .lmc3: lmcache_bundle.sh), into /tmp/lmsite: each one whose distribution neither the
+  # image nor the vLLM bundle has
   [ -f /tmp/lmsite/.ok ] && return 0
-  [ -d .lmc2 ] || return 0
-  mkdir -p /tmp/lmstage /tmp/lmsite && cp .lmc2/*.whl /tmp/lmstage/
-  (cd .lmc2 && sha256sum -c --quiet SHA256SUMS) && (cd /tmp/lmstage && sha256sum -c --quiet SHA256SUMS) \
-    || { say "lmcache: a wheel's checksum differs (.lmc2, or .lmc1 staged in /tmp/lmstage)"; return 1; }
+  [ -f /tmp/lmstage/SHA256SUMS.rest ] || return 0
+  mkdir -p /tmp/lmsite
+  (cd /tmp/lmstage && for p in ./*.part-aa; do cat "${p%aa}"a? > "${p%.part-aa}"; rm "${p%aa}"a?; done
+   sha256sum -c --quiet SHA256SUMS.llvmlite SHA256SUMS.rest) \
+    || { say "lmcache: a wheel is missing or its sha256 differs: send .lmc1, .lmc2 and .lmc3"; return 1; }
   PYTHONPATH=/tmp/site $PY - <<'PYEOF' 2>&1 | tee -a "$S"
 import glob, importlib.metadata as md, re, zipfile
 took, had = [], []
@@ -106,10 +108,12 @@ else
   export PYTHONPATH=$REPO/src${PYTHONPATH:+:$PYTHONPATH} KVLAB_PROFILE=cpu-tiny \
          KVLAB_HOME=${FAKE_HOME:-$HOME/.cache/kvlab}
 fi
-run() {  # a kvlab command, bounded by what is left of the phase's budget
+N=0
+run() {  # a kvlab command, bounded by what is left of the phase's budget; a log of its own
+  N=$((N + 1)); local log="$WORK/$PHASE-$N-$1-$2.log"
   say "kvlab $* ($(left) s left)"
-  timeout $(( $(left) - 20 )) $PY -m kvlab "$@" > "$WORK/$PHASE-$1-$2.log" 2>&1
-  local rc=$?; say "rc=$rc: $(grep -E '==>|x \[|capacity|not run|Error|kvlab:' "$WORK/$PHASE-$1-$2.log" | tail -25 | cut -c1-300 | tr '\n' '|')"
+  timeout $(( $(left) - 20 )) $PY -m kvlab "$@" > "$log" 2>&1
+  local rc=$?; say "rc=$rc: $(grep -E '==>|x \[|capacity|not run|Error|kvlab:' "$log" | tail -25 | cut -c1-300 | tr '\n' '|')"
   return $rc
 }
 copy_rate() {  # the pinned host-to-device copy rate: the floor under a recall from the tier
