@@ -179,6 +179,18 @@ lmcache-tier)
   done
   run report --out "$WORK/report"
   ;;
+lmcache-probe)
+  # the least that shows LMCache 0.5.2 serving vLLM 0.26 on this GPU: the tiny random-weight
+  # model without compilation, two instances and one LMCache server, 3 turns alternating
+  if [ "${FAKE:-0}" != 1 ]; then
+    unset KVLAB_PROFILE CTX MAX_SEQS
+    $PY -m kvlab models tiny > "$WORK/models.log" 2>&1 || { tail -5 "$WORK/models.log"; exit 1; }
+    export MODEL=$KVLAB_HOME/models/tiny-qwen3-seed0/hf SMALL_MODEL=$KVLAB_HOME/models/tiny-qwen3-seed0/hf \
+           ENFORCE_EAGER=1 SPLIT_MEM_FRACTION=0.2 KV_OFFLOAD_GB=2 CTX=4096 MAX_SEQS=4
+  fi
+  run run shared --store lmcache --turns 3
+  grep -hE "turn  [12] |holds|-on-b|lmcache ready" "$WORK"/lmcache-probe-*.log | cut -c1-160 | tee -a "$S"
+  ;;
 lmcache-share)
   # two instances and one store, growing conversations of 6 turns alternating between them:
   # LMCache's server (by prefix), then the seed's ExampleConnector (whole prompts); then the
