@@ -179,7 +179,7 @@ lmcache-tier)
   done
   run report --out "$WORK/report"
   ;;
-lmcache-probe)
+lmcache-probe|example-probe)
   # the least that shows LMCache 0.5.2 serving vLLM 0.26 on this GPU: the tiny random-weight
   # model without compilation, two instances and one LMCache server, 3 turns alternating
   if [ "${FAKE:-0}" != 1 ]; then
@@ -188,8 +188,8 @@ lmcache-probe)
     export MODEL=$KVLAB_HOME/models/tiny-qwen3-seed0/hf SMALL_MODEL=$KVLAB_HOME/models/tiny-qwen3-seed0/hf \
            ENFORCE_EAGER=1 SPLIT_MEM_FRACTION=0.2 KV_OFFLOAD_GB=2 CTX=4096 MAX_SEQS=4
   fi
-  run run shared --store lmcache --turns 3
-  grep -hE "turn  [12] |holds|-on-b|lmcache ready" "$WORK"/lmcache-probe-*.log | cut -c1-160 | tee -a "$S"
+  if [ "$PHASE" = lmcache-probe ]; then run run shared --store lmcache --turns 3; else run run shared --turns 3; fi
+  grep -hE "turn  [12] |holds|-on-b|lmcache ready" "$WORK"/$PHASE-*.log | cut -c1-160 | tee -a "$S"
   ;;
 lmcache-share)
   # two instances and one store, growing conversations of 6 turns alternating between them:
