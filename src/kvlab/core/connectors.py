@@ -56,6 +56,12 @@ class Connector:
     bootstrap_port: int | None = None  # prefill's bootstrap server (Mooncake's default)
     cache_server: bool = False  # its instances reach one server kvlab starts (LMCache's)
     match_tokens: int = 0  # it finds a prefix in whole pieces of this many tokens (0: blocks)
+    title: str = ""  # its name for a reader (the report); "" says its vLLM class
+
+    @property
+    def called(self) -> str:
+        """Its name for a reader: its title, else its vLLM class."""
+        return self.title or self.vllm_class
 
     def kv_transfer_config(self, kv_role: str, store_path: str = "",
                            server: dict[str, object] | None = None) -> dict[str, object]:
@@ -92,7 +98,8 @@ SHARED = Connector("shared", EXAMPLE_CONNECTOR, "content", needs_store=True, sid
 LMCACHE = Connector("lmcache", LMCACHE_CLASS, "content", needs_store=False, side_channel=False,
                     side_channel_ports=False, prefix_match=True, store_bytes=False,
                     transfer_counters=False, package="lmcache", cache_server=True,
-                    match_tokens=256)  # LMCache's chunk (the server's --chunk-size default)
+                    match_tokens=256,  # LMCache's chunk (the server's --chunk-size default)
+                    title="LMCache")
 NIXL = Connector("nixl", "NixlConnector", "pull", needs_store=False, side_channel=True,
                  side_channel_ports=True, prefix_match=False, store_bytes=False,
                  transfer_counters=True, package="nixl")
@@ -145,6 +152,38 @@ def offload_config(gib: float, backend: OffloadBackend,
         return LMCACHE.kv_transfer_config(BOTH, server=server)
     return {"kv_connector": OFFLOADING_CLASS, "kv_role": BOTH,
             "kv_connector_extra_config": {"cpu_bytes_to_use": int(gib * 2**30)}}
+
+
+BACKEND_WORDS = ", backend "  # how a record's tier words name the tier's backend
+BACKEND_TITLES: dict[str, str] = {"native": "vLLM's own host tier", "lmcache": "LMCache"}
+"""Each host-tier backend in a reader's words."""
+
+
+def tier_words(gib: float, backend: str) -> str:
+    """A tier-on record's `tier`: its size and backend (`tier_backend` reads it back)."""
+    return f"host memory {gib:g} GiB{BACKEND_WORDS}{backend}"
+
+
+def tier_backend(tier: str | None) -> OffloadBackend | None:
+    """The backend a record's tier words name (`host memory 1 GiB, backend lmcache`); None
+    where they name none (tier off, an older line)."""
+    if not tier or BACKEND_WORDS not in tier:
+        return None
+    said = tier.rpartition(BACKEND_WORDS)[2].split(",")[0].strip()
+    return next((b for b in get_args(OffloadBackend) if b == said), None)
+
+
+def tier_by_server(tier: str | None) -> bool:
+    """Whether the tier the words name is held by a cache server beside vLLM (LMCache's),
+    not by vLLM itself."""
+    found = known(tier_backend(tier))
+    return found is not None and found.cache_server
+
+
+def backend_title(tier: str | None) -> str | None:
+    """The tier's backend in a reader's words (None where the words name none)."""
+    backend = tier_backend(tier)
+    return BACKEND_TITLES.get(backend) if backend else None
 
 
 def pair_role(role: str) -> str:

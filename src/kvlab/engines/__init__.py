@@ -51,6 +51,7 @@ from kvlab.engines.process_groups import stop_group
 from kvlab.engines.registry import (
     NAMES,
     all_engines,
+    cache_server_title,
     canonical_name,
     engine_for,
     evidence_deltas,
@@ -105,6 +106,7 @@ __all__ = [
     "all_engines",
     "as_started",
     "cache_server_held",
+    "cache_server_title",
     "canonical_name",
     "clean",
     "client_host",

@@ -16,6 +16,7 @@ from kvlab.engines.llamacpp.adapter import LLAMA_CPP_ENGINE
 from kvlab.engines.mlx.adapter import MLX_ENGINE
 from kvlab.engines.plan import EnginePlan, PlanRequest
 from kvlab.engines.vllm import facts as vllm_facts
+from kvlab.engines.vllm import lmcache
 from kvlab.engines.vllm.adapter import VLLM_ENGINE
 from kvlab.engines.vllm.store import EXAMPLE_STORE
 from kvlab.observe import Snapshot, metrics
@@ -41,6 +42,16 @@ def engine_for(name: str) -> Engine:
 def known_engine(name: str) -> Engine | None:
     """The adapter for `name`, or None for a process that is no engine (kvlab's own proxy)."""
     return engine_for(name) if name in NAMES else None
+
+
+CACHE_SERVER_TITLES = {lmcache.ENGINE: "LMCache server"}
+"""The processes kvlab starts beside an engine to hold its KV (a plan's companion), each in a
+reader's words: they write startup lines but are no engine."""
+
+
+def cache_server_title(name: str) -> str | None:
+    """`name`'s words if it names a cache server kvlab starts beside an engine, else None."""
+    return CACHE_SERVER_TITLES.get(name)
 
 
 def all_engines() -> list[Engine]:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
-from kvlab.core import EngineError, api_base
+from kvlab.core import EngineError, api_base, connectors
 from kvlab.engines import (
     HOST_TIER,
     VLLM,
@@ -157,7 +157,7 @@ def pressure_row(on: bool, distinct: bool = False) -> Row:
 
 def tier_words(lab: Lab, on: bool, gb: float | None = None) -> str:
     s = lab.settings
-    return (f"host memory {gb or s.kv_offload_gb:g} GiB, backend {s.kv_offload_backend}" if on
+    return (connectors.tier_words(gb or s.kv_offload_gb, s.kv_offload_backend) if on
             else "none: device memory only")
 
 

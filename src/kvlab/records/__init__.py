@@ -162,6 +162,7 @@ from kvlab.records.rows import (
     leg_of,
     leg_roles,
     replicas_label,
+    row_of,
     serve_label,
 )
 from kvlab.records.startup import (
@@ -368,6 +369,7 @@ __all__ = [
     "replicas",
     "replicas_label",
     "requests",
+    "row_of",
     "rows",
     "serve_label",
 ]

@@ -265,6 +265,11 @@ def leg_roles(prefills: int, decodes: int) -> tuple[str, ...]:
             *(leg_role("decode", i) for i in range(decodes)))
 
 
+def row_of(label: str) -> Row | None:
+    """The row a record of `label` measures, if it is one of the labs' rows."""
+    return next((row for row in ROWS if row.label == label), None)
+
+
 def row_of_startup(label: str) -> Row | None:
     """The row whose engines a startup line of `label` belongs to, if any."""
     return next((row for row in ROWS if row.startup and label in row.startup), None)

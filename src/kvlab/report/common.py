@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from kvlab.core import human_bytes
+from kvlab.core import connectors, human_bytes
 from kvlab.engines import NAMES as ENGINE_NAMES
-from kvlab.engines import LaunchSettings, failure_meaning, known_engine
+from kvlab.engines import LaunchSettings, cache_server_title, failure_meaning, known_engine
 from kvlab.measure import intervals, shortfall
 from kvlab.records import (
     LOOPBACK,
@@ -31,6 +31,7 @@ from kvlab.records import (
     StartupRecord,
     TtftAccount,
     Where,
+    row_of,
 )
 
 R = TypeVar("R", bound=Record)
@@ -188,11 +189,65 @@ def startup_of(book: Notebook, record: Record) -> StartupRecord | None:
     run_id, label = record.run_id, record.label
     same_run = [r for r in book.of(StartupRecord) if run_id is None or r.run_id == run_id]
     loopback = isinstance(record, Where) and record.topology == LOOPBACK
+    row = row_of(label)
     starts = [r for r in same_run if r.label == label] or \
         [r for r in same_run if r.label.startswith(label + "-") and r.engine in ENGINE_NAMES] or \
+        [r for r in same_run if row is not None and r.label in row.startup] or \
         [r for r in same_run if run_id is not None and r.label.endswith("-decode")
          and loopback]  # a split whose engines carry older names
     return starts[-1] if starts else None
+
+
+def tier_held_by(tier: str | None) -> str | None:
+    """Who holds a tier-on row's host tier, where it is not vLLM itself (LMCache's server),
+    from the row's tier words; None for vLLM's own tier, or no tier."""
+    return connectors.backend_title(tier) if connectors.tier_by_server(tier) else None
+
+
+def tier_title(title: str, tier: str | None) -> str:
+    """A tier row's title, naming the tier's holder where it is not vLLM's own."""
+    held = tier_held_by(tier)
+    return f"{title} (tier in {held})" if held else title
+
+
+def companions_of(book: Notebook, start: StartupRecord, label: str = "") -> list[StartupRecord]:
+    """The cache servers started before `start`'s engine, or before another engine of row
+    `label`, for them (their run's startup lines `<engine's label>-<their role>`, e.g. the one
+    LMCache server both instances of the shared store reach)."""
+    row = row_of(label)
+    engines = {start.label, *(row.startup if row is not None else ())}
+    return [r for r in book.of(StartupRecord) if r.run_id == start.run_id
+            and is_companion(r) and any(r.label.startswith(e + "-") for e in engines)]
+
+
+def is_companion(start: StartupRecord) -> bool:
+    """Whether a startup line is a cache server's started beside an engine (LMCache's)."""
+    return cache_server_title(start.engine) is not None
+
+
+def companion_words(start: StartupRecord) -> str:
+    """A cache server's startup line in a reader's words: what it is, its version and the
+    KV it holds in memory (LMCache's L1, from its /status)."""
+    title = cache_server_title(start.engine) or start.engine
+    version = start.engine_version
+    held = start.capacity.kv_cache_bytes
+    return (f"{title} " + (version if version and version != "unknown"
+                           else "of a version not recorded")
+            + (f", L1 {held / 2**30:g} GiB" if held else ", L1 not recorded"))
+
+
+def kv_bytes_per_token(start: StartupRecord | None) -> tuple[float, str] | None:
+    """KV bytes a token takes, as the engine's startup sized its cache (bytes over tokens),
+    and where that came from; None where its line states no both."""
+    cap = start.capacity if start is not None else None
+    if start is None or cap is None or not cap.kv_cache_tokens:
+        return None
+    gib = cap.cpu_kv_gib or cap.available_kv_gib
+    size = cap.kv_cache_bytes or (gib * 2**30 if gib else None)
+    if not size:
+        return None
+    return (size / cap.kv_cache_tokens, f"{start.engine}'s startup: {size / 2**30:g} GiB for "
+            f"{cap.kv_cache_tokens:,} tokens")
 
 
 def measured_on(book: Notebook, record: Record) -> str:
@@ -206,6 +261,8 @@ def measured_on(book: Notebook, record: Record) -> str:
         parts.append(f"{s.engine} {s.engine_version}"
                      + (" (not the build kvlab pins: see the startup line)" if s.version_note
                         else ""))
+        parts[-1] += "".join(f" (with its {companion_words(c)})"
+                             for c in companions_of(book, s, record.label))
         parts.append(f"ctx {ctx}" if ctx is not None else "context length not recorded")
         if fixed is not None:  # the cache was sized in bytes: the fraction did not size it
             parts.append(f"KV cache fixed at {human_bytes(fixed)} ({fixed:,} bytes)")

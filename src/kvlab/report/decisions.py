@@ -67,9 +67,10 @@ def decide(book: Notebook) -> list[Decision]:
                                           PRESSURE_ON.label + "-smaller"))
     pd = configuration(book)
     pd = replace(pd, rows=(*pd.rows, BASELINE.label, *(g.label for g in split_groups(book))))
+    shared = store(book)  # its rows: each store judged (the seed's where none ran)
     drafted = [with_capacity(with_llama(with_smaller_tier(host, book), book), book, tier,
                              smaller_tier=False),
-               replace(store(book), rows=(SHARED_STORE.label,)),
+               replace(shared, rows=shared.rows or (SHARED_STORE.label,)),
                replace(with_mlx(disk(book), book), rows=(DISK.label, MLX_CACHE.label)),
                quantised(book), tier_size(book), tier_length(book),
                with_capacity(pd, book, split), router(book)]

@@ -33,7 +33,7 @@ from kvlab.records import (
     Record,
 )
 from kvlab.report import tier_curve, why_tier
-from kvlab.report.common import crossing_words, fixed_kv_bytes, num
+from kvlab.report.common import crossing_words, fixed_kv_bytes, num, tier_held_by
 from kvlab.report.decisions_common import (
     SAME_WITHIN,
     Decision,
@@ -253,7 +253,9 @@ def _host_decision(a: LoadRecord, b: LoadRecord, level: int, why: str,
     served = a.metric_deltas.get("external_prefix_cache_hits")
     recall = f"; the tier served {float(served):,.0f} prompt tokens" if served else ""
     tail = f"{recall}; {_settings(a, level)}" + ("" if iv.measured else f"; {iv.words}")
-    chart = tier_panel(Mark(f"vLLM tier, c={level}", r, iv.low, iv.high))
+    held = tier_held_by(a.tier)  # LMCache's server, not vLLM's own tier
+    tier = f"The host tier ({held}'s)" if held else "The host tier"
+    chart = tier_panel(Mark(f"{held or 'vLLM'} tier, c={level}", r, iv.low, iv.high))
     if iv.spans_one:
         return _undecided("offload", HOST_Q, f"no measurable difference: {figures}{tail}"
                           ).charted(chart)
@@ -263,9 +265,9 @@ def _host_decision(a: LoadRecord, b: LoadRecord, level: int, why: str,
         verb = ("paid" if r <= 1 - SAME_WITHIN else "cost time" if r >= 1 + SAME_WITHIN
                 else "made no measurable difference (within 10%)")
     band = f" [{iv.low:.2f}, {iv.high:.2f}]" if iv.measured else " (no interval)"
-    return Decision("offload", HOST_Q, f"The host tier {verb}: {figures}{tail}.", True,
+    return Decision("offload", HOST_Q, f"{tier} {verb}: {figures}{tail}.", True,
                     f"TTFT p50 x{r:.2f}{band}, c={level}", headline=first_clause(
-                        f"The host tier {verb}"), outcome="yes" if verb == "paid" else "no",
+                        f"{tier} {verb}"), outcome="yes" if verb == "paid" else "no",
                     chart=(chart,))
 
 

@@ -17,7 +17,6 @@ from kvlab.records import (
     LLAMA_KV_QUANT,
     MLX_CACHE,
     PROVEN,
-    SHARED_SINGLE,
     SHARED_STORE,
     DiskRecord,
     KvQuantRecord,
@@ -28,6 +27,7 @@ from kvlab.report.common import latest, num
 from kvlab.report.decisions_common import Decision, Mark, Outcome, Panel, _absent, _undecided
 from kvlab.report.llama import QUANT_Q, quant_answer
 from kvlab.report.offload import summary
+from kvlab.report.stores import Store, ran, why
 
 # ---------------------------------------------------------------- offload: the store
 
@@ -35,60 +35,105 @@ STORE_Q = "Did the store pay?"
 
 
 def store(book: Notebook) -> Decision:
-    lab = "offload"
-    alt = latest(book, ReuseRecord, SHARED_STORE.label)
-    if alt is None:
-        return _undecided(lab, STORE_Q, _absent(book, SHARED_STORE.label, "the alternating run"))
+    """Each store that ran judged on turn 2 on the second instance: the seed's alone as it
+    always was; with LMCache's (or LMCache's alone), one sentence each saying which paid and
+    why, from how its connector matches a growing conversation's prompt."""
+    found = ran(book)
+    if not found:
+        return _undecided("offload", STORE_Q, _absent(book, SHARED_STORE.label,
+                                                      "the alternating run"))
+    if len(found) == 1 and found[0][0].seed:
+        return _judge(book, *found[0])
+    judged = [_judge(book, s, alt, named=True) for s, alt in found]
+    decided = [d for d in judged if d.decided]
+    paid = [d for d in decided if d.outcome == "yes"]
+    chart = Panel("ratio", "TTFT, store / reference",
+                  tuple(m for d in judged for p in d.chart for m in p.marks))
+    heads = "; ".join(d.head for d in decided)
+    return Decision("offload", STORE_Q, " ".join(d.answer for d in judged), bool(decided),
+                    "; ".join(d.figure for d in decided),
+                    rows=tuple(s.alternating.label for s, _ in found),
+                    headline=heads if decided else "",
+                    outcome="yes" if paid else "no", chart=(chart,))
+
+
+def _judge(book: Notebook, store: Store, alt: ReuseRecord, named: bool = False) -> Decision:
+    """One store's answer; `named`: the store's name first and why its connector did or did
+    not serve turn 2 (where more than the seed's store is judged)."""
+    lab, name = "offload", f"{store.connector.called}'s store" if named else "the store"
     rows = alt.rows
     if len(alt.endpoints) < 2 or len(rows) < 2:
-        return _undecided(lab, STORE_Q, "the shared-store line has one endpoint or one turn: "
-                                        "no turn ran on the second instance")
+        return _undecided(lab, STORE_Q, f"the {store.alternating.label} line has one endpoint "
+                                        "or one turn: no turn ran on the second instance")
     t1, t2 = rows[0].ttft_s, rows[1].ttft_s
     verdicts = alt.summary.later_turn_verdicts if alt.summary is not None else None
     if not verdicts:
-        return _undecided(lab, STORE_Q, f"turn 2 on the second instance took {num(t2)} s "
-                                        f"against turn 1's {num(t1)} s, but no per-turn cache "
-                                        "evidence was recorded, so warm-up is not ruled out")
+        return _undecided(lab, STORE_Q, f"{'for ' + name + ', ' if named else ''}turn 2 on "
+                                        f"the second instance took {num(t2)} s against turn "
+                                        f"1's {num(t1)} s, but no per-turn cache evidence was "
+                                        "recorded, so warm-up is not ruled out")
     store_kind = f"the {alt.connector} connector's store" if alt.connector else "a store"
     cached = rows[1].cached_tokens
     paid = verdicts[0] == "reused"
-    head = (f"The store paid: turn 2 on the second instance took {num(t2)} s against turn 1's "
+    cap = name[0].upper() + name[1:]
+    head = (f"{cap} paid: turn 2 on the second instance took {num(t2)} s against turn 1's "
             f"{num(t1)} s on the first" + (f" ({cached:,} prompt tokens from the store)"
                                             if cached else "")
             if paid else
-            f"The store did not pay: turn 2 on the second instance was judged {verdicts[0]}, "
+            f"{cap} did not pay: turn 2 on the second instance was judged {verdicts[0]}, "
             f"with {cached or 0:,} prompt tokens from it, so its {num(t2)} s against turn 1's "
             f"{num(t1)} s is not the store's doing")
     figure = (f"turn 2 {num(t2)} s against turn 1 {num(t1)} s" if paid
               else f"turn 2 took {cached or 0:,} prompt tokens from the store")
-    return Decision(lab, STORE_Q, f"{head}, with {store_kind} shared by two instances; "
-                                  f"{_control(book, alt)}.", True, figure,
-                    headline="The store paid" if paid else "The store did not pay",
-                    outcome="yes" if paid else "no", chart=(_store_panel(book, alt, paid),))
+    answer = (f"{head}, with {store_kind} shared by two instances; "
+              f"{_control(book, store, alt)}." if not named
+              else f"{_named(cap, alt, paid, verdicts[0])}: {why(store, alt, paid)}"
+              + ("" if paid else f"; its {num(t2)} s against turn 1's {num(t1)} s is not "
+                 "the store's doing") + f"; {_control(book, store, alt)}.")
+    return Decision(lab, STORE_Q, answer, True,
+                    (f"{store.connector.called}: " if named else "") + figure,
+                    headline=f"{cap} paid" if paid else f"{cap} did not pay",
+                    outcome="yes" if paid else "no",
+                    chart=(_store_panel(book, store, alt, paid, named),))
 
 
-def _store_panel(book: Notebook, alt: ReuseRecord, paid: bool = True) -> Panel:
+def _named(cap: str, alt: ReuseRecord, paid: bool, verdict: str) -> str:
+    """A named store's answer up to its why: what turn 2 on the second instance took."""
+    turn1, turn2 = alt.rows[0], alt.rows[1]
+    took = (f"{turn2.cached_tokens or 0:,} of its {turn2.prompt_tokens:,} prompt tokens"
+            if turn2.prompt_tokens else f"{turn2.cached_tokens or 0:,} prompt tokens")
+    if paid:
+        return (f"{cap} paid: turn 2 on the second instance took {num(turn2.ttft_s)} s against "
+                f"turn 1's {num(turn1.ttft_s)} s on the first, with {took} from the store")
+    return (f"{cap} did not pay: turn 2 on the second instance took {took} from it (judged "
+            f"{verdict})")
+
+
+def _store_panel(book: Notebook, store: Store, alt: ReuseRecord, paid: bool = True,
+                 named: bool = False) -> Panel:
     """The store's chart: turn 2 on the second instance against turn 1 on the first (where
     the store served it: otherwise the ratio is not the store's), and the later turns
-    alternating against one instance with the same store (the control)."""
+    alternating against one instance with the same store (the control); `named`: each mark
+    says whose store it is."""
     t1, t2 = alt.rows[0].ttft_s, alt.rows[1].ttft_s
-    marks = [Mark("turn 2 / turn 1", t2 / t1)] if t1 and t2 and paid else []
-    single = latest(book, ReuseRecord, SHARED_SINGLE.label)
+    who = f"{store.connector.called}: " if named else ""
+    marks = [Mark(f"{who}turn 2 / turn 1", t2 / t1)] if t1 and t2 and paid else []
+    single = latest(book, ReuseRecord, store.single.label)
     if single is not None:
         spread = intervals.reuse_turns(book.records, alt, single)
         best_alt, best_one = summary(alt).best_later_ttft_s, summary(single).best_later_ttft_s
-        if spread.measured and (mark := Mark.of("later / control", spread)):
+        if spread.measured and (mark := Mark.of(f"{who}later / control", spread)):
             marks.append(mark)
         elif best_alt and best_one:
-            marks.append(Mark("later / control", best_alt / best_one))
+            marks.append(Mark(f"{who}later / control", best_alt / best_one))
     return Panel("ratio", "TTFT, store / reference", tuple(marks))
 
 
-def _control(book: Notebook, alt: ReuseRecord) -> str:
-    single = latest(book, ReuseRecord, SHARED_SINGLE.label)
+def _control(book: Notebook, store: Store, alt: ReuseRecord) -> str:
+    single = latest(book, ReuseRecord, store.single.label)
     if single is None:
         return ("whether the store adds latency of its own is not measured (no "
-                f"{SHARED_SINGLE.label} control)")
+                f"{store.single.label} control)")
     best_alt = summary(alt).best_later_ttft_s
     best_one = summary(single).best_later_ttft_s
     if not best_alt or not best_one:

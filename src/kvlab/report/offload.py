@@ -31,7 +31,6 @@ from kvlab.records import (
     PRESSURE_ON,
     QUIET_OFF,
     QUIET_ON,
-    SHARED_STORE,
     SMALLER_ON,
     CapacityProbe,
     CapacityRecord,
@@ -61,7 +60,9 @@ from kvlab.report.common import (
     said,
     sequential_words,
     startup_of,
+    tier_title,
 )
+from kvlab.report.stores import held_words, shown, turn2
 from kvlab.report.turns import median_interval, p50, turns
 
 OFFLOAD_COLUMNS = ["TTFT, first turn (s)", "TTFT, later turns (s)", "Prefix cache hit rate",
@@ -87,7 +88,7 @@ def offload_table(book: Notebook, more: Sequence[Line] = ()) -> Table:
             if rule := sequential_words(book.records, against.on, against.off.label):
                 line.evidence.append(rule)
         table.lines.append(line)
-    table.lines.append(reuse_row(book, SHARED_STORE, alternating=True))
+    table.lines += [reuse_row(book, s.alternating, alternating=True) for s in shown(book)]
     table.lines.append(_disk_row(book))
     table.lines.append(_disk_row(book, MLX_CACHE))
     table.lines += more
@@ -138,8 +139,8 @@ def reuse_row(book: Notebook, row: Row, *, alternating: bool = False) -> Line:
         evidence.append("cached tokens per turn " + ", ".join(said(c, "not recorded")
                                                               for c in cached))
     if len(r.endpoints) > 1:
-        turn2 = later[0] if later else _turn2(r)
-        evidence.append(f"turn 2 on the other instance: {turn2}")
+        evidence.append(f"turn 2 on the other instance: {turn2(r) if later else _turn2(r)}")
+        evidence += [held] if (held := held_words(book, r)) else []
         proof = latest(book, ProofRecord, f"{row.label}-proof")
         if proof:
             evidence.append("proof: " + ", ".join(
@@ -154,7 +155,7 @@ def reuse_row(book: Notebook, row: Row, *, alternating: bool = False) -> Line:
              if s.best_later_ratio is not None else "n/a: no later turn")
     verdict = ("not judged" if later is None else
                f"reused {s.reused_turns}/{len(later)}" if s.reused_turns else "not reused")
-    return Line(row.title, how, [said(s.turn1_ttft_s, "not recorded"),
+    return Line(tier_title(row.title, r.tier), how, [said(s.turn1_ttft_s, "not recorded"),
                                  said(s.best_later_ttft_s, "no later turn answered")
                                  + (" (fastest)" if s.best_later_ttft_s is not None else ""),
                                  " / ".join(pct(v) for v in rates) or "not recorded", ratio],
@@ -248,11 +249,12 @@ def pressure_line(book: Notebook, row: Row, r: LoadRecord, *, smaller_tier: bool
     how, anchor = _how(r), row.label + ("-smaller" if smaller_tier else "")
     if judged.state is False:  # a quiet run is no answer to the pressure row's question
         quiet = "not under pressure: this run was quiet (see the details)"
-        return Line(row.title, how, [quiet, NO_FIGURE, hit, NO_FIGURE], evidence,
+        return Line(tier_title(row.title, r.tier), how, [quiet, NO_FIGURE, hit, NO_FIGURE],
+                    evidence,
                     measured_on(book, r), "quiet", row.command, anchor=anchor)
     first, later = _turn_cells(book, r)
-    return Line(row.title, how, [first, later, hit, "the reference" if row.side == "off"
-                                 else "no tier-off run to compare"], evidence,
+    versus = "the reference" if row.side == "off" else "no tier-off run to compare"
+    return Line(tier_title(row.title, r.tier), how, [first, later, hit, versus], evidence,
                 measured_on(book, r), judged.words, row.command, anchor=anchor)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from kvlab.records import Notebook, StartupRecord
+from kvlab.report.common import companion_words, is_companion
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class Starts:
     kept: int
     reset_s: float
     saved_s: float
+    servers: tuple[str, ...] = ()  # of `starts`, the cache servers started beside engines
 
     def sentence(self) -> str:
         kept = (f"; {self.kept} engine(s) kept from the previous step and reset instead "
@@ -38,7 +40,10 @@ class Starts:
         share = f" ({100 * self.start_s / self.span_s:.0f}%)" if self.span_s > 0 else ""
         together = (f" ({self.together} of them together, in {self.batches} batch(es); time "
                     "that starts overlap counts once)" if self.batches else "")
-        return (f"Engine starts in run {self.run_id}: {self.starts} start(s){together} took "
+        servers = (f" ({len(self.servers)} of them a cache server beside an engine: "
+                   + "; ".join(self.servers) + ")" if self.servers else "")
+        return (f"Engine starts in run {self.run_id}: {self.starts} start(s){servers}{together} "
+                "took "
                 f"{_clock(self.start_s)} of its {_clock(self.span_s)}{share}, first launch or "
                 f"line to last{kept}.")
 
@@ -62,7 +67,8 @@ def latest(book: Notebook) -> Starts | None:
     return Starts(run_id, span, len(fresh), _union(intervals), len(batched),
                   len({r.start_batch for r in batched}), len(kept),
                   sum(k.probe.reset_s for k in kept),
-                  sum(k.start_ready_s or 0.0 for k in kept))
+                  sum(k.start_ready_s or 0.0 for k in kept),
+                  tuple(companion_words(r) for r in fresh if is_companion(r)))
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:

@@ -64,3 +64,16 @@ def test_the_host_tier_backends() -> None:
     lm = connectors.offload_config(1.5, "lmcache", {"lmcache.mp.port": 7001})
     assert lm == {"kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
                   "kv_connector_extra_config": {"lmcache.mp.port": 7001}}
+
+
+def test_the_tier_words_name_their_backend_and_who_holds_it() -> None:
+    words = connectors.tier_words(1.0, "lmcache")
+    assert words == "host memory 1 GiB, backend lmcache"
+    assert connectors.tier_backend(words) == "lmcache" and connectors.tier_by_server(words)
+    assert connectors.backend_title(words) == "LMCache"
+    native = connectors.tier_words(8, "native")
+    assert connectors.tier_backend(native) == "native" and not connectors.tier_by_server(native)
+    assert connectors.backend_title(native) == "vLLM's own host tier"
+    for none in (None, "", "none: device memory only", "host memory 1 GiB, backend other"):
+        assert connectors.tier_backend(none) is None and connectors.backend_title(none) is None
+    assert connectors.LMCACHE.called == "LMCache" and connectors.SHARED.called == "ExampleConnector"
