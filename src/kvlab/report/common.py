@@ -244,10 +244,23 @@ def kv_bytes_per_token(start: StartupRecord | None) -> tuple[float, str] | None:
         return None
     gib = cap.cpu_kv_gib or cap.available_kv_gib
     size = cap.kv_cache_bytes or (gib * 2**30 if gib else None)
+    given = _flag_bytes(start.argv, "--kv-cache-memory-bytes")  # a cache it was given
+    if not size and given:
+        return (given / cap.kv_cache_tokens, f"{start.engine}'s startup: the "
+                f"--kv-cache-memory-bytes {given:,} it ran with, for its {cap.kv_cache_tokens:,} "
+                "tokens")
     if not size:
         return None
     return (size / cap.kv_cache_tokens, f"{start.engine}'s startup: {size / 2**30:g} GiB for "
             f"{cap.kv_cache_tokens:,} tokens")
+
+
+def _flag_bytes(argv: list[str], flag: str) -> int | None:
+    """A whole number of bytes `flag` was given in `argv` (None if absent or not a number)."""
+    if flag not in argv[:-1]:
+        return None
+    value = argv[argv.index(flag) + 1]
+    return int(value) if value.isdigit() else None
 
 
 def measured_on(book: Notebook, record: Record) -> str:

@@ -74,27 +74,40 @@ def _judge(book: Notebook, store: Store, alt: ReuseRecord, named: bool = False) 
                                         "recorded, so warm-up is not ruled out")
     store_kind = f"the {alt.connector} connector's store" if alt.connector else "a store"
     cached = rows[1].cached_tokens
-    paid = verdicts[0] == "reused"
+    served = verdicts[0] == "reused"
+    # served and faster: a turn 2 that took the store's KV no sooner than turn 1 computed its
+    # own did not pay, however many tokens it took
+    paid = served and t1 is not None and t2 is not None and t2 < t1
     cap = name[0].upper() + name[1:]
     head = (f"{cap} paid: turn 2 on the second instance took {num(t2)} s against turn 1's "
             f"{num(t1)} s on the first" + (f" ({cached:,} prompt tokens from the store)"
                                             if cached else "")
-            if paid else
+            if paid else _served_slower(cap, t1, t2, cached) if served else
             f"{cap} did not pay: turn 2 on the second instance was judged {verdicts[0]}, "
             f"with {cached or 0:,} prompt tokens from it, so its {num(t2)} s against turn 1's "
             f"{num(t1)} s is not the store's doing")
-    figure = (f"turn 2 {num(t2)} s against turn 1 {num(t1)} s" if paid
+    figure = (f"turn 2 {num(t2)} s against turn 1 {num(t1)} s" if served
               else f"turn 2 took {cached or 0:,} prompt tokens from the store")
     answer = (f"{head}, with {store_kind} shared by two instances; "
               f"{_control(book, store, alt)}." if not named
-              else f"{_named(cap, alt, paid, verdicts[0])}: {why(store, alt, paid)}"
-              + ("" if paid else f"; its {num(t2)} s against turn 1's {num(t1)} s is not "
+              else (f"{_named(cap, alt, paid, verdicts[0])}: {why(store, alt, served)}"
+                    if paid or not served else
+                    f"{_served_slower(cap, t1, t2, cached)}: {why(store, alt, served)}")
+              + ("" if served else f"; its {num(t2)} s against turn 1's {num(t1)} s is not "
                  "the store's doing") + f"; {_control(book, store, alt)}.")
     return Decision(lab, STORE_Q, answer, True,
                     (f"{store.connector.called}: " if named else "") + figure,
                     headline=f"{cap} paid" if paid else f"{cap} did not pay",
                     outcome="yes" if paid else "no",
                     chart=(_store_panel(book, store, alt, paid, named),))
+
+
+def _served_slower(cap: str, t1: float | None, t2: float | None, cached: int | None) -> str:
+    """A store that served turn 2 without making it faster: the cause in its words."""
+    return (f"{cap} served turn 2 but did not pay: turn 2 on the second instance took "
+            f"{cached or 0:,} prompt tokens from it and still {num(t2)} s against turn 1's "
+            f"{num(t1)} s computed whole, so fetching those tokens' KV cost this machine as "
+            "much as computing them")
 
 
 def _named(cap: str, alt: ReuseRecord, paid: bool, verdict: str) -> str:

@@ -129,3 +129,26 @@ def test_the_host_tier_decision_names_lmcache(tmp_path: Path) -> None:
              if d.question == decisions_host.HOST_Q)
     assert d.answer.startswith("The host tier (LMCache's) paid: TTFT p50 0.120 s")
     assert [m.name for p in d.chart for m in p.marks] == ["LMCache tier, c=4"]
+
+
+LMCACHE_H200 = DATA / "lmcache-shared-h200.jsonl"  # the same run on the lent H200, vLLM 0.26
+
+
+def test_a_store_that_served_turn_2_without_making_it_faster_did_not_pay(
+        tmp_path: Path) -> None:
+    # on the H200 the tiny model computes 3,786 tokens in 61 ms: turn 2 took 3,584 tokens
+    # from LMCache and still 66 ms, so the store served but did not pay
+    answer = store_answer(book(tmp_path, LMCACHE_H200))
+    assert answer.outcome == "no", answer.answer
+    assert "served turn 2 but did not pay" in answer.answer
+    assert "3,584 prompt tokens" in answer.answer and "0.066 s against turn 1's 0.061" \
+        in answer.answer
+
+
+def test_bytes_a_token_from_the_cache_an_engine_was_given(tmp_path: Path) -> None:
+    # vLLM on a GPU states its cache in tokens alone; kvlab gave it 33,554,432 bytes
+    line = row(book(tmp_path, LMCACHE_H200), SHARED_LMCACHE.label)
+    assert line is not None
+    said = " ".join(line.evidence)
+    assert "15 chunks x 256 tokens x 2,048 B/token (1.00x the KV arithmetic" in said, said
+    assert "--kv-cache-memory-bytes 33,554,432" in said
