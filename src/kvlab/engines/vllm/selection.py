@@ -65,7 +65,11 @@ class VllmInstall:
         if self.tier_backend == "lmcache":
             return Support(True) if self.lmcache_command else \
                 Support(False, lmcache.no_server_command())
-        return Support(False, CPU_CANNOT_OFFLOAD) if self.platform == "cpu" else Support(True)
+        if self.platform != "cpu":
+            return Support(True)
+        return Support(False, CPU_CANNOT_OFFLOAD + (
+            "; KV_OFFLOAD_BACKEND=lmcache runs the tier here through LMCache's server"
+            if self.lmcache_command else ""))
 
     def supports(self, feature: str) -> Support:
         if feature == HOST_TIER:
