@@ -66,6 +66,8 @@ from kvlab.engines.registry import (
 )
 from kvlab.engines.reuse import EnginePool
 from kvlab.engines.roles import ENGINE_ROLES, TITLES, as_started, plan_for_role
+from kvlab.engines.strays import claim as claim_dir
+from kvlab.engines.strays import release as release_dir
 from kvlab.engines.vllm.facts import VLLM
 from kvlab.engines.vllm.lmcache import held_by as cache_server_held
 
@@ -108,6 +110,7 @@ __all__ = [
     "cache_server_held",
     "cache_server_title",
     "canonical_name",
+    "claim_dir",
     "clean",
     "client_host",
     "copyrate",
@@ -132,6 +135,7 @@ __all__ = [
     "prose",
     "record_ready",
     "refuse_missing_model",
+    "release_dir",
     "source_of",
     "startup",
     "stop_group",

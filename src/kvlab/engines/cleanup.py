@@ -20,7 +20,13 @@ import psutil
 
 from kvlab.core import PROXY_METRICS_PREFIX, Settings, tree_bytes
 from kvlab.engines.llamacpp import slotstore
-from kvlab.engines.strays import PidRecord, live_strays, stop_strays
+from kvlab.engines.strays import (
+    PidRecord,
+    claimed,
+    live_strays,
+    owned_elsewhere,
+    stop_strays,
+)
 from kvlab.engines.vllm import store as kvstore
 
 
@@ -46,11 +52,17 @@ def clean(settings: Settings, *, dry_run: bool = False) -> CleanReport:
         report.stopped = live_strays(run_dir)
     else:
         report.stopped = stop_strays(run_dir)
+    report.kept += [f"{r.engine} ({r.role}) process group {r.group} on port {r.port}: the "
+                    f"kvlab that started it (pid {r.owner}) still runs it"
+                    for r in owned_elsewhere(run_dir)]
     _clean_proxy_metrics(report, dry_run)
     for tree in (paths.stores, paths.scratch):
         if not tree.is_dir():
             continue
         for run in sorted(tree.iterdir()):
+            if (owner := claimed(run)) is not None:
+                report.kept.append(f"{run}: the kvlab that made it (pid {owner}) still runs")
+                continue
             report.bytes_freed += tree_bytes(run)
             report.removed.append(str(run))
             if not dry_run:

@@ -248,7 +248,9 @@ class EngineProcess:
         record = PidRecord(pid=self._proc.pid, pgid=self._proc.pid, engine=self.plan.engine,
                            role=self.plan.role, port=self.plan.port, argv0=self.plan.argv()[0],
                            started=time.time(), create_time=_create_time(self._proc.pid),
-                           detached=self.detached, log=str(self.log_path))
+                           detached=self.detached, log=str(self.log_path),
+                           owner=None if self.detached else os.getpid(),
+                           owner_start=None if self.detached else _create_time(os.getpid()))
         path.write_text(record.model_dump_json(exclude_none=True) + "\n", encoding="utf-8")
 
     def _forget_pid(self) -> None:

@@ -1,9 +1,11 @@
 """Engines kvlab started and did not stop: their PID records, and the proof they are ours.
 
 When kvlab starts an engine it writes a PID record under KVLAB_HOME/run/pids (process group,
-start time, port); `kvlab clean` reads them back. A recorded group is stopped only when kvlab
-can prove it is the one it started (the leader's start time, or members that serve the port
-or started after it), never by argv0, which a wrapper script (`VLLM_CMD`) changes.
+start time, port, and the kvlab process that owns it); `kvlab clean` reads them back. A
+recorded group is stopped only when kvlab can prove it is the one it started (the leader's start
+time, or members that serve the port or started after it), never by argv0, which a wrapper
+script (`VLLM_CMD`) changes; and never while the kvlab that started it still runs (another
+`kvlab run` in progress: its engines are not strays).
 
 Deliberately not here: writing the record when an engine starts (`process.py`), stopping a
 group (`process_groups.py`), and what `kvlab clean` reports (`cleanup.py`).
@@ -42,6 +44,8 @@ class PidRecord(BaseModel):
     started: float | None = None  # time.time() when spawned
     create_time: float | None = None  # the kernel's, through psutil
     detached: bool = False
+    owner: int | None = None  # the kvlab process that started it and will stop it
+    owner_start: float | None = None  # that process's start time (psutil's)
     log: str = ""
     identified_by: str | None = None  # set when found running: how it was proven ours
     file: str = Field("", exclude=True)  # where the record was read from
@@ -70,15 +74,76 @@ def stray_records(run_dir: Path) -> list[PidRecord]:
 
 
 def live_strays(run_dir: Path) -> list[PidRecord]:
-    """The recorded engines still running, each proven to be the one kvlab started."""
-    found = [(r, identify(r)) for r in stray_records(run_dir)]
+    """The recorded engines still running, each proven to be the one kvlab started, whose
+    kvlab is gone."""
+    found = [(r, identify(r)) for r in stray_records(run_dir) if not owner_alive(r)]
     return [r.model_copy(update={"identified_by": how}) for r, how in found if how is not None]
 
 
+def owned_elsewhere(run_dir: Path) -> list[PidRecord]:
+    """The recorded engines a kvlab still running started: not strays, left alone."""
+    return [r for r in stray_records(run_dir) if owner_alive(r) and identify(r) is not None]
+
+
+OWNER_FILE = ".kvlab-owner"  # in a run's store or scratch directory: the kvlab using it
+
+
+def claim(directory: Path) -> None:
+    """Mark `directory` (a run's stores or scratch) as this kvlab's while it runs, so that
+    another kvlab's `kvlab clean` leaves it alone."""
+    mine = PidRecord(pid=os.getpid(), create_time=_process_start(os.getpid()))
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / OWNER_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with open(fd, "w", encoding="utf-8") as f:
+        f.write(mine.model_dump_json(exclude_none=True) + "\n")
+
+
+def release(directory: Path) -> None:
+    """Drop this kvlab's mark on `directory` (its run is over)."""
+    (directory / OWNER_FILE).unlink(missing_ok=True)
+
+
+def claimed(directory: Path) -> int | None:
+    """The PID of the running kvlab that claimed `directory`, or None (none did, or it is
+    gone)."""
+    try:
+        mark = PidRecord.model_validate_json((directory / OWNER_FILE).read_bytes())
+    except (OSError, ValidationError):
+        return None
+    alive = _same_process(mark.pid, mark.create_time)
+    return mark.pid if alive else None
+
+
+def _process_start(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
+
+
+def _same_process(pid: int, start: float | None) -> bool:
+    """Whether `pid` runs and is the process that started at `start` (any, where unknown)."""
+    now = _process_start(pid)
+    return now is not None and (start is None or abs(now - start) <= _START_SLACK_S)
+
+
+def owner_alive(record: PidRecord) -> bool:
+    """Whether the kvlab process that started the engine still runs (its PID with the start
+    time it had): a detached engine has no owner (`kvlab serve --detach` hands it on)."""
+    if record.owner is None or record.detached:
+        return False
+    return _same_process(record.owner, record.owner_start)
+
+
 def stop_strays(run_dir: Path, grace_s: float = 5.0) -> list[PidRecord]:
-    """Stop every recorded engine group still alive; remove the records. Returns those stopped."""
+    """Stop every recorded engine group still alive whose kvlab is gone; remove their records.
+    Returns those stopped."""
     stopped = []
     for record in stray_records(run_dir):
+        if owner_alive(record):
+            continue  # its kvlab stops it, and removes the record
         how = identify(record)
         if how is not None:
             stop_group(record.pid, grace_s)

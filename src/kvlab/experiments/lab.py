@@ -37,10 +37,12 @@ from kvlab.engines import (
     LocalHost,
     PlanRequest,
     Running,
+    claim_dir,
     install_of,
     make_plan,
     make_private_dir,
     refuse_missing_model,
+    release_dir,
 )
 from kvlab.records import NotRunRecord, Record, Row, notebook
 
@@ -160,6 +162,8 @@ class Lab:
         if path.exists():
             shutil.rmtree(path)
         make_private_dir(path)
+        if not self.placement.remote:  # another kvlab's `kvlab clean` leaves it alone
+            claim_dir(self.settings.paths().stores / self.run_id)
         self.stores.append(path)
         return path
 
@@ -170,6 +174,7 @@ class Lab:
             shutil.rmtree(path, ignore_errors=True)
             parents.add(path.parent)
         for parent in parents:
+            release_dir(parent)
             with contextlib.suppress(OSError):
                 parent.rmdir()
         self.stores.clear()

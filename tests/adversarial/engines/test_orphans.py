@@ -288,6 +288,21 @@ async def test_a_detached_engine_process_is_left_running_with_its_record(
     assert proc.returncode is not None  # reaped by `stop_strays`
 
 
+async def test_clean_leaves_the_engines_of_a_kvlab_still_running(tmp_path: Path) -> None:
+    # found from outside (2026-12-07): a second kvlab's `kvlab clean` killed the engine a
+    # running `kvlab run all` had just started; an engine whose kvlab lives is not a stray
+    port = ports.free_port()
+    plan = EnginePlan(engine="fake", role="test", command=(sys.executable, str(FAKE)),
+                      positional=(str(port),), port=port)
+    run = tmp_path / "run"
+    async with process.EngineProcess(plan, tmp_path / "e.log", run_dir=run) as proc:
+        assert strays.live_strays(run) == [] and strays.stop_strays(run) == []
+        assert await proc.healthy()  # still serving this kvlab
+        (kept,) = strays.owned_elsewhere(run)
+        assert kept.pid == proc.pid and kept.owner == os.getpid()
+    assert strays.stray_records(run) == []  # stopped by its own kvlab, record gone
+
+
 # ---- 20: exit codes say what happened ---------------------------------------------------------
 
 def test_serve_reports_an_engine_that_died_with_its_status(tmp_path: Path) -> None:
