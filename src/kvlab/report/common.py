@@ -214,10 +214,12 @@ def companions_of(book: Notebook, start: StartupRecord, label: str = "") -> list
     """The cache servers started before `start`'s engine, or before another engine of row
     `label`, for them (their run's startup lines `<engine's label>-<their role>`, e.g. the one
     LMCache server both instances of the shared store reach)."""
-    row = row_of(label)
-    engines = {start.label, *(row.startup if row is not None else ())}
-    return [r for r in book.of(StartupRecord) if r.run_id == start.run_id
-            and is_companion(r) and any(r.label.startswith(e + "-") for e in engines)]
+    def of(engines: set[str]) -> list[StartupRecord]:
+        return [r for r in book.of(StartupRecord) if r.run_id == start.run_id
+                and is_companion(r) and any(r.label == f"{e}-{r.role}" for e in engines)]
+
+    row = row_of(label)  # its own first; else its row's other engines' (a pair's one server)
+    return of({start.label}) or of(set(row.startup) if row is not None else set())
 
 
 def is_companion(start: StartupRecord) -> bool:

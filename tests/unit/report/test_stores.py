@@ -152,3 +152,20 @@ def test_bytes_a_token_from_the_cache_an_engine_was_given(tmp_path: Path) -> Non
     said = " ".join(line.evidence)
     assert "15 chunks x 256 tokens x 2,048 B/token (1.00x the KV arithmetic" in said, said
     assert "--kv-cache-memory-bytes 33,554,432" in said
+
+
+LMCACHE_OFFLOAD = DATA / "lmcache-offload-cpu.jsonl"  # run all --quick --only offload, lmcache
+
+
+def test_each_tier_row_names_its_own_lmcache_server_once(tmp_path: Path) -> None:
+    # the quiet tier-on engine (`offload-on`) and the pressure one (`offload-on-load`) each
+    # started a server; the pressure row's row declares `offload-on` too, so a prefix match
+    # named both servers on it
+    from kvlab.records import PRESSURE_ON
+    from kvlab.report.common import measured_on
+
+    found = book(tmp_path, LMCACHE_OFFLOAD)
+    for label in (QUIET_ON.label, PRESSURE_ON.label):
+        said = measured_on(found, next(r for r in reversed(found.records)
+                                       if r.label == label))
+        assert said.count("LMCache server 0.5.6") == 1, said
