@@ -23,7 +23,7 @@ from kvlab.measure.crossing import Judgement, Point, judge_crossing
 from kvlab.measure.link_bytes import NOT_CROSSED
 from kvlab.measure.oracle_gap import shortfall
 from kvlab.measure.oracle_model import Blocks, CacheModel, Prediction
-from kvlab.measure.pairing import load_rows, paired_rows, tier_pair, tier_sides
+from kvlab.measure.pairing import load_rows, paired_rows, tier_backends, tier_pair, tier_sides
 from kvlab.measure.pressure import judge_pressure, preemptions, tier_holds, tier_too_small
 from kvlab.measure.prove import ProofRun, ProveOptions, proof_record, run_proof
 from kvlab.measure.reuse import ReuseOptions, ReuseRun, reuse_record, run_reuse
@@ -70,6 +70,7 @@ __all__ = [
     "run_reuse",
     "shortfall",
     "slot_oracle",
+    "tier_backends",
     "tier_holds",
     "tier_pair",
     "tier_sides",

@@ -14,7 +14,7 @@ comparison and reading the notebook (`compare.py`). Pure functions of the notebo
 
 from __future__ import annotations
 
-from kvlab.core import InputError
+from kvlab.core import InputError, connectors
 from kvlab.measure.pressure import tier_too_small
 from kvlab.records import PRESSURE_OFF, PRESSURE_ON, LinkRecord, LoadRecord, Record
 
@@ -40,20 +40,30 @@ def paired_rows(records: list[Record], label_a: str,
     return _paired(records, label_a, label_b)
 
 
-def tier_pair(records: list[Record], *, smaller_tier: bool = False
+def tier_pair(records: list[Record], *, smaller_tier: bool = False,
+              backend: str | None = None
               ) -> tuple[dict[int, LoadRecord], dict[int, LoadRecord]]:
     """The host tier's (on, off) pair from the newest run whose tier could hold its working set
     (or did not record whether), or with `smaller_tier` the newest whose tier could not: a
-    run with `--tier-gb` below the working set never stands in for one that held it."""
+    run with `--tier-gb` below the working set never stands in for one that held it. With
+    `backend`, the newest run of that backend's tier (KV_OFFLOAD_BACKEND, as its rows say)."""
     def other_kind(r: Record) -> bool:
         return (isinstance(r, LoadRecord) and r.label == OFFLOAD_ON
-                and tier_too_small(r) != smaller_tier)
+                and (tier_too_small(r) != smaller_tier
+                     or (backend is not None and connectors.tier_backend(r.tier) != backend)))
     runs = {r.run_id for r in records if other_kind(r) and r.run_id is not None}
     kept = [r for r in records if r.run_id not in runs and not other_kind(r)]
     on, off = _paired(kept, OFFLOAD_ON, OFFLOAD_OFF)
     if smaller_tier and not on:  # a tier-off run alone is no smaller-tier experiment
         return {}, {}
     return on, off
+
+
+def tier_backends(records: list[Record]) -> list[str]:
+    """The host-tier backends the tier-on pressure rows name, newest first."""
+    said = (connectors.tier_backend(r.tier) for r in reversed(records)
+            if isinstance(r, LoadRecord) and r.label == OFFLOAD_ON)
+    return [b for b in dict.fromkeys(said) if b is not None]
 
 
 def tier_sides(records: list[Record], *, smaller_tier: bool = False

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from kvlab.core import connectors
 from kvlab.measure import (
     experiment_warnings,
     intervals,
     label_facts,
     paired_rows,
     pressure,
+    tier_backends,
+    tier_pair,
 )
 from kvlab.records import (
     LLAMA_RAM_CURVE,
@@ -51,9 +54,38 @@ HOST_Q = "Did the host tier pay?"
 
 
 def host_tier(book: Notebook) -> Decision:
+    """The tier under pressure against none; where more than one backend's tier ran (vLLM's
+    own and LMCache's, KV_OFFLOAD_BACKEND), each judged against its own run's tier-off side,
+    and which of them is worth having on this machine."""
+    backends = tier_backends(book.records)
+    if len(backends) < 2:
+        return _host_tier(book, None)
+    return which_backend(book, [(b, _host_tier(book, b)) for b in backends])
+
+
+def which_backend(book: Notebook, judged: list[tuple[str, Decision]]) -> Decision:
+    """One answer from each backend's: each one's sentence, then the one worth having (the
+    one that paid, the better ratio where both did), or that neither paid here."""
+    paid = [(b, d) for b, d in judged if d.outcome == "yes"]
+    ratios = {b: d.chart[0].marks[0].value for b, d in judged if d.chart and d.chart[0].marks}
+    best = min(paid, key=lambda bd: ratios.get(bd[0], 1.0))[0] if paid else None
+    title = connectors.BACKEND_TITLES
+    verdict = (f"On this machine the backend worth having is {title[best]}" if best else
+               "Neither backend's tier paid on this machine") + " (TTFT p50 against none: " \
+        + ", ".join(f"{title[b]} x{r:.2f}" for b, r in ratios.items()) + ")"
+    answer = " ".join(f"{title[b]}: {d.answer}" for b, d in judged) + f" {verdict}."
+    return Decision("offload", HOST_Q, answer, any(d.decided for _, d in judged),
+                    "; ".join(f"{title[b]}: {d.figure}" for b, d in judged if d.figure),
+                    headline=verdict, outcome="yes" if best else "no",
+                    chart=(tier_panel(*(m for _, d in judged for p in d.chart
+                                        for m in p.marks)),))
+
+
+def _host_tier(book: Notebook, backend: str | None) -> Decision:
     lab, records = "offload", book.records
     on_label, off_label = PRESSURE_ON.label, PRESSURE_OFF.label
-    on, off = paired_rows(records, on_label, off_label)
+    on, off = tier_pair(records, backend=backend) if backend else \
+        paired_rows(records, on_label, off_label)
     for rows, label, what in ((on, on_label, "the tier-on run under pressure"),
                               (off, off_label, "the tier-off run under pressure")):
         if not rows:

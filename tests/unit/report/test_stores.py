@@ -169,3 +169,39 @@ def test_each_tier_row_names_its_own_lmcache_server_once(tmp_path: Path) -> None
         said = measured_on(found, next(r for r in reversed(found.records)
                                        if r.label == label))
         assert said.count("LMCache server 0.5.6") == 1, said
+
+
+def test_each_tier_backend_is_paired_with_its_own_run_and_the_better_one_named(
+        tmp_path: Path) -> None:
+    # two backends' runs in one notebook: each tier-on run is set against its own run's
+    # tier-off side, never the newest run's; the answer names the backend worth having
+    from kvlab.measure import tier_backends, tier_pair
+    from kvlab.records import PRESSURE_OFF, PRESSURE_ON
+    from kvlab.report.decisions_common import Decision, Mark, Panel
+    from kvlab.report.decisions_host import which_backend
+
+    found = book(tmp_path, LMCACHE_OFFLOAD)
+    lmcache_run = [r for r in found.records if isinstance(r, LoadRecord)
+                   and r.label in (PRESSURE_ON.label, PRESSURE_OFF.label)]
+    native_run = [r.model_copy(update={
+        "run_id": "native-run", "tier": (r.tier or "").replace("lmcache", "native") or None})
+        for r in lmcache_run]
+    records = [*found.records, *native_run]  # the native run is the newer
+    assert tier_backends(records) == ["native", "lmcache"]
+    on, off = tier_pair(records, backend="lmcache")
+    assert {r.run_id for r in (*on.values(), *off.values())} == {lmcache_run[0].run_id}
+    on, off = tier_pair(records, backend="native")
+    assert {r.run_id for r in (*on.values(), *off.values())} == {"native-run"}
+
+    def judged(ratio: float, outcome: str) -> Decision:
+        return Decision("offload", decisions_host.HOST_Q, f"x{ratio}", True, f"x{ratio}",
+                        outcome=outcome, chart=(Panel("ratio", "TTFT", (Mark("t", ratio),)),))
+
+    both = which_backend(found, [("native", judged(0.7, "yes")),
+                                 ("lmcache", judged(4.9, "no"))])
+    assert both.outcome == "yes" and both.headline.startswith(
+        "On this machine the backend worth having is vLLM's own host tier")
+    assert "vLLM's own host tier x0.70, LMCache x4.90" in both.answer
+    neither = which_backend(found, [("native", judged(1.3, "no")),
+                                    ("lmcache", judged(4.9, "no"))])
+    assert neither.outcome == "no" and neither.headline.startswith("Neither backend's tier")
