@@ -198,6 +198,11 @@ def startup_of(book: Notebook, record: Record) -> StartupRecord | None:
     return starts[-1] if starts else None
 
 
+def backend_called(backend: str) -> str:
+    """A host-tier backend (KV_OFFLOAD_BACKEND) in a reader's words."""
+    return connectors.BACKEND_TITLES.get(backend, backend)
+
+
 def tier_held_by(tier: str | None) -> str | None:
     """Who holds a tier-on row's host tier, where it is not vLLM itself (LMCache's server),
     from the row's tier words; None for vLLM's own tier, or no tier."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvlab.core import connectors
 from kvlab.measure import (
     experiment_warnings,
     intervals,
@@ -36,7 +35,13 @@ from kvlab.records import (
     Record,
 )
 from kvlab.report import tier_curve, why_tier
-from kvlab.report.common import crossing_words, fixed_kv_bytes, num, tier_held_by
+from kvlab.report.common import (
+    backend_called,
+    crossing_words,
+    fixed_kv_bytes,
+    num,
+    tier_held_by,
+)
 from kvlab.report.decisions_common import (
     SAME_WITHIN,
     Decision,
@@ -69,13 +74,13 @@ def which_backend(book: Notebook, judged: list[tuple[str, Decision]]) -> Decisio
     paid = [(b, d) for b, d in judged if d.outcome == "yes"]
     ratios = {b: d.chart[0].marks[0].value for b, d in judged if d.chart and d.chart[0].marks}
     best = min(paid, key=lambda bd: ratios.get(bd[0], 1.0))[0] if paid else None
-    title = connectors.BACKEND_TITLES
-    verdict = (f"On this machine the backend worth having is {title[best]}" if best else
+    title = backend_called
+    verdict = (f"On this machine the backend worth having is {title(best)}" if best else
                "Neither backend's tier paid on this machine") + " (TTFT p50 against none: " \
-        + ", ".join(f"{title[b]} x{r:.2f}" for b, r in ratios.items()) + ")"
-    answer = " ".join(f"{title[b]}: {d.answer}" for b, d in judged) + f" {verdict}."
+        + ", ".join(f"{title(b)} x{r:.2f}" for b, r in ratios.items()) + ")"
+    answer = " ".join(f"{title(b)}: {d.answer}" for b, d in judged) + f" {verdict}."
     return Decision("offload", HOST_Q, answer, any(d.decided for _, d in judged),
-                    "; ".join(f"{title[b]}: {d.figure}" for b, d in judged if d.figure),
+                    "; ".join(f"{title(b)}: {d.figure}" for b, d in judged if d.figure),
                     headline=verdict, outcome="yes" if best else "no",
                     chart=(tier_panel(*(m for _, d in judged for p in d.chart
                                         for m in p.marks)),))
