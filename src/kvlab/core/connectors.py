@@ -3,8 +3,9 @@
 A connector is how one vLLM instance hands KV to another (`CONNECTOR=shared|nixl|mooncake|
 lmcache`), or how one instance keeps KV under its device cache (`KV_OFFLOAD_BACKEND=native|
 lmcache`); `fs` (vLLM's own tiering OffloadingConnector with a file-system tier under its CPU
-tier) is a store the shared pair shares and a disk tier under the host tier, not a CONNECTOR. llama-server and mlx-lm have none: two llama-servers share KV through slot files,
-mlx-lm through its prompt-cache file. Everyone else asks this module what a connector needs
+tier) is a store the shared pair shares and a disk tier under the host tier, not a CONNECTOR.
+llama-server and mlx-lm have none: two llama-servers share KV through slot files, mlx-lm
+through its prompt-cache file. Everyone else asks this module what a connector needs
 (a store path, a side channel, a package), how the proxy hands a request over, how its store
 matches a prompt, where its bytes are counted, and the `--kv-transfer-config` it becomes; no
 other module compares a connector's name (tests/unit/test_architecture.py).

@@ -11,7 +11,7 @@ from kvlab.core import SettingError, connectors
 
 
 def test_every_name_has_exactly_one_entry() -> None:
-    assert connectors.NAMES == get_args(connectors.ConnectorName)
+    assert get_args(connectors.ConnectorName) == connectors.NAMES
     assert tuple(connectors.CONNECTORS) == (*connectors.NAMES, *connectors.STORE_ONLY)
     assert connectors.DEFAULT in connectors.NAMES
 
