@@ -152,3 +152,17 @@ def test_bytes_a_token_from_the_cache_an_engine_was_given(tmp_path: Path) -> Non
     said = " ".join(line.evidence)
     assert "15 chunks x 256 tokens x 2,048 B/token (1.00x the KV arithmetic" in said, said
     assert "--kv-cache-memory-bytes 33,554,432" in said
+
+
+def test_the_fs_store_not_run_on_a_cpu_build_says_vllms_reason(tmp_path: Path) -> None:
+    from kvlab.engines.vllm.selection import CPU_CANNOT_OFFLOAD
+    from kvlab.records import SHARED_FS
+    from kvlab.records.models import NotRunRecord
+
+    assert row(book(tmp_path, SEED_SHARED), SHARED_FS.label) is None  # not asked for: absent
+    path = tmp_path / "fs.jsonl"
+    notebook.append(path, NotRunRecord(label=SHARED_FS.label, lab=SHARED_FS.lab,
+                                       row=SHARED_FS.title, reason=CPU_CANNOT_OFFLOAD))
+    line = row(book(tmp_path, SEED_SHARED, path), SHARED_FS.label)
+    assert line is not None and line.absent and line.verdict == "not run"
+    assert line.cells[0].startswith(f"not run here: {CPU_CANNOT_OFFLOAD[:80]}")
