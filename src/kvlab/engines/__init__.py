@@ -9,6 +9,7 @@ engine's own package is imported outside `engines/` only by a module named for t
 
 from kvlab.engines import copyrate, install, local, startup
 from kvlab.engines.base import (
+    DISK_TIER,
     HOST_TIER,
     PROBE_MESSAGES,
     CacheShape,
@@ -73,6 +74,7 @@ from kvlab.engines.vllm.lmcache import held_by as cache_server_held
 
 __all__ = [
     "DEFAULT_READY_TIMEOUT_S",
+    "DISK_TIER",
     "ENGINE_ROLES",
     "HOST_TIER",
     "KNOWN_SHAPES",

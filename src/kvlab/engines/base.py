@@ -55,7 +55,8 @@ class Support:
 
 # what an experiment may ask an install whether it can do (`Install.supports`)
 HOST_TIER = "host-tier"  # a host-memory KV tier under the engine's own cache
-FEATURES = (HOST_TIER,)
+DISK_TIER = "disk-tier"  # a disk tier of its own under that (vLLM's fs tier)
+FEATURES = (HOST_TIER, DISK_TIER)
 
 
 @dataclass(frozen=True)

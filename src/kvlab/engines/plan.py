@@ -45,9 +45,11 @@ class PlanRequest:
     # slot directory, LLAMA_SLOT_SAVE_PATH)
     # vLLM
     share_with: str | None = None  # the shared roles' connector: `shared` (ExampleConnector,
-    # the seed's; the default) or `lmcache` (one LMCache server, found by prefix)
+    # the seed's; the default), `lmcache` (one LMCache server, found by prefix) or `fs` (vLLM's
+    # fs tier on one directory, found by prefix)
     host_tier: bool | None = None  # override OFFLOAD for the offload role
     host_tier_gib: float | None = None  # the host tier's size (default: KV_OFFLOAD_GB)
+    disk_tier_path: str | None = None  # a disk tier under the host tier, on this directory
     device_cache_bytes: int | None = None  # its device KV cache (default: KV_CACHE_BYTES)
     memory_fraction: float | None = None  # its share of the device (default: the role's)
     host_memory: HostMemory | None = None  # None: measured when a host-tier plan is made

@@ -104,9 +104,9 @@ def engine_of_role(role: str) -> Engine:
 
 def store_for(connector: str | None) -> KvStore | None:
     """The on-disk store a connector keeps, where it keeps one (vLLM's ExampleConnector
-    directory for the shared connector; None for the others and for none)."""
-    found = connectors.known(connector)
-    return EXAMPLE_STORE if found is not None and found.needs_store else None
+    directory for the shared connector; None for the others, vLLM's fs tier's block files
+    included, and for none)."""
+    return EXAMPLE_STORE if connectors.is_shared_store(connector) else None
 
 
 def source_of(snap: Snapshot | None) -> Engine | None:

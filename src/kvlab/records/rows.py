@@ -116,9 +116,22 @@ SHARED_LMCACHE_PROOF = Row("shared-store-lmcache-proof", LAB_OFFLOAD,
                            "Shared store by prefix (LMCache), the proof",
                            "cold, identical, changed prefix, growing turns",
     command="kvlab run shared --store lmcache")
+SHARED_FS = Row("shared-store-fs", LAB_OFFLOAD, "Shared store by prefix (vLLM's fs tier), "
+                "two instances", "turns alternating between the instances, one fs tier "
+                "directory", startup=("shared-fs-a", "shared-fs-b"),
+    command="kvlab run shared --store fs")
+SHARED_FS_SINGLE = Row("shared-store-fs-single", LAB_OFFLOAD,
+                       "Shared store by prefix (vLLM's fs tier), the control",
+                       "the same turns on one instance", startup=("shared-fs-a",),
+    command="kvlab run shared --store fs")
+SHARED_FS_PROOF = Row("shared-store-fs-proof", LAB_OFFLOAD,
+                      "Shared store by prefix (vLLM's fs tier), the proof",
+                      "cold, identical, changed prefix, growing turns",
+    command="kvlab run shared --store fs")
 SHARED_ROWS: dict[str, tuple[Row, Row, Row]] = {
     "shared": (SHARED_STORE, SHARED_SINGLE, SHARED_PROOF),
-    "lmcache": (SHARED_LMCACHE, SHARED_LMCACHE_SINGLE, SHARED_LMCACHE_PROOF)}
+    "lmcache": (SHARED_LMCACHE, SHARED_LMCACHE_SINGLE, SHARED_LMCACHE_PROOF),
+    "fs": (SHARED_FS, SHARED_FS_SINGLE, SHARED_FS_PROOF)}
 """The shared-store lab's rows by the store both instances use (a connector's name):
 alternating, the control, the proof."""
 DISK = Row("disk", LAB_OFFLOAD, "Disk, llama.cpp slot save and restore",
@@ -202,7 +215,8 @@ REPLICAS = Row("replicas", LAB_PD, "N replicas behind one front, one arm per rou
 ROWS: tuple[Row, ...] = (
     QUIET_OFF, QUIET_ON, PRESSURE_OFF, PRESSURE_ON, OFFLOAD_CURVE, OFFLOAD_BOUNDARY,
     SHARED_STORE, SHARED_SINGLE, SHARED_PROOF, SHARED_LMCACHE, SHARED_LMCACHE_SINGLE,
-    SHARED_LMCACHE_PROOF, DISK, MLX_CACHE, MLX_TURNS, SHARED_SLOTS, LLAMA_PROMPT_OFF,
+    SHARED_LMCACHE_PROOF, SHARED_FS, SHARED_FS_SINGLE, SHARED_FS_PROOF, DISK, MLX_CACHE,
+    MLX_TURNS, SHARED_SLOTS, LLAMA_PROMPT_OFF,
     LLAMA_PROMPT_ON, LLAMA_RAM_OFF, LLAMA_RAM_ON, LLAMA_RAM_SMALL, LLAMA_RAM_CURVE,
     LLAMA_KV_QUANT, BASELINE, SPLIT,
     TWO_MACHINES_SHARED, TWO_MACHINES_NIXL, SPLIT_LOOPBACK, PREDICTION, CANCEL, BOUNDARY,

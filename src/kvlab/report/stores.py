@@ -31,7 +31,7 @@ class Store:
         return connectors.is_shared_store(self.connector.name)
 
 
-STORES = tuple(Store(connectors.get(name), *rows) for name, rows in SHARED_ROWS.items())
+STORES = tuple(Store(connectors.store(name), *rows) for name, rows in SHARED_ROWS.items())
 
 
 def shown(book: Notebook) -> list[Store]:

@@ -7,12 +7,17 @@ LMCacheMPConnector, both from `kvlab engines install`.
   external KV transfer); ExampleConnector serves that turn nothing (its keys are whole
   prompts). What the server holds is exactly its chunks times the model's KV bytes per token.
 - The host tier with KV_OFFLOAD_BACKEND=lmcache: the tier-on engine starts its own server
-  first (its L1 is the tier), and a conversation whose blocks left the device cache comes
-  back from it.
+  first (its L1 is the tier).
+- The split with CONNECTOR=lmcache behind kvlab's proxy: prefill starts the server, decode
+  reaches it; the proxy's crossing check proves decode took prefill's KV from it.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,3 +82,21 @@ async def test_lmcache_is_the_host_tier_on_vllm_cpu(tiny_models: TinyModels,
     assert startups[0].capacity.kv_cache_bytes == 2**30  # KV_OFFLOAD_GB, the server's L1
     tier = startups[1].argv[startups[1].argv.index("--kv-transfer-config") + 1]
     assert "LMCacheMPConnector" in tier
+
+
+def test_the_split_crosses_through_lmcache(tmp_path: Path, tiny_models: TinyModels) -> None:
+    book = tmp_path / "labbook.md"
+    done = subprocess.run(
+        [sys.executable, "-m", "kvlab", "run", "disagg", "--part", "boundary", "--lengths",
+         "1024", "--boundary-requests", "1", "--json"],
+        env={**os.environ, "LABBOOK": str(book), "CONNECTOR": "lmcache", "KV_OFFLOAD_GB": "1"},
+        capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = json.loads(done.stdout)["records"]
+    (crossing,) = [r for r in lines if r["record"] == "crossing"]
+    assert crossing["crossed"] is True, crossing
+    starts = [r for r in lines if r["record"] == "startup"]
+    server = [s for s in starts if s["engine"] == "lmcache"]
+    assert len(server) == 1 and server[0]["label"].endswith("-lmcache")  # one, before prefill
+    (split,) = [r for r in lines if r["record"] == "boundary-point" and r["side"] == "split"]
+    assert split["ok"] == 1 and split["metric_deltas"].get("external_prefix_cache_hits", 0) > 0

@@ -11,7 +11,8 @@ from kvlab.core import SettingError, connectors
 
 
 def test_every_name_has_exactly_one_entry() -> None:
-    assert tuple(connectors.CONNECTORS) == connectors.NAMES == get_args(connectors.ConnectorName)
+    assert get_args(connectors.ConnectorName) == connectors.NAMES
+    assert tuple(connectors.CONNECTORS) == (*connectors.NAMES, *connectors.STORE_ONLY)
     assert connectors.DEFAULT in connectors.NAMES
 
 
@@ -77,3 +78,28 @@ def test_the_tier_words_name_their_backend_and_who_holds_it() -> None:
     for none in (None, "", "none: device memory only", "host memory 1 GiB, backend other"):
         assert connectors.tier_backend(none) is None and connectors.backend_title(none) is None
     assert connectors.LMCACHE.called == "LMCache" and connectors.SHARED.called == "ExampleConnector"
+
+
+def test_the_fs_tier_is_vllms_offloading_connector_with_a_secondary_fs_tier() -> None:
+    fs = connectors.CONNECTORS["fs"]
+    assert fs.needs_store and fs.prefix_match and fs.store_bytes and fs.store_files == "*.bin"
+    assert fs.hash_seed == "0"  # block file names are hashes seeded per process otherwise
+    assert "fs" not in connectors.NAMES  # a store and a tier, not the split's CONNECTOR
+    config = fs.kv_transfer_config(connectors.BOTH, "/store", host_bytes=3 * 2**30)
+    assert config == {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                      "kv_connector_extra_config": {
+                          "spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 3 * 2**30,
+                          "secondary_tiers": [{"type": "fs", "root_dir": "/store"}]}}
+    with pytest.raises(SettingError, match="KV_OFFLOAD_GB"):  # its CPU tier is required
+        fs.kv_transfer_config(connectors.BOTH, "/store")
+    # read back from a command line: the class alone is the host tier, with an fs tier it is fs
+    assert connectors.by_class("OffloadingConnector") == "OffloadingConnector"
+    assert connectors.by_class("OffloadingConnector", "fs") == "fs"
+    assert connectors.SHARED.store_files == "*.safetensors"
+
+
+def test_the_host_tier_with_a_disk_tier_under_it() -> None:
+    disk = connectors.offload_config(2, "native", disk_path="/d")
+    assert disk["kv_connector_extra_config"] == {
+        "spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 2 * 2**30,
+        "secondary_tiers": [{"type": "fs", "root_dir": "/d"}]}

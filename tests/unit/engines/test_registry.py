@@ -55,6 +55,7 @@ def test_a_plan_field_the_engine_does_not_honour_is_refused(tmp_path: Path) -> N
 def test_only_the_shared_directory_keeps_a_store() -> None:
     assert store_for("shared") is not None
     assert store_for("nixl") is None and store_for("none") is None and store_for(None) is None
+    assert store_for("fs") is None  # its block files are no ExampleConnector entries
 
 
 def test_mlx_lm_answers_nothing_it_does_not_have(tmp_path: Path) -> None:

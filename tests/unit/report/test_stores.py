@@ -205,3 +205,17 @@ def test_each_tier_backend_is_paired_with_its_own_run_and_the_better_one_named(
     neither = which_backend(found, [("native", judged(1.3, "no")),
                                     ("lmcache", judged(4.9, "no"))])
     assert neither.outcome == "no" and neither.headline.startswith("Neither backend's tier")
+
+
+def test_the_fs_store_not_run_on_a_cpu_build_says_vllms_reason(tmp_path: Path) -> None:
+    from kvlab.engines.vllm.selection import CPU_CANNOT_OFFLOAD
+    from kvlab.records import SHARED_FS
+    from kvlab.records.models import NotRunRecord
+
+    assert row(book(tmp_path, SEED_SHARED), SHARED_FS.label) is None  # not asked for: absent
+    path = tmp_path / "fs.jsonl"
+    notebook.append(path, NotRunRecord(label=SHARED_FS.label, lab=SHARED_FS.lab,
+                                       row=SHARED_FS.title, reason=CPU_CANNOT_OFFLOAD))
+    line = row(book(tmp_path, SEED_SHARED, path), SHARED_FS.label)
+    assert line is not None and line.absent and line.verdict == "not run"
+    assert line.cells[0].startswith(f"not run here: {CPU_CANNOT_OFFLOAD[:80]}")

@@ -58,7 +58,7 @@ PLAN_FIELDS = frozenset({"model", "port", "extra_args", "store_path", "host_tier
                          "host_memory", "cpu_core", "enforce_eager", "monolithic_switch",
                          "store_must_exist", "interfaces", "store_here", "probe_flags",
                          "host_tier_gib", "device_cache_bytes", "memory_fraction",
-                         "cache_server_port", "share_with"})
+                         "cache_server_port", "share_with", "disk_tier_path"})
 
 
 VLLM = facts.VLLM
@@ -194,7 +194,8 @@ class VllmEngine:
         name = config_word(config, "kv_connector")
         if name is None:
             return connectors.NONE, None
-        return connectors.by_class(name), config_word(config, "kv_role")
+        tier = config_word(config, "type") if "secondary_tiers" in (config or "") else None
+        return connectors.by_class(name, tier), config_word(config, "kv_role")
 
     def block_size(self, platform: str) -> int:
         return facts.CPU_BLOCK_SIZE if platform == "cpu" else facts.GPU_BLOCK_SIZE

