@@ -174,7 +174,7 @@ def from_trace(requests: Sequence[TracedRequest], block_tokens: int, *,
                   np.zeros(n, dtype=np.float64), source)
 
 
-def repeated(requests: Sequence[TracedRequest], copies: int) -> list[traces.TraceRequest]:
+def repeated(requests: Sequence[TracedRequest], copies: int) -> list[TracedRequest]:
     """The trace `copies` times over, a longer trace at the same rate: copy c's timestamps
     shifted by c x (the span + one mean gap between arrivals), its hash ids by c x (the
     largest id + 1), so that no block of one copy is any other copy's. Copies share nothing
@@ -184,7 +184,7 @@ def repeated(requests: Sequence[TracedRequest], copies: int) -> list[traces.Trac
     if copies < 1:
         raise InputError(f"--trace-repeat {copies}: give 1 or more copies of the trace")
     if copies == 1 or not requests:
-        return list(requests)  # type: ignore[arg-type]
+        return list(requests)
     times = [r.timestamp_ms for r in requests]
     span = max(times) - min(times)
     shift = span + span / (len(requests) - 1) if len(requests) > 1 else 0.0
