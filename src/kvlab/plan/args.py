@@ -37,7 +37,7 @@ class PlanArgs(Args):
                                         "are cut to fit or left out, as `kvlab load` does.")
     trace_over_max_input: Literal["truncate", "filter"] = Field(
         "truncate", description="A request over --trace-max-input: cut to fit, or left out.")
-    trace_repeat: int = Field(1, ge=1, description="The trace this many times over, each "
+    trace_repeat: int = Field(1, description="The trace this many times over, each "
                               "copy after the last, its hash ids its own (no block shared "
                               "across copies): a longer trace at the same rate.")
     sessions: int | None = Field(None, ge=1, description="User sessions instead of a trace: "
