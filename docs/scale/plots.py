@@ -34,24 +34,25 @@ def save(fig: plt.Figure, out: Path) -> None:
 
 
 def hit_share(run: Path, out: Path) -> None:
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
-    for ax, pattern, title in ((axes[0], "points-N*.jsonl", "conversation trace (12,031)"),
-                               (axes[1], "points-long-*.jsonl", "8 copies (96,248)")):
-        series: dict[tuple[str, int], list[tuple[int, float]]] = defaultdict(list)
-        for plan in lines(run, pattern):
-            for p in plan["points"]:
-                series[(p["policy"], p["tier_blocks"])].append((p["replicas"], p["hit_share"]))
-        for (policy, tier), xy in sorted(series.items()):
-            xy.sort()
-            ax.plot([x for x, _ in xy], [100 * y for _, y in xy], marker=STYLE[policy],
-                    linestyle="-" if tier == 0 else "--",
-                    label=f"{policy}, tier {tier}")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("replicas")
-        ax.set_title(title, fontsize=9)
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("prompt tokens from cache (%)")
-    axes[1].legend(fontsize=6, loc="upper right")
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    series: dict[tuple[str, int], list[tuple[int, float]]] = defaultdict(list)
+    for plan in lines(run, "points-N*.jsonl"):
+        for p in plan["points"]:
+            series[(p["policy"], p["tier_blocks"])].append((p["replicas"], p["hit_share"]))
+    for (policy, tier), xy in sorted(series.items()):
+        xy.sort()
+        ax.plot([x for x, _ in xy], [100 * y for _, y in xy], marker=STYLE[policy],
+                linestyle="-" if tier == 0 else "--", label=f"{policy}, tier {tier}")
+    longer = [p for plan in lines(run, "points-long-*.jsonl") for p in plan["points"]]
+    ax.scatter([p["replicas"] * 1.15 for p in longer], [100 * p["hit_share"] for p in longer],
+               marker="x", color="black", label="4 copies of the trace (every arm)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("replicas (0.5 requests a second each)")
+    ax.set_ylabel("prompt tokens from cache (%)")
+    ax.set_title("hit share: conversation trace, tier 0 (solid) and 65,536 blocks (dashed)",
+                 fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
     save(fig, out / "hit-share-vs-replicas.png")
 
 
@@ -60,7 +61,7 @@ def highest_rate(run: Path, out: Path) -> None:
     series: dict[tuple[str, int], list[tuple[int, float]]] = defaultdict(list)
     for plan in lines(run, "hr*.jsonl"):
         for a in plan["highest_rates"]:
-            if a["rate"] is not None:
+            if a.get("rate") is not None:
                 series[(a["policy"], a["tier_blocks"])].append(
                     (a["replicas"], a["rate"] / a["replicas"]))
     for (policy, tier), xy in sorted(series.items()):
@@ -105,11 +106,11 @@ def fewest(run: Path, out: Path) -> None:
         return
     fig, ax = plt.subplots(figsize=(6, 3.2))
     labels = [f"{a['policy']}\ntier {a['tier_blocks']}" for a in answers]
-    values = [a["replicas"] or 0 for a in answers]
+    values = [a.get("replicas") or 0 for a in answers]
     ax.barh(range(len(values)), values, color=["C0" if a["tier_blocks"] == 0 else "C1"
                                                for a in answers])
     for i, a in enumerate(answers):
-        ax.text(values[i], i, f" {a['replicas'] or 'not met'}", va="center", fontsize=7)
+        ax.text(values[i], i, f" {a.get('replicas') or 'not met'}", va="center", fontsize=7)
     ax.set_yticks(range(len(values)), labels, fontsize=6)
     ax.set_xlabel("fewest replicas")
     ax.set_title(f"fewest replicas meeting TTFT p90 <= 3 s at {answers[0]['rate']:g} req/s",
