@@ -37,6 +37,9 @@ class PlanArgs(Args):
                                         "are cut to fit or left out, as `kvlab load` does.")
     trace_over_max_input: Literal["truncate", "filter"] = Field(
         "truncate", description="A request over --trace-max-input: cut to fit, or left out.")
+    trace_repeat: int = Field(1, description="The trace this many times over, each "
+                              "copy after the last, its hash ids its own (no block shared "
+                              "across copies): a longer trace at the same rate.")
     sessions: int | None = Field(None, ge=1, description="User sessions instead of a trace: "
                                  "this many users, each running conversations.")
     turns: int = Field(4, ge=1, description="User sessions: turns per conversation.")
@@ -116,7 +119,7 @@ class PlanArgs(Args):
         if self.trace is not None:
             return trace_stream(self.trace, block_tokens, keys, trace_block=self.trace_block_size,
                                 limit=self.trace_limit, max_input=self.trace_max_input,
-                                over=self.trace_over_max_input)
+                                over=self.trace_over_max_input, repeat=self.trace_repeat)
         assert self.sessions is not None
         return session_stream(self.sessions, block_tokens, keys, turns=self.turns,
                               conversations=self.conversations, think=self.think_time,

@@ -174,6 +174,26 @@ def from_trace(requests: Sequence[TracedRequest], block_tokens: int, *,
                   np.zeros(n, dtype=np.float64), source)
 
 
+def repeated(requests: Sequence[TracedRequest], copies: int) -> list[TracedRequest]:
+    """The trace `copies` times over, a longer trace at the same rate: copy c's timestamps
+    shifted by c x (the span + one mean gap between arrivals), its hash ids by c x (the
+    largest id + 1), so that no block of one copy is any other copy's. Copies share nothing
+    because the trace does not say which of its ids are text every user sends (a system
+    prompt) and which are one conversation's; so a copy is new users, and the longer trace's
+    hits are at most what sharing would give."""
+    if copies < 1:
+        raise InputError(f"--trace-repeat {copies}: give 1 or more copies of the trace")
+    if copies == 1 or not requests:
+        return list(requests)
+    times = [r.timestamp_ms for r in requests]
+    span = max(times) - min(times)
+    shift = span + span / (len(requests) - 1) if len(requests) > 1 else 0.0
+    step = max((max(r.hash_ids, default=-1) for r in requests), default=-1) + 1
+    return [traces.TraceRequest(r.timestamp_ms + c * shift, r.input_length, r.output_length,
+                                tuple(h + c * step for h in r.hash_ids))
+            for c in range(copies) for r in requests]
+
+
 FIXED_1S = ThinkTime("fixed", 1.0)
 
 
@@ -296,13 +316,15 @@ def closed_loop(prompts: Sequence[Body], tokens: Mapping[int, Sequence[int]],
 
 def trace_stream(path: str, block_tokens: int, keys: Keys, *, trace_block: int,
                  limit: int | None = None, max_input: int | None = None,
-                 over: Literal["truncate", "filter"] = "truncate") -> Stream:
-    """A trace file read as `kvlab load --trace` reads it, in the cache's blocks."""
+                 over: Literal["truncate", "filter"] = "truncate", repeat: int = 1) -> Stream:
+    """A trace file read as `kvlab load --trace` reads it, in the cache's blocks (`repeat`
+    copies of it, `repeated`)."""
     spec = traces.TraceSpec(path, trace_block, limit=limit, max_input=max_input, over=over)
     read = traces.read(spec)
-    return from_trace(read.requests, block_tokens, trace_block=trace_block, keys=keys,
-                      source=f"trace {path} (sha256 {read.sha256[:16]}, {len(read.requests)} "
-                      f"requests)")
+    copies = f", {repeat} copies sharing no block" if repeat > 1 else ""
+    return from_trace(repeated(read.requests, repeat), block_tokens, trace_block=trace_block,
+                      keys=keys, source=f"trace {path} (sha256 {read.sha256[:16]}, "
+                      f"{len(read.requests)} requests{copies})")
 
 
 def session_stream(users: int, block_tokens: int, keys: Keys, *, think: str, turns: int,

@@ -56,11 +56,23 @@ def test_the_table_names_what_the_model_leaves_out(files: tuple[Path, Path]) -> 
     assert "What the model leaves out" in result.stdout
 
 
+def test_a_repeated_trace_plans_every_copy(files: tuple[Path, Path]) -> None:
+    trace, profile = files
+    result = run("--trace", str(trace), "--trace-block-size", "128", "--profile",
+                 str(profile), "--replicas", "2", "--policy", "round-robin",
+                 "--trace-repeat", "3", "--json")
+    assert result.returncode == 0, result.stderr
+    shown = PlanRecord.model_validate(json.loads(result.stdout))
+    assert [sum(p.requests_per_replica) for p in shown.points] == [180]
+    assert "3 copies sharing no block" in shown.workload
+
+
 @pytest.mark.parametrize(("args", "named"), [
     (("--replicas", "2"), "--profile"),
     (("--policy", "random"), "--policy"),
     (("--replicas", "0,2"), "--replicas"),
     (("--sessions", "2"), "one workload"),
+    (("--trace-repeat", "0"), "--trace-repeat"),
 ])
 def test_a_wrong_option_is_one_line(files: tuple[Path, Path], args: tuple[str, ...],
                                     named: str) -> None:

@@ -7,7 +7,7 @@ import pytest
 from kvlab.core import InputError
 from kvlab.loadgen import ThinkTime
 from kvlab.loadgen.trace import TraceRequest
-from kvlab.plan.stream import Keys, Sessions, from_trace, sessions
+from kvlab.plan.stream import Keys, Sessions, from_trace, repeated, sessions
 
 
 def test_a_trace_in_smaller_cache_blocks_shares_exactly_what_its_tokens_share() -> None:
@@ -61,3 +61,26 @@ def test_sessions_grow_and_wait_on_their_previous_turn() -> None:
 def test_a_paced_think_time_is_refused() -> None:
     with pytest.raises(InputError, match="paced"):
         Sessions(users=1, think=ThinkTime("paced", 0.0, in_flight=1))
+
+
+def test_a_repeated_trace_is_copies_shifted_past_the_span_sharing_no_block() -> None:
+    reqs = [TraceRequest(0, 16, 2, (0, 1)), TraceRequest(1000, 16, 3, (0, 2)),
+            TraceRequest(3000, 8, 4, (5,))]
+    out = repeated(reqs, 3)
+    assert len(out) == 9
+    # each copy starts one mean gap (3000 ms / 2) after the last one's end: the rate is kept
+    assert [r.timestamp_ms for r in out] == [0, 1000, 3000, 4500, 5500, 7500, 9000, 10000, 12000]
+    assert [r.hash_ids for r in out[:3]] == [(0, 1), (0, 2), (5,)]  # the first copy as it is
+    assert [r.hash_ids for r in out[3:6]] == [(6, 7), (6, 8), (11,)]  # ids past the largest
+    assert [(r.input_length, r.output_length) for r in out[6:]] == [(16, 2), (16, 3), (8, 4)]
+    s = from_trace(out, 8, trace_block=8)
+    assert s.blocks[0].hashes[:1] == s.blocks[1].hashes[:1]  # within a copy: shared
+    assert not set(s.blocks[0].hashes) & set(s.blocks[3].hashes)  # across copies: none
+    one = from_trace(reqs, 8, trace_block=8)
+    assert (len(s) - 1) / s.span_s() == (len(one) - 1) / one.span_s()  # the mean gap kept
+    assert repeated(reqs, 1) == list(reqs)
+
+
+def test_a_trace_repeat_under_one_is_refused() -> None:
+    with pytest.raises(InputError, match="--trace-repeat"):
+        repeated([TraceRequest(0, 16, 2, (0, 1))], 0)
