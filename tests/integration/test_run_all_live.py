@@ -82,8 +82,9 @@ async def test_engine_death_mid_experiment_is_a_clear_error_and_tears_down(
     captured: list[object] = []
     original = shared.pair_plans
 
-    def capture(lab: Lab, store: str, memory: object = None) -> list[object]:
-        plans = original(lab, store, memory)  # type: ignore[arg-type]
+    def capture(lab: Lab, store: str, memory: object = None,
+                kind: str = "shared") -> list[object]:
+        plans = original(lab, store, memory, kind)  # type: ignore[arg-type]
         captured.extend(plans)
         return plans  # type: ignore[return-value]
 
