@@ -225,6 +225,13 @@ def tier_backend(tier: str | None) -> OffloadBackend | None:
     return next((b for b in get_args(OffloadBackend) if b == said), None)
 
 
+def tier_chunk_tokens(tier: str | None) -> int:
+    """How the tier the words name finds a prefix: in whole chunks of this many tokens from
+    the first token, written on every prefill (LMCache's); 0: block by block (vLLM's own)."""
+    found = known(tier_backend(tier))
+    return found.match_tokens if found is not None else 0
+
+
 def tier_by_server(tier: str | None) -> bool:
     """Whether the tier the words name is held by a cache server beside vLLM (LMCache's),
     not by vLLM itself."""

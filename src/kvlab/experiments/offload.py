@@ -195,6 +195,7 @@ def sessions_load(lab: Lab, spec: OffloadSpec, pressure: PressurePlan, label: st
                     max_tokens=spec.load_max_tokens, prompt_set="sessions", label=label,
                     preamble_tokens=pressure.preamble_tokens, lab=LAB, sizing=pressure.sizing,
                     labbook=lab.settings.labbook, sessions=sessions,
+                    oracle_tier_chunk_tokens=connectors.tier_chunk_tokens(tier),
                     context=RunContext(tier=tier, memory_fraction=lab.settings.mem_fraction))
 
 

@@ -316,7 +316,7 @@ class _Level:
         found = await oracle_level.beside(
             client, engine, root.rstrip("/"), spec.model, lines, self.prompts, after,
             spec.oracle_tier_tokens, spec.oracle_curve_tokens, sent=self.sent,
-            history=self.inputs.history)
+            history=self.inputs.history, tier_chunk_tokens=spec.oracle_tier_chunk_tokens)
         if isinstance(found, str):
             own.oracle_absent = found
         else:

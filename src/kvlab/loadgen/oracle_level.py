@@ -49,6 +49,8 @@ MODEL_WORDS = ("vLLM prefix cache as an LRU over whole blocks, one prompt token 
                "computed, the requests in flight as measured (the median over the level of "
                "those still running when one was sent); the cache taken as holding only what "
                "this sweep sent before the level; blocks of generated tokens not cached")
+CHUNK_WORDS = ("; the host tier found from the first token in whole chunks of {} tokens and "
+               "written on every prefill (LMCache's)")
 IN_FLIGHT = 8  # tokenize calls at once
 CURVE = (0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0)  # tier sizes replayed, in device caches
 NULL_BLOCKS = 1
@@ -125,14 +127,14 @@ def in_flight(sent: Sequence[RequestLine]) -> int:
 async def beside(client: httpx.AsyncClient, engine: Engine, root: str, model: str,
                  lines: list[RequestLine], prompts: Mapping[int, Prompt], snap: Snapshot | None,
                  tier_tokens: int = 0, curve_tokens: Sequence[int] = (), *,
-                 sent: Sent | None = None, history: History | None = None
-                 ) -> OracleLevel | str | None:
+                 sent: Sent | None = None, history: History | None = None,
+                 tier_chunk_tokens: int = 0) -> OracleLevel | str | None:
     """The oracle for one level's `lines` (each gets its `oracle_cached_tokens`) by the cache
     model the engine's own cache follows (`Engine.cache_shape`), starting from `history`
     (which then holds this level too); why there is none when a request's tokens cannot be
     had or the engine states no cache; None when nothing was answered. A block cache's tier
     curve replays `CURVE`'s multiples of the device cache and the tiers of `curve_tokens`; a
-    tier of `tier_tokens` sits under it."""
+    tier of `tier_tokens` sits under it, found in chunks of `tier_chunk_tokens` where given."""
     shape = await engine.cache_shape(client, root, snap)
     ordered = _sent(lines, prompts)
     if not ordered:
@@ -152,16 +154,19 @@ async def beside(client: httpx.AsyncClient, engine: Engine, root: str, model: st
                       words if sent else "the server's /apply-template and /tokenize of each "
                       "request's messages")
     return _blocks(shape, ordered, tokens, tier_tokens // shape.block_tokens, curve_tokens,
-                   before, words)
+                   before, words, tier_chunk_tokens)
 
 
 def _blocks(shape: CacheShape, sent: list[RequestLine], tokens: list[list[int]],
             tier_blocks: int, curve_tokens: Sequence[int], before: list[list[int]],
-            words: str) -> OracleLevel:
-    """The block LRU replayed (vLLM's prefix cache), from what was sent `before`."""
+            words: str, chunk_tokens: int = 0) -> OracleLevel:
+    """The block LRU replayed (vLLM's prefix cache), from what was sent `before`; a tier
+    found in chunks of `chunk_tokens` is written on every prefill (LMCache's)."""
     block, device = shape.block_tokens, shape.blocks
     running = in_flight(sent)
-    cache = CacheModel(block, device, tier_blocks, concurrency=running)
+    chunk = max(1, chunk_tokens // block)
+    cache = CacheModel(block, device, tier_blocks, "on_write" if chunk > 1 else "on_evict",
+                       concurrency=running, tier_chunk_blocks=chunk)
     stream = oracle.prepare([*before, *tokens], block)
     skip = len(before)
     predicted = oracle.replay(stream, cache)[skip:]
@@ -174,7 +179,8 @@ def _blocks(shape: CacheShape, sent: list[RequestLine], tokens: list[list[int]],
     points = tier_curve(stream, cache, sent, {round(device * x) for x in CURVE}
                         | {t // block for t in curve_tokens}, skip)
     return OracleLevel(
-        cache_model=MODEL_WORDS, block_tokens=block, device_blocks=device,
+        cache_model=MODEL_WORDS + (CHUNK_WORDS.format(chunk * block) if chunk > 1 else ""),
+        block_tokens=block, device_blocks=device,
         tier_blocks=tier_blocks, in_flight=running,
         sizes_from=shape.sizes_from, tokens_from=words, earlier_requests=skip or None,
         requests=found.requests, prompt_tokens=found.prompt_tokens,

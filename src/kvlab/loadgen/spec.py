@@ -88,6 +88,9 @@ class LoadSpec:
     block_offset: int = 0  # prompt blocks skipped (a capacity search's probes: fresh prompts)
     oracle: bool = True  # the cache oracle beside each level (vLLM, llama-server; needs files)
     oracle_tier_tokens: int = 0  # the host tier the oracle models, in tokens (0: none)
+    # that tier finds prefixes in whole chunks of this many tokens from the first, written on
+    # every prefill (LMCache: 256); 0: block by block, filled by the device's evictions
+    oracle_tier_chunk_tokens: int = 0
     oracle_curve_tokens: tuple[int, ...] = ()  # host tiers the oracle also replays, in tokens
     # (beside its multiples of the device cache): a tier-size curve's sizes
     # where `model` came from, for `served.resolve`: "" kvlab named it (not checked); "named"

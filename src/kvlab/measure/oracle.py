@@ -33,6 +33,10 @@ The model (vLLM-style automatic prefix caching, whole blocks only):
   same writes, evictions and promotions whatever its size): the tier-size curve (`curve`)
   never falls. With on_write a bigger device can serve less in all (the tier sees other
   writes).
+- A tier of chunks (`tier_chunk_blocks` > 1, on_write; LMCache's 256-token chunks) holds a
+  request's whole chunks, each named by its last block's chained hash, and is looked up from
+  the first token, whatever the device holds: it serves the blocks its leading chunks reach
+  beyond the device's hit, and nothing when they reach no further.
 - Sequential replay: each request completes before the next is looked up. With
   `concurrency` c > 1 a request arrives while the c - 1 before it run: their blocks are in use
   and cannot be evicted (the device may go over its capacity while in-flight blocks alone
@@ -47,8 +51,8 @@ Where real engines differ:
   cached too (a next turn that repeats the answer token for token hits them; here it does not),
   and its block hash also covers LoRA, multimodal inputs and `cache_salt`. Eviction here runs
   once after each request.
-- LMCache looks its store up from the first token in chunks of 256 tokens (its default), not
-  from the end of the device's hit in blocks.
+- LMCache keeps a prompt's trailing partial chunk too (a repeat of the very same prompt can
+  find it) and serves at most the prompt less one token, not less one block.
 - llama-server's cache is per slot: a request reuses the longest common prefix, in tokens, with
   the prompt its slot last held (recent versions can also keep whole prompts in a host-RAM
   prompt cache, `--cache-ram`). `block_tokens=1` approximates token-granular matching, but an LRU
@@ -134,7 +138,11 @@ class Replay:
         served."""
         hashes = request.hashes
         on_device = _run(self.device, hashes, 0)
-        on_tier = _run(self.tier, hashes, on_device) if self.tier else 0
+        m = self.cache.tier_chunk_blocks
+        if m > 1:  # whole chunks from the first token: what they reach past the device
+            on_tier = max(0, _run(self.tier, hashes[m - 1::m], 0) * m - on_device)
+        else:
+            on_tier = _run(self.tier, hashes, on_device) if self.tier else 0
         served = min(on_device + on_tier, self.cache.servable(request.prompt_tokens))
         device_hit = min(on_device, served)
         self._use(hashes, on_device, device_hit)
@@ -143,7 +151,11 @@ class Replay:
         return device_hit, served - device_hit
 
     def _use(self, hashes: tuple[int, ...], on_device: int, device_hit: int) -> None:
-        if self.cache.tier_stores == "on_write" and self.cache.tier_blocks:
+        m = self.cache.tier_chunk_blocks
+        if m > 1 and self.cache.tier_blocks:  # every whole chunk, found or computed
+            _refresh(self.tier, hashes[m - 1::m])
+            _trim(self.tier, self.cache.tier_blocks // m)
+        elif self.cache.tier_stores == "on_write" and self.cache.tier_blocks:
             _refresh(self.tier, hashes[device_hit:])  # what it loaded or computed is written
             _trim(self.tier, self.cache.tier_blocks)
         elif self.tier:

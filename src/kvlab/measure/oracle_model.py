@@ -38,6 +38,9 @@ class CacheModel:
     tier_stores: TierStores = "on_evict"
     keep_last_token: bool = True
     concurrency: int = 1
+    # the tier finds a prefix only in whole chunks of this many blocks from the first token,
+    # and keeps chunks (LMCache: 256 tokens, 16 blocks of 16); 1: block by block
+    tier_chunk_blocks: int = 1
 
     def __post_init__(self) -> None:
         if self.block_tokens < 1:
@@ -50,6 +53,11 @@ class CacheModel:
             raise InputError(f"tier_stores {self.tier_stores!r}: on_evict or on_write")
         if self.concurrency < 1:
             raise InputError(f"concurrency {self.concurrency}: give at least 1")
+        if self.tier_chunk_blocks < 1:
+            raise InputError(f"tier_chunk_blocks {self.tier_chunk_blocks}: give at least 1")
+        if self.tier_chunk_blocks > 1 and self.tier_stores != "on_write":
+            raise InputError("a tier of chunks is written on every prefill: give "
+                             "tier_stores='on_write' with tier_chunk_blocks > 1")
 
     def servable(self, prompt_tokens: int) -> int:
         """The most leading blocks a prompt of this length can be served from the cache."""

@@ -80,6 +80,13 @@ def test_the_tier_words_name_their_backend_and_who_holds_it() -> None:
     assert connectors.LMCACHE.called == "LMCache" and connectors.SHARED.called == "ExampleConnector"
 
 
+def test_the_tier_words_say_how_the_tier_finds_a_prefix() -> None:
+    # LMCache's in 256-token chunks from the first token (the oracle models them so)
+    assert connectors.tier_chunk_tokens(connectors.tier_words(1.0, "lmcache")) == 256
+    for blocks in (connectors.tier_words(8, "native"), None, "none: device memory only"):
+        assert connectors.tier_chunk_tokens(blocks) == 0
+
+
 def test_the_fs_tier_is_vllms_offloading_connector_with_a_secondary_fs_tier() -> None:
     fs = connectors.CONNECTORS["fs"]
     assert fs.needs_store and fs.prefix_match and fs.store_bytes and fs.store_files == "*.bin"

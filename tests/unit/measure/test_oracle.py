@@ -107,6 +107,42 @@ def test_a_tier_written_on_every_prefill_holds_copies() -> None:
     assert found[2] == Prediction(B, 0, B)
 
 
+def chunked(device: int, tier: int, chunk: int) -> CacheModel:
+    """A tier of `chunk`-block chunks written on every prefill (LMCache's kind)."""
+    return CacheModel(B, device, tier, "on_write", concurrency=1, tier_chunk_blocks=chunk)
+
+
+def test_a_tier_of_chunks_serves_whole_chunks_from_the_first_token_only() -> None:
+    six = [*block(1), *block(2), *block(3), *block(4), *block(5), *block(6), 7]
+    # blocks by blocks: five of six recalled; by chunks of four: the one whole chunk
+    assert cached([six, six], cache(0, 8, tier_stores="on_write")) == [0, 6 * B]
+    assert cached([six, six], chunked(0, 8, 4)) == [0, 4 * B]
+    found = oracle.replay([six, six], chunked(0, 8, 2))
+    assert found[1] == Prediction(6 * B + 1, 0, 6 * B)  # three chunks of two
+    # the device already holds three blocks: a tier chunk of two reaches no further
+    three = [*block(1), *block(2), *block(3), 7]
+    assert cached([three, three], chunked(3, 8, 2)) == [0, 3 * B]
+    assert oracle.replay([three, three], chunked(3, 8, 2))[1].tier_hit_tokens == 0
+    # once B took the device's one block, the tier serves the first request's whole chunk
+    b = [*block(8), 7]
+    found = oracle.replay([three, b, three], chunked(1, 8, 2))
+    assert found[2].tier_hit_tokens == 2 * B
+
+
+def test_a_tier_of_chunks_forgets_whole_chunks_past_its_capacity() -> None:
+    a, b = [*block(1), *block(2), 7], [*block(3), *block(4), 7]
+    assert cached([a, b, a], chunked(0, 2, 2)) == [0, 0, 0]  # one chunk kept: B's
+    assert cached([a, b, a], chunked(0, 4, 2)) == [0, 0, 2 * B]
+    assert cached([a, b, a], chunked(0, 3, 2)) == [0, 0, 0]  # three blocks hold one chunk
+
+
+def test_a_tier_of_chunks_is_written_on_every_prefill_or_refused() -> None:
+    with pytest.raises(InputError, match="tier_stores='on_write'"):
+        CacheModel(B, 4, 8, "on_evict", tier_chunk_blocks=16)
+    with pytest.raises(InputError, match="tier_chunk_blocks 0"):
+        CacheModel(B, 4, 8, "on_write", tier_chunk_blocks=0)
+
+
 def test_blocks_of_requests_in_flight_are_not_evicted() -> None:
     a, b = block(1), block(2)
     assert cached([a, a, a], cache(0, keep_last_token=False)) == [0, 0, 0]
