@@ -167,8 +167,19 @@ class Lab:
         self.stores.append(path)
         return path
 
+    def scratch(self, name: str) -> Path:
+        """This run's private throw-away directory `name` (an engine's slot directory), kept
+        from another kvlab's `kvlab clean` while the run lasts and removed by `cleanup()`;
+        made once, never emptied under an engine that may be using it."""
+        path = self.settings.paths().scratch / self.run_id / name
+        if path not in self.stores:
+            make_private_dir(path)
+            claim_dir(path.parent)
+            self.stores.append(path)
+        return path
+
     def cleanup(self) -> None:
-        """Remove the run's stores (they hold users' prompts)."""
+        """Remove the run's stores and scratch directories (they hold users' prompts)."""
         parents = {self.settings.paths().stores / self.run_id}
         for path in self.stores:
             shutil.rmtree(path, ignore_errors=True)

@@ -144,7 +144,7 @@ async def run(lab: Lab, spec: InterferenceSpec, *,
         parallel = spec.parallels[stint.side]
         plan = server_plan(lab.settings, binary, role=f"interference-{parallel}", ctx=spec.ctx,
                            parallel=parallel, accepted=accepted,
-                           slot_dir=lab.settings.paths().scratch / "interference-slots")
+                           slot_dir=lab.scratch("interference-slots"))
         async with engines(lab, [plan], labels=[spec.label_for(parallel)]) as (proc,):
             plan = proc.plan  # as started: on a Ray node, its address and port
             workload = workload or await _workload(lab, spec, plan)

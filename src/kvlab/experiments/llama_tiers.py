@@ -148,7 +148,7 @@ def _plan(lab: Lab, row: Row, *, ctx: int, parallel: int, cache_ram_mib: int,
           chosen: llamacpp.LlamaOptions | None = None) -> EnginePlan:
     binary = llamacpp.require_llama_server(lab.settings)
     return server_plan(lab.settings, binary, role=row.label, ctx=ctx, parallel=parallel,
-                       slot_dir=lab.settings.paths().scratch / "llama-tiers-slots",
+                       slot_dir=lab.scratch("llama-tiers-slots"),
                        cache_ram_mib=cache_ram_mib, chosen=chosen)
 
 

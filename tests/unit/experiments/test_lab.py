@@ -58,3 +58,22 @@ async def test_hf_token_from_dotenv_reaches_a_run_engine_and_nothing_written(
     for path in (p for p in written if p.is_file()):
         assert TOKEN not in path.read_text(encoding="utf-8", errors="replace"), path
     assert lab.written and TOKEN not in str(plan.as_dict())
+
+
+def test_a_runs_scratch_is_private_kept_from_clean_and_removed_after(tmp_path: Path) -> None:
+    # a llama-server's slot directory under scratch/ was removable by another kvlab's
+    # `kvlab clean` while the run's engine wrote to it
+    from kvlab.core.settings import Settings
+    from kvlab.engines.cleanup import clean
+
+    settings = Settings(kvlab_home=str(tmp_path / "home"),
+                        llama_slot_save_path=str(tmp_path / "slots"))
+    lab = Lab(settings)
+    slots = lab.scratch("interference-slots")
+    assert lab.scratch("interference-slots") == slots  # made once, not emptied again
+    assert slots.is_dir() and (slots.stat().st_mode & 0o777) == 0o700
+    (slots / "slot.bin").write_bytes(b"prompt")
+    assert (slots / "slot.bin").exists() and str(slots.parent) not in clean(settings).removed
+    assert (slots / "slot.bin").exists()
+    lab.cleanup()
+    assert not slots.parent.exists()
