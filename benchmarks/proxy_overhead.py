@@ -22,6 +22,8 @@ httptools one on uvloop, callback-driven, so it is not the bottleneck it measure
 
   .venv/bin/python benchmarks/proxy_overhead.py --quick
   .venv/bin/python benchmarks/proxy_overhead.py --json-out /tmp/proxy.json
+  .venv/bin/python benchmarks/proxy_overhead.py --levels 1,64,256 --repeat 5 \
+      --targets kvlab,router    # 5 passes, order alternating, medians and spreads
   .venv/bin/python benchmarks/proxy_overhead.py --legs 8 --kvlab-balance prefix-affinity \
       --router-policy cache_aware --targets kvlab,router --levels 64,256
 (16 legs: 8 prefill and 8 decode upstreams; every request carries the same prompt, one hot
@@ -253,6 +255,7 @@ class Level:
     overhead_ms: dict[str, float] = field(default_factory=dict)
     overhead_plain_ms: dict[str, float] = field(default_factory=dict)
     self_added: dict[str, float] = field(default_factory=dict)  # kvlab's own /metrics
+    prefill_ms: float = float("nan")  # the prefill leg's own median service time (stamps)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -340,6 +343,7 @@ def overheads(level: Level, ok: list[Record], direct: Level, service: dict[str, 
               ) -> None:
     base = pct(direct.residual_ms, 50)
     fallback = statistics.median(service.values()) if service else 0.0
+    level.prefill_ms = fallback
     values = [res - service.get(r.rid, fallback) - base
               for r, res in zip(ok, level.residual_ms, strict=True)]
     level.overhead_ms = {"p50": pct(values, 50), "p99": pct(values, 99)}
@@ -415,6 +419,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         f"{ANCHORS}/bin/vllm-router", "vllm-router"))
     ap.add_argument("--demo", default=_first_existing(f"{ANCHORS}-src/disagg_proxy_demo.py"))
     ap.add_argument("--demo-python", default=f"{ANCHORS}/bin/python")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="whole passes, the targets' order alternating (A B, B A, ...); "
+                         "the report gives each figure's median and spread over them")
     ap.add_argument("--json-out", help="write every figure to this JSON file")
     return ap.parse_args(argv)
 
@@ -432,52 +439,70 @@ def _first_existing(*candidates: str) -> str | None:
 
 async def bench(args: argparse.Namespace, logdir: Path) -> dict[str, Any]:
     levels = [int(x) for x in args.levels.split(",")]
-    per = args.per_level or (6 if args.quick else 25)
     pfs = [free_port() for _ in range(args.legs)]
     dcs = [free_port() for _ in range(args.legs)]
-    spread = 0.0 if args.burst_start else (2 * args.ttft_ms + args.tokens * args.itl_ms) / 1000
     up = [args.upstream_python, args.upstream, "--ttft-ms", str(args.ttft_ms),
           "--itl-ms", str(args.itl_ms), "--tokens", str(args.tokens)]
     ups = [start([*up, "--port", str(p), "--name", f"{role}{i}"], f"{role}{i}", logdir)
            for role, ports in (("prefill", pfs), ("decode", dcs))
            for i, p in enumerate(ports)]
     results: dict[str, Any] = {"load_before": os.getloadavg(), "levels": levels,
-                               "targets": {}, "skipped": []}
+                               "targets": {}, "skipped": [], "runs": []}
+    names = args.targets.split(",")
     try:
         for proc, port in zip(ups, (*pfs, *dcs), strict=True):
             wait_serving(port, proc, "upstream")
-        direct: dict[int, Level] = {}
-        for c in levels:
-            direct[c], _ = await measure("direct", dcs[0], None, c, c * per, args.tokens,
-                                         pfs, spread)
-            _say("direct", direct[c])
-        results["targets"]["direct"] = {c: vars(lv) | {"residual_ms": None, "ttfts": None}
-                                        for c, lv in direct.items()}
-        for name in args.targets.split(","):
-            port = free_port()
-            argv = target_argv(name, args, port, pfs, dcs)
-            if argv is None:
-                results["skipped"].append(name)
-                print(f"[{name}] not found; skipped", file=sys.stderr)
-                continue
-            proc = start(argv, name, logdir)
-            try:
-                wait_serving(port, proc, name)
-                out = {}
-                for c in levels:
-                    level, ok = await measure(name, port, proc.pid, c, c * per, args.tokens,
-                                              pfs, spread)
-                    overheads(level, ok, direct[c], prefill_service(pfs))
-                    _say(name, level)
-                    out[c] = vars(level) | {"residual_ms": None, "ttfts": None}
-                results["targets"][name] = out
-            finally:
-                stop(proc)
+        for r in range(args.repeat):
+            order = names if r % 2 == 0 else names[::-1]  # A B, B A, ...: drift cancels
+            print(f"-- run {r + 1} of {args.repeat}: {', '.join(order)} "
+                  f"(load average {os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True)
+            one = await one_pass(args, levels, order, pfs, dcs, logdir, results["skipped"])
+            one["load"] = os.getloadavg()[0]
+            results["runs"].append(one)
     finally:
         for proc in ups:
             stop(proc)
+    results["targets"] = results["runs"][0]["targets"] if results["runs"] else {}
     results["load_after"] = os.getloadavg()
     return results
+
+
+async def one_pass(args: argparse.Namespace, levels: list[int], order: list[str],
+                   pfs: list[int], dcs: list[int], logdir: Path, skipped: list[str]
+                   ) -> dict[str, Any]:
+    """Every level straight to decode, then through each target in `order`."""
+    per = args.per_level or (6 if args.quick else 25)
+    spread = 0.0 if args.burst_start else (2 * args.ttft_ms + args.tokens * args.itl_ms) / 1000
+    out: dict[str, Any] = {"order": order, "targets": {}}
+    direct: dict[int, Level] = {}
+    for c in levels:
+        direct[c], _ = await measure("direct", dcs[0], None, c, c * per, args.tokens,
+                                     pfs, spread)
+        _say("direct", direct[c])
+    out["targets"]["direct"] = {c: vars(lv) | {"residual_ms": None, "ttfts": None}
+                                for c, lv in direct.items()}
+    for name in order:
+        port = free_port()
+        argv = target_argv(name, args, port, pfs, dcs)
+        if argv is None:
+            if name not in skipped:
+                skipped.append(name)
+                print(f"[{name}] not found; skipped", file=sys.stderr)
+            continue
+        proc = start(argv, name, logdir)
+        try:
+            wait_serving(port, proc, name)
+            got = {}
+            for c in levels:
+                level, ok = await measure(name, port, proc.pid, c, c * per, args.tokens,
+                                          pfs, spread)
+                overheads(level, ok, direct[c], prefill_service(pfs))
+                _say(name, level)
+                got[c] = vars(level) | {"residual_ms": None, "ttfts": None}
+            out["targets"][name] = got
+        finally:
+            stop(proc)
+    return out
 
 
 def _say(name: str, lv: Level) -> None:
@@ -530,6 +555,64 @@ def report(results: dict[str, Any]) -> None:
     _targets(k)
 
 
+def _spread(values: list[float]) -> str:
+    """median [min, max] of a figure over the runs"""
+    v = [x for x in values if x == x]
+    if not v:
+        return "n/a"
+    return f"{statistics.median(v):.2f} [{min(v):.2f}, {max(v):.2f}]"
+
+
+def _figure(lv: dict[str, Any], key: str) -> float:
+    if key == "chunks":
+        return float(lv["chunks_per_s"])
+    o = lv["overhead_ms"]
+    return float(o[key]) if o else float("nan")
+
+
+def report_runs(results: dict[str, Any]) -> None:
+    """Each figure's median and spread over the passes; kvlab against each anchor run by
+    run (the same pass), and its chunks/s against direct's."""
+    runs = results["runs"]
+    loads = ", ".join(f"{r['load']:.2f}" for r in runs)
+    print(f"\n{len(runs)} passes, targets' order alternating; load average after each: "
+          f"{loads}")
+    print("median [min, max] over the passes")
+    names = [n for n in runs[0]["targets"] if all(n in r["targets"] for r in runs)]
+    for name in names:
+        for c in results["levels"]:
+            lvs = [r["targets"][name][c] for r in runs]
+            print(f"  {name:<7} c={c:<4} overhead p50 {_spread([_figure(x, 'p50') for x in lvs])}"
+                  f" ms  p99 {_spread([_figure(x, 'p99') for x in lvs])} ms  chunks/s "
+                  f"{_spread([_figure(x, 'chunks') for x in lvs])}  failures "
+                  f"{sum(x['failures'] for x in lvs)}")
+    if "kvlab" not in names:
+        return
+    for anchor in [n for n in names if n not in ("kvlab", "direct")]:
+        print(f"\nkvlab / {anchor}, pass by pass (< 1: kvlab adds less)")
+        for c in results["levels"]:
+            p50 = [_figure(r["targets"]["kvlab"][c], "p50") / _figure(r["targets"][anchor][c],
+                                                                       "p50") for r in runs]
+            p99 = [_figure(r["targets"]["kvlab"][c], "p99") / _figure(r["targets"][anchor][c],
+                                                                       "p99") for r in runs]
+            print(f"  c={c:<4} p50 {_spread(p50)}  p99 {_spread(p99)}")
+    print("\nkvlab chunks/s, pass by pass: / direct's (the client straight to decode), and /"
+          " the two legs' ideal\n(direct's rate x its request time / (that + the prefill "
+          "leg's own median service time): no proxy can wait less than prefill takes)")
+    for c in results["levels"]:
+        share = [_figure(r["targets"]["kvlab"][c], "chunks")
+                 / _figure(r["targets"]["direct"][c], "chunks") for r in runs]
+        ideal = [_figure(r["targets"]["kvlab"][c], "chunks") / _ideal(r, c) for r in runs]
+        print(f"  c={c:<4} / direct {_spread(share)}   / ideal {_spread(ideal)}")
+
+
+def _ideal(run: dict[str, Any], c: int) -> float:
+    """The chunks/s a client gets doing both legs itself, one after the other."""
+    d, k = run["targets"]["direct"][c], run["targets"]["kvlab"][c]
+    per_request_s = c * d["wall_s"] / max(1, d["n"])
+    return float(d["chunks_per_s"]) * per_request_s / (per_request_s + k["prefill_ms"] / 1000)
+
+
 def _ratio(a: float | None, b: float | None) -> str:
     if a is None or b is None or b == 0 or a != a or b != b:
         return "  n/a"
@@ -564,6 +647,8 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError:  # pragma: no cover
         results = asyncio.run(bench(args, logdir))
     report(results)
+    if len(results["runs"]) > 1:
+        report_runs(results)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(results, indent=2, default=str))
     print(f"(process logs in {logdir})")
