@@ -150,6 +150,9 @@ class LoadArgs(Args):
                                      "concurrency, 200)].")
     duration: float | None = Field(None, gt=0, description="Seconds each level runs at least "
                                    "(and at least --min-requests).")
+    processes: int | None = Field(None, ge=1, description="Processes sending each open-loop "
+                                  "level on its one schedule [default: as many as its rate "
+                                  "needs by the client's CPU a request on the warm-up].")
     max_seconds: float | None = Field(None, gt=0, description="Seconds after which a level "
                                       "sends nothing more (what is in flight finishes; the "
                                       "rest is counted unsent), as guidellm's.")
@@ -361,7 +364,7 @@ def load_spec(loaded: LoadedSettings, args: LoadArgs, *, base_url: str, label: s
         duration_s=args.duration, max_s=args.max_seconds, warmup=args.warmup,
         labbook=settings.labbook,
         size_prompts=args.prompt_sizing == "tokenizer", tokenize_url=args.tokenize_url,
-        tokenizer=args.tokenizer,
+        tokenizer=args.tokenizer, processes=args.processes,
         rate=rates[0] if len(rates) == 1 else None, rates=rates if len(rates) > 1 else (),
         groups=args.prefix_groups, group_shares=floats("--group-shares", args.group_shares),
         model_source="default" if loaded.unset("served_name") else "named",

@@ -45,6 +45,7 @@ from kvlab.loadgen import (
     perrequest,
     returning,
     sessions,
+    spread,
     stats,
     workloads,
 )
@@ -88,6 +89,7 @@ class _Level:
     prompts: dict[int, workloads.Prompt] = field(default_factory=dict)
     texts: dict[int, str] = field(default_factory=dict)  # text prompts, by prompt index
     sent: dict[int, list[int] | str] = field(default_factory=dict)  # ids or text, as sent
+    cpu_per_request: float | None = None  # the client's CPU time a request, on the warm-up
 
     @property
     def base(self) -> int:
@@ -161,9 +163,12 @@ class _Level:
         if count == 0:
             return None
         await self.spell(True)
+        cpu = time.process_time()
         result = await LevelRun(self.target, self.warm_payloads(count),
                                 Schedule(concurrency=self.concurrency),
                                 timeout_s=self.spec.timeout_s).run(stop)
+        if result.records:
+            self.cpu_per_request = (time.process_time() - cpu) / len(result.records)
         for record in result.records:
             decode_events(record)
         return result
@@ -202,16 +207,36 @@ class _Level:
 
         async def run(stop: asyncio.Event | None,
                       progress: Progress | None) -> tuple[LevelResult, LevelOwn]:
-            result = await LevelRun(self.target, payloads, schedule,
-                                    timeout_s=self.spec.timeout_s, progress=progress,
-                                    until=until, max_s=self.spec.max_s).run(stop)
+            result, processes = await self.send(payloads, schedule, until, stop, progress)
             for record in result.records:
                 decode_events(record)
             own = self.trace_fields()
+            own.client_processes = processes if processes > 1 else None
+            own.client_cpu_per_request_s = round(self.cpu_per_request, 6) \
+                if self.cpu_per_request else None
             if self.spec.dataset is not None:
                 own.prompt_set, own.dataset = "dataset", self.dataset_fields(result)
             return result, own
         return run
+
+    async def send(self, payloads: list[tuple[int, bytes]], schedule: Schedule,
+                   until: Until | None, stop: asyncio.Event | None, progress: Progress | None
+                   ) -> tuple[LevelResult, int]:
+        """The level sent by one loop, or spread over processes where its rate needs them
+        (`spread`; its progress then moves when they are done); and how many sent it."""
+        rate = schedule.rate if schedule.open_loop else None
+        n = self.spec.processes or spread.processes_for(rate, self.cpu_per_request)
+        if n == 1 or not schedule.open_loop:
+            return await LevelRun(self.target, payloads, schedule, timeout_s=self.spec.timeout_s,
+                                  progress=progress, until=until, max_s=self.spec.max_s
+                                  ).run(stop), 1
+        result = await spread.run_spread(self.target, payloads, schedule, n,
+                                         timeout_s=self.spec.timeout_s, max_s=self.spec.max_s,
+                                         stop=stop)
+        if progress is not None:
+            for record in result.records:
+                progress(record)
+        return result, n
 
     def trace_payloads(self) -> list[tuple[int, bytes]]:
         spec, trace, pool = self.spec, self.inputs.trace, self.inputs.pool

@@ -148,17 +148,30 @@ class LevelRun:
         self._start_ns = 0
         self._ticker: asyncio.TimerHandle | None = None
         self._finished: asyncio.Future[None] = self._loop.create_future()
+        self._warmed = False
 
-    async def run(self, stop: asyncio.Event | None = None) -> LevelResult:
+    async def warm(self) -> None:
+        """Open the first connections (`run` does it unless done already)."""
+        if not self._warmed:
+            self._warmed = True
+            await self._warm(min(self._schedule.concurrency, len(self._payloads)))
+
+    async def run(self, stop: asyncio.Event | None = None,
+                  start_ns: int | None = None) -> LevelResult:
+        """Run the level; `start_ns`, a `perf_counter_ns` stamp (CLOCK_MONOTONIC, the same in
+        every process of the machine): the schedule's start, waited for after warming (the
+        processes of one spread level share it)."""
         count = len(self._payloads)
-        await self._warm(min(self._schedule.concurrency, count))
+        await self.warm()
+        if start_ns is not None:
+            await asyncio.sleep(max(0.0, (start_ns - time.perf_counter_ns()) / 1e9))
         # A full cyclic-GC pass over tens of thousands of live records stalls the loop for
         # milliseconds, which would show as timing error; nothing here makes cycles, so the
         # collector waits until the level is over.
         gc_was_enabled = gc.isenabled()
         gc.disable()
         self._offsets = self._schedule.offsets_ns(count)
-        self._start_ns = time.perf_counter_ns()
+        self._start_ns = start_ns if start_ns is not None else time.perf_counter_ns()
         if self._until is not None:
             self._until_ns = self._start_ns + round(self._until.duration_s * 1e9)
         stopper = asyncio.ensure_future(stop.wait()) if stop is not None else None

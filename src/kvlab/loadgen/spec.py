@@ -101,6 +101,9 @@ class LoadSpec:
     temperature: float | None = None
     extra_body: JsonObject = field(default_factory=dict)  # merged into every body
     headers: tuple[tuple[str, str], ...] = ()  # sent on every request
+    # processes sending an open-loop level: None, as many as its rate needs by the client's
+    # CPU per request on the warm-up (`spread.processes_for`); 1, one event loop
+    processes: int | None = None
     request_id_prefix: str = ""  # X-Request-Id: this and the prompt's number ("": kvlab-uuid)
     random_input_len: int | None = None  # prompts of this many random tokens (a workload)
     # aiperf's spreads: each random prompt's length, and each answer's max_tokens, drawn from

@@ -253,6 +253,12 @@ class LevelOwn(Strict):
         "in ms, named and defined as vllm bench serve's (mean_ttft_ms, p99_ttft_ms, ...).")
     result_file: str | None = Field(None, description="--save-result: the level's document "
                                     "in vllm bench serve's format.")
+    client_processes: int | None = Field(None, description="Processes that sent the open-loop "
+                                         "level on its one schedule (each its own event loop; "
+                                         "unset: one).")
+    client_cpu_per_request_s: float | None = Field(
+        None, description="The client's own CPU time per request on the level's warm-up, "
+        "from which the processes were chosen.")
 
 
 class LoadRecord(Record, RunContext, LevelFigures, LevelOwn, RequestShape):

@@ -98,6 +98,10 @@ def load_rows(console: Console, rows: Sequence[LoadRecord]) -> None:
             console.print(f"    concurrency {r.concurrency}: {r.blank_outputs} answers counted "
                           "output tokens but decoded to no visible text (kept as successes, "
                           "timed from their first choice, as vllm bench does)")
+        if r.client_processes:
+            console.print(f"    concurrency {r.concurrency}: sent by {r.client_processes} "
+                          "processes on one schedule (the client's CPU on the warm-up: "
+                          f"{(r.client_cpu_per_request_s or 0) * 1e3:.2f} ms a request)")
         if r.cut_at_max_seconds:
             console.print(f"    concurrency {r.concurrency}: --max-seconds {r.max_seconds:g} "
                           f"reached: {r.requests} of {r.requests_planned} requests sent, the "
