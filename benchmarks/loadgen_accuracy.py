@@ -18,6 +18,8 @@ p99 <= 3 ms (achieved >= 90% of the asked rate, no failures).
   .venv/bin/python benchmarks/loadgen_accuracy.py --json-out /tmp/loadgen.json
   .venv/bin/python benchmarks/loadgen_accuracy.py --progress   # with `kvlab load`'s bar drawn
   .venv/bin/python benchmarks/loadgen_accuracy.py --sampler    # with the KV-usage sampler on
+  .venv/bin/python benchmarks/loadgen_accuracy.py --processes 2 --rates 400,800,1600,2400,3200
+      # also kvlab load's spread over 2 processes at each open-loop rate (client kvlab-p2)
   .venv/bin/python benchmarks/loadgen_accuracy.py --no-vllm --rates 200,800 --sampler-ab --repeat 6
 --sampler runs every kvlab point inside `kvlab.observe.sampler.sampling` (as the pressure
 experiment does) scraping `metrics_page.py`'s vLLM page (--sampler-bytes, 200 kB) every
@@ -152,10 +154,12 @@ async def _no_sampler() -> AsyncIterator[None]:
 
 # --- kvlab's generator, in this process ------------------------------------------------------
 async def _kvlab_run(root: str, rate: float | None, concurrency: int, n: int,
-                     tokens: int, progress: bool, sampler: Sampler | None) -> dict[str, Any]:
+                     tokens: int, progress: bool, sampler: Sampler | None,
+                     processes: int = 1) -> dict[str, Any]:
     from kvlab.loadgen.client import Endpoint
     from kvlab.loadgen.record import decode_events
     from kvlab.loadgen.runner import LevelRun, Schedule
+    from kvlab.loadgen.spread import run_spread
     from kvlab.loadgen.stats import lag_s
 
     target = Endpoint.from_url(root + "/v1")
@@ -166,8 +170,11 @@ async def _kvlab_run(root: str, rate: float | None, concurrency: int, n: int,
     with _progress_hook(progress) as hook:
         tick = hook(concurrency, n) if hook is not None else None
         async with sampler.during() if sampler else _no_sampler() as samples:
-            result = await LevelRun(target, payloads, schedule, timeout_s=60,
-                                    progress=tick).run()
+            if processes > 1:  # kvlab load's spread: processes sharing the one schedule
+                result = await run_spread(target, payloads, schedule, processes, timeout_s=60)
+            else:
+                result = await LevelRun(target, payloads, schedule, timeout_s=60,
+                                        progress=tick).run()
     errors, lags = [], []
     for r in result.records:
         decode_events(r)
@@ -199,11 +206,12 @@ def _progress_hook(enabled: bool) -> Iterator[Any]:
 
 def kvlab_point(up: Upstream, rate: float | None, concurrency: int, n: int,
                 tokens: int, progress: bool = False,
-                sampler: Sampler | None = None) -> dict[str, Any]:
+                sampler: Sampler | None = None, processes: int = 1) -> dict[str, Any]:
     import uvloop
 
     before = load()
-    out = uvloop.run(_kvlab_run(up.root, rate, concurrency, n, tokens, progress, sampler))
+    out = uvloop.run(_kvlab_run(up.root, rate, concurrency, n, tokens, progress, sampler,
+                                processes))
     out["load_before"], out["load_after"] = before, load()
     return out
 
@@ -310,6 +318,10 @@ def parse_args() -> argparse.Namespace:
                     help="a .py file whose `sampling` replaces kvlab's (implies --sampler)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="runs per point; the figures are the medians (BENCHMARKS.md uses 3)")
+    ap.add_argument("--processes", type=int, default=0,
+                    help="also measure kvlab's open-loop points sent by this many processes "
+                         "sharing one schedule (kvlab load's spread), alternating with one "
+                         "loop; client kvlab-pN")
     ap.add_argument("--quick", action="store_true", help="rates 50,200,800; vllm 50,200")
     ap.add_argument("--json-out", type=Path)
     return ap.parse_args()
@@ -320,7 +332,7 @@ def points(text: str) -> list[float]:
 
 
 def print_header() -> None:
-    print(f"{'client':<7} {'rate':>6} {'conc':>5} {'ok':>6} {'fail':>4} {'got/s':>7} "
+    print(f"{'client':<9} {'rate':>6} {'conc':>5} {'ok':>6} {'fail':>4} {'got/s':>7} "
           f"{'err p50':>8} {'err p99':>8} {'lag p99':>8} {'reads':>5} {'load':>11}  <=3ms")
 
 
@@ -329,7 +341,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         rate = "closed" if r["rate"] is None else f"{r['rate']:g}"
         lag = "-" if r["lag_p99_ms"] is None else f"{r['lag_p99_ms']:.2f}"
         reads = "-" if r["sampler_readings"] is None else f"{r['sampler_readings']:g}"
-        print(f"{r['client']:<7} {rate:>6} {r['max_concurrency']:>5} {r['ok']:>6} "
+        print(f"{r['client']:<9} {rate:>6} {r['max_concurrency']:>5} {r['ok']:>6} "
               f"{r['failed']:>4} {r['achieved_rps']:>7} {r['error_p50_ms']!s:>8} "
               f"{r['error_p99_ms']!s:>8} {lag:>8} {reads:>5} "
               f"{r['load'][0]:>5}/{r['load'][1]:<5}  "
@@ -365,6 +377,7 @@ def main() -> None:
         up.stop()  # a sampler that failed to start must not leave the upstream running
         raise
     modes = kvlab_modes(sampler, args.sampler_ab)
+    spread_label = f"kvlab-p{args.processes}"
     print(f"load average at start: {os.getloadavg()}; {os.cpu_count()} cores", flush=True)
     print_header()
     rows: list[dict[str, Any]] = []
@@ -377,8 +390,12 @@ def main() -> None:
                                  args.tokenizer)
                 runs.setdefault(client, []).append(summarise(client, rate, concurrency, n, raw))
                 continue
-            for label, mode in modes if i % 2 == 0 else modes[::-1]:  # A B, B A, ...
-                raw = kvlab_point(up, rate, concurrency, n, args.tokens, args.progress, mode)
+            arms = [(label, mode, 1) for label, mode in modes]
+            if args.processes > 1 and rate is not None:
+                arms.append((spread_label, None, args.processes))
+            for label, mode, procs in arms if i % 2 == 0 else arms[::-1]:  # A B, B A, ...
+                raw = kvlab_point(up, rate, concurrency, n, args.tokens, args.progress, mode,
+                                  procs)
                 runs.setdefault(label, []).append(summarise(label, rate, concurrency, n, raw))
         for each in runs.values():
             rows.append(median_row(each))
@@ -394,11 +411,15 @@ def main() -> None:
         up.stop()
         if sampler is not None:
             sampler.stop()
-    best = {c: highest(rows, c) for c in ("kvlab", SAMPLED, "vllm")}
+    best = {c: highest(rows, c) for c in ("kvlab", SAMPLED, "vllm", spread_label)}
     ratio = best["kvlab"] / best["vllm"] if best["kvlab"] and best["vllm"] else None
     print(f"\nhighest rate with error p99 <= {P99_BOUND_MS} ms: kvlab {best['kvlab']}, "
           f"vllm bench {best['vllm']}" + (f" ({ratio:.1f}x)" if ratio else "")
           + (f"; kvlab with the sampler {best[SAMPLED]}" if sampler else ""))
+    if args.processes > 1:
+        top = best[spread_label]
+        print(f"kvlab sent by {args.processes} processes: {top}"
+              + (f" ({top / best['vllm']:.1f}x vllm bench's)" if top and best["vllm"] else ""))
     print(f"(the highest rate tried for kvlab was {max(rates):g} req/s; a 'yes' there means "
           "its ceiling is above the range measured)")
     if args.json_out:
