@@ -29,6 +29,11 @@ httptools one on uvloop, callback-driven, so it is not the bottleneck it measure
 (16 legs: 8 prefill and 8 decode upstreams; every request carries the same prompt, one hot
 prefix, so both routers' affinity meets its load bound: kvlab's --load-factor, vllm-router's
 --balance-abs-threshold 64 / --balance-rel-threshold 1.5)
+  .venv/bin/python benchmarks/proxy_overhead.py --legs 8 --kvlab-balance prefix-affinity \
+      --router-policy cache_aware --targets kvlab,router --levels 64,256 --prefix-groups 32
+(many prefixes: 32 groups, each request a group's own ~200-token opening and its question, so
+both routers spread them; each prints its prefill legs' hit share, the requests whose group
+their leg had already seen in the level)
 The machine's load average is printed with the figures: on a busy machine they are noisy.
 """
 
@@ -38,6 +43,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import re
 import socket
 import statistics
@@ -59,6 +65,19 @@ _SRV = re.compile(rb'"srv_ns":(\d+)')
 # where the anchors live by default: their own venv and the demo file, outside the repository
 ANCHORS = str(Path(os.environ.get("TMPDIR") or "/tmp") / "kvlab-anchors")  # noqa: S108
 PROMPT = " ".join(["the quick brown fox jumps over the lazy dog"] * 6)
+WORDS = ("amber", "birch", "cedar", "delta", "ember", "fjord", "grove", "heron", "iris", "jade",
+         "kelp", "lilac", "maple", "nectar", "opal", "pine", "quartz", "reed", "sage", "tide")
+
+
+def group_of(n: int, groups: int) -> int:
+    """The prefix group of request n (seeded by n: the same in every pass and target)."""
+    return random.Random(n).randrange(groups)
+
+
+def preamble(group: int) -> str:
+    """A group's own opening, about 200 tokens, different from its first word on."""
+    rng = random.Random(f"group-{group}")
+    return f"group {group}: " + " ".join(rng.choice(WORDS) for _ in range(200))
 
 
 def free_port() -> int:
@@ -136,8 +155,10 @@ class Run:
     whose queue would be the client's doing, not the proxy's (`--burst-start` keeps it).
     """
 
-    def __init__(self, path: str, tokens: int, label: str, spread_s: float) -> None:
+    def __init__(self, path: str, tokens: int, label: str, spread_s: float,
+                 groups: int = 0) -> None:
         self.path, self.tokens, self.label = path, tokens, label
+        self.groups = groups  # prefix groups (0: every request the one PROMPT)
         self.spread_s = spread_s
         self.left = 0
         self.n = 0
@@ -146,8 +167,8 @@ class Run:
         self.workers: list[Worker] = []
         self.active = 0
 
-    def request(self, rid: str) -> bytes:
-        body = json.dumps({"model": "fake-model", "prompt": PROMPT, "max_tokens": self.tokens,
+    def request(self, rid: str, prompt: str = PROMPT) -> bytes:
+        body = json.dumps({"model": "fake-model", "prompt": prompt, "max_tokens": self.tokens,
                            "stream": True}).encode()
         # x-kvlab-timeline: as kvlab's load generator asks (kvlab's proxy then appends its
         # timeline after the answer; the other proxies ignore the header)
@@ -181,8 +202,13 @@ class Run:
 
     def _send(self, w: Worker) -> None:
         self.n += 1
-        rid = f"{self.label}-{self.n}"
-        w.send(rid, self.request(rid))
+        if not self.groups:
+            rid = f"{self.label}-{self.n}"
+            w.send(rid, self.request(rid))
+            return
+        g = group_of(self.n, self.groups)
+        rid = f"{self.label}-{self.n}-g{g}"
+        w.send(rid, self.request(rid, f"{preamble(g)} question {self.n}"))
 
     def finish(self, w: Worker, rec: Record, ok: bool) -> None:
         if not ok or rec.chunks < self.tokens:
@@ -256,6 +282,7 @@ class Level:
     overhead_plain_ms: dict[str, float] = field(default_factory=dict)
     self_added: dict[str, float] = field(default_factory=dict)  # kvlab's own /metrics
     prefill_ms: float = float("nan")  # the prefill leg's own median service time (stamps)
+    hit_share: float | None = None  # --prefix-groups: requests whose group its leg had seen
 
 
 def pct(values: list[float], q: float) -> float:
@@ -277,8 +304,9 @@ def prefill_service(prefill_ports: list[int]) -> dict[str, float]:
 
 
 async def measure(target: str, port: int, pid: int | None, c: int, n: int, tokens: int,
-                  prefill_ports: list[int], spread_s: float) -> tuple[Level, list[Record]]:
-    run = Run("/v1/completions", tokens, f"{target}{c}", spread_s)
+                  prefill_ports: list[int], spread_s: float, groups: int = 0
+                  ) -> tuple[Level, list[Record]]:
+    run = Run("/v1/completions", tokens, f"{target}{c}", spread_s, groups)
     await run.connect(port, c)
     await run.go(c)  # warm-up: one request per connection, not recorded
     for p in prefill_ports:
@@ -298,6 +326,8 @@ async def measure(target: str, port: int, pid: int | None, c: int, n: int, token
         level.self_added = {"mean_ms": (own1[1] - own0[1]) / n_own * 1000,
                             "share_under_1ms": (own1[2] - own0[2]) / n_own}
     ok = [r for r in records if r.status == 200]
+    if groups and target != "direct":
+        level.hit_share = hit_share(prefill_ports)
     level.failures = len(records) - len(ok)
     level.chunks_per_s = sum(r.chunks for r in ok) / wall
     # cpu_times() ticks in 10 ms steps: below a few ticks the figure would be noise
@@ -308,6 +338,24 @@ async def measure(target: str, port: int, pid: int | None, c: int, n: int, token
     level.ttfts = ttft
     level.residual_ms = [(r.first - r.sent - (r.srv_first - r.srv_arr)) / 1e6 for r in ok]
     return level, ok
+
+
+def hit_share(prefill_ports: list[int]) -> float | None:
+    """Of the level's requests, the share whose prefix group their prefill leg had already
+    seen in the level (a prefix cache that never evicts would hit them), from each leg's own
+    records in arrival order (the group read from the prompt's opening, as it arrived)."""
+    seen, hits, total = set(), 0, 0
+    for port in prefill_ports:
+        status, raw = http("GET", f"http://127.0.0.1:{port}/stats", timeout=30)
+        records = json.loads(raw)["records"] if status == 200 else []
+        for r in sorted(records, key=lambda r: r["arr_ns"]):
+            group = (r.get("opening") or "").removeprefix('"group ').partition(":")[0]
+            if not group.isdigit():  # not a grouped request
+                continue
+            total += 1
+            hits += (port, group) in seen
+            seen.add((port, group))
+    return hits / total if total else None
 
 
 def _self_added(port: int) -> tuple[float, float, float] | None:
@@ -419,6 +467,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         f"{ANCHORS}/bin/vllm-router", "vllm-router"))
     ap.add_argument("--demo", default=_first_existing(f"{ANCHORS}-src/disagg_proxy_demo.py"))
     ap.add_argument("--demo-python", default=f"{ANCHORS}/bin/python")
+    ap.add_argument("--prefix-groups", type=int, default=0,
+                    help="requests in this many prefix groups (each a ~200-token opening of "
+                         "its own, then the request's question), so affinity routers spread "
+                         "them; the prefill legs' hit share is reported (0: one prompt)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="whole passes, the targets' order alternating (A B, B A, ...); "
                          "the report gives each figure's median and spread over them")
@@ -477,7 +529,7 @@ async def one_pass(args: argparse.Namespace, levels: list[int], order: list[str]
     direct: dict[int, Level] = {}
     for c in levels:
         direct[c], _ = await measure("direct", dcs[0], None, c, c * per, args.tokens,
-                                     pfs, spread)
+                                     pfs, spread, args.prefix_groups)
         _say("direct", direct[c])
     out["targets"]["direct"] = {c: vars(lv) | {"residual_ms": None, "ttfts": None}
                                 for c, lv in direct.items()}
@@ -495,7 +547,7 @@ async def one_pass(args: argparse.Namespace, levels: list[int], order: list[str]
             got = {}
             for c in levels:
                 level, ok = await measure(name, port, proc.pid, c, c * per, args.tokens,
-                                          pfs, spread)
+                                          pfs, spread, args.prefix_groups)
                 overheads(level, ok, direct[c], prefill_service(pfs))
                 _say(name, level)
                 got[c] = vars(level) | {"residual_ms": None, "ttfts": None}
@@ -510,6 +562,8 @@ def _say(name: str, lv: Level) -> None:
     over = (f"overhead p50 {o['p50']:6.2f} p99 {o['p99']:7.2f} ms (plain {q['p50']:6.2f} / "
             f"{q['p99']:7.2f})" if o else "")
     cpu = f" cpu {lv.cpu_ms_per_req:5.2f} ms/req" if lv.cpu_ms_per_req is not None else ""
+    if lv.hit_share is not None:
+        cpu += f" hits {lv.hit_share:.1%}"
     if lv.self_added:
         cpu += (f" (own view: added mean {lv.self_added['mean_ms']:.2f} ms, "
                 f"{lv.self_added['share_under_1ms']:.0%} under 1 ms)")
@@ -585,7 +639,7 @@ def report_runs(results: dict[str, Any]) -> None:
             print(f"  {name:<7} c={c:<4} overhead p50 {_spread([_figure(x, 'p50') for x in lvs])}"
                   f" ms  p99 {_spread([_figure(x, 'p99') for x in lvs])} ms  chunks/s "
                   f"{_spread([_figure(x, 'chunks') for x in lvs])}  failures "
-                  f"{sum(x['failures'] for x in lvs)}")
+                  f"{sum(x['failures'] for x in lvs)}" + _hits(lvs))
     if "kvlab" not in names:
         return
     for anchor in [n for n in names if n not in ("kvlab", "direct")]:
@@ -604,6 +658,11 @@ def report_runs(results: dict[str, Any]) -> None:
                  / _figure(r["targets"]["direct"][c], "chunks") for r in runs]
         ideal = [_figure(r["targets"]["kvlab"][c], "chunks") / _ideal(r, c) for r in runs]
         print(f"  c={c:<4} / direct {_spread(share)}   / ideal {_spread(ideal)}")
+
+
+def _hits(levels: list[dict[str, Any]]) -> str:
+    shares = [x["hit_share"] for x in levels if x.get("hit_share") is not None]
+    return f"  hit share {_spread([100 * h for h in shares])} %" if shares else ""
 
 
 def _ideal(run: dict[str, Any], c: int) -> float:

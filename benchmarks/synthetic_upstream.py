@@ -27,7 +27,8 @@ Interface (kept stable: the proxy benchmark and the load-generator benchmark bot
   GET  /health, /v1/models
   GET  /stats   per-request truth: {"name", "pid", "requests", "records": [...]}; a record
                 has sid, path, xrid, stream, n, kv_in (kv_transfer_params received),
-                arr_ns, first_ns, last_ns, sent, done, closed_ns (client went away early)
+                arr_ns, first_ns, last_ns, sent, done, closed_ns (client went away early),
+                opening (the prompt's first 24 characters, JSON-quoted)
   POST /reset   forget the records
 
 perf_counter_ns is CLOCK_MONOTONIC on Linux, so stamps compare across processes.
@@ -302,6 +303,7 @@ class Connection(asyncio.Protocol):
             "stream": bool(req.get("stream")), "n": n, "kv_in": kv_in, "arr_ns": arr_ns,
             "first_ns": None, "last_ns": None, "sent": 0, "done": False, "closed_ns": None,
             "prompt_tokens": len(json.dumps(prompt)) // 4 + 1,
+            "opening": json.dumps(prompt)[:24],  # which prefix, for a router's hit share
         }
         if len(st.records) < MAX_RECORDS:
             st.records.append(rec)
