@@ -94,40 +94,29 @@ OFFLOAD_BOUNDARY = Row("offload-boundary-load", LAB_OFFLOAD, "vLLM host tier aga
                        "tier off and on", side="on", pressure=True,
                        startup=("offload-curve-load",),  # run on the curve's engines
     command="kvlab run offload --part boundary")
-SHARED_STORE = Row("shared-store", LAB_OFFLOAD, "Shared store, two instances",
-                   "turns alternating between the instances",
-                   startup=("shared-store-a", "shared-store-b"),
-    command="kvlab run shared")
-SHARED_SINGLE = Row("shared-store-single", LAB_OFFLOAD, "Shared store, the control",
-                    "the same turns on one instance", startup=("shared-store-a",),
-    command="kvlab run shared")
-SHARED_PROOF = Row("shared-store-proof", LAB_OFFLOAD, "Shared store, the proof",
-                   "cold, identical, changed prefix, growing turns",
-    command="kvlab run shared")
-SHARED_LMCACHE = Row("shared-store-lmcache", LAB_OFFLOAD, "Shared store by prefix (LMCache), "
-                     "two instances", "turns alternating between the instances, one LMCache "
-                     "server", startup=("shared-lmcache-a", "shared-lmcache-b"),
-    command="kvlab run shared --store lmcache")
-SHARED_LMCACHE_SINGLE = Row("shared-store-lmcache-single", LAB_OFFLOAD,
-                            "Shared store by prefix (LMCache), the control",
-                            "the same turns on one instance", startup=("shared-lmcache-a",),
-    command="kvlab run shared --store lmcache")
-SHARED_LMCACHE_PROOF = Row("shared-store-lmcache-proof", LAB_OFFLOAD,
-                           "Shared store by prefix (LMCache), the proof",
-                           "cold, identical, changed prefix, growing turns",
-    command="kvlab run shared --store lmcache")
-SHARED_FS = Row("shared-store-fs", LAB_OFFLOAD, "Shared store by prefix (vLLM's fs tier), "
-                "two instances", "turns alternating between the instances, one fs tier "
-                "directory", startup=("shared-fs-a", "shared-fs-b"),
-    command="kvlab run shared --store fs")
-SHARED_FS_SINGLE = Row("shared-store-fs-single", LAB_OFFLOAD,
-                       "Shared store by prefix (vLLM's fs tier), the control",
-                       "the same turns on one instance", startup=("shared-fs-a",),
-    command="kvlab run shared --store fs")
-SHARED_FS_PROOF = Row("shared-store-fs-proof", LAB_OFFLOAD,
-                      "Shared store by prefix (vLLM's fs tier), the proof",
-                      "cold, identical, changed prefix, growing turns",
-    command="kvlab run shared --store fs")
+
+
+def _store_rows(label: str, title: str, held_by: str, role: str, command: str
+                ) -> tuple[Row, Row, Row]:
+    """A shared store's three rows: the turns alternating between two instances, the same
+    turns on one instance (the control), and the proof cases."""
+    return (Row(label, LAB_OFFLOAD, f"{title}, two instances",
+                f"turns alternating between the instances{held_by}",
+                startup=(f"{role}-a", f"{role}-b"), command=command),
+            Row(f"{label}-single", LAB_OFFLOAD, f"{title}, the control",
+                "the same turns on one instance", startup=(f"{role}-a",), command=command),
+            Row(f"{label}-proof", LAB_OFFLOAD, f"{title}, the proof",
+                "cold, identical, changed prefix, growing turns", command=command))
+
+
+SHARED_STORE, SHARED_SINGLE, SHARED_PROOF = _store_rows(
+    "shared-store", "Shared store", "", "shared-store", "kvlab run shared")
+SHARED_LMCACHE, SHARED_LMCACHE_SINGLE, SHARED_LMCACHE_PROOF = _store_rows(
+    "shared-store-lmcache", "Shared store by prefix (LMCache)", ", one LMCache server",
+    "shared-lmcache", "kvlab run shared --store lmcache")
+SHARED_FS, SHARED_FS_SINGLE, SHARED_FS_PROOF = _store_rows(
+    "shared-store-fs", "Shared store by prefix (vLLM's fs tier)", ", one fs tier directory",
+    "shared-fs", "kvlab run shared --store fs")
 SHARED_ROWS: dict[str, tuple[Row, Row, Row]] = {
     "shared": (SHARED_STORE, SHARED_SINGLE, SHARED_PROOF),
     "lmcache": (SHARED_LMCACHE, SHARED_LMCACHE_SINGLE, SHARED_LMCACHE_PROOF),
