@@ -16,8 +16,10 @@ reads its bytes late). A level whose rate one loop cannot carry is spread:
 
 How many: `processes_for` from the client's own CPU time per request, measured on the level's
 warm-up: a loop kept busier than `BUSY_SHARE` of a core releases late often enough to show in
-the lag's tail, so the level gets as many processes as keep each under it (at most one per
-core). A closed loop is never spread: its next request waits for a response anyway.
+the lag's tail, so the level gets as many processes as keep each under it, leaving one core to
+everything else (the server under test may be on this machine: on two cores, with the synthetic
+upstream beside it, two processes measured worse than one, `docs/benchmarks.md`). A closed
+loop is never spread: its next request waits for a response anyway.
 
 A stop (Ctrl-C) reaches every process: each cancels what it has in flight, as one loop would.
 The per-request progress bar moves when the processes are done, not as each request ends.
@@ -54,7 +56,7 @@ def processes_for(rate: float | None, cpu_per_request_s: float | None,
     costs the client `cpu_per_request_s` of CPU (1: one loop carries it)."""
     if rate is None or not cpu_per_request_s or cpu_per_request_s <= 0:
         return 1
-    most = max(1, cores if cores is not None else (os.cpu_count() or 1))
+    most = max(1, (cores if cores is not None else (os.cpu_count() or 1)) - 1)
     return max(1, min(most, math.ceil(rate * cpu_per_request_s / BUSY_SHARE)))
 
 
