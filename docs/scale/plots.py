@@ -33,27 +33,37 @@ def save(fig: plt.Figure, out: Path) -> None:
     plt.close(fig)
 
 
+def by_policy(ax: plt.Axes, series: dict[tuple[str, int], list[tuple[int, float]]],
+              scale: float = 1.0) -> None:
+    """One line per (policy, tier) against the replicas: solid without a tier, dashed with."""
+    for (policy, tier), xy in sorted(series.items()):
+        xy.sort()
+        ax.plot([x for x, _ in xy], [scale * y for _, y in xy], marker=STYLE[policy],
+                linestyle="-" if tier == 0 else "--", label=f"{policy}, tier {tier}")
+
+
+def finish(fig: plt.Figure, ax: plt.Axes, title: str, out: Path) -> None:
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+    save(fig, out)
+
+
 def hit_share(run: Path, out: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.8))
     series: dict[tuple[str, int], list[tuple[int, float]]] = defaultdict(list)
     for plan in lines(run, "points-N*.jsonl"):
         for p in plan["points"]:
             series[(p["policy"], p["tier_blocks"])].append((p["replicas"], p["hit_share"]))
-    for (policy, tier), xy in sorted(series.items()):
-        xy.sort()
-        ax.plot([x for x, _ in xy], [100 * y for _, y in xy], marker=STYLE[policy],
-                linestyle="-" if tier == 0 else "--", label=f"{policy}, tier {tier}")
+    by_policy(ax, series, 100)
     longer = [p for plan in lines(run, "points-long-*.jsonl") for p in plan["points"]]
     ax.scatter([p["replicas"] * 1.15 for p in longer], [100 * p["hit_share"] for p in longer],
                marker="x", color="black", label="4 copies of the trace (every arm)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("replicas (0.5 requests a second each)")
     ax.set_ylabel("prompt tokens from cache (%)")
-    ax.set_title("hit share: conversation trace, tier 0 (solid) and 65,536 blocks (dashed)",
-                 fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=6)
-    save(fig, out / "hit-share-vs-replicas.png")
+    finish(fig, ax, "hit share: conversation trace, tier 0 (solid) and 65,536 blocks (dashed)",
+           out / "hit-share-vs-replicas.png")
 
 
 def highest_rate(run: Path, out: Path) -> None:
@@ -64,17 +74,12 @@ def highest_rate(run: Path, out: Path) -> None:
             if a.get("rate") is not None:
                 series[(a["policy"], a["tier_blocks"])].append(
                     (a["replicas"], a["rate"] / a["replicas"]))
-    for (policy, tier), xy in sorted(series.items()):
-        xy.sort()
-        ax.plot([x for x, _ in xy], [y for _, y in xy], marker=STYLE[policy],
-                linestyle="-" if tier == 0 else "--", label=f"{policy}, tier {tier}")
+    by_policy(ax, series)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("replicas")
     ax.set_ylabel("highest rate / replica (req/s)")
-    ax.set_title("highest rate meeting TTFT p90 <= 3 s, per replica", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=6)
-    save(fig, out / "highest-rate-per-replica.png")
+    finish(fig, ax, "highest rate meeting TTFT p90 <= 3 s, per replica",
+           out / "highest-rate-per-replica.png")
 
 
 def curve(run: Path, out: Path) -> None:
@@ -94,10 +99,7 @@ def curve(run: Path, out: Path) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("requests a second")
     ax.set_ylabel("TTFT p90 (s)")
-    ax.set_title(f"TTFT p90 against the rate ({policy})", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=6)
-    save(fig, out / "ttft-p90-vs-rate.png")
+    finish(fig, ax, f"TTFT p90 against the rate ({policy})", out / "ttft-p90-vs-rate.png")
 
 
 def fewest(run: Path, out: Path) -> None:
