@@ -38,6 +38,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 
 from kvlab.core import EngineError
 from kvlab.loadgen.client import Endpoint
@@ -119,21 +120,30 @@ async def run_spread(target: Endpoint, payloads: Sequence[tuple[int, bytes]],
             if relay is not None:
                 relay.cancel()
         return merge([_records(r) for r in results], parts, start)
-    finally:
-        for proc in procs:
-            proc.join(timeout=5)
-            if proc.is_alive():
-                proc.kill()
+    finally:  # one failed: the others stop too; joined off the loop
+        _tell(pipes, STOP)
+        await asyncio.to_thread(_reap, procs)
         for pipe in pipes:
             pipe.close()
+
+
+def _tell(pipes: Sequence[Connection], word: str) -> None:
+    for pipe in pipes:
+        with contextlib.suppress(OSError):
+            pipe.send(word)
+
+
+def _reap(procs: Sequence[BaseProcess]) -> None:
+    for proc in procs:
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
 
 
 async def _relay_stop(stop: asyncio.Event, pipes: Sequence[Connection]) -> None:
     """Ctrl-C in the parent stops every process (each ends its level as one loop would)."""
     await stop.wait()
-    for pipe in pipes:
-        with contextlib.suppress(OSError):
-            pipe.send(STOP)
+    _tell(pipes, STOP)
 
 
 async def _receive(pipe: Connection, timeout_s: float | None) -> object:
