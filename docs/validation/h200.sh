@@ -35,8 +35,10 @@
 #                                       CONNECTOR=lmcache behind kvlab's proxy
 #   bash docs/validation/h200.sh fs-tier : issue 47: the shared store as vLLM's own fs tier
 #                                       (OffloadingConnector, TieringOffloadingSpec, one
-#                                       directory, PYTHONHASHSEED=0 on both) beside the seed's
-#                                       ExampleConnector, at the labs' 1.7B shape
+#                                       directory, PYTHONHASHSEED=0 on both), then the disk
+#                                       task on vLLM (`kvlab run vllm-disk`: the fs tier read
+#                                       back after a restart against a cold prefill), at the
+#                                       labs' 1.7B shape (EXAMPLE=1: the seed's store too)
 #   bash docs/validation/h200.sh all-quick|all : issue 33, as a new user: only what the
 #                                       README's first screen tells a GPU user to set (MODEL
 #                                       and SMALL_MODEL, random-weight Qwen3-8B and 1.7B
@@ -217,7 +219,11 @@ fs-tier)
   run run shared --store fs --dry-run
   run run shared --store fs
   grep -hE "turn  [12] |holds|not run" "$WORK"/$PHASE-*.log | cut -c1-200 | tee -a "$S"
-  run run shared
+  # the disk task on vLLM: the fs tier under the host tier, read back after a restart
+  [ "${FAKE:-0}" = 1 ] || export MODEL=$KVLAB_HOME/models/shaped-qwen3-1.7b
+  run run vllm-disk --preamble-words "${DISK_WORDS:-5000}"
+  grep -hE "cold TTFT|files written|control|after restore|verdict|- " "$WORK"/$PHASE-*vllm-disk*.log | cut -c1-200 | tee -a "$S"
+  [ "${EXAMPLE:-0}" = 1 ] && run run shared  # the seed's store: lmcache-share runs it too
   run report --out "$WORK/report"
   ;;
 nixl)

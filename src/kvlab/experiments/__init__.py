@@ -24,7 +24,7 @@ from typing import Literal
 from kvlab.engines import LLAMA_CPP, MLX_LM, VLLM
 from kvlab.experiments.args import RunArgs
 from kvlab.experiments.llama_args import DiskArgs, InterferenceArgs, LlamaTiersArgs, SharedSlotsArgs
-from kvlab.experiments.offload_args import MlxCacheArgs, OffloadArgs
+from kvlab.experiments.offload_args import MlxCacheArgs, OffloadArgs, VllmDiskArgs
 from kvlab.experiments.pd_args import DisaggArgs, ReplicasArgs, SharedArgs
 from kvlab.records import rows
 
@@ -82,6 +82,8 @@ EXPERIMENTS: dict[str, Registered] = {e.name: e for e in (
     # `kvlab run offload --part curve|boundary`: the tier at several sizes or opening lengths
     Registered("offload-sizes", "kvlab.experiments.tier_sizes",
                (rows.OFFLOAD_CURVE, rows.OFFLOAD_BOUNDARY), None, in_all=False, shows_plans=True),
+    Registered("vllm-disk", "kvlab.experiments.vllm_disk", (rows.VLLM_DISK,), VllmDiskArgs,
+               here=True, view="disk", shows_plans=True),
     Registered("shared", "kvlab.experiments.shared", (rows.SHARED_STORE,), SharedArgs,
                shows_plans=True),
     Registered("disagg", "kvlab.experiments.disagg",

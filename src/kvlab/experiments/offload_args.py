@@ -22,6 +22,7 @@ from kvlab.experiments.args import (
 if TYPE_CHECKING:
     from kvlab.experiments.mlx_cache import MlxCacheSpec
     from kvlab.experiments.offload import OffloadSpec
+    from kvlab.experiments.vllm_disk import VllmDiskSpec
 
 
 WORKING_SET = "working-set"  # `run offload --tier-gb`: a tier sized to hold the working set
@@ -45,6 +46,22 @@ class MlxCacheArgs(LocalArgs):
         parts = PARTS if "all" in self.part else tuple(p for p in PARTS if p in self.part)
         return MlxCacheSpec(prompt_tokens=self.prompt_tokens, keep_file=self.keep_file,
                             parts=parts, turns=self.turns)
+
+
+class VllmDiskArgs(PlannedArgs):
+    """Time vLLM's fs tier: cold prefill, restart vLLM, the same prompt from its block files."""
+
+    preamble_words: int = Field(3000, ge=64, description="Length of the prompt, in words "
+                                "(about 4,000 tokens at the default).")
+    max_tokens: int = Field(8, ge=1, description="Tokens of each answer.")
+    tier_gb: float | None = Field(None, gt=0, description="The CPU tier under the fs tier, "
+                                  "GiB (default: KV_OFFLOAD_GB).")
+
+    def spec(self, loaded: LoadedSettings) -> VllmDiskSpec:
+        from kvlab.experiments.vllm_disk import VllmDiskSpec
+
+        return VllmDiskSpec(preamble_words=self.preamble_words, max_tokens=self.max_tokens,
+                            tier_gib=self.tier_gb)
 
 
 class OffloadArgs(PlannedArgs):

@@ -18,7 +18,7 @@ from kvlab.measure import (
 )
 from kvlab.measure.compare import compare_runs, ttft_difference
 from kvlab.measure.compat import Compatibility, listed_models, pick_model, probe
-from kvlab.measure.conversation import PREAMBLE_WORDS, TURN_MAX_TOKENS
+from kvlab.measure.conversation import PREAMBLE_WORDS, TURN_MAX_TOKENS, preamble
 from kvlab.measure.crossing import Judgement, Point, judge_crossing
 from kvlab.measure.link_bytes import NOT_CROSSED
 from kvlab.measure.oracle_gap import shortfall
@@ -26,7 +26,15 @@ from kvlab.measure.oracle_model import Blocks, CacheModel, Prediction
 from kvlab.measure.pairing import load_rows, paired_rows, tier_backends, tier_pair, tier_sides
 from kvlab.measure.pressure import judge_pressure, preemptions, tier_holds, tier_too_small
 from kvlab.measure.prove import ProofRun, ProveOptions, proof_record, run_proof
-from kvlab.measure.reuse import ReuseOptions, ReuseRun, reuse_record, run_reuse
+from kvlab.measure.reuse import (
+    WARM_UP,
+    Probe,
+    ReuseOptions,
+    ReuseRun,
+    reuse_record,
+    run_reuse,
+    store_hits,
+)
 from kvlab.measure.same_experiment import experiment_warnings, label_facts
 from kvlab.measure.verdict import FAILED
 
@@ -35,12 +43,14 @@ __all__ = [
     "NOT_CROSSED",
     "PREAMBLE_WORDS",
     "TURN_MAX_TOKENS",
+    "WARM_UP",
     "Blocks",
     "CacheModel",
     "Compatibility",
     "Judgement",
     "Point",
     "Prediction",
+    "Probe",
     "ProofRun",
     "ProveOptions",
     "ReuseOptions",
@@ -61,6 +71,7 @@ __all__ = [
     "oracle_gap",
     "paired_rows",
     "pick_model",
+    "preamble",
     "preemptions",
     "pressure",
     "probe",
@@ -70,6 +81,7 @@ __all__ = [
     "run_reuse",
     "shortfall",
     "slot_oracle",
+    "store_hits",
     "tier_backends",
     "tier_holds",
     "tier_pair",

@@ -129,6 +129,9 @@ DISK = Row("disk", LAB_OFFLOAD, "Disk, llama.cpp slot save and restore",
 MLX_CACHE = Row("mlx-cache", LAB_OFFLOAD, "Disk, mlx-lm prompt-cache file",
                 "prefill, save, load in a new process, timed",
     command="kvlab run mlx-cache")
+VLLM_DISK = Row("vllm-disk", LAB_OFFLOAD, "Disk, vLLM's fs tier under the host tier",
+                "prefill, restart vLLM, the same prompt from the block files, timed",
+                startup=("vllm-disk", "vllm-disk-restart"), command="kvlab run vllm-disk")
 MLX_TURNS = Row("mlx-turns", LAB_OFFLOAD, "mlx-lm, prompt cache across turns",
                 "turns of one conversation, mlx_lm.server",
     command="kvlab run mlx-cache --part turns")
@@ -204,7 +207,7 @@ REPLICAS = Row("replicas", LAB_PD, "N replicas behind one front, one arm per rou
 ROWS: tuple[Row, ...] = (
     QUIET_OFF, QUIET_ON, PRESSURE_OFF, PRESSURE_ON, OFFLOAD_CURVE, OFFLOAD_BOUNDARY,
     SHARED_STORE, SHARED_SINGLE, SHARED_PROOF, SHARED_LMCACHE, SHARED_LMCACHE_SINGLE,
-    SHARED_LMCACHE_PROOF, SHARED_FS, SHARED_FS_SINGLE, SHARED_FS_PROOF, DISK, MLX_CACHE,
+    SHARED_LMCACHE_PROOF, SHARED_FS, SHARED_FS_SINGLE, SHARED_FS_PROOF, DISK, VLLM_DISK, MLX_CACHE,
     MLX_TURNS, SHARED_SLOTS, LLAMA_PROMPT_OFF,
     LLAMA_PROMPT_ON, LLAMA_RAM_OFF, LLAMA_RAM_ON, LLAMA_RAM_SMALL, LLAMA_RAM_CURVE,
     LLAMA_KV_QUANT, BASELINE, SPLIT,

@@ -31,12 +31,15 @@ def disk(console: Console, r: DiskRecord, labbook: str) -> None:
     console.print(f"==> The disk tier, timed ({r.engine}, {r.prompt_tokens} prompt tokens, "
                   f"{r.kv_cache_type or 'model-dtype'} KV, {r.model})")
     console.print(f"    cold TTFT            {ms(r.cold_ttft_s):>13}  (cache_n {_cache(cold)})")
-    console.print(f"    save                 {r.save_ms or 0:10.1f} ms  "
-                  f"({r.file_bytes or 0:,} bytes)")
+    steps = r.save_ms is not None  # vLLM's fs tier has no save or restore call of its own
+    size = f"{r.file_bytes or 0:,} bytes"
+    console.print(f"    save                 {r.save_ms or 0:10.1f} ms  ({size})" if steps
+                  else f"    files written        {size}")
     if control is not None:  # llama.cpp's; mlx-lm's load is a new process, with no cache
         console.print(f"    control (no restore) {ms(control.ttft_s):>13}  "
                       f"(cache_n {_cache(control)})")
-    console.print(f"    restore              {r.restore_ms or 0:10.1f} ms")
+    if steps:
+        console.print(f"    restore              {r.restore_ms or 0:10.1f} ms")
     console.print(f"    after restore TTFT   {ms(r.post_restore_ttft_s):>13}  "
                   f"(cache_n {r.post_restore_cached_tokens})")
     console.print(f"    restore / cold       {r.restore_cold_ratio or 0:10.5f}")

@@ -33,6 +33,7 @@ from kvlab.records import (
     PRESSURE_OFF,
     PRESSURE_ON,
     SHARED_STORE,
+    VLLM_DISK,
     Notebook,
     NoteRecord,
     capacity_label,
@@ -48,7 +49,15 @@ from kvlab.report.decisions_host import (
     with_smaller_tier,
 )
 from kvlab.report.decisions_pd import PD_Q, configuration
-from kvlab.report.decisions_tiers import DISK_Q, STORE_Q, disk, quantised, store, with_mlx
+from kvlab.report.decisions_tiers import (
+    DISK_Q,
+    STORE_Q,
+    disk,
+    quantised,
+    store,
+    with_mlx,
+    with_vllm,
+)
 from kvlab.report.llama import QUANT_Q
 from kvlab.report.offload import capacity_line, capacity_words
 from kvlab.report.placement import split_groups
@@ -71,7 +80,8 @@ def decide(book: Notebook) -> list[Decision]:
     drafted = [with_capacity(with_llama(with_smaller_tier(host, book), book), book, tier,
                              smaller_tier=False),
                replace(shared, rows=shared.rows or (SHARED_STORE.label,)),
-               replace(with_mlx(disk(book), book), rows=(DISK.label, MLX_CACHE.label)),
+               replace(with_mlx(with_vllm(disk(book), book), book),
+                       rows=(DISK.label, VLLM_DISK.label, MLX_CACHE.label)),
                quantised(book), tier_size(book), tier_length(book),
                with_capacity(pd, book, split), router(book)]
     return [with_yours(d, book) for d in drafted]

@@ -18,6 +18,7 @@ from kvlab.records import (
     MLX_CACHE,
     PROVEN,
     SHARED_STORE,
+    VLLM_DISK,
     DiskRecord,
     KvQuantRecord,
     Notebook,
@@ -206,6 +207,29 @@ def _disk_panel(engine: str, r: DiskRecord) -> Panel:
     after, cold = r.post_restore_ttft_s, r.cold_ttft_s
     return Panel("ratio", "first token, restored / cold", (Mark(engine, after / cold),)
                  if after is not None and cold else ())
+
+
+def with_vllm(found: Decision, book: Notebook) -> Decision:
+    """The disk answer with vLLM's fs tier (read back after a restart), where it ran; it
+    decides the question where llama.cpp's slot file did not run."""
+    r = latest(book, DiskRecord, VLLM_DISK.label)
+    if r is None or r.cold_ttft_s is None or r.post_restore_ttft_s is None:
+        return found
+    ev = r.evidence
+    control = ev.control.ttft_s if ev is not None and ev.control is not None else None
+    words = (f"On vLLM, the fs tier ({r.file_bytes or 0:,} bytes of block files, {r.verdict}) "
+             f"served {r.post_restore_cached_tokens or 0:,} of {r.prompt_tokens:,} tokens after "
+             f"a restart, and the first token took {num(r.post_restore_ttft_s)} s against "
+             f"{num(r.cold_ttft_s)} s from cold"
+             + (f" ({num(control)} s for a new prompt on the restarted vLLM)"
+                if control is not None else ""))
+    if found.decided or r.verdict != PROVEN:
+        return found.extended(words).charted(_disk_panel("vLLM", r))
+    after, cold = r.post_restore_ttft_s, r.cold_ttft_s
+    return Decision("offload", DISK_Q, words + ".", True,
+                    f"first token {num(after)} s from the files against {num(cold)} s cold",
+                    headline=_disk_headline("vLLM", after, cold), outcome=_saved(after, cold),
+                    chart=(_disk_panel("vLLM", r),), rows=found.rows)
 
 
 def with_mlx(found: Decision, book: Notebook) -> Decision:

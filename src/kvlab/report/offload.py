@@ -32,6 +32,7 @@ from kvlab.records import (
     QUIET_OFF,
     QUIET_ON,
     SMALLER_ON,
+    VLLM_DISK,
     CapacityProbe,
     CapacityRecord,
     Deltas,
@@ -90,6 +91,7 @@ def offload_table(book: Notebook, more: Sequence[Line] = ()) -> Table:
         table.lines.append(line)
     table.lines += [reuse_row(book, s.alternating, alternating=True) for s in shown(book)]
     table.lines.append(_disk_row(book))
+    table.lines.append(_disk_row(book, VLLM_DISK))
     table.lines.append(_disk_row(book, MLX_CACHE))
     table.lines += more
     return table
@@ -462,14 +464,17 @@ def _disk_row(book: Notebook, row: Row = DISK) -> Line:
     control = ev.control.cache_n if ev is not None and ev.control is not None else None
     size = r.file_bytes
     ratio = r.restore_cold_ratio
-    evidence = [f"{r.verdict}", f"save {_ms(r.save_ms)}, restore {_ms(r.restore_ms)} ("
-                + (f"{num(ratio, 5)}x of the cold TTFT)" if ratio is not None
-                   else "no ratio to the cold TTFT recorded)"),
+    steps = (f"save {_ms(r.save_ms)}, restore {_ms(r.restore_ms)} ("
+             + (f"{num(ratio, 5)}x of the cold TTFT)" if ratio is not None
+                else "no ratio to the cold TTFT recorded)")) if row is not VLLM_DISK else (
+        "no save or restore call: the blocks are read back inside the restored TTFT")
+    evidence = [f"{r.verdict}", steps,
                 f"{size:,} bytes on disk" if size is not None else "file size not recorded",
                 f"restored cache_n {said(r.post_restore_cached_tokens, 'not recorded')} "
                 f"of {said(r.prompt_tokens, 'an unrecorded number of')} tokens",
                 f"control (no restore) cache_n {said(control, 'not recorded')}"
                 if row is DISK else f"{r.note or ''}".strip(),
+                *(r.reasons if row is VLLM_DISK else ()),
                 f"KV {r.kv_cache_type or 'the model dtype'}"]
     if ev is not None and ev.logprob_max_abs_diff is not None:
         evidence.append(f"first-token logprobs against the cold prefill: at most "
