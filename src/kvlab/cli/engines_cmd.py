@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import click
@@ -36,11 +37,15 @@ def install_command(ctx: click.Context, only: str | None, as_json: bool) -> None
             status.update(text)
             out.err.print(f"  {text}")
 
-        for engine in all_engines():
-            if only is None or engine.short == only:
-                built = engine.build(settings, say, asked=only is not None)
-                if built is not None:
-                    done[engine.name] = str(built)
+        chosen = [e for e in all_engines() if only is None or e.short == only]
+        # side by side: llama-server's compile keeps the cores busy while the others' pip
+        # installs mostly wait on downloads and unpacking (each in a venv of its own)
+        with ThreadPoolExecutor(max_workers=len(chosen)) as pool:
+            builds = [(e.name, pool.submit(e.build, settings, say, asked=only is not None))
+                      for e in chosen]
+            for name, build in builds:
+                if (built := build.result()) is not None:
+                    done[name] = str(built)
     out.result({"installed": done, "engines": [s.as_dict() for s in install.status(home)]},
                lambda c: console_engines.engines(c, install.status(home), None))
 

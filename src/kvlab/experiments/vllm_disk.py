@@ -44,7 +44,7 @@ from kvlab.records import (
 )
 
 RESTART = VLLM_DISK.startup[1]  # the startup line of the second life
-SETTLE_S = 1.0  # the block files count as written once they stay the same this long
+SETTLE_S = 3.0  # the block files count as written once they stay the same this long
 
 
 @dataclass(frozen=True)

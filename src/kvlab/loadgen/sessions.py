@@ -103,15 +103,17 @@ class ThinkTime:
             raise InputError(f"--think-time trace:{path}: the file holds no think times")
         return cls("trace", sum(values) / len(values), tuple(values), str(path))
 
-    def paced_for(self, users: int, request_s: float) -> ThinkTime:
+    def paced_for(self, users: int, request_s: float,
+                  measured: str = "the warm-up's fastest") -> ThinkTime:
         """Paced: exponential, mean request_s x (users / in_flight - 1), so that about
-        `in_flight` users wait for a reply while the rest think."""
+        `in_flight` users wait for a reply while the rest think (`measured`: how request_s was
+        had)."""
         if self.kind != "paced":
             return self
         mean = request_s * max(0.0, users / self.in_flight - 1)
         return ThinkTime("exponential", mean, source=(
             f"paced: about {self.in_flight} of {users} users in flight, from a request time of "
-            f"{request_s:.3f} s (the warm-up's fastest)"))
+            f"{request_s:.3f} s ({measured})"))
 
     def sample(self, rng: random.Random) -> float:
         if self.kind == "paced":
