@@ -223,13 +223,7 @@ def with_vllm(found: Decision, book: Notebook) -> Decision:
              f"{num(r.cold_ttft_s)} s from cold"
              + (f" ({num(control)} s for a new prompt on the restarted vLLM)"
                 if control is not None else ""))
-    if found.decided or r.verdict != PROVEN:
-        return found.extended(words).charted(_disk_panel("vLLM", r))
-    after, cold = r.post_restore_ttft_s, r.cold_ttft_s
-    return Decision("offload", DISK_Q, words + ".", True,
-                    f"first token {num(after)} s from the files against {num(cold)} s cold",
-                    headline=_disk_headline("vLLM", after, cold), outcome=_saved(after, cold),
-                    chart=(_disk_panel("vLLM", r),), rows=found.rows)
+    return _other_disk(found, r, "vLLM", words, "from the files")
 
 
 def with_mlx(found: Decision, book: Notebook) -> Decision:
@@ -242,13 +236,20 @@ def with_mlx(found: Decision, book: Notebook) -> Decision:
              f"{r.prompt_tokens:,} tokens, {r.verdict}) loaded in {num(r.restore_ms, 1)} ms in a "
              f"new process, and its first token took {num(r.post_restore_ttft_s)} s against "
              f"{num(r.cold_ttft_s)} s from cold")
+    return _other_disk(found, r, "mlx-lm", words, "after load")
+
+
+def _other_disk(found: Decision, r: DiskRecord, engine: str, words: str, how: str) -> Decision:
+    """Another engine's disk line beside the answer found (`words` said of it); it decides
+    the question where that answer did not and its own reuse was proven."""
     if found.decided or r.verdict != PROVEN:
-        return found.extended(words).charted(_disk_panel("mlx-lm", r))
+        return found.extended(words).charted(_disk_panel(engine, r))
     after, cold = r.post_restore_ttft_s, r.cold_ttft_s
+    assert after is not None and cold is not None  # its caller's check
     return Decision("offload", DISK_Q, words + ".", True,
-                    f"first token {num(after)} s after load against {num(cold)} s cold",
-                    headline=_disk_headline("mlx-lm", after, cold), outcome=_saved(after, cold),
-                    chart=(_disk_panel("mlx-lm", r),), rows=found.rows)
+                    f"first token {num(after)} s {how} against {num(cold)} s cold",
+                    headline=_disk_headline(engine, after, cold), outcome=_saved(after, cold),
+                    chart=(_disk_panel(engine, r),), rows=found.rows)
 
 
 # ---------------------------------------------------------------- offload: the quantised cache

@@ -12,22 +12,14 @@ from typing import Any
 
 import pytest
 
-from kvlab.core.settings import Settings
 from kvlab.engines import VLLM
 from kvlab.engines.vllm.selection import CPU_CANNOT_OFFLOAD, VllmInstall
 from kvlab.experiments import vllm_disk
-from kvlab.experiments.lab import Lab
 from kvlab.observe import ChatResult
 from kvlab.records import NOT_PROVEN, PROVEN, VLLM_DISK, notebook
 from kvlab.records.models import NotRunRecord
 from kvlab.report import decisions, decisions_tiers
-
-
-def lab_on(platform: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Lab:
-    monkeypatch.setenv("KVLAB_HOME", str(tmp_path / "home"))
-    lab = Lab(Settings(kv_offload_gb=2))  # type: ignore[call-arg]
-    lab.installs[VLLM] = VllmInstall(("vllm",), platform, "PATH")
-    return lab
+from unit.experiments.test_shared_fs import lab_on
 
 
 def test_the_plan_puts_the_fs_tier_under_the_host_tier_with_one_seed(
